@@ -1,0 +1,3 @@
+"""memobot: a self-hosted chat assistant daemon."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,200 @@
+"""The one JSON config file: camelCase keys, validated at start, errors name the JSON path."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+EX_CONFIG = 78  # sysexits.h: configuration error; systemd units refuse to restart-loop on it
+DEFAULT_HOME = Path("~/.memobot")
+DEFAULT_CONFIG_PATH = DEFAULT_HOME / "config.json"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class ConfigError(Exception):
+    """The config cannot be used. ``str()`` is a message for a person, naming file and field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_default=True
+    )
+
+
+class RetryConfig(_Model):
+    attempts: int = Field(4, ge=1, le=20, description="total tries per LLM request")
+    initial_delay_seconds: float = Field(1.0, ge=0)
+    max_delay_seconds: float = Field(30.0, ge=0)
+
+
+class LLMConfig(_Model):
+    base_url: str = ""
+    api_key: str = ""
+    model: str = "gpt-4o-mini"
+    max_tokens: int = Field(4096, ge=1)
+    temperature: float = Field(0.7, ge=0, le=2)
+    timeout_seconds: float = Field(120.0, gt=0)
+    context_window_tokens: int = Field(65536, ge=1024)
+    retry: RetryConfig = RetryConfig()
+
+    def resolved_api_key(self) -> str:
+        return self.api_key or os.environ.get("OPENAI_API_KEY", "")
+
+    def resolved_base_url(self) -> str:
+        return self.base_url or os.environ.get("OPENAI_BASE_URL", "")
+
+
+class AgentConfig(_Model):
+    workspace: str = str(DEFAULT_HOME / "workspace")
+    state_dir: str = str(DEFAULT_HOME / "state")
+    max_tool_iterations: int = Field(20, ge=1, le=500)
+    max_concurrent_turns: int = Field(8, ge=1, le=1000)
+
+    @property
+    def workspace_path(self) -> Path:
+        return Path(self.workspace).expanduser()
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir).expanduser()
+
+
+class ExecConfig(_Model):
+    enabled: bool = True
+    timeout_seconds: float = Field(60.0, gt=0, le=3600)
+    max_output_chars: int = Field(10000, ge=100)
+
+
+class WebConfig(_Model):
+    enabled: bool = True
+    timeout_seconds: float = Field(20.0, gt=0, le=300)
+    max_bytes: int = Field(2_000_000, ge=1000)
+    max_chars: int = Field(20000, ge=100)
+
+
+class ToolsConfig(_Model):
+    restrict_to_workspace: bool = True
+    exec: ExecConfig = ExecConfig()
+    web: WebConfig = WebConfig()
+
+
+class ChannelConfig(_Model):
+    enabled: bool = False
+    allow_from: list[str] = Field(default_factory=list)
+
+    @field_validator("allow_from", mode="before")
+    @classmethod
+    def _ids_as_strings(cls, v: Any) -> Any:
+        # Numeric ids pasted without quotes are a common slip; they mean the same id.
+        if isinstance(v, list):
+            return [str(x) if isinstance(x, int) and not isinstance(x, bool) else x for x in v]
+        return v
+
+
+class ChannelsConfig(_Model):
+    telegram: ChannelConfig = ChannelConfig()
+    discord: ChannelConfig = ChannelConfig()
+    slack: ChannelConfig = ChannelConfig()
+
+
+class Config(_Model):
+    llm: LLMConfig = LLMConfig()
+    agent: AgentConfig = AgentConfig()
+    tools: ToolsConfig = ToolsConfig()
+    channels: ChannelsConfig = ChannelsConfig()
+
+
+def default_config_path() -> Path:
+    env = os.environ.get("MEMOBOT_CONFIG")
+    return Path(env).expanduser() if env else DEFAULT_CONFIG_PATH.expanduser()
+
+
+def expand_env(value: Any, path: str = "") -> Any:
+    """Replace ``${NAME}`` in every string with the environment variable; unset is an error."""
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name not in os.environ:
+                raise ConfigError(f"{path or '<root>'}: environment variable {name} is not set")
+            return os.environ[name]
+
+        return _ENV_REF.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: expand_env(v, f"{path}.{k}" if path else k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def _json_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "<root>"
+
+
+def _describe(err: dict[str, Any]) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return "unknown option (check the spelling against config.example.json)"
+    if kind == "missing":
+        return "required option is missing"
+    return f"{err['msg']} (got {json.dumps(err.get('input'), default=str)[:80]})"
+
+
+def parse_config(data: Any, source: str = "<config>") -> Config:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a JSON object")
+    data = expand_env(data)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"{source}: invalid config"]
+        for err in exc.errors():
+            lines.append(f"  {_json_path(err['loc'])}: {_describe(err)}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def load_config(path: Path | None = None) -> tuple[Config, Path]:
+    """Read and validate the config. A missing file means all defaults."""
+    path = (path or default_config_path()).expanduser()
+    if not path.exists():
+        return Config(), path
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    return parse_config(data, str(path)), path
+
+
+def config_to_json(cfg: Config) -> str:
+    return json.dumps(cfg.model_dump(by_alias=True, mode="json"), indent=2) + "\n"
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    """Write the config with mode 0600 from the first byte (it may hold API keys)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(".json.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(config_to_json(cfg))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)

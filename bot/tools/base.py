@@ -1,0 +1,133 @@
+"""Tool contract: a JSON-schema description for the model and an async ``run``.
+
+A tool never raises into the runner. Expected failures raise :class:`ToolError` with a message
+written for the model; the registry turns those, bad arguments and unexpected exceptions alike,
+into an ``Error: ...`` tool result so the model can correct itself and the loop keeps going.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+log = logging.getLogger(__name__)
+
+
+class ToolError(Exception):
+    """An expected failure; the message goes to the model as the tool result."""
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """What a tool may know about the turn it runs in."""
+
+    workspace: Path
+    restrict_to_workspace: bool = True
+    channel: str = ""
+    chat_id: str = ""
+    session_key: str = ""
+    # Sends a message to the current chat (the ``message`` tool); set by the agent loop.
+    send: Callable[[str], Awaitable[None]] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Tool(ABC):
+    name: ClassVar[str]
+    description: ClassVar[str]
+    parameters: ClassVar[dict[str, Any]]  # JSON schema of the arguments object
+
+    @abstractmethod
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        """Do the work and return text for the model. Raise ToolError for expected failures."""
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+}
+
+
+def check_arguments(schema: dict[str, Any], args: dict[str, Any]) -> str | None:
+    """A short description of what is wrong with ``args``, or None when they fit the schema."""
+    props: dict[str, Any] = schema.get("properties", {})
+    for name in schema.get("required", []):
+        if name not in args:
+            return f"missing required argument '{name}'"
+    for name, value in args.items():
+        spec = props.get(name)
+        if spec is None:
+            return f"unknown argument '{name}' (expected: {', '.join(props) or 'none'})"
+        want = spec.get("type")
+        types = _JSON_TYPES.get(want) if isinstance(want, str) else None
+        if types is None:
+            continue
+        bad_bool = isinstance(value, bool) and want in ("integer", "number")
+        if not isinstance(value, types) or bad_bool:
+            return f"argument '{name}' must be of type {want}, got {type(value).__name__}"
+        if "enum" in spec and value not in spec["enum"]:
+            return f"argument '{name}' must be one of {spec['enum']}"
+    return None
+
+
+class ToolRegistry:
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+        self._schemas: list[dict[str, Any]] | None = None
+
+    def register(self, tool: Tool) -> None:
+        self._tools[tool.name] = tool
+        self._schemas = None
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        # Built once and reused so the tools part of every request is byte-identical.
+        if self._schemas is None:
+            self._schemas = [t.schema() for t in self._tools.values()]
+        return self._schemas
+
+    async def execute(self, name: str, raw_arguments: str, ctx: ToolContext) -> str:
+        """Run one tool call and return its result text; never raises except on cancellation."""
+        tool = self._tools.get(name)
+        if tool is None:
+            return f"Error: unknown tool '{name}'. Available tools: {', '.join(self._tools)}"
+        try:
+            args = json.loads(raw_arguments) if raw_arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            return f"Error: tool arguments are not valid JSON ({exc.msg} at position {exc.pos})"
+        if not isinstance(args, dict):
+            return "Error: tool arguments must be a JSON object"
+        problem = check_arguments(tool.parameters, args)
+        if problem:
+            return f"Error: {problem}"
+        try:
+            return await tool.run(args, ctx)
+        except ToolError as exc:
+            return f"Error: {exc}"
+        except Exception as exc:  # a bug in a tool must not end the turn
+            log.exception("tool %s failed session=%s", name, ctx.session_key)
+            return f"Error: {name} failed unexpectedly: {type(exc).__name__}: {exc}"

@@ -1,0 +1,1 @@
+"""Platform channels: each speaks one chat platform and meets the core only at the bus."""

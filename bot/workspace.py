@@ -1,0 +1,90 @@
+"""The workspace folder: where the template lives and how a new workspace is set up.
+
+Installed wheels carry the template as ``bot/workspace_template`` (pyproject force-include);
+a source checkout or editable install has it at the repository root, next to ``bot/``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Read into the system prompt every turn, in this order (paths relative to the workspace).
+WORKSPACE_PROMPT_FILES: tuple[str, ...] = (
+    "AGENTS.md",
+    "SOUL.md",
+    "USER.md",
+    "TOOLS.md",
+    "memory/MEMORY.md",
+)
+# Folders every workspace has, even if the template one day ships nothing inside them.
+WORKSPACE_DIRS: tuple[str, ...] = ("memory", "skills")
+TEMPLATE_NAME = "workspace_template"
+
+# The workspace holds what the agent remembers about people: private to the daemon's user.
+_DIR_MODE = 0o700
+_FILE_MODE = 0o600
+_SKIP_NAMES = frozenset({"__pycache__", ".DS_Store"})
+
+
+def template_dir() -> Path:
+    """The folder ``onboard`` copies from. Raises FileNotFoundError if neither place has it."""
+    package_dir = Path(__file__).resolve().parent
+    candidates = (package_dir / TEMPLATE_NAME, package_dir.parent / TEMPLATE_NAME)
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    looked = ", ".join(str(c) for c in candidates)
+    raise FileNotFoundError(f"workspace template not found (looked in {looked})")
+
+
+def _template_files(root: Path) -> list[Path]:
+    files = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if any(part in _SKIP_NAMES or part.endswith(".pyc") for part in rel.parts):
+            continue
+        if path.is_file():
+            files.append(rel)
+    return files
+
+
+def _mkdir(path: Path, created: list[Path]) -> None:
+    if path.is_dir():
+        return
+    path.mkdir(mode=_DIR_MODE)
+    # mkdir's mode is filtered by the umask; the workspace must be private regardless.
+    os.chmod(path, _DIR_MODE)
+    created.append(path)
+
+
+def init_workspace(workspace: Path, template: Path | None = None) -> list[Path]:
+    """Create ``workspace`` and copy in every template file it does not have yet.
+
+    A file that already exists is never touched, so running ``onboard`` again only fills gaps
+    and keeps everything the user or the agent wrote. New folders get mode 0700 and new files
+    0600. Returns the folders and files created, in creation order. Raises OSError when the
+    workspace cannot be written and FileNotFoundError when the template is missing.
+    """
+    template = template or template_dir()
+    created: list[Path] = []
+    if not workspace.is_dir():
+        workspace.parent.mkdir(parents=True, exist_ok=True)
+        _mkdir(workspace, created)
+    for name in WORKSPACE_DIRS:
+        _mkdir(workspace / name, created)
+    for rel in _template_files(template):
+        dest = workspace / rel
+        for parent in reversed(rel.parents[:-1]):
+            _mkdir(workspace / parent, created)
+        data = (template / rel).read_bytes()
+        try:
+            # O_EXCL: never overwrite, not even a file created a moment ago by someone else,
+            # and never follow a symlink left at the destination.
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        created.append(dest)
+    return created

@@ -1,0 +1,47 @@
+"""Composition root for the core: builds the agent stack from a validated config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bot.bus import MessageBus
+from bot.config import Config
+from bot.context import ContextBuilder
+from bot.llm import LLMProvider
+from bot.loop import AgentLoop
+from bot.memory.history import HistoryArchive
+from bot.session import SessionStore
+from bot.tools import build_default_tools
+from bot.workspace import init_workspace
+
+
+@dataclass(slots=True)
+class AgentStack:
+    bus: MessageBus
+    loop: AgentLoop
+    store: SessionStore
+    provider: LLMProvider
+
+    async def close(self) -> None:
+        await self.provider.close()
+
+
+def build_agent(cfg: Config, config_path: Path) -> AgentStack:
+    """Raises LLMNotConfigured when no model endpoint is set."""
+    provider = LLMProvider(cfg.llm, str(config_path))
+    workspace = cfg.agent.workspace_path
+    if not workspace.exists():  # a deleted template file stays deleted once set up
+        init_workspace(workspace)
+    bus = MessageBus()
+    store = SessionStore(cfg.agent.state_path)
+    loop = AgentLoop(
+        cfg,
+        bus,
+        store,
+        provider,
+        build_default_tools(cfg.tools),
+        ContextBuilder(workspace),
+        HistoryArchive(workspace),
+    )
+    return AgentStack(bus, loop, store, provider)

@@ -1,0 +1,273 @@
+"""The ``memobot`` command line. Heavy modules are imported inside the commands that use them."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bot import __version__
+from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load_config
+
+if TYPE_CHECKING:
+    from bot.loop import AgentLoop
+    from channels.terminal import TerminalChannel
+
+log = logging.getLogger("memobot")
+DEFAULT_SESSION = "cli:direct"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        type=Path,
+        default=argparse.SUPPRESS,
+        help="config file (default: $MEMOBOT_CONFIG or ~/.memobot/config.json)",
+    )
+    common.add_argument(
+        "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="more log output"
+    )
+    parser = argparse.ArgumentParser(
+        prog="memobot",
+        description="A self-hosted chat assistant that remembers, with tools in a workspace.",
+        parents=[common],
+    )
+    parser.add_argument("--version", action="version", version=f"memobot {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    onboard = sub.add_parser(
+        "onboard", parents=[common], help="create the config file and the workspace"
+    )
+    onboard.add_argument("--workspace", help="workspace folder (default ~/.memobot/workspace)")
+    onboard.add_argument(
+        "--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1"
+    )
+    onboard.add_argument("--api-key", help="API key (or leave empty and set OPENAI_API_KEY)")
+    onboard.add_argument("--model", help="model name, e.g. gpt-4o-mini or llama3.1")
+
+    agent = sub.add_parser(
+        "agent",
+        parents=[common],
+        help="chat in the terminal",
+        description="Chat in the terminal. Interactive when stdin is a terminal; otherwise each "
+        "line of stdin is one message and each answer is printed in order.",
+    )
+    agent.add_argument("-m", "--message", help="send one message, print the answer, exit")
+    agent.add_argument(
+        "-s",
+        "--session",
+        default=DEFAULT_SESSION,
+        help=f"session key channel:chat_id (default {DEFAULT_SESSION}); a bare name means cli:NAME",
+    )
+
+    sub.add_parser("status", parents=[common], help="show config, workspace, model and sessions")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 0
+    verbose = getattr(args, "verbose", 0)
+    _setup_logging(verbose, quiet=args.command == "agent")
+    config_path = getattr(args, "config", None) or default_config_path()
+    try:
+        if args.command == "onboard":
+            return cmd_onboard(args, config_path)
+        cfg, config_path = load_config(config_path)
+        if args.command == "agent":
+            return cmd_agent(args, cfg, config_path)
+        if args.command == "status":
+            return cmd_status(cfg, config_path)
+    except ConfigError as exc:
+        print(f"memobot: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    except KeyboardInterrupt:
+        return 130
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def _setup_logging(verbose: int, quiet: bool) -> None:
+    # In the terminal chat, logs would interleave with the conversation: warnings only.
+    level = logging.WARNING if quiet else logging.INFO
+    if verbose:
+        level = logging.DEBUG if verbose > 1 else logging.INFO
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("httpx", "httpx2", "openai", "httpcore", "asyncio"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+
+# -- onboard ---------------------------------------------------------------------------------
+
+
+def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
+    from bot.config import save_config
+    from bot.workspace import init_workspace
+
+    if config_path.exists():
+        cfg, _ = load_config(config_path)
+        changed = False
+        print(f"Config exists, kept: {config_path}")
+    else:
+        cfg = Config()
+        changed = True
+    for attr, value in (
+        ("base_url", args.base_url),
+        ("api_key", args.api_key),
+        ("model", args.model),
+    ):
+        if value is not None:
+            setattr(cfg.llm, attr, value)
+            changed = True
+    if args.workspace:
+        cfg.agent.workspace = args.workspace
+        changed = True
+    if changed:
+        save_config(cfg, config_path)
+        print(f"Wrote config (mode 0600): {config_path}")
+    workspace = cfg.agent.workspace_path
+    created = init_workspace(workspace)
+    print(f"Workspace: {workspace} ({len(created)} new files and folders)")
+    cfg.agent.state_path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not (cfg.llm.resolved_api_key() or cfg.llm.resolved_base_url()):
+        print(
+            "\nNext: set an LLM. Either export OPENAI_API_KEY=sk-..., or run\n"
+            "  memobot onboard --base-url http://localhost:11434/v1 --model llama3.1\n"
+            f"(or edit llm.apiKey / llm.baseUrl / llm.model in {config_path})."
+        )
+    print("Then chat: memobot agent")
+    return 0
+
+
+# -- agent -----------------------------------------------------------------------------------
+
+
+def normalise_session_key(raw: str) -> tuple[str, str]:
+    channel, sep, chat_id = raw.partition(":")
+    if not sep:
+        return "cli", raw
+    if not channel or not chat_id:
+        raise ConfigError(f"--session {raw!r}: expected channel:chat_id, for example cli:demo")
+    return channel, chat_id
+
+
+def cmd_agent(args: argparse.Namespace, cfg: Config, config_path: Path) -> int:
+    from bot.llm import LLMNotConfigured
+
+    channel, chat_id = normalise_session_key(args.session)
+    if channel != "cli":
+        raise ConfigError(f"--session {args.session!r}: the terminal can only open cli: sessions")
+    try:
+        return asyncio.run(_agent_main(args, cfg, config_path, chat_id))
+    except LLMNotConfigured as exc:
+        print(f"memobot: {exc}", file=sys.stderr)
+        return EX_CONFIG
+
+
+async def _agent_main(
+    args: argparse.Namespace, cfg: Config, config_path: Path, chat_id: str
+) -> int:
+    from bot.app import build_agent
+    from channels.terminal import TerminalChannel
+
+    stack = build_agent(cfg, config_path)
+    terminal = TerminalChannel(stack.bus, chat_id)
+    loop_task = asyncio.create_task(stack.loop.run(), name="agent-loop")
+    await terminal.start()
+    try:
+        if args.message is not None:
+            await _turn_with_interrupt(stack.loop, terminal, args.message)
+        elif sys.stdin.isatty():
+            await _interactive(stack.loop, terminal, cfg)
+        else:
+            await _piped(stack.loop, terminal)
+    finally:
+        loop_task.cancel()
+        await asyncio.gather(loop_task, return_exceptions=True)
+        await terminal.stop()
+        await stack.close()
+    return 0
+
+
+async def _turn_with_interrupt(loop: AgentLoop, terminal: TerminalChannel, text: str) -> None:
+    """Send one message; Ctrl-C while it runs cancels that turn instead of killing memobot."""
+    key = f"cli:{terminal.chat_id}"
+    aio = asyncio.get_running_loop()
+    aio.add_signal_handler(signal.SIGINT, loop.stop, key)
+    try:
+        await terminal.send(text)
+    finally:
+        aio.remove_signal_handler(signal.SIGINT)
+
+
+async def _piped(loop: AgentLoop, terminal: TerminalChannel) -> None:
+    aio = asyncio.get_running_loop()
+    while True:
+        line = await aio.run_in_executor(None, sys.stdin.readline)
+        if not line:
+            return
+        text = line.rstrip("\r\n")
+        if text.strip():
+            await _turn_with_interrupt(loop, terminal, text)
+
+
+async def _interactive(loop: AgentLoop, terminal: TerminalChannel, cfg: Config) -> None:
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import FileHistory
+    from prompt_toolkit.patch_stdout import patch_stdout
+
+    history_file = cfg.agent.state_path / "cli_history"
+    history_file.parent.mkdir(parents=True, exist_ok=True)
+    prompt: PromptSession[str] = PromptSession(history=FileHistory(str(history_file)))
+    print("memobot: type a message, /help for commands, Ctrl-C stops an answer, Ctrl-D exits.")
+    while True:
+        try:
+            with patch_stdout():
+                text = await prompt.prompt_async("you> ")
+        except KeyboardInterrupt:
+            continue  # Ctrl-C at the prompt clears the line, as in a shell
+        except EOFError:
+            return
+        if text.strip():
+            await _turn_with_interrupt(loop, terminal, text.strip())
+
+
+# -- status ----------------------------------------------------------------------------------
+
+
+def cmd_status(cfg: Config, config_path: Path) -> int:
+    state = cfg.agent.state_path
+    sessions_dir = state / "sessions"
+    count = len(list(sessions_dir.glob("*.jsonl"))) if sessions_dir.is_dir() else 0
+    llm = cfg.llm
+    endpoint = llm.resolved_base_url() or ("api.openai.com" if llm.resolved_api_key() else "")
+    enabled = [n for n, c in cfg.channels if c.enabled]
+    exists = "" if config_path.exists() else " (missing: defaults in use; run memobot onboard)"
+    rows = [
+        ("config", f"{config_path}{exists}"),
+        ("workspace", str(cfg.agent.workspace_path)),
+        ("state", str(state)),
+        ("model", f"{llm.model} @ {endpoint}" if endpoint else f"{llm.model} (no LLM configured)"),
+        ("sessions", str(count)),
+        ("channels", ", ".join(enabled) if enabled else "none enabled"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k.ljust(width)}  {v}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

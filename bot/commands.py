@@ -1,0 +1,45 @@
+"""Chat commands the agent loop answers itself, without the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HELP_TEXT = """memobot commands:
+/new    start a fresh conversation (the current one is archived to memory first)
+/stop   cancel the answer being worked on in this chat
+/status model, conversation size, uptime
+/help   this list"""
+
+COMMANDS = frozenset({"/new", "/stop", "/status", "/help"})
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    name: str
+    args: str
+
+
+def parse_command(text: str) -> Command | None:
+    """``/name[@botname] [args]`` for a known command, else None (the text goes to the model)."""
+    stripped = text.strip()
+    if not stripped.startswith("/"):
+        return None
+    head, _, args = stripped.partition(" ")
+    name = head.split("@", 1)[0].lower()
+    if name not in COMMANDS:
+        return None
+    return Command(name, args.strip())
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h {minutes}m"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m {secs}s"
+    return f"{secs}s"

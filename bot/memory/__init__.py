@@ -1,0 +1,1 @@
+"""Long-term memory: the history archive, consolidation and Dream."""

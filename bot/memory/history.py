@@ -1,0 +1,153 @@
+"""memory/history.jsonl: the global archive of consolidated conversation chunks.
+
+One line per chunk: ``{"cursor", "timestamp", "session", "content"}``. Cursors increase by one
+across every session; ``memory/.cursor`` names the last one written. The line is fsynced before
+the cursor file moves, so after a crash the archive may be one entry ahead of ``.cursor`` (and the
+next start takes the larger of the two), never behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bot.session import now_iso
+
+log = logging.getLogger(__name__)
+
+RAW_ARCHIVE_MAX_CHARS = 32_000
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    cursor: int
+    timestamp: str
+    session: str
+    content: str
+
+
+class HistoryArchive:
+    def __init__(self, workspace: Path) -> None:
+        self.dir = workspace / "memory"
+        self.path = self.dir / "history.jsonl"
+        self.cursor_path = self.dir / ".cursor"
+        self._lock = asyncio.Lock()
+        self._cursor: int | None = None
+
+    def _last_cursor(self) -> int:
+        if self._cursor is not None:
+            return self._cursor
+        cursor = 0
+        try:
+            cursor = int(self.cursor_path.read_text().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            pass
+        for entry in self._tail_entries():
+            cursor = max(cursor, entry.cursor)
+        self._cursor = cursor
+        return cursor
+
+    def _tail_entries(self, max_bytes: int = 65536) -> list[HistoryEntry]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                fh.seek(max(0, size - max_bytes))
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in data.split(b"\n"):
+            entry = parse_entry(line)
+            if entry:
+                out.append(entry)
+        return out
+
+    def entries(self, after: int = 0) -> list[HistoryEntry]:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in data.split(b"\n"):
+            entry = parse_entry(line)
+            if entry and entry.cursor > after:
+                out.append(entry)
+        return out
+
+    async def append(self, session: str, content: str) -> HistoryEntry:
+        async with self._lock:
+            return await asyncio.to_thread(self._append_sync, session, content)
+
+    def _append_sync(self, session: str, content: str) -> HistoryEntry:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        entry = HistoryEntry(self._last_cursor() + 1, now_iso(), session, content)
+        line = json.dumps(
+            {
+                "cursor": entry.cursor,
+                "timestamp": entry.timestamp,
+                "session": entry.session,
+                "content": entry.content,
+            },
+            ensure_ascii=False,
+        )
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            # A torn line left by a crash must not glue itself to this entry.
+            if os.fstat(fd).st_size and not _ends_with_newline(self.path):
+                os.write(fd, b"\n")
+            os.write(fd, (line + "\n").encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        tmp = self.cursor_path.with_suffix(".tmp")
+        tmp.write_text(f"{entry.cursor}\n")
+        os.replace(tmp, self.cursor_path)
+        self._cursor = entry.cursor
+        log.info(
+            "history: archived cursor=%d session=%s chars=%d", entry.cursor, session, len(content)
+        )
+        return entry
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) == b"\n"
+
+
+def parse_entry(line: bytes | str) -> HistoryEntry | None:
+    if not line.strip():
+        return None
+    try:
+        obj: Any = json.loads(line)
+        return HistoryEntry(
+            int(obj["cursor"]), str(obj["timestamp"]), str(obj["session"]), str(obj["content"])
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def format_raw(messages: list[dict[str, Any]]) -> str:
+    """Plain-text rendering of messages for a ``[RAW]`` archive entry (capped)."""
+    lines = [f"[RAW] {len(messages)} messages"]
+    for m in messages:
+        role = str(m.get("role", "?")).upper()
+        stamp = str(m.get("timestamp", ""))[:16].replace("T", " ")
+        content = m.get("content")
+        if isinstance(content, list):
+            content = " ".join(p.get("text", "[image]") for p in content if isinstance(p, dict))
+        text = str(content or "").strip()
+        if m.get("tool_calls"):
+            names = ", ".join(c["function"]["name"] for c in m["tool_calls"])
+            text = (text + f" [called: {names}]").strip()
+        lines.append(f"{role} [{stamp}]: {text}" if stamp else f"{role}: {text}")
+    out = "\n".join(lines)
+    if len(out) > RAW_ARCHIVE_MAX_CHARS:
+        out = out[:RAW_ARCHIVE_MAX_CHARS] + f"\n[... {len(out) - RAW_ARCHIVE_MAX_CHARS} chars cut]"
+    return out

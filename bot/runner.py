@@ -1,0 +1,142 @@
+"""The runner: alternate LLM calls and tool calls until the model answers.
+
+The turn's messages accumulate in a list the caller owns, so when a turn is cancelled or fails
+half-way the caller still holds everything that was done. At each phase the runner hands the
+turn to ``on_phase`` so the caller can checkpoint it durably (DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from bot.llm import LLMError, LLMProvider, LLMResponse
+from bot.tools.base import ToolContext, ToolRegistry
+
+log = logging.getLogger(__name__)
+
+INTERRUPTED_TOOL_RESULT = "Error: task interrupted before this tool finished."
+Phase = Literal["awaiting_tools", "tools_completed", "final_response"]
+PhaseHook = Callable[[Phase, list[dict[str, Any]]], Awaitable[None]]
+BuildMessages = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+
+
+@dataclass(slots=True)
+class TurnResult:
+    text: str
+    status: Literal["ok", "max_iterations", "llm_error"]
+    iterations: int
+    error: LLMError | None = None
+
+
+class Runner:
+    def __init__(self, provider: LLMProvider, tools: ToolRegistry, max_iterations: int) -> None:
+        self.provider = provider
+        self.tools = tools
+        self.max_iterations = max_iterations
+
+    async def run(
+        self,
+        build_messages: BuildMessages,
+        turn: list[dict[str, Any]],
+        ctx: ToolContext,
+        on_phase: PhaseHook | None = None,
+    ) -> TurnResult:
+        """Drive one turn. ``turn`` holds the new user message and grows as the turn runs.
+
+        ``build_messages(turn)`` returns the full request (system prompt, history, turn). The
+        final answer is appended to ``turn`` as an assistant message. LLM failures end the turn
+        with a user-facing message instead of raising; cancellation propagates.
+        """
+        schemas = self.tools.schemas()
+        for iteration in range(1, self.max_iterations + 1):
+            started = time.monotonic()
+            try:
+                response: LLMResponse = await self.provider.chat(
+                    build_messages(turn), schemas, session_key=ctx.session_key
+                )
+            except LLMError as exc:
+                log.error("llm failed session=%s: %s", ctx.session_key, exc)
+                return TurnResult(exc.user_message, "llm_error", iteration, exc)
+            log.debug(
+                "llm answered session=%s iteration=%d tool_calls=%d in %.0f ms",
+                ctx.session_key,
+                iteration,
+                len(response.tool_calls),
+                (time.monotonic() - started) * 1000,
+            )
+            if not response.tool_calls:
+                text = (response.content or "").strip() or "(the model returned an empty answer)"
+                turn.append({"role": "assistant", "content": response.content or text})
+                if on_phase:
+                    await on_phase("final_response", turn)
+                return TurnResult(text, "ok", iteration)
+            turn.append(response.assistant_message())
+            if on_phase:
+                await on_phase("awaiting_tools", turn)
+            for call in response.tool_calls:
+                started = time.monotonic()
+                result = await self.tools.execute(call.name, call.arguments, ctx)
+                log.info(
+                    "tool %s session=%s %s in %.0f ms",
+                    call.name,
+                    ctx.session_key,
+                    "failed" if result.startswith("Error:") else "ok",
+                    (time.monotonic() - started) * 1000,
+                )
+                turn.append(
+                    {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result}
+                )
+            if on_phase:
+                await on_phase("tools_completed", turn)
+        text = (
+            f"I stopped after {self.max_iterations} tool steps without reaching an answer "
+            "(agent.maxToolIterations). Tell me how to continue, or raise the limit."
+        )
+        turn.append({"role": "assistant", "content": text})
+        if on_phase:
+            await on_phase("final_response", turn)
+        return TurnResult(text, "max_iterations", self.max_iterations)
+
+
+def close_open_tool_calls(turn: list[dict[str, Any]]) -> int:
+    """Give every tool call that has no result an 'interrupted' result, in place.
+
+    Keeps the turn valid for the Chat Completions API after a cancel or a crash: the results of
+    a call batch must directly follow the assistant message that made it. Returns how many
+    calls were closed.
+    """
+    rebuilt: list[dict[str, Any]] = []
+    closed = 0
+    i = 0
+    while i < len(turn):
+        m = turn[i]
+        rebuilt.append(m)
+        i += 1
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if not calls:
+            continue
+        have = set()
+        while i < len(turn) and turn[i].get("role") == "tool":
+            have.add(turn[i].get("tool_call_id"))
+            rebuilt.append(turn[i])
+            i += 1
+        for c in calls:
+            if c.get("id") not in have:
+                rebuilt.append(interrupted_result(c))
+                closed += 1
+    if closed:
+        turn[:] = rebuilt
+    return closed
+
+
+def interrupted_result(call: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "role": "tool",
+        "tool_call_id": call.get("id", ""),
+        "name": call.get("function", {}).get("name", ""),
+        "content": INTERRUPTED_TOOL_RESULT,
+    }

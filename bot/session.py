@@ -1,0 +1,326 @@
+"""Append-only JSONL sessions (DESIGN.md section 4).
+
+A session file holds message lines (OpenAI chat format plus ``timestamp``) and metadata lines
+(``{"_type": "metadata", "metadata": {...}, "last_consolidated": N}``); on load the last metadata
+line wins. Writes only ever append. The in-memory copy is authoritative while the process runs,
+so a turn never re-reads or re-parses the file, and the list of request-ready messages is built
+once per message, not once per turn.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bot.tokens import estimate_message_tokens
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".jsonl"
+# Compaction folds superseded metadata lines away once they are this many, or this large.
+COMPACT_AFTER_LINES = 200
+COMPACT_AFTER_BYTES = 4 * 1024 * 1024
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+
+
+def key_to_filename(key: str) -> str:
+    """Filesystem-safe and reversible: every byte outside [A-Za-z0-9_-] becomes %XX."""
+    out = []
+    for ch in key:
+        if ch in _SAFE:
+            out.append(ch)
+        else:
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8"))
+    return "".join(out) + SUFFIX
+
+
+def filename_to_key(name: str) -> str:
+    if not name.endswith(SUFFIX):
+        raise ValueError(f"not a session file name: {name}")
+    stem = name[: -len(SUFFIX)]
+    raw = bytearray()
+    i = 0
+    while i < len(stem):
+        if stem[i] == "%":
+            raw.append(int(stem[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            raw.extend(stem[i].encode("ascii"))
+            i += 1
+    return raw.decode("utf-8")
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _dumps(obj: Any) -> bytes:
+    return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def to_wire(message: dict[str, Any]) -> dict[str, Any]:
+    """The message as the Chat Completions API takes it (our bookkeeping keys removed)."""
+    if "timestamp" not in message:
+        return message
+    return {k: v for k, v in message.items() if k != "timestamp"}
+
+
+@dataclass(slots=True)
+class Session:
+    key: str
+    path: Path
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    wire: list[dict[str, Any]] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    last_consolidated: int = 0
+    # Bookkeeping for compaction and torn-tail repair.
+    stale_meta_lines: int = 0
+    stale_meta_bytes: int = 0
+    metadata_written: bool = False
+    last_meta_size: int = 0
+    truncate_at: int | None = None
+
+    def add_loaded(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+        wire = to_wire(message)
+        self.wire.append(wire)
+        self.tokens.append(estimate_message_tokens(wire))
+
+    @property
+    def unconsolidated(self) -> int:
+        return len(self.messages) - self.last_consolidated
+
+    def estimated_tokens(self, start: int = 0) -> int:
+        return sum(self.tokens[start:])
+
+
+class SessionStore:
+    """Loads, caches and appends to session files under ``state_dir/sessions``."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir / "sessions"
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._cache: dict[str, Session] = {}
+
+    def path_for(self, key: str) -> Path:
+        return self.dir / key_to_filename(key)
+
+    def keys(self) -> list[str]:
+        out = []
+        for p in self.dir.iterdir():
+            if p.name.endswith(SUFFIX) and not p.name.startswith("."):
+                try:
+                    out.append(filename_to_key(p.name))
+                except (ValueError, UnicodeDecodeError):
+                    log.warning("ignoring unrecognised file in sessions folder: %s", p.name)
+        return sorted(out)
+
+    def get(self, key: str) -> Session:
+        session = self._cache.get(key)
+        if session is None:
+            session = self._load(key)
+            self._cache[key] = session
+        return session
+
+    def forget(self, key: str) -> None:
+        """Drop the cached copy (the next ``get`` re-reads the file)."""
+        self._cache.pop(key, None)
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def _load(self, key: str) -> Session:
+        path = self.path_for(key)
+        session = Session(key=key, path=path)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            session.metadata = {"key": key, "created_at": now_iso()}
+            return session
+        lines = data.split(b"\n")
+        tail = lines.pop()  # after the last newline: empty unless the last write was torn
+        offset = len(data) - len(tail)
+        if tail:
+            session.truncate_at = offset
+            log.warning(
+                "session %s: ignoring torn last line (%d bytes) left by an interrupted write",
+                key,
+                len(tail),
+            )
+        # A complete last line that does not parse is a torn write too (crash mid-page).
+        bad: list[int] = []
+        records: list[tuple[int, dict[str, Any], int]] = []
+        for lineno, raw in enumerate(lines, start=1):
+            if not raw.strip():
+                continue
+            record = _parse_line(raw)
+            if record is None:
+                bad.append(lineno)
+            else:
+                records.append((lineno, record, len(raw) + 1))
+        if bad and bad[-1] == len(lines) and (not records or records[-1][0] < bad[-1]):
+            session.truncate_at = offset - len(lines[-1]) - 1
+            log.warning("session %s: ignoring unparsable last line left by a crash", key)
+            bad.pop()
+        meta_seen = 0
+        meta_bytes = 0
+        last_meta_size = 0
+        for _, record, size in records:
+            if record.get("_type") == "metadata":
+                session.metadata = dict(record.get("metadata") or {})
+                session.last_consolidated = int(record.get("last_consolidated") or 0)
+                meta_seen += 1
+                meta_bytes += size
+                last_meta_size = size
+            else:
+                session.add_loaded(record)
+        session.metadata_written = meta_seen > 0
+        session.last_meta_size = last_meta_size
+        session.stale_meta_lines = max(0, meta_seen - 1)
+        session.stale_meta_bytes = max(0, meta_bytes - last_meta_size)
+        session.metadata.setdefault("key", key)
+        session.last_consolidated = min(session.last_consolidated, len(session.messages))
+        if bad:
+            self._quarantine(session, data, bad)
+        return session
+
+    def _quarantine(self, session: Session, data: bytes, bad: list[int]) -> None:
+        """Keep a copy of the damaged file, then rewrite it with every line that parsed."""
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        aside = session.path.with_name(f"{session.path.name}.corrupt-{stamp}")
+        shutil.copyfile(session.path, aside)
+        log.error(
+            "session %s: %d unparsable line(s) (line %s) in %s; copied the file to %s and kept "
+            "every line that parses",
+            session.key,
+            len(bad),
+            ", ".join(map(str, bad[:10])),
+            session.path,
+            aside.name,
+        )
+        self.compact(session)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _append(self, session: Session, payload: bytes, fsync: bool) -> None:
+        new_file = not session.path.exists()
+        fd = os.open(session.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            if session.truncate_at is not None:
+                os.ftruncate(fd, session.truncate_at)
+                session.truncate_at = None
+            view = memoryview(payload)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if new_file and fsync:
+            _fsync_dir(session.path.parent)
+
+    def _meta_record(self, session: Session) -> dict[str, Any]:
+        return {
+            "_type": "metadata",
+            "metadata": session.metadata,
+            "last_consolidated": session.last_consolidated,
+        }
+
+    def append(
+        self,
+        session: Session,
+        messages: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        metadata: dict[str, Any] | None = None,
+        last_consolidated: int | None = None,
+        fsync: bool = True,
+    ) -> None:
+        """Append messages and, when given, a metadata update, in one write.
+
+        ``metadata`` keys set to None are removed. The in-memory session changes only after the
+        bytes are written, so a failed write leaves memory and disk in agreement.
+        """
+        parts = []
+        stamped = []
+        for m in messages:
+            m = m if "timestamp" in m else {**m, "timestamp": now_iso()}
+            stamped.append(m)
+            parts.append(_dumps(m))
+        new_meta = None
+        if metadata is not None or last_consolidated is not None:
+            new_meta = dict(session.metadata)
+            for k, v in (metadata or {}).items():
+                if v is None:
+                    new_meta.pop(k, None)
+                else:
+                    new_meta[k] = v
+            lc = session.last_consolidated if last_consolidated is None else last_consolidated
+            meta_line = _dumps({"_type": "metadata", "metadata": new_meta, "last_consolidated": lc})
+            parts.append(meta_line)
+        if not parts:
+            return
+        self._append(session, b"".join(parts), fsync)
+        for m in stamped:
+            session.add_loaded(m)
+        if new_meta is not None:
+            if session.metadata_written:
+                session.stale_meta_lines += 1
+                session.stale_meta_bytes += session.last_meta_size
+            session.metadata = new_meta
+            session.last_consolidated = lc
+            session.metadata_written = True
+            session.last_meta_size = len(meta_line)
+            if (
+                session.stale_meta_lines >= COMPACT_AFTER_LINES
+                or session.stale_meta_bytes >= COMPACT_AFTER_BYTES
+            ):
+                self.compact(session)
+
+    def compact(self, session: Session) -> None:
+        """Rewrite as messages plus one metadata line: tmp, fsync, rename, fsync of the folder."""
+        tmp = session.path.with_name(f".{session.path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as fh:
+                for m in session.messages:
+                    fh.write(_dumps(m))
+                meta_line = _dumps(self._meta_record(session))
+                fh.write(meta_line)
+                fh.flush()
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, session.path)
+        _fsync_dir(session.path.parent)
+        session.truncate_at = None
+        session.stale_meta_lines = 0
+        session.stale_meta_bytes = 0
+        session.metadata_written = True
+        session.last_meta_size = len(meta_line)
+        log.info("session %s: compacted to %d messages", session.key, len(session.messages))
+
+
+def _parse_line(raw: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    if record.get("_type") == "metadata":
+        return record if isinstance(record.get("metadata", {}), dict) else None
+    return record if isinstance(record.get("role"), str) else None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,30 @@
+"""Cheap token estimates: about four characters a token, good enough for budgets."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+_PER_MESSAGE_OVERHEAD = 4
+
+
+def estimate_text_tokens(text: str) -> int:
+    return (len(text) + 3) // 4
+
+
+def estimate_message_tokens(message: dict[str, Any]) -> int:
+    """Estimate one Chat Completions message, tool calls included."""
+    total = _PER_MESSAGE_OVERHEAD
+    content = message.get("content")
+    if isinstance(content, str):
+        total += estimate_text_tokens(content)
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                total += estimate_text_tokens(str(part.get("text", "")))
+            else:
+                total += 765  # an image part: roughly a high-detail tile budget
+    calls = message.get("tool_calls")
+    if calls:
+        total += estimate_text_tokens(json.dumps(calls, ensure_ascii=False))
+    return total

@@ -1,0 +1,97 @@
+"""Config validation: JSON paths in errors, unknown keys refused, env expansion, file mode."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from bot.config import Config, ConfigError, load_config, parse_config, save_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _error(data: object) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "cfg.json")
+    return str(info.value)
+
+
+def test_defaults_are_valid() -> None:
+    cfg = parse_config({})
+    assert cfg.llm.retry.attempts >= 1
+    assert cfg.tools.restrict_to_workspace is True
+    assert cfg.channels.telegram.allow_from == []
+
+
+def test_unknown_key_names_its_path() -> None:
+    msg = _error({"llm": {"retry": {"atempts": 3}}})
+    assert "llm.retry.atempts" in msg and "unknown option" in msg
+
+
+def test_wrong_type_names_path_and_expectation() -> None:
+    msg = _error({"agent": {"maxToolIterations": "many"}})
+    assert "agent.maxToolIterations" in msg and "integer" in msg
+
+
+def test_out_of_range_and_list_index_paths() -> None:
+    assert "llm.temperature" in _error({"llm": {"temperature": 5}})
+    msg = _error({"channels": {"telegram": {"allowFrom": ["1", {"id": 2}]}}})
+    assert "channels.telegram.allowFrom[1]" in msg
+
+
+def test_env_expansion_and_missing_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MB_TEST_KEY", "sk-from-env")
+    cfg = parse_config({"llm": {"apiKey": "${MB_TEST_KEY}"}})
+    assert cfg.llm.api_key == "sk-from-env"
+    monkeypatch.delenv("MB_TEST_KEY")
+    msg = _error({"llm": {"apiKey": "${MB_TEST_KEY}"}})
+    assert "llm.apiKey" in msg and "MB_TEST_KEY" in msg
+
+
+def test_openai_env_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    cfg = parse_config({})
+    assert cfg.llm.resolved_api_key() == "sk-env"
+    assert cfg.llm.resolved_base_url() == "http://127.0.0.1:9/v1"
+    cfg = parse_config({"llm": {"apiKey": "sk-file"}})
+    assert cfg.llm.resolved_api_key() == "sk-file"
+
+
+def test_malformed_json_names_line(tmp_path: Path) -> None:
+    p = tmp_path / "config.json"
+    p.write_text('{\n  "llm": {"model": "x",}\n}\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(p)
+    assert str(p) in str(info.value) and "line 2" in str(info.value)
+
+
+def test_save_is_mode_0600_and_round_trips(tmp_path: Path) -> None:
+    p = tmp_path / "sub" / "config.json"
+    cfg = Config()
+    cfg.llm.model = "m1"
+    save_config(cfg, p)
+    assert stat.S_IMODE(p.stat().st_mode) == 0o600
+    loaded, _ = load_config(p)
+    assert loaded.llm.model == "m1"
+    assert "baseUrl" in p.read_text()  # camelCase on disk
+
+
+def test_example_config_lists_every_option() -> None:
+    example = json.loads((REPO / "config.example.json").read_text())
+    parse_config(example, "config.example.json")  # valid as shipped
+
+    def keys(obj: object, prefix: str = "") -> set[str]:
+        if not isinstance(obj, dict):
+            return set()
+        out = set()
+        for k, v in obj.items():
+            out.add(prefix + k)
+            out |= keys(v, prefix + k + ".")
+        return out
+
+    defaults = json.loads(Config().model_dump_json(by_alias=True))
+    assert keys(defaults) <= keys(example), sorted(keys(defaults) - keys(example))

@@ -1,0 +1,129 @@
+"""Session files: append-only JSONL, torn-tail repair, quarantine of bad lines, compaction."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from bot import session as session_mod
+from bot.session import SessionStore, filename_to_key, key_to_filename
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["telegram:12345", "slack:C123:1700000000.000100", "cli:../../etc", "discord:é🙂", "a b/c"],
+)
+def test_filenames_are_safe_and_reversible(key: str) -> None:
+    name = key_to_filename(key)
+    assert "/" not in name and ":" not in name and not name.startswith(".")
+    assert filename_to_key(name) == key
+
+
+def test_append_only_and_last_metadata_wins(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path)
+    s = store.get("cli:a")
+    store.append(s, [{"role": "user", "content": "hi"}], metadata={"x": 1})
+    size_after_first = s.path.stat().st_size
+    first_bytes = s.path.read_bytes()
+    store.append(s, [{"role": "assistant", "content": "hello"}], metadata={"x": 2, "y": "z"})
+    store.append(s, metadata={"y": None}, last_consolidated=1)
+    # Appending never rewrites what is already there.
+    assert s.path.read_bytes()[:size_after_first] == first_bytes
+    records = _lines(s.path)
+    assert [r.get("_type") for r in records] == [None, "metadata", None, "metadata", "metadata"]
+    assert all("timestamp" in r for r in records if "role" in r)
+
+    reloaded = SessionStore(tmp_path).get("cli:a")
+    assert [m["content"] for m in reloaded.messages] == ["hi", "hello"]
+    assert reloaded.metadata["x"] == 2 and "y" not in reloaded.metadata
+    assert reloaded.last_consolidated == 1
+    # The request form drops our bookkeeping keys.
+    assert reloaded.wire == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+    ]
+
+
+def test_torn_last_line_is_ignored_then_cut_before_next_append(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path)
+    s = store.get("cli:t")
+    store.append(s, [{"role": "user", "content": "one"}, {"role": "assistant", "content": "1"}])
+    good = s.path.read_bytes()
+    with open(s.path, "ab") as fh:  # a crash in the middle of writing a line
+        fh.write(b'{"role":"user","content":"tw')
+    fresh = SessionStore(tmp_path)
+    s2 = fresh.get("cli:t")
+    assert [m["content"] for m in s2.messages] == ["one", "1"]
+    assert not list(tmp_path.glob("sessions/*.corrupt-*"))  # a torn tail is not corruption
+    fresh.append(s2, [{"role": "user", "content": "two"}])
+    data = s2.path.read_bytes()
+    assert data.startswith(good)
+    assert b'"tw' not in data.replace(b'"two"', b"")
+    assert [m["content"] for m in SessionStore(tmp_path).get("cli:t").messages] == [
+        "one",
+        "1",
+        "two",
+    ]
+
+
+def test_unparsable_complete_last_line_is_treated_as_torn(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path)
+    s = store.get("cli:t")
+    store.append(s, [{"role": "user", "content": "one"}])
+    with open(s.path, "ab") as fh:
+        fh.write(b"\x00\x00\x00garbage\n")
+    s2 = SessionStore(tmp_path).get("cli:t")
+    assert [m["content"] for m in s2.messages] == ["one"]
+    SessionStore(tmp_path).append(s2, [{"role": "assistant", "content": "ok"}])
+    assert b"garbage" not in s2.path.read_bytes()
+
+
+def test_bad_middle_line_is_quarantined_and_good_lines_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = SessionStore(tmp_path)
+    s = store.get("telegram:42")
+    store.append(s, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+    lines = s.path.read_bytes().split(b"\n")
+    damaged = b"\n".join([lines[0], b"{not json", lines[1], b""])
+    s.path.write_bytes(damaged)
+    with caplog.at_level(logging.ERROR):
+        s2 = SessionStore(tmp_path).get("telegram:42")
+    assert [m["content"] for m in s2.messages] == ["a", "b"]
+    aside = list((tmp_path / "sessions").glob("*.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == damaged
+    assert "unparsable" in caplog.text and "telegram:42" in caplog.text
+    # The live file no longer carries the bad line, so the next load is clean.
+    assert b"{not json" not in s2.path.read_bytes()
+    assert [m["content"] for m in SessionStore(tmp_path).get("telegram:42").messages] == ["a", "b"]
+
+
+def test_compaction_folds_superseded_metadata(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(session_mod, "COMPACT_AFTER_LINES", 10)
+    store = SessionStore(tmp_path)
+    s = store.get("cli:c")
+    store.append(s, [{"role": "user", "content": "keep me"}])
+    for i in range(25):
+        store.append(s, metadata={"n": i})
+    records = _lines(s.path)
+    metas = [r for r in records if r.get("_type") == "metadata"]
+    assert len(metas) < 11  # compacted at least once
+    assert [r["content"] for r in records if "role" in r] == ["keep me"]
+    reloaded = SessionStore(tmp_path).get("cli:c")
+    assert reloaded.metadata["n"] == 24
+    assert not list((tmp_path / "sessions").glob(".*.tmp"))
+
+
+def test_keys_lists_sessions(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path)
+    for key in ("cli:b", "telegram:1", "slack:C1:17.1"):
+        store.append(store.get(key), [{"role": "user", "content": "x"}])
+    (tmp_path / "sessions" / "notes.txt").write_text("not a session")
+    assert store.keys() == ["cli:b", "slack:C1:17.1", "telegram:1"]

@@ -1,0 +1,1135 @@
+"""A local OpenAI-compatible Chat Completions server for tests, crash tests and benchmarks.
+
+Answers come from a FIFO script of steps (plain dicts, so they can also come from JSON); when
+the script has nothing for a request, a deterministic default answers (``echo: <last user
+line>``). Every completion request is logged. Three ways to run it:
+
+* in-process: ``async with FakeLLM() as llm:`` -> ``llm.base_url``;
+* in a background thread for sync tests: ``FakeLLM.start_in_thread()`` -> ``FakeLLMThread``;
+* as its own process for crash tests: ``python -m tests.fakes.llm_server --port-file PATH``,
+  driven over HTTP through ``/_control/*`` (``FakeLLMProcess`` / ``ControlClient`` wrap that).
+
+Step format (all keys optional except the one naming the kind)::
+
+    {"text": "hello"}                                   assistant text, finish_reason "stop"
+    {"tool_calls": [{"name": "exec", "arguments": {"command": "ls"}, "id": "call_x"}],
+     "text": "optional content"}                        finish_reason "tool_calls"
+    {"error": 429, "retry_after": 1}                    HTTP error, OpenAI error body
+    {"disconnect": true}                                close the connection, no response
+    {"hang": true}                                      never answer (until the server stops)
+    {"delay": 2.5}                                      alone: the default answer, 2.5 s late
+
+Modifiers on any step: ``delay`` (seconds before answering), ``when_user_contains`` (the step is
+only used for a request whose last user message contains this substring; the first matching
+step in the queue wins), ``finish_reason``, ``chunk_delay`` and ``disconnect_after_chunks``
+(streaming only). Error steps also take ``retry_after`` (number or string, sent verbatim),
+``retry_after_ms``, ``message``, ``type``, ``code``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+Step = dict[str, Any]
+
+DEFAULT_MODEL = "fake-model"
+MODES = ("echo", "strict")
+ECHO_LIMIT = 200
+# Long sessions send multi-megabyte histories; aiohttp's default 1 MiB cap would reject them.
+MAX_BODY_BYTES = 512 * 1024 * 1024
+STREAM_PIECES = 3
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_STEP_KINDS = ("error", "disconnect", "hang", "tool_calls", "text")
+_STEP_KEYS = frozenset(
+    {
+        *_STEP_KINDS,
+        "delay",
+        "when_user_contains",
+        "finish_reason",
+        "chunk_delay",
+        "disconnect_after_chunks",
+        "retry_after",
+        "retry_after_ms",
+        "message",
+        "type",
+        "code",
+    }
+)
+_VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_CONTENT_TYPES = (str, list, type(None))
+
+# status -> (error type, error code, message), worded like the real API's answers.
+_ERROR_DEFAULTS: dict[int, tuple[str, str | None, str]] = {
+    400: ("invalid_request_error", None, "Bad request (scripted by the fake LLM)."),
+    401: ("invalid_request_error", "invalid_api_key", "Incorrect API key provided."),
+    403: ("permission_denied", None, "You are not allowed to use this model."),
+    404: ("invalid_request_error", "model_not_found", "The model does not exist."),
+    429: ("requests", "rate_limit_exceeded", "Rate limit reached (scripted by the fake LLM)."),
+    500: ("server_error", None, "The server had an error while processing your request."),
+    502: ("server_error", None, "Bad gateway."),
+    503: ("server_error", None, "The engine is currently overloaded, please try again later."),
+}
+
+
+# --- step helpers ------------------------------------------------------------------------------
+
+
+def reply(text: str, **opts: Any) -> Step:
+    """A text answer: ``reply("hi", delay=0.5)``."""
+    return check_step({"text": text, **opts})
+
+
+def call(
+    name: str, arguments: Mapping[str, Any] | str | None = None, *, id: str | None = None
+) -> dict:
+    """One tool call for ``tool_step``; a str ``arguments`` is sent verbatim (e.g. broken JSON)."""
+    spec: dict[str, Any] = {"name": name, "arguments": {} if arguments is None else arguments}
+    if id is not None:
+        spec["id"] = id
+    return spec
+
+
+def tool_step(*calls: dict | tuple[str, Any], text: str | None = None, **opts: Any) -> Step:
+    """An answer with tool calls: ``tool_step(call("exec", {"command": "ls"}))`` or
+    ``tool_step(("exec", {"command": "ls"}), ("read_file", {"path": "a"}))``."""
+    specs = [c if isinstance(c, dict) else call(c[0], c[1]) for c in calls]
+    step: Step = {"tool_calls": specs, **opts}
+    if text is not None:
+        step["text"] = text
+    return check_step(step)
+
+
+def error(status: int, *, retry_after: float | str | None = None, **opts: Any) -> Step:
+    """An HTTP error answer: ``error(429, retry_after=1)``, ``error(400, code="...")``."""
+    step: Step = {"error": status, **opts}
+    if retry_after is not None:
+        step["retry_after"] = retry_after
+    return check_step(step)
+
+
+def disconnect(**opts: Any) -> Step:
+    """Close the connection without answering."""
+    return check_step({"disconnect": True, **opts})
+
+
+def hang(**opts: Any) -> Step:
+    """Never answer; the connection is dropped when the server stops."""
+    return check_step({"hang": True, **opts})
+
+
+def check_step(step: Any) -> Step:
+    """Return ``step`` if it is a well-formed step; raise ValueError naming the problem.
+
+    Checked when scripted, not when served, so a typo fails the test that wrote it.
+    """
+    if not isinstance(step, dict):
+        raise ValueError(f"a step must be a dict, got {type(step).__name__}")
+    unknown = set(step) - _STEP_KEYS
+    if unknown:
+        raise ValueError(f"unknown step keys {sorted(unknown)} in {step!r}")
+    kinds = [k for k in ("error", "disconnect", "hang", "tool_calls") if k in step]
+    if len(kinds) > 1:
+        raise ValueError(f"a step has one kind, got {kinds} in {step!r}")
+    if "error" in step and not (isinstance(step["error"], int) and 400 <= step["error"] <= 599):
+        raise ValueError(f"'error' must be an HTTP status 400-599 in {step!r}")
+    if "tool_calls" in step:
+        calls = step["tool_calls"]
+        if not isinstance(calls, list) or not calls:
+            raise ValueError(f"'tool_calls' must be a non-empty list in {step!r}")
+        for spec in calls:
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+                raise ValueError(f"each tool call needs a 'name' in {step!r}")
+    if "text" in step and not isinstance(step["text"], str | None):
+        raise ValueError(f"'text' must be a string in {step!r}")
+    for key in ("delay", "chunk_delay"):
+        if key in step and not (isinstance(step[key], int | float) and step[key] >= 0):
+            raise ValueError(f"{key!r} must be a number >= 0 in {step!r}")
+    if not kinds and "text" not in step and set(step) - {"delay", "when_user_contains"}:
+        raise ValueError(f"step has no kind (text, tool_calls, error, disconnect, hang): {step!r}")
+    return step
+
+
+def step_kind(step: Step) -> str:
+    """The outcome a step produces: error, disconnect, hang, tool_calls, text or default."""
+    for kind in _STEP_KINDS:
+        if kind in step:
+            return kind
+    return "default"
+
+
+def load_script(data: Any) -> list[Step]:
+    """Steps from decoded JSON: a list of steps, ``{"steps": [...]}`` or a single step."""
+    if isinstance(data, dict) and "steps" in data:
+        data = data["steps"]
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise ValueError("a script is a list of steps, {'steps': [...]} or one step")
+    return [check_step(s) for s in data]
+
+
+# --- request validation (pure) -----------------------------------------------------------------
+
+
+def validate_request(body: Any) -> tuple[str, str | None] | None:
+    """``(message, param)`` describing why a real server would answer 400, or None if valid."""
+    if not isinstance(body, dict):
+        return "The request body must be a JSON object.", None
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return "you must provide a model parameter", "model"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty array.", "messages"
+    tools = body.get("tools")
+    if tools is not None:
+        problem = _tools_problem(tools)
+        if problem:
+            return problem, "tools"
+    problem = history_problem(messages)
+    return (problem, "messages") if problem else None
+
+
+def _tools_problem(tools: Any) -> str | None:
+    if not isinstance(tools, list):
+        return "'tools' must be an array."
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if tool.get("type") != "function" or not isinstance(fn, dict):
+            return f"Invalid 'tools[{i}]': expected {{'type': 'function', 'function': {{...}}}}."
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            return f"Missing required parameter: 'tools[{i}].function.name'."
+    return None
+
+
+def history_problem(messages: list[Any]) -> str | None:
+    """Why ``messages`` is not a valid Chat Completions history, or None.
+
+    Enforces what the real API enforces: known roles, content present, and every assistant
+    ``tool_calls`` answered by exactly one tool message per call id before the next non-tool
+    message (and no tool message without such a call).
+    """
+    # Hot loop for 3,000-message benchmark requests: no per-message string building.
+    unanswered: set[str] = set()  # call ids of the current tool block still waiting
+    block: set[str] = set()  # all call ids of the current tool block
+    for i, msg in enumerate(messages):
+        if type(msg) is not dict:
+            return f"Invalid 'messages[{i}]': expected an object."
+        role = msg.get("role")
+        if role not in _VALID_ROLES:
+            return f"Invalid value for 'messages[{i}].role': {role!r}."
+        content = msg.get("content")
+        if not isinstance(content, _CONTENT_TYPES):
+            return f"Invalid type for 'messages[{i}].content': expected a string or an array."
+        if role == "tool":
+            call_id = msg.get("tool_call_id")
+            if call_id not in unanswered:
+                return _tool_message_problem(i, call_id, block)
+            unanswered.discard(call_id)
+            if content is None:
+                return f"Missing required parameter: 'messages[{i}].content'."
+            continue
+        if unanswered:
+            return _unanswered_problem(unanswered, f"messages[{i}]")
+        if block:
+            block = set()
+        calls = msg.get("tool_calls") if role == "assistant" else None
+        if calls is not None:
+            ids_or_problem = _tool_call_ids(calls, f"messages[{i}]")
+            if isinstance(ids_or_problem, str):
+                return ids_or_problem
+            unanswered, block = set(ids_or_problem), set(ids_or_problem)
+        elif content is None and not (role == "assistant" and msg.get("function_call")):
+            return f"Missing required parameter: 'messages[{i}].content'."
+    if unanswered:
+        return _unanswered_problem(unanswered, "the end of messages")
+    return None
+
+
+def _tool_message_problem(i: int, call_id: Any, block: set[str]) -> str:
+    if not isinstance(call_id, str):
+        return f"Missing required parameter: 'messages[{i}].tool_call_id'."
+    why = "answered twice" if call_id in block else "not a preceding tool call"
+    return (
+        "Invalid parameter: messages with role 'tool' must be a response to a preceding "
+        f"message with 'tool_calls' (messages[{i}]: tool_call_id {call_id!r} is {why})."
+    )
+
+
+def _unanswered_problem(unanswered: set[str], where: str) -> str:
+    return (
+        "An assistant message with 'tool_calls' must be followed by tool messages responding "
+        f"to each 'tool_call_id'. The following tool_call_ids did not have response messages "
+        f"before {where}: {', '.join(sorted(unanswered))}"
+    )
+
+
+def _tool_call_ids(calls: Any, where: str) -> list[str] | str:
+    """The call ids of an assistant message's ``tool_calls``, or a problem description."""
+    if not isinstance(calls, list) or not calls:
+        return f"Invalid '{where}.tool_calls': expected a non-empty array."
+    ids: list[str] = []
+    for j, tc in enumerate(calls):
+        problem = _tool_call_problem(tc)
+        if problem is None and tc["id"] in ids:
+            problem = f"duplicate tool call id {tc['id']!r}"
+        if problem is not None:
+            return f"Invalid '{where}.tool_calls[{j}]': {problem}."
+        ids.append(tc["id"])
+    return ids
+
+
+def _tool_call_problem(tc: Any) -> str | None:
+    fn = tc.get("function") if type(tc) is dict else None
+    if type(fn) is not dict or not isinstance(tc.get("id"), str):
+        return "expected an object with 'id' and 'function'"
+    if tc.get("type", "function") != "function":
+        return f"'type' must be 'function', got {tc.get('type')!r}"
+    if not isinstance(fn.get("name"), str):
+        return "missing 'function.name'"
+    # The API wants arguments as a JSON *string*; a dict here is a client bug.
+    if not isinstance(fn.get("arguments"), str):
+        return "'function.arguments' must be a string"
+    return None
+
+
+def last_user_text(messages: Any) -> str:
+    """Text of the last user message (text parts joined), or "" if there is none."""
+    if not isinstance(messages, list):
+        return ""
+    for msg in reversed(messages):
+        if isinstance(msg, dict) and msg.get("role") == "user":
+            content = msg.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):
+                return "".join(
+                    p.get("text", "") for p in content if isinstance(p, dict) and "text" in p
+                )
+            return ""
+    return ""
+
+
+def echo_text(user_text: str) -> str:
+    """The default answer: ``echo: `` + the first line of the user's text, at most 200 chars."""
+    first = user_text.strip().split("\n", 1)[0].strip() if user_text else ""
+    return f"echo: {first[:ECHO_LIMIT]}"
+
+
+# --- response bodies (pure) --------------------------------------------------------------------
+
+
+def error_body(status: int, step: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """An OpenAI-style error body for ``status``; ``step`` may override message/type/code."""
+    step = step or {}
+    etype, code, message = _ERROR_DEFAULTS.get(
+        status,
+        ("server_error" if status >= 500 else "invalid_request_error", None, f"HTTP {status}"),
+    )
+    return {
+        "error": {
+            "message": step.get("message", message),
+            "type": step.get("type", etype),
+            "param": step.get("param"),
+            "code": step.get("code", code),
+        }
+    }
+
+
+def make_message(step: Step, user_text: str, next_call_id: Any) -> tuple[dict[str, Any], str]:
+    """The assistant message and finish_reason for a text, tool_calls or default step.
+
+    ``next_call_id`` is a zero-argument callable giving fresh ids like ``call_7``.
+    """
+    if "tool_calls" in step:
+        calls = []
+        for spec in step["tool_calls"]:
+            args = spec.get("arguments", {})
+            calls.append(
+                {
+                    "id": spec.get("id") or next_call_id(),
+                    "type": "function",
+                    "function": {
+                        "name": spec["name"],
+                        "arguments": args if isinstance(args, str) else json.dumps(args),
+                    },
+                }
+            )
+        message = {"role": "assistant", "content": step.get("text"), "tool_calls": calls}
+        return message, step.get("finish_reason", "tool_calls")
+    content = step["text"] if "text" in step else echo_text(user_text)
+    return {"role": "assistant", "content": content}, step.get("finish_reason", "stop")
+
+
+def usage_for(request_bytes: int, message: Mapping[str, Any]) -> dict[str, int]:
+    """Rough token counts (4 bytes a token), cheap enough for benchmarks."""
+    out = len(message.get("content") or "")
+    for tc in message.get("tool_calls") or ():
+        out += len(tc["function"]["name"]) + len(tc["function"]["arguments"])
+    prompt, completion = max(1, request_bytes // 4), max(1, out // 4)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def completion_body(
+    cid: str, created: int, model: str, message: dict, finish: str, usage: dict
+) -> dict[str, Any]:
+    return {
+        "id": cid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "usage": usage,
+    }
+
+
+def _pieces(text: str, n: int = STREAM_PIECES) -> list[str]:
+    """Split text into at most n non-empty pieces, as a model would stream it."""
+    if not text:
+        return []
+    size = max(1, -(-len(text) // n))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def completion_chunks(
+    cid: str,
+    created: int,
+    model: str,
+    message: dict,
+    finish: str,
+    usage: dict | None,
+) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` sequence the real API streams for ``message``.
+
+    Role first, then content deltas, then per tool call a header delta (index, id, name, empty
+    arguments) followed by argument pieces, then an empty delta with finish_reason, then (if
+    ``usage`` is given, i.e. ``stream_options.include_usage``) a usage chunk with no choices.
+    """
+
+    def chunk(delta: dict, finish_reason: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+            "choices": [
+                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            ],
+        }
+        if usage is not None:
+            body["usage"] = None
+        return body
+
+    content = message.get("content")
+    chunks = [chunk({"role": "assistant", "content": "" if content is not None else None})]
+    chunks += [chunk({"content": piece}) for piece in _pieces(content or "")]
+    for index, tc in enumerate(message.get("tool_calls") or ()):
+        header = {"index": index, "id": tc["id"], "type": "function"}
+        header["function"] = {"name": tc["function"]["name"], "arguments": ""}
+        chunks.append(chunk({"tool_calls": [header]}))
+        for piece in _pieces(tc["function"]["arguments"]):
+            chunks.append(
+                chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+            )
+    chunks.append(chunk({}, finish))
+    if usage is not None:
+        tail = chunk({})
+        tail["choices"], tail["usage"] = [], usage
+        chunks.append(tail)
+    return chunks
+
+
+def sse(data: Mapping[str, Any] | str) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+# --- the server --------------------------------------------------------------------------------
+
+
+class FakeLLM:
+    """The fake server. ``script``, ``reset``, ``configure``, ``requests`` are thread-safe.
+
+    Args:
+        host, port: where to listen (port 0 picks a free one).
+        mode: what answers when no scripted step matches: "echo" (``echo: <last user line>``)
+            or "strict" (HTTP 500 with outcome "unscripted", to catch unplanned calls).
+        delay: seconds before each *default* answer (scripted steps use their own ``delay``).
+        log_bodies: keep each request's parsed body in the log (off for benchmarks).
+        validate: reject invalid histories with 400 like a real server.
+        max_log: keep only the newest N log entries (None: all).
+        api_key: if set, requests without ``Authorization: Bearer <api_key>`` get 401.
+        models: ids listed by ``GET /v1/models``.
+        script: initial steps.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        mode: str = "echo",
+        delay: float = 0.0,
+        log_bodies: bool = True,
+        validate: bool = True,
+        max_log: int | None = None,
+        api_key: str | None = None,
+        models: Iterable[str] = (DEFAULT_MODEL,),
+        script: Iterable[Step] = (),
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.log_bodies = log_bodies
+        self.validate = validate
+        self.api_key = api_key
+        self.models = list(models)
+        self.mode = "echo"
+        self.delay = 0.0
+        self.configure(mode=mode, delay=delay)
+        self._lock = threading.Condition()
+        self._queue: list[Step] = []
+        self._log: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_log)
+        self._seq = 0
+        self._call_seq = 0
+        self._completion_seq = 0
+        self._runner: web.AppRunner | None = None
+        self._stopping: asyncio.Event | None = None
+        self.script(*script)
+
+    # -- control (any thread) --
+
+    def configure(self, *, mode: str | None = None, delay: float | None = None) -> None:
+        """Change the default mode and/or the default-answer delay while running."""
+        if mode is not None:
+            if mode not in MODES:
+                raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+            self.mode = mode
+        if delay is not None:
+            self.delay = float(delay)
+
+    def script(self, *steps: Step) -> None:
+        """Append steps to the FIFO queue (validated now; ValueError on a malformed step)."""
+        checked = [check_step(s) for s in steps]
+        with self._lock:
+            self._queue.extend(checked)
+
+    def reset(self) -> None:
+        """Drop queued steps and the request log; restart id counters."""
+        with self._lock:
+            self._queue.clear()
+            self._log.clear()
+            self._seq = self._call_seq = self._completion_seq = 0
+
+    @property
+    def pending(self) -> int:
+        """Number of scripted steps not yet used."""
+        with self._lock:
+            return len(self._queue)
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """A snapshot of the request log, oldest first (see ``_record`` for the fields)."""
+        with self._lock:
+            return list(self._log)
+
+    def wait_for_requests_sync(self, n: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Block until at least n completion requests have arrived (TimeoutError otherwise).
+
+        For a thread other than the server's (the server keeps running meanwhile).
+        """
+        with self._lock:
+            if not self._lock.wait_for(lambda: self._seq >= n, timeout):
+                raise TimeoutError(f"fake LLM saw {self._seq} requests, expected {n}")
+            return list(self._log)
+
+    # Same signature as the thread and process variants, hence a timeout argument.
+    async def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[dict[str, Any]]:  # noqa: ASYNC109
+        """Wait (without blocking the loop) until at least n completion requests arrived."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._seq >= n:
+                    return list(self._log)
+                seen = self._seq
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"fake LLM saw {seen} requests, expected {n}")
+            await asyncio.sleep(0.005)
+
+    # -- lifecycle (the server's loop) --
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """What to give the openai SDK as ``base_url``: ``http://127.0.0.1:PORT/v1``."""
+        return f"{self.url}/v1"
+
+    async def start(self) -> None:
+        self._stopping = asyncio.Event()
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        for prefix in ("/v1", ""):
+            app.router.add_post(f"{prefix}/chat/completions", self._handle_chat)
+            app.router.add_get(f"{prefix}/models", self._handle_models)
+        app.router.add_post("/_control/script", self._handle_control_script)
+        app.router.add_get("/_control/requests", self._handle_control_requests)
+        app.router.add_post("/_control/reset", self._handle_control_reset)
+        app.router.add_post("/_control/config", self._handle_control_config)
+        app.router.add_get("/_control/status", self._handle_control_status)
+        # No access log: it would cost more than the answer itself in benchmarks.
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=1.0
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets  # set by start()
+        self.port = server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop serving; delayed and hanging requests are dropped without an answer."""
+        if self._runner is None:
+            return
+        assert self._stopping is not None
+        self._stopping.set()
+        await asyncio.sleep(0)  # let woken handlers close their connections
+        await self._runner.cleanup()
+        self._runner = None
+
+    async def __aenter__(self) -> FakeLLM:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    @classmethod
+    def start_in_thread(cls, **kwargs: Any) -> FakeLLMThread:
+        """Run a new FakeLLM(**kwargs) on its own event loop in a daemon thread."""
+        return FakeLLMThread(cls(**kwargs))
+
+    # -- request handling --
+
+    async def _handle_chat(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        rejection = self._rejection(request, body)
+        if rejection is not None:
+            status, outcome, message, param = rejection
+            self._record(request, body, outcome, status, None, message)
+            err = error_body(status, {"message": message, "param": param})
+            return web.json_response(err, status=status)
+
+        user_text = last_user_text(body.get("messages"))
+        step, entry = self._take_step(request, body, user_text)
+        delay = step.get("delay", self.delay if entry["outcome"] == "default" else 0.0)
+        if delay and await self._stopped_within(delay):
+            return self._drop(request)
+
+        kind = entry["outcome"]
+        if kind == "error":
+            return self._error_response(step)
+        if kind == "unscripted":
+            msg = "fake LLM (strict mode): no scripted step matches this request"
+            return web.json_response(error_body(500, {"message": msg}), status=500)
+        if kind == "disconnect":
+            return self._drop(request)
+        if kind == "hang":
+            assert self._stopping is not None
+            await self._stopping.wait()
+            return self._drop(request)
+        return await self._answer(request, body, step, user_text, len(raw), entry)
+
+    def _rejection(
+        self, request: web.Request, body: Any
+    ) -> tuple[int, str, str, str | None] | None:
+        """``(status, outcome, message, param)`` if the request must be refused, else None."""
+        if self.api_key is not None:
+            if request.headers.get("Authorization") != f"Bearer {self.api_key}":
+                return 401, "unauthorized", "Incorrect API key provided.", None
+        if not isinstance(body, dict):
+            return 400, "invalid", "The request body must be a JSON object.", None
+        if self.validate:
+            problem = validate_request(body)
+            if problem is not None:
+                return 400, "invalid", problem[0], problem[1]
+        return None
+
+    def _take_step(
+        self, request: web.Request, body: dict, user_text: str
+    ) -> tuple[Step, dict[str, Any]]:
+        """Pop the first queued step matching this request and log the request."""
+        with self._lock:
+            step: Step | None = None
+            for i, candidate in enumerate(self._queue):
+                needle = candidate.get("when_user_contains")
+                if needle is None or needle in user_text:
+                    step = self._queue.pop(i)
+                    break
+            if step is not None:
+                outcome = step_kind(step)
+            else:
+                outcome = "unscripted" if self.mode == "strict" else "default"
+            status: int | None = 200
+            if step is not None and outcome == "error":
+                status = step["error"]
+            elif outcome == "unscripted":
+                status = 500
+            elif outcome in ("disconnect", "hang"):
+                status = None
+            entry = self._record(request, body, outcome, status, step, None, user_text)
+            return step or {}, entry
+
+    def _record(
+        self,
+        request: web.Request,
+        body: Any,
+        outcome: str,
+        status: int | None,
+        step: Step | None,
+        problem: str | None,
+        user_text: str | None = None,
+    ) -> dict[str, Any]:
+        """Append a log entry. Fields:
+
+        seq (1-based), time (epoch seconds), method, path, headers (lower-cased names),
+        body (parsed JSON, or None when log_bodies=False), model, stream, n_messages,
+        last_user (text of the last user message), outcome (text, tool_calls, default, error,
+        disconnect, hang, unscripted, invalid, unauthorized), status (HTTP status; None for
+        disconnect/hang), step (the scripted step used, or None), error (why a request was
+        rejected), reply (the assistant message sent, filled in when answered).
+        """
+        is_dict = isinstance(body, dict)
+        messages = body.get("messages") if is_dict else None
+        entry: dict[str, Any] = {
+            "seq": 0,
+            "time": time.time(),
+            "method": request.method,
+            "path": request.path,
+            "headers": {k.lower(): v for k, v in request.headers.items()},
+            "body": body if self.log_bodies else None,
+            "model": body.get("model") if is_dict else None,
+            "stream": bool(body.get("stream")) if is_dict else False,
+            "n_messages": len(messages) if isinstance(messages, list) else 0,
+            "last_user": user_text if user_text is not None else last_user_text(messages),
+            "outcome": outcome,
+            "status": status,
+            "step": step,
+            "error": problem,
+            "reply": None,
+        }
+        with self._lock:  # re-entrant use from _take_step is fine: Condition wraps an RLock
+            self._seq += 1
+            entry["seq"] = self._seq
+            self._log.append(entry)
+            self._lock.notify_all()
+        return entry
+
+    def _next_call_id(self) -> str:
+        with self._lock:
+            self._call_seq += 1
+            return f"call_{self._call_seq}"
+
+    def _next_completion_id(self) -> str:
+        with self._lock:
+            self._completion_seq += 1
+            return f"chatcmpl-fake{self._completion_seq}"
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True if the server began stopping meanwhile.
+
+        Waiting on the stop event (not a bare sleep) keeps shutdown quick with slow steps.
+        """
+        assert self._stopping is not None
+        try:
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    @staticmethod
+    def _drop(request: web.Request) -> web.StreamResponse:
+        """Close the connection without answering; aiohttp ignores the unsent response."""
+        if request.transport is not None:
+            request.transport.close()
+        return web.Response()
+
+    @staticmethod
+    def _error_response(step: Step) -> web.Response:
+        status = step["error"]
+        headers = {}
+        if "retry_after" in step:
+            headers["Retry-After"] = str(step["retry_after"])
+        if "retry_after_ms" in step:
+            headers["retry-after-ms"] = str(step["retry_after_ms"])
+        return web.json_response(error_body(status, step), status=status, headers=headers)
+
+    async def _answer(
+        self,
+        request: web.Request,
+        body: dict,
+        step: Step,
+        user_text: str,
+        request_bytes: int,
+        entry: dict[str, Any],
+    ) -> web.StreamResponse:
+        message, finish = make_message(step, user_text, self._next_call_id)
+        entry["reply"] = message
+        cid, created = self._next_completion_id(), int(time.time())
+        model = body.get("model") or DEFAULT_MODEL
+        usage = usage_for(request_bytes, message)
+        if not body.get("stream"):
+            return web.json_response(completion_body(cid, created, model, message, finish, usage))
+        options = body.get("stream_options") or {}
+        with_usage = usage if options.get("include_usage") else None
+        chunks = completion_chunks(cid, created, model, message, finish, with_usage)
+        return await self._stream(request, step, chunks)
+
+    async def _stream(
+        self, request: web.Request, step: Step, chunks: list[dict[str, Any]]
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        cut = step.get("disconnect_after_chunks")
+        pause = step.get("chunk_delay", 0)
+        try:
+            if cut is None and not pause:
+                # One write: benchmarks measure the client, not our syscalls.
+                await resp.write(b"".join(map(sse, chunks)) + sse("[DONE]"))
+            else:
+                for i, chunk in enumerate(chunks):
+                    if i == cut or (pause and await self._stopped_within(pause)):
+                        self._drop(request)
+                        return resp
+                    await resp.write(sse(chunk))
+                await resp.write(sse("[DONE]"))
+            await resp.write_eof()
+        except ConnectionError:
+            pass  # the client went away mid-stream (e.g. it timed out); nothing to tell it
+        return resp
+
+    async def _handle_models(self, request: web.Request) -> web.Response:
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]
+        return web.json_response({"object": "list", "data": data})
+
+    # -- control endpoints, for a server running in another process --
+
+    async def _handle_control_script(self, request: web.Request) -> web.Response:
+        try:
+            steps = load_script(await request.json())
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            return web.json_response({"error": str(exc)}, status=400)
+        self.script(*steps)
+        return web.json_response({"queued": len(steps), "pending": self.pending})
+
+    async def _handle_control_requests(self, request: web.Request) -> web.Response:
+        since = int(request.query.get("since", "0"))
+        return web.json_response([e for e in self.requests if e["seq"] > since])
+
+    async def _handle_control_reset(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response({"ok": True})
+
+    async def _handle_control_config(self, request: web.Request) -> web.Response:
+        try:
+            options = await request.json()
+            self.configure(mode=options.get("mode"), delay=options.get("delay"))
+        except (ValueError, AttributeError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return await self._handle_control_status(request)
+
+    async def _handle_control_status(self, request: web.Request) -> web.Response:
+        with self._lock:
+            seen = self._seq
+        status = {"pending": self.pending, "requests": seen, "mode": self.mode, "delay": self.delay}
+        return web.json_response(status)
+
+
+# --- thread mode -------------------------------------------------------------------------------
+
+
+class FakeLLMThread:
+    """A FakeLLM serving from a daemon thread with its own loop, for sync tests.
+
+    Everything but ``stop`` delegates to the FakeLLM (``handle.llm``), whose control methods
+    are thread-safe.
+    """
+
+    def __init__(self, llm: FakeLLM, start_timeout: float = 10.0) -> None:
+        self.llm = llm
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="fake-llm", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(start_timeout):
+            raise TimeoutError("fake LLM thread did not start")
+        if self._failure is not None:
+            raise RuntimeError("fake LLM failed to start") from self._failure
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self.llm.start())
+        except BaseException as exc:  # reported to the starting thread, which re-raises
+            self._failure = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    @property
+    def base_url(self) -> str:
+        return self.llm.base_url
+
+    @property
+    def url(self) -> str:
+        return self.llm.url
+
+    @property
+    def port(self) -> int:
+        return self.llm.port
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        return self.llm.requests
+
+    @property
+    def pending(self) -> int:
+        return self.llm.pending
+
+    def script(self, *steps: Step) -> None:
+        self.llm.script(*steps)
+
+    def reset(self) -> None:
+        self.llm.reset()
+
+    def configure(self, *, mode: str | None = None, delay: float | None = None) -> None:
+        self.llm.configure(mode=mode, delay=delay)
+
+    def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+        return self.llm.wait_for_requests_sync(n, timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server and join the thread. Idempotent."""
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self.llm.stop(), self._loop).result(timeout)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
+
+    def __enter__(self) -> FakeLLMThread:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+# --- process mode ------------------------------------------------------------------------------
+
+
+class ControlClient:
+    """Drives a FakeLLM in another process through ``/_control/*`` (stdlib only, sync)."""
+
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        self.url = url.rstrip("/").removesuffix("/v1")
+        self.timeout = timeout
+        # An HTTP(S)_PROXY in the environment must never see loopback test traffic.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def _call(self, method: str, path: str, payload: Any = None) -> Any:
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        try:
+            with self._opener.open(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            raise ValueError(f"fake LLM control {path}: {exc.read().decode()}") from exc
+
+    def script(self, *steps: Step) -> int:
+        """Append steps; returns the number of steps now pending."""
+        return int(self._call("POST", "/_control/script", list(steps))["pending"])
+
+    def requests(self, since: int = 0) -> list[dict[str, Any]]:
+        """The request log (entries with seq > since)."""
+        return list(self._call("GET", f"/_control/requests?since={since}"))
+
+    def reset(self) -> None:
+        self._call("POST", "/_control/reset", {})
+
+    def configure(self, *, mode: str | None = None, delay: float | None = None) -> dict:
+        options = {k: v for k, v in (("mode", mode), ("delay", delay)) if v is not None}
+        return dict(self._call("POST", "/_control/config", options))
+
+    def status(self) -> dict[str, Any]:
+        """``{"pending", "requests", "mode", "delay"}``."""
+        return dict(self._call("GET", "/_control/status"))
+
+    def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while self.status()["requests"] < n:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"fake LLM saw fewer than {n} requests")
+            time.sleep(0.01)
+        return self.requests()
+
+
+class FakeLLMProcess(ControlClient):
+    """``python -m tests.fakes.llm_server`` as a child process, with its control client.
+
+    Survives the test's own crash-and-restart of memobot, since it is a separate process.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
+        super().__init__(f"http://127.0.0.1:{port}")
+        self.proc = proc
+        self.port = port
+        self.workdir = workdir
+        self.base_url = f"{self.url}/v1"
+
+    @classmethod
+    def spawn(
+        cls,
+        workdir: str | os.PathLike[str] | None = None,
+        *,
+        script: Iterable[Step] = (),
+        mode: str | None = None,
+        delay: float | None = None,
+        extra_args: Iterable[str] = (),
+        start_timeout: float = 15.0,
+    ) -> FakeLLMProcess:
+        """Start the server process; returns once it listens. Its stderr goes to
+        ``<workdir>/fake_llm.log`` (workdir defaults to a new temporary folder)."""
+        wd = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="fake-llm-"))
+        wd.mkdir(parents=True, exist_ok=True)
+        port_file = wd / "fake_llm.port"
+        port_file.unlink(missing_ok=True)
+        args = [sys.executable, "-m", "tests.fakes.llm_server", "--port-file", str(port_file)]
+        steps = [check_step(s) for s in script]
+        if steps:
+            script_file = wd / "fake_llm_script.json"
+            script_file.write_text(json.dumps(steps))
+            args += ["--script", str(script_file)]
+        if mode is not None:
+            args += ["--mode", mode]
+        if delay is not None:
+            args += ["--delay", str(delay)]
+        args += list(extra_args)
+        with open(wd / "fake_llm.log", "ab") as log_file:
+            proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=log_file, stderr=log_file)
+        deadline = time.monotonic() + start_timeout
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() >= deadline:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                log = (wd / "fake_llm.log").read_text(errors="replace")
+                raise RuntimeError(f"fake LLM process did not start:\n{log}")
+            time.sleep(0.01)
+        return cls(proc, int(port_file.read_text()), wd)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM and wait; returns the exit code (0 on a clean shutdown)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+        return int(self.proc.returncode)
+
+    def __enter__(self) -> FakeLLMProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def write_port_file(path: Path, port: int) -> None:
+    """Write atomically, so a reader polling for the file never sees it half-written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(str(port))
+    os.replace(tmp, path)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.fakes.llm_server", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    p.add_argument("--port-file", type=Path, help="write the port here once listening")
+    p.add_argument("--script", type=Path, help="JSON file: a list of steps or {'steps': [...]}")
+    p.add_argument("--mode", choices=MODES, default="echo", help="answer when nothing is scripted")
+    p.add_argument("--delay", type=float, default=0.0, help="seconds before each default answer")
+    p.add_argument("--no-validate", action="store_true", help="accept invalid histories")
+    p.add_argument("--no-log-bodies", action="store_true", help="do not keep request bodies")
+    p.add_argument("--max-log", type=int, default=None, help="keep only the newest N log entries")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    return p.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    script = load_script(json.loads(args.script.read_text())) if args.script else []
+    llm = FakeLLM(
+        host=args.host,
+        port=args.port,
+        mode=args.mode,
+        delay=args.delay,
+        log_bodies=not args.no_log_bodies,
+        validate=not args.no_validate,
+        max_log=args.max_log,
+        api_key=args.api_key,
+        script=script,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await llm.start()
+    if args.port_file:
+        write_port_file(args.port_file, llm.port)
+    print(f"fake LLM listening on {llm.base_url}", file=sys.stderr, flush=True)
+    await stop.wait()
+    await llm.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    asyncio.run(serve(parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

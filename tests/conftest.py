@@ -1,0 +1,47 @@
+"""Suite-wide guards: no test may reach past the loopback interface."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import pytest
+
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _check(address: object) -> None:
+    if not isinstance(address, tuple):
+        return  # AF_UNIX paths
+    host = str(address[0])
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        raise RuntimeError(f"test tried to connect to a hostname: {host}") from None
+    if not ip.is_loopback:
+        raise RuntimeError(f"test tried to leave 127.0.0.1: connect to {host}")
+
+
+def _guarded_connect(self: socket.socket, address: object) -> None:
+    _check(address)
+    return _real_connect(self, address)
+
+
+def _guarded_connect_ex(self: socket.socket, address: object) -> int:
+    _check(address)
+    return _real_connect_ex(self, address)
+
+
+@pytest.fixture(autouse=True)
+def _no_network_beyond_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket.socket, "connect", _guarded_connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", _guarded_connect_ex)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
+    # A developer's own key or config must never leak into a test run.
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MEMOBOT_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))

@@ -20,7 +20,8 @@ from tenacity import (
     RetryCallState,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from bot.config import LLMConfig
@@ -139,7 +140,7 @@ class _RetryAfterOrBackoff:
     """Wait what the server asked for, else exponential backoff with jitter."""
 
     def __init__(self, initial: float, maximum: float) -> None:
-        self._backoff = wait_exponential_jitter(initial=initial, max=maximum, jitter=initial)
+        self._backoff = wait_exponential(multiplier=initial, max=maximum) + wait_random(0, initial)
 
     def __call__(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None

@@ -1,0 +1,259 @@
+"""The agent loop end to end, in-process, against the fake OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bot.runner import INTERRUPTED_TOOL_RESULT
+from bot.session import SessionStore
+from tests.fakes.llm_server import FakeLLM, error, reply, tool_step
+from tests.helpers import Harness, make_config, request_messages
+
+
+@pytest.fixture
+async def llm():
+    async with FakeLLM() as server:
+        yield server
+
+
+def harness(tmp_path: Path, server: FakeLLM, **sections) -> Harness:
+    cfg = make_config(tmp_path, server.base_url, **sections)
+    return Harness(cfg, tmp_path / "config.json")
+
+
+def session_messages(tmp_path: Path, key: str = "cli:t") -> list[dict]:
+    return SessionStore(tmp_path / "state").get(key).messages
+
+
+async def test_plain_turn(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(reply("Hello there!"))
+    async with harness(tmp_path, llm) as h:
+        assert await h.ask("hi") == "Hello there!"
+    [req] = llm.requests
+    assert req["headers"]["authorization"] == "Bearer test-key"
+    msgs = request_messages(req)
+    assert msgs[0]["role"] == "system" and "memobot" in msgs[0]["content"]
+    assert "## SOUL.md" in msgs[0]["content"]  # workspace files are in the system prompt
+    assert msgs[-1]["role"] == "user" and msgs[-1]["content"].startswith("hi\n\n[runtime context")
+    assert "channel: cli" in msgs[-1]["content"] and "chat: t" in msgs[-1]["content"]
+    stored = session_messages(tmp_path)
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+    # Stored exactly as sent, so the next request repeats it byte for byte.
+    assert stored[0]["content"] == msgs[-1]["content"]
+
+
+async def test_multi_step_tool_turn(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(
+        tool_step(("write_file", {"path": "notes/a.txt", "content": "alpha"})),
+        tool_step(("read_file", {"path": "notes/a.txt"}), ("list_dir", {"path": "notes"})),
+        reply("The file says alpha."),
+    )
+    async with harness(tmp_path, llm) as h:
+        assert await h.ask("write and read") == "The file says alpha."
+    assert (tmp_path / "ws" / "notes" / "a.txt").read_text() == "alpha"
+    third = request_messages(llm.requests[2])
+    tool_results = [m for m in third if m["role"] == "tool"]
+    assert len(tool_results) == 3
+    assert "alpha" in tool_results[1]["content"] and "a.txt" in tool_results[2]["content"]
+    roles = [m["role"] for m in session_messages(tmp_path)]
+    assert roles == ["user", "assistant", "tool", "assistant", "tool", "tool", "assistant"]
+
+
+async def test_tool_errors_go_back_to_the_model(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(
+        tool_step(("read_file", {"path": "missing.txt"}), ("no_such_tool", {})),
+        reply("That file does not exist."),
+    )
+    async with harness(tmp_path, llm) as h:
+        assert await h.ask("read it") == "That file does not exist."
+    results = [m for m in request_messages(llm.requests[1]) if m["role"] == "tool"]
+    assert results[0]["content"].startswith("Error:") and "missing.txt" in results[0]["content"]
+    assert results[1]["content"].startswith("Error: unknown tool")
+
+
+async def test_prompt_prefix_is_stable_over_ten_turns(tmp_path: Path, llm: FakeLLM) -> None:
+    async with harness(tmp_path, llm) as h:
+        for i in range(10):
+            if i == 4:
+                llm.script(tool_step(("list_dir", {})), reply("listed"))
+            await h.ask(f"message {i}")
+    bodies = [r["body"] for r in llm.requests]
+    assert len(bodies) == 11
+    for prev, nxt in itertools.pairwise(bodies):
+        sent = json.dumps(prev["messages"])[:-1]
+        # Every request starts with exactly the messages of the one before it.
+        assert json.dumps(nxt["messages"]).startswith(sent)
+        assert prev["tools"] == nxt["tools"]
+
+
+async def test_retry_then_success(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(error(500), error(429, retry_after=0), reply("made it"))
+    async with harness(tmp_path, llm) as h:
+        assert await h.ask("hi") == "made it"
+    assert [r["status"] for r in llm.requests] == [500, 429, 200]
+
+
+async def test_retry_after_is_honoured(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(error(429, retry_after=0.6), reply("after waiting"))
+    async with harness(tmp_path, llm) as h:
+        assert await h.ask("hi") == "after waiting"
+    first, second = llm.requests
+    assert second["time"] - first["time"] >= 0.55  # backoff alone would be ~0.01 s
+
+
+async def test_retry_exhaustion_keeps_the_message(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(error(503), error(503), error(503))
+    async with harness(tmp_path, llm) as h:
+        answer = await h.ask("remember the milk")
+        assert "unavailable" in answer and "try again" in answer
+        assert len(llm.requests) == 3  # llm.retry.attempts
+        assert await h.ask("and now?") == "echo: and now?"
+    stored = session_messages(tmp_path)
+    assert stored[0]["role"] == "user" and "remember the milk" in stored[0]["content"]
+    last = request_messages(llm.requests[-1])
+    assert any("remember the milk" in str(m["content"]) for m in last)
+
+
+async def test_client_errors_are_not_retried(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(error(401))
+    async with harness(tmp_path, llm) as h:
+        answer = await h.ask("hi")
+    assert len(llm.requests) == 1
+    assert "401" in answer and "apiKey" in answer
+
+
+async def test_timeouts_are_retried(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(reply("too late", delay=3), reply("in time"))
+    async with harness(tmp_path, llm, llm={"timeoutSeconds": 0.5}) as h:
+        assert await h.ask("hi") == "in time"
+
+
+async def test_unreachable_llm_gives_clear_message(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1")  # nothing listens on port 9
+    async with Harness(cfg, tmp_path / "c.json") as h:
+        answer = await h.ask("hi")
+    assert "unavailable" in answer
+    assert "hi" in session_messages(tmp_path)[0]["content"]
+
+
+async def test_max_tool_iterations(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(*[tool_step(("list_dir", {})) for _ in range(3)])
+    async with harness(tmp_path, llm, agent={"maxToolIterations": 2}) as h:
+        answer = await h.ask("loop forever")
+    assert "2 tool steps" in answer and "maxToolIterations" in answer
+    assert len(llm.requests) == 2
+
+
+async def test_turns_of_one_chat_run_in_order(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(reply("first", delay=0.3))
+    async with harness(tmp_path, llm) as h:
+        futs = [await h.send(f"m{i}") for i in range(3)]
+        answers = [(await asyncio.wait_for(f, 10)).text for f in futs]
+    assert answers == ["first", "echo: m1", "echo: m2"]
+    # The second request already contains the first answer.
+    assert any(m.get("content") == "first" for m in request_messages(llm.requests[1]))
+
+
+async def test_chats_run_concurrently(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.configure(delay=0.5)
+    async with harness(tmp_path, llm, agent={"maxConcurrentTurns": 5}) as h:
+        futs = [await h.send("hello", chat=f"c{i}") for i in range(5)]
+        await asyncio.wait_for(asyncio.gather(*futs), 10)
+    arrivals = sorted(r["time"] for r in llm.requests)
+    # All five requests were in flight at once: each arrived before the first one was answered.
+    assert arrivals[-1] - arrivals[0] < 0.45
+
+
+async def test_concurrency_limit_is_respected(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.configure(delay=0.4)
+    async with harness(tmp_path, llm, agent={"maxConcurrentTurns": 2}) as h:
+        futs = [await h.send("hello", chat=f"c{i}") for i in range(4)]
+        await asyncio.wait_for(asyncio.gather(*futs), 10)
+    arrivals = sorted(r["time"] for r in llm.requests)
+    assert arrivals[1] - arrivals[0] < 0.3 and arrivals[2] - arrivals[0] >= 0.35
+
+
+async def test_a_crashing_turn_does_not_stop_other_chats(tmp_path: Path, llm: FakeLLM) -> None:
+    async with harness(tmp_path, llm) as h:
+        # A session path that cannot be read: the turn fails inside our own code.
+        store_dir = tmp_path / "state" / "sessions"
+        (store_dir / "cli%3Abroken.jsonl").mkdir(parents=True)
+        answer = await h.ask("hi", chat="broken")
+        assert "went wrong" in answer
+        assert await h.ask("still there?", chat="fine") == "echo: still there?"
+
+
+async def test_new_archives_and_starts_fresh(tmp_path: Path, llm: FakeLLM) -> None:
+    async with harness(tmp_path, llm) as h:
+        await h.ask("my name is Ada")
+        await h.ask("I like tea")
+        answer = await h.ask("/new")
+        assert "New conversation" in answer and "4 messages" in answer
+        await h.ask("who am I?")
+    history = (tmp_path / "ws" / "memory" / "history.jsonl").read_text().splitlines()
+    entry = json.loads(history[0])
+    assert entry["cursor"] == 1 and entry["session"] == "cli:t"
+    assert entry["content"].startswith("[RAW]") and "my name is Ada" in entry["content"]
+    assert (tmp_path / "ws" / "memory" / ".cursor").read_text().strip() == "1"
+    last = request_messages(llm.requests[-1])
+    assert [m["role"] for m in last] == ["system", "user"]  # nothing old in the prompt
+    # Nothing is deleted from the session file; the pointer moved past it.
+    store = SessionStore(tmp_path / "state")
+    session = store.get("cli:t")
+    assert len(session.messages) == 6 and session.last_consolidated == 4
+
+
+async def test_status_and_help(tmp_path: Path, llm: FakeLLM) -> None:
+    async with harness(tmp_path, llm) as h:
+        await h.ask("hello")
+        status = await h.ask("/status")
+        help_text = await h.ask("/help")
+    assert "model: fake-model" in status and "2 messages" in status and "uptime" in status
+    assert "/new" in help_text and "/stop" in help_text
+    assert len(llm.requests) == 1  # commands never reach the model
+
+
+async def test_stop_cancels_only_this_chat(tmp_path: Path, llm: FakeLLM) -> None:
+    pid_file = tmp_path / "ws" / "sleeper.pid"
+    llm.script(
+        tool_step(
+            ("exec", {"command": "echo $$ > sleeper.pid; exec sleep 30"}),
+            when_user_contains="long job",
+        ),
+        reply("other chat answered", delay=0.8, when_user_contains="other"),
+    )
+    async with harness(tmp_path, llm) as h:
+        long_job = await h.send("long job", chat="a")
+        other = await h.send("other", chat="b")
+        for _ in range(100):
+            if pid_file.exists() and pid_file.read_text().strip():
+                break
+            await asyncio.sleep(0.05)
+        pid = int(pid_file.read_text())
+        assert "Stopping" in await h.ask("/stop", chat="a")
+        assert (await asyncio.wait_for(long_job, 10)).text == "Stopped."
+        assert (await asyncio.wait_for(other, 10)).text == "other chat answered"
+        assert "Nothing is running" in await h.ask("/stop", chat="a")
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    stored = session_messages(tmp_path, "cli:a")
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool"]
+    assert stored[2]["content"] == INTERRUPTED_TOOL_RESULT
+    meta = SessionStore(tmp_path / "state").get("cli:a").metadata
+    assert "runtime_checkpoint" not in meta
+
+
+async def test_long_history_is_trimmed_to_the_context_window(tmp_path: Path, llm: FakeLLM) -> None:
+    async with harness(tmp_path, llm, llm={"contextWindowTokens": 4096, "maxTokens": 512}) as h:
+        for i in range(40):
+            await h.ask(f"{i} " + "words " * 60)
+    last = request_messages(llm.requests[-1])
+    assert len(last) < 80  # trimmed
+    assert last[1]["role"] == "user"  # the window opens on a user message, never a tool result
+    assert sum(len(str(m["content"])) for m in last) / 4 < 4096

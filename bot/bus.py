@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import Any
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+Intake = Literal["accepted", "duplicate", "refused"]
+IntakeHook = Callable[["InboundMessage"], Awaitable[Intake]]
 
 
 def session_key(channel: str, chat_id: str) -> str:
@@ -48,14 +53,37 @@ class OutboundMessage:
 
 
 class MessageBus:
-    """Inbound and outbound queues shared by every channel and the one agent loop."""
+    """Inbound and outbound queues shared by every channel and the one agent loop.
+
+    The agent installs an intake hook that makes each inbound message durable before
+    ``publish_inbound`` returns, so a channel may confirm receipt to its platform (Telegram
+    offset, Slack ack) exactly when ``publish_inbound`` answers "accepted" or "duplicate".
+    """
 
     def __init__(self) -> None:
         self.inbound: asyncio.Queue[InboundMessage] = asyncio.Queue()
         self.outbound: asyncio.Queue[OutboundMessage] = asyncio.Queue()
+        self._intake: IntakeHook | None = None
+        self.accepting = True
 
-    async def publish_inbound(self, msg: InboundMessage) -> None:
-        await self.inbound.put(msg)
+    def set_intake(self, hook: IntakeHook) -> None:
+        self._intake = hook
+
+    async def publish_inbound(self, msg: InboundMessage) -> Intake:
+        """Hand a message to the agent.
+
+        "accepted": stored and queued; "duplicate": seen before (already answered or queued),
+        ignored; "refused": memobot is shutting down and did not store it, so the channel must
+        not confirm it to the platform (it will be redelivered after the restart).
+        """
+        if not self.accepting:
+            return "refused"
+        if msg.message_id is None:  # sources without ids still need one for the ledger
+            msg = replace(msg, message_id=f"local-{uuid.uuid4().hex[:12]}")
+        verdict: Intake = await self._intake(msg) if self._intake else "accepted"
+        if verdict == "accepted":
+            await self.inbound.put(msg)
+        return verdict
 
     async def publish_outbound(self, msg: OutboundMessage) -> None:
         await self.outbound.put(msg)

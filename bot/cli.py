@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import stat
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +22,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memobot")
 DEFAULT_SESSION = "cli:direct"
+STDIN_LINE_LIMIT = 16 * 1024 * 1024
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,25 +184,50 @@ async def _agent_main(
     args: argparse.Namespace, cfg: Config, config_path: Path, chat_id: str
 ) -> int:
     from bot.app import build_agent
+    from channels.manager import ChannelManager
     from channels.terminal import TerminalChannel
 
     stack = build_agent(cfg, config_path)
     terminal = TerminalChannel(stack.bus, chat_id)
+    manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])
+    await manager.start()
     loop_task = asyncio.create_task(stack.loop.run(), name="agent-loop")
-    await terminal.start()
+    key = f"cli:{chat_id}"
+    aio = asyncio.get_running_loop()
+    terminate = asyncio.Event()
+    aio.add_signal_handler(signal.SIGTERM, terminate.set)
+    # An interrupted turn of this session is finished (and printed) before new input.
+    stack.loop.recover([key])
+    io_task = asyncio.create_task(_converse(args, stack.loop, terminal, cfg, key))
+    stop_wait = asyncio.create_task(terminate.wait())
     try:
-        if args.message is not None:
-            await _turn_with_interrupt(stack.loop, terminal, args.message)
-        elif sys.stdin.isatty():
-            await _interactive(stack.loop, terminal, cfg)
-        else:
-            await _piped(stack.loop, terminal)
+        await asyncio.wait([io_task, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        if terminate.is_set():
+            log.info("SIGTERM: finishing the running answer, then exiting")
+            io_task.cancel()
+        await stack.loop.shutdown(cfg.gateway.drain_seconds)
+        await manager.flush()
+        if io_task.done() and not io_task.cancelled() and io_task.exception():
+            raise io_task.exception()  # type: ignore[misc]
     finally:
-        loop_task.cancel()
-        await asyncio.gather(loop_task, return_exceptions=True)
-        await terminal.stop()
+        for t in (io_task, stop_wait, loop_task):
+            t.cancel()
+        await asyncio.gather(io_task, stop_wait, loop_task, return_exceptions=True)
+        await manager.stop()
         await stack.close()
     return 0
+
+
+async def _converse(
+    args: argparse.Namespace, loop: AgentLoop, terminal: TerminalChannel, cfg: Config, key: str
+) -> None:
+    await loop.wait_idle(key)
+    if args.message is not None:
+        await _turn_with_interrupt(loop, terminal, args.message)
+    elif sys.stdin.isatty():
+        await _interactive(loop, terminal, cfg)
+    else:
+        await _piped(loop, terminal)
 
 
 async def _turn_with_interrupt(loop: AgentLoop, terminal: TerminalChannel, text: str) -> None:
@@ -207,20 +236,30 @@ async def _turn_with_interrupt(loop: AgentLoop, terminal: TerminalChannel, text:
     aio = asyncio.get_running_loop()
     aio.add_signal_handler(signal.SIGINT, loop.stop, key)
     try:
-        await terminal.send(text)
+        await terminal.ask(text)
     finally:
         aio.remove_signal_handler(signal.SIGINT)
 
 
 async def _piped(loop: AgentLoop, terminal: TerminalChannel) -> None:
-    aio = asyncio.get_running_loop()
-    while True:
-        line = await aio.run_in_executor(None, sys.stdin.readline)
-        if not line:
-            return
+    async for line in _stdin_lines():
         text = line.rstrip("\r\n")
         if text.strip():
             await _turn_with_interrupt(loop, terminal, text)
+
+
+async def _stdin_lines() -> AsyncIterator[str]:
+    """Lines of stdin without a blocking read in the event loop (a SIGTERM must get through)."""
+    if stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode):
+        for line in sys.stdin:  # a regular file never blocks
+            yield line
+        return
+    reader = asyncio.StreamReader(limit=STDIN_LINE_LIMIT)
+    await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
+    )
+    while line := await reader.readline():
+        yield line.decode("utf-8", errors="replace")
 
 
 async def _interactive(loop: AgentLoop, terminal: TerminalChannel, cfg: Config) -> None:

@@ -103,11 +103,16 @@ class ChannelsConfig(_Model):
     slack: ChannelConfig = ChannelConfig()
 
 
+class GatewayConfig(_Model):
+    drain_seconds: float = Field(20.0, ge=0, le=600)
+
+
 class Config(_Model):
     llm: LLMConfig = LLMConfig()
     agent: AgentConfig = AgentConfig()
     tools: ToolsConfig = ToolsConfig()
     channels: ChannelsConfig = ChannelsConfig()
+    gateway: GatewayConfig = GatewayConfig()
 
 
 def default_config_path() -> Path:

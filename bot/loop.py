@@ -3,6 +3,11 @@
 Turns of one chat run in order (one worker per busy session); different chats run in parallel,
 at most ``agent.maxConcurrentTurns`` at once. Every accepted message gets exactly one ``final``
 outbound message, whatever happens to its turn: an answer, an error message, or "stopped".
+
+Durability (DESIGN.md section 5): a message is a *pending* entry in its session's metadata
+before the channel confirms it to the platform; each phase of its turn is checkpointed; the
+answer enters the delivery ledger in the same write that appends the turn. After a crash,
+``recover`` turns all of that back into work: repaired history, resumed turns, re-sent answers.
 """
 
 from __future__ import annotations
@@ -15,26 +20,40 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.bus import InboundMessage, MessageBus, OutboundMessage
+from bot import failpoints
+from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import HELP_TEXT, Command, format_duration, parse_command
 from bot.config import Config
 from bot.context import ContextBuilder
+from bot.delivery import DELIVERY_KEY, DeliveryLedger, outbox_entry
 from bot.llm import LLMProvider
 from bot.memory.history import HistoryArchive, format_raw
 from bot.runner import Runner, close_open_tool_calls
-from bot.session import Session, SessionStore
+from bot.session import Session, SessionStore, now_iso
 from bot.tokens import estimate_text_tokens
 from bot.tools.base import ToolContext, ToolRegistry
 
 log = logging.getLogger(__name__)
 
 STOPPED_TEXT = "Stopped."
-SEEN_IDS_KEPT = 256
+SEEN_IDS_KEPT = 64
+MAX_RESUME_ATTEMPTS = 3
+IMMEDIATE = ("/stop", "/help", "/status")
+GAVE_UP_TEXT = (
+    "I was interrupted {n} times while answering your message and could not finish it. "
+    "Please send it again if you still need an answer."
+)
+
+
+@dataclass(slots=True)
+class _Job:
+    msg: InboundMessage
+    resume: bool = False  # finish an interrupted turn (checkpoint or pending from a crash)
 
 
 @dataclass(slots=True)
 class _SessionWork:
-    queue: deque[InboundMessage] = field(default_factory=deque)
+    queue: deque[_Job] = field(default_factory=deque)
     worker: asyncio.Task[None] | None = None
     turn: asyncio.Task[None] | None = None
     stop_requested: bool = False
@@ -58,33 +77,83 @@ class AgentLoop:
         self.tools = tools
         self.context = context
         self.archive = archive
+        self.ledger = DeliveryLedger(store)
         self.runner = Runner(provider, tools, cfg.agent.max_tool_iterations)
         self._work: dict[str, _SessionWork] = {}
         self._slots = asyncio.Semaphore(cfg.agent.max_concurrent_turns)
         self._tools_tokens = estimate_text_tokens(str(tools.schemas()))
+        self._draining = False
+        self._background: set[asyncio.Task[None]] = set()
         self.started_at = time.monotonic()
+        bus.set_intake(self.accept)
 
     # -- intake ----------------------------------------------------------------------------
+
+    async def accept(self, msg: InboundMessage) -> Intake:
+        """Make ``msg`` durable as a pending turn; recognise redeliveries by message id."""
+        command = parse_command(msg.text)
+        if command and command.name in IMMEDIATE:
+            return "accepted"  # answered at once, nothing to make durable
+        if self._draining:
+            return "refused"
+        try:
+            return self._store_pending(msg)
+        except OSError as exc:
+            log.error("cannot store message session=%s: %s", msg.session_key, exc)
+            await self._publish(
+                msg,
+                f"I could not store your message ({exc.strerror or exc}), so I did not process "
+                "it. Please try again later.",
+                final=True,
+            )
+            return "refused"
+
+    def _store_pending(self, msg: InboundMessage) -> Intake:
+        session = self.store.get(msg.session_key)
+        meta = session.metadata
+        pending = meta.get("pending") or []
+        seen = meta.get("seen_ids") or []
+        if msg.message_id in seen or any(p["id"] == msg.message_id for p in pending):
+            log.info("duplicate message ignored session=%s id=%s", msg.session_key, msg.message_id)
+            return "duplicate"
+        entry = {
+            "id": msg.message_id,
+            "sender_id": msg.sender_id,
+            "text": msg.text,
+            "media": list(msg.media),
+            "reply_to": msg.reply_to,
+            "metadata": msg.metadata,
+            "received_at": now_iso(),
+        }
+        self.store.append(
+            session,
+            metadata={
+                "pending": [*pending, entry],
+                "seen_ids": [*seen, msg.message_id][-SEEN_IDS_KEPT:],
+            },
+        )
+        failpoints.hit("after_intake")
+        return "accepted"
 
     async def run(self) -> None:
         """Consume the inbound queue until cancelled."""
         while True:
             msg = await self.bus.consume_inbound()
             try:
-                await self.dispatch(msg)
+                self.dispatch(msg)
             except Exception:
                 log.exception("dispatch failed session=%s", msg.session_key)
 
-    async def dispatch(self, msg: InboundMessage) -> None:
-        """Route one inbound message: immediate commands now, everything else to its session."""
-        if msg.message_id is None:
-            msg = _with_id(msg)
+    def dispatch(self, msg: InboundMessage, resume: bool = False) -> None:
+        """Route one accepted message: immediate commands now, everything else to its session."""
         command = parse_command(msg.text)
-        if command and command.name in ("/stop", "/help", "/status"):
-            await self._immediate(msg, command)
+        if command and command.name in IMMEDIATE and not resume:
+            task = asyncio.create_task(self._immediate(msg, command))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
             return
         work = self._work.setdefault(msg.session_key, _SessionWork())
-        work.queue.append(msg)
+        work.queue.append(_Job(msg, resume))
         if work.worker is None or work.worker.done():
             work.worker = asyncio.create_task(
                 self._drain(msg.session_key, work), name=f"session:{msg.session_key}"
@@ -95,13 +164,11 @@ class AgentLoop:
             text = HELP_TEXT
         elif command.name == "/status":
             text = self.status_text(msg.session_key)
+        elif self.stop(msg.session_key):
+            text = "Stopping the current answer."
         else:
-            text = (
-                "Stopping the current answer."
-                if self.stop(msg.session_key)
-                else ("Nothing is running in this chat.")
-            )
-        await self._reply(msg, text)
+            text = "Nothing is running in this chat."
+        await self._publish(msg, text, final=True)
 
     def stop(self, key: str) -> bool:
         """Cancel the running turn of one chat (``/stop``); other chats are untouched."""
@@ -112,59 +179,88 @@ class AgentLoop:
         work.turn.cancel()
         return True
 
-    def busy(self) -> bool:
-        return any(w.worker is not None and not w.worker.done() for w in self._work.values())
+    async def wait_idle(self, key: str) -> None:
+        """Wait until the session has no queued or running turn."""
+        work = self._work.get(key)
+        while work is not None and work.worker is not None and not work.worker.done():
+            await asyncio.wait([work.worker])
+
+    def running_keys(self) -> list[str]:
+        return [k for k, w in self._work.items() if w.turn is not None and not w.turn.done()]
 
     async def _drain(self, key: str, work: _SessionWork) -> None:
-        while work.queue:
-            msg = work.queue.popleft()
+        while work.queue and not self._draining:
+            job = work.queue.popleft()
             async with self._slots:
+                if self._draining:
+                    return  # shutting down: the job stays pending on disk for the next start
                 work.stop_requested = False
-                work.turn = asyncio.create_task(self._process(msg), name=f"turn:{key}")
+                work.turn = asyncio.create_task(self._process(job), name=f"turn:{key}")
                 try:
                     await asyncio.shield(work.turn)
                 except asyncio.CancelledError:
-                    if not work.turn.done():  # the loop itself is shutting down
+                    if not work.turn.done():  # the loop itself is being cancelled
                         work.turn.cancel()
                         raise
                 except Exception:
                     log.exception("turn crashed session=%s", key)
-                    await self._reply(msg, "Something went wrong while answering; see the logs.")
+                    await self._fail_turn(job.msg)
                 finally:
                     work.turn = None
 
     # -- one turn --------------------------------------------------------------------------
 
-    async def _process(self, msg: InboundMessage) -> None:
+    async def _process(self, job: _Job) -> None:
+        msg = job.msg
         command = parse_command(msg.text)
         if command and command.name == "/new":
             await self._new_session(msg)
             return
         session = self.store.get(msg.session_key)
-        user = self.context.user_message(msg.text, msg.channel, msg.chat_id, msg.media)
-        turn: list[dict[str, Any]] = [user]
+        turn = None
+        if job.resume:
+            turn = self._resume_turn(session, msg)
+            if turn is None:
+                return  # already finished: the final write landed before the crash
+        if turn is not None and turn.phase == "final_response":
+            await self._finish(session, msg, turn.messages, turn.messages[-1]["content"] or "")
+            return
+        if turn is not None and turn.gave_up:
+            await self._finish(
+                session, msg, turn.messages, GAVE_UP_TEXT.format(n=MAX_RESUME_ATTEMPTS)
+            )
+            return
+        messages = turn.messages if turn else [self._user_message(msg)]
+        await self._run_turn(session, msg, messages)
+
+    def _user_message(self, msg: InboundMessage) -> dict[str, Any]:
+        return self.context.user_message(msg.text, msg.channel, msg.chat_id, msg.media)
+
+    async def _run_turn(
+        self, session: Session, msg: InboundMessage, turn: list[dict[str, Any]]
+    ) -> None:
         ctx = ToolContext(
             workspace=self.cfg.agent.workspace_path,
             restrict_to_workspace=self.cfg.tools.restrict_to_workspace,
             channel=msg.channel,
             chat_id=msg.chat_id,
             session_key=msg.session_key,
-            send=lambda text: self.bus.publish_outbound(
-                OutboundMessage(msg.channel, msg.chat_id, text, reply_to=msg.message_id)
-            ),
+            send=lambda text: self._publish(msg, text, final=False),
         )
 
         async def checkpoint(phase: str, turn_so_far: list[dict[str, Any]]) -> None:
-            await self._write(
+            self.store.append(
                 session,
                 metadata={
                     "runtime_checkpoint": {
                         "phase": phase,
                         "message_id": msg.message_id,
                         "messages": turn_so_far,
+                        "at": now_iso(),
                     }
                 },
             )
+            failpoints.hit(phase)
 
         def build(t: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return self.context.build(
@@ -176,19 +272,17 @@ class AgentLoop:
             )
 
         started = time.monotonic()
+        failpoints.hit("before_llm")
         try:
             result = await self.runner.run(build, turn, ctx, checkpoint)
         except asyncio.CancelledError:
             work = self._work.get(msg.session_key)
             if work is None or not work.stop_requested:
-                raise
+                raise  # shutdown: the checkpoint stays and the next start resumes the turn
             closed = close_open_tool_calls(turn)
-            await self._write(session, turn, metadata={"runtime_checkpoint": None})
             log.info("turn stopped session=%s interrupted_tools=%d", msg.session_key, closed)
-            await self._reply(msg, STOPPED_TEXT)
+            await self._finish(session, msg, turn, STOPPED_TEXT)
             return
-        # On an LLM failure the user's message (and any finished tool work) stays in history.
-        await self._write(session, turn, metadata={"runtime_checkpoint": None})
         log.info(
             "turn done session=%s status=%s iterations=%d in %.0f ms",
             msg.session_key,
@@ -196,21 +290,153 @@ class AgentLoop:
             result.iterations,
             (time.monotonic() - started) * 1000,
         )
-        await self._reply(msg, result.text)
+        # On an LLM failure the user's message (and any finished tool work) stays in history.
+        await self._finish(session, msg, turn, result.text)
 
-    async def _write(
-        self,
-        session: Session,
-        messages: list[dict[str, Any]] = (),  # type: ignore[assignment]
-        metadata: dict[str, Any] | None = None,
-        last_consolidated: int | None = None,
+    async def _finish(
+        self, session: Session, msg: InboundMessage, turn: list[dict[str, Any]], text: str
     ) -> None:
-        self.store.append(session, list(messages), metadata, last_consolidated)
-
-    async def _reply(self, msg: InboundMessage, text: str) -> None:
-        await self.bus.publish_outbound(
-            OutboundMessage(msg.channel, msg.chat_id, text, reply_to=msg.message_id, final=True)
+        """One write: the turn's messages, the answer into the ledger, pending and checkpoint
+        cleared. Then the answer goes out."""
+        delivery_id = f"d-{uuid.uuid4().hex[:12]}"
+        out = OutboundMessage(
+            msg.channel,
+            msg.chat_id,
+            text,
+            reply_to=msg.message_id,
+            final=True,
+            metadata={DELIVERY_KEY: delivery_id},
         )
+        meta = session.metadata
+        self.store.append(
+            session,
+            turn,
+            metadata={
+                "runtime_checkpoint": None,
+                "resume": None,
+                "interrupted": None,
+                "pending": [p for p in meta.get("pending") or [] if p["id"] != msg.message_id]
+                or None,
+                "outbox": [*(meta.get("outbox") or []), outbox_entry(delivery_id, out)],
+            },
+        )
+        failpoints.hit("before_delivery")
+        await self.bus.publish_outbound(out)
+
+    async def _fail_turn(self, msg: InboundMessage) -> None:
+        """A bug or an I/O error ended the turn: tell the person, keep the loop alive."""
+        text = "Something went wrong while answering; see the logs."
+        try:
+            session = self.store.get(msg.session_key)
+            await self._finish(session, msg, [], text)
+        except Exception:
+            log.exception("could not record the failed turn session=%s", msg.session_key)
+            await self._publish(msg, text, final=True)
+
+    async def _publish(self, msg: InboundMessage, text: str, final: bool) -> None:
+        await self.bus.publish_outbound(
+            OutboundMessage(msg.channel, msg.chat_id, text, reply_to=msg.message_id, final=final)
+        )
+
+    # -- recovery --------------------------------------------------------------------------
+
+    def recover(self, keys: list[str] | None = None) -> int:
+        """Queue every interrupted turn and undelivered answer; returns how many sessions.
+
+        Called once at start, before any new message is taken, so a session carrying a
+        checkpoint is repaired before anything else touches it.
+        """
+        resumed = 0
+        for key in self.store.keys() if keys is None else keys:
+            meta = self.store.peek_metadata(key)
+            if not meta or not (
+                meta.get("pending") or meta.get("runtime_checkpoint") or meta.get("outbox")
+            ):
+                continue
+            session = self.store.get(key)
+            for out in self.ledger.recover(key):
+                log.info("re-sending undelivered answer session=%s", key)
+                self.bus.outbound.put_nowait(out)
+            pending = session.metadata.get("pending") or []
+            checkpoint = session.metadata.get("runtime_checkpoint")
+            if checkpoint and not any(p["id"] == checkpoint.get("message_id") for p in pending):
+                # A checkpoint whose message is gone cannot be answered; keep its work.
+                self._repair_orphan_checkpoint(session)
+            for p in pending:
+                self.dispatch(_inbound_from_pending(key, p), resume=True)
+            if pending:
+                resumed += 1
+                log.info("resuming session=%s pending=%d", key, len(pending))
+        return resumed
+
+    def _repair_orphan_checkpoint(self, session: Session) -> None:
+        turn = list(session.metadata["runtime_checkpoint"].get("messages") or [])
+        close_open_tool_calls(turn)
+        self.store.append(session, turn, metadata={"runtime_checkpoint": None})
+
+    def _resume_turn(self, session: Session, msg: InboundMessage) -> _Resumed | None:
+        """Turn a checkpoint back into messages; count the attempt durably before trying."""
+        meta = session.metadata
+        resume = meta.get("resume") or {}
+        attempts = resume.get("attempts", 0) if resume.get("message_id") == msg.message_id else 0
+        attempts += 1
+        checkpoint = meta.get("runtime_checkpoint")
+        if checkpoint and checkpoint.get("message_id") != msg.message_id:
+            checkpoint = None
+        if not checkpoint and not _pending(session, msg.message_id):
+            return None
+        messages = list(checkpoint["messages"]) if checkpoint else [self._user_message(msg)]
+        phase = checkpoint["phase"] if checkpoint else "intake"
+        if phase == "final_response":
+            return _Resumed(messages, phase)
+        interrupted = _unfinished_calls(messages)
+        close_open_tool_calls(messages)
+        if attempts > MAX_RESUME_ATTEMPTS:
+            log.error(
+                "giving up on interrupted turn session=%s after %d attempts",
+                msg.session_key,
+                attempts - 1,
+            )
+            return _Resumed(messages, phase, gave_up=True)
+        self.store.append(
+            session, metadata={"resume": {"message_id": msg.message_id, "attempts": attempts}}
+        )
+        log.info(
+            "resuming turn session=%s phase=%s attempt=%d interrupted_tools=%d",
+            msg.session_key,
+            phase,
+            attempts,
+            len(interrupted),
+        )
+        if checkpoint:
+            messages.append({"role": "user", "content": resume_note(interrupted)})
+        return _Resumed(messages, phase)
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    async def shutdown(self, drain_seconds: float) -> None:
+        """Stop intake, mark running sessions interrupted, let turns finish, cancel the rest."""
+        self._draining = True
+        self.bus.accepting = False
+        running = self.running_keys()
+        for key in running:
+            self.store.append(
+                self.store.get(key),
+                metadata={"interrupted": {"at": now_iso(), "reason": "shutdown"}},
+            )
+        turns = [w.turn for w in self._work.values() if w.turn is not None and not w.turn.done()]
+        if turns:
+            log.info("draining %d running turn(s) for up to %.0f s", len(turns), drain_seconds)
+            _, late = await asyncio.wait(turns, timeout=drain_seconds)
+            for t in late:
+                t.cancel()  # no stop_requested: the checkpoint stays for the next start
+            if late:
+                await asyncio.wait(late, timeout=5)
+                log.warning("%d turn(s) did not finish; they resume at the next start", len(late))
+        workers = [w.worker for w in self._work.values() if w.worker and not w.worker.done()]
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
 
     # -- commands --------------------------------------------------------------------------
 
@@ -222,16 +448,20 @@ class AgentLoop:
                 await self.archive.append(msg.session_key, format_raw(tail))
             except OSError as exc:
                 log.error("archive failed session=%s: %s", msg.session_key, exc)
-                await self._reply(
+                await self._finish(
+                    session,
                     msg,
+                    [],
                     f"I could not archive this conversation ({exc.strerror}), so I kept it. "
                     "Nothing was lost; try /new again once the disk problem is fixed.",
                 )
                 return
-        await self._write(session, last_consolidated=len(session.messages))
+        self.store.append(session, last_consolidated=len(session.messages))
         log.info("session reset session=%s archived=%d", msg.session_key, len(tail))
-        await self._reply(
+        await self._finish(
+            session,
             msg,
+            [],
             "New conversation started."
             + (f" The previous {len(tail)} messages were archived to memory." if tail else ""),
         )
@@ -255,7 +485,51 @@ class AgentLoop:
         )
 
 
-def _with_id(msg: InboundMessage) -> InboundMessage:
-    from dataclasses import replace
+@dataclass(slots=True)
+class _Resumed:
+    messages: list[dict[str, Any]]
+    phase: str
+    gave_up: bool = False
 
-    return replace(msg, message_id=f"local-{uuid.uuid4().hex[:12]}")
+
+def _pending(session: Session, message_id: str | None) -> bool:
+    return any(p["id"] == message_id for p in session.metadata.get("pending") or [])
+
+
+def _unfinished_calls(turn: list[dict[str, Any]]) -> list[str]:
+    done = {m.get("tool_call_id") for m in turn if m.get("role") == "tool"}
+    return [
+        c.get("function", {}).get("name", "?")
+        for m in turn
+        if m.get("role") == "assistant"
+        for c in m.get("tool_calls") or []
+        if c.get("id") not in done
+    ]
+
+
+def resume_note(interrupted: list[str]) -> str:
+    """The note the model sees when a turn is resumed after memobot was stopped mid-way."""
+    text = (
+        "[memobot: your previous run on this message was interrupted (memobot was restarted). "
+        "The results above are what finished."
+    )
+    if interrupted:
+        text += (
+            f" These tool calls did not finish: {', '.join(interrupted)}. Do not repeat a "
+            "call with side effects unless you have checked it is safe to run again."
+        )
+    return text + " Continue and answer the user's last message.]"
+
+
+def _inbound_from_pending(key: str, p: dict[str, Any]) -> InboundMessage:
+    channel, _, chat_id = key.partition(":")
+    return InboundMessage(
+        channel,
+        chat_id,
+        str(p.get("sender_id", "")),
+        str(p.get("text", "")),
+        media=tuple(p.get("media") or ()),
+        message_id=p["id"],
+        reply_to=p.get("reply_to"),
+        metadata=dict(p.get("metadata") or {}),
+    )

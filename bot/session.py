@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bot import failpoints
 from bot.tokens import estimate_message_tokens
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,40 @@ class SessionStore:
             self._cache[key] = session
         return session
 
+    def peek_metadata(self, key: str) -> dict[str, Any] | None:
+        """The session's current metadata without loading its messages (reads from the end).
+
+        Used at start to find sessions with unfinished work among many idle ones.
+        """
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached.metadata
+        path = self.path_for(key)
+        try:
+            with open(path, "rb") as fh:
+                end = fh.seek(0, os.SEEK_END)
+                chunk = 65536
+                buf = b""
+                pos = end
+                while pos > 0:
+                    step = min(chunk, pos)
+                    pos -= step
+                    fh.seek(pos)
+                    buf = fh.read(step) + buf
+                    lines = buf.split(b"\n")
+                    # The first piece may be a partial line unless we reached the start.
+                    candidates = lines if pos == 0 else lines[1:]
+                    for raw in reversed(candidates):
+                        if raw.startswith(b'{"_type":"metadata"'):
+                            record = _parse_line(raw)
+                            if record is not None:
+                                return dict(record.get("metadata") or {})
+                    chunk *= 4
+        except FileNotFoundError:
+            return None
+        # No metadata line in our own spelling (e.g. edited by hand): parse the whole file.
+        return self.get(key).metadata if end else None
+
     def forget(self, key: str) -> None:
         """Drop the cached copy (the next ``get`` re-reads the file)."""
         self._cache.pop(key, None)
@@ -216,6 +251,9 @@ class SessionStore:
                 os.ftruncate(fd, session.truncate_at)
                 session.truncate_at = None
             view = memoryview(payload)
+            if failpoints.armed("mid_append"):  # a torn line, exactly as a crash leaves it
+                os.write(fd, view[: max(1, len(view) // 2)])
+                failpoints.crash()
             while view:
                 n = os.write(fd, view)
                 view = view[n:]

@@ -14,6 +14,8 @@ from typing import Any
 from bot.app import AgentStack, build_agent
 from bot.bus import InboundMessage, OutboundMessage
 from bot.config import Config, parse_config
+from channels.base import Channel
+from channels.manager import ChannelManager
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,44 +47,64 @@ def write_config(tmp_path: Path, base_url: str, **sections: dict[str, Any]) -> P
     return path
 
 
-class Harness:
-    """Runs the real agent loop in-process and collects what it sends to chats."""
+class RecordingChannel(Channel):
+    """A chat platform stand-in that keeps what it was asked to send (our side of the seam)."""
 
-    def __init__(self, cfg: Config, config_path: Path) -> None:
+    def __init__(self, harness: Harness, name: str) -> None:
+        super().__init__(harness.stack.bus)
+        self.name = name
+        self.harness = harness
+
+    async def send(self, msg: OutboundMessage) -> None:
+        self.harness.outbox.append(msg)
+        waiter = self.harness.waiters.get(msg.reply_to or "")
+        if msg.final and waiter and not waiter.done():
+            waiter.set_result(msg)
+
+
+class Harness:
+    """Runs the real agent loop and channel manager in-process and collects what they send."""
+
+    def __init__(self, cfg: Config, config_path: Path, channels: tuple[str, ...] = ("cli",)):
+        self.cfg = cfg
         self.stack: AgentStack = build_agent(cfg, config_path)
         self.outbox: list[OutboundMessage] = []
-        self._waiters: dict[str, asyncio.Future[OutboundMessage]] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self.waiters: dict[str, asyncio.Future[OutboundMessage]] = {}
+        self.manager = ChannelManager(
+            self.stack.bus, self.stack.loop.ledger, [RecordingChannel(self, n) for n in channels]
+        )
+        self._loop_task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Harness:
-        self._tasks = [
-            asyncio.create_task(self.stack.loop.run()),
-            asyncio.create_task(self._collect()),
-        ]
+        await self.manager.start()
+        self.stack.loop.recover()
+        self._loop_task = asyncio.create_task(self.stack.loop.run())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.stack.loop.shutdown(0)
+        if self._loop_task:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        await self.manager.stop()
         await self.stack.close()
 
-    async def _collect(self) -> None:
-        while True:
-            msg = await self.stack.bus.consume_outbound()
-            self.outbox.append(msg)
-            waiter = self._waiters.get(msg.reply_to or "")
-            if msg.final and waiter and not waiter.done():
-                waiter.set_result(msg)
-
-    async def send(self, text: str, chat: str = "t", channel: str = "cli") -> asyncio.Future:
-        """Publish a message; the returned future resolves to its final answer."""
-        mid = uuid.uuid4().hex
+    def expect(self, message_id: str) -> asyncio.Future[OutboundMessage]:
         fut: asyncio.Future[OutboundMessage] = asyncio.get_running_loop().create_future()
-        self._waiters[mid] = fut
-        await self.stack.bus.publish_inbound(
+        self.waiters[message_id] = fut
+        return fut
+
+    async def send(
+        self, text: str, chat: str = "t", channel: str = "cli", message_id: str | None = None
+    ) -> asyncio.Future[OutboundMessage]:
+        """Publish a message; the returned future resolves to its final answer."""
+        mid = message_id or uuid.uuid4().hex
+        fut = self.expect(mid)
+        verdict = await self.stack.bus.publish_inbound(
             InboundMessage(channel, chat, "user-1", text, message_id=mid)
         )
+        if verdict != "accepted":
+            fut.set_result(OutboundMessage(channel, chat, f"<{verdict}>", final=True))
         return fut
 
     async def ask(self, text: str, chat: str = "t", wait: float = 15) -> str:

@@ -180,13 +180,26 @@ async def test_concurrency_limit_is_respected(tmp_path: Path, llm: FakeLLM) -> N
 
 
 async def test_a_crashing_turn_does_not_stop_other_chats(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(reply("slow", delay=0.5, when_user_contains="doomed"))
     async with harness(tmp_path, llm) as h:
-        # A session path that cannot be read: the turn fails inside our own code.
-        store_dir = tmp_path / "state" / "sessions"
-        (store_dir / "cli%3Abroken.jsonl").mkdir(parents=True)
-        answer = await h.ask("hi", chat="broken")
-        assert "went wrong" in answer
+        doomed = await h.send("doomed", chat="broken")
+        await llm.wait_for_requests(1)
+        # The session file turns into a folder under the running turn: its final write fails.
+        path = h.stack.store.path_for("cli:broken")
+        path.unlink()
+        path.mkdir()
+        assert "went wrong" in (await asyncio.wait_for(doomed, 10)).text
         assert await h.ask("still there?", chat="fine") == "echo: still there?"
+
+
+async def test_unstorable_message_is_refused_with_a_reason(tmp_path: Path, llm: FakeLLM) -> None:
+    async with harness(tmp_path, llm) as h:
+        (tmp_path / "state" / "sessions" / "cli%3Abroken.jsonl").mkdir(parents=True)
+        fut = await h.send("hi", chat="broken")
+        assert (await asyncio.wait_for(fut, 5)).text == "<refused>"
+        assert any("could not store your message" in m.text for m in h.outbox)
+        assert await h.ask("fine?", chat="ok") == "echo: fine?"
+    assert llm.requests[0]["last_user"].startswith("fine?")
 
 
 async def test_new_archives_and_starts_fresh(tmp_path: Path, llm: FakeLLM) -> None:

@@ -1,0 +1,96 @@
+"""The delivery ledger: every final answer is on disk before and after it reaches the platform.
+
+An answer enters the session's ``outbox`` (metadata) in the same write that appends the turn's
+messages, in state "queued". Just before the channel sends it, it becomes "sending"; once the
+channel returns it leaves the outbox. After a crash, "queued" answers are sent again (the
+platform cannot have them) and "sending" ones are dropped and logged: the platform may already
+show them, and a second copy is worse than none.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from bot.bus import OutboundMessage
+from bot.session import SessionStore
+
+log = logging.getLogger(__name__)
+
+DELIVERY_KEY = "delivery_id"
+
+
+def outbox_entry(delivery_id: str, msg: OutboundMessage) -> dict[str, Any]:
+    return {
+        "id": delivery_id,
+        "channel": msg.channel,
+        "chat_id": msg.chat_id,
+        "text": msg.text,
+        "reply_to": msg.reply_to,
+        "state": "queued",
+    }
+
+
+def outbound_from_entry(entry: dict[str, Any]) -> OutboundMessage:
+    return OutboundMessage(
+        entry["channel"],
+        entry["chat_id"],
+        entry["text"],
+        reply_to=entry.get("reply_to"),
+        final=True,
+        metadata={DELIVERY_KEY: entry["id"]},
+    )
+
+
+class DeliveryLedger:
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+
+    def _update(self, msg: OutboundMessage, state: str | None) -> bool:
+        delivery_id = msg.metadata.get(DELIVERY_KEY)
+        if not delivery_id:
+            return False
+        session = self.store.get(msg.session_key)
+        outbox = session.metadata.get("outbox") or []
+        if not any(e.get("id") == delivery_id for e in outbox):
+            return False
+        if state is None:
+            new = [e for e in outbox if e.get("id") != delivery_id]
+        else:
+            new = [{**e, "state": state} if e.get("id") == delivery_id else e for e in outbox]
+        self.store.append(session, metadata={"outbox": new or None})
+        return True
+
+    def sending(self, msg: OutboundMessage) -> bool:
+        """Record that the send starts. False: not (or no longer) in the ledger; do not send."""
+        if not msg.metadata.get(DELIVERY_KEY):
+            return True  # not a ledgered message (progress notes, command answers)
+        return self._update(msg, "sending")
+
+    def sent(self, msg: OutboundMessage) -> None:
+        self._update(msg, None)
+
+    def failed(self, msg: OutboundMessage) -> None:
+        """The platform refused it for good: back to "queued" so the next start tries again."""
+        self._update(msg, "queued")
+
+    def recover(self, key: str) -> list[OutboundMessage]:
+        """Answers of ``key`` to send again after a restart; in-flight ones are dropped."""
+        session = self.store.get(key)
+        outbox = session.metadata.get("outbox") or []
+        if not outbox:
+            return []
+        resend = []
+        for entry in outbox:
+            if entry.get("state") == "sending":
+                log.warning(
+                    "delivery %s session=%s was being sent when memobot stopped; not sending it "
+                    "again (the chat may already show it)",
+                    entry.get("id"),
+                    key,
+                )
+            else:
+                resend.append(entry)
+        if len(resend) != len(outbox):
+            self.store.append(session, metadata={"outbox": resend or None})
+        return [outbound_from_entry(e) for e in resend]

@@ -1,0 +1,91 @@
+"""Context builder: a stable system prompt, the runtime block, the history window."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bot.context import ContextBuilder, trim_start
+from bot.session import SessionStore
+from bot.workspace import init_workspace
+
+
+def _bump(path: Path, text: str) -> None:
+    path.write_text(text)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+def test_system_prompt_is_stable_and_follows_file_changes(tmp_path: Path) -> None:
+    init_workspace(tmp_path)
+    ctx = ContextBuilder(tmp_path)
+    first = ctx.system_prompt()
+    assert first is ctx.system_prompt()  # cached: same object while nothing changed
+    for name in ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "memory/MEMORY.md"):
+        assert f"## {name}" in first
+    assert "daily-notes" in first  # the skills summary
+    assert "time:" not in first and "channel:" not in first  # nothing per-turn in the prefix
+    _bump(tmp_path / "USER.md", "- Name: Ada\n")
+    second = ctx.system_prompt()
+    assert "- Name: Ada" in second and second != first
+    (tmp_path / "memory" / "MEMORY.md").unlink()
+    assert "## memory/MEMORY.md" not in ctx.system_prompt()
+
+
+def test_runtime_block_goes_at_the_end_of_the_user_message(tmp_path: Path) -> None:
+    ctx = ContextBuilder(tmp_path)
+    now = datetime(2026, 11, 29, 14, 5, tzinfo=UTC)
+    msg = ctx.user_message("hello", "telegram", "42", now=now)
+    assert msg["role"] == "user"
+    text = msg["content"]
+    assert text.startswith("hello\n\n[runtime context")
+    assert "time: 2026-11-29 14:05 UTC (Sunday)" in text
+    assert text.endswith("channel: telegram\nchat: 42")
+
+
+def test_image_media_become_image_parts(tmp_path: Path) -> None:
+    img = tmp_path / "p.png"
+    img.write_bytes(b"\x89PNG\r\n\x1a\nfake")
+    doc = tmp_path / "doc.pdf"
+    doc.write_bytes(b"%PDF")
+    msg = ContextBuilder(tmp_path).user_message("see", "cli", "x", media=[str(img), str(doc)])
+    parts = msg["content"]
+    assert parts[0]["type"] == "text" and str(doc) in parts[0]["text"]
+    assert parts[1]["image_url"]["url"].startswith("data:image/png;base64,")
+
+
+def test_window_never_opens_on_a_tool_result() -> None:
+    wire = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+        {"role": "tool", "tool_call_id": "1", "content": "x" * 400},
+        {"role": "tool", "tool_call_id": "2", "content": "y"},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "c"},
+    ]
+    tokens = [10, 10, 100, 5, 5, 5, 5]
+    assert trim_start(wire, tokens, 0, 20) == 5  # opens on the next user message
+    assert trim_start(wire, tokens, 0, 1000) == 0
+    no_user = wire[1:5]
+    assert no_user[trim_start(no_user, tokens[1:5], 0, 12)]["role"] != "tool"
+
+
+def test_history_respects_last_consolidated_and_budget(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path)
+    s = store.get("cli:h")
+    msgs = []
+    for i in range(50):
+        msgs += [{"role": "user", "content": f"q{i} " * 20}, {"role": "assistant", "content": "a"}]
+    store.append(s, msgs, last_consolidated=10)
+    ctx = ContextBuilder(tmp_path)
+    full = ctx.history(s, 10**9)
+    assert full == s.wire[10:]
+    small = ctx.history(s, 300)
+    assert small[0]["role"] == "user" and len(small) < len(full)
+    assert sum(s.tokens[len(s.wire) - len(small) :]) <= 300
+    # Once trimmed, the window start stays put while the tail still fits (prefix stability).
+    store.append(s, [{"role": "user", "content": "new"}])
+    again = ctx.history(s, 300)
+    assert again[: len(small)] == small

@@ -1,0 +1,77 @@
+"""LLM provider pieces: Retry-After parsing, retry classification, response parsing."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+
+import openai
+import pytest
+
+try:  # newer openai releases ship their HTTP client as httpx2
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover
+    import httpx
+
+from bot.config import LLMConfig
+from bot.llm import (
+    LLMNotConfigured,
+    LLMProvider,
+    LLMUnavailable,
+    is_retryable,
+    parse_completion,
+    retry_after_seconds,
+)
+
+
+def _status_error(status: int, headers: dict[str, str] | None = None) -> openai.APIStatusError:
+    request = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
+    response = httpx.Response(status, headers=headers or {}, request=request)
+    cls = {429: openai.RateLimitError, 500: openai.InternalServerError}.get(
+        status, openai.APIStatusError
+    )
+    return cls("boom", response=response, body=None)
+
+
+def test_retry_after_forms() -> None:
+    assert retry_after_seconds(_status_error(429, {"retry-after": "3"})) == 3
+    assert retry_after_seconds(_status_error(429, {"retry-after-ms": "250"})) == 0.25
+    future = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 25 < retry_after_seconds(_status_error(503, {"retry-after": future})) <= 30
+    assert retry_after_seconds(_status_error(429)) is None
+    assert retry_after_seconds(ValueError("no response")) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "retry"), [(429, True), (500, True), (503, True), (400, False), (401, False)]
+)
+def test_retry_classification(status: int, retry: bool) -> None:
+    assert is_retryable(_status_error(status)) is retry
+
+
+def test_parse_completion_variants() -> None:
+    raw = {
+        "choices": [
+            {
+                "message": {
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                    "tool_calls": [{"function": {"name": "exec", "arguments": {"command": "ls"}}}],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ]
+    }
+    parsed = parse_completion(raw)
+    assert parsed.content == "ab"
+    assert parsed.tool_calls[0].name == "exec"
+    assert parsed.tool_calls[0].arguments == '{"command": "ls"}'
+    assert parsed.tool_calls[0].id == "call_0"
+    with pytest.raises(LLMUnavailable):
+        parse_completion({"error": "nope"})
+
+
+def test_not_configured_names_what_to_set() -> None:
+    with pytest.raises(LLMNotConfigured) as info:
+        LLMProvider(LLMConfig(), "/etc/memobot/config.json")
+    text = str(info.value)
+    assert "OPENAI_API_KEY" in text and "llm.baseUrl" in text and "/etc/memobot/config.json" in text

@@ -1,0 +1,365 @@
+"""File tools: read_file, write_file, edit_file, list_dir.
+
+All paths go through :func:`bot.tools.paths.resolve_tool_path`, so the workspace policy lives in
+one place. The blocking file work of each call runs in one ``asyncio.to_thread`` hop: files can
+be large and the event loop also carries every chat's traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import io
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from bot.tools.base import Tool, ToolContext, ToolError
+from bot.tools.paths import resolve_tool_path
+
+MAX_READ_CHARS = 50_000
+MAX_LIST_ENTRIES = 500
+_SNIFF_BYTES = 8192
+
+
+def _looks_binary(head: bytes) -> bool:
+    # A NUL byte in the first block is what git and grep use too; UTF-16 text counts as binary.
+    return b"\0" in head
+
+
+def _check_regular_file(path: Path, raw: str) -> os.stat_result:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ToolError(f"file not found: {raw}") from None
+    except PermissionError:
+        raise ToolError(f"permission denied: {raw}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ToolError(f"'{raw}' is a directory; use list_dir to see its contents")
+    if not stat.S_ISREG(st.st_mode):
+        # A FIFO or device would block the reading thread or never end.
+        raise ToolError(f"'{raw}' is not a regular file")
+    return st
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so readers see the old or the new file, never a mix.
+
+    Parent directories are created. An existing file keeps its permission bits.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode: int | None = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = None
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# read_file
+
+
+@dataclass(slots=True)
+class _Window:
+    text: str
+    first: int
+    last: int  # last line shown; first - 1 when nothing was shown
+    total: int
+    cut_line: bool  # the last line shown was longer than the cap and was cut
+
+
+def _read_window(path: Path, raw: str, offset: int, limit: int | None) -> _Window:
+    _check_regular_file(path, raw)
+    with path.open("rb") as fh:
+        if _looks_binary(fh.read(_SNIFF_BYTES)):
+            size = os.fstat(fh.fileno()).st_size
+            raise ToolError(f"'{raw}' looks like a binary file ({size} bytes); cannot show it")
+        fh.seek(0)
+        # newline="" keeps \r\n as written, so what the model sees is what edit_file matches.
+        text = io.TextIOWrapper(fh, encoding="utf-8", errors="replace", newline="")
+        shown: list[str] = []
+        chars = 0
+        last = offset - 1
+        total = 0
+        cut_line = False
+        full = False
+        for lineno, line in enumerate(text, 1):
+            total = lineno
+            if full or lineno < offset:
+                continue  # keep counting so the note can say how long the file is
+            if limit is not None and lineno >= offset + limit:
+                full = True
+                continue
+            if chars + len(line) > MAX_READ_CHARS:
+                if not shown:
+                    shown.append(line[:MAX_READ_CHARS])
+                    last, cut_line = lineno, True
+                full = True
+                continue
+            shown.append(line)
+            chars += len(line)
+            last = lineno
+    return _Window("".join(shown), offset, last, total, cut_line)
+
+
+def _format_window(w: _Window, raw: str) -> str:
+    if w.total == 0:
+        return f"(empty file: {raw})"
+    if w.first > w.total:
+        raise ToolError(f"offset {w.first} is past the end of '{raw}' ({w.total} lines)")
+    notes: list[str] = []
+    if w.cut_line:
+        notes.append(f"Line {w.last} is longer than {MAX_READ_CHARS} characters and was cut.")
+    if w.last < w.total:
+        notes.append(
+            f"Showing lines {w.first}-{w.last} of {w.total}. "
+            f"Use offset={w.last + 1} (and limit) to read more."
+        )
+    if not notes:
+        return w.text
+    body = w.text if w.text.endswith("\n") else w.text + "\n"
+    return body + "\n[" + " ".join(notes) + "]"
+
+
+class ReadFileTool(Tool):
+    name: ClassVar[str] = "read_file"
+    description: ClassVar[str] = (
+        "Read a UTF-8 text file. Relative paths are inside the workspace. Large files are cut "
+        f"at {MAX_READ_CHARS} characters; use offset (first line, 1-based) and limit (number "
+        "of lines) to read further."
+    )
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "File to read"},
+            "offset": {"type": "integer", "description": "First line to read, 1-based"},
+            "limit": {"type": "integer", "description": "Maximum number of lines to read"},
+        },
+        "required": ["path"],
+    }
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        raw: str = args["path"]
+        offset: int = args.get("offset", 1)
+        limit: int | None = args.get("limit")
+        if offset < 1:
+            raise ToolError("offset must be 1 or more (lines are numbered from 1)")
+        if limit is not None and limit < 1:
+            raise ToolError("limit must be 1 or more")
+        path = resolve_tool_path(raw, ctx)
+        window = await asyncio.to_thread(_read_window, path, raw, offset, limit)
+        return _format_window(window, raw)
+
+
+# ---------------------------------------------------------------------------------------------
+# write_file
+
+
+def _write(path: Path, raw: str, data: bytes) -> None:
+    if path.is_dir():
+        raise ToolError(f"'{raw}' is a directory; give a file path")
+    try:
+        atomic_write(path, data)
+    except NotADirectoryError:
+        raise ToolError(f"cannot create '{raw}': a parent path is a file") from None
+    except FileExistsError:
+        raise ToolError(f"cannot create '{raw}': a parent path is a file") from None
+    except PermissionError:
+        raise ToolError(f"permission denied: {raw}") from None
+
+
+class WriteFileTool(Tool):
+    name: ClassVar[str] = "write_file"
+    description: ClassVar[str] = (
+        "Create or overwrite a text file with the given content (UTF-8). Parent directories "
+        "are created. Relative paths are inside the workspace."
+    )
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "File to write"},
+            "content": {"type": "string", "description": "The complete new file content"},
+        },
+        "required": ["path", "content"],
+    }
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        raw: str = args["path"]
+        data = args["content"].encode("utf-8")
+        path = resolve_tool_path(raw, ctx)
+        await asyncio.to_thread(_write, path, raw, data)
+        return f"Wrote {len(data)} bytes to {raw}"
+
+
+# ---------------------------------------------------------------------------------------------
+# edit_file
+
+
+def _line_of(text: str, index: int) -> int:
+    return text.count("\n", 0, index) + 1
+
+
+def _not_found_hint(text: str, old: str) -> str:
+    if " ".join(old.split()) in " ".join(text.split()):
+        return (
+            "It matches only when whitespace is ignored: check indentation, tabs versus "
+            "spaces and line breaks."
+        )
+    needle = next((ln.strip() for ln in old.splitlines() if ln.strip()), "")
+    lines = [ln.strip() for ln in text.splitlines()]
+    close = difflib.get_close_matches(needle, lines, n=1, cutoff=0.5) if needle else []
+    if close:
+        lineno = lines.index(close[0]) + 1
+        return f"The closest line is {lineno}: {close[0]!r}."
+    return "No similar line was found."
+
+
+def _edit(path: Path, raw: str, old: str, new: str, replace_all: bool) -> int:
+    _check_regular_file(path, raw)
+    data = path.read_bytes()
+    if _looks_binary(data[:_SNIFF_BYTES]):
+        raise ToolError(f"'{raw}' looks like a binary file; edit_file only edits text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ToolError(f"'{raw}' is not valid UTF-8 text; edit_file cannot edit it") from None
+    count = text.count(old)
+    if count == 0 and "\r\n" in text and "\n" in old and "\r\n" not in old:
+        # Models write "\n"; a file saved on Windows has "\r\n". Same edit, same line endings.
+        old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
+        count = text.count(old)
+    if count == 0:
+        raise ToolError(
+            f"old_text was not found in {raw}. {_not_found_hint(text, old)} "
+            "Use read_file to see the current content; old_text must match exactly."
+        )
+    if count > 1 and not replace_all:
+        starts: list[int] = []
+        pos = text.find(old)
+        while pos != -1 and len(starts) < 10:
+            starts.append(_line_of(text, pos))
+            pos = text.find(old, pos + len(old))
+        where = ", ".join(str(n) for n in starts) + (", ..." if count > len(starts) else "")
+        raise ToolError(
+            f"old_text occurs {count} times in {raw} (at lines {where}). Include more "
+            "surrounding lines to make it unique, or set replace_all to true."
+        )
+    atomic_write(path, text.replace(old, new).encode("utf-8"))
+    return count
+
+
+class EditFileTool(Tool):
+    name: ClassVar[str] = "edit_file"
+    description: ClassVar[str] = (
+        "Replace exact text in a file. old_text must match the file exactly (including "
+        "whitespace) and be unique unless replace_all is true."
+    )
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "File to edit"},
+            "old_text": {"type": "string", "description": "Exact text to replace"},
+            "new_text": {"type": "string", "description": "Replacement text"},
+            "replace_all": {
+                "type": "boolean",
+                "description": "Replace every occurrence instead of requiring one (default false)",
+            },
+        },
+        "required": ["path", "old_text", "new_text"],
+    }
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        raw: str = args["path"]
+        old: str = args["old_text"]
+        new: str = args["new_text"]
+        if not old:
+            raise ToolError("old_text must not be empty; use write_file to create a file")
+        if old == new:
+            raise ToolError("old_text and new_text are the same; nothing to change")
+        path = resolve_tool_path(raw, ctx)
+        count = await asyncio.to_thread(
+            _edit, path, raw, old, new, bool(args.get("replace_all", False))
+        )
+        noun = "occurrence" if count == 1 else "occurrences"
+        return f"Edited {raw}: replaced {count} {noun}"
+
+
+# ---------------------------------------------------------------------------------------------
+# list_dir
+
+
+def _human_size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    value = float(size)
+    for unit in ("KB", "MB", "GB", "TB"):
+        value /= 1024
+        if value < 1024 or unit == "TB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _describe_entry(entry: os.DirEntry[str]) -> str:
+    name = entry.name
+    try:
+        is_dir = entry.is_dir()  # follows symlinks: a link to a directory lists as one
+        link = os.readlink(entry.path) if entry.is_symlink() else None
+        size = None if is_dir else entry.stat().st_size
+    except OSError:
+        return f"{name} (unreadable)"
+    label = f"{name}/" if is_dir else name
+    if link is not None:
+        label += f" -> {link}"
+    return label if size is None else f"{label} ({_human_size(size)})"
+
+
+def _list(path: Path, raw: str) -> str:
+    try:
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: (e.name.casefold(), e.name))
+    except FileNotFoundError:
+        raise ToolError(f"directory not found: {raw}") from None
+    except NotADirectoryError:
+        raise ToolError(f"'{raw}' is a file, not a directory; use read_file") from None
+    except PermissionError:
+        raise ToolError(f"permission denied: {raw}") from None
+    if not entries:
+        return f"(empty directory: {raw})"
+    lines = [_describe_entry(e) for e in entries[:MAX_LIST_ENTRIES]]
+    if len(entries) > MAX_LIST_ENTRIES:
+        lines.append(f"... and {len(entries) - MAX_LIST_ENTRIES} more entries not shown")
+    return "\n".join(lines)
+
+
+class ListDirTool(Tool):
+    name: ClassVar[str] = "list_dir"
+    description: ClassVar[str] = (
+        "List a directory: one entry per line, sorted by name, directories end with '/', "
+        f"files show their size. At most {MAX_LIST_ENTRIES} entries. Default: the workspace."
+    )
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "Directory to list (default '.')"},
+        },
+        "required": [],
+    }
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        raw: str = args.get("path") or "."
+        path = resolve_tool_path(raw, ctx)
+        return await asyncio.to_thread(_list, path, raw)

@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("status", parents=[common], help="show config, workspace, model and sessions")
+    from bot.memory.commands import add_parsers
+
+    add_parsers(sub, common)
     return parser
 
 
@@ -90,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_agent(args, cfg, config_path)
         if args.command == "status":
             return cmd_status(cfg, config_path)
+        if args.command in ("memory", "dream"):
+            from bot.memory.commands import run
+
+            return run(args, cfg)
     except ConfigError as exc:
         print(f"memobot: {exc}", file=sys.stderr)
         return EX_CONFIG

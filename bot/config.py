@@ -103,6 +103,25 @@ class ChannelsConfig(_Model):
     slack: ChannelConfig = ChannelConfig()
 
 
+class DreamConfig(_Model):
+    enabled: bool = True
+    interval_minutes: float = Field(240.0, ge=1)
+    max_iterations: int = Field(12, ge=1, le=100)
+    max_tokens: int = Field(60000, ge=1000, description="prompt+completion tokens per run")
+    max_entries: int = Field(200, ge=1, description="history entries digested per run")
+
+
+class MemoryConfig(_Model):
+    consolidate_at_tokens: int = Field(24000, ge=500)
+    consolidate_at_messages: int = Field(120, ge=4)
+    keep_recent_messages: int = Field(12, ge=0, description="left unconsolidated after a run")
+    idle_compact_minutes: float = Field(60.0, ge=0, description="0 disables idle compaction")
+    max_chars: int = Field(4000, ge=200, description="budget for MEMORY.md and USER.md each")
+    history_keep_days: int = Field(90, ge=1)
+    share_in_groups: bool = False
+    dream: DreamConfig = DreamConfig()
+
+
 class GatewayConfig(_Model):
     drain_seconds: float = Field(20.0, ge=0, le=600)
 
@@ -112,6 +131,7 @@ class Config(_Model):
     agent: AgentConfig = AgentConfig()
     tools: ToolsConfig = ToolsConfig()
     channels: ChannelsConfig = ChannelsConfig()
+    memory: MemoryConfig = MemoryConfig()
     gateway: GatewayConfig = GatewayConfig()
 
 

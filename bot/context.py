@@ -135,6 +135,11 @@ class ContextBuilder:
 _WINDOW_STARTS: dict[str, int] = {}
 
 
+def forget_window(key: str) -> None:
+    """Drop a remembered trim point (after /new the window starts at the pointer again)."""
+    _WINDOW_STARTS.pop(key, None)
+
+
 def session_window_start(session: Session) -> int:
     return _WINDOW_STARTS.get(session.key, 0)
 

@@ -178,16 +178,24 @@ class LLMProvider:
     async def close(self) -> None:
         await self._client.close()
 
-    def _body(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bytes:
+    def _body(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        force_tool: str | None = None,
+        max_tokens: int | None = None,
+    ) -> bytes:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
-            "max_tokens": self.cfg.max_tokens,
+            "max_tokens": max_tokens or self.cfg.max_tokens,
             "temperature": self.cfg.temperature,
         }
         if tools:
             body["tools"] = tools
-            body["tool_choice"] = "auto"
+            body["tool_choice"] = (
+                {"type": "function", "function": {"name": force_tool}} if force_tool else "auto"
+            )
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
     async def chat(
@@ -195,11 +203,16 @@ class LLMProvider:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         session_key: str = "",
+        force_tool: str | None = None,
+        max_tokens: int | None = None,
     ) -> LLMResponse:
-        """One completion. Raises LLMUnavailable after retries, LLMRejected on a 4xx."""
+        """One completion. Raises LLMUnavailable after retries, LLMRejected on a 4xx.
+
+        ``force_tool`` makes the model answer with a call to that tool (structured output).
+        """
         import openai
 
-        payload = self._body(messages, tools)
+        payload = self._body(messages, tools, force_tool, max_tokens)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.cfg.retry.attempts),
             wait=_RetryAfterOrBackoff(

@@ -25,9 +25,11 @@ from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import HELP_TEXT, Command, format_duration, parse_command
 from bot.config import Config
 from bot.context import ContextBuilder
+from bot.context import forget_window as _forget_window
 from bot.delivery import DELIVERY_KEY, DeliveryLedger, outbox_entry
 from bot.llm import LLMProvider
-from bot.memory.history import HistoryArchive, format_raw
+from bot.memory.consolidate import Consolidator
+from bot.memory.history import HistoryArchive
 from bot.runner import Runner, close_open_tool_calls
 from bot.session import Session, SessionStore, now_iso
 from bot.tokens import estimate_text_tokens
@@ -79,6 +81,8 @@ class AgentLoop:
         self.archive = archive
         self.ledger = DeliveryLedger(store)
         self.runner = Runner(provider, tools, cfg.agent.max_tool_iterations)
+        self.consolidator = Consolidator(cfg.memory, store, provider, archive)
+        self._last_active: dict[str, float] = {}
         self._work: dict[str, _SessionWork] = {}
         self._slots = asyncio.Semaphore(cfg.agent.max_concurrent_turns)
         self._tools_tokens = estimate_text_tokens(str(tools.schemas()))
@@ -136,13 +140,34 @@ class AgentLoop:
         return "accepted"
 
     async def run(self) -> None:
-        """Consume the inbound queue until cancelled."""
+        """Consume the inbound queue until cancelled (idle compaction runs alongside)."""
+        idle = None
+        if self.cfg.memory.idle_compact_minutes > 0:
+            idle = asyncio.create_task(self._idle_compactor(), name="idle-compaction")
+        try:
+            while True:
+                msg = await self.bus.consume_inbound()
+                try:
+                    self.dispatch(msg)
+                except Exception:
+                    log.exception("dispatch failed session=%s", msg.session_key)
+        finally:
+            if idle:
+                idle.cancel()
+
+    async def _idle_compactor(self) -> None:
+        idle_seconds = self.cfg.memory.idle_compact_minutes * 60
+        keep = self.cfg.memory.keep_recent_messages
         while True:
-            msg = await self.bus.consume_inbound()
-            try:
-                self.dispatch(msg)
-            except Exception:
-                log.exception("dispatch failed session=%s", msg.session_key)
+            await asyncio.sleep(min(60.0, max(1.0, idle_seconds / 4)))
+            now = time.monotonic()
+            for key, last in list(self._last_active.items()):
+                if now - last < idle_seconds or key in self.running_keys():
+                    continue
+                del self._last_active[key]  # once per idle period
+                if self.store.get(key).unconsolidated > keep:
+                    log.info("idle compaction session=%s", key)
+                    await self.consolidator.consolidate(key, keep=keep)
 
     def dispatch(self, msg: InboundMessage, resume: bool = False) -> None:
         """Route one accepted message: immediate commands now, everything else to its session."""
@@ -322,6 +347,8 @@ class AgentLoop:
         )
         failpoints.hit("before_delivery")
         await self.bus.publish_outbound(out)
+        self._last_active[msg.session_key] = time.monotonic()
+        self.consolidator.schedule(msg.session_key)
 
     async def _fail_turn(self, msg: InboundMessage) -> None:
         """A bug or an I/O error ended the turn: tell the person, keep the loop alive."""
@@ -437,33 +464,30 @@ class AgentLoop:
         for w in workers:
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+        await self.consolidator.cancel()
 
     # -- commands --------------------------------------------------------------------------
 
     async def _new_session(self, msg: InboundMessage) -> None:
         session = self.store.get(msg.session_key)
-        tail = session.messages[session.last_consolidated :]
-        if tail:
-            try:
-                await self.archive.append(msg.session_key, format_raw(tail))
-            except OSError as exc:
-                log.error("archive failed session=%s: %s", msg.session_key, exc)
-                await self._finish(
-                    session,
-                    msg,
-                    [],
-                    f"I could not archive this conversation ({exc.strerror}), so I kept it. "
-                    "Nothing was lost; try /new again once the disk problem is fixed.",
-                )
-                return
-        self.store.append(session, last_consolidated=len(session.messages))
-        log.info("session reset session=%s archived=%d", msg.session_key, len(tail))
+        count = session.unconsolidated
+        if not await self.consolidator.compact_all(msg.session_key):
+            await self._finish(
+                session,
+                msg,
+                [],
+                "I could not save this conversation to the memory archive (a disk problem; see "
+                "the logs), so I kept it as it is. Nothing was lost; try /new again later.",
+            )
+            return
+        _forget_window(msg.session_key)
+        log.info("session reset session=%s archived=%d", msg.session_key, count)
         await self._finish(
             session,
             msg,
             [],
             "New conversation started."
-            + (f" The previous {len(tail)} messages were archived to memory." if tail else ""),
+            + (f" The previous {count} messages were archived to memory." if count else ""),
         )
 
     def status_text(self, key: str) -> str:

@@ -203,6 +203,12 @@ async def test_unstorable_message_is_refused_with_a_reason(tmp_path: Path, llm: 
 
 
 async def test_new_archives_and_starts_fresh(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(
+        tool_step(
+            ("save_summary", {"summary": "Ada introduced herself.", "facts": ["Name: Ada"]}),
+            when_user_contains="Conversation excerpt",
+        )
+    )
     async with harness(tmp_path, llm) as h:
         await h.ask("my name is Ada")
         await h.ask("I like tea")
@@ -212,8 +218,11 @@ async def test_new_archives_and_starts_fresh(tmp_path: Path, llm: FakeLLM) -> No
     history = (tmp_path / "ws" / "memory" / "history.jsonl").read_text().splitlines()
     entry = json.loads(history[0])
     assert entry["cursor"] == 1 and entry["session"] == "cli:t"
-    assert entry["content"].startswith("[RAW]") and "my name is Ada" in entry["content"]
+    assert "Ada introduced herself." in entry["content"] and "- Name: Ada" in entry["content"]
     assert (tmp_path / "ws" / "memory" / ".cursor").read_text().strip() == "1"
+    summary_request = llm.requests[2]["body"]
+    assert summary_request["tool_choice"]["function"]["name"] == "save_summary"
+    assert "my name is Ada" in summary_request["messages"][1]["content"]
     last = request_messages(llm.requests[-1])
     assert [m["role"] for m in last] == ["system", "user"]  # nothing old in the prompt
     # Nothing is deleted from the session file; the pointer moved past it.

@@ -41,7 +41,7 @@ def build_agent(cfg: Config, config_path: Path) -> AgentStack:
         store,
         provider,
         build_default_tools(cfg.tools),
-        ContextBuilder(workspace),
+        ContextBuilder(workspace, share_in_groups=cfg.memory.share_in_groups),
         HistoryArchive(workspace),
     )
     return AgentStack(bus, loop, store, provider)

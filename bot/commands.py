@@ -7,10 +7,11 @@ from dataclasses import dataclass
 HELP_TEXT = """memobot commands:
 /new    start a fresh conversation (the current one is archived to memory first)
 /stop   cancel the answer being worked on in this chat
-/status model, conversation size, uptime
+/status model, conversation size, memory usage, uptime
+/dream  distil the conversation archive into long-term memory now
 /help   this list"""
 
-COMMANDS = frozenset({"/new", "/stop", "/status", "/help"})
+COMMANDS = frozenset({"/new", "/stop", "/status", "/help", "/dream"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 # After a trim the window keeps this share of its budget, so the next turns reuse one prefix
 # instead of shifting it (and missing the cache) on every message.
 TRIM_TO_SHARE = 0.75
+PRIVATE_FILES = frozenset({"USER.md", "memory/MEMORY.md"})
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
 MAX_INLINE_IMAGE_BYTES = 10 * 1024 * 1024
 
@@ -37,13 +38,16 @@ class _CachedFile:
 
 
 class ContextBuilder:
-    def __init__(self, workspace: Path, identity: str | None = None) -> None:
+    def __init__(
+        self, workspace: Path, identity: str | None = None, share_in_groups: bool = False
+    ) -> None:
         self.workspace = workspace
         self.identity = identity or default_identity(workspace)
         self.skills = SkillsIndex(workspace)
         self._files: dict[str, _CachedFile] = {n: _CachedFile() for n in WORKSPACE_PROMPT_FILES}
-        self._prompt: str | None = None
-        self._prompt_key: tuple[Any, ...] | None = None
+        self.share_in_groups = share_in_groups
+        self._prompts: dict[bool, str] = {}
+        self._prompt_key: str | None = None
 
     def _read(self, name: str) -> bool:
         """Refresh one prompt file from disk if its mtime or size changed; True if it did."""
@@ -60,28 +64,34 @@ class ContextBuilder:
         entry.text = path.read_text(encoding="utf-8", errors="replace").strip() if key else ""
         return True
 
-    def system_prompt(self) -> str:
+    def system_prompt(self, private: bool = True) -> str:
         """Identity, the workspace's instruction and memory files, and the skills list.
 
+        ``private`` False (a group chat) leaves out USER.md and memory/MEMORY.md unless
+        ``share_in_groups``: what the assistant knows about its owner is not for everyone.
         Only stat calls happen while nothing changed, and the same string is returned.
         """
         changed = False
         for name in self._files:
             changed |= self._read(name)
         skills = self.skills.summary()
-        if changed or self._prompt is None or skills != self._prompt_key:
+        if changed or skills != self._prompt_key:
+            self._prompts.clear()
+            self._prompt_key = skills
+        variant = private or self.share_in_groups
+        prompt = self._prompts.get(variant)
+        if prompt is None:
             parts = [self.identity]
             for name, entry in self._files.items():
-                if entry.text:
+                if entry.text and (variant or name not in PRIVATE_FILES):
                     parts.append(f"## {name}\n\n{entry.text}")
             if skills:
                 parts.append(
                     "## Skills\n\nRead a skill's SKILL.md with read_file before using it.\n\n"
                     + skills
                 )
-            self._prompt = "\n\n---\n\n".join(parts)
-            self._prompt_key = skills
-        return self._prompt
+            prompt = self._prompts[variant] = "\n\n---\n\n".join(parts)
+        return prompt
 
     def user_message(
         self,
@@ -107,13 +117,13 @@ class ContextBuilder:
 
     def history(self, session: Session, budget_tokens: int) -> list[dict[str, Any]]:
         """The unconsolidated tail that fits ``budget_tokens``, never opening on a tool result."""
-        start = max(session.last_consolidated, session_window_start(session))
+        start = max(session.last_consolidated, session.window_start)
         total = sum(session.tokens[start:])
         if total > budget_tokens:
             start = trim_start(
                 session.wire, session.tokens, start, int(budget_tokens * TRIM_TO_SHARE)
             )
-            _WINDOW_STARTS[session.key] = start
+            session.window_start = start
         return session.wire[start:]
 
     def build(
@@ -123,25 +133,13 @@ class ContextBuilder:
         context_window: int,
         max_tokens: int,
         tools_tokens: int = 0,
+        private: bool = True,
     ) -> list[dict[str, Any]]:
-        system = self.system_prompt()
+        system = self.system_prompt(private)
         fixed = estimate_text_tokens(system) + tools_tokens + max_tokens
         fixed += sum(estimate_message_tokens(m) for m in turn)
         budget = max(0, context_window - fixed)
         return [{"role": "system", "content": system}, *self.history(session, budget), *turn]
-
-
-# The trimmed window start lives in memory only: it is a cache choice, not session state.
-_WINDOW_STARTS: dict[str, int] = {}
-
-
-def forget_window(key: str) -> None:
-    """Drop a remembered trim point (after /new the window starts at the pointer again)."""
-    _WINDOW_STARTS.pop(key, None)
-
-
-def session_window_start(session: Session) -> int:
-    return _WINDOW_STARTS.get(session.key, 0)
 
 
 def trim_start(wire: list[dict[str, Any]], tokens: list[int], start: int, budget: int) -> int:

@@ -25,10 +25,11 @@ from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import HELP_TEXT, Command, format_duration, parse_command
 from bot.config import Config
 from bot.context import ContextBuilder
-from bot.context import forget_window as _forget_window
 from bot.delivery import DELIVERY_KEY, DeliveryLedger, outbox_entry
 from bot.llm import LLMProvider
 from bot.memory.consolidate import Consolidator
+from bot.memory.dream import Dream, budget_lines
+from bot.memory.files import memory_stamp
 from bot.memory.history import HistoryArchive
 from bot.runner import Runner, close_open_tool_calls
 from bot.session import Session, SessionStore, now_iso
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 STOPPED_TEXT = "Stopped."
 SEEN_IDS_KEPT = 64
 MAX_RESUME_ATTEMPTS = 3
-IMMEDIATE = ("/stop", "/help", "/status")
+IMMEDIATE = ("/stop", "/help", "/status", "/dream")
 GAVE_UP_TEXT = (
     "I was interrupted {n} times while answering your message and could not finish it. "
     "Please send it again if you still need an answer."
@@ -82,6 +83,7 @@ class AgentLoop:
         self.ledger = DeliveryLedger(store)
         self.runner = Runner(provider, tools, cfg.agent.max_tool_iterations)
         self.consolidator = Consolidator(cfg.memory, store, provider, archive)
+        self.dream = Dream(cfg.memory, cfg.agent.workspace_path, provider, archive)
         self._last_active: dict[str, float] = {}
         self._work: dict[str, _SessionWork] = {}
         self._slots = asyncio.Semaphore(cfg.agent.max_concurrent_turns)
@@ -139,11 +141,17 @@ class AgentLoop:
         failpoints.hit("after_intake")
         return "accepted"
 
-    async def run(self) -> None:
-        """Consume the inbound queue until cancelled (idle compaction runs alongside)."""
-        idle = None
+    async def run(self, schedule_dream: bool = False) -> None:
+        """Consume the inbound queue until cancelled.
+
+        Idle compaction runs alongside; with ``schedule_dream`` (the daemon) so does Dream,
+        every ``memory.dream.intervalMinutes``.
+        """
+        background = []
         if self.cfg.memory.idle_compact_minutes > 0:
-            idle = asyncio.create_task(self._idle_compactor(), name="idle-compaction")
+            background.append(asyncio.create_task(self._idle_compactor(), name="idle-compaction"))
+        if schedule_dream and self.cfg.memory.dream.enabled:
+            background.append(asyncio.create_task(self._dream_schedule(), name="dream-schedule"))
         try:
             while True:
                 msg = await self.bus.consume_inbound()
@@ -152,8 +160,17 @@ class AgentLoop:
                 except Exception:
                     log.exception("dispatch failed session=%s", msg.session_key)
         finally:
-            if idle:
-                idle.cancel()
+            for task in background:
+                task.cancel()
+
+    async def _dream_schedule(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.memory.dream.interval_minutes * 60)
+            try:
+                result = await self.dream.run()
+                log.info("scheduled %s", result.describe())
+            except Exception:
+                log.exception("scheduled dream failed")
 
     async def _idle_compactor(self) -> None:
         idle_seconds = self.cfg.memory.idle_compact_minutes * 60
@@ -173,9 +190,7 @@ class AgentLoop:
         """Route one accepted message: immediate commands now, everything else to its session."""
         command = parse_command(msg.text)
         if command and command.name in IMMEDIATE and not resume:
-            task = asyncio.create_task(self._immediate(msg, command))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._spawn(self._immediate(msg, command))
             return
         work = self._work.setdefault(msg.session_key, _SessionWork())
         work.queue.append(_Job(msg, resume))
@@ -187,6 +202,12 @@ class AgentLoop:
     async def _immediate(self, msg: InboundMessage, command: Command) -> None:
         if command.name == "/help":
             text = HELP_TEXT
+        elif command.name == "/dream":
+            if self.dream.running:
+                text = "Dream is already running."
+            else:
+                await self._publish(msg, "Dreaming: distilling the history archive...", final=False)
+                text = (await self.dream.run()).describe()
         elif command.name == "/status":
             text = self.status_text(msg.session_key)
         elif self.stop(msg.session_key):
@@ -294,9 +315,11 @@ class AgentLoop:
                 self.cfg.llm.context_window_tokens,
                 self.cfg.llm.max_tokens,
                 self._tools_tokens,
+                private=not msg.metadata.get("is_group"),
             )
 
         started = time.monotonic()
+        stamp = memory_stamp(self.cfg.agent.workspace_path)
         failpoints.hit("before_llm")
         try:
             result = await self.runner.run(build, turn, ctx, checkpoint)
@@ -317,6 +340,25 @@ class AgentLoop:
         )
         # On an LLM failure the user's message (and any finished tool work) stays in history.
         await self._finish(session, msg, turn, result.text)
+        if memory_stamp(self.cfg.agent.workspace_path) != stamp:
+            self._spawn(self._commit_memory(msg.session_key))
+
+    async def _commit_memory(self, key: str) -> None:
+        from bot.memory.versioning import commit_async
+
+        try:
+            commit = await commit_async(
+                self.cfg.agent.workspace_path, f"agent: memory edited in session {key}\n"
+            )
+            if commit:
+                log.info("memory committed %s session=%s", commit[:8], key)
+        except Exception:
+            log.exception("memory commit failed session=%s", key)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _finish(
         self, session: Session, msg: InboundMessage, turn: list[dict[str, Any]], text: str
@@ -480,7 +522,6 @@ class AgentLoop:
                 "the logs), so I kept it as it is. Nothing was lost; try /new again later.",
             )
             return
-        _forget_window(msg.session_key)
         log.info("session reset session=%s archived=%d", msg.session_key, count)
         await self._finish(
             session,
@@ -503,6 +544,8 @@ class AgentLoop:
                 f"conversation: {live} messages, ~{tokens:,} tokens "
                 f"(context window {self.cfg.llm.context_window_tokens:,})",
                 f"archived messages: {session.last_consolidated}",
+                "memory: "
+                + ", ".join(budget_lines(self.cfg.agent.workspace_path, self.cfg.memory.max_chars)),
                 f"answer in progress: {'yes' if running else 'no'}",
                 f"uptime: {format_duration(time.monotonic() - self.started_at)}",
             ]

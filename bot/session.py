@@ -87,6 +87,9 @@ class Session:
     metadata_written: bool = False
     last_meta_size: int = 0
     truncate_at: int | None = None
+    # Where the prompt's history window was last trimmed to. In memory only: a cache choice
+    # (keep one prefix across turns), not session state.
+    window_start: int = 0
 
     def add_loaded(self, message: dict[str, Any]) -> None:
         self.messages.append(message)

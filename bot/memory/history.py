@@ -13,6 +13,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,65 @@ class HistoryArchive:
             "history: archived cursor=%d session=%s chars=%d", entry.cursor, session, len(content)
         )
         return entry
+
+    async def compact(self, digested_upto: int, keep_days: int) -> int:
+        """Move digested entries older than ``keep_days`` to ``memory/history-YYYY-MM.jsonl``.
+
+        Nothing is deleted: entries are appended (fsynced) to their month's file first, and
+        only then is history.jsonl rewritten without them. A crash in between leaves an entry
+        in both files, and the next run skips cursors the month file already holds.
+        """
+        async with self._lock:
+            return await asyncio.to_thread(self._compact_sync, digested_upto, keep_days)
+
+    def _compact_sync(self, digested_upto: int, keep_days: int) -> int:
+        try:
+            raw_lines = self.path.read_bytes().split(b"\n")
+        except FileNotFoundError:
+            return 0
+        cutoff = (datetime.now(UTC) - timedelta(days=keep_days)).isoformat()
+        keep: list[bytes] = []
+        move: dict[str, list[tuple[int, bytes]]] = {}
+        for raw in raw_lines:
+            if not raw.strip():
+                continue
+            entry = parse_entry(raw)
+            if entry and entry.cursor <= digested_upto and entry.timestamp < cutoff:
+                move.setdefault(entry.timestamp[:7], []).append((entry.cursor, raw))
+            else:
+                keep.append(raw)
+        if not move:
+            return 0
+        for month, items in move.items():
+            target = self.dir / f"history-{month}.jsonl"
+            have = {e.cursor for e in map(parse_entry, _lines(target)) if e}
+            fresh = b"".join(raw + b"\n" for cursor, raw in items if cursor not in have)
+            if fresh:
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                try:
+                    os.write(fd, fresh)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        tmp = self.path.with_name(".history.jsonl.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(b"".join(raw + b"\n" for raw in keep))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return sum(len(v) for v in move.values())
+
+
+def _lines(path: Path) -> list[bytes]:
+    try:
+        return path.read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return []
 
 
 def _ends_with_newline(path: Path) -> bool:

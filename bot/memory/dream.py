@@ -1,0 +1,406 @@
+"""Dream: distil the history archive into the long-term memory files.
+
+A run reads the entries after ``memory/.dream_cursor`` and lets the model edit USER.md,
+SOUL.md, memory/MEMORY.md and skills/ through targeted tools (add, replace, remove one entry;
+write one skill). Edits collect in memory and land only when the run completes: files are
+replaced atomically, the change is committed to the workspace's git repository (removals named
+with their reasons), and only then does the cursor move. A run that would remove more than a
+third of a file's entries is refused whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from bot.config import Config, MemoryConfig
+from bot.llm import LLMError, LLMProvider
+from bot.memory.entries import EntryError, add_entry, count_entries, remove_entry, replace_entry
+from bot.memory.files import MEMORY_FILES
+from bot.memory.history import HistoryArchive, HistoryEntry
+from bot.tokens import estimate_text_tokens
+
+log = logging.getLogger(__name__)
+
+BUDGETED = ("USER.md", "memory/MEMORY.md")
+MAX_REMOVED_SHARE = 1 / 3
+_SKILL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
+Status = Literal["done", "nothing", "refused", "incomplete", "failed"]
+
+DREAM_INSTRUCTIONS = """You maintain the long-term memory of a personal assistant. New entries \
+from the conversation archive follow, together with the current memory files. Keep what will \
+matter in future conversations, in the one right place:
+- USER.md: who the user is: name, timezone, language, preferences, habits.
+- SOUL.md: how the assistant should behave (rules the user asked for).
+- memory/MEMORY.md: facts about the world, people and projects, decisions, references.
+- skills/<name>/SKILL.md: a reusable multi-step procedure the user will want again.
+Rules: edit with the tools, one short entry per fact (a single line). Do not copy chit-chat or \
+one-off details. Replace an entry when a fact changed (e.g. a placeholder "(unknown)" or an old \
+value); remove an entry only when it is wrong or obsolete, and always give the reason. Never \
+delete facts to make room: when a file is over its budget, merge related entries into shorter \
+ones with replace. When nothing is worth keeping, call finish at once. Call finish when done."""
+
+_FILE_PARAM = {"type": "string", "enum": list(MEMORY_FILES)}
+DREAM_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": desc,
+            "parameters": {"type": "object", "properties": props, "required": required},
+        },
+    }
+    for name, desc, props, required in [
+        (
+            "add_entry",
+            "Add one bullet entry to a memory file, optionally under a '## section' heading.",
+            {"file": _FILE_PARAM, "entry": {"type": "string"}, "section": {"type": "string"}},
+            ["file", "entry"],
+        ),
+        (
+            "replace_entry",
+            "Replace the one entry containing `old` with `new`.",
+            {
+                "file": _FILE_PARAM,
+                "old": {"type": "string"},
+                "new": {"type": "string"},
+                "reason": {"type": "string"},
+            },
+            ["file", "old", "new", "reason"],
+        ),
+        (
+            "remove_entry",
+            "Remove the one entry containing `entry`; say why.",
+            {"file": _FILE_PARAM, "entry": {"type": "string"}, "reason": {"type": "string"}},
+            ["file", "entry", "reason"],
+        ),
+        (
+            "write_skill",
+            "Create or update skills/<name>/SKILL.md with a procedure.",
+            {
+                "name": {"type": "string", "description": "lowercase-with-dashes"},
+                "description": {"type": "string", "description": "one line: when to use it"},
+                "instructions": {"type": "string", "description": "Markdown steps"},
+            },
+            ["name", "description", "instructions"],
+        ),
+        (
+            "finish",
+            "End the run with a one-line summary of what changed.",
+            {"summary": {"type": "string"}},
+            ["summary"],
+        ),
+    ]
+]
+
+
+@dataclass(slots=True)
+class DreamResult:
+    status: Status
+    entries: int = 0
+    cursor: int | None = None
+    commit: str | None = None
+    added: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    skills: list[str] = field(default_factory=list)
+    detail: str = ""
+
+    def describe(self) -> str:
+        if self.status == "nothing":
+            return "Dream: no new history to digest."
+        if self.status != "done":
+            return f"Dream {self.status}: {self.detail}"
+        changes = len(self.added) + len(self.replaced) + len(self.removed) + len(self.skills)
+        return (
+            f"Dream digested {self.entries} history entries: {len(self.added)} added, "
+            f"{len(self.replaced)} replaced, {len(self.removed)} removed, "
+            f"{len(self.skills)} skills written"
+            + (f" (commit {self.commit[:8]})" if self.commit else "")
+            + ("." if changes else "; nothing worth keeping.")
+        )
+
+
+class _Edits:
+    """The run's working copy of the memory files and a record of every change."""
+
+    def __init__(self, workspace: Path) -> None:
+        self.workspace = workspace
+        self.original: dict[str, str] = {}
+        self.files: dict[str, str] = {}
+        for name in MEMORY_FILES:
+            path = workspace / name
+            self.original[name] = path.read_text(encoding="utf-8") if path.exists() else ""
+        self.files = dict(self.original)
+        self.result = DreamResult("done")
+        self.removed_per_file: dict[str, int] = {}
+
+    def apply(self, name: str, args: dict[str, Any]) -> str:
+        try:
+            return self._apply(name, args)
+        except EntryError as exc:
+            return f"Error: {exc}"
+        except (KeyError, TypeError) as exc:
+            return f"Error: bad arguments for {name}: {exc}"
+
+    def _apply(self, name: str, args: dict[str, Any]) -> str:
+        if name == "write_skill":
+            return self._skill(args)
+        file = args["file"]
+        if file not in self.files:
+            return f"Error: file must be one of {', '.join(MEMORY_FILES)}"
+        if name == "add_entry":
+            self.files[file], changed = add_entry(
+                self.files[file], args["entry"], args.get("section")
+            )
+            if not changed:
+                return "Already there; nothing changed."
+            self.result.added.append(f"{file}: {args['entry']}")
+            return "Added."
+        if name == "replace_entry":
+            self.files[file], old = replace_entry(self.files[file], args["old"], args["new"])
+            self.result.replaced.append(f'{file}: "{old}" -> "{args["new"]}" ({args["reason"]})')
+            return "Replaced."
+        if name == "remove_entry":
+            self.files[file], old = remove_entry(self.files[file], args["entry"])
+            self.removed_per_file[file] = self.removed_per_file.get(file, 0) + 1
+            self.result.removed.append(f'{file}: "{old}" (reason: {args["reason"]})')
+            return "Removed."
+        return f"Error: unknown tool {name}"
+
+    def _skill(self, args: dict[str, Any]) -> str:
+        name = str(args["name"]).strip().lower()
+        if not _SKILL_NAME.match(name):
+            return (
+                "Error: a skill name is lowercase letters, digits and dashes, e.g. 'weekly-report'"
+            )
+        description = " ".join(str(args["description"]).split()).replace('"', "'")
+        body = str(args["instructions"]).strip()
+        rel = f"skills/{name}/SKILL.md"
+        self.files[rel] = f'---\nname: {name}\ndescription: "{description}"\n---\n\n{body}\n'
+        self.original.setdefault(rel, _read(self.workspace / rel))
+        self.result.skills.append(rel)
+        return f"Wrote {rel}."
+
+    def refusal(self) -> str | None:
+        """Why this run must not land, if it removes too much of any file."""
+        for file, removed in self.removed_per_file.items():
+            total = count_entries(self.original[file])
+            if total and removed > total * MAX_REMOVED_SHARE:
+                return (
+                    f"it would remove {removed} of {total} entries from {file} (more than a "
+                    "third); nothing was changed"
+                )
+        return None
+
+    def changed(self) -> dict[str, str]:
+        return {k: v for k, v in self.files.items() if v != self.original.get(k)}
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.dream-tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_dream_cursor(workspace: Path) -> int:
+    try:
+        return int((workspace / "memory" / ".dream_cursor").read_text().strip() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def write_dream_cursor(workspace: Path, cursor: int) -> None:
+    _write_atomic(workspace / "memory" / ".dream_cursor", f"{cursor}\n")
+
+
+def budget_lines(workspace: Path, max_chars: int) -> list[str]:
+    """``MEMORY.md 1,474/4,000 chars`` for each budgeted file (shown by /status and status)."""
+    out = []
+    for name in BUDGETED:
+        size = len(_read(workspace / name))
+        over = " (over budget: Dream will condense it)" if size > max_chars else ""
+        out.append(f"{Path(name).name} {size:,}/{max_chars:,} chars{over}")
+    return out
+
+
+def commit_message(result: DreamResult, first: int, last: int) -> str:
+    lines = [f"dream: digest history {first}..{last} ({result.entries} entries)", ""]
+    for title, items in (
+        ("Added", result.added),
+        ("Replaced", result.replaced),
+        ("Removed", result.removed),
+        ("Skills written", result.skills),
+    ):
+        if items:
+            lines.append(f"{title}:")
+            lines += [f"- {i}" for i in items]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+class Dream:
+    def __init__(
+        self,
+        cfg: MemoryConfig,
+        workspace: Path,
+        provider: LLMProvider,
+        archive: HistoryArchive,
+    ) -> None:
+        self.cfg = cfg
+        self.workspace = workspace
+        self.provider = provider
+        self.archive = archive
+        self._lock = asyncio.Lock()
+
+    @property
+    def running(self) -> bool:
+        return self._lock.locked()
+
+    async def run(self) -> DreamResult:
+        """One complete run; concurrent calls wait for each other."""
+        async with self._lock:
+            return await self._run()
+
+    async def _run(self) -> DreamResult:
+        cursor = read_dream_cursor(self.workspace)
+        entries = (await asyncio.to_thread(self.archive.entries, cursor))[
+            : self.cfg.dream.max_entries
+        ]
+        if not entries:
+            return DreamResult("nothing")
+        edits = _Edits(self.workspace)
+        try:
+            complete = await self._converse(edits, entries)
+        except LLMError as exc:
+            log.error("dream failed: %s", exc)
+            return DreamResult("failed", len(entries), detail=str(exc))
+        if not complete:
+            return DreamResult("incomplete", len(entries), detail=complete_reason(self.cfg))
+        refusal = edits.refusal()
+        if refusal:
+            log.error("dream refused: %s; removals: %s", refusal, "; ".join(edits.result.removed))
+            return DreamResult("refused", len(entries), detail=refusal)
+        result = edits.result
+        result.entries = len(entries)
+        result.cursor = entries[-1].cursor
+        changed = edits.changed()
+        for rel, text in changed.items():
+            await asyncio.to_thread(_write_atomic, self.workspace / rel, text)
+        if changed:
+            result.commit = await _commit(
+                self.workspace, commit_message(result, entries[0].cursor, entries[-1].cursor)
+            )
+        # Last: the cursor. A crash before this line re-digests the same entries next time,
+        # and adding an entry that is already there changes nothing.
+        await asyncio.to_thread(write_dream_cursor, self.workspace, entries[-1].cursor)
+        log.info("dream: %s", result.describe())
+        try:
+            moved = await self.archive.compact(entries[-1].cursor, self.cfg.history_keep_days)
+            if moved:
+                log.info("history: moved %d digested entries to monthly archive files", moved)
+        except OSError as exc:
+            log.warning("history compaction skipped: %s", exc)
+        return result
+
+    async def _converse(self, edits: _Edits, entries: list[HistoryEntry]) -> bool:
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": DREAM_INSTRUCTIONS},
+            {"role": "user", "content": self._brief(edits, entries)},
+        ]
+        spent = 0
+        for _ in range(self.cfg.dream.max_iterations):
+            response = await self.provider.chat(messages, DREAM_TOOLS, max_tokens=2048)
+            usage = response.usage or {}
+            spent += int(
+                usage.get("total_tokens")
+                or sum(estimate_text_tokens(str(m.get("content") or "")) for m in messages)
+            )
+            if not response.tool_calls:
+                return True  # the model has nothing more to do
+            messages.append(response.assistant_message())
+            finished = False
+            for call in response.tool_calls:
+                try:
+                    args = json.loads(call.arguments or "{}")
+                except json.JSONDecodeError:
+                    args = None
+                if call.name == "finish":
+                    finished = True
+                    text = "Done."
+                elif not isinstance(args, dict):
+                    text = "Error: arguments must be a JSON object"
+                else:
+                    text = edits.apply(call.name, args)
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
+            if finished:
+                return True
+            if spent > self.cfg.dream.max_tokens:
+                log.warning("dream stopped at its token cap (%d tokens)", spent)
+                return False
+        log.warning("dream stopped at its iteration cap (%d)", self.cfg.dream.max_iterations)
+        return False
+
+    def _brief(self, edits: _Edits, entries: list[HistoryEntry]) -> str:
+        parts = ["# Current memory files"]
+        for name in MEMORY_FILES:
+            text = edits.files[name].strip() or "(empty)"
+            budget = ""
+            if name in BUDGETED:
+                size = len(edits.files[name])
+                budget = f" ({size:,}/{self.cfg.max_chars:,} chars"
+                budget += ", OVER BUDGET: condense)" if size > self.cfg.max_chars else ")"
+            parts.append(f"## {name}{budget}\n\n{text}")
+        skills = sorted(p.parent.name for p in (self.workspace / "skills").glob("*/SKILL.md"))
+        parts.append("## skills\n\n" + (", ".join(skills) or "(none)"))
+        parts.append("# New history entries")
+        for e in entries:
+            parts.append(
+                f"[#{e.cursor} {e.timestamp[:16].replace('T', ' ')} {e.session}]\n{e.content}"
+            )
+        return "\n\n".join(parts)
+
+
+def complete_reason(cfg: MemoryConfig) -> str:
+    return (
+        f"the run hit its cap (memory.dream.maxIterations {cfg.dream.max_iterations}, "
+        f"maxTokens {cfg.dream.max_tokens}) before finishing; nothing was changed"
+    )
+
+
+async def _commit(workspace: Path, message: str) -> str | None:
+    from bot.memory.versioning import commit_async
+
+    return await commit_async(workspace, message)
+
+
+async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
+    """``memobot dream``: one run now, a one-line result on stdout."""
+    from bot.llm import LLMNotConfigured
+
+    workspace = cfg.agent.workspace_path
+    try:
+        provider = LLMProvider(cfg.llm)
+    except LLMNotConfigured as exc:
+        print(f"memobot: {exc}", file=__import__("sys").stderr)
+        return 78
+    try:
+        result = await Dream(cfg.memory, workspace, provider, HistoryArchive(workspace)).run()
+    finally:
+        await provider.close()
+    print(result.describe())
+    return 0 if result.status in ("done", "nothing") else 1

@@ -95,13 +95,18 @@ class Harness:
         return fut
 
     async def send(
-        self, text: str, chat: str = "t", channel: str = "cli", message_id: str | None = None
+        self,
+        text: str,
+        chat: str = "t",
+        channel: str = "cli",
+        message_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> asyncio.Future[OutboundMessage]:
         """Publish a message; the returned future resolves to its final answer."""
         mid = message_id or uuid.uuid4().hex
         fut = self.expect(mid)
         verdict = await self.stack.bus.publish_inbound(
-            InboundMessage(channel, chat, "user-1", text, message_id=mid)
+            InboundMessage(channel, chat, "user-1", text, message_id=mid, metadata=metadata or {})
         )
         if verdict != "accepted":
             fut.set_result(OutboundMessage(channel, chat, f"<{verdict}>", final=True))

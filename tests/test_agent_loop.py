@@ -279,3 +279,47 @@ async def test_long_history_is_trimmed_to_the_context_window(tmp_path: Path, llm
     assert len(last) < 80  # trimmed
     assert last[1]["role"] == "user"  # the window opens on a user message, never a tool result
     assert sum(len(str(m["content"])) for m in last) / 4 < 4096
+
+
+async def test_group_chats_do_not_see_private_memory(tmp_path: Path, llm: FakeLLM) -> None:
+    async with harness(tmp_path, llm) as h:
+        (tmp_path / "ws" / "USER.md").write_text("- Name: Ada\n- Secret: likes karaoke\n")
+        await h.ask("private hello")
+        group = await h.send("group hello", chat="g1", metadata={"is_group": True})
+        await asyncio.wait_for(group, 10)
+    private_prompt = request_messages(llm.requests[0])[0]["content"]
+    group_prompt = request_messages(llm.requests[1])[0]["content"]
+    assert "likes karaoke" in private_prompt
+    assert "likes karaoke" not in group_prompt and "## USER.md" not in group_prompt
+    assert "## SOUL.md" in group_prompt  # behaviour rules still apply
+
+
+async def test_share_in_groups_opt_in(tmp_path: Path, llm: FakeLLM) -> None:
+    async with harness(tmp_path, llm, memory={"shareInGroups": True}) as h:
+        (tmp_path / "ws" / "USER.md").write_text("- Name: Ada\n")
+        fut = await h.send("group hello", chat="g1", metadata={"is_group": True})
+        await asyncio.wait_for(fut, 10)
+    assert "- Name: Ada" in request_messages(llm.requests[0])[0]["content"]
+
+
+async def test_agent_memory_edits_are_committed(tmp_path: Path, llm: FakeLLM) -> None:
+    from bot.memory.versioning import MemoryRepo
+
+    llm.script(
+        tool_step(
+            (
+                "edit_file",
+                {"path": "USER.md", "old_text": "- Name: (unknown)", "new_text": "- Name: Ada"},
+            )
+        ),
+        reply("Noted, Ada."),
+    )
+    async with harness(tmp_path, llm) as h:
+        assert await h.ask("remember that my name is Ada") == "Noted, Ada."
+        for _ in range(50):
+            if MemoryRepo(tmp_path / "ws").log():
+                break
+            await asyncio.sleep(0.05)
+    [commit] = MemoryRepo(tmp_path / "ws").log()
+    assert "agent: memory edited in session cli:t" in commit.message
+    assert "+- Name: Ada" in MemoryRepo(tmp_path / "ws").diff()

@@ -1,0 +1,253 @@
+"""Dream: targeted edits routed to the right files, commits, cursor, refusals, crash safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.config import parse_config
+from bot.llm import LLMProvider
+from bot.memory.dream import Dream, read_dream_cursor
+from bot.memory.entries import (
+    EntryError,
+    add_entry,
+    count_entries,
+    find_entry,
+    remove_entry,
+    replace_entry,
+)
+from bot.memory.history import HistoryArchive
+from bot.workspace import init_workspace
+from tests.fakes.llm_server import FakeLLM, FakeLLMThread, error, reply, tool_step
+from tests.helpers import REPO, Harness, make_config, write_config
+
+
+@pytest.fixture
+async def llm():
+    async with FakeLLM() as server:
+        yield server
+
+
+async def setup(tmp_path: Path, server_url: str, entries: list[str]) -> tuple[Dream, Path]:
+    cfg = make_config(tmp_path, server_url)
+    ws = cfg.agent.workspace_path
+    init_workspace(ws)
+    archive = HistoryArchive(ws)
+    for text in entries:
+        await archive.append("telegram:1", text)
+    return Dream(cfg.memory, ws, LLMProvider(cfg.llm), archive), ws
+
+
+def commits(ws: Path) -> list[str]:
+    from bot.memory.versioning import MemoryRepo
+
+    return [c.message for c in MemoryRepo(ws).log()]
+
+
+# -- entry editing (pure) --------------------------------------------------------------------
+
+
+def test_entries_add_replace_remove() -> None:
+    text = "# Memory\n\n## People\n\n- Ada is a friend\n  who likes tea\n\n## Projects\n"
+    text, added = add_entry(text, "Bob is Ada's brother", "People")
+    assert added and "- Ada is a friend\n  who likes tea\n- Bob is Ada's brother\n" in text
+    assert add_entry(text, "bob is  ada's brother", "People")[1] is False  # no duplicates
+    text, _ = add_entry(text, "memobot v1 ships in May", "Projects")
+    text, _ = add_entry(text, "new section fact", "Places")
+    assert text.endswith("## Places\n\n- new section fact\n")
+    assert count_entries(text) == 4
+    text, old = replace_entry(text, "likes tea", "Ada likes green tea")
+    assert old == "Ada is a friend who likes tea" and "who likes tea" not in text
+    text, removed = remove_entry(text, "brother")
+    assert removed == "Bob is Ada's brother" and count_entries(text) == 3
+    with pytest.raises(EntryError, match="no entry"):
+        find_entry(text, "nonexistent")
+    with pytest.raises(EntryError, match="entries contain"):
+        find_entry("- a cat\n- a cat toy\n", "cat")
+
+
+# -- runs against the fake LLM ---------------------------------------------------------------
+
+
+async def test_dream_routes_facts_commits_and_moves_cursor(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(
+        tool_step(
+            (
+                "replace_entry",
+                {"file": "USER.md", "old": "Name:", "new": "Name: Ada", "reason": "she said so"},
+            ),
+            (
+                "add_entry",
+                {"file": "USER.md", "entry": "Prefers short answers", "section": "Preferences"},
+            ),
+            ("add_entry", {"file": "SOUL.md", "entry": "Answer in British English"}),
+            (
+                "add_entry",
+                {
+                    "file": "memory/MEMORY.md",
+                    "entry": "Project Kettle ships 2027-01",
+                    "section": "Projects",
+                },
+            ),
+            (
+                "write_skill",
+                {
+                    "name": "weekly-report",
+                    "description": "Write Ada's weekly report",
+                    "instructions": "1. Read notes/\n2. Summarise",
+                },
+            ),
+        ),
+        tool_step(("finish", {"summary": "stored Ada's facts"})),
+    )
+    dream, ws = await setup(tmp_path, llm.base_url, ["Ada likes short answers", "Kettle news"])
+    result = await dream.run()
+    assert result.status == "done", result.detail
+    assert "Name: Ada" in (ws / "USER.md").read_text()
+    assert "- Prefers short answers" in (ws / "USER.md").read_text()
+    assert "- Answer in British English" in (ws / "SOUL.md").read_text()
+    assert "Project Kettle ships 2027-01" in (ws / "memory/MEMORY.md").read_text()
+    skill = (ws / "skills/weekly-report/SKILL.md").read_text()
+    assert skill.startswith("---\nname: weekly-report\n")
+    assert read_dream_cursor(ws) == 2
+    [message] = commits(ws)[:1]
+    assert message.startswith("dream: digest history 1..2")
+    brief = llm.requests[0]["body"]["messages"][1]["content"]
+    assert "Ada likes short answers" in brief and "USER.md (" in brief  # budget shown
+    # The next run has nothing new and calls no model.
+    assert (await dream.run()).status == "nothing"
+    assert len(llm.requests) == 2
+
+
+async def test_nothing_worth_keeping_still_completes(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(reply("Nothing worth keeping."))
+    dream, ws = await setup(tmp_path, llm.base_url, ["small talk about weather"])
+    before = (ws / "USER.md").read_text()
+    result = await dream.run()
+    assert result.status == "done" and result.commit is None
+    assert read_dream_cursor(ws) == 1 and (ws / "USER.md").read_text() == before
+
+
+async def test_mass_deletion_is_refused(tmp_path: Path, llm: FakeLLM) -> None:
+    dream, ws = await setup(tmp_path, llm.base_url, ["user says forget everything"])
+    (ws / "SOUL.md").write_text("# Soul\n\n- be kind\n- be brief\n- be honest\n- be curious\n")
+    llm.script(
+        tool_step(
+            ("remove_entry", {"file": "SOUL.md", "entry": "kind", "reason": "asked"}),
+            ("remove_entry", {"file": "SOUL.md", "entry": "brief", "reason": "asked"}),
+        ),
+        tool_step(("finish", {"summary": "removed"})),
+    )
+    result = await dream.run()
+    assert result.status == "refused" and "2 of 4 entries from SOUL.md" in result.detail
+    assert count_entries((ws / "SOUL.md").read_text()) == 4
+    assert read_dream_cursor(ws) == 0  # not digested
+
+
+async def test_removal_is_named_with_reason_in_commit(tmp_path: Path, llm: FakeLLM) -> None:
+    dream, ws = await setup(tmp_path, llm.base_url, ["moved from Paris to Oslo"])
+    mem = ws / "memory/MEMORY.md"
+    mem.write_text("# Memory\n\n- Ada lives in Paris\n- Ada has a cat\n- Ada plays chess\n")
+    llm.script(
+        tool_step(
+            (
+                "remove_entry",
+                {"file": "memory/MEMORY.md", "entry": "Paris", "reason": "she moved to Oslo"},
+            ),
+            ("add_entry", {"file": "memory/MEMORY.md", "entry": "Ada lives in Oslo"}),
+        ),
+        tool_step(("finish", {"summary": "moved"})),
+    )
+    assert (await dream.run()).status == "done"
+    message = commits(ws)[0]
+    assert (
+        'Removed:\n- memory/MEMORY.md: "Ada lives in Paris" (reason: she moved to Oslo)' in message
+    )
+
+
+async def test_llm_failure_or_cap_leaves_everything(tmp_path: Path, llm: FakeLLM) -> None:
+    dream, ws = await setup(tmp_path, llm.base_url, ["a fact"])
+    before = {p: p.read_text() for p in ws.rglob("*.md")}
+    llm.script(error(500), error(500), error(500))
+    assert (await dream.run()).status == "failed"
+    dream.cfg.dream.max_iterations = 2
+    llm.script(*[tool_step(("add_entry", {"file": "USER.md", "entry": f"f{i}"})) for i in range(2)])
+    result = await dream.run()
+    assert result.status == "incomplete" and "maxIterations" in result.detail
+    assert {p: p.read_text() for p in ws.rglob("*.md")} == before
+    assert read_dream_cursor(ws) == 0
+
+
+async def test_dream_chat_command_and_status_budget(tmp_path: Path, llm: FakeLLM) -> None:
+    cfg = make_config(tmp_path, llm.base_url, memory={"maxChars": 500})
+    async with Harness(cfg, tmp_path / "c.json") as h:
+        await h.ask("hello")
+        assert "no new history" in await h.ask("/dream")
+        await HistoryArchive(cfg.agent.workspace_path).append("cli:t", "Ada likes tea")
+        llm.script(
+            tool_step(("add_entry", {"file": "USER.md", "entry": "Likes tea"})),
+            tool_step(("finish", {"summary": "ok"})),
+        )
+        answer = await h.ask("/dream")
+        assert "1 added" in answer
+        status = await h.ask("/status")
+    size = len((cfg.agent.workspace_path / "USER.md").read_text())
+    assert f"USER.md {size:,}/500 chars" in status
+    assert any(m.text.startswith("Dreaming") for m in h.outbox)
+
+
+def test_killed_dream_leaves_files_and_cursor_consistent(tmp_path: Path) -> None:
+    """SIGKILL memobot dream at random points: files are whole, the cursor never runs ahead."""
+    with FakeLLM.start_in_thread() as server:
+        _killed_dream(tmp_path, server)
+
+
+def _killed_dream(tmp_path: Path, server: FakeLLMThread) -> None:
+    cfg_path = write_config(tmp_path, server.base_url)
+    cfg = parse_config(json.loads(cfg_path.read_text()))
+    ws = cfg.agent.workspace_path
+    init_workspace(ws)
+    import asyncio
+
+    asyncio.run(HistoryArchive(ws).append("cli:x", "Ada drinks tea"))
+    steps = [
+        tool_step(
+            ("add_entry", {"file": "USER.md", "entry": "Drinks tea"}),
+            ("add_entry", {"file": "memory/MEMORY.md", "entry": "Tea shop on Main St"}),
+        ),
+        tool_step(("finish", {"summary": "ok"})),
+    ]
+    # Kill it while the model "thinks" between the edits and the finish (edits not yet landed).
+    server.script(steps[0], {**steps[1], "delay": 5})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bot", "--config", str(cfg_path), "dream"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    server.wait_for_requests(2, timeout=20)
+    proc.kill()
+    proc.wait()
+    assert "Drinks tea" not in (ws / "USER.md").read_text()
+    assert read_dream_cursor(ws) == 0
+    # Run again to completion: each fact exactly once, cursor moved.
+    server.reset()
+    server.script(*steps)
+    done = subprocess.run(
+        [sys.executable, "-m", "bot", "--config", str(cfg_path), "dream"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "2 added" in done.stdout
+    assert (ws / "USER.md").read_text().count("Drinks tea") == 1
+    assert read_dream_cursor(ws) == 1
+    assert not list(ws.rglob(".*.dream-tmp"))

@@ -294,6 +294,8 @@ async def _interactive(loop: AgentLoop, terminal: TerminalChannel, cfg: Config) 
 
 
 def cmd_status(cfg: Config, config_path: Path) -> int:
+    from bot.memory.dream import budget_lines, read_dream_cursor
+
     state = cfg.agent.state_path
     sessions_dir = state / "sessions"
     count = len(list(sessions_dir.glob("*.jsonl"))) if sessions_dir.is_dir() else 0
@@ -307,6 +309,8 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
         ("state", str(state)),
         ("model", f"{llm.model} @ {endpoint}" if endpoint else f"{llm.model} (no LLM configured)"),
         ("sessions", str(count)),
+        ("memory", ", ".join(budget_lines(cfg.agent.workspace_path, cfg.memory.max_chars))),
+        ("dream", f"digested up to history cursor {read_dream_cursor(cfg.agent.workspace_path)}"),
         ("channels", ", ".join(enabled) if enabled else "none enabled"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -1,0 +1,842 @@
+"""Versioned memory: the long-term memory files under git, written with dulwich (no git binary).
+
+The repository lives in ``<workspace>/.git`` and tracks only :data:`TRACKED` (USER.md, SOUL.md,
+memory/MEMORY.md and everything under skills/). Every other workspace file (notes, media,
+scripts, history.jsonl, the cursors) is never opened, hashed or committed: the tree of each commit
+is built from the tracked paths alone, and ``.git/info/exclude`` hides the rest from a person's
+``git status``.
+
+Rules for what a commit holds:
+
+* regular files and symlinks under the tracked paths (a symlink is stored as its target text, it
+  is never followed); folders named ``.git``, special files (FIFOs, sockets, devices) and files
+  larger than :data:`MAX_FILE_BYTES` are left out, as if untracked;
+* deleting a tracked file commits the deletion; empty folders are not recorded (as in git).
+
+Revert semantics (:meth:`MemoryRepo.revert`): like ``git revert``, it undoes one commit's changes
+with a new commit. For each path that commit changed, the file on disk now is compared with what
+the commit wrote: unchanged since, the file goes back to its version before the commit (or is
+deleted, if the commit added it); changed since, the commit's change is taken out with a
+three-way line merge (:func:`merge3`) that keeps the later edits. Edits that touch the same or
+adjacent lines, binary files, symlinks and add/delete clashes are conflicts: then nothing at all
+is written and :class:`MemoryRepoError` names every conflicting file. The revert commit records
+the reverted paths only; other uncommitted edits stay uncommitted.
+
+Concurrency: every write takes an exclusive ``flock`` on ``.git/memobot.lock``, so threads and
+processes (the daemon and a ``memobot memory revert`` in a terminal) never interleave;
+:func:`commit_async` adds a per-workspace asyncio lock so waiting coroutines do not hold threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import fcntl
+import io
+import logging
+import os
+import re
+import stat
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from difflib import SequenceMatcher
+from pathlib import Path
+
+from dulwich.errors import NotGitRepository
+from dulwich.index import Index, commit_tree, index_entry_from_stat
+from dulwich.object_store import iter_tree_contents, tree_lookup_path
+from dulwich.objects import Blob, Commit, ObjectID
+from dulwich.patch import write_tree_diff
+from dulwich.repo import Repo
+
+from bot.config import Config
+
+log = logging.getLogger(__name__)
+
+TRACKED: tuple[str, ...] = ("USER.md", "SOUL.md", "memory/MEMORY.md", "skills")
+DEFAULT_AUTHOR = "memobot <memobot@localhost>"
+MAX_FILE_BYTES = 1024 * 1024  # memory is text; a bigger file under skills/ is not versioned
+SHORT_ID_LEN = 7
+MIN_PREFIX_LEN = 4
+BRANCH = b"main"
+
+_GIT_DIR = ".git"
+_LOCK_FILE = "memobot.lock"
+_MARKER = (b"memobot", b"managed")  # config key set on repositories this module created
+_MODE_FILE = 0o100644
+_MODE_EXEC = 0o100755
+_MODE_LINK = 0o120000
+_PRIVATE_DIR = 0o700  # the workspace is private to the daemon's user (bot/workspace.py)
+_OPEN_RETRY_SECONDS = 2.0
+_BINARY_SNIFF = 8000
+_REV = re.compile(r"^(?P<base>HEAD|@|[0-9a-fA-F]+)(?P<steps>(?:~[0-9]*|\^)*)$")
+_IDENT = re.compile(r"^[^<>\n]+ <[^<>\n]*>$")
+# Seen by git only: `git status` in the workspace lists the memory files and nothing else.
+_EXCLUDE = """\
+# Written by memobot: only the memory files are versioned in this repository.
+/*
+!/USER.md
+!/SOUL.md
+!/memory/
+/memory/*
+!/memory/MEMORY.md
+!/skills/
+"""
+
+
+class MemoryRepoError(Exception):
+    """A memory-history operation cannot be done. ``str()`` is a message for a person."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitInfo:
+    """One commit of the memory history."""
+
+    id: str
+    short_id: str
+    time: datetime  # commit time, timezone-aware UTC
+    author: str
+    message: str  # the full message, without the trailing newline
+
+    @property
+    def subject(self) -> str:
+        """The first line of the message."""
+        return self.message.split("\n", 1)[0]
+
+
+# -- pure core: three-way line merge ---------------------------------------------------------
+
+
+def merge3(base: bytes, ours: bytes, theirs: bytes) -> bytes | None:
+    """Combine the changes ``ours`` and ``theirs`` each made to ``base``, line by line.
+
+    Returns the merged text, or None when both sides changed the same stretch of ``base``
+    differently (a conflict; changes to adjacent lines count as the same stretch, as in git).
+    """
+    b, a, t = (text.splitlines(keepends=True) for text in (base, ours, theirs))
+    out: list[bytes] = []
+    bi = ai = ti = 0
+    for b_start, b_end, a_start, t_start in _sync_regions(b, a, t):
+        chunk = _merge_chunk(b[bi:b_start], a[ai:a_start], t[ti:t_start])
+        if chunk is None:
+            return None
+        out += chunk
+        out += b[b_start:b_end]
+        length = b_end - b_start
+        bi, ai, ti = b_end, a_start + length, t_start + length
+    return b"".join(out)
+
+
+def _merge_chunk(base: list[bytes], ours: list[bytes], theirs: list[bytes]) -> list[bytes] | None:
+    if ours == theirs or theirs == base:
+        return ours
+    if ours == base:
+        return theirs
+    return None
+
+
+def _sync_regions(
+    base: list[bytes], ours: list[bytes], theirs: list[bytes]
+) -> list[tuple[int, int, int, int]]:
+    """Stretches of ``base`` both sides left alone: (base start, base end, ours start, theirs
+    start), in order, ending with an empty region at the ends of all three."""
+    ours_blocks = SequenceMatcher(None, base, ours, autojunk=False).get_matching_blocks()
+    theirs_blocks = SequenceMatcher(None, base, theirs, autojunk=False).get_matching_blocks()
+    regions: list[tuple[int, int, int, int]] = []
+    i = j = 0
+    while i < len(ours_blocks) and j < len(theirs_blocks):
+        o_base, o_at, o_len = ours_blocks[i]
+        t_base, t_at, t_len = theirs_blocks[j]
+        start, end = max(o_base, t_base), min(o_base + o_len, t_base + t_len)
+        if start < end:
+            regions.append((start, end, o_at + start - o_base, t_at + start - t_base))
+        if o_base + o_len < t_base + t_len:
+            i += 1
+        else:
+            j += 1
+    regions.append((len(base), len(base), len(ours), len(theirs)))
+    return regions
+
+
+def _is_binary(data: bytes) -> bool:
+    return b"\0" in data[:_BINARY_SNIFF]
+
+
+# -- the working tree: what is tracked, read without following links -------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Side:
+    """One version of a path: git mode and content (a symlink's content is its target)."""
+
+    mode: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    side: _Side
+    stat: os.stat_result
+
+
+# A path's version on disk now, and what a revert makes of it (None = absent).
+_Plan = tuple[_Side | None, _Side | None]
+
+
+class _Unusable(Exception):
+    """A tracked path exists on disk but cannot be versioned (folder, special file, too big)."""
+
+
+_warned: set[str] = set()
+
+
+def _git_mode(st: os.stat_result) -> int:
+    if stat.S_ISLNK(st.st_mode):
+        return _MODE_LINK
+    return _MODE_EXEC if st.st_mode & stat.S_IXUSR else _MODE_FILE
+
+
+def _read_file(path: Path, st: os.stat_result) -> bytes:
+    """Read a regular file through O_NOFOLLOW, at most MAX_FILE_BYTES (else _Unusable)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise _Unusable("is not a regular file")
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise _Unusable(f"is larger than {MAX_FILE_BYTES} bytes")
+    return data
+
+
+def _read_path(path: Path, st: os.stat_result) -> _Side:
+    """The version of ``path`` on disk (``st`` is its lstat). Raises _Unusable, OSError."""
+    if stat.S_ISLNK(st.st_mode):
+        return _Side(_MODE_LINK, os.readlink(os.fsencode(path)))
+    if not stat.S_ISREG(st.st_mode):
+        raise _Unusable("is a folder" if stat.S_ISDIR(st.st_mode) else "is not a regular file")
+    if st.st_size > MAX_FILE_BYTES:
+        raise _Unusable(f"is larger than {MAX_FILE_BYTES} bytes")
+    return _Side(_git_mode(st), _read_file(path, st))
+
+
+def _parent_state(root: Path, rel: str) -> str:
+    """ "ok" when every folder between ``root`` and ``rel`` is a real folder, "missing" when one
+    does not exist, "blocked" when one is a file or a symlink (git never looks past a symlink)."""
+    here = root
+    for part in rel.split("/")[:-1]:
+        here = here / part
+        try:
+            if not stat.S_ISDIR(os.lstat(here).st_mode):
+                return "blocked"
+        except FileNotFoundError:
+            return "missing"
+    return "ok"
+
+
+def _scan(root: Path) -> dict[bytes, _Found]:
+    """Every versionable file under the tracked paths, keyed by its repository path."""
+    found: dict[bytes, _Found] = {}
+    for rel in TRACKED:
+        if _parent_state(root, rel) == "ok":
+            _collect(root, rel, found)
+    return found
+
+
+def _collect(root: Path, rel: str, found: dict[bytes, _Found]) -> None:
+    path = root / rel
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        with os.scandir(path) as entries:
+            names = sorted(e.name for e in entries if e.name != _GIT_DIR)
+        for name in names:
+            _collect(root, f"{rel}/{name}", found)
+        return
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        return  # FIFOs, sockets, devices: never opened
+    try:
+        side = _read_path(path, st)
+    except FileNotFoundError:
+        return  # removed while we looked
+    except _Unusable as exc:
+        if rel not in _warned:
+            _warned.add(rel)
+            log.warning("memory history: not versioning %s: it %s", rel, exc)
+        return
+    found[os.fsencode(rel)] = _Found(side, st)
+
+
+def _is_tracked(path: bytes) -> bool:
+    text = os.fsdecode(path)
+    parts = text.split("/")
+    if not text or any(p in ("", ".", "..", _GIT_DIR) for p in parts):
+        return False
+    return any(text == t or text.startswith(t + "/") for t in TRACKED)
+
+
+# -- small helpers -----------------------------------------------------------------------------
+
+
+def _identity(author: str) -> bytes:
+    if not _IDENT.match(author):
+        raise ValueError(f"author must look like 'Name <email>', got {author!r}")
+    return author.encode("utf-8")
+
+
+def _message_bytes(message: str) -> bytes:
+    text = message.strip() or "Update memory"
+    return (text + "\n").encode("utf-8")
+
+
+def _local_offset(now: float) -> int:
+    offset = datetime.fromtimestamp(now).astimezone().utcoffset()
+    return int(offset.total_seconds()) if offset else 0
+
+
+def _short(commit_id: bytes | str) -> str:
+    text = commit_id.decode("ascii") if isinstance(commit_id, bytes) else commit_id
+    return text[:SHORT_ID_LEN]
+
+
+def _info(commit: Commit) -> CommitInfo:
+    hex_id = commit.id.decode("ascii")
+    return CommitInfo(
+        id=hex_id,
+        short_id=_short(hex_id),
+        time=datetime.fromtimestamp(commit.commit_time, UTC),
+        author=commit.author.decode("utf-8", "replace"),
+        message=commit.message.decode("utf-8", "replace").rstrip("\n"),
+    )
+
+
+def _atomic_write(path: Path, side: _Side) -> None:
+    """Replace ``path`` with ``side`` in one rename: a reader sees the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=_PRIVATE_DIR)
+    tmp = path.with_name(f".{path.name}.memobot-{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        if side.mode == _MODE_LINK:
+            os.symlink(side.data, os.fsencode(tmp))
+        else:
+            perm = 0o700 if side.mode == _MODE_EXEC else 0o600
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, perm)
+            with os.fdopen(fd, "wb") as f:
+                f.write(side.data)
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- the repository ----------------------------------------------------------------------------
+
+
+class MemoryRepo:
+    """The memory history of one workspace.
+
+    Reads (:meth:`log`, :meth:`diff`, :meth:`resolve`) never create anything; :meth:`commit`
+    creates the repository on first use. Methods block on disk I/O: from asyncio, call them
+    through ``asyncio.to_thread`` (or use :func:`commit_async`).
+    """
+
+    def __init__(self, workspace: Path) -> None:
+        self.workspace = Path(workspace).expanduser().resolve()
+        self.git_dir = self.workspace / _GIT_DIR
+        self._repo: Repo | None = None
+        self._open_lock = threading.Lock()
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def commit(self, message: str, author: str = DEFAULT_AUTHOR) -> str | None:
+        """Commit the tracked paths as they are on disk (adds, modifications, deletions).
+
+        Returns the new commit id (hex), or None when nothing changed since the last commit.
+        Raises ValueError for a malformed ``author``, MemoryRepoError when the workspace is
+        missing or ``.git`` holds a repository memobot did not create.
+        """
+        ident = _identity(author)
+        with self._locked(create=True) as repo:
+            found = _scan(self.workspace)
+            entries = {path: (f.side.mode, self._store(repo, f.side)) for path, f in found.items()}
+            tree = commit_tree(repo.object_store, [(p, sha, m) for p, (m, sha) in entries.items()])
+            head = self._head(repo)
+            if head is None and not entries:
+                return None
+            if head is not None and self._commit(repo, head).tree == tree:
+                return None
+            new_id = self._write_commit(repo, tree, head, _message_bytes(message), ident)
+            self._write_index(repo, {p: (m, sha, found[p].stat) for p, (m, sha) in entries.items()})
+            return new_id.decode("ascii")
+
+    def log(self, limit: int = 50) -> list[CommitInfo]:
+        """Up to ``limit`` commits, newest first, following first parents. [] with no repo."""
+        repo = self._open(create=False)
+        head = self._head(repo) if repo else None
+        out: list[CommitInfo] = []
+        while repo is not None and head is not None and len(out) < limit:
+            commit = repo[head]
+            assert isinstance(commit, Commit)
+            out.append(_info(commit))
+            head = commit.parents[0] if commit.parents else None
+        return out
+
+    def info(self, rev: str | None = None) -> CommitInfo:
+        """The commit ``rev`` names (default HEAD). Raises MemoryRepoError as :meth:`resolve`."""
+        repo = self._require()
+        return _info(self._commit(repo, self.resolve(rev or "HEAD")))
+
+    def diff(self, rev: str | None = None) -> str:
+        """Unified diff (git headers) of ``rev`` (default HEAD) against its first parent; the
+        first commit is diffed against the empty tree. Raises MemoryRepoError as :meth:`resolve`.
+        """
+        repo = self._require()
+        commit = self._commit(repo, self.resolve(rev or "HEAD"))
+        parent_tree = self._commit(repo, commit.parents[0]).tree if commit.parents else None
+        out = io.BytesIO()
+        write_tree_diff(out, repo.object_store, parent_tree, commit.tree)
+        return out.getvalue().decode("utf-8", "replace")
+
+    def revert(self, rev: str) -> str:
+        """Undo the changes of commit ``rev`` on disk and record that as a new commit.
+
+        See the module docstring for the semantics. Returns the new commit id (hex). Raises
+        MemoryRepoError for an unknown or ambiguous ``rev``, on conflicts (naming every file;
+        nothing is written then) and when the commit's changes are already undone.
+        """
+        with self._locked(create=False) as repo:
+            target = self._commit(repo, self.resolve(rev))
+            info = _info(target)
+            plan = self._plan_revert(repo, target)
+            head = self._head(repo)
+            assert head is not None
+            head_tree = self._commit(repo, head).tree
+            entries = {
+                path: (mode, sha)
+                for path, mode, sha in iter_tree_contents(repo.object_store, head_tree)
+            }
+            for path, (_, wanted) in plan.items():
+                if wanted is None:
+                    entries.pop(path, None)
+                else:
+                    entries[path] = (wanted.mode, self._store(repo, wanted))
+            tree = commit_tree(repo.object_store, [(p, s, m) for p, (m, s) in entries.items()])
+            if tree == head_tree:
+                raise MemoryRepoError(
+                    f"nothing to revert: the changes of {info.short_id} are already undone"
+                )
+            self._apply_plan(plan)
+            message = f"Revert {info.short_id}: {info.subject}\n\nThis reverts commit {info.id}.\n"
+            new_id = self._write_commit(repo, tree, head, message.encode(), DEFAULT_AUTHOR.encode())
+            self._update_index(repo, plan, entries)
+            return new_id.decode("ascii")
+
+    def resolve(self, rev: str) -> bytes:
+        """The full hex id of ``rev``: a unique prefix (>= MIN_PREFIX_LEN hex digits) of a commit
+        id, ``HEAD`` or ``@``, each optionally followed by ``~N`` / ``^`` steps to ancestors.
+
+        Raises MemoryRepoError when there is no commit yet, ``rev`` is malformed or unknown, a
+        prefix matches several commits, or the steps go back past the first commit.
+        """
+        repo = self._require()
+        m = _REV.match(rev.strip())
+        if not m or (m["base"] not in ("HEAD", "@") and len(m["base"]) < MIN_PREFIX_LEN):
+            raise MemoryRepoError(
+                f"unknown revision {rev!r}: give a commit id (at least {MIN_PREFIX_LEN} hex "
+                "digits, see `memobot memory log`), HEAD or HEAD~N"
+            )
+        base = m["base"]
+        commit_id = self._head(repo) if base in ("HEAD", "@") else self._by_prefix(repo, rev, base)
+        assert commit_id is not None
+        for _ in range(_count_steps(m["steps"])):
+            parents = self._commit(repo, commit_id).parents
+            if not parents:
+                raise MemoryRepoError(f"{rev!r} goes back past the first memory commit")
+            commit_id = parents[0]
+        return bytes(commit_id)
+
+    # -- opening and locking -------------------------------------------------------------------
+
+    def _open(self, create: bool) -> Repo | None:
+        with self._open_lock:
+            if self._repo is None or not self.git_dir.is_dir():  # .git removed by hand: start over
+                self._repo = None
+                if not self.git_dir.exists():
+                    if not create:
+                        return None
+                    self._init()
+                self._repo = self._open_existing()
+            return self._repo
+
+    def _init(self) -> None:
+        if not self.workspace.is_dir():
+            raise MemoryRepoError(f"workspace {self.workspace} does not exist")
+        try:
+            Repo.init(str(self.workspace), default_branch=BRANCH)
+        except FileExistsError:
+            return  # another process created it at the same moment; _open_existing waits
+        os.chmod(self.git_dir, _PRIVATE_DIR)
+
+    def _open_existing(self) -> Repo:
+        deadline = time.monotonic() + _OPEN_RETRY_SECONDS
+        while True:
+            try:
+                return Repo(str(self.workspace))
+            except NotGitRepository:
+                # A concurrent Repo.init may be half way; anything else stays broken.
+                if time.monotonic() > deadline:
+                    raise MemoryRepoError(
+                        f"{self.git_dir} exists but is not a git repository"
+                    ) from None
+                time.sleep(0.02)
+
+    def _require(self) -> Repo:
+        repo = self._open(create=False)
+        if repo is None or self._head(repo) is None:
+            raise MemoryRepoError("no memory commits yet")
+        return repo
+
+    @contextmanager
+    def _locked(self, create: bool) -> Iterator[Repo]:
+        """The repository under an exclusive flock shared by threads and processes."""
+        repo = self._open(create=create) if create else self._require()
+        assert repo is not None
+        fd = os.open(self.git_dir / _LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._adopt(repo)
+            yield repo
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def _adopt(self, repo: Repo) -> None:
+        """Mark the repository as memobot's on first use. Refuse one whose history tracks other
+        files: committing only the memory files would drop them from its tree."""
+        config = repo.get_config()
+        try:
+            if config.get(*_MARKER) == b"true":
+                return
+        except KeyError:
+            pass
+        head = self._head(repo)
+        if head is not None:
+            tree = self._commit(repo, head).tree
+            for entry in iter_tree_contents(repo.object_store, tree):
+                if not _is_tracked(entry.path):
+                    raise MemoryRepoError(
+                        f"{self.git_dir} is a git repository memobot did not create (it tracks "
+                        f"{os.fsdecode(entry.path)}); move it away so memobot can version memory"
+                    )
+        config.set(*_MARKER, True)
+        config.write_to_path()
+        _atomic_write(self.git_dir / "info" / "exclude", _Side(_MODE_FILE, _EXCLUDE.encode()))
+
+    # -- objects, refs, index ------------------------------------------------------------------
+
+    @staticmethod
+    def _head(repo: Repo) -> ObjectID | None:
+        return repo.refs.follow(b"HEAD")[1]
+
+    @staticmethod
+    def _commit(repo: Repo, commit_id: bytes) -> Commit:
+        obj = repo[commit_id]
+        if not isinstance(obj, Commit):
+            raise MemoryRepoError(f"{_short(commit_id)} is not a commit")
+        return obj
+
+    @staticmethod
+    def _store(repo: Repo, side: _Side) -> ObjectID:
+        blob = Blob.from_string(side.data)
+        if blob.id not in repo.object_store:
+            repo.object_store.add_object(blob)
+        return blob.id
+
+    def _by_prefix(self, repo: Repo, rev: str, prefix: str) -> ObjectID:
+        prefix_bytes = prefix.lower().encode("ascii")
+        matches = sorted(
+            {
+                sha
+                for sha in repo.object_store.iter_prefix(prefix_bytes)
+                if isinstance(repo[sha], Commit)
+            }
+        )
+        if not matches:
+            raise MemoryRepoError(f"unknown revision {rev!r}: no memory commit starts with it")
+        if len(matches) > 1:
+            shown = ", ".join(_short(m) for m in matches[:5])
+            raise MemoryRepoError(
+                f"ambiguous revision {rev!r}: it matches {len(matches)} commits ({shown}); "
+                "give more digits"
+            )
+        return matches[0]
+
+    def _write_commit(
+        self, repo: Repo, tree: ObjectID, head: ObjectID | None, message: bytes, author: bytes
+    ) -> ObjectID:
+        now = time.time()
+        offset = _local_offset(now)
+        commit = Commit()
+        commit.tree = tree
+        commit.parents = [head] if head else []
+        commit.author = author
+        commit.committer = DEFAULT_AUTHOR.encode()
+        commit.author_time = commit.commit_time = int(now)
+        commit.author_timezone = commit.commit_timezone = offset
+        commit.encoding = b"UTF-8"
+        commit.message = message
+        repo.object_store.add_object(commit)
+        reflog = b"commit: " + message.split(b"\n", 1)[0]
+        kwargs = {"committer": author, "timestamp": int(now), "timezone": offset, "message": reflog}
+        branch = repo.refs.follow(b"HEAD")[0][-1]
+        if head is None:
+            moved = repo.refs.add_if_new(branch, commit.id, **kwargs)
+        else:
+            moved = repo.refs.set_if_equals(branch, head, commit.id, **kwargs)
+        if not moved:
+            # Only something outside memobot (a person's git) can move the branch under our lock.
+            raise MemoryRepoError(f"{branch.decode()} moved during the commit; try again")
+        return commit.id
+
+    def _write_index(
+        self, repo: Repo, entries: dict[bytes, tuple[int, ObjectID, os.stat_result]]
+    ) -> None:
+        """Rewrite the index to match the new commit, so a person's ``git status`` is clean."""
+        index = Index(repo.index_path(), read=False)
+        for path, (mode, sha, st) in entries.items():
+            index[path] = index_entry_from_stat(st, sha, mode)
+        index.write()
+
+    def _update_index(
+        self, repo: Repo, plan: dict[bytes, _Plan], tree: dict[bytes, tuple[int, ObjectID]]
+    ) -> None:
+        """Refresh the index entries of the reverted paths, keeping the others' stat data."""
+        try:
+            index = Index(repo.index_path())
+        except (OSError, ValueError):
+            index = Index(repo.index_path(), read=False)
+        for path in plan:
+            if path in tree:
+                try:
+                    st = os.lstat(self.workspace / os.fsdecode(path))
+                except FileNotFoundError:
+                    continue
+                mode, sha = tree[path]
+                index[path] = index_entry_from_stat(st, sha, mode)
+            elif path in index:
+                del index[path]
+        index.write()
+
+    # -- revert --------------------------------------------------------------------------------
+
+    def _plan_revert(self, repo: Repo, target: Commit) -> dict[bytes, _Plan]:
+        """For each path ``target`` changed: its version on disk now and what it must become
+        (None = absent). Reads only. Raises MemoryRepoError naming every conflicting path."""
+        parent_tree = self._commit(repo, target.parents[0]).tree if target.parents else None
+        changes = repo.object_store.tree_changes(parent_tree, target.tree)
+        paths = sorted({new or old for (old, new), _, _ in changes if (new or old)})
+        plan: dict[bytes, _Plan] = {}
+        conflicts: list[str] = []
+        for path in paths:
+            if not _is_tracked(path):
+                raise MemoryRepoError(f"commit touches {path!r}, which is not a memory file")
+            before = self._tree_side(repo, parent_tree, path)
+            after = self._tree_side(repo, target.tree, path)
+            try:
+                now = self._disk_side(path)
+                plan[path] = (now, _revert_one(after, now, before))
+            except _Unusable as exc:
+                conflicts.append(f"{os.fsdecode(path)} ({exc})")
+        if conflicts:
+            raise MemoryRepoError(
+                f"cannot revert {_short(target.id)}: later edits clash with it in "
+                + ", ".join(conflicts)
+                + "; nothing was changed, edit the file by hand instead"
+            )
+        return plan
+
+    @staticmethod
+    def _tree_side(repo: Repo, tree: ObjectID | None, path: bytes) -> _Side | None:
+        if tree is None:
+            return None
+        try:
+            mode, sha = tree_lookup_path(repo.__getitem__, tree, path)
+        except KeyError:
+            return None
+        blob = repo[sha]
+        return _Side(mode, blob.as_raw_string()) if isinstance(blob, Blob) else None
+
+    def _disk_side(self, path: bytes) -> _Side | None:
+        """The version of tracked ``path`` on disk now (None = absent). Raises _Unusable."""
+        rel = os.fsdecode(path)
+        parents = _parent_state(self.workspace, rel)
+        if parents == "blocked":
+            raise _Unusable("a file or symlink stands where its folder should be")
+        full = self.workspace / rel
+        try:
+            return None if parents == "missing" else _read_path(full, os.lstat(full))
+        except FileNotFoundError:
+            return None
+
+    def _apply_plan(self, plan: dict[bytes, _Plan]) -> None:
+        """Bring the disk to the planned versions, each file replaced atomically."""
+        touched: set[Path] = set()
+        for path, (now, wanted) in plan.items():
+            full = self.workspace / os.fsdecode(path)
+            if now == wanted:
+                continue
+            if wanted is None:
+                full.unlink()
+                touched.add(self._prune_empty_dirs(full.parent))
+            else:
+                _atomic_write(full, wanted)
+                touched.add(full.parent)
+        for folder in touched:
+            _fsync_dir(folder)
+
+    def _prune_empty_dirs(self, folder: Path) -> Path:
+        """Remove folders a revert emptied below a top tracked folder (skills/<name>/...);
+        returns the nearest folder that remains."""
+        while len(folder.relative_to(self.workspace).parts) >= 2:
+            try:
+                folder.rmdir()
+            except OSError as exc:
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    break
+                raise
+            folder = folder.parent
+        return folder
+
+
+def _revert_one(after: _Side | None, now: _Side | None, before: _Side | None) -> _Side | None:
+    """What a path becomes when a commit that turned ``before`` into ``after`` is undone and the
+    file is ``now`` on disk. None means absent. Raises _Unusable on a conflict."""
+    if now == after:
+        return before
+    if now == before:
+        return before
+    if after is None or now is None or before is None:
+        raise _Unusable("added or deleted on one side, changed on the other")
+    sides = (after, now, before)
+    if any(s.mode == _MODE_LINK for s in sides) or any(_is_binary(s.data) for s in sides):
+        raise _Unusable("changed since, and it is binary or a symlink")
+    merged = merge3(after.data, now.data, before.data)
+    if merged is None:
+        raise _Unusable("the same lines were edited again later")
+    mode = before.mode if now.mode == after.mode else now.mode
+    return _Side(mode, merged)
+
+
+def _count_steps(steps: str) -> int:
+    total = 0
+    for part in re.findall(r"~[0-9]*|\^", steps):
+        total += int(part[1:] or 1) if part.startswith("~") else 1
+    return total
+
+
+# -- asyncio entry point -------------------------------------------------------------------------
+
+_repos: dict[Path, MemoryRepo] = {}
+_repos_lock = threading.Lock()
+_async_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Path, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _shared_repo(workspace: Path) -> MemoryRepo:
+    key = Path(workspace).expanduser().resolve()
+    with _repos_lock:
+        repo = _repos.get(key)
+        if repo is None:
+            repo = _repos[key] = MemoryRepo(key)
+        return repo
+
+
+async def commit_async(workspace: Path, message: str) -> str | None:
+    """:meth:`MemoryRepo.commit` in a worker thread. Calls for one workspace run one at a time
+    (in call order), so waiting commits do not occupy threads; same result and errors."""
+    repo = _shared_repo(workspace)
+    locks = _async_locks.setdefault(asyncio.get_running_loop(), {})
+    lock = locks.setdefault(repo.workspace, asyncio.Lock())
+    async with lock:
+        return await asyncio.to_thread(repo.commit, message)
+
+
+# -- CLI: memobot memory log / diff / revert ----------------------------------------------------
+
+
+def _local_time(info: CommitInfo) -> datetime:
+    return info.time.astimezone()
+
+
+def _fail(exc: Exception) -> int:
+    print(f"memobot: {exc}", file=sys.stderr)
+    return 1
+
+
+def cmd_log(cfg: Config, args: argparse.Namespace) -> int:
+    """``memobot memory log``: one line per commit, newest first."""
+    try:
+        commits = MemoryRepo(cfg.agent.workspace_path).log(limit=getattr(args, "limit", None) or 50)
+    except (MemoryRepoError, OSError) as exc:
+        return _fail(exc)
+    if not commits:
+        print("No memory commits yet.")
+        return 0
+    for c in commits:
+        print(f"{c.short_id}  {_local_time(c):%Y-%m-%d %H:%M}  {c.subject}")
+    return 0
+
+
+def cmd_diff(cfg: Config, args: argparse.Namespace) -> int:
+    """``memobot memory diff [REV]``: the commit's header and what it changed."""
+    repo = MemoryRepo(cfg.agent.workspace_path)
+    try:
+        info = repo.info(args.rev)
+        diff = repo.diff(info.id)
+    except (MemoryRepoError, OSError) as exc:
+        return _fail(exc)
+    message = "\n".join(f"    {line}".rstrip() for line in info.message.split("\n"))
+    when = _local_time(info)
+    print(f"commit {info.id}\nAuthor: {info.author}\nDate:   {when:%Y-%m-%d %H:%M:%S %z}\n")
+    print(message + "\n")
+    sys.stdout.write(diff)
+    return 0
+
+
+def cmd_revert(cfg: Config, args: argparse.Namespace) -> int:
+    """``memobot memory revert REV``: undo one commit's changes with a new commit."""
+    repo = MemoryRepo(cfg.agent.workspace_path)
+    try:
+        info = repo.info(args.rev)
+        new_id = repo.revert(info.id)
+    except (MemoryRepoError, OSError) as exc:
+        return _fail(exc)
+    print(f"Reverted {info.short_id}: {info.subject} as {_short(new_id)}")
+    return 0
+
+
+__all__ = [
+    "TRACKED",
+    "CommitInfo",
+    "MemoryRepo",
+    "MemoryRepoError",
+    "commit_async",
+    "merge3",
+]

@@ -16,6 +16,13 @@ from bot.tools import build_default_tools
 from bot.workspace import init_workspace
 
 
+def initial_memory_commit(workspace: Path) -> None:
+    """Record the template's memory files, so the first real change shows as a diff."""
+    from bot.memory.versioning import MemoryRepo
+
+    MemoryRepo(workspace).commit("memobot: memory files from the template\n")
+
+
 @dataclass(slots=True)
 class AgentStack:
     bus: MessageBus
@@ -33,6 +40,7 @@ def build_agent(cfg: Config, config_path: Path) -> AgentStack:
     workspace = cfg.agent.workspace_path
     if not workspace.exists():  # a deleted template file stays deleted once set up
         init_workspace(workspace)
+        initial_memory_commit(workspace)
     bus = MessageBus()
     store = SessionStore(cfg.agent.state_path)
     loop = AgentLoop(
@@ -40,7 +48,7 @@ def build_agent(cfg: Config, config_path: Path) -> AgentStack:
         bus,
         store,
         provider,
-        build_default_tools(cfg.tools),
+        build_default_tools(cfg.tools, workspace, cfg.agent.state_path),
         ContextBuilder(workspace, share_in_groups=cfg.memory.share_in_groups),
         HistoryArchive(workspace),
     )

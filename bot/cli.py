@@ -150,6 +150,10 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
         print(f"Wrote config (mode 0600): {config_path}")
     workspace = cfg.agent.workspace_path
     created = init_workspace(workspace)
+    if created:
+        from bot.app import initial_memory_commit
+
+        initial_memory_commit(workspace)
     print(f"Workspace: {workspace} ({len(created)} new files and folders)")
     cfg.agent.state_path.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not (cfg.llm.resolved_api_key() or cfg.llm.resolved_base_url()):

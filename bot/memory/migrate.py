@@ -1,0 +1,240 @@
+"""One-time import of a legacy ``memory/HISTORY.md`` into ``memory/history.jsonl``.
+
+The legacy file is a run of blocks, each starting with a line ``[YYYY-MM-DD HH:MM] text`` (local
+time) and running to the next such line. Every block becomes one history entry with session
+``"legacy"``, the cursors continuing after the archive's last one; then HISTORY.md is renamed to
+HISTORY.md.bak.
+
+Crash safety: progress is recorded in ``memory/.migrated`` (JSON, keyed by the SHA-256 of the
+HISTORY.md bytes). Before appending, the plan (first cursor, number of entries) is written there;
+after the append is fsynced and ``.cursor`` moved, the record is marked done; then the file is
+renamed. A run that finds HISTORY.md again resumes from whatever state it finds: a done record
+means only the rename is left; a started record means the entries already in the archive are
+counted and only the rest are appended. So a crash at any point neither duplicates nor loses
+an entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bot import failpoints
+from bot.memory.history import HistoryArchive, HistoryEntry
+
+log = logging.getLogger(__name__)
+
+LEGACY_FILE = "HISTORY.md"
+MARKER_FILE = ".migrated"
+LEGACY_SESSION = "legacy"
+
+_HEADER = re.compile(r"^\[(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2})\][ \t]?(.*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyBlock:
+    line: int  # 1-based line of the header in HISTORY.md
+    timestamp: str  # ISO UTC with Z
+    content: str
+
+
+def parse_legacy(text: str) -> tuple[list[LegacyBlock], str]:
+    """The blocks of a legacy HISTORY.md, and the text before the first block (stripped).
+
+    A header whose date or time does not exist (e.g. 2026-02-30) does not start a block; it
+    stays part of the block before it. Blocks with no text are dropped.
+    """
+    blocks: list[LegacyBlock] = []
+    preamble: list[str] = []
+    current: tuple[int, str, list[str]] | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _parse_header(line)
+        if header is None:
+            (current[2] if current else preamble).append(line)
+            continue
+        if current:
+            blocks.append(_block(*current))
+        stamp, rest = header
+        current = (number, stamp, [rest])
+    if current:
+        blocks.append(_block(*current))
+    return [b for b in blocks if b.content], "\n".join(preamble).strip()
+
+
+def _parse_header(line: str) -> tuple[str, str] | None:
+    """(ISO UTC timestamp, text after the stamp) for a block header line, else None."""
+    match = _HEADER.match(line)
+    if not match:
+        return None
+    try:
+        local = datetime.strptime(f"{match.group(1)} {match.group(2)}", "%Y-%m-%d %H:%M")
+    except ValueError:
+        return None
+    # Naive means local time: astimezone() applies this machine's zone (and its DST rules).
+    moment = local.astimezone(UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"), match.group(3)
+
+
+def _block(line: int, stamp: str, lines: list[str]) -> LegacyBlock:
+    return LegacyBlock(line, stamp, "\n".join(lines).strip())
+
+
+def migrate_legacy_history(workspace: Path) -> int:
+    """Import ``memory/HISTORY.md`` into the history archive; returns how many entries this call
+    appended (0 when there is nothing to import or it was imported before).
+
+    Call it at start, before the daemon's own ``HistoryArchive`` has read its cursor (the
+    archive caches the last cursor). Safe to call any number of times and after a crash at any
+    point (see the module docstring). Raises OSError when the files cannot be read or written.
+    """
+    memory = workspace / "memory"
+    legacy = memory / LEGACY_FILE
+    try:
+        data = legacy.read_bytes()
+    except FileNotFoundError:
+        return 0
+    digest = hashlib.sha256(data).hexdigest()
+    markers = _load_markers(memory / MARKER_FILE)
+    record = markers.get(digest, {})
+    if record.get("state") == "done":
+        log.info("migrate: %s was imported before; finishing the rename", legacy)
+        _retire(legacy)
+        return 0
+    blocks, preamble = parse_legacy(data.decode("utf-8", errors="replace"))
+    if not blocks:
+        log.warning("migrate: %s has no [YYYY-MM-DD HH:MM] blocks; nothing to import", legacy)
+    if preamble:
+        log.warning(
+            "migrate: ignoring %d chars before the first [YYYY-MM-DD HH:MM] block of %s",
+            len(preamble),
+            legacy,
+        )
+    archive = HistoryArchive(workspace)
+    if record.get("state") == "started":
+        done = _already_imported(archive, int(record["first_cursor"]), blocks)
+        log.info("migrate: resuming %s: %d of %d entries already in", legacy, done, len(blocks))
+    else:
+        done = 0
+        record = {"state": "started", "first_cursor": archive._last_cursor() + 1}
+        record.update(entries=len(blocks), started=_now())
+        _save_markers(memory / MARKER_FILE, {**markers, digest: record})
+        failpoints.hit("migrate.planned")
+    written = _append_batch(archive, blocks[done:])
+    failpoints.hit("migrate.appended")
+    record = {**record, "state": "done", "finished": _now()}
+    _save_markers(memory / MARKER_FILE, {**markers, digest: record})
+    failpoints.hit("migrate.marked")
+    _retire(legacy)
+    log.info("migrate: imported %d entries from %s", len(written), legacy)
+    return len(written)
+
+
+def _already_imported(archive: HistoryArchive, first: int, blocks: list[LegacyBlock]) -> int:
+    """How many leading blocks are in the archive already (legacy entries from ``first`` on,
+    in order). A torn last line from the crash does not parse and is not counted."""
+    done = 0
+    for entry in archive.entries(after=first - 1):
+        if done == len(blocks):
+            break
+        block = blocks[done]
+        if entry.session == LEGACY_SESSION and entry.content == block.content:
+            done += 1
+    return done
+
+
+def _append_batch(archive: HistoryArchive, blocks: list[LegacyBlock]) -> list[HistoryEntry]:
+    """Append all blocks in one write with the archive's rules: lines fsynced, then ``.cursor``.
+
+    Uses the archive's paths and cursor bookkeeping; ``HistoryArchive.append`` itself cannot
+    set a timestamp, which is why the lines are written here.
+    """
+    if not blocks:
+        return []
+    archive.dir.mkdir(parents=True, exist_ok=True)
+    first = archive._last_cursor() + 1
+    entries = [
+        HistoryEntry(first + i, block.timestamp, LEGACY_SESSION, block.content)
+        for i, block in enumerate(blocks)
+    ]
+    payload = "".join(_line(e) for e in entries).encode("utf-8")
+    fd = os.open(archive.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        # A torn line left by a crash must not glue itself to the first new entry.
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            payload = b"\n" + payload
+        os.write(fd, payload)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    tmp = archive.cursor_path.with_suffix(".tmp")
+    tmp.write_text(f"{entries[-1].cursor}\n")
+    os.replace(tmp, archive.cursor_path)
+    return entries
+
+
+def _line(entry: HistoryEntry) -> str:
+    record = {
+        "cursor": entry.cursor,
+        "timestamp": entry.timestamp,
+        "session": entry.session,
+        "content": entry.content,
+    }
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def _retire(legacy: Path) -> None:
+    """Rename HISTORY.md to HISTORY.md.bak (a free ``.bak.N`` name if that one is taken by a
+    different file; an identical .bak means the copy is simply dropped)."""
+    target = legacy.with_name(legacy.name + ".bak")
+    n = 1
+    while target.exists():
+        if target.read_bytes() == legacy.read_bytes():
+            legacy.unlink()
+            _fsync_dir(legacy.parent)
+            return
+        target = legacy.with_name(f"{legacy.name}.bak.{n}")
+        n += 1
+    os.replace(legacy, target)
+    _fsync_dir(legacy.parent)
+
+
+def _load_markers(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except ValueError:
+        # Written atomically, so this is a hand edit; refusing is safer than re-importing.
+        raise OSError(f"{path} is not valid JSON; fix or remove it to migrate HISTORY.md") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _save_markers(path: Path, markers: dict[str, dict[str, Any]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(markers, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -1,0 +1,90 @@
+"""The ``memory_search`` tool: full-text search over the history archive and the memory files."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import date
+from typing import Any, ClassVar
+
+from bot.memory.search import MemoryIndex, SearchUnavailable, format_hits
+from bot.tools.base import Tool, ToolContext, ToolError
+
+MAX_HITS = 20
+DEFAULT_HITS = 10
+
+
+def _day(args: dict[str, Any], name: str) -> date | None:
+    text = args.get(name)
+    if text is None or not str(text).strip():
+        return None
+    try:
+        return date.fromisoformat(str(text).strip())
+    except ValueError:
+        raise ToolError(
+            f"{name} must be a date as YYYY-MM-DD, e.g. 2026-11-28; got {text!r}"
+        ) from None
+
+
+class MemorySearchTool(Tool):
+    name: ClassVar[str] = "memory_search"
+    description: ClassVar[str] = (
+        "Search past conversations (the history archive) and the memory files (USER.md, "
+        "SOUL.md, memory/MEMORY.md, skills) by words. Returns the best matches with their "
+        "source (file#cursor for history, file#line for memory files), date and chat. "
+        "Entries with all the words come first; if none has them all, entries with any word. "
+        "A word ending in * matches as a prefix. since/until limit the search to history "
+        "from those days (memory files have no date and are left out then)."
+    )
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": "Words to look for"},
+            "since": {"type": "string", "description": "Only history from this day, YYYY-MM-DD"},
+            "until": {
+                "type": "string",
+                "description": "Only history up to and including this day, YYYY-MM-DD",
+            },
+            "limit": {
+                "type": "integer",
+                "description": f"How many matches (default {DEFAULT_HITS}, at most {MAX_HITS})",
+                "minimum": 1,
+                "maximum": MAX_HITS,
+            },
+        },
+        "required": ["query"],
+    }
+
+    def __init__(self, index: MemoryIndex) -> None:
+        self.index = index
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        query = str(args["query"]).strip()
+        if not any(ch.isalnum() for ch in query):
+            raise ToolError("query must contain at least one word")
+        since, until = _day(args, "since"), _day(args, "until")
+        if since and until and since > until:
+            raise ToolError(f"since ({since}) is after until ({until})")
+        limit = args.get("limit", DEFAULT_HITS)
+        if limit < 1:
+            raise ToolError(f"limit must be between 1 and {MAX_HITS}")
+        try:
+            # SQLite and file reads block: keep them off the event loop.
+            hits = await asyncio.to_thread(
+                self.index.search, query, min(limit, MAX_HITS), since, until
+            )
+        except SearchUnavailable as exc:
+            raise ToolError(str(exc)) from None
+        if not hits:
+            span = _describe_span(since, until)
+            return f"No matches for {query!r}{span}."
+        return format_hits(hits)
+
+
+def _describe_span(since: date | None, until: date | None) -> str:
+    if since and until:
+        return f" between {since} and {until}"
+    if since:
+        return f" since {since}"
+    if until:
+        return f" until {until}"
+    return ""

@@ -41,6 +41,11 @@ def build_agent(cfg: Config, config_path: Path) -> AgentStack:
     if not workspace.exists():  # a deleted template file stays deleted once set up
         init_workspace(workspace)
         initial_memory_commit(workspace)
+    elif (workspace / "memory" / "HISTORY.md").exists():
+        # Before the archive object below reads and caches the last cursor.
+        from bot.memory.migrate import migrate_legacy_history
+
+        migrate_legacy_history(workspace)
     bus = MessageBus()
     store = SessionStore(cfg.agent.state_path)
     loop = AgentLoop(

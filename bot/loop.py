@@ -279,6 +279,10 @@ class AgentLoop:
         messages = turn.messages if turn else [self._user_message(msg)]
         await self._run_turn(session, msg, messages)
 
+    def _private(self, msg: InboundMessage) -> bool:
+        """May this chat see the owner's memory? Private chats yes; groups only if shared."""
+        return not msg.metadata.get("is_group") or self.cfg.memory.share_in_groups
+
     def _user_message(self, msg: InboundMessage) -> dict[str, Any]:
         return self.context.user_message(msg.text, msg.channel, msg.chat_id, msg.media)
 
@@ -292,6 +296,7 @@ class AgentLoop:
             chat_id=msg.chat_id,
             session_key=msg.session_key,
             send=lambda text: self._publish(msg, text, final=False),
+            extra={"private": self._private(msg)},
         )
 
         async def checkpoint(phase: str, turn_so_far: list[dict[str, Any]]) -> None:
@@ -315,7 +320,7 @@ class AgentLoop:
                 self.cfg.llm.context_window_tokens,
                 self.cfg.llm.max_tokens,
                 self._tools_tokens,
-                private=not msg.metadata.get("is_group"),
+                private=ctx.extra["private"],
             )
 
         started = time.monotonic()

@@ -324,3 +324,46 @@ async def test_agent_memory_edits_are_committed(tmp_path: Path, llm: FakeLLM) ->
     assert "from the template" in initial.message
     assert "agent: memory edited in session cli:t" in commit.message
     assert "+- Name: Ada" in MemoryRepo(tmp_path / "ws").diff()
+
+
+async def test_memory_search_in_groups_sees_only_that_chat(tmp_path: Path, llm: FakeLLM) -> None:
+    from bot.memory.history import HistoryArchive
+
+    archive = HistoryArchive(tmp_path / "ws")
+    await archive.append("cli:g1", "the group planned a picnic on Saturday")
+    await archive.append("cli:t", "the owner planned a private picnic with Ada")
+    search = ("memory_search", {"query": "picnic"})
+    llm.script(
+        tool_step(search, when_user_contains="group"),
+        reply("ok", when_user_contains="group"),
+        tool_step(search, when_user_contains="owner"),
+        reply("ok", when_user_contains="owner"),
+    )
+    async with harness(tmp_path, llm) as h:
+        fut = await h.send("group search", chat="g1", metadata={"is_group": True})
+        await asyncio.wait_for(fut, 10)
+        await h.ask("owner search")
+    group_result = request_messages(llm.requests[1])[-1]["content"]
+    owner_result = request_messages(llm.requests[3])[-1]["content"]
+    assert "group planned" in group_result and "Ada" not in group_result
+    assert "Ada" in owner_result and "group planned" in owner_result
+
+
+async def test_legacy_history_is_migrated_at_start(tmp_path: Path, llm: FakeLLM) -> None:
+    from bot.workspace import init_workspace
+
+    init_workspace(tmp_path / "ws")
+    (tmp_path / "ws" / "memory" / "HISTORY.md").write_text(
+        "[2026-01-02 10:00] Talked about the garden.\n\n[2026-01-03 11:30] Bought seeds.\n"
+    )
+    async with harness(tmp_path, llm) as h:
+        await h.ask("/new")
+        await h.ask("hello")
+        await h.ask("/new")
+    lines = (tmp_path / "ws" / "memory" / "history.jsonl").read_text().splitlines()
+    import json as _json
+
+    entries = [_json.loads(line) for line in lines]
+    assert [e["cursor"] for e in entries] == [1, 2, 3]
+    assert "garden" in entries[0]["content"] and entries[2]["session"] == "cli:t"
+    assert (tmp_path / "ws" / "memory" / "HISTORY.md.bak").exists()

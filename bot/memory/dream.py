@@ -391,8 +391,11 @@ async def _commit(workspace: Path, message: str) -> str | None:
 async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
     """``memobot dream``: one run now, a one-line result on stdout."""
     from bot.llm import LLMNotConfigured
+    from bot.memory.migrate import migrate_legacy_history
 
     workspace = cfg.agent.workspace_path
+    if (workspace / "memory" / "HISTORY.md").exists():
+        migrate_legacy_history(workspace)
     try:
         provider = LLMProvider(cfg.llm)
     except LLMNotConfigured as exc:

@@ -6,9 +6,16 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 EX_CONFIG = 78  # sysexits.h: configuration error; systemd units refuse to restart-loop on it
@@ -84,11 +91,26 @@ class ToolsConfig(_Model):
     web: WebConfig = WebConfig()
 
 
+_PROXY_SCHEMES = ("http://", "https://", "socks5://", "socks5h://")
+_USERNAME_HELP = (
+    "usernames are not accepted in allowFrom: they can be changed and then taken over by "
+    "someone else. Use the numeric user id instead: message the bot and send /whoami, or "
+    "look at the log line memobot writes for a denied sender."
+)
+
+
 class ChannelConfig(_Model):
     enabled: bool = False
     allow_from: list[str] = Field(default_factory=list)
+    admins: list[str] | None = None  # default: the allowFrom ids
+    group_policy: Literal["mention", "open"] = "mention"
+    proxy: str = ""
 
-    @field_validator("allow_from", mode="before")
+    # How this platform's stable user ids look; "*" is always accepted.
+    _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^[A-Za-z0-9_.:-]+$")
+    _id_example: ClassVar[str] = "an id"
+
+    @field_validator("allow_from", "admins", mode="before")
     @classmethod
     def _ids_as_strings(cls, v: Any) -> Any:
         # Numeric ids pasted without quotes are a common slip; they mean the same id.
@@ -96,11 +118,74 @@ class ChannelConfig(_Model):
             return [str(x) if isinstance(x, int) and not isinstance(x, bool) else x for x in v]
         return v
 
+    @field_validator("allow_from", "admins")
+    @classmethod
+    def _valid_ids(cls, v: list[str] | None) -> list[str] | None:
+        for item in v or []:
+            if item == "*":
+                continue
+            if item.startswith("@"):
+                raise ValueError(f"{item!r}: {_USERNAME_HELP}")
+            if not cls._id_pattern.match(item):
+                raise ValueError(f"{item!r} is not {cls._id_example}")
+        return v
+
+    @field_validator("proxy")
+    @classmethod
+    def _proxy_scheme(cls, v: str) -> str:
+        if v and not v.startswith(_PROXY_SCHEMES):
+            raise ValueError(f"proxy must start with one of {', '.join(_PROXY_SCHEMES)}")
+        return v
+
+    @property
+    def admin_ids(self) -> list[str]:
+        return self.allow_from if self.admins is None else self.admins
+
+
+class TelegramConfig(ChannelConfig):
+    token: str = ""
+    base_url: str = ""  # python-telegram-bot's meaning: "http://host:port/bot", token appended
+    base_file_url: str = ""
+    poll_timeout_seconds: int = Field(30, ge=1, le=300)
+    _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^-?[0-9]+$")
+    _id_example: ClassVar[str] = "a numeric Telegram user id"
+
+
+class DiscordConfig(ChannelConfig):
+    token: str = ""
+    allow_channels: list[str] = Field(default_factory=list)  # empty: every guild channel
+    _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^[0-9]+$")
+    _id_example: ClassVar[str] = "a numeric Discord user id"
+
+
+class SlackConfig(ChannelConfig):
+    bot_token: str = ""
+    app_token: str = ""
+    api_url: str = ""  # default Slack's public Web API; for a proxy or a local test server
+    _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^[A-Z0-9]+$")
+    _id_example: ClassVar[str] = "a Slack member id such as U0123ABCD"
+
 
 class ChannelsConfig(_Model):
-    telegram: ChannelConfig = ChannelConfig()
-    discord: ChannelConfig = ChannelConfig()
-    slack: ChannelConfig = ChannelConfig()
+    telegram: TelegramConfig = TelegramConfig()
+    discord: DiscordConfig = DiscordConfig()
+    slack: SlackConfig = SlackConfig()
+
+    @model_validator(mode="after")
+    def _tokens_when_enabled(self) -> ChannelsConfig:
+        need = {
+            "telegram": ("token",),
+            "discord": ("token",),
+            "slack": ("bot_token", "app_token"),
+        }
+        for name, fields in need.items():
+            channel = getattr(self, name)
+            for f in fields:
+                if channel.enabled and not getattr(channel, f):
+                    raise ValueError(
+                        f"channels.{name}.{to_camel(f)} is required when the channel is enabled"
+                    )
+        return self
 
 
 class DreamConfig(_Model):

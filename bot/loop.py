@@ -59,6 +59,7 @@ class _SessionWork:
     queue: deque[_Job] = field(default_factory=deque)
     worker: asyncio.Task[None] | None = None
     turn: asyncio.Task[None] | None = None
+    turn_sender: str = ""
     stop_requested: bool = False
 
 
@@ -202,6 +203,8 @@ class AgentLoop:
     async def _immediate(self, msg: InboundMessage, command: Command) -> None:
         if command.name == "/help":
             text = HELP_TEXT
+        elif command.name == "/dream" and not msg.metadata.get("is_admin", True):
+            text = "Only an admin of this bot may run /dream."
         elif command.name == "/dream":
             if self.dream.running:
                 text = "Dream is already running."
@@ -210,11 +213,19 @@ class AgentLoop:
                 text = (await self.dream.run()).describe()
         elif command.name == "/status":
             text = self.status_text(msg.session_key)
+        elif not self._may_stop(msg):
+            text = "Only the person who asked, or an admin, may stop this answer."
         elif self.stop(msg.session_key):
             text = "Stopping the current answer."
         else:
             text = "Nothing is running in this chat."
         await self._publish(msg, text, final=True)
+
+    def _may_stop(self, msg: InboundMessage) -> bool:
+        work = self._work.get(msg.session_key)
+        if work is None or not msg.metadata.get("is_group"):
+            return True
+        return work.turn_sender == msg.sender_id or bool(msg.metadata.get("is_admin", True))
 
     def stop(self, key: str) -> bool:
         """Cancel the running turn of one chat (``/stop``); other chats are untouched."""
@@ -241,6 +252,7 @@ class AgentLoop:
                 if self._draining:
                     return  # shutting down: the job stays pending on disk for the next start
                 work.stop_requested = False
+                work.turn_sender = job.msg.sender_id
                 work.turn = asyncio.create_task(self._process(job), name=f"turn:{key}")
                 try:
                     await asyncio.shield(work.turn)
@@ -325,6 +337,9 @@ class AgentLoop:
 
         started = time.monotonic()
         stamp = memory_stamp(self.cfg.agent.workspace_path)
+        await self.bus.publish_outbound(
+            OutboundMessage(msg.channel, msg.chat_id, "", metadata={"typing": True})
+        )
         failpoints.hit("before_llm")
         try:
             result = await self.runner.run(build, turn, ctx, checkpoint)

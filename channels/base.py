@@ -1,22 +1,40 @@
-"""What every channel is: a name, a lifecycle, and a way to send one message."""
+"""What every channel is: a name, a lifecycle, and a way to send one chunk of text."""
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
+from typing import Literal
 
 from bot.bus import MessageBus, OutboundMessage
 
+State = Literal["stopped", "starting", "connected", "reconnecting", "failed"]
+
 
 class Channel(ABC):
-    """One chat platform (or the terminal). Receives by publishing to the bus; sends on demand.
+    """One chat platform (or the terminal).
 
-    ``send`` raises on failure; the manager decides what a failure means for the delivery.
+    Receiving: the channel publishes ``InboundMessage`` values with ``bus.publish_inbound`` and
+    confirms them to its platform only once that returns "accepted" or "duplicate".
+    Sending: the channel manager calls ``render`` once per answer and ``send_chunk`` per piece,
+    and owns retries; ``send_chunk`` raises the classes in ``channels.errors``.
     """
 
     name: str
+    max_length: int = 1_000_000
 
     def __init__(self, bus: MessageBus) -> None:
         self.bus = bus
+        self.state: State = "stopped"
+        self.state_detail = ""
+        self.last_event_at: float | None = None  # wall clock of the last inbound event
+
+    def set_state(self, state: State, detail: str = "") -> None:
+        self.state = state
+        self.state_detail = detail
+
+    def touch(self) -> None:
+        self.last_event_at = time.time()
 
     async def start(self) -> None:  # noqa: B027 - most channels need no start-up work
         """Connect and begin publishing inbound messages; return once running."""
@@ -24,6 +42,17 @@ class Channel(ABC):
     async def stop(self) -> None:  # noqa: B027
         """Disconnect cleanly."""
 
+    def render(self, text: str) -> list[str]:
+        """Split and format an answer into the pieces ``send_chunk`` takes (default: as is)."""
+        return [text]
+
+    def plain(self, chunk: str) -> str:
+        """The chunk without markup, for the retry after the platform rejected the markup."""
+        return chunk
+
     @abstractmethod
-    async def send(self, msg: OutboundMessage) -> None:
-        """Deliver one message to its chat."""
+    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+        """Deliver one piece of ``msg`` to its chat. Raise ``channels.errors`` classes."""
+
+    async def send_typing(self, chat_id: str) -> None:  # noqa: B027
+        """Show "typing..." in the chat (platforms without it: nothing)."""

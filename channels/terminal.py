@@ -13,6 +13,7 @@ from typing import TextIO
 
 from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from channels.base import Channel
+from channels.errors import PermanentError
 
 CHANNEL = "cli"
 
@@ -26,12 +27,12 @@ class TerminalChannel(Channel):
         self.out = out or sys.stdout
         self._waiting: dict[str, asyncio.Future[str]] = {}
 
-    async def send(self, msg: OutboundMessage) -> None:
+    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
         if msg.chat_id != self.chat_id:
             # Another terminal session's answer: nobody here can read it. Raising keeps it in
             # the ledger, so `memobot agent -s cli:<that chat>` prints it next time.
-            raise RuntimeError(f"cli:{msg.chat_id} is not the session open in this terminal")
-        self.out.write(msg.text.rstrip("\n") + "\n")
+            raise PermanentError(f"cli:{msg.chat_id} is not the session open in this terminal")
+        self.out.write(chunk.rstrip("\n") + "\n")
         self.out.flush()
         waiter = self._waiting.get(msg.reply_to or "")
         if msg.final and waiter and not waiter.done():

@@ -55,7 +55,7 @@ class RecordingChannel(Channel):
         self.name = name
         self.harness = harness
 
-    async def send(self, msg: OutboundMessage) -> None:
+    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
         self.harness.outbox.append(msg)
         waiter = self.harness.waiters.get(msg.reply_to or "")
         if msg.final and waiter and not waiter.done():

@@ -1,0 +1,37 @@
+"""Small per-channel state on disk (state/channels/<name>.json), written atomically."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class ChannelState:
+    def __init__(self, state_dir: Path, name: str) -> None:
+        self.path = state_dir / "channels" / f"{name}.json"
+
+    def load(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.error("channel state %s unreadable (%s); starting from empty", self.path, exc)
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def save(self, data: dict[str, Any]) -> None:
+        """tmp + fsync + rename: a crash leaves the old state or the new one, never half."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)

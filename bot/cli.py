@@ -9,6 +9,7 @@ import os
 import signal
 import stat
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -69,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"session key channel:chat_id (default {DEFAULT_SESSION}); a bare name means cli:NAME",
     )
 
+    sub.add_parser(
+        "gateway",
+        parents=[common],
+        help="run the daemon: every enabled channel, the agent, Dream and recovery",
+        description="Run memobot as a daemon. SIGTERM or Ctrl-C stops it gracefully (running "
+        "answers get gateway.drainSeconds to finish; the rest resume at the next start); a "
+        "second Ctrl-C exits at once.",
+    )
     sub.add_parser("status", parents=[common], help="show config, workspace, model and sessions")
     from bot.memory.commands import add_parsers
 
@@ -83,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     verbose = getattr(args, "verbose", 0)
-    _setup_logging(verbose, quiet=args.command == "agent")
+    _setup_logging(verbose, quiet=args.command not in ("gateway", "dream"))
     config_path = getattr(args, "config", None) or default_config_path()
     try:
         if args.command == "onboard":
@@ -91,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg, config_path = load_config(config_path)
         if args.command == "agent":
             return cmd_agent(args, cfg, config_path)
+        if args.command == "gateway":
+            return cmd_gateway(cfg, config_path)
         if args.command == "status":
             return cmd_status(cfg, config_path)
         if args.command in ("memory", "dream"):
@@ -294,6 +305,20 @@ async def _interactive(loop: AgentLoop, terminal: TerminalChannel, cfg: Config) 
             await _turn_with_interrupt(loop, terminal, text.strip())
 
 
+# -- gateway ---------------------------------------------------------------------------------
+
+
+def cmd_gateway(cfg: Config, config_path: Path) -> int:
+    from bot.gateway import run_gateway
+    from bot.llm import LLMNotConfigured
+
+    try:
+        return asyncio.run(run_gateway(cfg, config_path))
+    except LLMNotConfigured as exc:
+        print(f"memobot: {exc}", file=sys.stderr)
+        return EX_CONFIG
+
+
 # -- status ----------------------------------------------------------------------------------
 
 
@@ -305,7 +330,19 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
     count = len(list(sessions_dir.glob("*.jsonl"))) if sessions_dir.is_dir() else 0
     llm = cfg.llm
     endpoint = llm.resolved_base_url() or ("api.openai.com" if llm.resolved_api_key() else "")
+    from bot.gateway import read_status
+
     enabled = [n for n, c in cfg.channels if c.enabled]
+    live = read_status(state)
+    if live:
+        shown = []
+        for name in enabled:
+            info = live["channels"].get(name, {})
+            when = info.get("last_event_at")
+            last = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "never"
+            detail = f" ({info['detail']})" if info.get("detail") else ""
+            shown.append(f"{name}: {info.get('state', '?')}{detail}, last event {last}")
+        enabled = shown
     exists = "" if config_path.exists() else " (missing: defaults in use; run memobot onboard)"
     rows = [
         ("config", f"{config_path}{exists}"),
@@ -315,7 +352,8 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
         ("sessions", str(count)),
         ("memory", ", ".join(budget_lines(cfg.agent.workspace_path, cfg.memory.max_chars))),
         ("dream", f"digested up to history cursor {read_dream_cursor(cfg.agent.workspace_path)}"),
-        ("channels", ", ".join(enabled) if enabled else "none enabled"),
+        ("channels", "; ".join(enabled) if enabled else "none enabled"),
+        ("gateway", f"running (pid {live['pid']})" if live else "not running"),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:

@@ -1,0 +1,131 @@
+"""``memobot gateway``: the daemon. Channels, the agent loop, Dream and recovery in one process.
+
+Start order matters: interrupted turns are queued for recovery before any channel takes a new
+message, so a session with a checkpoint is repaired before anything else touches it. Stop
+order: intake closes, running turns drain (``gateway.drainSeconds``), queued answers are
+flushed to the platforms, channels disconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from bot.app import build_agent
+from bot.config import Config
+
+log = logging.getLogger(__name__)
+
+STATUS_FILE = "gateway.json"
+STATUS_EVERY_SECONDS = 5.0
+
+
+def enabled_channels(cfg: Config) -> list[str]:
+    return [name for name, c in cfg.channels if c.enabled]
+
+
+def write_status(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def read_status(state_dir: Path) -> dict[str, Any] | None:
+    """The running gateway's last status snapshot, if a live process wrote one."""
+    try:
+        data = json.loads((state_dir / STATUS_FILE).read_text())
+        os.kill(int(data["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return data
+
+
+class Gateway:
+    def __init__(self, cfg: Config, config_path: Path) -> None:
+        from channels import create_channel
+        from channels.manager import ChannelManager
+
+        self.cfg = cfg
+        self.stack = build_agent(cfg, config_path)
+        self.channels = [create_channel(n, self.stack.bus, cfg) for n in enabled_channels(cfg)]
+        self.manager = ChannelManager(self.stack.bus, self.stack.loop.ledger, self.channels)
+        self.status_path = cfg.agent.state_path / STATUS_FILE
+        self.started = time.time()
+        self._stop = asyncio.Event()
+        self._interrupts = 0
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "started_at": self.started,
+            "updated_at": time.time(),
+            "channels": {
+                c.name: {
+                    "state": c.state,
+                    "detail": c.state_detail,
+                    "last_event_at": c.last_event_at,
+                }
+                for c in self.channels
+            },
+            "active_sessions": len(self.stack.loop.running_keys()),
+        }
+
+    def request_stop(self, signum: int) -> None:
+        if signum == signal.SIGINT:
+            self._interrupts += 1
+            if self._interrupts > 1:
+                # Every write is a single append; stopping here tears at most one line, which
+                # the next start recognises and cuts off.
+                log.warning("second interrupt: exiting at once")
+                os._exit(130)
+        log.info("signal %s: stopping (drain up to %.0f s)", signum, self.cfg.gateway.drain_seconds)
+        self._stop.set()
+
+    async def run(self) -> int:
+        aio = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            aio.add_signal_handler(sig, self.request_stop, sig)
+        if not self.channels:
+            log.warning("no channel is enabled: set channels.<name>.enabled in the config")
+        resumed = self.stack.loop.recover()
+        if resumed:
+            log.info("resuming %d interrupted session(s)", resumed)
+        loop_task = asyncio.create_task(self.stack.loop.run(schedule_dream=True), name="agent")
+        await self.manager.start()
+        log.info(
+            "gateway running: channels=%s model=%s",
+            ",".join(c.name for c in self.channels) or "none",
+            self.cfg.llm.model,
+        )
+        status_task = asyncio.create_task(self._write_status_forever(), name="status")
+        try:
+            await self._stop.wait()
+        finally:
+            await self.stack.loop.shutdown(self.cfg.gateway.drain_seconds)
+            await self.manager.flush(10)
+            for t in (loop_task, status_task):
+                t.cancel()
+            await asyncio.gather(loop_task, status_task, return_exceptions=True)
+            await self.manager.stop()
+            await self.stack.close()
+            self.status_path.unlink(missing_ok=True)
+            log.info("gateway stopped")
+        return 0
+
+    async def _write_status_forever(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(write_status, self.status_path, self.status())
+            except OSError as exc:
+                log.warning("cannot write %s: %s", self.status_path, exc)
+            await asyncio.sleep(STATUS_EVERY_SECONDS)
+
+
+async def run_gateway(cfg: Config, config_path: Path) -> int:
+    return await Gateway(cfg, config_path).run()

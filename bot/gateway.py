@@ -9,6 +9,7 @@ flushed to the platforms, channels disconnect.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -44,6 +45,10 @@ def read_status(state_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return data
+
+
+class GatewayLocked(RuntimeError):
+    pass
 
 
 class Gateway:
@@ -87,13 +92,26 @@ class Gateway:
         log.info("signal %s: stopping (drain up to %.0f s)", signum, self.cfg.gateway.drain_seconds)
         self._stop.set()
 
+    def _lock(self) -> None:
+        """One gateway per state folder: two would answer every message twice."""
+        path = self.cfg.agent.state_path / "gateway.lock"
+        self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise GatewayLocked(
+                f"another memobot gateway is already running with state folder "
+                f"{self.cfg.agent.state_path} (lock {path})"
+            ) from None
+
     async def run(self) -> int:
+        self._lock()
         aio = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             aio.add_signal_handler(sig, self.request_stop, sig)
         if not self.channels:
             log.warning("no channel is enabled: set channels.<name>.enabled in the config")
-        resumed = self.stack.loop.recover()
+        resumed = self.stack.loop.recover(channels={c.name for c in self.channels})
         if resumed:
             log.info("resuming %d interrupted session(s)", resumed)
         loop_task = asyncio.create_task(self.stack.loop.run(schedule_dream=True), name="agent")
@@ -128,4 +146,8 @@ class Gateway:
 
 
 async def run_gateway(cfg: Config, config_path: Path) -> int:
-    return await Gateway(cfg, config_path).run()
+    try:
+        return await Gateway(cfg, config_path).run()
+    except GatewayLocked as exc:
+        log.error("%s", exc)
+        return 1

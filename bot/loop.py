@@ -429,14 +429,18 @@ class AgentLoop:
 
     # -- recovery --------------------------------------------------------------------------
 
-    def recover(self, keys: list[str] | None = None) -> int:
+    def recover(self, keys: list[str] | None = None, channels: set[str] | None = None) -> int:
         """Queue every interrupted turn and undelivered answer; returns how many sessions.
 
         Called once at start, before any new message is taken, so a session carrying a
-        checkpoint is repaired before anything else touches it.
+        checkpoint is repaired before anything else touches it. ``channels`` limits recovery
+        to the sessions of those channels (the gateway leaves ``cli:`` sessions to the
+        terminal).
         """
         resumed = 0
         for key in self.store.keys() if keys is None else keys:
+            if channels is not None and key.partition(":")[0] not in channels:
+                continue
             meta = self.store.peek_metadata(key)
             if not meta or not (
                 meta.get("pending") or meta.get("runtime_checkpoint") or meta.get("outbox")

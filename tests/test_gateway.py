@@ -1,0 +1,67 @@
+"""memobot gateway as a real process: single instance, graceful stop, second Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.llm_server import FakeLLM, FakeLLMThread
+from tests.helpers import REPO, write_config
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMThread]:
+    with FakeLLM.start_in_thread() as server:
+        yield server
+
+
+def start_gateway(cfg: Path) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "bot", "--config", str(cfg), "gateway"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def wait_for_status(state: Path, proc: subprocess.Popen[str], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not (state / "gateway.json").exists():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "gateway did not start"
+        time.sleep(0.05)
+
+
+def test_single_instance_and_graceful_stop(tmp_path: Path, llm: FakeLLMThread) -> None:
+    cfg = write_config(tmp_path, llm.base_url)
+    first = start_gateway(cfg)
+    try:
+        wait_for_status(tmp_path / "state", first)
+        second = start_gateway(cfg)
+        _, err = second.communicate(timeout=30)
+        assert second.returncode == 1 and "already running" in err
+        status = subprocess.run(
+            [sys.executable, "-m", "bot", "--config", str(cfg), "status"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert f"running (pid {first.pid})" in status.stdout
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=30)
+        assert first.returncode == 0, err
+        assert "gateway stopped" in err
+        assert not (tmp_path / "state" / "gateway.json").exists()
+    finally:
+        first.kill()

@@ -1,0 +1,751 @@
+"""A local fake of the Telegram Bot API for tests and benchmarks, spoken to by the real
+python-telegram-bot through its ``base_url`` / ``base_file_url``.
+
+It implements the HTTP shapes PTB uses at ``/bot<token>/<method>`` (form-encoded parameters,
+``{"ok": ..., "result": ...}`` answers) and ``/file/bot<token>/<path>`` downloads:
+
+* ``getUpdates`` with the real offset semantics: a call with ``offset=N`` *confirms* every update
+  below N (they are forgotten), returns the queued updates from N on, and long-polls up to
+  ``timeout`` seconds when there are none;
+* ``sendMessage`` (recorded; HTML markup is checked and broken markup answers 400 "can't parse
+  entities" as Telegram does), ``editMessageText``, ``sendChatAction``, ``getFile``, ``getMe``,
+  ``deleteWebhook``;
+* scriptable failures per method (``fail("sendMessage", 429, retry_after=1)``, a 409 conflict on
+  ``getUpdates``, a 401), and an ``after_get_updates`` hook that runs once the answer carrying
+  updates has been written (crash tests kill the daemon there).
+
+Updates are injected with helpers (``private_text``, ``group_text``, ``photo``...). Three ways to
+run it: in-process (``async with FakeBotAPI() as api``), in a daemon thread for synchronous and
+subprocess tests (``FakeBotAPI.start_in_thread()``), and ``python -m tests.fakes.telegram_api``.
+Every public method is thread-safe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+DEFAULT_TOKEN = "123456:TEST-TOKEN"
+BOT_ID = 123456
+BOT_USERNAME = "memobot_test_bot"
+TEXT_LIMIT = 4096
+# Parameters that stay strings; PTB JSON-encodes every other (non-string) value it sends.
+_STRING_PARAMS = frozenset({"text", "parse_mode", "action", "file_id", "caption", "url"})
+_HTML_TAGS = frozenset(
+    {
+        "b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "a", "code", "pre",
+        "span", "tg-spoiler", "tg-emoji", "blockquote",
+    }
+)  # fmt: skip
+_TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9-]*)((?:\s[^<>]*)?)>")
+_ENTITY = re.compile(r"&(?:lt|gt|amp|quot|#[0-9]+|#x[0-9A-Fa-f]+);")
+
+Params = dict[str, Any]
+Hook = Callable[[list[int]], None]
+
+
+def html_problem(text: str) -> str | None:
+    """Why Telegram would refuse ``text`` as parse_mode=HTML, or None if it parses.
+
+    A simplified version of the server's check: only the supported tags, properly nested, and
+    no bare ``<`` or ``&`` outside a tag or a character entity.
+    """
+    stack: list[str] = []
+    pos = 0
+    while pos < len(text):
+        ch = text[pos]
+        if ch == "<":
+            m = _TAG.match(text, pos)
+            if not m:
+                return f"Unexpected end of name token at byte offset {pos}"
+            closing, name = m.group(1) == "/", m.group(2).lower()
+            if name not in _HTML_TAGS:
+                return f'Unsupported start tag "{name}" at byte offset {pos}'
+            if closing:
+                if not stack or stack[-1] != name:
+                    return f"Unexpected end tag at byte offset {pos}"
+                stack.pop()
+            else:
+                stack.append(name)
+            pos = m.end()
+        elif ch == "&":
+            m = _ENTITY.match(text, pos)
+            if not m:
+                return f"Unsupported entity at byte offset {pos}"
+            pos = m.end()
+        else:
+            pos += 1
+    if stack:
+        return f'Can\'t find end tag corresponding to start tag "{stack[-1]}"'
+    return None
+
+
+def strip_html(text: str) -> str:
+    text = _TAG.sub("", text)
+    for entity, char in (("&lt;", "<"), ("&gt;", ">"), ("&quot;", '"'), ("&amp;", "&")):
+        text = text.replace(entity, char)
+    return text
+
+
+def utf16_len(text: str) -> int:
+    """Telegram measures entity offsets and lengths in UTF-16 code units."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+def mention_entities(text: str, username: str) -> list[dict[str, Any]]:
+    """The ``mention`` entities Telegram would attach for every ``@username`` in ``text``."""
+    out = []
+    for m in re.finditer(rf"@{re.escape(username)}\b", text):
+        out.append(
+            {"type": "mention", "offset": utf16_len(text[: m.start()]), "length": utf16_len(m[0])}
+        )
+    return out
+
+
+@dataclass
+class Call:
+    """One API request as the fake saw it."""
+
+    method: str
+    params: Params
+    status: int = 200
+    at: float = field(default_factory=time.monotonic)
+    result: Any = None
+    returned: list[int] = field(default_factory=list)  # getUpdates: update ids answered
+
+
+@dataclass
+class Failure:
+    status: int
+    description: str
+    retry_after: float | None = None
+    times: int = 1
+    when: Callable[[Params], bool] | None = None
+    delay: float = 0.0
+
+
+class FakeBotAPI:
+    """The fake server. See the module docstring.
+
+    Args:
+        token: the only token accepted; any other answers 401 Unauthorized.
+        username: the bot's @username (``getMe``).
+        host, port: where to listen (port 0 picks a free one).
+        reply_delay: seconds before each sendMessage answers (benchmarks).
+    """
+
+    def __init__(
+        self,
+        *,
+        token: str = DEFAULT_TOKEN,
+        username: str = BOT_USERNAME,
+        bot_id: int = BOT_ID,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        reply_delay: float = 0.0,
+    ) -> None:
+        self.token = token
+        self.username = username
+        self.bot_id = bot_id
+        self.host = host
+        self.port = port
+        self.reply_delay = reply_delay
+        self.after_get_updates: Hook | None = None
+        self._lock = threading.Condition()
+        self._updates: list[dict[str, Any]] = []
+        self._update_ids = itertools.count(1000)
+        self._message_ids = itertools.count(1)
+        self._calls: list[Call] = []
+        self._failures: dict[str, list[Failure]] = {}
+        self._files: dict[str, tuple[str, bytes]] = {}  # file_id -> (file_path, content)
+        self._chats: dict[int, dict[str, Any]] = {}
+        self._runner: web.AppRunner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._new_update: asyncio.Event | None = None
+        self._stopping: asyncio.Event | None = None
+
+    # -- addresses --
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """``channels.telegram.baseUrl``: PTB appends the token."""
+        return f"{self.url}/bot"
+
+    @property
+    def base_file_url(self) -> str:
+        return f"{self.url}/file/bot"
+
+    @property
+    def bot_user(self) -> dict[str, Any]:
+        return {
+            "id": self.bot_id,
+            "is_bot": True,
+            "first_name": "Memobot",
+            "username": self.username,
+            "can_join_groups": True,
+            "can_read_all_group_messages": False,
+            "supports_inline_queries": False,
+        }
+
+    # -- scripting (any thread) --
+
+    def fail(
+        self,
+        method: str,
+        status: int,
+        description: str = "",
+        *,
+        retry_after: float | None = None,
+        times: int = 1,
+        when: Callable[[Params], bool] | None = None,
+        delay: float = 0.0,
+    ) -> None:
+        """Answer the next ``times`` calls of ``method`` (matching ``when``) with an error.
+
+        ``delay`` holds the answer back that long first; status 0 means no error at all, only
+        the delay (a stalled connection).
+        """
+        description = description or _DEFAULT_ERRORS.get(status, "Error")
+        with self._lock:
+            self._failures.setdefault(method.lower(), []).append(
+                Failure(status, description, retry_after, times, when, delay)
+            )
+
+    def add_file(self, content: bytes, suffix: str = ".jpg") -> dict[str, Any]:
+        """Register a downloadable file; returns its ids and size, as in a PhotoSize."""
+        folder = "photos" if suffix == ".jpg" else "documents"
+        with self._lock:
+            n = len(self._files) + 1
+            file_id, unique = f"file-{n}-{time.monotonic_ns()}", f"uniq{n}x{time.monotonic_ns()}"
+            self._files[file_id] = (f"{folder}/file_{n}{suffix}", content)
+        return {"file_id": file_id, "file_unique_id": unique, "file_size": len(content)}
+
+    def inject(self, message: dict[str, Any], kind: str = "message") -> int:
+        """Queue an update carrying ``message``; returns its update_id."""
+        with self._lock:
+            update_id = next(self._update_ids)
+            self._chats.setdefault(message["chat"]["id"], message["chat"])
+            self._updates.append({"update_id": update_id, kind: message})
+            self._lock.notify_all()
+        self._wake()
+        return update_id
+
+    def inject_many(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Queue several updates at once, so one getUpdates answer carries them all."""
+        with self._lock:
+            ids = []
+            for message in messages:
+                update_id = next(self._update_ids)
+                self._chats.setdefault(message["chat"]["id"], message["chat"])
+                self._updates.append({"update_id": update_id, "message": message})
+                ids.append(update_id)
+            self._lock.notify_all()
+        self._wake()
+        return ids
+
+    # -- message builders (plain dicts in the Bot API's shape) --
+
+    def user(self, user_id: int = 1001, username: str | None = "alice", is_bot: bool = False):
+        u: dict[str, Any] = {"id": user_id, "is_bot": is_bot, "first_name": f"User{user_id}"}
+        if username:
+            u["username"] = username
+        return u
+
+    def message(
+        self,
+        text: str | None,
+        *,
+        chat: dict[str, Any],
+        sender: dict[str, Any],
+        entities: list[dict[str, Any]] | None = None,
+        reply_to: dict[str, Any] | None = None,
+        thread_id: int | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        msg: dict[str, Any] = {
+            "message_id": next(self._message_ids),
+            "date": int(time.time()),
+            "chat": chat,
+            "from": sender,
+            **extra,
+        }
+        if text is not None:
+            msg["text"] = text
+        if entities:
+            msg["entities"] = entities
+        if reply_to is not None:
+            msg["reply_to_message"] = reply_to
+        if thread_id is not None:
+            msg["message_thread_id"] = thread_id
+            msg["is_topic_message"] = True
+        return msg
+
+    def private_chat(self, user_id: int = 1001) -> dict[str, Any]:
+        return {"id": user_id, "type": "private", "first_name": f"User{user_id}"}
+
+    def group_chat(self, chat_id: int = -1001234, forum: bool = False) -> dict[str, Any]:
+        chat = {"id": chat_id, "type": "supergroup", "title": "Test group"}
+        if forum:
+            chat["is_forum"] = True
+        return chat
+
+    def private_text(
+        self, text: str, user_id: int = 1001, username: str | None = "alice", **kw: Any
+    ) -> int:
+        sender = self.user(user_id, username)
+        return self.inject(self.message(text, chat=self.private_chat(user_id), sender=sender, **kw))
+
+    def group_text(
+        self,
+        text: str,
+        *,
+        user_id: int = 1001,
+        chat_id: int = -1001234,
+        mention: bool | None = None,
+        reply_to_bot: bool = False,
+        thread_id: int | None = None,
+        is_bot: bool = False,
+        entities: list[dict[str, Any]] | None = None,
+    ) -> int:
+        """A group message. ``mention`` None/True: a mention entity for every ``@<bot>`` in the
+        text, as Telegram would attach; False: none. ``entities`` replaces them outright."""
+        if entities is None:
+            entities = mention_entities(text, self.username) if mention is not False else []
+        reply_to = self.bot_message(chat_id) if reply_to_bot else None
+        if thread_id is not None and reply_to is None:
+            # Telegram sets reply_to_message in a topic to the topic's creation message.
+            reply_to = {
+                "message_id": thread_id,
+                "date": int(time.time()),
+                "chat": self.group_chat(chat_id, forum=True),
+                "from": self.user(1001, "alice"),
+                "forum_topic_created": {"name": "topic", "icon_color": 7322096},
+            }
+        return self.inject(
+            self.message(
+                text,
+                chat=self.group_chat(chat_id, forum=thread_id is not None),
+                sender=self.user(user_id, f"user{user_id}", is_bot=is_bot),
+                entities=entities,
+                reply_to=reply_to,
+                thread_id=thread_id,
+            )
+        )
+
+    def bot_message(self, chat_id: int, text: str = "an earlier answer") -> dict[str, Any]:
+        return {
+            "message_id": next(self._message_ids),
+            "date": int(time.time()),
+            "chat": self._chats.get(chat_id) or self.group_chat(chat_id),
+            "from": self.bot_user,
+            "text": text,
+        }
+
+    def photo(
+        self,
+        content: bytes,
+        caption: str | None = None,
+        user_id: int = 1001,
+        chat: dict[str, Any] | None = None,
+    ) -> int:
+        """A photo in three sizes; only the largest carries ``content``."""
+        big = self.add_file(content, ".jpg")
+        small = self.add_file(content[: max(1, len(content) // 10)], ".jpg")
+        sizes = [
+            {**small, "width": 90, "height": 60},
+            {**big, "width": 1280, "height": 853},
+        ]
+        extra: dict[str, Any] = {"photo": sizes}
+        if caption is not None:
+            extra["caption"] = caption
+        return self.inject(
+            self.message(
+                None,
+                chat=chat or self.private_chat(user_id),
+                sender=self.user(user_id, "alice"),
+                **extra,
+            )
+        )
+
+    # -- inspection (any thread) --
+
+    def calls(self, method: str | None = None) -> list[Call]:
+        with self._lock:
+            return [c for c in self._calls if method is None or c.method == method.lower()]
+
+    def sent(self, chat_id: int | str | None = None) -> list[Call]:
+        """Successful sendMessage calls, optionally to one chat."""
+        return [
+            c
+            for c in self.calls("sendMessage")
+            if c.status == 200 and (chat_id is None or str(c.params.get("chat_id")) == str(chat_id))
+        ]
+
+    @property
+    def pending_updates(self) -> list[int]:
+        """Ids of updates not yet confirmed by an offset."""
+        with self._lock:
+            return [u["update_id"] for u in self._updates]
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        """Block until ``predicate()`` (evaluated after every call) holds; TimeoutError else."""
+        with self._lock:
+            if not self._lock.wait_for(predicate, timeout):
+                raise TimeoutError("the fake Bot API did not see what was expected in time")
+
+    async def wait_for_async(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109 - same shape as wait_for
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the fake Bot API did not see what was expected in time")
+            await asyncio.sleep(0.005)
+
+    def wait_sent(
+        self, n: int, chat_id: int | str | None = None, timeout: float = 10.0
+    ) -> list[Call]:
+        self.wait_for(lambda: len(self.sent(chat_id)) >= n, timeout)
+        return self.sent(chat_id)
+
+    async def wait_sent_async(
+        self,
+        n: int,
+        chat_id: int | str | None = None,
+        timeout: float = 10.0,  # noqa: ASYNC109 - same shape as wait_sent
+    ) -> list[Call]:
+        await self.wait_for_async(lambda: len(self.sent(chat_id)) >= n, timeout)
+        return self.sent(chat_id)
+
+    # -- lifecycle --
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._new_update = asyncio.Event()
+        self._stopping = asyncio.Event()
+        app = web.Application()
+        app.router.add_route("*", "/bot{token}/{method}", self._handle_method)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._handle_file)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets
+        self.port = server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._runner is None:
+            return
+        assert self._stopping is not None
+        self._stopping.set()
+        await asyncio.sleep(0)
+        await self._runner.cleanup()
+        self._runner = None
+
+    async def __aenter__(self) -> FakeBotAPI:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @classmethod
+    def start_in_thread(cls, **kwargs: Any) -> FakeBotAPIThread:
+        return FakeBotAPIThread(cls(**kwargs))
+
+    def _wake(self) -> None:
+        loop, event = self._loop, self._new_update
+        if loop is None or event is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            event.set()
+        else:
+            loop.call_soon_threadsafe(event.set)
+
+    # -- request handling --
+
+    async def _handle_method(self, request: web.Request) -> web.StreamResponse:
+        method = request.match_info["method"].lower()
+        params = await _read_params(request)
+        if request.match_info["token"] != self.token:
+            return self._answer(method, params, 401, "Unauthorized")
+        failure = self._take_failure(method, params)
+        if failure is not None and failure.delay:
+            assert self._stopping is not None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), failure.delay)
+        if failure is not None and failure.status:
+            extra = {"retry_after": failure.retry_after} if failure.retry_after else None
+            return self._answer(method, params, failure.status, failure.description, extra)
+        handler = getattr(self, f"_m_{method}", None)
+        if handler is None:
+            return self._answer(method, params, 404, "Not Found: method not found")
+        return await handler(request, params)
+
+    def _take_failure(self, method: str, params: Params) -> Failure | None:
+        with self._lock:
+            for f in self._failures.get(method, []):
+                if f.times > 0 and (f.when is None or f.when(params)):
+                    f.times -= 1
+                    return f
+        return None
+
+    def _answer(
+        self,
+        method: str,
+        params: Params,
+        status: int,
+        result: Any,
+        parameters: dict[str, Any] | None = None,
+        returned: list[int] | None = None,
+    ) -> web.Response:
+        with self._lock:
+            self._calls.append(Call(method, params, status, result=result, returned=returned or []))
+            self._lock.notify_all()
+        if status == 200:
+            return web.json_response({"ok": True, "result": result})
+        body: dict[str, Any] = {"ok": False, "error_code": status, "description": result}
+        if parameters:
+            body["parameters"] = parameters
+        return web.json_response(body, status=status)
+
+    async def _m_getme(self, request: web.Request, params: Params) -> web.Response:
+        return self._answer("getme", params, 200, self.bot_user)
+
+    async def _m_deletewebhook(self, request: web.Request, params: Params) -> web.Response:
+        return self._answer("deletewebhook", params, 200, True)
+
+    async def _m_getupdates(self, request: web.Request, params: Params) -> web.StreamResponse:
+        offset = params.get("offset")
+        limit = int(params.get("limit") or 100)
+        deadline = time.monotonic() + float(params.get("timeout") or 0)
+        assert self._new_update is not None and self._stopping is not None
+        while True:
+            self._new_update.clear()
+            with self._lock:
+                if offset is not None:
+                    # Confirmation: everything below the offset is forgotten for good.
+                    self._updates = [u for u in self._updates if u["update_id"] >= int(offset)]
+                batch = self._updates[:limit]
+            remaining = deadline - time.monotonic()
+            if batch or remaining <= 0 or self._stopping.is_set():
+                break
+            waiter = asyncio.ensure_future(self._new_update.wait())
+            stop = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait({waiter, stop}, timeout=remaining, return_when="FIRST_COMPLETED")
+            for t in (waiter, stop):
+                t.cancel()
+        ids = [u["update_id"] for u in batch]
+        response = self._answer("getupdates", params, 200, batch, returned=ids)
+        hook = self.after_get_updates
+        if not ids or hook is None:
+            return response
+        await response.prepare(request)
+        await response.write_eof()
+        hook(ids)  # the answer has left: a crash test may kill the daemon right now
+        return response
+
+    async def _m_sendmessage(self, request: web.Request, params: Params) -> web.Response:
+        if self.reply_delay:
+            await asyncio.sleep(self.reply_delay)
+        text = str(params.get("text") or "")
+        problem = self._send_problem(params, text)
+        if problem:
+            return self._answer("sendmessage", params, 400, f"Bad Request: {problem}")
+        shown = strip_html(text) if params.get("parse_mode") == "HTML" else text
+        return self._answer("sendmessage", params, 200, self._bot_said(params, shown))
+
+    def _send_problem(self, params: Params, text: str) -> str | None:
+        if not text.strip():
+            return "message text is empty"
+        mode = params.get("parse_mode")
+        if mode == "HTML":
+            problem = html_problem(text)
+            if problem:
+                return f"can't parse entities: {problem}"
+            text = strip_html(text)
+        elif mode:
+            return f"unsupported parse_mode {mode}"
+        if len(text) > TEXT_LIMIT:
+            return "message is too long"
+        if _chat_id(params.get("chat_id")) not in self._chats:
+            return "chat not found"
+        return None
+
+    def _bot_said(self, params: Params, text: str) -> dict[str, Any]:
+        chat_id = _chat_id(params.get("chat_id"))
+        msg: dict[str, Any] = {
+            "message_id": next(self._message_ids),
+            "date": int(time.time()),
+            "chat": self._chats.get(chat_id, {"id": chat_id, "type": "private"}),
+            "from": self.bot_user,
+            "text": text,
+        }
+        if params.get("message_thread_id"):
+            msg["message_thread_id"] = params["message_thread_id"]
+            msg["is_topic_message"] = True
+        return msg
+
+    async def _m_editmessagetext(self, request: web.Request, params: Params) -> web.Response:
+        text = str(params.get("text") or "")
+        problem = self._send_problem(params, text)
+        if problem:
+            return self._answer("editmessagetext", params, 400, f"Bad Request: {problem}")
+        msg = self._bot_said(params, text)
+        msg["message_id"] = params.get("message_id")
+        return self._answer("editmessagetext", params, 200, msg)
+
+    async def _m_sendchataction(self, request: web.Request, params: Params) -> web.Response:
+        return self._answer("sendchataction", params, 200, True)
+
+    async def _m_getfile(self, request: web.Request, params: Params) -> web.Response:
+        with self._lock:
+            entry = self._files.get(str(params.get("file_id")))
+        if entry is None:
+            return self._answer("getfile", params, 400, "Bad Request: invalid file_id")
+        path, content = entry
+        result = {
+            "file_id": params["file_id"],
+            "file_unique_id": f"u-{params['file_id']}",
+            "file_size": len(content),
+            "file_path": path,
+        }
+        return self._answer("getfile", params, 200, result)
+
+    async def _handle_file(self, request: web.Request) -> web.Response:
+        if request.match_info["token"] != self.token:
+            return web.Response(status=401)
+        path = request.match_info["path"]
+        with self._lock:
+            found = [content for p, content in self._files.values() if p == path]
+            self._calls.append(Call("download", {"path": path}, 200 if found else 404))
+        if not found:
+            return web.Response(status=404)
+        return web.Response(body=found[0], content_type="application/octet-stream")
+
+
+_DEFAULT_ERRORS = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden: bot was blocked by the user",
+    409: "Conflict: terminated by other getUpdates request; make sure that only one bot "
+    "instance is running",
+    429: "Too Many Requests: retry after 1",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+}
+
+
+def _chat_id(value: Any) -> int | str:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+async def _read_params(request: web.Request) -> Params:
+    """PTB posts form fields whose non-string values are JSON; accept JSON bodies too."""
+    raw: dict[str, Any] = dict(request.query)
+    if request.content_type == "application/json":
+        body = await request.json() if request.can_read_body else {}
+        raw.update(body or {})
+        return raw
+    if request.can_read_body:
+        form = await request.post()
+        raw.update({k: v for k, v in form.items() if isinstance(v, str)})
+    params: Params = {}
+    for key, value in raw.items():
+        if key in _STRING_PARAMS or not isinstance(value, str):
+            params[key] = value
+            continue
+        try:
+            params[key] = json.loads(value)
+        except ValueError:
+            params[key] = value
+    return params
+
+
+class FakeBotAPIThread:
+    """A FakeBotAPI serving from a daemon thread (for sync and subprocess tests).
+
+    Attribute access is delegated to the server (``handle.api``), whose public methods are
+    thread-safe.
+    """
+
+    def __init__(self, api: FakeBotAPI, start_timeout: float = 10.0) -> None:
+        self.api = api
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="fake-telegram", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(start_timeout):
+            raise TimeoutError("fake Bot API thread did not start")
+        if self._failure is not None:
+            raise RuntimeError("fake Bot API failed to start") from self._failure
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self.api.start())
+        except BaseException as exc:  # reported to the starting thread, which re-raises
+            self._failure = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server and join the thread. Idempotent."""
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self.api.stop(), self._loop).result(timeout)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
+
+    def __enter__(self) -> FakeBotAPIThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    api = FakeBotAPI(token=args.token, port=args.port)
+    await api.start()
+    print(f"fake Bot API at {api.base_url} (token {api.token})", flush=True)
+    await asyncio.Event().wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--token", default=DEFAULT_TOKEN)
+    asyncio.run(_serve(parser.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

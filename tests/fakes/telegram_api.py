@@ -115,7 +115,7 @@ def mention_entities(text: str, username: str) -> list[dict[str, Any]]:
 
 @dataclass
 class Call:
-    """One API request as the fake saw it."""
+    """One API request as the fake saw it; ``at`` is its arrival, ``status`` 0 until answered."""
 
     method: str
     params: Params
@@ -485,8 +485,12 @@ class FakeBotAPI:
     async def _handle_method(self, request: web.Request) -> web.StreamResponse:
         method = request.match_info["method"].lower()
         params = await _read_params(request)
+        call = Call(method, params, status=0)  # logged on arrival; status 0 until answered
+        with self._lock:
+            self._calls.append(call)
+        request["call"] = call
         if request.match_info["token"] != self.token:
-            return self._answer(method, params, 401, "Unauthorized")
+            return self._answer(request, 401, "Unauthorized")
         failure = self._take_failure(method, params)
         if failure is not None and failure.delay:
             assert self._stopping is not None
@@ -494,10 +498,10 @@ class FakeBotAPI:
                 await asyncio.wait_for(self._stopping.wait(), failure.delay)
         if failure is not None and failure.status:
             extra = {"retry_after": failure.retry_after} if failure.retry_after else None
-            return self._answer(method, params, failure.status, failure.description, extra)
+            return self._answer(request, failure.status, failure.description, extra)
         handler = getattr(self, f"_m_{method}", None)
         if handler is None:
-            return self._answer(method, params, 404, "Not Found: method not found")
+            return self._answer(request, 404, "Not Found: method not found")
         return await handler(request, params)
 
     def _take_failure(self, method: str, params: Params) -> Failure | None:
@@ -510,15 +514,15 @@ class FakeBotAPI:
 
     def _answer(
         self,
-        method: str,
-        params: Params,
+        request: web.Request,
         status: int,
         result: Any,
         parameters: dict[str, Any] | None = None,
         returned: list[int] | None = None,
     ) -> web.Response:
+        call: Call = request["call"]
         with self._lock:
-            self._calls.append(Call(method, params, status, result=result, returned=returned or []))
+            call.status, call.result, call.returned = status, result, returned or []
             self._lock.notify_all()
         if status == 200:
             return web.json_response({"ok": True, "result": result})
@@ -528,10 +532,10 @@ class FakeBotAPI:
         return web.json_response(body, status=status)
 
     async def _m_getme(self, request: web.Request, params: Params) -> web.Response:
-        return self._answer("getme", params, 200, self.bot_user)
+        return self._answer(request, 200, self.bot_user)
 
     async def _m_deletewebhook(self, request: web.Request, params: Params) -> web.Response:
-        return self._answer("deletewebhook", params, 200, True)
+        return self._answer(request, 200, True)
 
     async def _m_getupdates(self, request: web.Request, params: Params) -> web.StreamResponse:
         offset = params.get("offset")
@@ -554,7 +558,7 @@ class FakeBotAPI:
             for t in (waiter, stop):
                 t.cancel()
         ids = [u["update_id"] for u in batch]
-        response = self._answer("getupdates", params, 200, batch, returned=ids)
+        response = self._answer(request, 200, batch, returned=ids)
         hook = self.after_get_updates
         if not ids or hook is None:
             return response
@@ -569,9 +573,9 @@ class FakeBotAPI:
         text = str(params.get("text") or "")
         problem = self._send_problem(params, text)
         if problem:
-            return self._answer("sendmessage", params, 400, f"Bad Request: {problem}")
+            return self._answer(request, 400, f"Bad Request: {problem}")
         shown = strip_html(text) if params.get("parse_mode") == "HTML" else text
-        return self._answer("sendmessage", params, 200, self._bot_said(params, shown))
+        return self._answer(request, 200, self._bot_said(params, shown))
 
     def _send_problem(self, params: Params, text: str) -> str | None:
         if not text.strip():
@@ -608,19 +612,19 @@ class FakeBotAPI:
         text = str(params.get("text") or "")
         problem = self._send_problem(params, text)
         if problem:
-            return self._answer("editmessagetext", params, 400, f"Bad Request: {problem}")
+            return self._answer(request, 400, f"Bad Request: {problem}")
         msg = self._bot_said(params, text)
         msg["message_id"] = params.get("message_id")
-        return self._answer("editmessagetext", params, 200, msg)
+        return self._answer(request, 200, msg)
 
     async def _m_sendchataction(self, request: web.Request, params: Params) -> web.Response:
-        return self._answer("sendchataction", params, 200, True)
+        return self._answer(request, 200, True)
 
     async def _m_getfile(self, request: web.Request, params: Params) -> web.Response:
         with self._lock:
             entry = self._files.get(str(params.get("file_id")))
         if entry is None:
-            return self._answer("getfile", params, 400, "Bad Request: invalid file_id")
+            return self._answer(request, 400, "Bad Request: invalid file_id")
         path, content = entry
         result = {
             "file_id": params["file_id"],
@@ -628,7 +632,7 @@ class FakeBotAPI:
             "file_size": len(content),
             "file_path": path,
         }
-        return self._answer("getfile", params, 200, result)
+        return self._answer(request, 200, result)
 
     async def _handle_file(self, request: web.Request) -> web.Response:
         if request.match_info["token"] != self.token:
@@ -716,6 +720,14 @@ class FakeBotAPIThread:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.api, name)
+
+    @property
+    def after_get_updates(self) -> Hook | None:
+        return self.api.after_get_updates
+
+    @after_get_updates.setter
+    def after_get_updates(self, hook: Hook | None) -> None:
+        self.api.after_get_updates = hook
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server and join the thread. Idempotent."""

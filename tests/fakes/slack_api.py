@@ -1,0 +1,299 @@
+"""A local fake of Slack's Web API and Socket Mode WebSocket, for the real slack_sdk clients.
+
+One aiohttp server on 127.0.0.1 serves both sides of the wire:
+
+* Web API under ``/api/``: ``auth.test``, ``apps.connections.open`` (answers with this server's
+  own ``ws://127.0.0.1:PORT/link/?ticket=N``), ``chat.postMessage`` (recorded; answers can be
+  scripted: a 429 with ``Retry-After`` or any ``{"ok": false, "error": ...}``), ``users.info``.
+  Tokens are checked like Slack does: a wrong one gets ``invalid_auth``.
+* ``/files/<name>``: downloads of registered files, only with the bot token as bearer.
+* ``/link/``: the Socket Mode WebSocket. It greets with ``hello``; the test pushes
+  ``events_api`` envelopes with ``push_event`` and the server records every ack the client sends
+  back (``acks``), calling ``on_ack`` at the moment each one arrives.
+
+Use it as ``async with FakeSlack() as slack:`` and point the channel at ``slack.api_url``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+BOT_TOKEN = "xoxb-test-bot-token"
+APP_TOKEN = "xapp-test-app-token"
+BOT_USER_ID = "UBOT0001"
+BOT_ID = "BBOT0001"
+TEAM_ID = "T0000001"
+APP_ID = "A0000001"
+
+
+@dataclass(slots=True)
+class Ack:
+    envelope_id: str
+    payload: dict[str, Any] | None
+    at: float
+    probe: Any = None  # what ``on_ack`` returned when this ack arrived
+
+
+@dataclass(slots=True)
+class Post:
+    channel: str
+    text: str
+    thread_ts: str | None
+    mrkdwn: bool | None
+    ts: str
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+class FakeSlack:
+    def __init__(
+        self,
+        *,
+        bot_token: str = BOT_TOKEN,
+        app_token: str = APP_TOKEN,
+        users: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        self.bot_token = bot_token
+        self.app_token = app_token
+        self.users = users or {}
+        self.port = 0
+        self.posts: list[Post] = []
+        self.post_script: list[dict[str, Any]] = []  # FIFO of answers for chat.postMessage
+        self.acks: list[Ack] = []
+        self.on_ack: Callable[[str], Any] | None = None
+        self.calls: dict[str, int] = {}
+        self.files: dict[str, bytes] = {}
+        self.file_auth: list[str | None] = []
+        self.connections = 0
+        self._sockets: list[web.WebSocketResponse] = []
+        self._envelopes = itertools.count(1)
+        self._ts = itertools.count(1)
+        self._changed = asyncio.Condition()
+        self._runner: web.AppRunner | None = None
+
+    # -- lifecycle --
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.url}/api/"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/api/{method}", self._api)
+        app.router.add_get("/files/{name}", self._file)
+        app.router.add_get("/link/", self._socket)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets
+        self.port = server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        for ws in list(self._sockets):
+            await ws.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeSlack:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- test controls --
+
+    def add_file(self, name: str, data: bytes) -> str:
+        """Register a file; returns its ``url_private``."""
+        self.files[name] = data
+        return f"{self.url}/files/{name}"
+
+    async def wait_connected(self, n: int = 1, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        await self._wait(lambda: self.connections >= n and bool(self._sockets), timeout)
+
+    async def push_event(
+        self,
+        event: dict[str, Any],
+        event_id: str,
+        *,
+        retry_attempt: int = 0,
+        retry_reason: str = "",
+    ) -> str:
+        """Send one ``events_api`` envelope to every connected client; returns its envelope id."""
+        envelope_id = f"env-{next(self._envelopes)}"
+        envelope = {
+            "envelope_id": envelope_id,
+            "type": "events_api",
+            "accepts_response_payload": False,
+            "retry_attempt": retry_attempt,
+            "retry_reason": retry_reason,
+            "payload": {
+                "token": "verification-token",
+                "team_id": TEAM_ID,
+                "api_app_id": APP_ID,
+                "event": event,
+                "type": "event_callback",
+                "event_id": event_id,
+                "event_time": int(time.time()),
+                "authorizations": [{"team_id": TEAM_ID, "user_id": BOT_USER_ID, "is_bot": True}],
+            },
+        }
+        await self.push_raw(envelope)
+        return envelope_id
+
+    async def push_raw(self, message: dict[str, Any]) -> None:
+        if not self._sockets:
+            raise RuntimeError("no Socket Mode client is connected")
+        for ws in list(self._sockets):
+            await ws.send_str(json.dumps(message))
+
+    async def drop_connections(self) -> None:
+        """Close every WebSocket as Slack does when it rotates a connection."""
+        for ws in list(self._sockets):
+            await ws.close()
+
+    async def wait_ack(self, envelope_id: str, timeout: float = 10.0) -> Ack:  # noqa: ASYNC109
+        await self._wait(lambda: any(a.envelope_id == envelope_id for a in self.acks), timeout)
+        return next(a for a in self.acks if a.envelope_id == envelope_id)
+
+    def acked(self, envelope_id: str) -> bool:
+        return any(a.envelope_id == envelope_id for a in self.acks)
+
+    async def wait_posts(self, n: int, timeout: float = 10.0) -> list[Post]:  # noqa: ASYNC109
+        await self._wait(lambda: len(self.posts) >= n, timeout)
+        return list(self.posts)
+
+    async def _wait(self, predicate: Callable[[], bool], seconds: float) -> None:
+        async with asyncio.timeout(seconds), self._changed:
+            await self._changed.wait_for(predicate)
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # -- Web API --
+
+    @staticmethod
+    def _ok(**data: Any) -> web.Response:
+        return web.json_response({"ok": True, **data})
+
+    @staticmethod
+    def _error(error: str, status: int = 200, headers: dict[str, str] | None = None):
+        return web.json_response({"ok": False, "error": error}, status=status, headers=headers)
+
+    async def _api(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        self.calls[method] = self.calls.get(method, 0) + 1
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        body: dict[str, Any] = dict(request.query)
+        if request.content_type == "application/json":
+            body.update(await request.json())
+        elif request.method == "POST":
+            body.update(await request.post())
+        if method == "apps.connections.open":
+            if token != self.app_token:
+                return self._error("invalid_auth")
+            return self._ok(url=f"ws://127.0.0.1:{self.port}/link/?ticket={self.connections + 1}")
+        if token != self.bot_token:
+            return self._error("invalid_auth")
+        if method == "auth.test":
+            return self._ok(
+                url="https://fake.slack.test/",
+                team="Fake",
+                user="memobot",
+                team_id=TEAM_ID,
+                user_id=BOT_USER_ID,
+                bot_id=BOT_ID,
+            )
+        if method == "chat.postMessage":
+            return await self._post_message(body)
+        if method == "users.info":
+            user = self.users.get(str(body.get("user")))
+            if user is None:
+                return self._error("user_not_found")
+            return self._ok(user=user)
+        return self._error("unknown_method", status=404)
+
+    async def _post_message(self, body: dict[str, Any]) -> web.Response:
+        if self.post_script:
+            step = self.post_script.pop(0)
+            if "retry_after" in step:
+                return self._error(
+                    "ratelimited", status=429, headers={"Retry-After": str(step["retry_after"])}
+                )
+            return self._error(step["error"], status=step.get("status", 200))
+        mrkdwn = body.get("mrkdwn")
+        if isinstance(mrkdwn, str):
+            mrkdwn = mrkdwn.lower() in ("1", "true")
+        ts = f"1700000100.{next(self._ts):06d}"
+        self.posts.append(
+            Post(
+                channel=str(body.get("channel")),
+                text=str(body.get("text", "")),
+                thread_ts=body.get("thread_ts"),
+                mrkdwn=mrkdwn,
+                ts=ts,
+                body=body,
+            )
+        )
+        await self._notify()
+        return self._ok(channel=body.get("channel"), ts=ts)
+
+    async def _file(self, request: web.Request) -> web.Response:
+        auth = request.headers.get("Authorization")
+        self.file_auth.append(auth)
+        data = self.files.get(request.match_info["name"])
+        if data is None:
+            raise web.HTTPNotFound()
+        if auth != f"Bearer {self.bot_token}":
+            # Slack answers an unauthenticated file request with its HTML login page.
+            return web.Response(text="<html>sign in</html>", content_type="text/html")
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    # -- Socket Mode --
+
+    async def _socket(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        self.connections += 1
+        self._sockets.append(ws)
+        await ws.send_str(
+            json.dumps(
+                {
+                    "type": "hello",
+                    "num_connections": 1,
+                    "debug_info": {"host": "fake", "approximate_connection_time": 3600},
+                    "connection_info": {"app_id": APP_ID},
+                }
+            )
+        )
+        await self._notify()
+        try:
+            async for msg in ws:
+                if msg.type != WSMsgType.TEXT:
+                    continue
+                data = json.loads(msg.data)
+                if "envelope_id" in data:
+                    probe = self.on_ack(data["envelope_id"]) if self.on_ack else None
+                    self.acks.append(
+                        Ack(data["envelope_id"], data.get("payload"), time.monotonic(), probe)
+                    )
+                    await self._notify()
+        finally:
+            self._sockets.remove(ws)
+            await self._notify()
+        return ws

@@ -19,6 +19,7 @@ from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load
 
 if TYPE_CHECKING:
     from bot.loop import AgentLoop
+    from bot.service.logs import LogFormat
     from channels.terminal import TerminalChannel
 
 log = logging.getLogger("memobot")
@@ -36,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="more log output"
+    )
+    common.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=argparse.SUPPRESS,
+        help="stderr logs: text (default; journald-friendly under systemd) or json, one "
+        "object per line",
     )
     parser = argparse.ArgumentParser(
         prog="memobot",
@@ -92,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     verbose = getattr(args, "verbose", 0)
-    _setup_logging(verbose, quiet=args.command not in ("gateway", "dream"))
+    quiet = args.command not in ("gateway", "dream")
+    _setup_logging(verbose, quiet, getattr(args, "log_format", "text"))
     config_path = getattr(args, "config", None) or default_config_path()
     try:
         if args.command == "onboard":
@@ -117,18 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _setup_logging(verbose: int, quiet: bool) -> None:
+def _setup_logging(verbose: int, quiet: bool, log_format: LogFormat) -> None:
+    from bot.service.logs import setup_logging
+
     # In the terminal chat, logs would interleave with the conversation: warnings only.
     level = logging.WARNING if quiet else logging.INFO
     if verbose:
         level = logging.DEBUG if verbose > 1 else logging.INFO
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    for noisy in ("httpx", "httpx2", "openai", "httpcore", "asyncio"):
-        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    setup_logging(level, log_format)
 
 
 # -- onboard ---------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 
 from bot.app import build_agent
 from bot.config import Config
+from bot.service.daemon import ServiceHooks
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class Gateway:
         self.started = time.time()
         self._stop = asyncio.Event()
         self._interrupts = 0
+        self.service = ServiceHooks(self, config_path)  # systemd notify, SIGHUP reload
 
     def status(self) -> dict[str, Any]:
         return {
@@ -109,6 +111,8 @@ class Gateway:
         aio = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             aio.add_signal_handler(sig, self.request_stop, sig)
+        aio.add_signal_handler(signal.SIGHUP, self.service.reload)
+        watchdog_task = asyncio.create_task(self.service.watchdog(), name="watchdog")
         if not self.channels:
             log.warning("no channel is enabled: set channels.<name>.enabled in the config")
         resumed = self.stack.loop.recover(channels={c.name for c in self.channels})
@@ -123,13 +127,15 @@ class Gateway:
         )
         status_task = asyncio.create_task(self._write_status_forever(), name="status")
         try:
+            await self.service.started(self._stop)
             await self._stop.wait()
         finally:
+            self.service.stopping(self.cfg.gateway.drain_seconds)
             await self.stack.loop.shutdown(self.cfg.gateway.drain_seconds)
             await self.manager.flush(10)
-            for t in (loop_task, status_task):
+            for t in (loop_task, status_task, watchdog_task):
                 t.cancel()
-            await asyncio.gather(loop_task, status_task, return_exceptions=True)
+            await asyncio.gather(loop_task, status_task, watchdog_task, return_exceptions=True)
             await self.manager.stop()
             await self.stack.close()
             self.status_path.unlink(missing_ok=True)
@@ -142,6 +148,7 @@ class Gateway:
                 await asyncio.to_thread(write_status, self.status_path, self.status())
             except OSError as exc:
                 log.warning("cannot write %s: %s", self.status_path, exc)
+            self.service.tick()
             await asyncio.sleep(STATUS_EVERY_SECONDS)
 
 

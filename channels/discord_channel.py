@@ -1,0 +1,474 @@
+"""Discord through discord.py: gateway intake, allowFrom and group gating, replies in Markdown.
+
+discord.py keeps the gateway alive itself (heartbeats, RESUME, reconnects after a drop);
+memobot's own loop around it only restarts a client that gave up (network down at login,
+an unexpected close) and stops for good when the token or the intents are refused.
+Discord has no redelivery to acknowledge: a message seen while memobot is down is not seen
+at all, and the bus verdict is only used to drop duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import discord
+
+from bot.bus import InboundMessage, MessageBus, OutboundMessage
+from bot.config import DiscordConfig
+from channels.access import AccessPolicy, whoami_text
+from channels.base import Channel
+from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
+from channels.formatting import DISCORD_LIMIT, markdown_to_discord, render_chunks, strip_markdown
+
+log = logging.getLogger(__name__)
+
+NAME = "discord"
+MEDIA_MAX_BYTES = 20 * 1024 * 1024
+RECONNECT_START, RECONNECT_MAX = 1.0, 30.0
+# discord.py sleeps through shorter 429s itself (per bucket, i.e. per channel); a longer wait
+# surfaces as RateLimited, so the channel manager's one retry policy decides and logs it.
+MAX_LIBRARY_RATELIMIT_WAIT = 30.0
+# Gateway close codes after which reconnecting cannot help (bad token, intents, sharding).
+FATAL_CLOSE_CODES = frozenset({4004, 4010, 4011, 4012, 4013, 4014})
+_CHAT_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+# --- pure helpers ---------------------------------------------------------------------------
+
+
+def intents() -> discord.Intents:
+    """Guild and DM messages with their content; nothing else (no members, no presences)."""
+    wanted = discord.Intents.none()
+    wanted.guilds = True
+    wanted.guild_messages = True
+    wanted.dm_messages = True
+    wanted.message_content = True
+    return wanted
+
+
+def strip_bot_mention(text: str, bot_id: int) -> str:
+    """``text`` without ``<@ID>`` / ``<@!ID>`` mentions of the bot, whitespace tidied."""
+    stripped = re.sub(rf"<@!?{bot_id}>", " ", text)
+    return re.sub(r"[ \t]{2,}", " ", stripped).strip()
+
+
+def is_whoami(text: str) -> bool:
+    head = text.strip().split(maxsplit=1)
+    return bool(head) and head[0].split("@", 1)[0].lower() == "/whoami"
+
+
+def proxy_options(proxy: str) -> dict[str, Any]:
+    """``discord.Client`` keyword arguments for ``channels.discord.proxy``.
+
+    http(s) proxies go through aiohttp's own ``proxy=``; socks5 needs an aiohttp-socks
+    connector (``socks5h``: the proxy resolves host names). Call inside the running loop.
+    """
+    if not proxy:
+        return {}
+    if proxy.startswith(("socks5://", "socks5h://")):
+        from aiohttp_socks import ProxyConnector
+
+        remote_dns = proxy.startswith("socks5h://")
+        url = "socks5://" + proxy.split("://", 1)[1]  # python-socks knows no "socks5h" scheme
+        return {"connector": ProxyConnector.from_url(url, rdns=remote_dns)}
+    return {"proxy": proxy}
+
+
+def _retry_after(exc: discord.HTTPException) -> float:
+    header = exc.response.headers.get("Retry-After") if exc.response is not None else None
+    try:
+        return float(header) if header else 1.0
+    except ValueError:
+        return 1.0
+
+
+def map_send_error(exc: BaseException) -> Exception | None:
+    """Our error class for a failed Discord call, or None for an exception we do not know."""
+    if isinstance(exc, discord.RateLimited):
+        return RetryAfter(exc.retry_after)
+    if isinstance(exc, discord.LoginFailure):
+        return FatalChannelError(f"discord refused the token: {exc}")
+    if isinstance(exc, discord.HTTPException):
+        detail = f"discord answered {exc.status}: {exc.text or exc}"
+        if exc.status == 429:
+            return RetryAfter(_retry_after(exc), detail)
+        if exc.status == 401:
+            return FatalChannelError(detail)
+        if exc.status >= 500:
+            return TransientError(detail)
+        return PermanentError(detail)  # 400, 403 Forbidden, 404 NotFound
+    if isinstance(exc, aiohttp.ClientError | TimeoutError | ConnectionError):
+        return TransientError(f"discord unreachable: {exc!r}")
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _first_chunk(text: str) -> str:
+    chunks = render_chunks(text, DISCORD_LIMIT, markdown_to_discord)
+    return chunks[0] if chunks else ""
+
+
+def _safe_name(name: str) -> str:
+    return _UNSAFE_NAME.sub("_", Path(name).name).strip("._") or "file"
+
+
+# --- the channel ----------------------------------------------------------------------------
+
+
+class _Client(discord.Client):
+    """A discord.py client that hands its events to the owning channel."""
+
+    def __init__(self, owner: DiscordChannel, **options: Any) -> None:
+        super().__init__(**options)
+        self.owner = owner
+
+    async def on_connect(self) -> None:
+        self.owner._gateway_up()
+
+    async def on_resumed(self) -> None:
+        self.owner._gateway_up()
+
+    async def on_disconnect(self) -> None:
+        self.owner._gateway_down()
+
+    async def on_ready(self) -> None:
+        log.info(
+            "discord: ready as %s (id %s) in %d guild(s)",
+            self.user,
+            self.user.id if self.user else "?",
+            len(self.guilds),
+        )
+
+    async def on_message(self, message: discord.Message) -> None:
+        await self.owner._on_message(message)
+
+
+class DiscordChannel(Channel):
+    """DMs, guild text channels and threads. Session key ``discord:<channel id>``."""
+
+    name = NAME
+    max_length = DISCORD_LIMIT
+
+    def __init__(
+        self, bus: MessageBus, cfg: DiscordConfig, workspace: Path, state_dir: Path
+    ) -> None:
+        super().__init__(bus)
+        self.cfg = cfg
+        self.workspace = Path(workspace)
+        self.state_dir = Path(state_dir)
+        self.policy = AccessPolicy(NAME, cfg.allow_from, cfg.admin_ids)
+        self.allow_channels = frozenset(cfg.allow_channels)
+        self.client: _Client | None = None
+        self._logged_in = False
+        self._was_connected = False
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._channels: dict[str, Any] = {}  # chat id -> discord.py messageable
+        self._intake_locks: dict[str, asyncio.Lock] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Return at once; the client logs in and connects in a background task."""
+        self.policy.log_startup()
+        self._stopping = False
+        self.set_state("starting")
+        self._task = asyncio.create_task(self._run(), name="discord-gateway")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self.client is not None:
+            await self.client.close()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        self.set_state("stopped")
+
+    async def _run(self) -> None:
+        delay = RECONNECT_START
+        while not self._stopping:
+            self.client = client = _Client(
+                self,
+                intents=intents(),
+                max_ratelimit_timeout=MAX_LIBRARY_RATELIMIT_WAIT,
+                allowed_mentions=discord.AllowedMentions.none(),
+                **proxy_options(self.cfg.proxy),
+            )
+            self._was_connected = False
+            self._channels.clear()  # channel objects belong to the client that made them
+            try:
+                await client.login(self.cfg.token)
+                self._logged_in = True
+                await client.connect(reconnect=True)
+                if self._stopping:
+                    return
+                problem = "the gateway connection ended"
+            except discord.LoginFailure:
+                self._fail(
+                    "token rejected",
+                    "discord: the bot token was rejected (401 Unauthorized). Put the token from "
+                    "the Developer Portal (Bot -> Reset Token) in channels.discord.token; "
+                    "the Discord channel is stopped until memobot restarts",
+                )
+                return
+            except discord.PrivilegedIntentsRequired:
+                self._fail(
+                    "message content intent not enabled",
+                    "discord: the gateway refused the MESSAGE CONTENT intent. Enable it in the "
+                    "Developer Portal (Bot -> Privileged Gateway Intents); the Discord channel "
+                    "is stopped until memobot restarts",
+                )
+                return
+            except discord.ConnectionClosed as exc:
+                if exc.code in FATAL_CLOSE_CODES:
+                    self._fail(
+                        f"gateway closed with {exc.code}",
+                        f"discord: the gateway closed the connection with code {exc.code} "
+                        f"({exc.reason or 'no reason'}); reconnecting cannot fix this, so the "
+                        "Discord channel is stopped",
+                    )
+                    return
+                problem = f"gateway closed with {exc.code}"
+            except (OSError, aiohttp.ClientError, discord.HTTPException, TimeoutError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # a bug must not end the channel for good: log it, retry
+                log.exception("discord: the client crashed")
+                problem = f"client crashed ({type(exc).__name__}: {exc})"
+            finally:
+                self._logged_in = False
+                await client.close()
+            if self._was_connected:
+                delay = RECONNECT_START
+            self.set_state("reconnecting", problem)
+            log.warning("discord: %s; connecting again in %.0f s", problem, delay)
+            await asyncio.sleep(delay)
+            delay = min(RECONNECT_MAX, delay * 2)
+
+    def _fail(self, state_detail: str, message: str) -> None:
+        log.error(message)
+        self.set_state("failed", state_detail)
+
+    def _gateway_up(self) -> None:
+        self._was_connected = True
+        self.set_state("connected")
+
+    def _gateway_down(self) -> None:
+        if not self._stopping and self.state == "connected":
+            self.set_state("reconnecting", "gateway connection lost; discord.py is resuming")
+
+    # -- intake ------------------------------------------------------------------------------
+
+    async def _on_message(self, message: discord.Message) -> None:
+        self.touch()
+        # discord.py runs each event in its own task; the per-chat lock (FIFO) keeps a chat's
+        # messages in arrival order even when an earlier one waits for its attachments.
+        lock = self._intake_locks.setdefault(str(message.channel.id), asyncio.Lock())
+        try:
+            async with lock:
+                await self._handle(message)
+        except Exception:
+            log.exception(
+                "discord: message %s in channel %s not handled", message.id, message.channel.id
+            )
+
+    async def _handle(self, message: discord.Message) -> None:
+        me = self.client.user if self.client else None
+        if me is None or message.author.bot or message.webhook_id is not None:
+            return  # other bots and webhooks, and our own messages
+        if message.type not in _CHAT_MESSAGE_TYPES:
+            return  # joins, pins, thread notices...
+        channel = message.channel
+        is_dm = isinstance(channel, discord.DMChannel)
+        if not is_dm and message.guild is None:
+            return  # group DMs: bots cannot take part
+        chat_id = str(channel.id)
+        sender_id = str(message.author.id)
+        allowed = self.policy.allowed(sender_id)
+        if not is_dm:
+            if not await self._channel_allowed(channel):
+                return
+            if self.cfg.group_policy != "open" and not self._addressed(message, me):
+                return
+        text = strip_bot_mention(message.content, me.id)
+        if is_whoami(text) and (is_dm or allowed):
+            await self._answer_directly(chat_id, message, whoami_text(NAME, sender_id, allowed))
+            return
+        if not allowed:
+            self.policy.deny(sender_id, str(message.author))
+            return
+        self._channels[chat_id] = channel
+        media, notes = await self._download(message, chat_id)
+        text = "\n".join([text, *notes]).strip()
+        if not text and not media:
+            return
+        reference = message.reference
+        inbound = InboundMessage(
+            NAME,
+            chat_id,
+            sender_id,
+            text,
+            media=tuple(media),
+            message_id=str(message.id),
+            reply_to=str(reference.message_id) if reference and reference.message_id else None,
+            metadata={
+                "is_group": not is_dm,
+                "is_admin": self.policy.is_admin(sender_id),
+                "sender_name": message.author.display_name,
+                **({"guild_id": str(message.guild.id)} if message.guild else {}),
+            },
+        )
+        verdict = await self.bus.publish_inbound(inbound)
+        if verdict == "duplicate":
+            log.info("discord: duplicate message %s ignored chat=%s", message.id, chat_id)
+        elif verdict == "refused":
+            log.warning(
+                "discord: message %s in chat %s not taken: memobot is shutting down "
+                "(Discord does not redeliver it)",
+                message.id,
+                chat_id,
+            )
+
+    async def _channel_allowed(self, channel: Any) -> bool:
+        """allowChannels: the channel itself or, for a thread, its parent channel is listed."""
+        if not self.allow_channels:
+            return True
+        ids = {channel.id, getattr(channel, "parent_id", None)}
+        if isinstance(channel, discord.PartialMessageable) and self.client is not None:
+            # A thread discord.py has not cached: ask Discord which channel it belongs to.
+            try:
+                full = await self.client.fetch_channel(channel.id)
+            except (discord.HTTPException, aiohttp.ClientError) as exc:
+                log.warning("discord: cannot look up channel %s (%s); ignored", channel.id, exc)
+                return False
+            ids.add(getattr(full, "parent_id", None))
+        return any(str(i) in self.allow_channels for i in ids if i is not None)
+
+    @staticmethod
+    def _addressed(message: discord.Message, me: discord.ClientUser) -> bool:
+        """Mentioned by user mention (never @everyone/@here), a reply to us, or a command."""
+        if message.content.lstrip().startswith("/"):
+            return True
+        if any(user.id == me.id for user in message.mentions):
+            return True
+        ref = message.reference
+        target = ref and (ref.resolved or ref.cached_message)
+        return isinstance(target, discord.Message) and target.author.id == me.id
+
+    async def _download(
+        self, message: discord.Message, chat_id: str
+    ) -> tuple[list[str], list[str]]:
+        """Save attachments under ``<workspace>/media/discord/<chat>/``; notes for skipped ones."""
+        paths: list[str] = []
+        notes: list[str] = []
+        folder = self.workspace / "media" / NAME / _safe_name(chat_id)
+        for attachment in message.attachments:
+            if attachment.size > MEDIA_MAX_BYTES:
+                log.warning(
+                    "discord: attachment %s (%d bytes) over the %d byte cap, not saved chat=%s",
+                    attachment.filename,
+                    attachment.size,
+                    MEDIA_MAX_BYTES,
+                    chat_id,
+                )
+                notes.append(f"[attachment {attachment.filename} not saved: too large]")
+                continue
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{message.id}-{_safe_name(attachment.filename)}"
+            try:
+                await attachment.save(path)
+            except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
+                log.warning(
+                    "discord: attachment %s not saved chat=%s: %s",
+                    attachment.filename,
+                    chat_id,
+                    exc,
+                )
+                notes.append(f"[attachment {attachment.filename} could not be downloaded]")
+                continue
+            paths.append(str(path))
+        return paths, notes
+
+    async def _answer_directly(self, chat_id: str, message: discord.Message, text: str) -> None:
+        """Answers the channel gives itself (/whoami) go through the manager like any other."""
+        self._channels[chat_id] = message.channel
+        await self.bus.publish_outbound(
+            OutboundMessage(NAME, chat_id, text, reply_to=str(message.id), final=True)
+        )
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def render(self, text: str) -> list[str]:
+        return render_chunks(text, DISCORD_LIMIT, markdown_to_discord)
+
+    def plain(self, chunk: str) -> str:
+        return strip_markdown(chunk)
+
+    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+        channel = await self._messageable(msg.chat_id)
+        reference = None
+        if self._replies_in(channel) and msg.reply_to and msg.reply_to.isdigit():
+            first = _first_chunk(msg.text)
+            if chunk in (first, strip_markdown(first)):
+                # Only the first piece shows as a reply; a deleted original must not fail it.
+                reference = discord.MessageReference(
+                    message_id=int(msg.reply_to),
+                    channel_id=int(msg.chat_id),
+                    fail_if_not_exists=False,
+                )
+        try:
+            await channel.send(
+                chunk,
+                reference=reference,
+                mention_author=False,
+                allowed_mentions=discord.AllowedMentions.none(),
+            )
+        except Exception as exc:
+            mapped = map_send_error(exc)
+            if mapped is None:
+                raise
+            if isinstance(mapped, FatalChannelError):
+                self._fail("token rejected", f"discord: {mapped}")
+            raise mapped from exc
+
+    async def send_typing(self, chat_id: str) -> None:
+        channel = await self._messageable(chat_id)
+        try:
+            await channel.typing()  # one POST /typing; the manager refreshes it
+        except Exception as exc:
+            mapped = map_send_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    @staticmethod
+    def _replies_in(channel: Any) -> bool:
+        """Guild channels and threads get replies; DMs plain messages."""
+        return not isinstance(channel, discord.DMChannel) and (
+            getattr(channel, "guild", None) is not None
+            or getattr(channel, "guild_id", None) is not None
+        )
+
+    async def _messageable(self, chat_id: str) -> Any:
+        """The discord.py channel for ``chat_id``: seen in intake, cached, or fetched once."""
+        client = self.client
+        if client is None or not self._logged_in:
+            raise TransientError("discord is not connected")
+        channel = self._channels.get(chat_id) or client.get_channel(int(chat_id))
+        if channel is None:
+            try:
+                channel = await client.fetch_channel(int(chat_id))
+            except Exception as exc:
+                mapped = map_send_error(exc)
+                if mapped is None:
+                    raise
+                raise mapped from exc
+            self._channels[chat_id] = channel
+        return channel

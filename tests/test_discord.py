@@ -1,0 +1,476 @@
+"""The Discord channel end to end: real discord.py against a local fake of Discord's wire.
+
+discord.py logs in over REST, opens the gateway WebSocket, receives READY / GUILD_CREATE and
+MESSAGE_CREATE from ``tests.fakes.discord_api`` and sends replies back to it; the agent loop and
+the channel manager are the real ones, the model is the fake OpenAI-compatible server (its
+default answer echoes the first line the model saw, so a reply shows what reached the model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from bot.session import SessionStore
+from channels import create_channel
+from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
+from channels.manager import ChannelManager
+from tests.fakes.discord_api import (
+    BOT_USER,
+    OTHER_CHANNEL_ID,
+    TEXT_CHANNEL_ID,
+    THREAD_ID,
+    TOKEN,
+    FakeDiscord,
+    user,
+)
+from tests.fakes.llm_server import FakeLLM, reply
+from tests.helpers import Harness, make_config, request_messages
+
+ALICE = user(1_300_000_000_000_000_042, "alice")
+BOB = user(1_300_000_000_000_000_077, "bob")
+OTHER_BOT = user(1_300_000_000_000_000_099, "otherbot", bot=True)
+ALICE_DM = 1_400_000_000_000_000_042
+BOB_DM = 1_400_000_000_000_000_077
+MENTION = f"<@{BOT_USER['id']}>"
+NO_PINGS = {"parse": [], "replied_user": False}
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[FakeLLM]:
+    async with FakeLLM() as server:
+        yield server
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeDiscord]:
+    async with FakeDiscord() as server:
+        with server.patch():
+            yield server
+
+
+async def until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class Bot:
+    harness: Harness
+    channel: Any  # DiscordChannel (imported through the factory, as the gateway does)
+    api: FakeDiscord
+    llm: FakeLLM
+    tmp_path: Path
+
+    async def answered(self, channel_id: int, n: int = 1) -> list[dict[str, Any]]:
+        """The first ``n`` message bodies memobot posted to ``channel_id``."""
+        return [c.body for c in await self.api.wait_posts(n, channel_id)][:n]
+
+    def session(self, chat_id: int) -> list[dict[str, Any]]:
+        return SessionStore(self.tmp_path / "state").get(f"discord:{chat_id}").messages
+
+
+@asynccontextmanager
+async def running(
+    tmp_path: Path, llm: FakeLLM, api: FakeDiscord, **discord: Any
+) -> AsyncIterator[Bot]:
+    settings = {"enabled": True, "token": TOKEN, "allowFrom": [ALICE["id"]], **discord}
+    cfg = make_config(tmp_path, llm.base_url, channels={"discord": settings})
+    harness = Harness(cfg, tmp_path / "config.json", channels=())
+    channel = create_channel("discord", harness.stack.bus, cfg)
+    harness.manager = ChannelManager(harness.stack.bus, harness.stack.loop.ledger, [channel])
+    async with harness:
+        await until(lambda: channel.state == "connected")
+        yield Bot(harness, channel, api, llm, tmp_path)
+
+
+async def settle(bot: Bot, channel_id: int) -> None:
+    """Send a message that is answered; everything injected before it has been handled."""
+    before = len(bot.api.posts(channel_id))
+    await bot.api.send_message(channel_id, ALICE, f"{MENTION} sync", mentions=[BOT_USER])
+    await bot.api.wait_posts(before + 1, channel_id)
+
+
+# --- direct messages --------------------------------------------------------------------------
+
+
+async def test_dm_from_allowed_user_is_answered(tmp_path: Path, llm: FakeLLM, api) -> None:
+    async with running(tmp_path, llm, api) as bot:
+        assert api.identifies[0]["intents"] == 1 | (1 << 9) | (1 << 12) | (1 << 15)
+        await api.send_message(ALICE_DM, ALICE, "hello there", guild_id=None)
+        [body] = await bot.answered(ALICE_DM)
+        assert body["content"] == "echo: hello there"
+        assert "message_reference" not in body  # DMs get plain messages, not replies
+        assert body["allowed_mentions"] == NO_PINGS
+        assert api.typings(), "a typing indicator was shown while the turn ran"
+    [req] = llm.requests
+    user_turn = request_messages(req)[-1]["content"]
+    assert user_turn.startswith("hello there\n\n") and f"chat: {ALICE_DM}" in user_turn
+    assert [m["role"] for m in bot.session(ALICE_DM)] == ["user", "assistant"]
+
+
+async def test_denied_user_is_ignored_and_logged_once(
+    tmp_path: Path, llm: FakeLLM, api, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="channels.access")
+    async with running(tmp_path, llm, api) as bot:
+        await api.send_message(BOB_DM, BOB, "let me in", guild_id=None)
+        await api.send_message(BOB_DM, BOB, "please", guild_id=None)
+        await api.send_message(ALICE_DM, ALICE, "hi", guild_id=None)
+        await bot.answered(ALICE_DM)
+        await asyncio.sleep(0.1)
+        assert api.posts(BOB_DM) == []
+    assert len(llm.requests) == 1
+    denials = [r for r in caplog.records if BOB["id"] in r.getMessage()]
+    assert len(denials) == 1
+    assert f'add "{BOB["id"]}" to channels.discord.allowFrom' in denials[0].getMessage()
+
+
+async def test_whoami_in_dm_answers_a_denied_user(tmp_path: Path, llm: FakeLLM, api) -> None:
+    async with running(tmp_path, llm, api) as bot:
+        await api.send_message(BOB_DM, BOB, "/whoami", guild_id=None)
+        [body] = await bot.answered(BOB_DM)
+    assert body["content"] == (
+        f"Your discord user id is {BOB['id']}. "
+        "You are not allowed (add it to channels.discord.allowFrom)."
+    )
+    assert llm.requests == []
+
+
+async def test_duplicate_delivery_is_answered_once(tmp_path: Path, llm: FakeLLM, api) -> None:
+    async with running(tmp_path, llm, api) as bot:
+        first = await api.send_message(ALICE_DM, ALICE, "once", guild_id=None)
+        await api.send_message(ALICE_DM, ALICE, "once", guild_id=None, message_id=first["id"])
+        await bot.answered(ALICE_DM)
+        await api.send_message(ALICE_DM, ALICE, "twice", guild_id=None)
+        await bot.answered(ALICE_DM, 2)
+        assert [c.body["content"] for c in api.posts(ALICE_DM)] == ["echo: once", "echo: twice"]
+
+
+# --- guilds -----------------------------------------------------------------------------------
+
+
+async def test_guild_answers_only_when_addressed(tmp_path: Path, llm: FakeLLM, api) -> None:
+    async with running(tmp_path, llm, api) as bot:
+        await api.send_message(TEXT_CHANNEL_ID, ALICE, "just chatting")
+        await api.send_message(TEXT_CHANNEL_ID, ALICE, "@everyone hello", mention_everyone=True)
+        asked = await api.send_message(
+            TEXT_CHANNEL_ID, ALICE, f"{MENTION} what is up?", mentions=[BOT_USER]
+        )
+        [body] = await bot.answered(TEXT_CHANNEL_ID)
+        await asyncio.sleep(0.1)
+        assert len(api.posts(TEXT_CHANNEL_ID)) == 1
+    # A reply to the user's message, without pinging them, the mention gone from the text.
+    assert body["content"] == "echo: what is up?"
+    assert body["message_reference"]["message_id"] == int(asked["id"])
+    assert body["message_reference"]["fail_if_not_exists"] is False
+    assert body["allowed_mentions"] == NO_PINGS
+    [req] = llm.requests
+    user_turn = request_messages(req)[-1]["content"]
+    assert user_turn.startswith("what is up?\n\n") and MENTION not in user_turn
+
+
+async def test_reply_to_the_bot_is_answered(tmp_path: Path, llm: FakeLLM, api) -> None:
+    ours = FakeDiscord.message_payload(TEXT_CHANNEL_ID, BOT_USER, "an earlier answer")
+    theirs = FakeDiscord.message_payload(TEXT_CHANNEL_ID, BOB, "someone else")
+    async with running(tmp_path, llm, api) as bot:
+        await api.send_message(TEXT_CHANNEL_ID, ALICE, "not to you", referenced=theirs)
+        await api.send_message(TEXT_CHANNEL_ID, ALICE, "and then?", referenced=ours)
+        [body] = await bot.answered(TEXT_CHANNEL_ID)
+        await asyncio.sleep(0.1)
+        assert len(api.posts(TEXT_CHANNEL_ID)) == 1
+    assert body["content"] == "echo: and then?"
+
+
+async def test_command_in_guild_needs_no_mention(tmp_path: Path, llm: FakeLLM, api) -> None:
+    async with running(tmp_path, llm, api) as bot:
+        await api.send_message(TEXT_CHANNEL_ID, ALICE, "/help")
+        [body] = await bot.answered(TEXT_CHANNEL_ID)
+    assert body["content"].startswith("memobot commands:")
+    assert llm.requests == []
+
+
+async def test_bots_are_ignored(tmp_path: Path, llm: FakeLLM, api) -> None:
+    async with running(tmp_path, llm, api, allowFrom=["*"]) as bot:
+        await api.send_message(TEXT_CHANNEL_ID, OTHER_BOT, f"{MENTION} hi", mentions=[BOT_USER])
+        await api.send_message(TEXT_CHANNEL_ID, BOT_USER, f"{MENTION} me", mentions=[BOT_USER])
+        await api.send_message(ALICE_DM, OTHER_BOT, "psst", guild_id=None)
+        await settle(bot, TEXT_CHANNEL_ID)
+        assert [c.body["content"] for c in api.posts()] == ["echo: sync"]
+
+
+async def test_open_group_policy_answers_everything(tmp_path: Path, llm: FakeLLM, api) -> None:
+    async with running(tmp_path, llm, api, groupPolicy="open") as bot:
+        await api.send_message(TEXT_CHANNEL_ID, ALICE, "no mention needed")
+        [body] = await bot.answered(TEXT_CHANNEL_ID)
+    assert body["content"] == "echo: no mention needed"
+
+
+async def test_allow_channels_and_threads_as_sessions(tmp_path: Path, llm: FakeLLM, api) -> None:
+    async with running(tmp_path, llm, api, allowChannels=[str(TEXT_CHANNEL_ID)]) as bot:
+        await api.send_message(OTHER_CHANNEL_ID, ALICE, f"{MENTION} elsewhere", mentions=[BOT_USER])
+        await api.send_message(THREAD_ID, ALICE, f"{MENTION} in the thread", mentions=[BOT_USER])
+        [in_thread] = await bot.answered(THREAD_ID)
+        await api.send_message(
+            TEXT_CHANNEL_ID, ALICE, f"{MENTION} in the channel", mentions=[BOT_USER]
+        )
+        [in_channel] = await bot.answered(TEXT_CHANNEL_ID)
+        assert api.posts(OTHER_CHANNEL_ID) == []
+    assert in_thread["content"] == "echo: in the thread"
+    assert in_channel["content"] == "echo: in the channel"
+    # The thread has its own session; the parent channel's session never saw it.
+    assert "in the thread" in bot.session(THREAD_ID)[0]["content"]
+    assert "in the channel" in bot.session(TEXT_CHANNEL_ID)[0]["content"]
+    assert len(bot.session(THREAD_ID)) == len(bot.session(TEXT_CHANNEL_ID)) == 2
+    assert len(llm.requests) == 2
+
+
+# --- sending ----------------------------------------------------------------------------------
+
+
+async def test_long_answer_is_split_around_a_code_block(tmp_path: Path, llm: FakeLLM, api) -> None:
+    code = "\n".join(f"line_{i:03d} = {i} * 2  # padding to make it long" for i in range(80))
+    prose = " ".join(f"word{i}" for i in range(200))
+    answer = f"{prose}\n\n```python\n{code}\n```\n\nThat is all."
+    assert len(answer) > 2 * 2000
+    llm.script(reply(answer))
+    async with running(tmp_path, llm, api) as bot:
+        asked = await api.send_message(
+            TEXT_CHANNEL_ID, ALICE, f"{MENTION} code", mentions=[BOT_USER]
+        )
+        await api.wait_posts(1, TEXT_CHANNEL_ID)
+        await bot.harness.manager.flush()  # returns once every piece was handed over
+        bodies = [c.body for c in api.posts(TEXT_CHANNEL_ID)]
+    assert len(bodies) >= 3
+    for body in bodies:
+        assert len(body["content"]) <= 2000
+        assert body["content"].count("```") % 2 == 0, "every piece opens and closes its fences"
+        assert body["allowed_mentions"] == NO_PINGS
+    assert bodies[0]["message_reference"]["message_id"] == int(asked["id"])
+    assert all("message_reference" not in b for b in bodies[1:])
+    joined = "\n".join(b["content"] for b in bodies)
+    for i in range(80):
+        assert f"line_{i:03d} = {i} * 2" in joined
+    assert "word199" in joined and "That is all." in joined
+
+
+@pytest.mark.parametrize("via", [True, False], ids=["library-retry", "manager-retry"])
+async def test_rate_limit_is_waited_out_and_delivered(
+    tmp_path: Path, llm: FakeLLM, api, via: bool
+) -> None:
+    # With "Via" discord.py sleeps through the 429 itself; without it the 429 escapes the
+    # library and the channel manager waits retry_after (RetryAfter) before sending again.
+    api.fail_next(429, retry_after=0.3, via=via)
+    async with running(tmp_path, llm, api) as bot:
+        await api.send_message(ALICE_DM, ALICE, "hurry", guild_id=None)
+        [body] = await bot.answered(ALICE_DM)
+    assert body["content"] == "echo: hurry"
+    attempts = [c for c in api.calls if c.path.endswith("/messages")]
+    assert [c.status for c in attempts] == [429, 200]
+    assert attempts[1].at - attempts[0].at >= 0.3
+
+
+async def test_everyone_in_the_answer_never_pings(tmp_path: Path, llm: FakeLLM, api) -> None:
+    llm.script(reply("@everyone @here <@&123> <@456> look at this"))
+    async with running(tmp_path, llm, api) as bot:
+        await api.send_message(TEXT_CHANNEL_ID, ALICE, f"{MENTION} ping them", mentions=[BOT_USER])
+        [body] = await bot.answered(TEXT_CHANNEL_ID)
+    # Belt and braces: the text is defused and the API is told to ping nobody.
+    assert "everyone" in body["content"] and "@everyone" not in body["content"]
+    assert body["allowed_mentions"] == NO_PINGS
+
+
+async def test_forbidden_channel_fails_the_delivery(
+    tmp_path: Path, llm: FakeLLM, api, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.fail_next(403, body={"message": "Missing Permissions", "code": 50013})
+    async with running(tmp_path, llm, api) as bot:
+        await api.send_message(TEXT_CHANNEL_ID, ALICE, f"{MENTION} hi", mentions=[BOT_USER])
+        await api.wait_for(lambda: any(c.status == 403 for c in api.calls))
+        await bot.harness.manager.flush()
+    assert [c.status for c in api.calls if c.path.endswith("/messages")] == [403]
+    assert any("Missing Permissions" in r.getMessage() for r in caplog.records)
+    # The answer stays queued in the ledger for the next start.
+    meta = SessionStore(tmp_path / "state").get(f"discord:{TEXT_CHANNEL_ID}").metadata
+    assert [e["state"] for e in meta["outbox"]] == ["queued"]
+
+
+# --- media ------------------------------------------------------------------------------------
+
+
+async def test_attachments_are_downloaded_into_media(tmp_path: Path, llm: FakeLLM, api) -> None:
+    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
+    image = api.add_attachment("cat photo.png", png, "image/png")
+    notes = api.add_attachment("notes.txt", b"remember the milk", "text/plain")
+    huge = {
+        **api.add_attachment("huge.bin", b"x", "application/octet-stream"),
+        "size": 30 * 1024 * 1024,
+    }
+    async with running(tmp_path, llm, api) as bot:
+        sent = await api.send_message(
+            ALICE_DM, ALICE, "look", guild_id=None, attachments=[image, notes, huge]
+        )
+        await bot.answered(ALICE_DM)
+    folder = tmp_path / "ws" / "media" / "discord" / str(ALICE_DM)
+    saved = sorted(p.name for p in folder.iterdir())
+    assert saved == [f"{sent['id']}-cat_photo.png", f"{sent['id']}-notes.txt"]
+    assert (folder / f"{sent['id']}-cat_photo.png").read_bytes() == png
+    [req] = llm.requests
+    parts = request_messages(req)[-1]["content"]
+    text = parts[0]["text"]
+    assert text.startswith("look\n[attachment huge.bin not saved: too large]")
+    assert str(folder / f"{sent['id']}-notes.txt") in text
+    assert parts[1]["image_url"]["url"].startswith("data:image/png;base64,")
+
+
+async def test_a_chat_keeps_its_order_while_media_downloads(
+    tmp_path: Path, llm: FakeLLM, api
+) -> None:
+    api.attachment_delay = 0.3
+    notes = api.add_attachment("notes.txt", b"slow to fetch", "text/plain")
+    async with running(tmp_path, llm, api) as bot:
+        await api.send_message(ALICE_DM, ALICE, "first", guild_id=None, attachments=[notes])
+        await api.send_message(ALICE_DM, ALICE, "second", guild_id=None)
+        await bot.answered(ALICE_DM, 2)
+    users = [m["content"] for m in bot.session(ALICE_DM) if m["role"] == "user"]
+    assert [u.split("\n", 1)[0] for u in users] == ["first", "second"]
+
+
+# --- connection lifecycle ---------------------------------------------------------------------
+
+
+async def test_rejected_token_stops_the_channel(
+    tmp_path: Path, llm: FakeLLM, api, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = make_config(
+        tmp_path,
+        llm.base_url,
+        channels={"discord": {"enabled": True, "token": "wrong", "allowFrom": [ALICE["id"]]}},
+    )
+    channel = create_channel("discord", _bus(), cfg)
+    await channel.start()
+    try:
+        await until(lambda: channel.state == "failed")
+        await asyncio.sleep(0.2)
+        assert api.logins == 1, "a rejected token is not retried"
+        assert api.identifies == []
+        assert "channels.discord.token" in caplog.text
+    finally:
+        await channel.stop()
+    assert channel.state == "stopped"
+
+
+async def test_login_error_is_retried_with_backoff(tmp_path: Path, llm: FakeLLM, api) -> None:
+    api.login_failures = [400]
+    async with running(tmp_path, llm, api) as bot:
+        assert api.logins == 2
+        await api.send_message(ALICE_DM, ALICE, "back again", guild_id=None)
+        [body] = await bot.answered(ALICE_DM)
+    assert body["content"] == "echo: back again"
+
+
+async def test_gateway_drop_is_resumed(tmp_path: Path, llm: FakeLLM, api) -> None:
+    async with running(tmp_path, llm, api) as bot:
+        states: list[str] = []
+        bot.channel.set_state = _recording(bot.channel.set_state, states)
+        await api.drop_connections(4000)
+        await until(lambda: api.resumes and bot.channel.state == "connected")
+        assert states[:2] == ["reconnecting", "connected"]
+        assert api.resumes[0]["session_id"] == "session-1" and len(api.identifies) == 1
+        await api.send_message(ALICE_DM, ALICE, "still there?", guild_id=None)
+        [body] = await bot.answered(ALICE_DM)
+    assert body["content"] == "echo: still there?"
+
+
+def _recording(set_state: Callable[..., None], states: list[str]) -> Callable[..., None]:
+    def wrapper(state: str, detail: str = "") -> None:
+        states.append(state)
+        set_state(state, detail)
+
+    return wrapper
+
+
+def _bus() -> Any:
+    from bot.bus import MessageBus
+
+    return MessageBus()
+
+
+# --- error mapping (pure) ---------------------------------------------------------------------
+
+
+def _http_error(status: int, headers: dict[str, str] | None = None) -> Exception:
+    import discord
+
+    response = SimpleNamespace(status=status, reason="scripted", headers=headers or {})
+    factory = {403: discord.Forbidden, 404: discord.NotFound}.get(status, discord.HTTPException)
+    if status >= 500:
+        factory = discord.DiscordServerError
+    return factory(response, {"message": f"status {status}", "code": 0})
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (400, PermanentError),
+        (403, PermanentError),
+        (404, PermanentError),
+        (401, FatalChannelError),
+        (500, TransientError),
+        (503, TransientError),
+    ],
+)
+def test_http_errors_map_to_our_vocabulary(status: int, expected: type) -> None:
+    from channels.discord_channel import map_send_error
+
+    assert type(map_send_error(_http_error(status))) is expected
+
+
+def test_rate_limits_map_to_retry_after() -> None:
+    import aiohttp
+    import discord
+
+    from channels.discord_channel import map_send_error
+
+    escaped = map_send_error(_http_error(429, {"Retry-After": "2.5"}))
+    assert isinstance(escaped, RetryAfter) and escaped.seconds == 2.5
+    long_wait = map_send_error(discord.RateLimited(45.0))
+    assert isinstance(long_wait, RetryAfter) and long_wait.seconds == 45.0
+    assert isinstance(map_send_error(aiohttp.ClientConnectionError()), TransientError)
+    assert isinstance(map_send_error(discord.LoginFailure("bad")), FatalChannelError)
+    assert map_send_error(ValueError("a bug")) is None
+
+
+def test_proxy_options() -> None:
+    from channels.discord_channel import proxy_options, strip_bot_mention
+
+    assert proxy_options("") == {}
+    assert proxy_options("http://127.0.0.1:3128") == {"proxy": "http://127.0.0.1:3128"}
+    assert strip_bot_mention("<@!42> hi <@42>  there", 42) == "hi there"
+
+
+async def test_socks_proxy_uses_a_connector() -> None:
+    from aiohttp_socks import ProxyConnector
+
+    from channels.discord_channel import proxy_options
+
+    plain = proxy_options("socks5://user:pw@127.0.0.1:1080")["connector"]
+    remote = proxy_options("socks5h://127.0.0.1:1080")["connector"]
+    try:
+        assert isinstance(plain, ProxyConnector) and plain._rdns is False
+        assert isinstance(remote, ProxyConnector) and remote._rdns is True
+    finally:
+        await plain.close()
+        await remote.close()

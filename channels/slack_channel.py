@@ -1,0 +1,762 @@
+"""Slack over Socket Mode: events in through slack_sdk's aiohttp SocketModeClient, replies out
+through the Web API (AsyncWebClient).
+
+Acknowledging an event is a promise to Slack that we have it: Slack redelivers an envelope that
+is not acknowledged within a few seconds (up to three retries, ``retry_attempt`` 1..3, same
+``event_id``). So the ack is sent only after ``bus.publish_inbound`` said "accepted" (the message
+is a pending turn on disk) or "duplicate" (it already was); on "refused" (memobot is stopping)
+and on any unexpected error nothing is sent and Slack's redelivery after the restart brings it
+back. Events we decide to ignore (bots, edits, strangers) are acknowledged at once.
+
+That is why this module registers its own Socket Mode request listener instead of running
+slack-bolt's dispatcher: bolt acknowledges events before its listener runs, or, with
+``process_before_response``, after it unconditionally unless the listener raises; its
+unhandled-event path never acks, and its Socket Mode adapter drops ``retry_attempt``. Here the
+ack is one line after the intake verdict. A retried ``event_id`` that was already taken is
+acknowledged from a small in-memory set without work; the intake's message-id ledger (keyed by
+the message ``ts``) catches the rest, e.g. a retry after a restart.
+
+Sessions: a DM is one session (``slack:D0123``); in channels every thread is its own session
+(``slack:C0123:1700000000.000100``) and the answer goes into that thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict, ValidationError
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
+from bot.config import SlackConfig
+from channels.access import AccessPolicy, whoami_text
+from channels.base import Channel
+from channels.errors import (
+    FatalChannelError,
+    PermanentError,
+    RetryAfter,
+    SendError,
+    TransientError,
+)
+from channels.formatting import SLACK_LIMIT, markdown_to_slack_mrkdwn, render_chunks, strip_markdown
+
+log = logging.getLogger(__name__)
+
+NAME = "slack"
+MEDIA_MAX_BYTES = 20 * 1024 * 1024
+RECENT_EVENTS_KEPT = 1000
+NAMES_KEPT = 1000
+HTTP_TIMEOUT_SECONDS = 30.0
+DOWNLOAD_TIMEOUT_SECONDS = 120.0
+USER_LOOKUP_SECONDS = 3.0
+START_WAIT_SECONDS = 5.0  # start() returns by then even if Slack is not reachable yet
+CONNECT_TIMEOUT_SECONDS = 30.0
+CONNECT_BACKOFF_START, CONNECT_BACKOFF_MAX = 1.0, 30.0
+WATCH_SECONDS = 2.0
+STOP_WAIT_SECONDS = 3.0
+
+# Token problems: retrying cannot help, the operator has to fix the config.
+FATAL_API_ERRORS = frozenset(
+    {
+        "invalid_auth",
+        "not_authed",
+        "account_inactive",
+        "token_revoked",
+        "token_expired",
+        "not_allowed_token_type",
+        "team_access_not_granted",
+        "ekm_access_denied",
+    }
+)
+TRANSIENT_API_ERRORS = frozenset(
+    {"internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+)
+# Message subtypes that are still a person writing to us; the rest (edits, deletions, joins,
+# bot_message...) are ignored.
+USER_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
+GROUP_CHANNEL_TYPES = frozenset({"channel", "group", "mpim"})
+UNHOSTED_FILE_MODES = frozenset({"external", "tombstone", "hidden_by_limit"})
+
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+_ANGLE = re.compile(r"<([^<>]*)>")
+
+
+# --- platform payloads (validated at the boundary, unknown fields kept) ---------------------
+
+
+class SlackFile(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    id: str = ""
+    name: str = ""
+    mimetype: str = ""
+    size: int = 0
+    mode: str = ""
+    url_private: str = ""
+    url_private_download: str = ""
+
+
+class SlackEvent(BaseModel):
+    """The ``event`` of an Events API callback (``app_mention`` or ``message``)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: str
+    subtype: str | None = None
+    user: str | None = None
+    bot_id: str | None = None
+    text: str | None = None
+    ts: str = ""
+    thread_ts: str | None = None
+    channel: str = ""
+    channel_type: str | None = None
+    hidden: bool = False
+    files: tuple[SlackFile, ...] = ()
+    user_profile: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who the bot is, from ``auth.test``."""
+
+    user_id: str
+    bot_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """An event that is a person writing to memobot, before allowFrom."""
+
+    chat_id: str
+    channel: str
+    thread_ts: str | None  # where the answer goes; None: the DM itself
+    user: str
+    text: str
+    message_id: str
+    is_dm: bool
+    files: tuple[SlackFile, ...]
+    sender_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ignored:
+    reason: str
+
+
+# --- pure helpers ---------------------------------------------------------------------------
+
+
+def route(event: SlackEvent, me: Identity, group_policy: str) -> Incoming | Ignored:
+    """Decide whether ``event`` is for memobot, and which session it belongs to.
+
+    DMs (``message`` with channel_type "im") always count. In channels only ``app_mention``
+    counts, unless ``group_policy`` is "open", when every plain channel message does too.
+    The message id is the message's ``ts``: the same in every retry and in both the
+    ``app_mention`` and the ``message`` event Slack sends for one mention.
+    """
+    if event.type not in ("app_mention", "message"):
+        return Ignored(f"event type {event.type}")
+    if event.subtype is not None and event.subtype not in USER_SUBTYPES:
+        return Ignored(f"message subtype {event.subtype}")
+    if event.bot_id or event.hidden or not event.user:
+        return Ignored("written by a bot")
+    if event.user == me.user_id:
+        return Ignored("our own message")
+    if not event.channel or not event.ts:
+        return Ignored("no channel or ts")
+    is_dm = event.channel_type == "im" or event.channel.startswith("D")
+    if event.type == "message" and not is_dm:
+        if event.channel_type not in GROUP_CHANNEL_TYPES:
+            return Ignored(f"channel type {event.channel_type}")
+        if group_policy != "open":
+            return Ignored("channel message without a mention")
+    thread_ts = None if is_dm else (event.thread_ts or event.ts)
+    return Incoming(
+        chat_id=event.channel if is_dm else f"{event.channel}:{thread_ts}",
+        channel=event.channel,
+        thread_ts=thread_ts,
+        user=event.user,
+        text=slack_to_text(strip_mention(event.text or "", me.user_id)),
+        message_id=event.ts,
+        is_dm=is_dm,
+        files=event.files,
+        sender_name=profile_name(event.user_profile),
+    )
+
+
+def strip_mention(text: str, bot_user_id: str) -> str:
+    """``text`` without ``<@BOT>`` / ``<@BOT|name>`` mentions of the bot, whitespace tidied."""
+    stripped = re.sub(rf"<@{re.escape(bot_user_id)}(?:\|[^>]*)?>", " ", text)
+    return re.sub(r"[ \t]{2,}", " ", stripped).strip()
+
+
+def slack_to_text(text: str) -> str:
+    """Slack's wire text as a person reads it: links, channels and @here spelled out, and
+    ``&lt;`` ``&gt;`` ``&amp;`` unescaped. A user mention without a name stays ``<@U…>``: the
+    member id is all Slack gives, and it tells the model who was meant."""
+
+    def readable(match: re.Match[str]) -> str:
+        inner = match.group(1)
+        target, _, label = inner.partition("|")
+        if target.startswith("@"):
+            return match.group(0) if not label else f"@{label}"
+        if target.startswith("#"):
+            return f"#{label or target[1:]}"
+        if target.startswith("!"):
+            if target.startswith("!subteam^"):
+                return label or "@group"
+            return label or f"@{target[1:].split('^', 1)[0]}"
+        if label and label != target.split("://", 1)[-1].removeprefix("mailto:"):
+            return f"{label} ({target})"
+        return target.removeprefix("mailto:")
+
+    converted = _ANGLE.sub(readable, text)
+    return converted.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def profile_name(profile: dict[str, Any] | None) -> str:
+    if not profile:
+        return ""
+    for key in ("display_name", "real_name", "name"):
+        value = profile.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def is_whoami(text: str) -> bool:
+    head = text.strip().split(maxsplit=1)
+    return bool(head) and head[0].split("@", 1)[0].lower() == "/whoami"
+
+
+def split_chat_id(chat_id: str) -> tuple[str, str | None]:
+    """``"C1:1700.1"`` -> ("C1", "1700.1"); a DM ``"D1"`` -> ("D1", None)."""
+    channel, _, thread_ts = chat_id.partition(":")
+    return channel, thread_ts or None
+
+
+def map_api_error(
+    status: int | None, error: str | None, retry_after: str | None = None
+) -> SendError | FatalChannelError:
+    """Our error class for a failed Web API call (``status`` HTTP, ``error`` Slack's code)."""
+    detail = f"slack answered {status}: {error or 'no error code'}"
+    if status == 429 or error == "ratelimited":
+        try:
+            seconds = float(retry_after) if retry_after else 1.0
+        except ValueError:
+            seconds = 1.0
+        return RetryAfter(seconds, detail)
+    if error in FATAL_API_ERRORS:
+        return FatalChannelError(f"{detail}: check channels.slack.botToken")
+    if (status or 0) >= 500 or error in TRANSIENT_API_ERRORS:
+        return TransientError(detail)
+    return PermanentError(detail)  # channel_not_found, not_in_channel, msg_too_long, ...
+
+
+def _api_error(exc: SlackApiError) -> SendError | FatalChannelError:
+    headers = exc.response.headers or {}
+    return map_api_error(exc.response.status_code, _error_code(exc), headers.get("Retry-After"))
+
+
+def proxy_settings(proxy: str) -> tuple[str | None, Callable[[], aiohttp.BaseConnector] | None]:
+    """(http proxy URL for aiohttp's ``proxy=``, connector factory for socks5) for
+    ``channels.slack.proxy``. ``socks5h``: the proxy resolves host names."""
+    if not proxy:
+        return None, None
+    if proxy.startswith(("socks5://", "socks5h://")):
+        from aiohttp_socks import ProxyConnector
+
+        remote_dns = proxy.startswith("socks5h://")
+        url = "socks5://" + proxy.split("://", 1)[1]  # python-socks knows no "socks5h" scheme
+        return None, lambda: ProxyConnector.from_url(url, rdns=remote_dns)
+    return proxy, None
+
+
+def _safe_name(name: str) -> str:
+    return _UNSAFE_NAME.sub("_", Path(name).name).strip("._") or "file"
+
+
+def _error_code(exc: SlackApiError) -> str | None:
+    data = exc.response.data
+    return data.get("error") if isinstance(data, dict) else None
+
+
+class _DownloadError(Exception):
+    pass
+
+
+class _TooLarge(_DownloadError):
+    pass
+
+
+# --- the channel ----------------------------------------------------------------------------
+
+
+class SlackChannel(Channel):
+    name = NAME
+    max_length = SLACK_LIMIT
+
+    def __init__(
+        self, bus: MessageBus, cfg: SlackConfig, workspace: Path, state_dir: Path | None = None
+    ) -> None:
+        super().__init__(bus)
+        self.cfg = cfg
+        self.workspace = workspace
+        self.policy = AccessPolicy(NAME, cfg.allow_from, cfg.admin_ids)
+        self.me: Identity | None = None
+        self.web: AsyncWebClient | None = None
+        self.socket: SocketModeClient | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._http_proxy, self._connector = proxy_settings(cfg.proxy)
+        self._recent: OrderedDict[str, None] = OrderedDict()  # event ids taken or ignored
+        self._names: OrderedDict[str, str] = OrderedDict()
+        self._names_enabled = True
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._supervisor: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._settled: asyncio.Event | None = None
+        self._connected_once = False
+        self._file_hosts = {urlsplit(cfg.api_url).hostname} if cfg.api_url else set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Check the tokens, open Socket Mode; returns once connected, failed, or after
+        ``START_WAIT_SECONDS`` (the connection keeps being retried in the background)."""
+        self.policy.log_startup()
+        for key, token, prefix in (
+            ("botToken", self.cfg.bot_token, "xoxb-"),
+            ("appToken", self.cfg.app_token, "xapp-"),
+        ):
+            if not token.startswith(prefix):
+                log.warning("slack: channels.slack.%s does not start with %r", key, prefix)
+        self.set_state("starting")
+        self._settled = asyncio.Event()
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_SECONDS),
+            connector=self._connector() if self._connector else None,
+        )
+        self.web = AsyncWebClient(
+            token=self.cfg.bot_token,
+            base_url=self.cfg.api_url or AsyncWebClient.BASE_URL,
+            proxy=self._http_proxy,
+            session=self._http,
+            timeout=int(HTTP_TIMEOUT_SECONDS),
+            logger=logging.getLogger(f"{__name__}.web"),
+        )
+        if self._connector:
+            self.web.proxy = None  # the socks connector carries it; no env proxy on top
+        self._supervisor = asyncio.create_task(self._connect_forever(), name="slack-connect")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._settled.wait(), START_WAIT_SECONDS)
+        if self.state == "starting":
+            log.warning(
+                "slack: not connected after %.0f s; still trying in the background",
+                START_WAIT_SECONDS,
+            )
+
+    async def stop(self) -> None:
+        for task in (self._supervisor, self._watchdog):
+            if task:
+                task.cancel()
+        await asyncio.gather(
+            *(t for t in (self._supervisor, self._watchdog) if t), return_exceptions=True
+        )
+        if self._handlers:  # events half-way through intake: let them finish or not ack
+            await asyncio.wait(set(self._handlers), timeout=STOP_WAIT_SECONDS)
+        if self.socket is not None:
+            await self.socket.close()
+            self.socket = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        self.set_state("stopped")
+
+    async def _connect_forever(self) -> None:
+        """auth.test + apps.connections.open + WebSocket, with capped exponential backoff.
+
+        Once connected, slack_sdk's client reconnects by itself (new URL, new socket) and the
+        watchdog reports the state. A rejected token stops the channel ("failed")."""
+        backoff = CONNECT_BACKOFF_START
+        while True:
+            try:
+                await asyncio.wait_for(self._connect(), CONNECT_TIMEOUT_SECONDS)
+                break
+            except FatalChannelError as exc:
+                self._fail(str(exc))
+                return
+            except TimeoutError:
+                wait, detail = backoff, "cannot connect: timed out"
+            except (SlackApiError, SlackClientError, aiohttp.ClientError, OSError) as exc:
+                wait = backoff
+                if isinstance(exc, SlackApiError):
+                    mapped = _api_error(exc)
+                    if isinstance(mapped, RetryAfter):
+                        wait = max(wait, mapped.seconds)
+                detail = f"cannot connect: {exc}"
+            await self._close_socket()
+            self.set_state("reconnecting", detail)
+            log.warning("slack: %s; retrying in %.0f s", detail, wait)
+            await asyncio.sleep(wait)
+            backoff = min(CONNECT_BACKOFF_MAX, backoff * 2)
+        self._watchdog = asyncio.create_task(self._watch(), name="slack-watch")
+
+    async def _connect(self) -> None:
+        assert self.web is not None
+        try:
+            auth = await self.web.auth_test()
+        except SlackApiError as exc:
+            if isinstance(_api_error(exc), FatalChannelError):
+                raise FatalChannelError(
+                    f"Slack refused channels.slack.botToken (auth.test: "
+                    f"{_error_code(exc)}); it must be the app's bot token, xoxb-..."
+                ) from exc
+            raise
+        self.me = Identity(str(auth["user_id"]), auth.get("bot_id"))
+        try:
+            opened = await self.web.apps_connections_open(app_token=self.cfg.app_token)
+        except SlackApiError as exc:
+            mapped = _api_error(exc)
+            if not isinstance(mapped, RetryAfter | TransientError):
+                raise FatalChannelError(
+                    f"Slack refused channels.slack.appToken (apps.connections.open: "
+                    f"{_error_code(exc)}); it must be an app-level token (xapp-...) "
+                    "with the connections:write scope, and Socket Mode must be enabled"
+                ) from exc
+            raise
+        client = SocketModeClient(
+            app_token=self.cfg.app_token,
+            logger=logging.getLogger(f"{__name__}.socket"),
+            web_client=self.web,
+            proxy=self._http_proxy,
+        )
+        if self._connector:
+            await client.aiohttp_client_session.close()
+            client.aiohttp_client_session = aiohttp.ClientSession(connector=self._connector())
+            client.proxy = None
+        client.socket_mode_request_listeners.append(self._on_request)
+        client.message_listeners.append(self._on_message)
+        client.on_close_listeners.append(self._on_close)
+        client.wss_uri = opened["url"]
+        self.socket = client
+        await client.connect()
+
+    async def _close_socket(self) -> None:
+        if self.socket is not None:
+            socket, self.socket = self.socket, None
+            try:
+                await socket.close()
+            except (aiohttp.ClientError, OSError) as exc:
+                log.debug("slack: closing a failed socket: %s", exc)
+
+    def _fail(self, message: str) -> None:
+        log.error("slack: %s. The Slack channel is stopped until memobot restarts.", message)
+        self.set_state("failed", message)
+        if self._settled:
+            self._settled.set()
+
+    async def _watch(self) -> None:
+        """Reports what slack_sdk's own reconnection does, in ``state`` (memobot status)."""
+        while True:
+            await asyncio.sleep(WATCH_SECONDS)
+            socket = self.socket
+            if socket is None or self.state == "failed":
+                continue
+            up = await socket.is_connected()
+            if self.state == "connected" and not up:
+                self.set_state("reconnecting", "Socket Mode connection lost")
+                log.warning("slack: Socket Mode connection lost; reconnecting")
+            elif self.state == "reconnecting" and up:
+                self.set_state("connected")
+                log.info("slack: Socket Mode reconnected")
+
+    async def _on_message(self, client: Any, message: dict[str, Any], raw: str | None) -> None:
+        if message.get("type") != "hello":
+            return
+        if self.state != "connected":
+            if self._connected_once:
+                log.info("slack: Socket Mode reconnected")
+            else:
+                log.info(
+                    "slack: connected over Socket Mode as <@%s>",
+                    self.me.user_id if self.me else "?",
+                )
+        self._connected_once = True
+        self.set_state("connected")
+        if self._settled:
+            self._settled.set()
+
+    async def _on_close(self, message: Any) -> None:
+        # slack_sdk runs this after it has already opened the next connection, if it could.
+        if self.socket is not None and await self.socket.is_connected():
+            return
+        if self.state == "connected":
+            self.set_state("reconnecting", "Slack closed the Socket Mode connection")
+            log.info("slack: Socket Mode connection closed by Slack; reconnecting")
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    async def _on_request(self, client: SocketModeClient, req: SocketModeRequest) -> None:
+        """One envelope. Acknowledged only once its message is durable, ignored or a duplicate."""
+        if req.type != "events_api":
+            log.debug("slack: %s envelope ignored", req.type)
+            await self._ack(client, req)
+            return
+        event_id = str(req.payload.get("event_id") or req.envelope_id)
+        if req.retry_attempt:
+            log.info(
+                "slack: redelivery %s of event_id=%s (%s)",
+                req.retry_attempt,
+                event_id,
+                req.retry_reason or "no reason given",
+            )
+        if event_id in self._recent:
+            await self._ack(client, req)
+            return
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        try:
+            verdict = await self._take(event_id, req.payload)
+        except Exception:
+            log.exception(
+                "slack: event_id=%s not taken; not acknowledged, so Slack delivers it again",
+                event_id,
+            )
+            return
+        finally:
+            if task is not None:
+                self._handlers.discard(task)
+        if verdict == "refused":
+            log.warning(
+                "slack: event_id=%s not taken: memobot is stopping; not acknowledged, so Slack "
+                "delivers it again",
+                event_id,
+            )
+            return
+        await self._ack(client, req)
+
+    async def _ack(self, client: SocketModeClient, req: SocketModeRequest) -> None:
+        try:
+            await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+        except (ConnectionError, aiohttp.ClientError) as exc:
+            # Not fatal: Slack redelivers, and the intake recognises the message.
+            log.warning("slack: ack of envelope %s failed (%s)", req.envelope_id, exc)
+
+    async def _take(self, event_id: str, payload: dict[str, Any]) -> Intake | Literal["ignored"]:
+        self.touch()
+        try:
+            event = SlackEvent.model_validate(payload.get("event") or {})
+        except ValidationError as exc:
+            log.warning("slack: malformed event event_id=%s ignored: %s", event_id, exc)
+            return "ignored"
+        if self.me is None:
+            return "refused"  # cannot tell our own messages apart yet
+        routed = route(event, self.me, self.cfg.group_policy)
+        if isinstance(routed, Ignored):
+            log.debug("slack: event_id=%s ignored: %s", event_id, routed.reason)
+            self._remember(event_id)
+            return "ignored"
+        # One chat at a time keeps its messages in order (downloads take different times)
+        # and lets a retry that waited here see that the first delivery was taken.
+        async with self._chat_lock(routed.chat_id):
+            if event_id in self._recent:
+                return "duplicate"
+            verdict = await self._intake(routed, event_id)
+            if verdict != "refused":
+                self._remember(event_id)
+            return verdict
+
+    async def _intake(self, inc: Incoming, event_id: str) -> Intake | Literal["ignored"]:
+        allowed = self.policy.allowed(inc.user)
+        if is_whoami(inc.text) and (inc.is_dm or allowed):
+            await self.bus.publish_outbound(
+                OutboundMessage(NAME, inc.chat_id, whoami_text(NAME, inc.user, allowed), final=True)
+            )
+            return "ignored"
+        if not allowed:
+            self.policy.deny(inc.user, inc.sender_name)
+            return "ignored"
+        media, notes = await self._download(inc)
+        text = "\n".join([inc.text, *notes]).strip()
+        if not text and not media:
+            return "ignored"
+        msg = InboundMessage(
+            NAME,
+            inc.chat_id,
+            inc.user,
+            text,
+            media=tuple(media),
+            message_id=inc.message_id,
+            metadata={
+                "is_group": not inc.is_dm,
+                "is_admin": self.policy.is_admin(inc.user),
+                "sender_name": inc.sender_name or await self._user_name(inc.user),
+                "event_id": event_id,
+            },
+        )
+        verdict = await self.bus.publish_inbound(msg)
+        if verdict == "duplicate":
+            log.info(
+                "slack: message %s already taken session=%s event_id=%s",
+                inc.message_id,
+                msg.session_key,
+                event_id,
+            )
+        return verdict
+
+    def _remember(self, event_id: str) -> None:
+        self._recent[event_id] = None
+        self._recent.move_to_end(event_id)
+        while len(self._recent) > RECENT_EVENTS_KEPT:
+            self._recent.popitem(last=False)
+
+    @contextlib.asynccontextmanager
+    async def _chat_lock(self, chat_id: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(chat_id, (asyncio.Lock(), 0))
+        self._locks[chat_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[chat_id]
+            if users <= 1:
+                del self._locks[chat_id]
+            else:
+                self._locks[chat_id] = (lock, users - 1)
+
+    async def _user_name(self, user: str) -> str:
+        """Display name from ``users.info`` (cached); "" when it cannot be had."""
+        if user in self._names:
+            return self._names[user]
+        if not self._names_enabled or self.web is None:
+            return ""
+        try:
+            answer = await asyncio.wait_for(self.web.users_info(user=user), USER_LOOKUP_SECONDS)
+        except SlackApiError as exc:
+            if _error_code(exc) == "missing_scope":
+                self._names_enabled = False
+                log.info("slack: no users:read scope; sender names are not looked up")
+            return ""
+        except (SlackClientError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.debug("slack: users.info %s failed: %s", user, exc)
+            return ""
+        data = answer.get("user") or {}
+        name = profile_name(data.get("profile")) or str(data.get("real_name") or "")
+        name = name or str(data.get("name") or "")
+        self._names[user] = name
+        while len(self._names) > NAMES_KEPT:
+            self._names.popitem(last=False)
+        return name
+
+    # -- files -------------------------------------------------------------------------------
+
+    async def _download(self, inc: Incoming) -> tuple[list[str], list[str]]:
+        """Save the message's files under ``<workspace>/media/slack/<chat>/``.
+
+        Returns (paths, notes): a note tells the model about each file that was not saved."""
+        paths: list[str] = []
+        notes: list[str] = []
+        folder = self.workspace / "media" / NAME / _safe_name(inc.chat_id)
+        for f in inc.files:
+            label = f.name or f.id
+            url = f.url_private_download or f.url_private
+            problem = None
+            if f.mode in UNHOSTED_FILE_MODES or not url:
+                problem = "not stored on Slack"
+            elif f.size > MEDIA_MAX_BYTES:
+                problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
+            elif not self._may_send_token(url):
+                problem = f"unexpected file host {urlsplit(url).hostname}"
+            if problem is None:
+                path = folder / f"{_safe_name(f.id)}-{_safe_name(label)}"
+                try:
+                    await self._fetch(url, path)
+                    paths.append(str(path))
+                    continue
+                except _TooLarge:
+                    problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
+                except (aiohttp.ClientError, TimeoutError, OSError, _DownloadError) as exc:
+                    problem = f"download failed: {exc}"
+            log.warning("slack: file %s not saved chat=%s: %s", label, inc.chat_id, problem)
+            notes.append(f"[file {label} not saved: {problem}]")
+        return paths, notes
+
+    def _may_send_token(self, url: str) -> bool:
+        """The bot token goes only to Slack's own hosts (or the configured apiUrl's host)."""
+        host = urlsplit(url).hostname or ""
+        return host == "slack.com" or host.endswith(".slack.com") or host in self._file_hosts
+
+    async def _fetch(self, url: str, path: Path) -> None:
+        assert self._http is not None
+        headers = {"Authorization": f"Bearer {self.cfg.bot_token}"}
+        async with self._http.get(
+            url,
+            headers=headers,
+            proxy=self._http_proxy,
+            timeout=aiohttp.ClientTimeout(total=DOWNLOAD_TIMEOUT_SECONDS),
+        ) as resp:
+            if resp.status != 200:
+                raise _DownloadError(f"HTTP {resp.status}")
+            if resp.content_type == "text/html" and not path.suffix.lower().startswith(".htm"):
+                # Slack's answer to a request it did not authorise is its sign-in page.
+                raise _DownloadError("Slack sent a sign-in page (does the app have files:read?)")
+            if (resp.content_length or 0) > MEDIA_MAX_BYTES:
+                raise _TooLarge
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.part")
+            size = 0
+            try:
+                with tmp.open("wb") as fh:
+                    async for block in resp.content.iter_chunked(64 * 1024):
+                        size += len(block)
+                        if size > MEDIA_MAX_BYTES:
+                            raise _TooLarge
+                        fh.write(block)
+                tmp.replace(path)
+            finally:
+                tmp.unlink(missing_ok=True)
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def render(self, text: str) -> list[str]:
+        return render_chunks(text, SLACK_LIMIT, markdown_to_slack_mrkdwn)
+
+    def plain(self, chunk: str) -> str:
+        return strip_markdown(chunk)
+
+    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+        if self.web is None:
+            raise TransientError("slack channel is not started")
+        channel, thread_ts = split_chat_id(msg.chat_id)
+        try:
+            await self.web.chat_postMessage(
+                channel=channel, text=chunk, thread_ts=thread_ts, mrkdwn=not plain
+            )
+        except SlackApiError as exc:
+            mapped = _api_error(exc)
+            if isinstance(mapped, FatalChannelError):
+                self._fail(str(mapped))
+            raise mapped from exc
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise TransientError(f"slack unreachable: {exc!r}") from exc
+        except SlackClientError as exc:
+            raise PermanentError(f"slack client refused the message: {exc}") from exc
+
+    async def send_typing(self, chat_id: str) -> None:
+        """Slack offers bots no typing indicator over the Web API; nothing to do."""

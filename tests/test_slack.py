@@ -1,0 +1,527 @@
+"""Slack channel through the real slack_sdk clients against a local fake of Slack's wire.
+
+The agent loop, the channel manager and the delivery ledger are the real ones; the model is the
+fake LLM server and Slack is tests/fakes/slack_api.py (Web API + Socket Mode WebSocket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.app import AgentStack, build_agent
+from bot.config import parse_config
+from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
+from channels.formatting import SLACK_LIMIT, markdown_to_slack_mrkdwn
+from channels.manager import ChannelManager
+from channels.slack_channel import (
+    Identity,
+    Ignored,
+    Incoming,
+    SlackChannel,
+    SlackEvent,
+    map_api_error,
+    proxy_settings,
+    route,
+    slack_to_text,
+    split_chat_id,
+)
+from tests.fakes.llm_server import FakeLLM, reply
+from tests.fakes.slack_api import APP_TOKEN, BOT_ID, BOT_TOKEN, BOT_USER_ID, FakeSlack
+from tests.helpers import config_dict, request_messages
+
+pytestmark = pytest.mark.timeout(60)
+
+ALICE = "U0ALICE01"  # in allowFrom
+MALLORY = "U0MALLORY"  # not in allowFrom
+DM = "D0DM00001"
+CHAN = "C0CHAN001"
+
+
+def dm(text: str, ts: str, user: str = ALICE, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "channel": DM,
+        "channel_type": "im",
+        "user": user,
+        "text": text,
+        "ts": ts,
+        "event_ts": ts,
+        "client_msg_id": f"cm-{ts}",
+        **extra,
+    }
+
+
+def mention(text: str, ts: str, thread_ts: str | None = None, user: str = ALICE) -> dict[str, Any]:
+    event = {
+        "type": "app_mention",
+        "channel": CHAN,
+        "user": user,
+        "text": f"<@{BOT_USER_ID}> {text}",
+        "ts": ts,
+        "event_ts": ts,
+        "client_msg_id": f"cm-{ts}",
+    }
+    if thread_ts:
+        event["thread_ts"] = thread_ts
+    return event
+
+
+def last_user_text(entry: dict[str, Any]) -> str:
+    content = [m for m in request_messages(entry) if m["role"] == "user"][-1]["content"]
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content)
+    return content
+
+
+class Rig:
+    """The agent, the channel manager and a real SlackChannel, wired as the gateway does."""
+
+    def __init__(self, tmp_path: Path, llm: FakeLLM, slack: FakeSlack, **slack_cfg: Any) -> None:
+        settings = {
+            "enabled": True,
+            "botToken": BOT_TOKEN,
+            "appToken": APP_TOKEN,
+            "apiUrl": slack.api_url,
+            "allowFrom": [ALICE],
+            **slack_cfg,
+        }
+        data = config_dict(tmp_path, llm.base_url, channels={"slack": settings})
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(data))
+        self.cfg = parse_config(data)
+        self.stack: AgentStack = build_agent(self.cfg, path)
+        self.channel = SlackChannel(
+            self.stack.bus,
+            self.cfg.channels.slack,
+            self.cfg.agent.workspace_path,
+            self.cfg.agent.state_path,
+        )
+        self.manager = ChannelManager(self.stack.bus, self.stack.loop.ledger, [self.channel])
+        self._loop_task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Rig:
+        self.stack.loop.recover()
+        self._loop_task = asyncio.create_task(self.stack.loop.run())
+        await self.manager.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stack.loop.shutdown(0)
+        if self._loop_task:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        await self.manager.stop()
+        await self.stack.close()
+
+    def session_file(self, chat_id: str) -> Path:
+        return self.stack.store.path_for(f"slack:{chat_id}")
+
+    def pending_entries(self, chat_id: str) -> list[dict[str, Any]]:
+        """Every pending entry any metadata line of the session file ever listed, once each."""
+        path = self.session_file(chat_id)
+        entries: dict[str, dict[str, Any]] = {}
+        if not path.exists():
+            return []
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("_type") == "metadata":
+                for p in record["metadata"].get("pending") or []:
+                    entries.setdefault(p["id"], p)
+        return list(entries.values())
+
+    def pending_ids(self, chat_id: str) -> set[str]:
+        return {p["id"] for p in self.pending_entries(chat_id)}
+
+
+@pytest.fixture
+async def llm():
+    async with FakeLLM() as server:
+        yield server
+
+
+@pytest.fixture
+async def slack():
+    async with FakeSlack(users={ALICE: {"id": ALICE, "profile": {"display_name": "alice"}}}) as s:
+        yield s
+
+
+async def quiet(seconds: float = 0.3) -> None:
+    """Give any unwanted extra answer the time to show up."""
+    await asyncio.sleep(seconds)
+
+
+# --- conversations ----------------------------------------------------------------------------
+
+
+async def test_dm_is_answered_in_the_dm(tmp_path, llm, slack):
+    async with Rig(tmp_path, llm, slack) as rig:
+        assert rig.channel.state == "connected"
+        env = await slack.push_event(dm("hello there", "1700000001.000100"), event_id="Ev1")
+        (post,) = await slack.wait_posts(1)
+        assert slack.acked(env)
+        assert (post.channel, post.thread_ts, post.mrkdwn) == (DM, None, True)
+        assert post.text == "echo: hello there"
+        (entry,) = llm.requests
+        assert last_user_text(entry).startswith("hello there")
+        (entry,) = rig.pending_entries(DM)
+        assert entry["id"] == "1700000001.000100"  # the message ts: the same in every retry
+        assert entry["sender_id"] == ALICE
+        meta = entry["metadata"]
+        assert (meta["is_group"], meta["is_admin"], meta["sender_name"]) == (False, True, "alice")
+
+
+async def test_mention_is_answered_in_its_thread_without_the_mention(tmp_path, llm, slack):
+    async with Rig(tmp_path, llm, slack) as rig:
+        await slack.push_event(mention("what is up?", "1700000002.000100"), event_id="Ev2")
+        (post,) = await slack.wait_posts(1)
+        assert (post.channel, post.thread_ts) == (CHAN, "1700000002.000100")
+        seen = last_user_text(llm.requests[0])
+        assert seen.startswith("what is up?") and f"<@{BOT_USER_ID}>" not in seen
+
+        # A later mention inside the thread continues the same session.
+        later = mention("and now?", "1700000009.000100", thread_ts="1700000002.000100")
+        await slack.push_event(later, event_id="Ev3")
+        posts = await slack.wait_posts(2)
+        assert posts[1].thread_ts == "1700000002.000100"
+        history = [m.get("content") for m in request_messages(llm.requests[1])]
+        assert "echo: what is up?" in history
+        assert rig.session_file(f"{CHAN}:1700000002.000100").exists()
+        assert rig.stack.store.get(f"slack:{CHAN}:1700000002.000100").metadata.get("seen_ids")
+
+
+async def test_denied_sender_is_ignored_and_logged_once(tmp_path, llm, slack, caplog):
+    caplog.set_level(logging.WARNING, logger="channels.access")
+    async with Rig(tmp_path, llm, slack):
+        envs = [
+            await slack.push_event(dm("let me in", "1700000003.000100", MALLORY), event_id="E1"),
+            await slack.push_event(mention("me too", "1700000003.000200", user=MALLORY), "E2"),
+        ]
+        for env in envs:
+            await slack.wait_ack(env)  # ignored messages are acknowledged: no redelivery
+        await quiet()
+    assert slack.posts == [] and llm.requests == []
+    refusals = [r for r in caplog.records if MALLORY in r.getMessage()]
+    assert len(refusals) == 1
+    assert "channels.slack.allowFrom" in refusals[0].getMessage()
+
+
+async def test_whoami_answers_anyone_in_a_dm(tmp_path, llm, slack):
+    async with Rig(tmp_path, llm, slack):
+        await slack.push_event(dm(" /whoami", "1700000004.000100", MALLORY), event_id="W1")
+        (post,) = await slack.wait_posts(1)
+        assert MALLORY in post.text and "not allowed" in post.text
+        assert post.channel == DM
+        await slack.push_event(dm("/whoami", "1700000004.000200"), event_id="W2")
+        posts = await slack.wait_posts(2)
+        assert ALICE in posts[1].text and "not allowed" not in posts[1].text
+        # In a channel a stranger's /whoami is not answered.
+        env = await slack.push_event(mention("/whoami", "1700000004.000300", user=MALLORY), "W3")
+        await slack.wait_ack(env)
+        await quiet()
+    assert len(slack.posts) == 2 and llm.requests == []
+
+
+async def test_bots_edits_and_unmentioned_channel_messages_are_ignored(tmp_path, llm, slack):
+    events = [
+        {**dm("from a bot", "1700000005.000100"), "bot_id": "B0OTHER01"},
+        {**dm("legacy bot", "1700000005.000200"), "subtype": "bot_message"},
+        {**dm("myself", "1700000005.000300"), "user": BOT_USER_ID, "bot_id": BOT_ID},
+        {
+            **dm("", "1700000005.000400"),
+            "subtype": "message_changed",
+            "message": {"text": "edited", "user": ALICE},
+        },
+        {**dm("", "1700000005.000500"), "subtype": "message_deleted"},
+        {
+            "type": "message",
+            "channel": CHAN,
+            "channel_type": "channel",
+            "user": ALICE,
+            "text": "just chatting",
+            "ts": "1700000005.000600",
+        },
+    ]
+    async with Rig(tmp_path, llm, slack):
+        envs = [await slack.push_event(e, event_id=f"B{i}") for i, e in enumerate(events)]
+        for env in envs:
+            await slack.wait_ack(env)
+        await quiet()
+    assert slack.posts == [] and llm.requests == []
+
+
+async def test_open_group_policy_answers_plain_channel_messages_once(tmp_path, llm, slack):
+    async with Rig(tmp_path, llm, slack, groupPolicy="open"):
+        plain = {
+            "type": "message",
+            "channel": CHAN,
+            "channel_type": "channel",
+            "user": ALICE,
+            "text": "anyone around?",
+            "ts": "1700000006.000100",
+        }
+        await slack.push_event(plain, event_id="O1")
+        (post,) = await slack.wait_posts(1)
+        assert (post.thread_ts, post.text) == ("1700000006.000100", "echo: anyone around?")
+        # One mention arrives as an app_mention *and* a message event: answered once.
+        both = mention("hi bot", "1700000006.000200")
+        await slack.push_event(both, event_id="O2")
+        await slack.push_event({**both, "type": "message", "channel_type": "channel"}, "O3")
+        await slack.wait_posts(2)
+        await quiet()
+    assert len(slack.posts) == 2 and len(llm.requests) == 2
+
+
+# --- delivery semantics -----------------------------------------------------------------------
+
+
+async def test_ack_is_sent_only_after_the_message_is_on_disk(tmp_path, llm, slack):
+    ts = "1700000007.000100"
+    async with Rig(tmp_path, llm, slack) as rig:
+        intake = rig.stack.bus._intake
+        assert intake is not None
+        entered, gate = asyncio.Event(), asyncio.Event()
+
+        async def slow_intake(msg):
+            entered.set()
+            await gate.wait()
+            return await intake(msg)
+
+        rig.stack.bus.set_intake(slow_intake)
+        slack.on_ack = lambda _env: rig.pending_ids(DM)
+        env = await slack.push_event(dm("keep this", ts), event_id="A1")
+        await asyncio.wait_for(entered.wait(), 5)
+        # Slack gives up waiting for the ack and redelivers while the first is still in intake.
+        retry = await slack.push_event(dm("keep this", ts), event_id="A1", retry_attempt=1)
+        await asyncio.sleep(0.3)
+        assert slack.acks == [], "acknowledged before the intake finished"
+        gate.set()
+        for envelope in (env, retry):
+            ack = await slack.wait_ack(envelope)
+            assert ts in ack.probe, "an ack arrived before the pending entry was on disk"
+        await slack.wait_posts(1)
+        await quiet()
+    assert len(slack.posts) == 1 and len(llm.requests) == 1
+
+
+async def test_refused_intake_is_not_acknowledged_and_the_redelivery_is_answered(
+    tmp_path, llm, slack
+):
+    async with Rig(tmp_path, llm, slack) as rig:
+        rig.stack.bus.accepting = False  # memobot is stopping
+        event = dm("during shutdown", "1700000008.000100")
+        env = await slack.push_event(event, event_id="R1")
+        await asyncio.sleep(0.5)
+        assert not slack.acked(env) and llm.requests == []
+        rig.stack.bus.accepting = True
+        retry = await slack.push_event(event, event_id="R1", retry_attempt=1)
+        await slack.wait_ack(retry)
+        (post,) = await slack.wait_posts(1)
+        assert post.text == "echo: during shutdown"
+
+
+async def test_slack_retries_of_one_event_get_one_answer(tmp_path, llm, slack):
+    llm.script(reply("the one answer", delay=1.0))
+    event = dm("once please", "1700000010.000100")
+    async with Rig(tmp_path, llm, slack) as rig:
+        intake, intakes = rig.stack.bus._intake, []
+        assert intake is not None
+
+        async def counting_intake(msg):
+            intakes.append(msg.message_id)
+            return await intake(msg)
+
+        rig.stack.bus.set_intake(counting_intake)
+        first = await slack.push_event(event, event_id="Ev10")
+        await slack.wait_ack(first)
+        # Redelivered while the turn is still running...
+        during = await slack.push_event(event, event_id="Ev10", retry_attempt=1)
+        await slack.wait_ack(during)
+        await slack.wait_posts(1)
+        # ...and again after the answer went out.
+        after = await slack.push_event(
+            event, event_id="Ev10", retry_attempt=2, retry_reason="timeout"
+        )
+        await slack.wait_ack(after)
+        await quiet(0.5)
+    assert [p.text for p in slack.posts] == ["the one answer"]
+    assert len(llm.requests) == 1
+    assert intakes == ["1700000010.000100"]  # retries were dropped by event_id before intake
+
+
+async def test_redelivery_after_a_restart_is_recognised_by_the_intake(tmp_path, llm, slack):
+    event = dm("survive me", "1700000011.000100")
+    async with Rig(tmp_path, llm, slack):
+        await slack.push_event(event, event_id="Ev11")
+        await slack.wait_posts(1)
+    # A new process remembers no event ids; the message id in the session file decides.
+    async with Rig(tmp_path, llm, slack):
+        env = await slack.push_event(event, event_id="Ev11", retry_attempt=3)
+        await slack.wait_ack(env)
+        await quiet(0.5)
+    assert len(slack.posts) == 1 and len(llm.requests) == 1
+
+
+async def test_long_answer_is_split_into_several_posts_in_the_thread(tmp_path, llm, slack):
+    paragraphs = [f"Paragraph {i}: " + ("lorem ipsum dolor " * 30).strip() for i in range(20)]
+    llm.script(reply("\n\n".join(paragraphs)))
+    async with Rig(tmp_path, llm, slack):
+        await slack.push_event(mention("write a lot", "1700000012.000100"), event_id="L1")
+        await slack.wait_posts(3)
+        await quiet(0.5)
+    assert len(slack.posts) >= 3
+    assert all(p.thread_ts == "1700000012.000100" and p.channel == CHAN for p in slack.posts)
+    assert all(len(p.text) <= SLACK_LIMIT for p in slack.posts)
+    joined = "\n".join(p.text for p in slack.posts)
+    order = [joined.index(f"Paragraph {i}:") for i in range(20)]
+    assert order == sorted(order)
+
+
+async def test_rate_limit_waits_as_slack_asks_then_delivers(tmp_path, llm, slack):
+    slack.post_script.append({"retry_after": 1})
+    async with Rig(tmp_path, llm, slack):
+        started = time.monotonic()
+        await slack.push_event(dm("busy?", "1700000013.000100"), event_id="RL1")
+        (post,) = await slack.wait_posts(1)
+        waited = time.monotonic() - started
+    assert post.text == "echo: busy?"
+    assert slack.calls["chat.postMessage"] == 2
+    assert waited >= 1.0
+
+
+async def test_markdown_is_posted_as_mrkdwn(tmp_path, llm, slack):
+    answer = "**Done.** See [the docs](https://example.com/docs) and `code`.\n\n- one\n- two"
+    llm.script(reply(answer))
+    async with Rig(tmp_path, llm, slack):
+        await slack.push_event(dm("format it", "1700000014.000100"), event_id="M1")
+        (post,) = await slack.wait_posts(1)
+    assert post.text == markdown_to_slack_mrkdwn(answer)
+    assert "**" not in post.text and "<https://example.com/docs|" in post.text
+    assert post.mrkdwn is True
+
+
+async def test_permanent_send_error_is_not_retried(tmp_path, llm, slack):
+    slack.post_script.append({"error": "channel_not_found"})
+    async with Rig(tmp_path, llm, slack) as rig:
+        await slack.push_event(dm("anyone?", "1700000015.000100"), event_id="P1")
+        await llm.wait_for_requests(1)
+        await quiet(0.5)
+        assert slack.calls["chat.postMessage"] == 1 and slack.posts == []
+        # The answer stays queued in the ledger for the next start.
+        outbox = rig.stack.store.get(f"slack:{DM}").metadata.get("outbox") or []
+        assert [e["state"] for e in outbox] == ["queued"]
+
+
+async def test_files_are_downloaded_with_the_bot_token(tmp_path, llm, slack):
+    url = slack.add_file("notes.txt", b"remember the milk\n")
+    files = [
+        {
+            "id": "F01",
+            "name": "notes.txt",
+            "mimetype": "text/plain",
+            "size": 18,
+            "url_private": url,
+        },
+        {"id": "F02", "name": "huge.bin", "size": 30 * 1024 * 1024, "url_private": url},
+        {"id": "F03", "name": "x.txt", "size": 3, "url_private": "https://evil.example/x.txt"},
+    ]
+    event = dm("see attached", "1700000016.000100", subtype="file_share", files=files)
+    async with Rig(tmp_path, llm, slack) as rig:
+        await slack.push_event(event, event_id="F1")
+        await slack.wait_posts(1)
+        saved = rig.cfg.agent.workspace_path / "media" / "slack" / DM / "F01-notes.txt"
+    assert saved.read_bytes() == b"remember the milk\n"
+    assert slack.file_auth == [f"Bearer {BOT_TOKEN}"]  # one download, with the token
+    seen = last_user_text(llm.requests[0])
+    assert str(saved) in seen
+    assert "huge.bin not saved" in seen and "x.txt not saved" in seen
+
+
+# --- connection -------------------------------------------------------------------------------
+
+
+async def test_reconnects_after_slack_drops_the_socket(tmp_path, llm, slack):
+    async with Rig(tmp_path, llm, slack) as rig:
+        await slack.wait_connected(1)
+        await slack.drop_connections()
+        await slack.wait_connected(2)
+        for _ in range(100):
+            if rig.channel.state == "connected":
+                break
+            await asyncio.sleep(0.05)
+        assert rig.channel.state == "connected"
+        await slack.push_event(dm("still there?", "1700000017.000100"), event_id="C1")
+        (post,) = await slack.wait_posts(1)
+        assert post.text == "echo: still there?"
+    assert slack.calls["apps.connections.open"] == 2
+
+
+async def test_rejected_app_token_fails_the_channel_clearly(tmp_path, llm, caplog):
+    caplog.set_level(logging.ERROR, logger="channels.slack_channel")
+    async with FakeSlack(app_token="xapp-some-other-token") as slack:
+        async with Rig(tmp_path, llm, slack) as rig:
+            assert rig.channel.state == "failed"
+            assert slack.connections == 0
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "channels.slack.appToken" in messages and "invalid_auth" in messages
+
+
+# --- pure parts -------------------------------------------------------------------------------
+
+ME = Identity(BOT_USER_ID, BOT_ID)
+
+
+def test_route_sessions_and_gating():
+    routed = route(SlackEvent.model_validate(mention("hi", "1.5", thread_ts="1.2")), ME, "mention")
+    assert isinstance(routed, Incoming)
+    assert (routed.chat_id, routed.thread_ts, routed.message_id) == (f"{CHAN}:1.2", "1.2", "1.5")
+    assert routed.text == "hi"
+    direct = route(SlackEvent.model_validate(dm("yo", "2.0")), ME, "mention")
+    assert isinstance(direct, Incoming) and (direct.chat_id, direct.thread_ts) == (DM, None)
+    plain = SlackEvent.model_validate(
+        {"type": "message", "channel": CHAN, "channel_type": "channel", "user": ALICE, "ts": "3"}
+    )
+    assert isinstance(route(plain, ME, "mention"), Ignored)
+    assert isinstance(route(plain, ME, "open"), Incoming)
+    edited = SlackEvent.model_validate({**dm("x", "4"), "subtype": "message_changed"})
+    assert isinstance(route(edited, ME, "open"), Ignored)
+
+
+def test_slack_text_is_made_readable():
+    wire = "see <https://a.io/x|the page> &amp; <https://b.io> in <#C1|general>, <!here> &lt;3"
+    assert (
+        slack_to_text(wire) == "see the page (https://a.io/x) & https://b.io in #general, @here <3"
+    )
+    assert slack_to_text("ping <@U123> and <@U9|bob>") == "ping <@U123> and @bob"
+
+
+def test_chat_ids_split_into_channel_and_thread():
+    assert split_chat_id("C1:1700.1") == ("C1", "1700.1")
+    assert split_chat_id("D1") == ("D1", None)
+
+
+def test_api_errors_map_to_the_retry_vocabulary():
+    limited = map_api_error(429, "ratelimited", "7")
+    assert isinstance(limited, RetryAfter) and limited.seconds == 7
+    assert isinstance(map_api_error(200, "invalid_auth"), FatalChannelError)
+    assert isinstance(map_api_error(200, "account_inactive"), FatalChannelError)
+    assert isinstance(map_api_error(503, None), TransientError)
+    assert isinstance(map_api_error(200, "internal_error"), TransientError)
+    for code in ("channel_not_found", "not_in_channel", "msg_too_long"):
+        assert isinstance(map_api_error(200, code), PermanentError)
+
+
+async def test_proxy_settings():
+    assert proxy_settings("") == (None, None)
+    assert proxy_settings("http://proxy:3128") == ("http://proxy:3128", None)
+    url, connector = proxy_settings("socks5h://127.0.0.1:1080")
+    assert url is None and connector is not None
+    made = connector()
+    assert type(made).__name__ == "ProxyConnector"
+    await made.close()

@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bot.memory.commands import add_parsers
 
     add_parsers(sub, common)
+    from bot.service import commands as service_commands
+
+    service_commands.add_parsers(sub, common)
     return parser
 
 
@@ -104,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(verbose, quiet, getattr(args, "log_format", "text"))
     config_path = getattr(args, "config", None) or default_config_path()
     try:
+        if args.command in ("service", "doctor"):
+            from bot.service import commands as service_commands
+
+            return service_commands.run(args)
         if args.command == "onboard":
             return cmd_onboard(args, config_path)
         cfg, config_path = load_config(config_path)

@@ -1,0 +1,39 @@
+"""``memobot service install``: argument parsing and dispatch.
+
+It runs before the config is loaded by the CLI: ``service install`` picks its own default
+config for a system unit.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    service = sub.add_parser("service", parents=[common], help="run memobot under systemd")
+    ssub = service.add_subparsers(dest="service_command", metavar="SUBCOMMAND", required=True)
+    install = ssub.add_parser(
+        "install",
+        parents=[common],
+        help="write the systemd unit for this installation",
+        description="Write memobot.service for this installation: the path of this memobot, "
+        "the config (a system unit defaults to /etc/memobot/config.json) and its workspace. "
+        "System units go to /etc/systemd/system (needs root), user units to "
+        "~/.config/systemd/user. A unit that differs is only replaced with --force.",
+    )
+    install.add_argument(
+        "--user", action="store_true", help="a user unit (systemctl --user) instead of a system one"
+    )
+    install.add_argument(
+        "--dry-run", action="store_true", help="print the unit and where it would go; write nothing"
+    )
+    install.add_argument("--force", action="store_true", help="replace a unit that differs")
+
+
+def run(args: argparse.Namespace) -> int:
+    config: Path | None = getattr(args, "config", None)
+    from bot.service.units import cmd_service_install
+
+    kind = "user" if args.user else "system"
+    return cmd_service_install(kind, config, dry_run=args.dry_run, force=args.force)

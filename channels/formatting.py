@@ -22,9 +22,9 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
-TELEGRAM_LIMIT = 4096  # sendMessage text, 1-4096 characters
+TELEGRAM_LIMIT = 4096  # sendMessage: 1-4096 characters of text after entity parsing
 DISCORD_LIMIT = 2000  # message content
-SLACK_LIMIT = 3900  # chat.postMessage text is truncated past 4000; keep a margin
+SLACK_LIMIT = 3900  # Slack advises at most 4000 characters of message text; keep a margin
 
 __all__ = [
     "DISCORD_LIMIT",
@@ -170,7 +170,9 @@ def _find_breaks(text: str, lines: list[_Line]) -> list[_Break]:
                     pos = line.start + m.end()
                     breaks.append(_Break(pos, pos, _WORD, line.code))
             if nxt is not None and nxt.kind == "code":
-                breaks.append(_Break(line.stop + 1, line.stop + 1, _LINE, line.code))
+                # A blank line in code (between functions) is its paragraph break.
+                rank = _PARAGRAPH if not body.strip() else _LINE
+                breaks.append(_Break(line.stop + 1, line.stop + 1, rank, line.code))
             continue
         if line.kind == "blank":
             saw_blank = True
@@ -368,8 +370,11 @@ def render_chunks(
     piece measures at most ``limit`` (``len`` by default).
 
     A piece whose rendering grew past the limit (escaping: ``&`` becomes ``&amp;``) is cut
-    shorter, as long as still fits, so growth costs no more messages than it must. Returns
-    the rendered pieces, none blank. Raises ValueError if even one character renders too long.
+    shorter, to the longest piece whose rendering fits, so growth costs no more messages than
+    it must. ``measure`` suits a platform that counts something else than the rendered length:
+    Telegram's limit counts text after entity parsing, ``lambda h: len(strip_telegram_html(h))``.
+    Returns the rendered pieces, none blank. Raises ValueError if even one character renders
+    too long.
     """
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
@@ -565,14 +570,25 @@ def _trim_url(url: str) -> str:
     return url
 
 
+class _TooComplex(Exception):
+    pass
+
+
 def _parse_inline(s: str, links: bool = True, depth: int = 0) -> list[_Node]:
+    try:
+        return _parse_inline_unguarded(s, links, depth)
+    except _TooComplex:
+        return [_Str(s)]  # more code spans and links in one line than placeholders: as text
+
+
+def _parse_inline_unguarded(s: str, links: bool, depth: int) -> list[_Node]:
     atoms: list[_Node] = []
     out: list[str] = []
     i, n = 0, len(s)
 
     def protect(node: _Node) -> None:
         if _PH_BASE + len(atoms) > _PH_MAX:
-            raise ValueError("line too complex")
+            raise _TooComplex
         out.append(chr(_PH_BASE + len(atoms)))
         atoms.append(node)
 

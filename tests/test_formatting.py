@@ -240,6 +240,36 @@ def test_list_indentation_kept_after_a_cut():
     assert all(p.startswith("  - nested item") for p in pieces)
 
 
+def test_cut_inside_a_line_never_starts_a_piece_with_a_fence_or_marker():
+    # A word cut before "```" would open a code block in the next piece; before "- " or
+    # "# " it would turn the rest of a sentence into a bullet or a heading.
+    text = " ".join(["use", "```", "to", "fence,", "-", "dash,", "#", "hash", ">", "gt"] * 60)
+    for limit in range(20, 60):
+        pieces = split_markdown(text, limit)
+        check_pieces(text, pieces, limit)
+        for piece in pieces[1:]:
+            assert not re.match(r"```|~~~|[-*+>#] ", piece), piece
+    code = "```sh\n" + "echo '" + "a ```b " * 100 + "'\n```"
+    pieces = split_markdown(code, 60)
+    check_pieces(code, pieces, 60)
+    assert all(not p.split("\n")[1].startswith("```") for p in pieces)
+
+
+def test_code_is_cut_at_blank_lines_before_other_lines():
+    code = "```py\ndef a():\n    pass\n\ndef b():\n    return 2\n```"
+    assert split_markdown(code, 40) == [
+        "```py\ndef a():\n    pass\n\n```",
+        "```py\ndef b():\n    return 2\n```",
+    ]
+
+
+def test_crlf_text_splits_and_renders():
+    text = "\r\n\r\n".join(["para **bold** " * 20] * 20) + "\r\n```py\r\nx = 1\r\n```\r\n"
+    check_pieces(text, split_markdown(text, 500), 500)
+    out = markdown_to_telegram_html("a **b**\r\n```py\r\nx\r\n```")
+    assert out == 'a <b>b</b>\n<pre><code class="language-py">x</code></pre>'
+
+
 def test_random_split_invariants():
     rnd = random.Random(20240601)
     alphabet = ["word", " ", "\n", "\n\n", "```py\n", "```\n", "~~~\n", "`", "**", "_", "👍🏽"]
@@ -474,6 +504,17 @@ def test_telegram_html_handles_pathological_input_quickly():
         check_telegram_html(markdown_to_telegram_html(md))
 
 
+def test_inline_parser_limits_do_not_crash():
+    # Private-use characters in the input are kept as they are (the parser uses that range).
+    assert (
+        markdown_to_telegram_html("\U000f0000 **b** \U000f0001") == "\U000f0000 <b>b</b> \U000f0001"
+    )
+    huge = "`x` " * 70_000  # more code spans in a line than the parser tracks: plain text
+    check_telegram_html(markdown_to_telegram_html(huge))
+    deep = "*_" * 200 + "x" + "_*" * 200
+    check_telegram_html(markdown_to_telegram_html(deep))
+
+
 # --- Slack, Discord, plain -----------------------------------------------------------------
 
 SLACK_CASES = {
@@ -514,6 +555,19 @@ def test_discord_keeps_markdown_but_fixes_deep_headings_and_tables():
     )
     out = markdown_to_discord("| a | b |\n|---|---|\n| 1 | 22 |")
     assert out == "```\na | b\n--+---\n1 | 22\n```"
+
+
+def test_other_dialects_on_random_input():
+    rnd = random.Random(11)
+    tokens = ["*", "**", "_", "~~", "`", "```\n", "[a](http://b?c=1&d=2)", "<", "&", "@", "here"]
+    tokens += ["everyone", " ", "\n", "# ", "#### ", "- ", "> ", "|x|y|\n|-|-|\n", "word"]
+    for _ in range(200):
+        md = "".join(rnd.choice(tokens) for _ in range(rnd.randint(1, 60)))
+        discord = markdown_to_discord(md)
+        assert "@everyone" not in discord and "@here" not in discord
+        slack = markdown_to_slack_mrkdwn(md)
+        assert "&" not in re.sub(r"&(amp|lt|gt);", "", re.sub(r"<http[^>]*>", "", slack))
+        assert strip_markdown(md).count("word") == md.count("word")
 
 
 def test_strip_markdown():

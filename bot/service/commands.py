@@ -1,7 +1,7 @@
-"""``memobot service install``: argument parsing and dispatch.
+"""``memobot service install`` and ``memobot doctor``: argument parsing and dispatch.
 
-It runs before the config is loaded by the CLI: ``service install`` picks its own default
-config for a system unit.
+Both run before the config is loaded by the CLI: ``doctor`` reports a broken config as one of
+its checks, and ``service install`` picks its own default config for a system unit.
 """
 
 from __future__ import annotations
@@ -29,11 +29,28 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         "--dry-run", action="store_true", help="print the unit and where it would go; write nothing"
     )
     install.add_argument("--force", action="store_true", help="replace a unit that differs")
+    doctor = sub.add_parser(
+        "doctor",
+        parents=[common],
+        help="check the config, files, LLM, channels and service; explain each problem",
+        description="Check that memobot can run: one line per check, with a fix for each "
+        "failure. Exits 1 when anything failed. Warnings (e.g. no network to a chat platform) "
+        "do not fail.",
+    )
+    doctor.add_argument(
+        "--fix",
+        action="store_true",
+        help="apply the safe fixes: file modes, and repair of damaged session files",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     config: Path | None = getattr(args, "config", None)
-    from bot.service.units import cmd_service_install
+    if args.command == "service":
+        from bot.service.install import cmd_service_install
 
-    kind = "user" if args.user else "system"
-    return cmd_service_install(kind, config, dry_run=args.dry_run, force=args.force)
+        kind = "user" if args.user else "system"
+        return cmd_service_install(kind, config, dry_run=args.dry_run, force=args.force)
+    from bot.service.doctor import cmd_doctor
+
+    return cmd_doctor(config, fix=args.fix)

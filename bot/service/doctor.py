@@ -1,0 +1,313 @@
+"""``memobot doctor``: check that memobot can run here, one line per check, a fix for each failure.
+
+Checks are read-only unless ``--fix``, which applies only repairs that cannot lose data: file
+modes, and damaged session files through the session loader's own quarantine (a copy of the
+file is kept aside before the good lines are rewritten). Network checks use short timeouts; a
+chat platform that cannot be reached is a warning, since a server may be offline on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bot.config import Config, ConfigError, default_config_path, load_config
+from bot.service.checks import Check
+from bot.service.probes import check_llm, check_token, proxy_for, token_probes
+
+CLOCK_SKEW_LIMIT_SECONDS = 300.0
+_MARKS = {"ok": ("✓", "OK"), "warn": ("!", "WARN"), "fail": ("✗", "FAIL"), "info": ("·", "INFO")}
+
+
+def _marks_fit() -> bool:
+    try:
+        "✓✗·".encode(sys.stdout.encoding or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def format_check(check: Check, unicode: bool = True) -> str:
+    mark = _MARKS[check.status][0 if unicode else 1]
+    line = f"{mark} {check.text}"
+    if check.fix:
+        line += "\n    fix: " + check.fix.replace("\n", "\n         ")
+    return line
+
+
+# -- config and permissions ------------------------------------------------------------------
+
+
+def check_config(path: Path) -> tuple[Check, Config | None]:
+    if not path.exists():
+        return Check(
+            "fail",
+            f"config: {path} does not exist (memobot would run on defaults)",
+            f"memobot --config {path} onboard",
+        ), None
+    try:
+        cfg, _ = load_config(path)
+    except ConfigError as exc:
+        return Check(
+            "fail", f"config is invalid:\n    {exc}".replace("\n", "\n    "), f"edit {path}"
+        ), None
+    return Check("ok", f"config valid: {path}"), cfg
+
+
+def check_mode(path: Path, want: int, what: str, fix: bool) -> Check:
+    """``path`` must not be readable by group or others (it holds keys, or conversations)."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        return Check("fail", f"{what} {path} does not exist", "memobot onboard")
+    if not mode & 0o077:
+        return Check("ok", f"{what} {path} is private (mode {mode:04o})")
+    command = f"chmod {want:o} {path}"
+    if fix:
+        os.chmod(path, want)
+        return Check("ok", f"{what} {path}: mode {mode:04o} changed to {want:04o} (fixed)")
+    return Check(
+        "fail", f"{what} {path} has mode {mode:04o}: others may read it", command, fixable=True
+    )
+
+
+# -- workspace files ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SessionScan:
+    bad_lines: list[int]  # 1-based, complete lines that do not parse: the loader quarantines
+    torn_tail: bool  # an unfinished last line: the loader ignores it and cuts it at the next write
+
+
+def scan_session(data: bytes) -> SessionScan:
+    """Classify a session file's lines exactly as ``SessionStore`` does on load, reading only."""
+    from bot.session import _parse_line
+
+    lines = data.split(b"\n")
+    torn = bool(lines.pop())
+    bad = [n for n, raw in enumerate(lines, 1) if raw.strip() and _parse_line(raw) is None]
+    if bad and bad[-1] == len(lines):  # a complete but unparsable last line is torn as well
+        bad.pop()
+        torn = True
+    return SessionScan(bad, torn)
+
+
+def check_sessions(cfg: Config, fix: bool) -> Iterator[Check]:
+    from bot.gateway import read_status
+    from bot.session import SUFFIX, SessionStore, filename_to_key
+
+    folder = cfg.agent.state_path / "sessions"
+    files = sorted(folder.glob(f"*{SUFFIX}")) if folder.is_dir() else []
+    damaged: list[tuple[str, Path, SessionScan]] = []
+    for path in files:
+        try:
+            key = filename_to_key(path.name)
+            scan = scan_session(path.read_bytes())
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            yield Check("fail", f"session file {path} cannot be read: {exc}")
+            continue
+        if scan.bad_lines or scan.torn_tail:
+            damaged.append((key, path, scan))
+    if not files:
+        yield Check("ok", f"sessions: none yet ({folder})")
+    elif not damaged:
+        yield Check("ok", f"sessions: all {len(files)} file(s) parse ({folder})")
+    live = read_status(cfg.agent.state_path) if fix and damaged else None
+    store = SessionStore(cfg.agent.state_path) if fix and damaged and not live else None
+    for key, path, scan in damaged:
+        where = f"session {key} ({path})"
+        if live:
+            yield Check(
+                "fail",
+                f"{where}: not repaired, the gateway is running (pid {live['pid']})",
+                "stop it (systemctl stop memobot), then memobot doctor --fix",
+            )
+        elif store is not None:
+            yield _repair_session(store, key, where)
+        elif scan.bad_lines:
+            shown = ", ".join(map(str, scan.bad_lines[:10]))
+            yield Check(
+                "fail",
+                f"{where}: line(s) {shown} do not parse",
+                "memobot doctor --fix (copies the file aside as .corrupt-<time>, keeps every "
+                "line that parses)",
+                fixable=True,
+            )
+        else:
+            yield Check(
+                "warn",
+                f"{where}: torn last line from an interrupted write (ignored; cut off at the "
+                "next write)",
+                "memobot doctor --fix cuts it now",
+                fixable=True,
+            )
+    aside = sorted(folder.glob(f"*{SUFFIX}.corrupt-*")) if folder.is_dir() else []
+    if aside:
+        yield Check(
+            "info", f"{len(aside)} quarantined copy(ies) of damaged sessions kept in {folder}"
+        )
+
+
+def _repair_session(store: Any, key: str, where: str) -> Check:
+    # The loader copies a file with bad lines aside and rewrites it with every good line; a
+    # torn tail it only marks, so compaction (the store's own safe rewrite) drops it now.
+    session = store.get(key)
+    if session.truncate_at is not None:
+        store.compact(session)
+    scan = scan_session(session.path.read_bytes())
+    if scan.bad_lines or scan.torn_tail:
+        return Check("fail", f"{where}: still damaged after repair", f"inspect {session.path}")
+    return Check("ok", f"{where}: repaired ({len(session.messages)} messages kept)")
+
+
+def check_history(cfg: Config) -> Check:
+    from bot.memory.history import parse_entry
+
+    path = cfg.agent.workspace_path / "memory" / "history.jsonl"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return Check("ok", f"{path}: not created yet")
+    lines = data.split(b"\n")
+    tail = lines.pop()
+    bad = [n for n, raw in enumerate(lines, 1) if raw.strip() and parse_entry(raw) is None]
+    if bad:
+        shown = ", ".join(map(str, bad[:10]))
+        return Check(
+            "fail",
+            f"{path}: line(s) {shown} do not parse; search and Dream skip them",
+            f"edit {path}: each line must be a JSON object with cursor, timestamp, session, "
+            "content (or delete the line)",
+        )
+    if tail.strip():
+        return Check("warn", f"{path}: torn last line (the next archive write starts a new line)")
+    return Check("ok", f"{path}: {len(lines)} entries parse")
+
+
+# -- service unit and clock --------------------------------------------------------------------
+
+
+def check_units(config_path: Path | None) -> Check:
+    from bot.service.install import plan, unit_dir
+    from bot.service.units import UNIT_NAME
+
+    found = False
+    seen: set[Path] = set()
+    for kind in ("system", "user"):
+        target = unit_dir(kind) / UNIT_NAME
+        if target in seen or not target.exists():
+            continue
+        seen.add(target)
+        found = True
+        installed = target.read_text()
+        # MEMOBOT_UNIT_DIR may hold either kind; the unit's own [Install] section says which.
+        actual = "user" if "WantedBy=default.target" in installed else "system"
+        flag = " --user" if actual == "user" else ""
+        conf = f" --config {config_path}" if config_path else ""
+        try:
+            expected = plan(actual, config_path).text
+        except ConfigError as exc:
+            return Check("warn", f"cannot compare {target} with this installation: {exc}")
+        if installed == expected:
+            return Check("ok", f"{actual} unit {target} matches this installation")
+        diff = _first_difference(installed, expected)
+        return Check(
+            "fail",
+            f"{actual} unit {target} differs from this installation ({diff})",
+            f"memobot{conf} service install{flag} --force, then systemctl{flag} daemon-reload",
+        )
+    if not found:
+        return Check("info", "no systemd unit installed (memobot service install [--user])")
+    return Check("info", "no systemd unit checked")
+
+
+def _first_difference(installed: str, expected: str) -> str:
+    """The first differing setting (comment lines are skipped: they explain, they do not act)."""
+
+    def settings(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+    for a, b in zip(settings(installed), settings(expected), strict=False):
+        if a != b:
+            return f"installed {a!r}, expected {b!r}"
+    return (
+        "settings are the same, comments differ"
+        if settings(installed) == settings(expected)
+        else "a different number of settings"
+    )
+
+
+def install_time() -> float:
+    """When this installation's files were written: a clock before that is certainly wrong."""
+    package = Path(__file__).resolve().parents[1]
+    return max(p.stat().st_mtime for p in package.glob("*.py"))
+
+
+def check_clock(server: tuple[str, float] | None, now: float | None = None) -> Check:
+    now = time.time() if now is None else now
+    fix = "turn on time synchronisation: timedatectl set-ntp true"
+    built = install_time()
+    if now < built:
+        stamp = time.strftime("%Y-%m-%d %H:%M", time.gmtime(built))
+        return Check(
+            "fail", f"clock: the system time is before this installation ({stamp} UTC)", fix
+        )
+    if server is None:
+        return Check("ok", "clock: after this installation's date (no server time to compare)")
+    host, server_time = server
+    skew = now - server_time
+    if abs(skew) > CLOCK_SKEW_LIMIT_SECONDS:
+        return Check("fail", f"clock: {skew:+.0f} s off the time of {host}", fix)
+    return Check("ok", f"clock: within {abs(skew):.0f} s of {host}")
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def run_checks(config_path: Path | None, fix: bool) -> Iterator[Check]:
+    path = (config_path or default_config_path()).expanduser()
+    check, cfg = check_config(path)
+    yield check
+    if path.exists():
+        yield check_mode(path, 0o600, "config file", fix)
+    server = None
+    if cfg is not None:
+        yield check_mode(cfg.agent.workspace_path, 0o700, "workspace", fix)
+        if cfg.agent.state_path.exists():
+            yield check_mode(cfg.agent.state_path, 0o700, "state folder", fix)
+        yield from check_sessions(cfg, fix)
+        yield check_history(cfg)
+        probe = asyncio.run(check_llm(cfg, path))
+        server = probe.date_header
+        yield probe.check
+        probes = token_probes(cfg)
+        if not probes:
+            yield Check("info", "channels: none enabled (set channels.<name>.enabled)")
+        for token_probe in probes:
+            yield asyncio.run(check_token(token_probe, proxy_for(cfg, token_probe)))
+    yield check_units(config_path)
+    yield check_clock(server)
+
+
+def cmd_doctor(config_path: Path | None, fix: bool = False) -> int:
+    """Print every check as it completes; 1 if any failed, else 0."""
+    unicode = _marks_fit()
+    failed = fixable = 0
+    for check in run_checks(config_path, fix):
+        print(format_check(check, unicode), flush=True)
+        failed += check.status == "fail"
+        fixable += check.fixable
+    if failed:
+        hint = f" {fixable} can be repaired with memobot doctor --fix." if fixable else ""
+        print(f"\n{failed} problem(s) found.{hint}")
+        return 1
+    print("\nAll checks passed.")
+    return 0

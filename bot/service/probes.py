@@ -1,0 +1,184 @@
+"""``memobot doctor``'s network checks: the LLM answers, each enabled channel's token is accepted.
+
+Each is one small request with a short timeout, made directly (aiohttp, or the LLM provider
+itself), never through a channel's SDK: the question is only "would this token and endpoint
+work", and an SDK would retry or reconnect instead of answering it.
+"""
+
+from __future__ import annotations
+
+import email.utils
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from bot.config import Config, RetryConfig
+from bot.service.checks import Check
+
+LLM_TIMEOUT_SECONDS = 20.0
+HTTP_TIMEOUT_SECONDS = 8.0
+OPENAI_DEFAULT_BASE = "https://api.openai.com/v1"
+TELEGRAM_DEFAULT_BASE = "https://api.telegram.org/bot"
+DISCORD_ME_URL = "https://discord.com/api/v10/users/@me"
+SLACK_DEFAULT_BASE = "https://slack.com/api/"
+
+
+@dataclass(slots=True)
+class LLMProbe:
+    check: Check
+    date_header: tuple[str, float] | None = None  # (host, server time) when the LLM answered
+
+
+async def check_llm(cfg: Config, config_path: Path) -> LLMProbe:
+    from bot.llm import LLMNotConfigured, LLMProvider, LLMRejected, LLMUnavailable
+
+    llm = cfg.llm.model_copy(
+        update={"timeout_seconds": LLM_TIMEOUT_SECONDS, "retry": RetryConfig(attempts=1)}
+    )
+    base = llm.resolved_base_url() or OPENAI_DEFAULT_BASE
+    try:
+        provider = LLMProvider(llm, str(config_path))
+    except LLMNotConfigured:
+        return LLMProbe(
+            Check(
+                "fail",
+                "LLM: none configured",
+                'set "llm.apiKey" (or OPENAI_API_KEY) for OpenAI, or "llm.baseUrl" (or '
+                'OPENAI_BASE_URL) and "llm.model" for an OpenAI-compatible server, in '
+                f"{config_path}",
+            )
+        )
+    try:
+        reply = await provider.chat(
+            [{"role": "user", "content": "Reply with the single word OK."}], max_tokens=8
+        )
+    except LLMRejected as exc:
+        return LLMProbe(Check("fail", f"LLM {base} refused: {exc}", _rejected_fix(exc.status)))
+    except LLMUnavailable as exc:
+        return LLMProbe(
+            Check(
+                "fail",
+                f"LLM {base} unreachable: {exc}",
+                "check that the server runs and llm.baseUrl is right",
+            )
+        )
+    finally:
+        await provider.close()
+    said = (reply.content or "").strip().replace("\n", " ")[:40]
+    check = Check("ok", f"LLM {base} model {llm.model} answered: {said!r}")
+    return LLMProbe(check, await _server_date(base))
+
+
+def _rejected_fix(status: int) -> str:
+    return {
+        401: "check llm.apiKey (or OPENAI_API_KEY)",
+        403: "this key may not use the model: check llm.model",
+        404: "check llm.model and llm.baseUrl (it usually ends in /v1)",
+    }.get(status, "see the error above")
+
+
+async def _server_date(base: str) -> tuple[str, float] | None:
+    """The Date header of the LLM server (any answer carries one), for the clock check."""
+    import aiohttp
+
+    try:
+        timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_SECONDS)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.get(base.rstrip("/") + "/models") as resp,
+        ):
+            value = resp.headers.get("Date")
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+    parsed = email.utils.parsedate_to_datetime(value) if value else None
+    return (urlsplit(base).hostname or base, parsed.timestamp()) if parsed else None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenProbe:
+    channel: str
+    method: str
+    url: str
+    headers: dict[str, str]
+    secret: str  # never printed: removed from every message
+
+
+def token_probes(cfg: Config) -> list[TokenProbe]:
+    ch = cfg.channels
+    probes = []
+    if ch.telegram.enabled:
+        base = ch.telegram.base_url or TELEGRAM_DEFAULT_BASE
+        url = f"{base}{ch.telegram.token}/getMe"
+        probes.append(TokenProbe("telegram", "GET", url, {}, ch.telegram.token))
+    if ch.discord.enabled:
+        auth = {"Authorization": f"Bot {ch.discord.token}"}
+        probes.append(TokenProbe("discord", "GET", DISCORD_ME_URL, auth, ch.discord.token))
+    if ch.slack.enabled:
+        base = (ch.slack.api_url or SLACK_DEFAULT_BASE).rstrip("/") + "/"
+        for name, method, token in (
+            ("slack botToken", "auth.test", ch.slack.bot_token),
+            ("slack appToken", "apps.connections.open", ch.slack.app_token),
+        ):
+            auth = {"Authorization": f"Bearer {token}"}
+            probes.append(TokenProbe(name, "POST", base + method, auth, token))
+    return probes
+
+
+def proxy_for(cfg: Config, probe: TokenProbe) -> str:
+    return getattr(cfg.channels, probe.channel.split()[0]).proxy
+
+
+async def check_token(probe: TokenProbe, proxy: str = "") -> Check:
+    import aiohttp
+
+    host = urlsplit(probe.url).hostname or "?"
+    kwargs: dict[str, Any] = {}
+    connector = None
+    if proxy.startswith("socks"):
+        from aiohttp_socks import ProxyConnector
+
+        connector = ProxyConnector.from_url(proxy)
+    elif proxy:
+        kwargs["proxy"] = proxy
+    try:
+        timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_SECONDS)
+        async with (
+            aiohttp.ClientSession(timeout=timeout, connector=connector) as http,
+            http.request(probe.method, probe.url, headers=probe.headers, **kwargs) as resp,
+        ):
+            status = resp.status
+            body = await resp.json(content_type=None) if status < 500 else None
+    except (aiohttp.ClientConnectionError, TimeoutError, OSError) as exc:
+        reason = str(exc).replace(probe.secret, "<token>") if probe.secret else str(exc)
+        return Check("warn", f"{probe.channel}: cannot reach {host} (no network?): {reason}")
+    except (aiohttp.ClientError, ValueError) as exc:
+        return Check(
+            "fail", f"{probe.channel}: unexpected answer from {host}: {type(exc).__name__}"
+        )
+    # Slack answers 200 with {"ok": false, "error": ...}; Telegram and Discord use 401.
+    ok = status == 200 and (not isinstance(body, dict) or body.get("ok", True) is not False)
+    if ok:
+        return Check("ok", f"{probe.channel}: token accepted by {host}{_who(body)}")
+    error = None
+    if isinstance(body, dict):
+        error = body.get("error") or body.get("description") or body.get("message")
+    field = {
+        "telegram": "channels.telegram.token (from @BotFather)",
+        "discord": "channels.discord.token (Developer Portal, Bot, Reset Token)",
+        "slack botToken": "channels.slack.botToken (xoxb-..., OAuth & Permissions)",
+        "slack appToken": "channels.slack.appToken (xapp-..., with connections:write)",
+    }[probe.channel]
+    return Check(
+        "fail",
+        f"{probe.channel}: {host} refused the token (HTTP {status}: {error})",
+        f"check {field}",
+    )
+
+
+def _who(body: Any) -> str:
+    if not isinstance(body, dict):
+        return ""
+    result = body.get("result") if isinstance(body.get("result"), dict) else body
+    name = result.get("username") or result.get("user")
+    return f" (as {name})" if name else ""

@@ -1,0 +1,639 @@
+"""Telegram through python-telegram-bot's ``Bot``, with memobot driving the long poll itself.
+
+Why not PTB's ``Application``/``Updater``: they confirm an update to Telegram (the next
+``getUpdates`` offset) as soon as it is fetched, before anything is stored. Here the offset is
+ours. Telegram keeps every update at or above the offset of the last ``getUpdates`` call and
+forgets everything below it, so an update is confirmed only by a later call. The loop:
+
+1. ``getUpdates(offset=N)``: fetch a batch (and confirm everything below N);
+2. each update is either published with ``bus.publish_inbound`` (which returns only once the
+   message is durable in its session, or recognised as a redelivery) or deliberately dropped
+   (denied sender, not addressed to us in a group, another bot, not a message);
+3. N becomes the last handled ``update_id + 1``, saved (fsync'd) in state/channels/telegram.json,
+   and used by the next call.
+
+A SIGKILL anywhere in 1-3 means Telegram sends the unconfirmed updates again after the restart:
+nothing is lost, and intake answers "duplicate" for anything already stored, so nothing is
+answered twice. The id that makes this work is ``<chat id>:<message id>``: Telegram message ids
+are unique within a chat and identical in every redelivery of the same update.
+
+python-telegram-bot is imported only by this module, and only when Telegram is enabled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import re
+import warnings
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from telegram import Bot, Message, MessageEntity, ReplyParameters, Update, User
+from telegram.constants import ChatAction, ParseMode
+from telegram.error import (
+    BadRequest,
+    ChatMigrated,
+    Conflict,
+    Forbidden,
+    InvalidToken,
+    NetworkError,
+    TelegramError,
+)
+from telegram.error import RetryAfter as PTBRetryAfter
+from telegram.request import HTTPXRequest
+from telegram.warnings import PTBDeprecationWarning
+
+from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
+from bot.config import TelegramConfig
+from channels.access import AccessPolicy, whoami_text
+from channels.base import Channel, State
+from channels.errors import (
+    FatalChannelError,
+    FormattingRejected,
+    PermanentError,
+    RetryAfter,
+    SendError,
+    TransientError,
+)
+from channels.formatting import (
+    TELEGRAM_LIMIT,
+    markdown_to_telegram_html,
+    render_chunks,
+    strip_telegram_html,
+)
+from channels.state import ChannelState
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "telegram"
+ALLOWED_UPDATES = ("message",)
+POLL_MARGIN_SECONDS = 10.0  # a getUpdates silent for pollTimeout + this is restarted
+BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 2.0, 30.0
+MEDIA_MAX_BYTES = 20 * 1024 * 1024  # also the cloud Bot API's own getFile limit
+REPLIED_REMEMBERED = 256
+GROUP_TYPES = frozenset({"group", "supergroup", "channel"})
+_COMMAND = re.compile(r"^/([A-Za-z0-9_]+)(?:@([A-Za-z0-9_]+))?(?:\s|$)")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+# -- pure helpers ----------------------------------------------------------------------------
+
+
+def chat_key(chat_id: int, thread_id: int | None) -> str:
+    """Our chat id: the Telegram chat, plus the forum topic so each topic is its own session."""
+    return f"{chat_id}:{thread_id}" if thread_id else str(chat_id)
+
+
+def split_chat_key(key: str) -> tuple[int, int | None]:
+    """The Telegram chat id and forum topic (if any) an outbound message goes to."""
+    chat, _, thread = key.partition(":")
+    return int(chat), int(thread) if thread else None
+
+
+def telegram_message_id(message_id: str | None) -> int | None:
+    """The Telegram message id inside our ``<chat>:<message>`` id (None if not ours)."""
+    if not message_id:
+        return None
+    tail = message_id.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def command_target(text: str) -> tuple[str, str] | None:
+    """``(command, bot)`` for a text starting with ``/command[@bot]``; bot is "" when absent."""
+    m = _COMMAND.match(text)
+    return (m.group(1).lower(), (m.group(2) or "").lower()) if m else None
+
+
+def _utf16_cut(text: str, spans: Sequence[tuple[int, int]]) -> str:
+    """Remove ``(offset, length)`` spans, measured in UTF-16 code units as Telegram does."""
+    data = text.encode("utf-16-le")
+    for offset, length in sorted(spans, reverse=True):
+        data = data[: offset * 2] + data[(offset + length) * 2 :]
+    return data.decode("utf-16-le")
+
+
+def _entities(message: Message) -> tuple[str, dict[MessageEntity, str]]:
+    kinds = [MessageEntity.MENTION, MessageEntity.TEXT_MENTION]
+    if message.text is not None:
+        return message.text, message.parse_entities(kinds)
+    return message.caption or "", message.parse_caption_entities(kinds)
+
+
+def _mentions_of(message: Message, me: User) -> list[MessageEntity]:
+    """Entities that name this bot: ``@ourname`` (exactly, not a prefix) or a text mention."""
+    username = (me.username or "").lower()
+    _, found = _entities(message)
+    return [
+        e
+        for e, value in found.items()
+        if (e.type == MessageEntity.MENTION and value[1:].lower() == username)
+        or (e.type == MessageEntity.TEXT_MENTION and e.user is not None and e.user.id == me.id)
+    ]
+
+
+def _replies_to_bot(message: Message, me: User) -> bool:
+    parent = message.reply_to_message
+    if parent is None or parent.from_user is None or parent.from_user.id != me.id:
+        return False
+    # In a forum topic every message "replies" to the topic's first message; not a real reply.
+    return not (message.is_topic_message and parent.message_id == message.message_thread_id)
+
+
+def addressed_to_bot(message: Message, me: User) -> bool:
+    """A group message is for us when it mentions or replies to us or is a command for us."""
+    text = message.text or message.caption or ""
+    command = command_target(text)
+    if command is not None:
+        return command[1] in ("", (me.username or "").lower())
+    return _replies_to_bot(message, me) or bool(_mentions_of(message, me))
+
+
+def text_without_mention(message: Message, me: User) -> str:
+    """The text (or caption) with ``@ourname`` removed; the model does not need to see it."""
+    text, _ = _entities(message)
+    spans = [(e.offset, e.length) for e in _mentions_of(message, me) if e.type == "mention"]
+    if not spans:
+        return text
+    return re.sub(r"[ \t]{2,}", " ", _utf16_cut(text, spans)).strip() or text
+
+
+def send_error(exc: TelegramError) -> SendError | FatalChannelError:
+    """Map one python-telegram-bot exception to our error vocabulary (channels/errors.py)."""
+    if isinstance(exc, PTBRetryAfter):
+        return RetryAfter(retry_seconds(exc))
+    if isinstance(exc, InvalidToken):
+        return FatalChannelError("Telegram rejected the bot token (channels.telegram.token)")
+    if isinstance(exc, ChatMigrated):
+        return PermanentError(f"the group became supergroup {exc.new_chat_id}")
+    if isinstance(exc, BadRequest):  # before NetworkError: PTB derives BadRequest from it
+        if "can't parse entities" in exc.message.lower():
+            return FormattingRejected(exc.message)
+        return PermanentError(exc.message)
+    if isinstance(exc, Forbidden):
+        return PermanentError(exc.message)
+    if isinstance(exc, NetworkError | Conflict):
+        return TransientError(exc.message)
+    return PermanentError(exc.message)
+
+
+@dataclass(frozen=True, slots=True)
+class _Attachment:
+    kind: str  # photo, document, audio, video, voice, video_note, animation
+    file_id: str
+    file_unique_id: str
+    file_size: int | None
+    file_name: str | None
+    default_ext: str
+
+
+def attachments(message: Message) -> list[_Attachment]:
+    """Files a message carries; for a photo only its largest size."""
+    found: list[_Attachment] = []
+    if message.photo:
+        best = max(message.photo, key=lambda p: (p.file_size or 0, p.width * p.height))
+        found.append(
+            _Attachment("photo", best.file_id, best.file_unique_id, best.file_size, None, ".jpg")
+        )
+    for kind, ext in (
+        ("document", ""),
+        ("audio", ".mp3"),
+        ("video", ".mp4"),
+        ("voice", ".ogg"),
+        ("video_note", ".mp4"),
+        ("animation", ".mp4"),
+    ):
+        item = getattr(message, kind, None)
+        if item is not None:
+            name = getattr(item, "file_name", None)
+            found.append(
+                _Attachment(kind, item.file_id, item.file_unique_id, item.file_size, name, ext)
+            )
+    return found
+
+
+def _file_ext(att: _Attachment, file_path: str | None) -> str:
+    for candidate in (att.file_name, file_path):
+        suffix = Path(candidate or "").suffix
+        if suffix and len(suffix) <= 10 and not _UNSAFE.search(suffix[1:]):
+            return suffix.lower()
+    return att.default_ext or ".bin"
+
+
+def build_bot(cfg: TelegramConfig) -> tuple[Bot, list[HTTPXRequest]]:
+    """A ``Bot`` with two HTTP clients: one for the long poll, one for everything else.
+
+    ``baseUrl``/``baseFileUrl`` keep python-telegram-bot's meaning (the token is appended).
+    When only ``baseUrl`` is set and ends in ``/bot``, the file URL is derived from it
+    (``.../file/bot``), which is what a local Bot API server serves.
+    Returns the bot and its HTTP clients (for closing). Raises RuntimeError when a socks
+    proxy is configured without python-telegram-bot's socks extra installed.
+    """
+    proxy = cfg.proxy or None
+    # The poll's read timeout is added to the long-poll timeout by PTB (get_updates).
+    poll_request = HTTPXRequest(connection_pool_size=1, read_timeout=5.0, proxy=proxy)
+    request = HTTPXRequest(connection_pool_size=128, read_timeout=20.0, proxy=proxy)
+    urls: dict[str, str] = {}
+    if cfg.base_url:
+        urls["base_url"] = cfg.base_url
+        if not cfg.base_file_url and cfg.base_url.rstrip("/").endswith("/bot"):
+            urls["base_file_url"] = cfg.base_url.rstrip("/")[: -len("/bot")] + "/file/bot"
+    if cfg.base_file_url:
+        urls["base_file_url"] = cfg.base_file_url
+    bot = Bot(cfg.token, request=request, get_updates_request=poll_request, **urls)
+    return bot, [request, poll_request]
+
+
+class _Refused(Exception):
+    """Intake refused a message (shutting down or storage failing): do not confirm it."""
+
+
+# -- the channel -----------------------------------------------------------------------------
+
+
+class TelegramChannel(Channel):
+    name = CHANNEL
+    max_length = TELEGRAM_LIMIT
+
+    def __init__(
+        self, bus: MessageBus, cfg: TelegramConfig, workspace: Path, state_dir: Path
+    ) -> None:
+        super().__init__(bus)
+        self.cfg = cfg
+        self.policy = AccessPolicy(CHANNEL, cfg.allow_from, cfg.admin_ids)
+        self.media_dir = workspace / "media" / CHANNEL
+        self.offset_state = ChannelState(state_dir, CHANNEL)
+        self.offset: int | None = None
+        self.bot: Bot | None = None
+        self._clients: list[HTTPXRequest] = []
+        self.me: User | None = None
+        self.poll_timeout = cfg.poll_timeout_seconds
+        self._task: asyncio.Task[None] | None = None
+        self._backoff = BACKOFF_START
+        # Outbound messages whose first chunk already went out as a reply (keyed by identity:
+        # OutboundMessage holds a dict and is not hashable); later chunks are not replies.
+        self._replied: OrderedDict[int, OutboundMessage] = OrderedDict()
+
+    # -- lifecycle --
+
+    async def start(self) -> None:
+        """Return at once; connecting and polling run in a background task."""
+        self.policy.log_startup()
+        self.offset = self._load_offset()
+        self._set_state("starting")
+        try:
+            self.bot, self._clients = build_bot(self.cfg)
+        except RuntimeError as exc:  # e.g. socks proxy without the socks extra installed
+            self._set_state("failed", f"cannot create the Telegram client: {exc}", logging.ERROR)
+            return
+        self._task = asyncio.create_task(self._run(), name="telegram-poll")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        # Closed directly: Bot.shutdown() skips clients when getMe never succeeded.
+        await asyncio.gather(*(c.shutdown() for c in self._clients), return_exceptions=True)
+        self._clients = []
+        self._set_state("stopped")
+
+    def _set_state(self, state: State, detail: str = "", level: int = logging.INFO) -> None:
+        """Log a state change once, not once per failed attempt."""
+        if state != self.state or detail != self.state_detail:
+            log.log(level, "telegram: %s%s", state, f" ({detail})" if detail else "")
+        self.set_state(state, detail)
+
+    # -- polling --
+
+    async def _run(self) -> None:
+        try:
+            if not await self._connect():
+                return
+            while await self._poll_once():
+                pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug must not silently end intake: say so, loudly, with state
+            log.exception("telegram: the poll loop crashed")
+            self._set_state("failed", "poll loop crashed; see the log", logging.ERROR)
+
+    async def _connect(self) -> bool:
+        """getMe (the bot's own id and @username, needed for group gating), retried."""
+        assert self.bot is not None
+        while True:
+            try:
+                await asyncio.wait_for(self.bot.initialize(), POLL_MARGIN_SECONDS + 5)
+                self.me = self.bot.bot
+                log.info("telegram: logged in as @%s (id %s)", self.me.username, self.me.id)
+                return True
+            except InvalidToken:
+                # PTB's message repeats the token; keep it out of the log.
+                self._token_rejected()
+                return False
+            except (NetworkError, TimeoutError) as exc:
+                await self._retry_later(f"cannot reach Telegram: {_describe(exc)}")
+
+    def _token_rejected(self) -> None:
+        self._set_state(
+            "failed",
+            "Telegram rejected the bot token (401/404): check channels.telegram.token (and "
+            "baseUrl if set); polling stopped",
+            logging.ERROR,
+        )
+
+    async def _retry_later(self, detail: str, seconds: float | None = None) -> None:
+        self._set_state("reconnecting", detail, logging.WARNING)
+        wait = self._backoff if seconds is None else seconds
+        self._backoff = min(BACKOFF_MAX, self._backoff * BACKOFF_FACTOR)
+        await asyncio.sleep(wait)
+
+    async def _poll_once(self) -> bool:
+        """One getUpdates and its batch. False when polling must end (token rejected)."""
+        assert self.bot is not None
+        try:
+            updates = await asyncio.wait_for(
+                self.bot.get_updates(
+                    offset=self.offset,
+                    timeout=self.poll_timeout,
+                    allowed_updates=list(ALLOWED_UPDATES),
+                ),
+                self.poll_timeout + POLL_MARGIN_SECONDS,
+            )
+        except TimeoutError:
+            await self._retry_later(
+                f"getUpdates gave no answer for {self.poll_timeout + POLL_MARGIN_SECONDS:.0f} s; "
+                "restarting the poll",
+                0,
+            )
+            return True
+        except InvalidToken:
+            self._token_rejected()  # the process keeps running; other channels are unaffected
+            return False
+        except Conflict as exc:
+            await self._conflict(exc)
+            return True
+        except PTBRetryAfter as exc:
+            await self._retry_later("Telegram asked to slow down", retry_seconds(exc))
+            return True
+        except TelegramError as exc:
+            await self._retry_later(f"getUpdates failed: {_describe(exc)}")
+            return True
+        self._backoff = BACKOFF_START
+        self._set_state("connected")
+        if updates:
+            try:
+                await self._handle_batch(updates)
+            except _Refused:
+                await self._retry_later("intake refused a message; it stays unconfirmed", 1.0)
+        return True
+
+    async def _conflict(self, exc: Conflict) -> None:
+        assert self.bot is not None
+        if "webhook" in exc.message.lower():
+            log.warning("telegram: a webhook is set for this bot; removing it to poll instead")
+            try:
+                await self.bot.delete_webhook(drop_pending_updates=False)
+                return
+            except TelegramError as err:
+                log.warning("telegram: deleteWebhook failed: %s", _describe(err))
+        await self._retry_later(
+            "another bot instance is polling with this token (409 Conflict); stop the other "
+            "instance, retrying"
+        )
+
+    async def _handle_batch(self, updates: Sequence[Update]) -> None:
+        """Publish every update of a batch in order, then move the confirmed offset past it.
+
+        On a refusal the offset stops just before the refused update, so that update and
+        everything after it come again in the next ``getUpdates``.
+        """
+        offset = self.offset
+        try:
+            for update in updates:
+                verdict = await self._handle_update(update)
+                if verdict == "refused":
+                    raise _Refused
+                offset = update.update_id + 1
+        finally:
+            if offset != self.offset:
+                self._save_offset(offset)
+
+    async def _handle_update(self, update: Update) -> Intake | None:
+        """Publish one update; None when it is deliberately dropped."""
+        self.touch()
+        message = update.message
+        if message is None:
+            return None
+        try:
+            inbound = await self._normalise(message)
+        except Exception:
+            # A message this code cannot handle must not block every later one forever.
+            log.exception("telegram: update %s dropped: could not be read", update.update_id)
+            return None
+        if inbound is None:
+            return None
+        return await self.bus.publish_inbound(inbound)
+
+    # -- the offset on disk --
+
+    def _load_offset(self) -> int | None:
+        value = self.offset_state.load().get("offset")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def _save_offset(self, offset: int | None) -> None:
+        """Persist before the next getUpdates confirms it to Telegram (it is then final)."""
+        if offset is None:
+            return
+        try:
+            self.offset_state.save({"offset": offset})
+        except OSError as exc:
+            # Not fatal: intake already stored every message, a redelivery is a duplicate.
+            log.error("telegram: cannot save the update offset (%s)", exc)
+        self.offset = offset
+
+    # -- inbound --
+
+    async def _normalise(self, message: Message) -> InboundMessage | None:
+        """Turn a Telegram message into an InboundMessage, or None when it is not for us."""
+        assert self.me is not None
+        sender = message.from_user
+        if sender is None or sender.is_bot:
+            return None  # other bots, itself, anonymous admins: never a conversation partner
+        is_group = message.chat.type in GROUP_TYPES
+        sender_id = str(sender.id)
+        text = message.text or message.caption or ""
+        command = command_target(text)
+        if not is_group and command and command[0] == "whoami":
+            await self._whoami(message, sender_id)
+            return None
+        if is_group and not self._group_accepts(message):
+            return None
+        if not self.policy.allowed(sender_id):
+            self.policy.deny(sender_id, f"@{sender.username}" if sender.username else "")
+            return None
+        if is_group and command and command[0] == "whoami":
+            await self._whoami(message, sender_id)
+            return None
+        if is_group:
+            text = text_without_mention(message, self.me)
+        thread = message.message_thread_id if message.is_topic_message else None
+        chat = chat_key(message.chat.id, thread)
+        media, notes = await self._download_media(message, chat)
+        if notes:
+            text = "\n".join([text, *notes]) if text else "\n".join(notes)
+        if not text and not media:
+            return None  # service messages (joins, pins...) and stickers: nothing to answer
+        parent = message.reply_to_message
+        is_reply = parent is not None and not (thread and parent.message_id == thread)
+        return InboundMessage(
+            channel=CHANNEL,
+            chat_id=chat,
+            sender_id=sender_id,
+            text=text,
+            media=tuple(media),
+            message_id=f"{message.chat.id}:{message.message_id}",
+            reply_to=str(parent.message_id) if is_reply and parent else None,
+            metadata={
+                "is_group": is_group,
+                "is_admin": self.policy.is_admin(sender_id),
+                "sender_name": sender.full_name,
+                "username": sender.username,
+                "message_thread_id": thread,
+            },
+        )
+
+    def _group_accepts(self, message: Message) -> bool:
+        assert self.me is not None
+        text = message.text or message.caption or ""
+        command = command_target(text)
+        if command and command[1] and command[1] != (self.me.username or "").lower():
+            return False  # /cmd@otherbot is for the other bot, even with groupPolicy "open"
+        return self.cfg.group_policy == "open" or addressed_to_bot(message, self.me)
+
+    async def _whoami(self, message: Message, sender_id: str) -> None:
+        """Answered here, outside the bus: it must work for senders allowFrom refuses."""
+        assert self.bot is not None
+        text = whoami_text(CHANNEL, sender_id, self.policy.allowed(sender_id))
+        try:
+            await self.bot.send_message(
+                message.chat.id,
+                text,
+                message_thread_id=message.message_thread_id if message.is_topic_message else None,
+            )
+        except TelegramError as exc:
+            log.warning("telegram: /whoami answer to %s failed: %s", sender_id, _describe(exc))
+
+    async def _download_media(self, message: Message, chat: str) -> tuple[list[str], list[str]]:
+        """Save attached files under <workspace>/media/telegram/<chat>/; paths and notes."""
+        paths: list[str] = []
+        notes: list[str] = []
+        for att in attachments(message):
+            label = att.kind.replace("_", " ")
+            if att.file_size and att.file_size > MEDIA_MAX_BYTES:
+                notes.append(_too_large(label, att.file_size))
+                continue
+            try:
+                path = await self._download(att, chat)
+            except (TelegramError, OSError) as exc:
+                log.warning("telegram: %s in chat %s not downloaded: %s", label, chat, exc)
+                notes.append(f"[a {label} was attached but could not be downloaded]")
+                continue
+            if path is None:
+                notes.append(_too_large(label, att.file_size or 0))
+                continue
+            paths.append(str(path))
+            if att.kind == "voice":
+                # Transcription needs llm.transcriptionModel, which does not exist yet.
+                notes.append("[a voice message is attached (saved, not transcribed)]")
+        return paths, notes
+
+    async def _download(self, att: _Attachment, chat: str) -> Path | None:
+        assert self.bot is not None
+        folder = self.media_dir / _UNSAFE.sub("_", chat)
+        if folder.is_dir():
+            # A redelivered update: the file is already here under its stable unique id.
+            for existing in folder.glob(f"{att.file_unique_id}.*"):
+                return existing
+        tg_file = await self.bot.get_file(att.file_id)
+        if tg_file.file_size and tg_file.file_size > MEDIA_MAX_BYTES:
+            return None
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{att.file_unique_id}{_file_ext(att, tg_file.file_path)}"
+        tmp = path.with_name(f".{path.name}.part")
+        await tg_file.download_to_drive(tmp)
+        os.replace(tmp, path)  # never a half file under the final name
+        return path
+
+    # -- outbound --
+
+    def render(self, text: str) -> list[str]:
+        return render_chunks(text, TELEGRAM_LIMIT, markdown_to_telegram_html)
+
+    def plain(self, chunk: str) -> str:
+        return strip_telegram_html(chunk)
+
+    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+        if self.bot is None:
+            raise TransientError("the Telegram client is not running")
+        chat, thread = split_chat_key(msg.chat_id)
+        reply = self._reply_parameters(msg, chat)
+        try:
+            await self.bot.send_message(
+                chat,
+                chunk,
+                parse_mode=None if plain else ParseMode.HTML,
+                message_thread_id=thread,
+                reply_parameters=reply,
+            )
+        except TelegramError as exc:
+            error = send_error(exc)
+            if isinstance(exc, ChatMigrated):
+                log.warning(
+                    "telegram: chat %s moved to supergroup %s; answers to the old id fail",
+                    chat,
+                    exc.new_chat_id,
+                )
+            if isinstance(error, FatalChannelError):
+                self._token_rejected()
+            raise error from exc
+        if reply is not None:
+            self._replied[id(msg)] = msg
+            while len(self._replied) > REPLIED_REMEMBERED:
+                self._replied.popitem(last=False)
+
+    def _reply_parameters(self, msg: OutboundMessage, chat: int) -> ReplyParameters | None:
+        """In groups the first chunk of an answer quotes the message it answers."""
+        target = telegram_message_id(msg.reply_to)
+        if chat > 0 or target is None or id(msg) in self._replied:
+            return None
+        return ReplyParameters(target, allow_sending_without_reply=True)
+
+    async def send_typing(self, chat_id: str) -> None:
+        if self.bot is None:
+            return
+        chat, thread = split_chat_key(chat_id)
+        await self.bot.send_chat_action(chat, ChatAction.TYPING, message_thread_id=thread)
+
+
+def retry_seconds(exc: PTBRetryAfter) -> float:
+    """``retry_after`` is an int today and a timedelta in a future PTB; accept both."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PTBDeprecationWarning)  # the int -> timedelta notice
+        wait: Any = exc.retry_after
+    return wait.total_seconds() if isinstance(wait, dt.timedelta) else float(wait)
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _too_large(label: str, size: int) -> str:
+    mb = size / (1024 * 1024)
+    limit = MEDIA_MAX_BYTES // (1024 * 1024)
+    return f"[a {label} of {mb:.1f} MB was attached; files over {limit} MB are not downloaded]"

@@ -1,0 +1,430 @@
+"""Telegram end to end: the real python-telegram-bot against the local fake Bot API, the real
+agent loop against the fake LLM, real files on disk (DESIGN.md §9)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.app import AgentStack, build_agent
+from bot.config import ConfigError, parse_config
+from channels import telegram_channel
+from channels.manager import ChannelManager
+from channels.telegram_channel import TelegramChannel
+from tests.fakes.llm_server import FakeLLM, reply
+from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, mention_entities
+from tests.helpers import REPO, config_dict, make_config, run_memobot
+
+ALICE = 1001  # in allowFrom
+MALLORY = 2002  # not in allowFrom
+GROUP = -1001234
+BOT = f"@{BOT_USERNAME}"
+
+
+@dataclass
+class Running:
+    api: FakeBotAPI
+    llm: FakeLLM
+    stack: AgentStack
+    channel: TelegramChannel
+    tmp: Path
+
+    def user_texts(self) -> list[str]:
+        """The last user line of every LLM request (the runtime block cut off)."""
+        out = []
+        for r in self.llm.requests:
+            content = r["body"]["messages"][-1]["content"]
+            if isinstance(content, list):
+                content = content[0]["text"]
+            out.append(content.split("\n\n[runtime context", 1)[0])
+        return out
+
+    async def handled(self, update_id: int) -> None:
+        """Wait until ``update_id`` is confirmed: saved, and sent back as a getUpdates offset."""
+
+        def confirmed() -> bool:
+            polls = self.api.calls("getUpdates")
+            return (self.channel.offset or 0) > update_id and any(
+                (c.params.get("offset") or 0) > update_id for c in polls
+            )
+
+        await self.api.wait_for_async(confirmed)
+
+
+@asynccontextmanager
+async def running(
+    tmp_path: Path, llm: FakeLLM, api: FakeBotAPI, **telegram: Any
+) -> AsyncIterator[Running]:
+    settings = {
+        "enabled": True,
+        "token": api.token,
+        "baseUrl": api.base_url,
+        "allowFrom": [str(ALICE)],
+        "pollTimeoutSeconds": 2,
+        **telegram,
+    }
+    cfg = make_config(tmp_path, llm.base_url, channels={"telegram": settings})
+    stack = build_agent(cfg, tmp_path / "config.json")
+    channel = TelegramChannel(
+        stack.bus, cfg.channels.telegram, cfg.agent.workspace_path, cfg.agent.state_path
+    )
+    manager = ChannelManager(stack.bus, stack.loop.ledger, [channel])
+    stack.loop.recover()
+    loop_task = asyncio.create_task(stack.loop.run())
+    await manager.start()
+    try:
+        yield Running(api, llm, stack, channel, tmp_path)
+    finally:
+        await stack.loop.shutdown(0)
+        loop_task.cancel()
+        await asyncio.gather(loop_task, return_exceptions=True)
+        await manager.stop()
+        await stack.close()
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[FakeLLM]:
+    async with FakeLLM() as server:
+        yield server
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeBotAPI]:
+    async with FakeBotAPI() as server:
+        yield server
+
+
+# -- private chats and allowFrom --------------------------------------------------------------
+
+
+async def test_allowed_private_message_is_answered_in_html(tmp_path, llm, api):
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("hello there")
+        [sent] = await api.wait_sent_async(1)
+        assert sent.params["chat_id"] == ALICE
+        assert sent.params["parse_mode"] == "HTML"
+        assert "echo: hello there" in sent.params["text"]
+        assert "reply_parameters" not in sent.params  # private chats get no quote
+        assert tg.channel.state == "connected"
+        assert tg.channel.last_event_at is not None
+
+
+async def test_offset_confirms_only_after_intake_and_survives_restart(tmp_path, llm, api):
+    async with running(tmp_path, llm, api) as tg:
+        first = api.private_text("one")
+        last = api.private_text("two")
+        await api.wait_sent_async(2)
+        await tg.handled(last)
+        offsets = [c.params.get("offset") for c in api.calls("getUpdates")]
+        assert offsets[0] is None  # nothing saved yet: take whatever Telegram still holds
+        assert offsets[-1] == last + 1
+        assert first < last
+        state = tmp_path / "state" / "channels" / "telegram.json"
+        assert json.loads(state.read_text()) == {"offset": last + 1}
+        assert api.pending_updates == []
+    polls_before = len(api.calls("getUpdates"))
+    async with running(tmp_path, llm, api) as tg:
+        await api.wait_for_async(lambda: len(api.calls("getUpdates")) > polls_before)
+        assert api.calls("getUpdates")[polls_before].params["offset"] == last + 1
+
+
+async def test_denied_sender_is_never_answered_and_logged_once(tmp_path, llm, api, caplog):
+    caplog.set_level(logging.WARNING)
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("let me in", user_id=MALLORY, username="mallory")
+        second = api.private_text("please", user_id=MALLORY, username="mallory")
+        await tg.handled(second)
+        assert api.sent() == []
+        assert llm.requests == []
+    denials = [r for r in caplog.records if "not in allowFrom" in r.getMessage()]
+    assert len(denials) == 1
+    assert str(MALLORY) in denials[0].getMessage()
+    assert "@mallory" in denials[0].getMessage()
+
+
+async def test_star_allows_everyone_with_a_warning(tmp_path, llm, api, caplog):
+    caplog.set_level(logging.WARNING)
+    async with running(tmp_path, llm, api, allowFrom=["*"]):
+        api.private_text("hi from a stranger", user_id=MALLORY)
+        [sent] = await api.wait_sent_async(1)
+        assert sent.params["chat_id"] == MALLORY
+    assert any('allowFrom contains "*"' in r.getMessage() for r in caplog.records)
+
+
+def test_username_in_allow_from_is_refused_at_config_load(tmp_path):
+    data = config_dict(tmp_path, "http://127.0.0.1:1/v1")
+    data["channels"] = {"telegram": {"token": "x", "allowFrom": ["@alice"]}}
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    text = str(err.value)
+    assert "channels.telegram.allowFrom" in text and "@alice" in text
+    assert "numeric user id" in text and "/whoami" in text
+
+
+async def test_whoami_answers_a_denied_sender_in_private(tmp_path, llm, api):
+    async with running(tmp_path, llm, api):
+        api.private_text("/whoami", user_id=MALLORY)
+        [sent] = await api.wait_sent_async(1)
+        assert sent.params["chat_id"] == MALLORY
+        assert f"Your telegram user id is {MALLORY}" in sent.params["text"]
+        assert "not allowed" in sent.params["text"]
+        assert llm.requests == []
+
+
+async def test_rejected_token_fails_the_channel_without_crashing(tmp_path, llm, api, caplog):
+    caplog.set_level(logging.ERROR)
+    async with running(tmp_path, llm, api, token="999:WRONG") as tg:
+        await api.wait_for_async(lambda: tg.channel.state == "failed")
+        assert "token" in tg.channel.state_detail
+        assert tg.stack.loop is not None  # the rest of memobot keeps running
+    assert not any("999:WRONG" in r.getMessage() for r in caplog.records)
+
+
+# -- groups -----------------------------------------------------------------------------------
+
+
+async def test_group_gating(tmp_path, llm, api):
+    answered = {
+        "mention": api.group_text(f"{BOT} what is 2+2"),
+        "reply": api.group_text("and 3+3?", reply_to_bot=True),
+        "command": api.group_text(f"/status{BOT}"),
+    }
+    ignored = [
+        api.group_text("just chatting"),
+        api.group_text(
+            "@other_bot do it", entities=mention_entities("@other_bot do it", "other_bot")
+        ),
+        api.group_text(
+            f"{BOT}x lookalike", entities=mention_entities(f"{BOT}x lookalike", BOT_USERNAME + "x")
+        ),
+        api.group_text("@everyone look here"),
+        api.group_text("/status@otherbot"),
+        api.group_text(f"{BOT} I am a bot", user_id=777, is_bot=True),
+        api.group_text(f"{BOT} not allowed", user_id=MALLORY),
+    ]
+    async with running(tmp_path, llm, api) as tg:
+        await tg.handled(max([*answered.values(), *ignored]))
+        sent = await api.wait_sent_async(3)
+        await asyncio.sleep(0.3)  # anything wrongly let in would be answered by now
+        assert len(api.sent()) == 3
+        # The model sees the question without the bot's own @name.
+        assert sorted(tg.user_texts()) == ["and 3+3?", "what is 2+2"]
+        texts = [c.params["text"] for c in sent]
+        assert any("echo: what is 2+2" in t for t in texts)
+        assert any("model" in t.lower() for t in texts)  # the /status answer
+        # In groups the answer quotes the message it answers.
+        assert all("reply_parameters" in c.params for c in sent)
+
+
+async def test_group_policy_open_answers_without_mention(tmp_path, llm, api):
+    async with running(tmp_path, llm, api, groupPolicy="open") as tg:
+        api.group_text("anyone here?")
+        other = api.group_text("/status@otherbot")
+        await tg.handled(other)
+        [sent] = await api.wait_sent_async(1)
+        assert "echo: anyone here?" in sent.params["text"]
+        await asyncio.sleep(0.2)
+        assert len(api.sent()) == 1
+
+
+async def test_forum_topics_are_separate_sessions_answered_in_their_thread(tmp_path, llm, api):
+    async with running(tmp_path, llm, api) as tg:
+        api.group_text(f"{BOT} in topic seven", thread_id=7)
+        api.group_text(f"{BOT} in topic eight", thread_id=8)
+        sent = await api.wait_sent_async(2)
+        threads = {c.params["message_thread_id"]: c.params["text"] for c in sent}
+        assert "topic seven" in threads[7] and "topic eight" in threads[8]
+        keys = set(tg.stack.loop.store.keys())
+        assert {f"telegram:{GROUP}:7", f"telegram:{GROUP}:8"} <= keys
+        # A topic's root message is not a reply to the bot, however the topic was created.
+        assert tg.user_texts() == ["in topic seven", "in topic eight"]
+
+
+# -- sending ----------------------------------------------------------------------------------
+
+
+async def test_long_answer_is_split_within_the_limit_and_code_survives(tmp_path, llm, api):
+    code = "\n".join(f"line_{i:04d} = {i} * 2  # some code" for i in range(250))
+    answer = "Here is the script:\n\n```python\n" + code + "\n```\n\nDone."
+    llm.script(reply(answer))
+    async with running(tmp_path, llm, api):
+        api.private_text("write a long script")
+        await api.wait_for_async(lambda: any("Done." in c.params["text"] for c in api.sent()))
+        sent = api.sent()
+        assert len(sent) >= 2
+        assert all(len(c.params["text"]) <= 4096 for c in sent)
+        assert all(c.params["parse_mode"] == "HTML" for c in sent)  # every chunk parsed
+        # The code block spans the split: each chunk opens and closes its own <pre>.
+        code_chunks = [c.params["text"] for c in sent if "line_" in c.params["text"]]
+        assert len(code_chunks) >= 2
+        assert all(t.count("<pre") == t.count("</pre>") == 1 for t in code_chunks)
+        joined = "".join(code_chunks)
+        assert all(f"line_{i:04d}" in joined for i in range(250))
+
+
+async def test_rejected_markup_is_resent_as_plain_text(tmp_path, llm, api):
+    llm.script(reply("**bold** and `code`"))
+    api.fail(
+        "sendMessage",
+        400,
+        "Bad Request: can't parse entities: Unsupported start tag",
+        when=lambda p: p.get("parse_mode") == "HTML",
+    )
+    async with running(tmp_path, llm, api):
+        api.private_text("format something")
+        [sent] = await api.wait_sent_async(1)
+        failed = [c for c in api.calls("sendMessage") if c.status == 400]
+        assert len(failed) == 1 and "<b>bold</b>" in failed[0].params["text"]
+        assert "parse_mode" not in sent.params
+        assert sent.params["text"] == "bold and code"
+
+
+async def test_flood_wait_is_honoured_then_delivered(tmp_path, llm, api):
+    api.fail("sendMessage", 429, retry_after=1)
+    async with running(tmp_path, llm, api):
+        api.private_text("hurry")
+        [sent] = await api.wait_sent_async(1, timeout=15)
+        calls = api.calls("sendMessage")
+        assert [c.status for c in calls] == [429, 200]
+        assert calls[1].at - calls[0].at >= 1.0
+        assert "echo: hurry" in sent.params["text"]
+
+
+async def test_photo_is_downloaded_into_the_workspace_and_passed_as_image(tmp_path, llm, api):
+    jpeg = b"\xff\xd8\xff\xe0" + os.urandom(2000)
+    async with running(tmp_path, llm, api) as tg:
+        api.photo(jpeg, caption="what is in this picture?")
+        await api.wait_sent_async(1)
+        saved = list((tmp_path / "ws" / "media" / "telegram" / str(ALICE)).glob("*.jpg"))
+        assert len(saved) == 1 and saved[0].read_bytes() == jpeg
+        content = llm.requests[0]["body"]["messages"][-1]["content"]
+        assert content[0]["text"].startswith("what is in this picture?")
+        assert content[1]["image_url"]["url"].startswith("data:image/jpeg;base64,")
+        assert tg.user_texts() == ["what is in this picture?"]
+
+
+# -- polling resilience -----------------------------------------------------------------------
+
+
+async def test_conflict_is_logged_and_polling_continues(tmp_path, llm, api, caplog):
+    caplog.set_level(logging.WARNING)
+    api.fail("getUpdates", 409)
+    async with running(tmp_path, llm, api):
+        await api.wait_for_async(lambda: any(c.status == 409 for c in api.calls("getUpdates")))
+        api.private_text("still there?")
+        [sent] = await api.wait_sent_async(1, timeout=15)
+        assert "echo: still there?" in sent.params["text"]
+    assert any(
+        "another bot instance is polling with this token" in r.getMessage() for r in caplog.records
+    )
+
+
+async def test_stalled_poll_is_restarted(tmp_path, llm, api, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setattr(telegram_channel, "POLL_MARGIN_SECONDS", 0.5)
+    api.fail("getUpdates", 0, delay=30)  # the first poll hangs far past timeout + margin
+    async with running(tmp_path, llm, api, pollTimeoutSeconds=1):
+        started = time.monotonic()
+        api.private_text("are you stuck?")
+        await api.wait_sent_async(1, timeout=10)
+        assert time.monotonic() - started < 5
+    assert any("restarting the poll" in r.getMessage() for r in caplog.records)
+
+
+# -- the daemon: SIGKILL between fetch and processing -----------------------------------------
+
+
+def _gateway(config: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    full_env = {**os.environ, **(env or {})}
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MEMOBOT_FAILPOINTS"):
+        if not env or name not in env:
+            full_env.pop(name, None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bot", "--config", str(config), "gateway"],
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(config.parent / "gateway.log", "ab"),  # the child keeps writing after we return
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _answers_to(api: Any, text: str) -> int:
+    return sum(f"echo: {text}" in c.params["text"] for c in api.sent())
+
+
+def _status_when_written(config: Path) -> str:
+    """``memobot status`` once the gateway's periodic snapshot shows the channel connected."""
+    deadline = time.monotonic() + 8
+    while True:
+        out = run_memobot("status", config=config).stdout
+        if "telegram: connected" in out or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)
+
+
+def test_sigkill_between_fetch_and_processing_loses_nothing_and_repeats_nothing(tmp_path):
+    with FakeLLM.start_in_thread() as llm, FakeBotAPI.start_in_thread() as api:
+        config = tmp_path / "config.json"
+        settings = {
+            "enabled": True,
+            "token": api.token,
+            "baseUrl": api.base_url,
+            "allowFrom": [str(ALICE)],
+            "pollTimeoutSeconds": 5,
+        }
+        data = config_dict(tmp_path, llm.base_url, channels={"telegram": settings})
+        config.write_text(json.dumps(data))
+
+        # 1. Killed the instant the getUpdates answer carrying the message has left the server.
+        proc = _gateway(config)
+        try:
+            api.after_get_updates = lambda ids: os.kill(proc.pid, signal.SIGKILL)
+            api.private_text("first")
+            assert proc.wait(20) == -signal.SIGKILL
+        finally:
+            api.after_get_updates = None
+            _stop(proc)
+        assert api.sent() == []
+
+        # 2. Killed right after intake stored the next message (before the offset moved).
+        proc = _gateway(config, {"MEMOBOT_FAILPOINTS": "after_intake@2"})
+        try:
+            api.private_text("second")
+            assert proc.wait(30) == -signal.SIGKILL
+        finally:
+            _stop(proc)
+
+        # 3. A clean restart answers each message exactly once.
+        proc = _gateway(config)
+        try:
+            api.wait_for(lambda: _answers_to(api, "first") and _answers_to(api, "second"), 30)
+            time.sleep(1.0)  # a duplicate would arrive by now
+            assert _answers_to(api, "first") == 1
+            assert _answers_to(api, "second") == 1
+            assert "telegram: connected" in _status_when_written(config)
+        finally:
+            _stop(proc)
+        assert proc.returncode == 0, (tmp_path / "gateway.log").read_text()

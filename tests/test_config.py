@@ -95,3 +95,29 @@ def test_example_config_lists_every_option() -> None:
 
     defaults = json.loads(Config().model_dump_json(by_alias=True))
     assert keys(defaults) <= keys(example), sorted(keys(defaults) - keys(example))
+
+
+def test_readme_documents_every_option() -> None:
+    readme = (REPO / "README.md").read_text()
+    defaults = json.loads(Config().model_dump_json(by_alias=True))
+    common = set(
+        json.loads(Config().channels.telegram.__class__.__base__().model_dump_json(by_alias=True))
+    )
+
+    def leaves(obj: dict, prefix: str = "") -> list[str]:
+        out = []
+        for k, v in obj.items():
+            if isinstance(v, dict):
+                out += leaves(v, prefix + k + ".")
+            else:
+                out.append(prefix + k)
+        return out
+
+    missing = []
+    for key in leaves(defaults):
+        parts = key.split(".")
+        if parts[0] == "channels" and parts[2] in common:
+            key = f"channels.<name>.{parts[2]}"
+        if f"`{key}`" not in readme:
+            missing.append(key)
+    assert not missing, f"README configuration table lacks: {missing}"

@@ -428,3 +428,64 @@ def test_sigkill_between_fetch_and_processing_loses_nothing_and_repeats_nothing(
         finally:
             _stop(proc)
         assert proc.returncode == 0, (tmp_path / "gateway.log").read_text()
+
+
+# -- pieces -----------------------------------------------------------------------------------
+
+
+async def test_http_proxy_carries_every_call(tmp_path, llm, api):
+    # baseUrl points nowhere; only a proxy that forwards the absolute URL reaches the fake.
+    async with running(tmp_path, llm, api, baseUrl="http://127.0.0.1:9/bot", proxy=api.url) as tg:
+        await api.wait_for_async(lambda: tg.channel.state == "connected")
+        assert api.calls("getMe")
+
+
+async def test_socks_proxy_uses_a_socks_connector():
+    from aiohttp_socks import ProxyConnector
+
+    connector, http_proxy = telegram_channel._proxy_connector("socks5h://127.0.0.1:1080", 4)
+    try:
+        assert isinstance(connector, ProxyConnector) and http_proxy is None
+        assert connector._rdns is True  # socks5h: the proxy resolves api.telegram.org
+    finally:
+        await connector.close()
+
+
+def test_ptb_errors_map_to_our_vocabulary():
+    import datetime as dt
+
+    from telegram import error as tg
+
+    from channels import errors
+
+    def mapped(exc: Exception) -> Exception:
+        return telegram_channel.send_error(exc)  # type: ignore[arg-type]
+
+    flood = mapped(tg.RetryAfter(dt.timedelta(seconds=3)))
+    assert isinstance(flood, errors.RetryAfter) and flood.seconds == 3
+    assert isinstance(mapped(tg.BadRequest("Can't parse entities: x")), errors.FormattingRejected)
+    assert type(mapped(tg.BadRequest("Chat not found"))) is errors.PermanentError
+    assert isinstance(mapped(tg.Forbidden("bot was blocked")), errors.PermanentError)
+    assert "-100777" in str(mapped(tg.ChatMigrated(-100777)))
+    assert isinstance(mapped(tg.TimedOut()), errors.TransientError)
+    assert isinstance(mapped(tg.NetworkError("reset")), errors.TransientError)
+    assert isinstance(mapped(tg.InvalidToken()), errors.FatalChannelError)
+
+
+def test_commands_and_mentions_are_read_like_telegram_does():
+    assert telegram_channel.command_target("/status@Memobot_Test_Bot now") == (
+        "status",
+        "memobot_test_bot",
+    )
+    assert telegram_channel.command_target("/new") == ("new", "")
+    assert telegram_channel.command_target("/ not a command") is None
+    assert telegram_channel.command_target("a/b") is None
+    # Offsets count UTF-16 units: an emoji before the mention takes two.
+    text = f"🙂 {BOT} hi"
+    [entity] = mention_entities(text, BOT_USERNAME)
+    assert entity["offset"] == 3
+    cut = telegram_channel._utf16_cut(text, [(entity["offset"], entity["length"])])
+    assert cut == "🙂  hi"
+    assert telegram_channel.split_chat_key("-1001234:7") == (-1001234, 7)
+    assert telegram_channel.split_chat_key("42") == (42, None)
+    assert telegram_channel.telegram_message_id("-1001234:99") == 99

@@ -96,6 +96,7 @@ def test_broken_installation_is_explained_and_fix_repairs_it(
     cfg = setup(tmp_path, f"http://127.0.0.1:{closed_port()}/v1", channels={"telegram": tg})
     os.chmod(cfg, 0o644)
     os.chmod(tmp_path / "ws", 0o755)
+    os.chmod(tmp_path / "state", 0o755)
     corrupt = add_session(tmp_path, "telegram:1", n=1)
     with corrupt.open("ab") as fh:  # a damaged line in the middle: good lines follow it
         fh.write(b'{"role": "user", "cont\n{"_type": "metadata", "metadata": {}}\n')
@@ -113,6 +114,7 @@ def test_broken_installation_is_explained_and_fix_repairs_it(
     assert result.returncode == 1, out
     assert f"✗ config file {cfg} has mode 0644" in out and f"fix: chmod 600 {cfg}" in out
     assert f"fix: chmod 700 {tmp_path / 'ws'}" in out
+    assert f"! state folder {tmp_path / 'state'} has mode 0755" in out
     assert f"✗ session telegram:1 ({corrupt}): line(s) 3 do not parse" in out
     assert f"! session telegram:2 ({torn}): torn last line" in out
     assert f"✗ {history}: line(s) 2 do not parse" in out
@@ -125,6 +127,7 @@ def test_broken_installation_is_explained_and_fix_repairs_it(
     fixed = doctor(tmp_path, cfg, "--fix")
     assert fixed.returncode == 1, fixed.stdout  # the LLM and the token are still wrong
     assert mode(cfg) == 0o600 and mode(tmp_path / "ws") == 0o700
+    assert mode(tmp_path / "state") == 0o700
     assert f"✓ session telegram:1 ({corrupt}): repaired (1 messages kept)" in fixed.stdout
     assert f"✓ session telegram:2 ({torn}): repaired (1 messages kept)" in fixed.stdout
     assert scan_session(corrupt.read_bytes()).bad_lines == []

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import Config, ConfigError, default_config_path, load_config
-from bot.service.checks import Check
+from bot.service.checks import Check, Status
 from bot.service.probes import check_llm, check_token, proxy_for, token_probes
 
 CLOCK_SKEW_LIMIT_SECONDS = 300.0
@@ -61,7 +61,7 @@ def check_config(path: Path) -> tuple[Check, Config | None]:
     return Check("ok", f"config valid: {path}"), cfg
 
 
-def check_mode(path: Path, want: int, what: str, fix: bool) -> Check:
+def check_mode(path: Path, want: int, what: str, fix: bool, severity: Status = "fail") -> Check:
     """``path`` must not be readable by group or others (it holds keys, or conversations)."""
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
@@ -74,7 +74,7 @@ def check_mode(path: Path, want: int, what: str, fix: bool) -> Check:
         os.chmod(path, want)
         return Check("ok", f"{what} {path}: mode {mode:04o} changed to {want:04o} (fixed)")
     return Check(
-        "fail", f"{what} {path} has mode {mode:04o}: others may read it", command, fixable=True
+        severity, f"{what} {path} has mode {mode:04o}: others may read it", command, fixable=True
     )
 
 
@@ -282,7 +282,9 @@ def run_checks(config_path: Path | None, fix: bool) -> Iterator[Check]:
     if cfg is not None:
         yield check_mode(cfg.agent.workspace_path, 0o700, "workspace", fix)
         if cfg.agent.state_path.exists():
-            yield check_mode(cfg.agent.state_path, 0o700, "state folder", fix)
+            # Transcripts sit in its own 0700 sessions/ folder; the rest (terminal history,
+            # channel offsets) is less private: a warning, not a failure.
+            yield check_mode(cfg.agent.state_path, 0o700, "state folder", fix, severity="warn")
         yield from check_sessions(cfg, fix)
         yield check_history(cfg)
         probe = asyncio.run(check_llm(cfg, path))
@@ -305,9 +307,9 @@ def cmd_doctor(config_path: Path | None, fix: bool = False) -> int:
         print(format_check(check, unicode), flush=True)
         failed += check.status == "fail"
         fixable += check.fixable
+    hint = f" {fixable} can be repaired with memobot doctor --fix." if fixable else ""
     if failed:
-        hint = f" {fixable} can be repaired with memobot doctor --fix." if fixable else ""
         print(f"\n{failed} problem(s) found.{hint}")
         return 1
-    print("\nAll checks passed.")
+    print(f"\nAll checks passed.{hint}")
     return 0

@@ -445,7 +445,9 @@ class TelegramChannel(Channel):
                 # PTB's message repeats the token; keep it out of the log.
                 self._token_rejected()
                 return False
-            except (NetworkError, TimeoutError) as exc:
+            except PTBRetryAfter as exc:
+                await self._retry_later("Telegram asked to slow down", retry_seconds(exc))
+            except (TelegramError, TimeoutError) as exc:
                 await self._retry_later(f"cannot reach Telegram: {_describe(exc)}")
 
     def _token_rejected(self) -> None:
@@ -498,8 +500,8 @@ class TelegramChannel(Channel):
         if updates:
             try:
                 await self._handle_batch(updates)
-            except _Refused:
-                await self._retry_later("intake refused a message; it stays unconfirmed", 1.0)
+            except _Refused as exc:
+                await self._retry_later(f"{exc}; it stays unconfirmed and comes again")
         return True
 
     async def _conflict(self, exc: Conflict) -> None:
@@ -527,7 +529,7 @@ class TelegramChannel(Channel):
             for update in updates:
                 verdict = await self._handle_update(update)
                 if verdict == "refused":
-                    raise _Refused
+                    raise _Refused("memobot refused a message (shutting down or storage failing)")
                 offset = update.update_id + 1
                 # Intake runs without awaiting anything; yielding lets this message's turn
                 # start (and wait on the LLM) while the rest of the batch is stored.
@@ -550,7 +552,11 @@ class TelegramChannel(Channel):
             return None
         if inbound is None:
             return None
-        return await self.bus.publish_inbound(inbound)
+        try:
+            return await self.bus.publish_inbound(inbound)
+        except Exception as exc:
+            log.exception("telegram: intake failed for update %s", update.update_id)
+            raise _Refused(f"intake failed ({type(exc).__name__})") from exc
 
     # -- the offset on disk --
 
@@ -597,6 +603,8 @@ class TelegramChannel(Channel):
         thread = message.message_thread_id if message.is_topic_message else None
         chat = chat_key(message.chat.id, thread)
         media, notes = await self._download_media(message, chat)
+        if media and not text and not notes:
+            text = f"[sent a {attachments(message)[0].kind.replace('_', ' ')}]"
         if notes:
             text = "\n".join([text, *notes]) if text else "\n".join(notes)
         if not text and not media:
@@ -610,7 +618,7 @@ class TelegramChannel(Channel):
             text=text,
             media=tuple(media),
             message_id=f"{message.chat.id}:{message.message_id}",
-            reply_to=str(parent.message_id) if is_reply and parent else None,
+            reply_to=f"{message.chat.id}:{parent.message_id}" if is_reply and parent else None,
             metadata={
                 "is_group": is_group,
                 "is_admin": self.policy.is_admin(sender_id),
@@ -668,15 +676,16 @@ class TelegramChannel(Channel):
     async def _download(self, att: _Attachment, chat: str) -> Path | None:
         assert self.bot is not None
         folder = self.media_dir / _UNSAFE.sub("_", chat)
+        stem = _UNSAFE.sub("_", att.file_unique_id)
         if folder.is_dir():
             # A redelivered update: the file is already here under its stable unique id.
-            for existing in folder.glob(f"{att.file_unique_id}.*"):
+            for existing in folder.glob(f"{stem}.*"):
                 return existing
         tg_file = await self.bot.get_file(att.file_id)
         if tg_file.file_size and tg_file.file_size > MEDIA_MAX_BYTES:
             return None
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{att.file_unique_id}{_file_ext(att, tg_file.file_path)}"
+        path = folder / f"{stem}{_file_ext(att, tg_file.file_path)}"
         tmp = path.with_name(f".{path.name}.part")
         await tg_file.download_to_drive(tmp)
         os.replace(tmp, path)  # never a half file under the final name

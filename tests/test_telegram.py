@@ -316,6 +316,41 @@ async def test_photo_is_downloaded_into_the_workspace_and_passed_as_image(tmp_pa
         assert tg.user_texts() == ["what is in this picture?"]
 
 
+async def test_documents_and_voice_are_saved_and_oversized_files_noted(tmp_path, llm, api):
+    doc = api.add_file(b"%PDF-1.4 report", ".pdf")
+    voice = api.add_file(b"OggS voice", ".oga")
+    huge = {**api.add_file(b"tiny stand-in", ".zip"), "file_size": 25 * 1024 * 1024}
+    sender, chat = api.user(ALICE), api.private_chat(ALICE)
+    document = {**doc, "file_name": "report.pdf", "mime_type": "application/pdf"}
+    api.inject(api.message(None, chat=chat, sender=sender, document=document, caption="summarise"))
+    api.inject(api.message(None, chat=chat, sender=sender, voice={**voice, "duration": 2}))
+    api.inject(api.message(None, chat=chat, sender=sender, document={**huge, "file_name": "b.zip"}))
+    async with running(tmp_path, llm, api) as tg:
+        await api.wait_sent_async(3)
+        folder = tmp_path / "ws" / "media" / "telegram" / str(ALICE)
+        assert sorted(p.suffix for p in folder.iterdir()) == [".oga", ".pdf"]
+        texts = tg.user_texts()
+        assert texts[0].startswith("summarise") and "report.pdf" not in texts[0]
+        assert "[attached files: " in llm.requests[0]["body"]["messages"][-1]["content"]
+        assert "voice message" in texts[1] and "not transcribed" in texts[1]
+        assert "25.0 MB" in texts[2] and "not downloaded" in texts[2]
+        assert len(api.calls("download")) == 2  # the oversized file was never fetched
+
+
+async def test_refused_intake_leaves_the_update_unconfirmed(tmp_path, llm, api):
+    async with running(tmp_path, llm, api) as tg:
+        await api.wait_for_async(lambda: tg.channel.state == "connected")
+        tg.stack.bus.accepting = False  # what intake answers while memobot shuts down
+        update_id = api.private_text("during shutdown")
+        await api.wait_for_async(lambda: tg.channel.state == "reconnecting")
+        assert tg.channel.offset is None or tg.channel.offset <= update_id
+        assert update_id in api.pending_updates  # Telegram still holds it
+        tg.stack.bus.accepting = True
+        [sent] = await api.wait_sent_async(1, timeout=10)
+        assert "echo: during shutdown" in sent.params["text"]
+        await tg.handled(update_id)
+
+
 # -- polling resilience -----------------------------------------------------------------------
 
 

@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from telegram import Bot, Message, MessageEntity, ReplyParameters, Update, User
@@ -424,8 +424,11 @@ class TelegramChannel(Channel):
         try:
             if not await self._connect():
                 return
-            while await self._poll_once():
-                pass
+            while (outcome := await self._poll_once()) != "stop":
+                # After a network failure getMe proves the way back (a long poll with nothing
+                # to deliver would leave the state unknown for up to pollTimeoutSeconds).
+                if outcome == "lost" and not await self._connect():
+                    return
         except asyncio.CancelledError:
             raise
         except Exception:  # a bug must not silently end intake: say so, loudly, with state
@@ -433,22 +436,26 @@ class TelegramChannel(Channel):
             self._set_state("failed", "poll loop crashed; see the log", logging.ERROR)
 
     async def _connect(self) -> bool:
-        """getMe (the bot's own id and @username, needed for group gating), retried."""
+        """getMe until it works (the bot's id and @username, needed for group gating), then
+        "connected". False when the token is rejected."""
         assert self.bot is not None
         while True:
             try:
-                await asyncio.wait_for(self.bot.initialize(), POLL_MARGIN_SECONDS + 5)
-                self.me = self.bot.bot
-                log.info("telegram: logged in as @%s (id %s)", self.me.username, self.me.id)
-                return True
+                me = await asyncio.wait_for(self.bot.get_me(), POLL_MARGIN_SECONDS + 5)
             except InvalidToken:
-                # PTB's message repeats the token; keep it out of the log.
                 self._token_rejected()
                 return False
             except PTBRetryAfter as exc:
                 await self._retry_later("Telegram asked to slow down", retry_seconds(exc))
             except (TelegramError, TimeoutError) as exc:
                 await self._retry_later(f"cannot reach Telegram: {_describe(exc)}")
+                continue
+            if self.me is None:
+                log.info("telegram: logged in as @%s (id %s)", me.username, me.id)
+            self.me = me
+            self._backoff = BACKOFF_START
+            self._set_state("connected")
+            return True
 
     def _token_rejected(self) -> None:
         self._set_state(
@@ -464,8 +471,11 @@ class TelegramChannel(Channel):
         self._backoff = min(BACKOFF_MAX, self._backoff * BACKOFF_FACTOR)
         await asyncio.sleep(wait)
 
-    async def _poll_once(self) -> bool:
-        """One getUpdates and its batch. False when polling must end (token rejected)."""
+    async def _poll_once(self) -> Literal["ok", "lost", "stop"]:
+        """One getUpdates and its batch.
+
+        "lost": the connection failed (reconnect first); "stop": the token was rejected.
+        """
         assert self.bot is not None
         try:
             updates = await asyncio.wait_for(
@@ -482,19 +492,22 @@ class TelegramChannel(Channel):
                 "restarting the poll",
                 0,
             )
-            return True
+            return "lost"
         except InvalidToken:
             self._token_rejected()  # the process keeps running; other channels are unaffected
-            return False
+            return "stop"
         except Conflict as exc:
             await self._conflict(exc)
-            return True
+            return "ok"
         except PTBRetryAfter as exc:
             await self._retry_later("Telegram asked to slow down", retry_seconds(exc))
-            return True
+            return "ok"
+        except NetworkError as exc:
+            await self._retry_later(f"getUpdates failed: {_describe(exc)}")
+            return "lost"
         except TelegramError as exc:
             await self._retry_later(f"getUpdates failed: {_describe(exc)}")
-            return True
+            return "ok"
         self._backoff = BACKOFF_START
         self._set_state("connected")
         if updates:
@@ -502,7 +515,7 @@ class TelegramChannel(Channel):
                 await self._handle_batch(updates)
             except _Refused as exc:
                 await self._retry_later(f"{exc}; it stays unconfirmed and comes again")
-        return True
+        return "ok"
 
     async def _conflict(self, exc: Conflict) -> None:
         assert self.bot is not None

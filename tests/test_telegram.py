@@ -367,6 +367,25 @@ async def test_conflict_is_logged_and_polling_continues(tmp_path, llm, api, capl
     )
 
 
+async def test_connected_at_once_and_back_after_network_errors(tmp_path, llm, api, caplog):
+    caplog.set_level(logging.INFO)
+    async with running(tmp_path, llm, api, pollTimeoutSeconds=30) as tg:
+        # getMe, not the first (possibly 30 s) long poll, proves the connection.
+        await api.wait_for_async(lambda: tg.channel.state == "connected", 3)
+        api.fail("getUpdates", 502, "Bad Gateway")  # the poll after the next batch fails,
+        api.fail("getMe", 502, "Bad Gateway")  # and so does the first getMe after it
+        api.private_text("before")
+        await api.wait_for_async(lambda: tg.channel.state == "reconnecting")
+        await api.wait_for_async(lambda: tg.channel.state == "connected", 10)
+        api.private_text("after the outage")
+        sent = await api.wait_sent_async(2, timeout=10)
+        assert "echo: after the outage" in sent[1].params["text"]
+    states = [r.getMessage() for r in caplog.records if r.name == telegram_channel.__name__]
+    assert sum("reconnecting (getUpdates failed" in m for m in states) == 1
+    assert sum("reconnecting (cannot reach Telegram" in m for m in states) == 1
+    assert sum(m == "telegram: connected" for m in states) == 2
+
+
 async def test_stalled_poll_is_restarted(tmp_path, llm, api, monkeypatch, caplog):
     caplog.set_level(logging.WARNING)
     monkeypatch.setattr(telegram_channel, "POLL_MARGIN_SECONDS", 0.5)

@@ -2,9 +2,11 @@
 
 A session file holds message lines (OpenAI chat format plus ``timestamp``) and metadata lines
 (``{"_type": "metadata", "metadata": {...}, "last_consolidated": N}``); on load the last metadata
-line wins. Writes only ever append. The in-memory copy is authoritative while the process runs,
-so a turn never re-reads or re-parses the file, and the list of request-ready messages is built
-once per message, not once per turn.
+line wins. Writes only ever append, and an append that writes messages ends with a metadata
+line that commits them: what a crash leaves of a half-written append (complete message lines,
+then a torn one) is recognised on load and dropped as a whole. The in-memory copy is
+authoritative while the process runs, so a turn never re-reads or re-parses the file, and the
+list of request-ready messages is built once per message, not once per turn.
 """
 
 from __future__ import annotations
@@ -206,6 +208,23 @@ class SessionStore:
             session.truncate_at = offset - len(lines[-1]) - 1
             log.warning("session %s: ignoring unparsable last line left by a crash", key)
             bad.pop()
+        # Message lines after the last metadata line were never committed (see ``append``):
+        # they are the start of an append a crash cut short. Their turn is still pending or
+        # checkpointed and is written again in full, so keeping them would repeat it.
+        committed = len(records)
+        while committed and records[committed - 1][1].get("_type") != "metadata":
+            committed -= 1
+        if 0 < committed < len(records):
+            first = records[committed][0]
+            session.truncate_at = sum(len(raw) + 1 for raw in lines[: first - 1])
+            log.warning(
+                "session %s: ignoring %d message line(s) after line %d, left by an interrupted "
+                "write",
+                key,
+                len(records) - committed,
+                records[committed - 1][0],
+            )
+            del records[committed:]
         meta_seen = 0
         meta_bytes = 0
         last_meta_size = 0
@@ -284,8 +303,10 @@ class SessionStore:
     ) -> None:
         """Append messages and, when given, a metadata update, in one write.
 
-        ``metadata`` keys set to None are removed. The in-memory session changes only after the
-        bytes are written, so a failed write leaves memory and disk in agreement.
+        ``metadata`` keys set to None are removed. Messages are always followed by a metadata
+        line (unchanged metadata if none is given): it marks them committed. The in-memory
+        session changes only after the bytes are written, so a failed write leaves memory and
+        disk in agreement.
         """
         parts = []
         stamped = []
@@ -294,7 +315,7 @@ class SessionStore:
             stamped.append(m)
             parts.append(_dumps(m))
         new_meta = None
-        if metadata is not None or last_consolidated is not None:
+        if metadata is not None or last_consolidated is not None or stamped:
             new_meta = dict(session.metadata)
             for k, v in (metadata or {}).items():
                 if v is None:

@@ -73,6 +73,41 @@ def test_torn_last_line_is_ignored_then_cut_before_next_append(tmp_path: Path) -
     ]
 
 
+@pytest.mark.parametrize("cut", ["mid_line", "line_end"])
+def test_half_written_append_is_dropped_as_a_whole(tmp_path: Path, cut: str) -> None:
+    store = SessionStore(tmp_path)
+    s = store.get("cli:h")
+    store.append(s, [{"role": "user", "content": "one"}], metadata={"pending": ["m1"]})
+    good = s.path.read_bytes()
+    turn = [{"role": "user", "content": "two"}, {"role": "assistant", "content": "2"}]
+    store.append(s, turn, metadata={"pending": None})
+    written = s.path.read_bytes()[len(good) :]
+    # A crash cut the turn's write short: its message lines are there, its metadata is not.
+    end = written.index(b"\n", written.index(b'"2"')) + 1
+    s.path.write_bytes(good + written[: end + 10 if cut == "mid_line" else end])
+    fresh = SessionStore(tmp_path)
+    s2 = fresh.get("cli:h")
+    assert [m["content"] for m in s2.messages] == ["one"]
+    assert s2.metadata["pending"] == ["m1"]  # so the turn is written again, once
+    fresh.append(s2, turn, metadata={"pending": None})
+    assert s2.path.read_bytes().startswith(good)
+    assert [m["content"] for m in SessionStore(tmp_path).get("cli:h").messages] == [
+        "one",
+        "two",
+        "2",
+    ]
+
+
+def test_messages_are_always_committed_by_a_metadata_line(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path)
+    s = store.get("cli:m")
+    store.append(s, [{"role": "user", "content": "no metadata given"}])
+    assert [r.get("_type") for r in _lines(s.path)] == [None, "metadata"]
+    assert [m["content"] for m in SessionStore(tmp_path).get("cli:m").messages] == [
+        "no metadata given"
+    ]
+
+
 def test_unparsable_complete_last_line_is_treated_as_torn(tmp_path: Path) -> None:
     store = SessionStore(tmp_path)
     s = store.get("cli:t")

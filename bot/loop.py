@@ -39,7 +39,9 @@ from bot.tools.base import ToolContext, ToolRegistry
 log = logging.getLogger(__name__)
 
 STOPPED_TEXT = "Stopped."
-SEEN_IDS_KEPT = 64
+# More than one getUpdates batch (at most 100 updates) from one chat, so a redelivered batch
+# is always recognised.
+SEEN_IDS_KEPT = 128
 MAX_RESUME_ATTEMPTS = 3
 IMMEDIATE = ("/stop", "/help", "/status", "/dream")
 GAVE_UP_TEXT = (

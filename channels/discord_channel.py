@@ -25,6 +25,7 @@ from channels.access import AccessPolicy, whoami_text
 from channels.base import Channel
 from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
 from channels.formatting import DISCORD_LIMIT, markdown_to_discord, render_chunks, strip_markdown
+from channels.proxy import http_proxy, socks_connector
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +73,8 @@ def proxy_options(proxy: str) -> dict[str, Any]:
     """
     if not proxy:
         return {}
-    if proxy.startswith(("socks5://", "socks5h://")):
-        from aiohttp_socks import ProxyConnector
-
-        remote_dns = proxy.startswith("socks5h://")
-        url = "socks5://" + proxy.split("://", 1)[1]  # python-socks knows no "socks5h" scheme
-        return {"connector": ProxyConnector.from_url(url, rdns=remote_dns)}
-    return {"proxy": proxy}
+    connector = socks_connector(proxy)
+    return {"connector": connector} if connector else {"proxy": http_proxy(proxy)}
 
 
 def _retry_after(exc: discord.HTTPException) -> float:

@@ -53,6 +53,7 @@ from channels.errors import (
     TransientError,
 )
 from channels.formatting import SLACK_LIMIT, markdown_to_slack_mrkdwn, render_chunks, strip_markdown
+from channels.proxy import http_proxy, socks_connector
 
 log = logging.getLogger(__name__)
 
@@ -277,13 +278,9 @@ def proxy_settings(proxy: str) -> tuple[str | None, Callable[[], aiohttp.BaseCon
     ``channels.slack.proxy``. ``socks5h``: the proxy resolves host names."""
     if not proxy:
         return None, None
-    if proxy.startswith(("socks5://", "socks5h://")):
-        from aiohttp_socks import ProxyConnector
-
-        remote_dns = proxy.startswith("socks5h://")
-        url = "socks5://" + proxy.split("://", 1)[1]  # python-socks knows no "socks5h" scheme
-        return None, lambda: ProxyConnector.from_url(url, rdns=remote_dns)
-    return proxy, None
+    if http_proxy(proxy):
+        return proxy, None
+    return None, lambda: socks_connector(proxy)
 
 
 def _safe_name(name: str) -> str:

@@ -35,3 +35,9 @@ class ChannelState:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
+        # The rename itself must survive a power cut too, or an old offset could come back.
+        dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

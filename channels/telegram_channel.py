@@ -73,6 +73,7 @@ from channels.formatting import (
     render_chunks,
     strip_telegram_html,
 )
+from channels.proxy import http_proxy, socks_connector
 from channels.state import ChannelState
 
 log = logging.getLogger(__name__)
@@ -331,13 +332,10 @@ def _proxy_connector(proxy: str, connections: int) -> tuple[aiohttp.BaseConnecto
     http(s) proxies go through aiohttp's ``proxy=``; socks5 needs an aiohttp-socks connector
     (``socks5h``: the proxy resolves host names).
     """
-    if proxy.startswith(("socks5://", "socks5h://")):
-        from aiohttp_socks import ProxyConnector
-
-        url = "socks5://" + proxy.split("://", 1)[1]  # python-socks knows no "socks5h" scheme
-        remote_dns = proxy.startswith("socks5h://")
-        return ProxyConnector.from_url(url, rdns=remote_dns, limit=connections), None
-    return aiohttp.TCPConnector(limit=connections), proxy or None
+    connector = socks_connector(proxy, limit=connections)
+    if connector is not None:
+        return connector, None
+    return aiohttp.TCPConnector(limit=connections), http_proxy(proxy)
 
 
 def build_bot(cfg: TelegramConfig) -> tuple[Bot, list[AiohttpRequest]]:

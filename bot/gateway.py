@@ -120,6 +120,7 @@ class Gateway:
             log.info("resuming %d interrupted session(s)", resumed)
         loop_task = asyncio.create_task(self.stack.loop.run(schedule_dream=True), name="agent")
         await self.manager.start()
+        warm = asyncio.create_task(self.stack.provider.warm_up(), name="llm-warm-up")
         log.info(
             "gateway running: channels=%s model=%s",
             ",".join(c.name for c in self.channels) or "none",
@@ -133,9 +134,11 @@ class Gateway:
             self.service.stopping(self.cfg.gateway.drain_seconds)
             await self.stack.loop.shutdown(self.cfg.gateway.drain_seconds)
             await self.manager.flush(10)
-            for t in (loop_task, status_task, watchdog_task):
+            for t in (loop_task, status_task, watchdog_task, warm):
                 t.cancel()
-            await asyncio.gather(loop_task, status_task, watchdog_task, return_exceptions=True)
+            await asyncio.gather(
+                loop_task, status_task, watchdog_task, warm, return_exceptions=True
+            )
             await self.manager.stop()
             await self.stack.close()
             self.status_path.unlink(missing_ok=True)

@@ -8,7 +8,9 @@ message on every call, which costs hundreds of milliseconds for a long session.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
+import importlib
 import json
 import logging
 import time
@@ -164,19 +166,35 @@ class LLMProvider:
         api_key = cfg.resolved_api_key()
         if not base_url and not api_key:
             raise LLMNotConfigured(NOT_CONFIGURED_HELP.format(config=config_path))
-        import openai
-
-        # Local servers (Ollama, vLLM, llama.cpp) take any key; the SDK insists on one.
-        self._client: openai.AsyncOpenAI = openai.AsyncOpenAI(
-            api_key=api_key or "not-needed",
-            base_url=base_url or None,
-            max_retries=0,
-            timeout=cfg.timeout_seconds,
-        )
+        self._base_url = base_url
+        self._api_key = api_key
+        self._client: openai.AsyncOpenAI | None = None
         self.model = cfg.model
 
+    @property
+    def client(self) -> openai.AsyncOpenAI:
+        """The SDK client, made on first use: importing openai costs about half a second, which
+        the daemon spends after its channels are up (``warm_up``) instead of before."""
+        if self._client is None:
+            import openai
+
+            # Local servers (Ollama, vLLM, llama.cpp) take any key; the SDK insists on one.
+            self._client = openai.AsyncOpenAI(
+                api_key=self._api_key or "not-needed",
+                base_url=self._base_url or None,
+                max_retries=0,
+                timeout=self.cfg.timeout_seconds,
+            )
+        return self._client
+
+    async def warm_up(self) -> None:
+        """Import the SDK in a worker thread so the first answer does not wait for it."""
+        await asyncio.to_thread(importlib.import_module, "openai")
+        _ = self.client
+
     async def close(self) -> None:
-        await self._client.close()
+        if self._client is not None:
+            await self._client.close()
 
     def _body(
         self,
@@ -232,7 +250,7 @@ class LLMProvider:
         try:
             async for attempt in retrying:
                 with attempt:
-                    raw = await self._client.post(
+                    raw = await self.client.post(
                         "/chat/completions",
                         cast_to=object,
                         content=payload,

@@ -46,33 +46,38 @@ class DeliveryLedger:
     def __init__(self, store: SessionStore) -> None:
         self.store = store
 
-    def _update(self, msg: OutboundMessage, state: str | None) -> bool:
+    async def _update(self, msg: OutboundMessage, state: str | None, fsync: bool = True) -> bool:
         delivery_id = msg.metadata.get(DELIVERY_KEY)
         if not delivery_id:
             return False
-        session = self.store.get(msg.session_key)
-        outbox = session.metadata.get("outbox") or []
-        if not any(e.get("id") == delivery_id for e in outbox):
-            return False
-        if state is None:
-            new = [e for e in outbox if e.get("id") != delivery_id]
-        else:
-            new = [{**e, "state": state} if e.get("id") == delivery_id else e for e in outbox]
-        self.store.append(session, metadata={"outbox": new or None})
-        return True
 
-    def sending(self, msg: OutboundMessage) -> bool:
+        def change(meta: dict[str, Any]) -> dict[str, Any] | None:
+            outbox = meta.get("outbox") or []
+            if not any(e.get("id") == delivery_id for e in outbox):
+                return None
+            if state is None:
+                new = [e for e in outbox if e.get("id") != delivery_id]
+            else:
+                new = [{**e, "state": state} if e.get("id") == delivery_id else e for e in outbox]
+            return {"outbox": new or None}
+
+        session = self.store.get(msg.session_key)
+        return await self.store.append_async(session, metadata=change, fsync=fsync)
+
+    async def sending(self, msg: OutboundMessage) -> bool:
         """Record that the send starts. False: not (or no longer) in the ledger; do not send."""
         if not msg.metadata.get(DELIVERY_KEY):
             return True  # not a ledgered message (progress notes, command answers)
-        return self._update(msg, "sending")
+        return await self._update(msg, "sending")
 
-    def sent(self, msg: OutboundMessage) -> None:
-        self._update(msg, None)
+    async def sent(self, msg: OutboundMessage) -> None:
+        # No fsync: if this line is lost, the entry reads "sending" after a crash and is
+        # dropped, not re-sent, which is the right outcome for an answer that went out.
+        await self._update(msg, None, fsync=False)
 
-    def failed(self, msg: OutboundMessage) -> None:
+    async def failed(self, msg: OutboundMessage) -> None:
         """The platform refused it for good: back to "queued" so the next start tries again."""
-        self._update(msg, "queued")
+        await self._update(msg, "queued")
 
     def recover(self, key: str) -> list[OutboundMessage]:
         """Answers of ``key`` to send again after a restart; in-flight ones are dropped."""

@@ -106,7 +106,8 @@ class AgentLoop:
         if self._draining:
             return "refused"
         try:
-            return self._store_pending(msg)
+            # In a worker thread: the load of a long session and the fsync stay off the loop.
+            return await asyncio.to_thread(self._store_pending, msg)
         except OSError as exc:
             log.error("cannot store message session=%s: %s", msg.session_key, exc)
             await self._publish(
@@ -119,12 +120,6 @@ class AgentLoop:
 
     def _store_pending(self, msg: InboundMessage) -> Intake:
         session = self.store.get(msg.session_key)
-        meta = session.metadata
-        pending = meta.get("pending") or []
-        seen = meta.get("seen_ids") or []
-        if msg.message_id in seen or any(p["id"] == msg.message_id for p in pending):
-            log.info("duplicate message ignored session=%s id=%s", msg.session_key, msg.message_id)
-            return "duplicate"
         entry = {
             "id": msg.message_id,
             "sender_id": msg.sender_id,
@@ -134,13 +129,22 @@ class AgentLoop:
             "metadata": msg.metadata,
             "received_at": now_iso(),
         }
-        self.store.append(
-            session,
-            metadata={
+
+        def add_pending(meta: dict[str, Any]) -> dict[str, Any] | None:
+            # Checked and written under the session's lock: two deliveries of one message
+            # racing each other still produce one pending turn.
+            pending = meta.get("pending") or []
+            seen = meta.get("seen_ids") or []
+            if msg.message_id in seen or any(p["id"] == msg.message_id for p in pending):
+                return None
+            return {
                 "pending": [*pending, entry],
                 "seen_ids": [*seen, msg.message_id][-SEEN_IDS_KEPT:],
-            },
-        )
+            }
+
+        if not self.store.append(session, metadata=add_pending):
+            log.info("duplicate message ignored session=%s id=%s", msg.session_key, msg.message_id)
+            return "duplicate"
         failpoints.hit("after_intake")
         return "accepted"
 
@@ -314,7 +318,7 @@ class AgentLoop:
         )
 
         async def checkpoint(phase: str, turn_so_far: list[dict[str, Any]]) -> None:
-            self.store.append(
+            await self.store.append_async(
                 session,
                 metadata={
                     "runtime_checkpoint": {
@@ -396,19 +400,20 @@ class AgentLoop:
             final=True,
             metadata={DELIVERY_KEY: delivery_id},
         )
-        meta = session.metadata
-        self.store.append(
-            session,
-            turn,
-            metadata={
+        entry = outbox_entry(delivery_id, out)
+
+        def finished(meta: dict[str, Any]) -> dict[str, Any]:
+            # Derived under the session lock: a message accepted meanwhile stays pending.
+            pending = [p for p in meta.get("pending") or [] if p["id"] != msg.message_id]
+            return {
                 "runtime_checkpoint": None,
                 "resume": None,
                 "interrupted": None,
-                "pending": [p for p in meta.get("pending") or [] if p["id"] != msg.message_id]
-                or None,
-                "outbox": [*(meta.get("outbox") or []), outbox_entry(delivery_id, out)],
-            },
-        )
+                "pending": pending or None,
+                "outbox": [*(meta.get("outbox") or []), entry],
+            }
+
+        await self.store.append_async(session, turn, metadata=finished)
         failpoints.hit("before_delivery")
         await self.bus.publish_outbound(out)
         self._last_active[msg.session_key] = time.monotonic()

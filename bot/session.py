@@ -11,10 +11,13 @@ list of request-ready messages is built once per message, not once per turn.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import shutil
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +29,7 @@ from bot.tokens import estimate_message_tokens
 log = logging.getLogger(__name__)
 
 SUFFIX = ".jsonl"
+MetadataUpdate = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any] | None]
 # Compaction folds superseded metadata lines away once they are this many, or this large.
 COMPACT_AFTER_LINES = 200
 COMPACT_AFTER_BYTES = 4 * 1024 * 1024
@@ -114,6 +118,8 @@ class SessionStore:
         self.dir = state_dir / "sessions"
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._cache: dict[str, Session] = {}
+        self._cache_lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
 
     def path_for(self, key: str) -> Path:
         return self.dir / key_to_filename(key)
@@ -131,8 +137,11 @@ class SessionStore:
     def get(self, key: str) -> Session:
         session = self._cache.get(key)
         if session is None:
-            session = self._load(key)
-            self._cache[key] = session
+            with self._lock_for(key):  # two threads must never load two copies of one session
+                session = self._cache.get(key)
+                if session is None:
+                    session = self._load(key)
+                    self._cache[key] = session
         return session
 
     def peek_metadata(self, key: str) -> dict[str, Any] | None:
@@ -293,21 +302,60 @@ class SessionStore:
             "last_consolidated": session.last_consolidated,
         }
 
+    async def append_async(
+        self,
+        session: Session,
+        messages: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        metadata: MetadataUpdate | None = None,
+        last_consolidated: int | None = None,
+        fsync: bool = True,
+    ) -> bool:
+        """``append`` in a worker thread: an fsync never stalls the event loop (and every chat
+        on it); appends to one session still happen one at a time, in call order per task."""
+        return await asyncio.to_thread(
+            self.append, session, messages, metadata, last_consolidated, fsync
+        )
+
     def append(
         self,
         session: Session,
         messages: list[dict[str, Any]] = (),  # type: ignore[assignment]
-        metadata: dict[str, Any] | None = None,
+        metadata: MetadataUpdate | None = None,
         last_consolidated: int | None = None,
         fsync: bool = True,
-    ) -> None:
-        """Append messages and, when given, a metadata update, in one write.
+    ) -> bool:
+        """Append messages and, when given, a metadata update, in one write. Thread-safe.
 
-        ``metadata`` keys set to None are removed. Messages are always followed by a metadata
-        line (unchanged metadata if none is given): it marks them committed. The in-memory
-        session changes only after the bytes are written, so a failed write leaves memory and
-        disk in agreement.
+        ``metadata`` keys set to None are removed. ``metadata`` may also be a function of the
+        current metadata returning the update, or None to write nothing (returns False); it
+        runs under the session's lock, so check-then-write (deduplication) is atomic.
+        Messages are always followed by a metadata line (unchanged metadata if none is
+        given): it marks them committed. The in-memory session changes only after the bytes
+        are written, so a failed write leaves memory and disk in agreement.
         """
+        with self._lock_for(session.key):
+            if callable(metadata):
+                metadata = metadata(session.metadata)
+                if metadata is None:
+                    return False
+            self._append_locked(session, messages, metadata, last_consolidated, fsync)
+            return True
+
+    def _lock_for(self, key: str) -> threading.Lock:
+        with self._cache_lock:
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = self._locks[key] = threading.Lock()
+            return lock
+
+    def _append_locked(
+        self,
+        session: Session,
+        messages: list[dict[str, Any]],
+        metadata: dict[str, Any] | None,
+        last_consolidated: int | None,
+        fsync: bool,
+    ) -> None:
         parts = []
         stamped = []
         for m in messages:

@@ -25,9 +25,9 @@ BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 1.5, 30.0
 
 
 class Ledger(Protocol):
-    def sending(self, msg: OutboundMessage) -> bool: ...
-    def sent(self, msg: OutboundMessage) -> None: ...
-    def failed(self, msg: OutboundMessage) -> None: ...
+    async def sending(self, msg: OutboundMessage) -> bool: ...
+    async def sent(self, msg: OutboundMessage) -> None: ...
+    async def failed(self, msg: OutboundMessage) -> None: ...
 
 
 class _Chat:
@@ -124,17 +124,17 @@ class ChannelManager:
                 msg.session_key,
             )
             return
-        if not self.ledger.sending(msg):
+        if not await self.ledger.sending(msg):
             return
         try:
             for chunk in channel.render(msg.text):
                 await self._send_chunk(channel, msg, chunk)
         except (PermanentError, TimeoutError) as exc:
             log.error("send failed session=%s: %s", msg.session_key, exc)
-            self.ledger.failed(msg)
+            await self.ledger.failed(msg)
             return
         failpoints.hit("after_send")
-        self.ledger.sent(msg)
+        await self.ledger.sent(msg)
 
     async def _send_chunk(self, channel: Channel, msg: OutboundMessage, chunk: str) -> None:
         """Send one piece, honouring flood waits and backing off on transient errors."""

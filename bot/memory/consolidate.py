@@ -206,7 +206,7 @@ class Consolidator:
                 log.error("cannot write history archive session=%s: %s", key, exc)
                 return None
             # Only now, with the archive durable, may the pointer move past these messages.
-            self.store.append(session, last_consolidated=end)
+            await self.store.append_async(session, last_consolidated=end)
             log.info(
                 "consolidated session=%s messages=%d cursor=%d raw=%s",
                 key,

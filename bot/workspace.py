@@ -50,9 +50,12 @@ def _template_files(root: Path) -> list[Path]:
 
 
 def _mkdir(path: Path, created: list[Path]) -> None:
-    if path.is_dir():
-        return
-    path.mkdir(mode=_DIR_MODE)
+    try:
+        path.mkdir(mode=_DIR_MODE)
+    except FileExistsError:
+        if path.is_dir():
+            return  # there already, or just made by another memobot starting at the same time
+        raise
     # mkdir's mode is filtered by the umask; the workspace must be private regardless.
     os.chmod(path, _DIR_MODE)
     created.append(path)

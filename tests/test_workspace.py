@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import stat
+import subprocess
+import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -123,3 +126,23 @@ def test_init_workspace_with_custom_template(tmp_path: Path) -> None:
     assert (ws / "deep" / "er" / "f.md").read_text(encoding="utf-8") == "x"
     assert ws / "deep" in created and ws / "deep" / "er" in created
     assert not (ws / "__pycache__").exists()
+
+
+def test_init_workspace_twice_at_the_same_moment(tmp_path: Path) -> None:
+    # Two memobot processes starting together on a fresh workspace: neither may crash.
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from bot.workspace import init_workspace\n"
+        "while time.time() < float(sys.argv[2]):\n"
+        "    pass\n"
+        "for i in range(30):\n"
+        "    init_workspace(Path(sys.argv[1]) / str(i))\n"
+    )
+    start = str(time.time() + 0.5)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(tmp_path), start], cwd=REPO_ROOT)
+        for _ in range(3)
+    ]
+    assert [p.wait(30) for p in procs] == [0, 0, 0]
+    assert all((tmp_path / str(i) / "skills").is_dir() for i in range(30))

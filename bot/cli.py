@@ -256,6 +256,10 @@ async def _converse(
     args: argparse.Namespace, loop: AgentLoop, terminal: TerminalChannel, cfg: Config, key: str
 ) -> None:
     await loop.wait_idle(key)
+    # Recovered answers are printed before a new line is taken; otherwise its intake runs
+    # while an answer sits between its "sending" mark and the terminal, and a crash there
+    # drops that answer unseen.
+    await loop.bus.outbound.join()
     if args.message is not None:
         await _turn_with_interrupt(loop, terminal, args.message)
     elif sys.stdin.isatty():

@@ -48,6 +48,7 @@ class LLMConfig(_Model):
     temperature: float = Field(0.7, ge=0, le=2)
     timeout_seconds: float = Field(120.0, gt=0)
     context_window_tokens: int = Field(65536, ge=1024)
+    transcription_model: str = ""  # e.g. "whisper-1": voice messages become text
     retry: RetryConfig = RetryConfig()
 
     def resolved_api_key(self) -> str:

@@ -13,8 +13,10 @@ import email.utils
 import importlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tenacity import (
@@ -191,6 +193,19 @@ class LLMProvider:
         """Import the SDK in a worker thread so the first answer does not wait for it."""
         await asyncio.to_thread(importlib.import_module, "openai")
         _ = self.client
+
+    async def transcribe(self, path: str, model: str) -> str:
+        """Speech to text through the endpoint's ``/audio/transcriptions`` (OpenAI-compatible)."""
+        import openai
+
+        try:
+            data = await asyncio.to_thread(Path(path).read_bytes)
+            result = await self.client.audio.transcriptions.create(
+                model=model, file=(os.path.basename(path), data)
+            )
+        except (openai.OpenAIError, OSError) as exc:
+            raise LLMUnavailable(f"transcription failed: {exc}") from exc
+        return str(getattr(result, "text", "") or "").strip()
 
     async def close(self) -> None:
         if self._client is not None:

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bot import failpoints
@@ -26,7 +27,7 @@ from bot.commands import HELP_TEXT, Command, format_duration, parse_command
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.delivery import DELIVERY_KEY, DeliveryLedger, outbox_entry
-from bot.llm import LLMProvider
+from bot.llm import LLMError, LLMProvider
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import Dream, budget_lines
 from bot.memory.files import memory_stamp
@@ -43,6 +44,7 @@ STOPPED_TEXT = "Stopped."
 # is always recognised.
 SEEN_IDS_KEPT = 128
 MAX_RESUME_ATTEMPTS = 3
+AUDIO_SUFFIXES = frozenset({".ogg", ".oga", ".opus", ".mp3", ".m4a", ".wav", ".webm", ".flac"})
 IMMEDIATE = ("/stop", "/help", "/status", "/dream")
 GAVE_UP_TEXT = (
     "I was interrupted {n} times while answering your message and could not finish it. "
@@ -283,7 +285,7 @@ class AgentLoop:
         session = self.store.get(msg.session_key)
         turn = None
         if job.resume:
-            turn = self._resume_turn(session, msg)
+            turn = await self._resume_turn(session, msg)
             if turn is None:
                 return  # already finished: the final write landed before the crash
         if turn is not None and turn.phase == "final_response":
@@ -294,15 +296,26 @@ class AgentLoop:
                 session, msg, turn.messages, GAVE_UP_TEXT.format(n=MAX_RESUME_ATTEMPTS)
             )
             return
-        messages = turn.messages if turn else [self._user_message(msg)]
+        messages = turn.messages if turn else [await self._user_message(msg)]
         await self._run_turn(session, msg, messages)
 
     def _private(self, msg: InboundMessage) -> bool:
         """May this chat see the owner's memory? Private chats yes; groups only if shared."""
         return not msg.metadata.get("is_group") or self.cfg.memory.share_in_groups
 
-    def _user_message(self, msg: InboundMessage) -> dict[str, Any]:
-        return self.context.user_message(msg.text, msg.channel, msg.chat_id, msg.media)
+    async def _user_message(self, msg: InboundMessage) -> dict[str, Any]:
+        text = msg.text
+        model = self.cfg.llm.transcription_model
+        for path in msg.media if model else ():
+            if Path(path).suffix.lower() not in AUDIO_SUFFIXES:
+                continue
+            try:
+                said = await self.provider.transcribe(path, model)
+                text += f"\n[voice message transcript: {said}]"
+            except LLMError as exc:
+                log.warning("transcription failed session=%s: %s", msg.session_key, exc)
+                text += "\n[a voice message could not be transcribed]"
+        return self.context.user_message(text, msg.channel, msg.chat_id, msg.media)
 
     async def _run_turn(
         self, session: Session, msg: InboundMessage, turn: list[dict[str, Any]]
@@ -474,7 +487,7 @@ class AgentLoop:
         close_open_tool_calls(turn)
         self.store.append(session, turn, metadata={"runtime_checkpoint": None})
 
-    def _resume_turn(self, session: Session, msg: InboundMessage) -> _Resumed | None:
+    async def _resume_turn(self, session: Session, msg: InboundMessage) -> _Resumed | None:
         """Turn a checkpoint back into messages; count the attempt durably before trying."""
         meta = session.metadata
         resume = meta.get("resume") or {}
@@ -485,7 +498,7 @@ class AgentLoop:
             checkpoint = None
         if not checkpoint and not _pending(session, msg.message_id):
             return None
-        messages = list(checkpoint["messages"]) if checkpoint else [self._user_message(msg)]
+        messages = list(checkpoint["messages"]) if checkpoint else [await self._user_message(msg)]
         phase = checkpoint["phase"] if checkpoint else "intake"
         if phase == "final_response":
             return _Resumed(messages, phase)

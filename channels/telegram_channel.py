@@ -680,8 +680,8 @@ class TelegramChannel(Channel):
                 continue
             paths.append(str(path))
             if att.kind == "voice":
-                # Transcription needs llm.transcriptionModel, which does not exist yet.
-                notes.append("[a voice message is attached (saved, not transcribed)]")
+                # The core transcribes it when llm.transcriptionModel is set.
+                notes.append("[a voice message is attached]")
         return paths, notes
 
     async def _download(self, att: _Attachment, chat: str) -> Path | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.bus import InboundMessage
 from bot.runner import INTERRUPTED_TOOL_RESULT
 from bot.session import SessionStore
 from tests.fakes.llm_server import FakeLLM, error, reply, tool_step
@@ -367,3 +368,38 @@ async def test_legacy_history_is_migrated_at_start(tmp_path: Path, llm: FakeLLM)
     assert [e["cursor"] for e in entries] == [1, 2, 3]
     assert "garden" in entries[0]["content"] and entries[2]["session"] == "cli:t"
     assert (tmp_path / "ws" / "memory" / "HISTORY.md.bak").exists()
+
+
+async def test_voice_messages_are_transcribed_when_configured(tmp_path: Path, llm: FakeLLM) -> None:
+    voice = tmp_path / "ws" / "media" / "note.ogg"
+    voice.parent.mkdir(parents=True)
+    voice.write_bytes(b"OggS" + b"\0" * 60)
+    async with harness(tmp_path, llm, llm={"transcriptionModel": "whisper-1"}) as h:
+        fut = h.expect("v1")
+        await h.stack.bus.publish_inbound(
+            InboundMessage(
+                "cli",
+                "t",
+                "u",
+                "[a voice message is attached]",
+                media=(str(voice),),
+                message_id="v1",
+            )
+        )
+        await asyncio.wait_for(fut, 10)
+    assert llm.transcriptions == [{"model": "whisper-1", "filename": "note.ogg"}]
+    sent = request_messages(llm.requests[0])[-1]["content"]
+    assert "[voice message transcript: transcript by whisper-1 of note.ogg (64 bytes)]" in sent
+
+
+async def test_voice_messages_are_not_transcribed_by_default(tmp_path: Path, llm: FakeLLM) -> None:
+    voice = tmp_path / "v.ogg"
+    voice.write_bytes(b"OggS")
+    async with harness(tmp_path, llm) as h:
+        fut = h.expect("v2")
+        await h.stack.bus.publish_inbound(
+            InboundMessage("cli", "t", "u", "voice", media=(str(voice),), message_id="v2")
+        )
+        await asyncio.wait_for(fut, 10)
+    assert llm.transcriptions == []
+    assert str(voice) in request_messages(llm.requests[0])[-1]["content"]

@@ -332,7 +332,7 @@ async def test_documents_and_voice_are_saved_and_oversized_files_noted(tmp_path,
         texts = tg.user_texts()
         assert texts[0].startswith("summarise") and "report.pdf" not in texts[0]
         assert "[attached files: " in llm.requests[0]["body"]["messages"][-1]["content"]
-        assert "voice message" in texts[1] and "not transcribed" in texts[1]
+        assert "voice message" in texts[1] and "attached" in texts[1]
         assert "25.0 MB" in texts[2] and "not downloaded" in texts[2]
         assert len(api.calls("download")) == 2  # the oversized file was never fetched
 

@@ -513,6 +513,7 @@ class FakeLLM:
         self._lock = threading.Condition()
         self._queue: list[Step] = []
         self._log: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_log)
+        self._transcriptions: list[dict[str, Any]] = []
         self._seq = 0
         self._call_seq = 0
         self._completion_seq = 0
@@ -596,6 +597,7 @@ class FakeLLM:
         for prefix in ("/v1", ""):
             app.router.add_post(f"{prefix}/chat/completions", self._handle_chat)
             app.router.add_get(f"{prefix}/models", self._handle_models)
+            app.router.add_post(f"{prefix}/audio/transcriptions", self._handle_transcription)
         app.router.add_post("/_control/script", self._handle_control_script)
         app.router.add_get("/_control/requests", self._handle_control_requests)
         app.router.add_post("/_control/reset", self._handle_control_reset)
@@ -836,6 +838,26 @@ class FakeLLM:
         except ConnectionError:
             pass  # the client went away mid-stream (e.g. it timed out); nothing to tell it
         return resp
+
+    async def _handle_transcription(self, request: web.Request) -> web.Response:
+        """OpenAI's audio endpoint: multipart form with ``file`` and ``model``; the answer is
+        a deterministic "transcript" naming the model, the file and its size."""
+        form = await request.post()
+        upload = form.get("file")
+        if not isinstance(upload, web.FileField) or not form.get("model"):
+            body = {"error": {"message": "file and model are required", "type": "invalid"}}
+            return web.json_response(body, status=400)
+        size = len(upload.file.read())
+        with self._lock:
+            self._transcriptions.append({"model": form["model"], "filename": upload.filename})
+        return web.json_response(
+            {"text": f"transcript by {form['model']} of {upload.filename} ({size} bytes)"}
+        )
+
+    @property
+    def transcriptions(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._transcriptions)
 
     async def _handle_models(self, request: web.Request) -> web.Response:
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]

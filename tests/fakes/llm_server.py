@@ -47,6 +47,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.threaded import ServerThread
+
 Step = dict[str, Any]
 
 DEFAULT_MODEL = "fake-model"
@@ -908,27 +910,7 @@ class FakeLLMThread:
 
     def __init__(self, llm: FakeLLM, start_timeout: float = 10.0) -> None:
         self.llm = llm
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="fake-llm", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(start_timeout):
-            raise TimeoutError("fake LLM thread did not start")
-        if self._failure is not None:
-            raise RuntimeError("fake LLM failed to start") from self._failure
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self.llm.start())
-        except BaseException as exc:  # reported to the starting thread, which re-raises
-            self._failure = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.close()
+        self._server = ServerThread(llm.start, llm.stop, "fake-llm", start_timeout)
 
     @property
     def base_url(self) -> str:
@@ -964,11 +946,7 @@ class FakeLLMThread:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server and join the thread. Idempotent."""
-        if not self._thread.is_alive():
-            return
-        asyncio.run_coroutine_threadsafe(self.llm.stop(), self._loop).result(timeout)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout)
+        self._server.stop(timeout)
 
     def __enter__(self) -> FakeLLMThread:
         return self

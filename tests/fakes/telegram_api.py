@@ -36,6 +36,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.threaded import ServerThread
+
 DEFAULT_TOKEN = "123456:TEST-TOKEN"
 BOT_ID = 123456
 BOT_USERNAME = "memobot_test_bot"
@@ -699,27 +701,7 @@ class FakeBotAPIThread:
 
     def __init__(self, api: FakeBotAPI, start_timeout: float = 10.0) -> None:
         self.api = api
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="fake-telegram", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(start_timeout):
-            raise TimeoutError("fake Bot API thread did not start")
-        if self._failure is not None:
-            raise RuntimeError("fake Bot API failed to start") from self._failure
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self.api.start())
-        except BaseException as exc:  # reported to the starting thread, which re-raises
-            self._failure = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.close()
+        self._server = ServerThread(api.start, api.stop, "fake-telegram", start_timeout)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.api, name)
@@ -734,11 +716,7 @@ class FakeBotAPIThread:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server and join the thread. Idempotent."""
-        if not self._thread.is_alive():
-            return
-        asyncio.run_coroutine_threadsafe(self.api.stop(), self._loop).result(timeout)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout)
+        self._server.stop(timeout)
 
     def __enter__(self) -> FakeBotAPIThread:
         return self

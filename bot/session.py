@@ -341,6 +341,17 @@ class SessionStore:
             self._append_locked(session, messages, metadata, last_consolidated, fsync)
             return True
 
+    def fsync(self, session: Session) -> None:
+        """Make earlier unsynced appends durable (for writes that used ``fsync=False``)."""
+        try:
+            fd = os.open(session.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def _lock_for(self, key: str) -> threading.Lock:
         with self._cache_lock:
             lock = self._locks.get(key)

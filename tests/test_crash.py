@@ -511,8 +511,8 @@ def test_fifty_random_kills(tmp_path: Path, llm: FakeLLMThread) -> None:
     losses = [t for t, n in answers.items() if n == 0]
     dropped = [d for c in conversations for d in c.dropped_in_flight]
     # The one loss the ledger accepts by design (at most once): an external SIGKILL after the
-    # answer was marked "sending" and before it was printed. That mark is a write and an fsync
-    # in a worker thread, so the window is a few ms under load, not a few microseconds.
+    # answer was marked "sending" and before it was printed. The mark is written on the event
+    # loop right before the print (its fsync follows), so this window is microseconds wide.
     in_window = [t for t in losses if (t, "external") in dropped]
     kinds = sum((c.kills for c in conversations), collections.Counter())
     tool_runs = collections.Counter(exec_runs(tmp_path))

@@ -227,14 +227,22 @@ def default_config_path() -> Path:
 
 
 def expand_env(value: Any, path: str = "") -> Any:
-    """Replace ``${NAME}`` in every string with the environment variable; unset is an error."""
+    """Replace ``${NAME}`` in every string with the environment variable NAME, or else with
+    the systemd credential NAME (``LoadCredential=NAME:...``, read from
+    ``$CREDENTIALS_DIRECTORY``); neither is an error naming the field."""
     if isinstance(value, str):
 
         def sub(m: re.Match[str]) -> str:
             name = m.group(1)
-            if name not in os.environ:
-                raise ConfigError(f"{path or '<root>'}: environment variable {name} is not set")
-            return os.environ[name]
+            if name in os.environ:
+                return os.environ[name]
+            secret = _credential(name)
+            if secret is None:
+                raise ConfigError(
+                    f"{path or '<root>'}: environment variable {name} is not set "
+                    "(and there is no systemd credential of that name)"
+                )
+            return secret
 
         return _ENV_REF.sub(sub, value)
     if isinstance(value, dict):
@@ -242,6 +250,16 @@ def expand_env(value: Any, path: str = "") -> Any:
     if isinstance(value, list):
         return [expand_env(v, f"{path}[{i}]") for i, v in enumerate(value)]
     return value
+
+
+def _credential(name: str) -> str | None:
+    folder = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not folder:
+        return None
+    try:
+        return (Path(folder) / name).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
 
 
 def _json_path(loc: tuple[int | str, ...]) -> str:

@@ -51,6 +51,17 @@ def test_env_expansion_and_missing_variable(monkeypatch: pytest.MonkeyPatch) -> 
     assert "llm.apiKey" in msg and "MB_TEST_KEY" in msg
 
 
+def test_systemd_credentials_fill_placeholders(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "TELEGRAM_TOKEN").write_text("123:abc\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    cfg = parse_config({"channels": {"telegram": {"token": "${TELEGRAM_TOKEN}"}}})
+    assert cfg.channels.telegram.token == "123:abc"
+    msg = _error({"llm": {"apiKey": "${NOPE}"}})
+    assert "llm.apiKey" in msg and "NOPE" in msg and "credential" in msg
+
+
 def test_openai_env_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")

@@ -178,10 +178,6 @@ class SessionStore:
         # No metadata line in our own spelling (e.g. edited by hand): parse the whole file.
         return self.get(key).metadata if end else None
 
-    def forget(self, key: str) -> None:
-        """Drop the cached copy (the next ``get`` re-reads the file)."""
-        self._cache.pop(key, None)
-
     # -- loading ---------------------------------------------------------------------------
 
     def _load(self, key: str) -> Session:

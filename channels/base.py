@@ -21,7 +21,6 @@ class Channel(ABC):
     """
 
     name: str
-    max_length: int = 1_000_000
 
     def __init__(self, bus: MessageBus) -> None:
         self.bus = bus

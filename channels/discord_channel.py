@@ -150,7 +150,6 @@ class DiscordChannel(Channel):
     """DMs, guild text channels and threads. Session key ``discord:<channel id>``."""
 
     name = NAME
-    max_length = DISCORD_LIMIT
 
     def __init__(
         self, bus: MessageBus, cfg: DiscordConfig, workspace: Path, state_dir: Path

@@ -305,7 +305,6 @@ class _TooLarge(_DownloadError):
 
 class SlackChannel(Channel):
     name = NAME
-    max_length = SLACK_LIMIT
 
     def __init__(
         self, bus: MessageBus, cfg: SlackConfig, workspace: Path, state_dir: Path | None = None

@@ -369,7 +369,6 @@ class _Refused(Exception):
 
 class TelegramChannel(Channel):
     name = CHANNEL
-    max_length = TELEGRAM_LIMIT
 
     def __init__(
         self, bus: MessageBus, cfg: TelegramConfig, workspace: Path, state_dir: Path

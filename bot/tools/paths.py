@@ -45,12 +45,3 @@ def resolve_tool_path(raw: str, ctx: ToolContext) -> Path:
                 "only files inside the workspace can be used"
             )
     return resolved
-
-
-def display_path(path: Path, ctx: ToolContext) -> str:
-    """``path`` relative to the workspace when it is inside it, else absolute."""
-    try:
-        rel = path.relative_to(real_path(ctx.workspace))
-    except ValueError:
-        return str(path)
-    return str(rel) if rel.parts else "."

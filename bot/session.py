@@ -169,7 +169,7 @@ class SessionStore:
                     candidates = lines if pos == 0 else lines[1:]
                     for raw in reversed(candidates):
                         if raw.startswith(b'{"_type":"metadata"'):
-                            record = _parse_line(raw)
+                            record = parse_line(raw)
                             if record is not None:
                                 return dict(record.get("metadata") or {})
                     chunk *= 4
@@ -204,7 +204,7 @@ class SessionStore:
         for lineno, raw in enumerate(lines, start=1):
             if not raw.strip():
                 continue
-            record = _parse_line(raw)
+            record = parse_line(raw)
             if record is None:
                 bad.append(lineno)
             else:
@@ -423,7 +423,8 @@ class SessionStore:
         log.info("session %s: compacted to %d messages", session.key, len(session.messages))
 
 
-def _parse_line(raw: bytes) -> dict[str, Any] | None:
+def parse_line(raw: bytes) -> dict[str, Any] | None:
+    """A session line as a record, or None when it is not a valid message or metadata line."""
     try:
         record = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):

@@ -40,7 +40,8 @@ class HistoryArchive:
         self._lock = asyncio.Lock()
         self._cursor: int | None = None
 
-    def _last_cursor(self) -> int:
+    def last_cursor(self) -> int:
+        """The last cursor written (the larger of ``.cursor`` and the archive's tail)."""
         if self._cursor is not None:
             return self._cursor
         cursor = 0
@@ -86,34 +87,39 @@ class HistoryArchive:
             return await asyncio.to_thread(self._append_sync, session, content)
 
     def _append_sync(self, session: str, content: str) -> HistoryEntry:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        entry = HistoryEntry(self._last_cursor() + 1, now_iso(), session, content)
-        line = json.dumps(
-            {
-                "cursor": entry.cursor,
-                "timestamp": entry.timestamp,
-                "session": entry.session,
-                "content": entry.content,
-            },
-            ensure_ascii=False,
-        )
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            # A torn line left by a crash must not glue itself to this entry.
-            if os.fstat(fd).st_size and not _ends_with_newline(self.path):
-                os.write(fd, b"\n")
-            os.write(fd, (line + "\n").encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        tmp = self.cursor_path.with_suffix(".tmp")
-        tmp.write_text(f"{entry.cursor}\n")
-        os.replace(tmp, self.cursor_path)
-        self._cursor = entry.cursor
+        [entry] = self.append_batch_sync([(now_iso(), session, content)])
         log.info(
             "history: archived cursor=%d session=%s chars=%d", entry.cursor, session, len(content)
         )
         return entry
+
+    def append_batch_sync(self, items: list[tuple[str, str, str]]) -> list[HistoryEntry]:
+        """Append ``(timestamp, session, content)`` items with consecutive cursors.
+
+        One write, fsynced, and only then does ``.cursor`` move. Callers serialise (the async
+        ``append`` holds the lock; the start-up migration runs before anything else).
+        """
+        if not items:
+            return []
+        self.dir.mkdir(parents=True, exist_ok=True)
+        first = self.last_cursor() + 1
+        entries = [HistoryEntry(first + i, *item) for i, item in enumerate(items)]
+        payload = "".join(entry_line(e) for e in entries).encode("utf-8")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            # A torn line left by a crash must not glue itself to the first new entry.
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                payload = b"\n" + payload
+            os.write(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        tmp = self.cursor_path.with_suffix(".tmp")
+        tmp.write_text(f"{entries[-1].cursor}\n")
+        os.replace(tmp, self.cursor_path)
+        self._cursor = entries[-1].cursor
+        return entries
 
     async def compact(self, digested_upto: int, keep_days: int) -> int:
         """Move digested entries older than ``keep_days`` to ``memory/history-YYYY-MM.jsonl``.
@@ -175,10 +181,14 @@ def _lines(path: Path) -> list[bytes]:
         return []
 
 
-def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        fh.seek(-1, os.SEEK_END)
-        return fh.read(1) == b"\n"
+def entry_line(entry: HistoryEntry) -> str:
+    record = {
+        "cursor": entry.cursor,
+        "timestamp": entry.timestamp,
+        "session": entry.session,
+        "content": entry.content,
+    }
+    return json.dumps(record, ensure_ascii=False) + "\n"
 
 
 def parse_entry(line: bytes | str) -> HistoryEntry | None:

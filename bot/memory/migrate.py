@@ -122,7 +122,7 @@ def migrate_legacy_history(workspace: Path) -> int:
         log.info("migrate: resuming %s: %d of %d entries already in", legacy, done, len(blocks))
     else:
         done = 0
-        record = {"state": "started", "first_cursor": archive._last_cursor() + 1}
+        record = {"state": "started", "first_cursor": archive.last_cursor() + 1}
         record.update(entries=len(blocks), started=_now())
         _save_markers(memory / MARKER_FILE, {**markers, digest: record})
         failpoints.hit("migrate.planned")
@@ -150,44 +150,8 @@ def _already_imported(archive: HistoryArchive, first: int, blocks: list[LegacyBl
 
 
 def _append_batch(archive: HistoryArchive, blocks: list[LegacyBlock]) -> list[HistoryEntry]:
-    """Append all blocks in one write with the archive's rules: lines fsynced, then ``.cursor``.
-
-    Uses the archive's paths and cursor bookkeeping; ``HistoryArchive.append`` itself cannot
-    set a timestamp, which is why the lines are written here.
-    """
-    if not blocks:
-        return []
-    archive.dir.mkdir(parents=True, exist_ok=True)
-    first = archive._last_cursor() + 1
-    entries = [
-        HistoryEntry(first + i, block.timestamp, LEGACY_SESSION, block.content)
-        for i, block in enumerate(blocks)
-    ]
-    payload = "".join(_line(e) for e in entries).encode("utf-8")
-    fd = os.open(archive.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        size = os.fstat(fd).st_size
-        # A torn line left by a crash must not glue itself to the first new entry.
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            payload = b"\n" + payload
-        os.write(fd, payload)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    tmp = archive.cursor_path.with_suffix(".tmp")
-    tmp.write_text(f"{entries[-1].cursor}\n")
-    os.replace(tmp, archive.cursor_path)
-    return entries
-
-
-def _line(entry: HistoryEntry) -> str:
-    record = {
-        "cursor": entry.cursor,
-        "timestamp": entry.timestamp,
-        "session": entry.session,
-        "content": entry.content,
-    }
-    return json.dumps(record, ensure_ascii=False) + "\n"
+    """All blocks in one archive write, each with the timestamp of its legacy header."""
+    return archive.append_batch_sync([(b.timestamp, LEGACY_SESSION, b.content) for b in blocks])
 
 
 def _retire(legacy: Path) -> None:

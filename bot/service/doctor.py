@@ -89,11 +89,11 @@ class SessionScan:
 
 def scan_session(data: bytes) -> SessionScan:
     """Classify a session file's lines exactly as ``SessionStore`` does on load, reading only."""
-    from bot.session import _parse_line
+    from bot.session import parse_line
 
     lines = data.split(b"\n")
     torn = bool(lines.pop())
-    bad = [n for n, raw in enumerate(lines, 1) if raw.strip() and _parse_line(raw) is None]
+    bad = [n for n, raw in enumerate(lines, 1) if raw.strip() and parse_line(raw) is None]
     if bad and bad[-1] == len(lines):  # a complete but unparsable last line is torn as well
         bad.pop()
         torn = True

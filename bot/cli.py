@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from bot import __version__
 from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load_config
+from bot.service.logs import LOG_FORMATS
 
 if TYPE_CHECKING:
     from bot.loop import AgentLoop
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--log-format",
-        choices=("text", "json"),
+        choices=LOG_FORMATS,
         default=argparse.SUPPRESS,
         help="stderr logs: text (default; journald-friendly under systemd) or json, one "
         "object per line",
@@ -346,9 +347,9 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
     count = len(list(sessions_dir.glob("*.jsonl"))) if sessions_dir.is_dir() else 0
     llm = cfg.llm
     endpoint = llm.resolved_base_url() or ("api.openai.com" if llm.resolved_api_key() else "")
-    from bot.gateway import read_status
+    from bot.gateway import enabled_channels, read_status
 
-    enabled = [n for n, c in cfg.channels if c.enabled]
+    enabled = enabled_channels(cfg)
     live = read_status(state)
     if live:
         shown = []

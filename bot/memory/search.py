@@ -397,12 +397,6 @@ class MemoryIndex:
         """Bring the index up to date with the files (a no-op when nothing changed)."""
         self._with_connection(self._sync)
 
-    def rebuild(self) -> None:
-        """Throw the index away and build it again from the files."""
-        with self._sync_lock:
-            self._discard()
-        self.refresh()
-
     # -- connection and recovery
 
     def _with_connection(self, work: Callable[[sqlite3.Connection], _T]) -> _T:

@@ -63,6 +63,8 @@ class AgentConfig(_Model):
     state_dir: str = str(DEFAULT_HOME / "state")
     max_tool_iterations: int = Field(20, ge=1, le=500)
     max_concurrent_turns: int = Field(8, ge=1, le=1000)
+    # Calls beyond this many in one turn are answered with an error result and not run.
+    max_tool_calls_per_turn: int = Field(50, ge=1, le=10000)
 
     @property
     def workspace_path(self) -> Path:
@@ -77,6 +79,10 @@ class ExecConfig(_Model):
     enabled: bool = True
     timeout_seconds: float = Field(60.0, gt=0, le=3600)
     max_output_chars: int = Field(10000, ge=100)
+    # "landlock": with tools.restrictToWorkspace, every command runs under the kernel's
+    # confinement (refused where the kernel cannot confine). "off": no kernel confinement.
+    sandbox: Literal["landlock", "off"] = "landlock"
+    network: bool = True  # false: confined commands may not open or accept TCP connections
 
 
 class WebConfig(_Model):

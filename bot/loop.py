@@ -86,7 +86,9 @@ class AgentLoop:
         self.context = context
         self.archive = archive
         self.ledger = DeliveryLedger(store)
-        self.runner = Runner(provider, tools, cfg.agent.max_tool_iterations)
+        self.runner = Runner(
+            provider, tools, cfg.agent.max_tool_iterations, cfg.agent.max_tool_calls_per_turn
+        )
         self.consolidator = Consolidator(cfg.memory, store, provider, archive)
         self.dream = Dream(cfg.memory, cfg.agent.workspace_path, provider, archive)
         self._last_active: dict[str, float] = {}

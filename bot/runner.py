@@ -19,6 +19,7 @@ from bot.tools.base import ToolContext, ToolRegistry
 log = logging.getLogger(__name__)
 
 INTERRUPTED_TOOL_RESULT = "Error: task interrupted before this tool finished."
+CALL_LIMIT_PREFIX = "Error: not run: this turn reached its limit of"
 Phase = Literal["awaiting_tools", "tools_completed", "final_response"]
 PhaseHook = Callable[[Phase, list[dict[str, Any]]], Awaitable[None]]
 BuildMessages = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
@@ -32,11 +33,37 @@ class TurnResult:
     error: LLMError | None = None
 
 
+def call_limit_result(limit: int) -> str:
+    """The tool result of a call that was not run because the turn used up its calls."""
+    return (
+        f"{CALL_LIMIT_PREFIX} {limit} tool calls (agent.maxToolCallsPerTurn). Answer with "
+        "what you have, or tell the user what is left to do."
+    )
+
+
+def calls_made(turn: list[dict[str, Any]]) -> int:
+    """Tool calls already run in ``turn`` (a resumed turn carries its earlier results)."""
+    return sum(
+        1
+        for m in turn
+        if m.get("role") == "tool"
+        and m.get("content") != INTERRUPTED_TOOL_RESULT
+        and not str(m.get("content", "")).startswith(CALL_LIMIT_PREFIX)
+    )
+
+
 class Runner:
-    def __init__(self, provider: LLMProvider, tools: ToolRegistry, max_iterations: int) -> None:
+    def __init__(
+        self,
+        provider: LLMProvider,
+        tools: ToolRegistry,
+        max_iterations: int,
+        max_tool_calls: int = 50,
+    ) -> None:
         self.provider = provider
         self.tools = tools
         self.max_iterations = max_iterations
+        self.max_tool_calls = max_tool_calls
 
     async def run(
         self,
@@ -52,6 +79,8 @@ class Runner:
         with a user-facing message instead of raising; cancellation propagates.
         """
         schemas = self.tools.schemas()
+        # Counted over the whole turn, not per LLM round: one response can carry hundreds.
+        made = calls_made(turn)
         for iteration in range(1, self.max_iterations + 1):
             started = time.monotonic()
             try:
@@ -77,7 +106,22 @@ class Runner:
             turn.append(response.assistant_message())
             if on_phase:
                 await on_phase("awaiting_tools", turn)
+            refused = 0
             for call in response.tool_calls:
+                if made >= self.max_tool_calls:
+                    # Answered, not dropped: every call needs a result for the history to be
+                    # valid, and the model must learn why nothing happened.
+                    refused += 1
+                    turn.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": call.id,
+                            "name": call.name,
+                            "content": call_limit_result(self.max_tool_calls),
+                        }
+                    )
+                    continue
+                made += 1
                 started = time.monotonic()
                 result = await self.tools.execute(call.name, call.arguments, ctx)
                 log.info(
@@ -89,6 +133,14 @@ class Runner:
                 )
                 turn.append(
                     {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result}
+                )
+            if refused:
+                log.warning(
+                    "tool calls not run session=%s refused=%d: the turn reached "
+                    "agent.maxToolCallsPerTurn (%d)",
+                    ctx.session_key,
+                    refused,
+                    self.max_tool_calls,
                 )
             if on_phase:
                 await on_phase("tools_completed", turn)

@@ -34,6 +34,7 @@ LIVE = (
     "llm.contextWindowTokens",
     "llm.retry.*",
     "agent.maxToolIterations",
+    "agent.maxToolCallsPerTurn",
     "tools.restrictToWorkspace",
     "tools.exec.timeoutSeconds",
     "tools.exec.maxOutputChars",
@@ -130,6 +131,7 @@ def refresh_copies(cfg: Config, stack: AgentStack, channels: list[Channel]) -> N
 
     stack.provider.model = cfg.llm.model
     stack.loop.runner.max_iterations = cfg.agent.max_tool_iterations
+    stack.loop.runner.max_tool_calls = cfg.agent.max_tool_calls_per_turn
     for channel in channels:
         section = getattr(cfg.channels, channel.name, None)
         if section is not None and isinstance(getattr(channel, "policy", None), AccessPolicy):

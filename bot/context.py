@@ -8,12 +8,15 @@ that message is stored exactly as sent.
 from __future__ import annotations
 
 import base64
+import json
+import logging
 import mimetypes
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bot.runner import close_open_tool_calls
 from bot.skills import SkillsIndex
 from bot.tokens import estimate_message_tokens, estimate_text_tokens
 from bot.workspace import WORKSPACE_PROMPT_FILES
@@ -21,12 +24,21 @@ from bot.workspace import WORKSPACE_PROMPT_FILES
 if TYPE_CHECKING:
     from bot.session import Session
 
+log = logging.getLogger(__name__)
+
 # After a trim the window keeps this share of its budget, so the next turns reuse one prefix
 # instead of shifting it (and missing the cache) on every message.
 TRIM_TO_SHARE = 0.75
 PRIVATE_FILES = frozenset({"USER.md", "memory/MEMORY.md"})
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
 MAX_INLINE_IMAGE_BYTES = 10 * 1024 * 1024
+# Content part types the Chat Completions API takes, per role (what may stay a list).
+CONTENT_PARTS: dict[str, frozenset[str]] = {
+    "system": frozenset({"text"}),
+    "user": frozenset({"text", "image_url"}),
+    "assistant": frozenset({"text", "refusal"}),
+    "tool": frozenset({"text"}),
+}
 
 
 class _CachedFile:
@@ -48,6 +60,7 @@ class ContextBuilder:
         self.share_in_groups = share_in_groups
         self._prompts: dict[bool, str] = {}
         self._prompt_key: str | None = None
+        self._repaired: set[str] = set()  # sessions whose history was already reported
 
     def _read(self, name: str) -> bool:
         """Refresh one prompt file from disk if its mtime or size changed; True if it did."""
@@ -139,7 +152,18 @@ class ContextBuilder:
         fixed = estimate_text_tokens(system) + tools_tokens + max_tokens
         fixed += sum(estimate_message_tokens(m) for m in turn)
         budget = max(0, context_window - fixed)
-        return [{"role": "system", "content": system}, *self.history(session, budget), *turn]
+        raw = [*self.history(session, budget), *turn]
+        messages = api_messages(raw)
+        if session.key not in self._repaired and (
+            len(messages) != len(raw) or any(a is not b for a, b in zip(messages, raw, strict=True))
+        ):
+            self._repaired.add(session.key)
+            log.warning(
+                "session %s: history is not valid for the API (orphan tool results, unanswered "
+                "tool calls, unknown roles or non-text content); sending a repaired copy",
+                session.key,
+            )
+        return [{"role": "system", "content": system}, *messages]
 
 
 def trim_start(wire: list[dict[str, Any]], tokens: list[int], start: int, budget: int) -> int:
@@ -159,6 +183,101 @@ def trim_start(wire: list[dict[str, Any]], tokens: list[int], start: int, budget
     while i < len(wire) and wire[i].get("role") == "tool":
         i += 1
     return i
+
+
+def api_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """``messages`` as the Chat Completions API accepts them; a pure function.
+
+    Unknown roles and non-objects are dropped; tool results that answer no call of the
+    assistant message right before them are dropped; tool calls left without a result get the
+    'interrupted' result a restored turn gets; content the API refuses becomes text; malformed
+    tool calls are dropped. A valid message is returned as the same object, untouched, so a
+    valid history gives a byte-identical request prefix turn after turn; the input is never
+    modified.
+    """
+    out: list[dict[str, Any]] = []
+    awaiting: set[str] = set()  # call ids of the last assistant message not yet answered
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in CONTENT_PARTS:
+            continue
+        role = m["role"]
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str) or call_id not in awaiting:
+                continue  # an orphan, or a second answer to one call
+            awaiting.discard(call_id)
+            out.append(_with_api_content(m, role, False))
+            continue
+        awaiting = set()
+        fixed = m
+        if "tool_calls" in m:
+            calls = _valid_calls(m.get("tool_calls")) if role == "assistant" else []
+            if calls is not m.get("tool_calls"):
+                fixed = {k: v for k, v in m.items() if k != "tool_calls"}
+                if calls:
+                    fixed["tool_calls"] = calls
+            awaiting = {c["id"] for c in calls}
+        out.append(_with_api_content(fixed, role, bool(awaiting)))
+    close_open_tool_calls(out)
+    return out
+
+
+def _valid_calls(calls: Any) -> list[dict[str, Any]]:
+    """The well-formed tool calls (``calls`` itself when all are), unique ids, in order."""
+    if not isinstance(calls, list):
+        return []
+    good: list[dict[str, Any]] = []
+    ids: set[str] = set()
+    for c in calls:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if (
+            isinstance(fn, dict)
+            and isinstance(c.get("id"), str)
+            and c["id"]
+            and c["id"] not in ids
+            and c.get("type", "function") == "function"
+            and isinstance(fn.get("name"), str)
+            and isinstance(fn.get("arguments"), str)
+        ):
+            good.append(c)
+            ids.add(c["id"])
+    return calls if len(good) == len(calls) else good
+
+
+def _with_api_content(m: dict[str, Any], role: str, has_calls: bool) -> dict[str, Any]:
+    content = m.get("content")
+    if isinstance(content, str) or (content is None and has_calls):
+        return m
+    if (
+        isinstance(content, list)
+        and content
+        and all(_valid_part(p, CONTENT_PARTS[role]) for p in content)
+    ):
+        return m
+    return {**m, "content": content_as_text(content)}
+
+
+def _valid_part(part: Any, types: frozenset[str]) -> bool:
+    if not isinstance(part, dict) or part.get("type") not in types:
+        return False
+    kind = part["type"]
+    if kind == "image_url":
+        image = part.get("image_url")
+        return isinstance(image, dict) and isinstance(image.get("url"), str)
+    return isinstance(part.get(kind), str)  # "text": str, "refusal": str
+
+
+def content_as_text(content: Any) -> str:
+    """Any JSON value as message text: the text parts of a list, or the JSON itself."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts = [p.get("text") for p in content if isinstance(p, dict)]
+        if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
+            return "\n".join(texts)  # type: ignore[arg-type]
+    return json.dumps(content, ensure_ascii=False)
 
 
 def runtime_block(channel: str, chat_id: str, now: datetime | None = None) -> str:

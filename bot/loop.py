@@ -463,26 +463,36 @@ class AgentLoop:
         for key in self.store.keys() if keys is None else keys:
             if channels is not None and key.partition(":")[0] not in channels:
                 continue
-            meta = self.store.peek_metadata(key)
-            if not meta or not (
-                meta.get("pending") or meta.get("runtime_checkpoint") or meta.get("outbox")
-            ):
-                continue
-            session = self.store.get(key)
-            for out in self.ledger.recover(key):
-                log.info("re-sending undelivered answer session=%s", key)
-                self.bus.outbound.put_nowait(out)
-            pending = session.metadata.get("pending") or []
-            checkpoint = session.metadata.get("runtime_checkpoint")
-            if checkpoint and not any(p["id"] == checkpoint.get("message_id") for p in pending):
-                # A checkpoint whose message is gone cannot be answered; keep its work.
-                self._repair_orphan_checkpoint(session)
-            for p in pending:
-                self.dispatch(_inbound_from_pending(key, p), resume=True)
-            if pending:
-                resumed += 1
-                log.info("resuming session=%s pending=%d", key, len(pending))
+            # One session's damage must not keep the others (or the daemon) from starting.
+            try:
+                resumed += self._recover_session(key)
+            except OSError as exc:
+                log.error("cannot recover session=%s: %s", key, exc)
+            except Exception:
+                log.exception("recovery failed session=%s; the other sessions go on", key)
         return resumed
+
+    def _recover_session(self, key: str) -> int:
+        """Recover one session; 1 if it had pending turns to resume."""
+        meta = self.store.peek_metadata(key)
+        if not meta or not (
+            meta.get("pending") or meta.get("runtime_checkpoint") or meta.get("outbox")
+        ):
+            return 0
+        session = self.store.get(key)
+        for out in self.ledger.recover(key):
+            log.info("re-sending undelivered answer session=%s", key)
+            self.bus.outbound.put_nowait(out)
+        pending = session.metadata.get("pending") or []
+        checkpoint = session.metadata.get("runtime_checkpoint")
+        if checkpoint and not any(p["id"] == checkpoint.get("message_id") for p in pending):
+            # A checkpoint whose message is gone cannot be answered; keep its work.
+            self._repair_orphan_checkpoint(session)
+        for p in pending:
+            self.dispatch(_inbound_from_pending(key, p), resume=True)
+        if pending:
+            log.info("resuming session=%s pending=%d", key, len(pending))
+        return 1 if pending else 0
 
     def _repair_orphan_checkpoint(self, session: Session) -> None:
         turn = list(session.metadata["runtime_checkpoint"].get("messages") or [])

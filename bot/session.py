@@ -12,10 +12,12 @@ list of request-ready messages is built once per message, not once per turn.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
 import shutil
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from bot import failpoints
+from bot.config import ConfigError
+from bot.records import check_record
 from bot.tokens import estimate_message_tokens
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,45 @@ def filename_to_key(name: str) -> str:
             raw.extend(stem[i].encode("ascii"))
             i += 1
     return raw.decode("utf-8")
+
+
+class StateLayoutError(ConfigError):
+    """A file where memobot needs a folder, or the reverse. ``str()`` is one line naming it."""
+
+
+class SessionPathError(OSError):
+    """A session's path is there but is not a regular file (a folder, a socket...)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(errno.EISDIR, "not a regular file", str(path))
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"session file {self.path} is not a regular file (a folder?); move it away"
+
+
+def check_folder(path: Path, what: str) -> None:
+    """Raise StateLayoutError when ``path`` cannot be a folder because a file is in the way."""
+    for candidate in (path, *path.parents):
+        if candidate.exists() or candidate.is_symlink():
+            if not candidate.is_dir():
+                raise StateLayoutError(
+                    f"{what} {path} must be a folder, but {candidate} is a file; move it away"
+                )
+            return
+
+
+def check_session_path(state_dir: Path, key: str) -> None:
+    """Raise StateLayoutError naming the path when ``key``'s session cannot be used.
+
+    For a command that works on one session (``memobot agent``): it stops with one line
+    instead of answering with an error.
+    """
+    folder = state_dir / "sessions"
+    check_folder(folder, "the sessions folder")
+    path = folder / key_to_filename(key)
+    if (path.exists() or path.is_symlink()) and not path.is_file():
+        raise StateLayoutError(str(SessionPathError(path)))
 
 
 def now_iso() -> str:
@@ -116,7 +159,12 @@ class SessionStore:
 
     def __init__(self, state_dir: Path) -> None:
         self.dir = state_dir / "sessions"
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        check_folder(self.dir, "the sessions folder")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except (FileExistsError, NotADirectoryError):  # lost a race with whoever put it there
+            check_folder(self.dir, "the sessions folder")
+            raise
         self._cache: dict[str, Session] = {}
         self._cache_lock = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
@@ -128,6 +176,9 @@ class SessionStore:
         out = []
         for p in self.dir.iterdir():
             if p.name.endswith(SUFFIX) and not p.name.startswith("."):
+                if not p.is_file():
+                    log.error("skipping session: %s", SessionPathError(p))
+                    continue
                 try:
                     out.append(filename_to_key(p.name))
                 except (ValueError, UnicodeDecodeError):
@@ -154,7 +205,7 @@ class SessionStore:
             return cached.metadata
         path = self.path_for(key)
         try:
-            with open(path, "rb") as fh:
+            with _open_session(path) as fh:
                 end = fh.seek(0, os.SEEK_END)
                 chunk = 65536
                 buf = b""
@@ -170,8 +221,12 @@ class SessionStore:
                     for raw in reversed(candidates):
                         if raw.startswith(b'{"_type":"metadata"'):
                             record = parse_line(raw)
-                            if record is not None:
-                                return dict(record.get("metadata") or {})
+                            if record is None:
+                                continue
+                            if check_record(record).problems:
+                                # Wrong shape: the full load sets it aside and logs it.
+                                return self.get(key).metadata
+                            return dict(record.get("metadata") or {})
                     chunk *= 4
         except FileNotFoundError:
             return None
@@ -184,7 +239,8 @@ class SessionStore:
         path = self.path_for(key)
         session = Session(key=key, path=path)
         try:
-            data = path.read_bytes()
+            with _open_session(path) as fh:
+                data = fh.read()
         except FileNotFoundError:
             session.metadata = {"key": key, "created_at": now_iso()}
             return session
@@ -200,15 +256,23 @@ class SessionStore:
             )
         # A complete last line that does not parse is a torn write too (crash mid-page).
         bad: list[int] = []
+        # Complete JSON of the wrong shape: never a torn write (a crash cannot produce it),
+        # always damage or a hostile edit, so it is set aside wherever it is in the file.
+        misshapen: list[tuple[int, str]] = []
         records: list[tuple[int, dict[str, Any], int]] = []
+        pointers: dict[int, int | None] = {}  # line -> its usable last_consolidated
         for lineno, raw in enumerate(lines, start=1):
             if not raw.strip():
                 continue
-            record = parse_line(raw)
-            if record is None:
+            value = _json_line(raw)
+            if value is _NOT_JSON:
                 bad.append(lineno)
-            else:
-                records.append((lineno, record, len(raw) + 1))
+                continue
+            checked = check_record(value)
+            misshapen.extend((lineno, p) for p in checked.problems)
+            if checked.record is not None:
+                records.append((lineno, checked.record, len(raw) + 1))
+                pointers[lineno] = checked.last_consolidated
         if bad and bad[-1] == len(lines) and (not records or records[-1][0] < bad[-1]):
             session.truncate_at = offset - len(lines[-1]) - 1
             log.warning("session %s: ignoring unparsable last line left by a crash", key)
@@ -233,10 +297,14 @@ class SessionStore:
         meta_seen = 0
         meta_bytes = 0
         last_meta_size = 0
-        for _, record, size in records:
+        for lineno, record, size in records:
             if record.get("_type") == "metadata":
                 session.metadata = dict(record.get("metadata") or {})
-                session.last_consolidated = int(record.get("last_consolidated") or 0)
+                # An unusable pointer keeps the previous one: it only moves forward, so the
+                # last good value is the closest safe answer (0 would re-archive everything).
+                pointer = pointers[lineno]
+                if pointer is not None:
+                    session.last_consolidated = pointer
                 meta_seen += 1
                 meta_bytes += size
                 last_meta_size = size
@@ -248,21 +316,29 @@ class SessionStore:
         session.stale_meta_bytes = max(0, meta_bytes - last_meta_size)
         session.metadata.setdefault("key", key)
         session.last_consolidated = min(session.last_consolidated, len(session.messages))
-        if bad:
-            self._quarantine(session, data, bad)
+        if bad or misshapen:
+            self._quarantine(session, bad, misshapen)
         return session
 
-    def _quarantine(self, session: Session, data: bytes, bad: list[int]) -> None:
-        """Keep a copy of the damaged file, then rewrite it with every line that parsed."""
+    def _quarantine(
+        self, session: Session, bad: list[int], misshapen: list[tuple[int, str]]
+    ) -> None:
+        """Keep a copy of the damaged file, then rewrite it with every good line."""
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         aside = session.path.with_name(f"{session.path.name}.corrupt-{stamp}")
         shutil.copyfile(session.path, aside)
+        found = []
+        if bad:
+            found.append(f"unparsable line(s) {', '.join(map(str, bad[:10]))}")
+        if misshapen:
+            found.append(
+                "wrong-shaped record(s): "
+                + "; ".join(f"line {n}: {what}" for n, what in misshapen[:10])
+            )
         log.error(
-            "session %s: %d unparsable line(s) (line %s) in %s; copied the file to %s and kept "
-            "every line that parses",
+            "session %s: %s in %s; copied the file to %s and kept every good record",
             session.key,
-            len(bad),
-            ", ".join(map(str, bad[:10])),
+            "; ".join(found),
             session.path,
             aside.name,
         )
@@ -423,17 +499,34 @@ class SessionStore:
         log.info("session %s: compacted to %d messages", session.key, len(session.messages))
 
 
-def parse_line(raw: bytes) -> dict[str, Any] | None:
-    """A session line as a record, or None when it is not a valid message or metadata line."""
+_NOT_JSON: Any = object()
+
+
+def _json_line(raw: bytes) -> Any:
+    """The line's JSON value, or ``_NOT_JSON`` (a torn or garbled write)."""
     try:
-        record = json.loads(raw)
+        return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    if not isinstance(record, dict):
-        return None
-    if record.get("_type") == "metadata":
-        return record if isinstance(record.get("metadata", {}), dict) else None
-    return record if isinstance(record.get("role"), str) else None
+        return _NOT_JSON
+
+
+def parse_line(raw: bytes) -> dict[str, Any] | None:
+    """A session line as a JSON object, or None when it is not JSON or not an object.
+
+    Syntax only: ``bot.records.check_record`` checks the shape.
+    """
+    value = _json_line(raw)
+    return value if isinstance(value, dict) else None
+
+
+def _open_session(path: Path) -> Any:
+    """Open a session file for reading; SessionPathError when it is a folder or the like."""
+    # O_NONBLOCK: a FIFO planted in place of the file must not hang the load.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SessionPathError(path)
+    return os.fdopen(fd, "rb")
 
 
 def _fsync_dir(path: Path) -> None:

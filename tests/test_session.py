@@ -77,7 +77,7 @@ def test_torn_last_line_is_ignored_then_cut_before_next_append(tmp_path: Path) -
 def test_half_written_append_is_dropped_as_a_whole(tmp_path: Path, cut: str) -> None:
     store = SessionStore(tmp_path)
     s = store.get("cli:h")
-    store.append(s, [{"role": "user", "content": "one"}], metadata={"pending": ["m1"]})
+    store.append(s, [{"role": "user", "content": "one"}], metadata={"pending": [{"id": "m1"}]})
     good = s.path.read_bytes()
     turn = [{"role": "user", "content": "two"}, {"role": "assistant", "content": "2"}]
     store.append(s, turn, metadata={"pending": None})
@@ -88,7 +88,7 @@ def test_half_written_append_is_dropped_as_a_whole(tmp_path: Path, cut: str) -> 
     fresh = SessionStore(tmp_path)
     s2 = fresh.get("cli:h")
     assert [m["content"] for m in s2.messages] == ["one"]
-    assert s2.metadata["pending"] == ["m1"]  # so the turn is written again, once
+    assert s2.metadata["pending"] == [{"id": "m1"}]  # so the turn is written again, once
     fresh.append(s2, turn, metadata={"pending": None})
     assert s2.path.read_bytes().startswith(good)
     assert [m["content"] for m in SessionStore(tmp_path).get("cli:h").messages] == [

@@ -1,0 +1,205 @@
+"""The shape of what a session file may hold, checked on load (DESIGN.md section 4).
+
+A session file is written by memobot, but the agent's own tools can reach it, and a disk or a
+hand edit can damage it: every record is untrusted input. These checks are pure functions over
+parsed JSON. They never reformat a good record (the file format and the prompt prefix stay
+exactly as written); they say what is wrong with a bad one and, for metadata, what is left of
+it once the bad parts are removed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+PHASES = ("awaiting_tools", "tools_completed", "final_response")
+
+
+class _Strict(BaseModel):
+    # Unknown keys are kept (a newer memobot, a provider's extra fields); known ones must have
+    # the type the code reads them as.
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class _Function(_Strict):
+    name: str
+    arguments: str
+
+
+class _ToolCall(_Strict):
+    id: str
+    function: _Function
+    type: str = "function"
+
+
+class MessageRecord(_Strict):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Any = None  # any JSON: the history sanitizer turns what the API refuses into text
+    tool_calls: list[_ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    timestamp: str | None = None
+
+    @model_validator(mode="after")
+    def _tool_result_names_its_call(self) -> MessageRecord:
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs a tool_call_id")
+        return self
+
+
+class PendingEntry(_Strict):
+    id: str | None  # required: redeliveries are recognised and turns finished by it
+    sender_id: str = ""
+    text: str = ""
+    media: list[str] = Field(default_factory=list)
+    reply_to: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    received_at: str | None = None
+
+
+class OutboxEntry(_Strict):
+    id: str
+    channel: str
+    chat_id: str
+    text: str
+    reply_to: str | None = None
+    state: Literal["queued", "sending"] = "queued"
+
+
+class Checkpoint(_Strict):
+    phase: Literal["awaiting_tools", "tools_completed", "final_response"]
+    message_id: str | None = None
+    messages: list[MessageRecord] = Field(min_length=1)
+    at: str | None = None
+
+    @model_validator(mode="after")
+    def _final_answer_is_text(self) -> Checkpoint:
+        last = self.messages[-1]
+        if self.phase == "final_response" and (
+            last.role != "assistant" or not isinstance(last.content, str | None)
+        ):
+            raise ValueError("a final_response checkpoint must end with the assistant's text")
+        return self
+
+
+class ResumeInfo(_Strict):
+    message_id: str | None = None
+    attempts: int = Field(default=0, ge=0)
+
+
+_ENTRY_LISTS: dict[str, TypeAdapter[Any]] = {
+    "pending": TypeAdapter(PendingEntry),
+    "outbox": TypeAdapter(OutboxEntry),
+    "seen_ids": TypeAdapter(str | None, config=ConfigDict(strict=True)),
+}
+_FIELDS: dict[str, TypeAdapter[Any]] = {
+    "key": TypeAdapter(str, config=ConfigDict(strict=True)),
+    "created_at": TypeAdapter(str, config=ConfigDict(strict=True)),
+    "runtime_checkpoint": TypeAdapter(Checkpoint),
+    "resume": TypeAdapter(ResumeInfo),
+    "interrupted": TypeAdapter(dict[str, Any], config=ConfigDict(strict=True)),
+}
+_MESSAGE = TypeAdapter(MessageRecord)
+_COUNT = TypeAdapter(int, config=ConfigDict(strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """One session line after the shape check.
+
+    ``record`` is what the loader uses: the line itself when it is good, a metadata record
+    with its bad fields removed, or None when nothing of the line can be used. ``problems``
+    says what was wrong, for the log and for ``memobot doctor``; empty when the line is good.
+    ``last_consolidated`` is None when the metadata record's pointer is unusable (the loader
+    then keeps the previous one).
+    """
+
+    record: dict[str, Any] | None
+    problems: tuple[str, ...] = ()
+    is_metadata: bool = False
+    last_consolidated: int | None = None
+
+
+def _describe(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {err['msg']}" if where else str(err["msg"])
+
+
+def check_record(value: Any) -> Checked:
+    """The shape check of one parsed session line; see ``Checked``. Never raises."""
+    if not isinstance(value, dict):
+        return Checked(None, (f"a JSON {type(value).__name__}, not a message or metadata record",))
+    if value.get("_type") == "metadata":
+        return check_metadata_record(value)
+    try:
+        _MESSAGE.validate_python(value)
+    except ValidationError as exc:
+        return Checked(None, (f"message {_describe(exc)}",))
+    return Checked(value)
+
+
+def check_metadata_record(value: dict[str, Any]) -> Checked:
+    meta = value.get("metadata", {})
+    if not isinstance(meta, dict):
+        return Checked(None, ("metadata is not a JSON object",), is_metadata=True)
+    problems: list[str] = []
+    lc_raw = value.get("last_consolidated")
+    lc: int | None = 0
+    if lc_raw is not None:
+        try:
+            lc = _COUNT.validate_python(lc_raw)
+        except ValidationError:
+            lc = None
+        if lc is None or lc < 0:
+            lc = None
+            problems.append(f"last_consolidated {json.dumps(lc_raw)[:40]} is not a count")
+    clean, field_problems = clean_metadata(meta)
+    problems += field_problems
+    record = value if not problems else {**value, "metadata": clean}
+    return Checked(record, tuple(problems), is_metadata=True, last_consolidated=lc)
+
+
+def clean_metadata(meta: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``meta`` without the fields (or list entries) of the wrong shape, and what they were.
+
+    A bad field is dropped rather than the whole record: each metadata record is a full
+    snapshot, so the record's good fields (a newer pending turn, an answer in the outbox) are
+    the most recent truth there is, while an older record would bring back turns and answers
+    that were already finished. A list keeps its good entries. Returns ``meta`` itself when
+    nothing is wrong.
+    """
+    problems: list[str] = []
+    clean: dict[str, Any] = {}
+    for name, value in meta.items():
+        if value is None:
+            clean[name] = value
+            continue
+        entry = _ENTRY_LISTS.get(name)
+        if entry is not None:
+            if not isinstance(value, list):
+                problems.append(f"metadata.{name} is a JSON {type(value).__name__}, not a list")
+                continue
+            kept = []
+            for i, item in enumerate(value):
+                try:
+                    entry.validate_python(item)
+                except ValidationError as exc:
+                    problems.append(f"metadata.{name}[{i}]: {_describe(exc)}")
+                else:
+                    kept.append(item)
+            clean[name] = kept if len(kept) != len(value) else value
+            continue
+        adapter = _FIELDS.get(name)
+        if adapter is not None:
+            try:
+                adapter.validate_python(value)
+            except ValidationError as exc:
+                problems.append(f"metadata.{name}: {_describe(exc)}")
+                continue
+        clean[name] = value
+    return (clean if problems else meta), problems

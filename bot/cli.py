@@ -208,6 +208,14 @@ def cmd_agent(args: argparse.Namespace, cfg: Config, config_path: Path) -> int:
     channel, chat_id = normalise_session_key(args.session)
     if channel != "cli":
         raise ConfigError(f"--session {args.session!r}: the terminal can only open cli: sessions")
+    from bot.session import StateLayoutError, check_session_path
+    from bot.workspace import layout_problem
+
+    # A folder where a file belongs (or the reverse): one line, not a traceback per turn.
+    check_session_path(cfg.agent.state_path, f"cli:{chat_id}")
+    problem = layout_problem(cfg.agent.workspace_path)
+    if problem:
+        raise StateLayoutError(problem)
     try:
         return asyncio.run(_agent_main(args, cfg, config_path, chat_id))
     except LLMNotConfigured as exc:
@@ -339,6 +347,17 @@ def cmd_gateway(cfg: Config, config_path: Path) -> int:
 # -- status ----------------------------------------------------------------------------------
 
 
+def _exec_line(cfg: Config) -> str:
+    from bot.gate import describe_confinement
+
+    tools = cfg.tools
+    if not tools.exec.enabled:
+        return "disabled"
+    return describe_confinement(
+        tools.restrict_to_workspace, tools.exec.sandbox, tools.exec.network
+    ).summary
+
+
 def cmd_status(cfg: Config, config_path: Path) -> int:
     from bot.memory.dream import budget_lines, read_dream_cursor
 
@@ -370,6 +389,7 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
         ("memory", ", ".join(budget_lines(cfg.agent.workspace_path, cfg.memory.max_chars))),
         ("dream", f"digested up to history cursor {read_dream_cursor(cfg.agent.workspace_path)}"),
         ("channels", "; ".join(enabled) if enabled else "none enabled"),
+        ("exec", _exec_line(cfg)),
         ("gateway", f"running (pid {live['pid']})" if live else "not running"),
     ]
     width = max(len(k) for k, _ in rows)

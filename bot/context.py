@@ -11,6 +11,7 @@ import base64
 import json
 import logging
 import mimetypes
+import stat
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -69,11 +70,16 @@ class ContextBuilder:
         try:
             st = path.stat()
             key = (st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
-            key = None
+        except (FileNotFoundError, NotADirectoryError):
+            st, key = None, None
         if key == entry.key:
             return False
         entry.key = key
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            # Logged once per change (the key is kept), so not on every turn.
+            log.error("prompt file %s is not a regular file (a folder?); left out", path)
+            entry.text = ""
+            return True
         entry.text = path.read_text(encoding="utf-8", errors="replace").strip() if key else ""
         return True
 

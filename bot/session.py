@@ -87,8 +87,9 @@ def check_folder(path: Path, what: str) -> None:
     for candidate in (path, *path.parents):
         if candidate.exists() or candidate.is_symlink():
             if not candidate.is_dir():
+                where = "it" if candidate == path else str(candidate)
                 raise StateLayoutError(
-                    f"{what} {path} must be a folder, but {candidate} is a file; move it away"
+                    f"{what} {path} must be a folder, but {where} is a file; move it away"
                 )
             return
 

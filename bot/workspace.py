@@ -19,12 +19,29 @@ WORKSPACE_PROMPT_FILES: tuple[str, ...] = (
 )
 # Folders every workspace has, even if the template one day ships nothing inside them.
 WORKSPACE_DIRS: tuple[str, ...] = ("memory", "skills")
+HISTORY_FILE = "memory/history.jsonl"
 TEMPLATE_NAME = "workspace_template"
 
 # The workspace holds what the agent remembers about people: private to the daemon's user.
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
 _SKIP_NAMES = frozenset({"__pycache__", ".DS_Store"})
+
+
+def layout_problem(workspace: Path) -> str | None:
+    """One line naming the first workspace path of the wrong kind (a folder where memobot
+    reads a file, or the reverse), or None when the layout is usable."""
+    if workspace.exists() and not workspace.is_dir():
+        return f"workspace {workspace} must be a folder, but it is a file; move it away"
+    for name in WORKSPACE_DIRS:
+        path = workspace / name
+        if path.exists() and not path.is_dir():
+            return f"workspace folder {path} is a file; move it away"
+    for name in (*WORKSPACE_PROMPT_FILES, HISTORY_FILE):
+        path = workspace / name
+        if path.exists() and not path.is_file():
+            return f"memory file {path} is not a regular file (a folder?); move it away"
+    return None
 
 
 def template_dir() -> Path:

@@ -205,7 +205,7 @@ class _Edits:
 
 
 def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8") if path.exists() else ""
+    return path.read_text(encoding="utf-8") if path.is_file() else ""  # a folder reads as empty
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -511,6 +511,12 @@ def _json_line(raw: bytes) -> Any:
         return _NOT_JSON
 
 
+def parse_json_line(raw: bytes) -> tuple[bool, Any]:
+    """(True, value) for a line that is JSON, (False, None) for a torn or garbled one."""
+    value = _json_line(raw)
+    return (False, None) if value is _NOT_JSON else (True, value)
+
+
 def parse_line(raw: bytes) -> dict[str, Any] | None:
     """A session line as a JSON object, or None when it is not JSON or not an object.
 

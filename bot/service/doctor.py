@@ -14,7 +14,7 @@ import stat
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,38 +83,70 @@ def check_mode(path: Path, want: int, what: str, fix: bool, severity: Status = "
 
 @dataclass(frozen=True, slots=True)
 class SessionScan:
-    bad_lines: list[int]  # 1-based, complete lines that do not parse: the loader quarantines
+    bad_lines: list[int]  # 1-based, complete lines that are not JSON: the loader quarantines
     torn_tail: bool  # an unfinished last line: the loader ignores it and cuts it at the next write
+    # (line, what is wrong) for JSON records of the wrong shape: the loader quarantines them too
+    misshapen: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def damaged(self) -> bool:
+        """Lines the loader sets aside (a torn tail is only cut off)."""
+        return bool(self.bad_lines or self.misshapen)
 
 
 def scan_session(data: bytes) -> SessionScan:
     """Classify a session file's lines exactly as ``SessionStore`` does on load, reading only."""
-    from bot.session import parse_line
+    from bot.records import check_record
+    from bot.session import parse_json_line
 
     lines = data.split(b"\n")
     torn = bool(lines.pop())
-    bad = [n for n, raw in enumerate(lines, 1) if raw.strip() and parse_line(raw) is None]
+    bad: list[int] = []
+    misshapen: list[tuple[int, str]] = []
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        ok, value = parse_json_line(raw)
+        if not ok:
+            bad.append(n)
+        else:
+            misshapen.extend((n, problem) for problem in check_record(value).problems)
     if bad and bad[-1] == len(lines):  # a complete but unparsable last line is torn as well
         bad.pop()
         torn = True
-    return SessionScan(bad, torn)
+    return SessionScan(bad, torn, misshapen)
 
 
 def check_sessions(cfg: Config, fix: bool) -> Iterator[Check]:
     from bot.gateway import read_status
-    from bot.session import SUFFIX, SessionStore, filename_to_key
+    from bot.session import (
+        SUFFIX,
+        SessionPathError,
+        SessionStore,
+        StateLayoutError,
+        check_folder,
+        filename_to_key,
+    )
 
     folder = cfg.agent.state_path / "sessions"
+    try:
+        check_folder(folder, "the sessions folder")
+    except StateLayoutError as exc:
+        yield Check("fail", str(exc), "move that file away; memobot creates the folder at start")
+        return
     files = sorted(folder.glob(f"*{SUFFIX}")) if folder.is_dir() else []
     damaged: list[tuple[str, Path, SessionScan]] = []
     for path in files:
+        if not path.is_file():
+            yield Check("fail", str(SessionPathError(path)), f"move {path} away")
+            continue
         try:
             key = filename_to_key(path.name)
             scan = scan_session(path.read_bytes())
         except (OSError, ValueError, UnicodeDecodeError) as exc:
             yield Check("fail", f"session file {path} cannot be read: {exc}")
             continue
-        if scan.bad_lines or scan.torn_tail:
+        if scan.damaged or scan.torn_tail:
             damaged.append((key, path, scan))
     if not files:
         yield Check("ok", f"sessions: none yet ({folder})")
@@ -132,13 +164,16 @@ def check_sessions(cfg: Config, fix: bool) -> Iterator[Check]:
             )
         elif store is not None:
             yield _repair_session(store, key, where)
-        elif scan.bad_lines:
-            shown = ", ".join(map(str, scan.bad_lines[:10]))
+        elif scan.damaged:
+            found = []
+            if scan.bad_lines:
+                found.append(f"line(s) {', '.join(map(str, scan.bad_lines[:10]))} do not parse")
+            found += [f"line {n}: {what}" for n, what in scan.misshapen[:10]]
             yield Check(
                 "fail",
-                f"{where}: line(s) {shown} do not parse",
+                f"{where}: " + "; ".join(found),
                 "memobot doctor --fix (copies the file aside as .corrupt-<time>, keeps every "
-                "line that parses)",
+                "good line)",
                 fixable=True,
             )
         else:
@@ -163,14 +198,18 @@ def _repair_session(store: Any, key: str, where: str) -> Check:
     if session.truncate_at is not None:
         store.compact(session)
     scan = scan_session(session.path.read_bytes())
-    if scan.bad_lines or scan.torn_tail:
+    if scan.damaged or scan.torn_tail:
         return Check("fail", f"{where}: still damaged after repair", f"inspect {session.path}")
     return Check("ok", f"{where}: repaired ({len(session.messages)} messages kept)")
 
 
 def check_history(cfg: Config) -> Check:
     from bot.memory.history import parse_entry
+    from bot.workspace import layout_problem
 
+    problem = layout_problem(cfg.agent.workspace_path)
+    if problem:  # a folder where a memory file belongs: every turn would trip over it
+        return Check("fail", problem, "move it away; memobot recreates what it needs")
     path = cfg.agent.workspace_path / "memory" / "history.jsonl"
     try:
         data = path.read_bytes()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -18,10 +20,13 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from bot.service.logs import redact, remember_secrets
+
 EX_CONFIG = 78  # sysexits.h: configuration error; systemd units refuse to restart-loop on it
 DEFAULT_HOME = Path("~/.memobot")
 DEFAULT_CONFIG_PATH = DEFAULT_HOME / "config.json"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SECRET_KEY = re.compile(r"(?i)(token|key|secret|password)$")  # apiKey, token, botToken, ...
 
 
 class ConfigError(Exception):
@@ -232,30 +237,52 @@ def default_config_path() -> Path:
     return Path(env).expanduser() if env else DEFAULT_CONFIG_PATH.expanduser()
 
 
-def expand_env(value: Any, path: str = "") -> Any:
+def expand_env(value: Any, path: str = "", found: set[str] | None = None) -> Any:
     """Replace ``${NAME}`` in every string with the environment variable NAME, or else with
     the systemd credential NAME (``LoadCredential=NAME:...``, read from
-    ``$CREDENTIALS_DIRECTORY``); neither is an error naming the field."""
+    ``$CREDENTIALS_DIRECTORY``); neither is an error naming the field. Every value put in is
+    added to ``found``."""
     if isinstance(value, str):
 
         def sub(m: re.Match[str]) -> str:
             name = m.group(1)
-            if name in os.environ:
-                return os.environ[name]
-            secret = _credential(name)
+            secret = os.environ[name] if name in os.environ else _credential(name)
             if secret is None:
                 raise ConfigError(
                     f"{path or '<root>'}: environment variable {name} is not set "
                     "(and there is no systemd credential of that name)"
                 )
+            if found is not None:
+                found.add(secret)
             return secret
 
         return _ENV_REF.sub(sub, value)
     if isinstance(value, dict):
-        return {k: expand_env(v, f"{path}.{k}" if path else k) for k, v in value.items()}
+        return {k: expand_env(v, f"{path}.{k}" if path else k, found) for k, v in value.items()}
     if isinstance(value, list):
-        return [expand_env(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [expand_env(v, f"{path}[{i}]", found) for i, v in enumerate(value)]
     return value
+
+
+def secret_strings(value: Any, key: str = "") -> Iterator[str]:
+    """Strings of a config that must never be logged: those under key-, token-, secret- or
+    password-like names, and the passwords of URLs (proxies, endpoints)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from secret_strings(v, str(k))
+    elif isinstance(value, list):
+        for v in value:
+            yield from secret_strings(v, key)
+    elif isinstance(value, str):
+        if _SECRET_KEY.search(key):
+            yield value
+        elif "://" in value and "@" in value:
+            try:
+                password = urlsplit(value).password
+            except ValueError:
+                password = None
+            if password:
+                yield password
 
 
 def _credential(name: str) -> str | None:
@@ -290,14 +317,17 @@ def _describe(err: dict[str, Any]) -> str:
 def parse_config(data: Any, source: str = "<config>") -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a JSON object")
-    data = expand_env(data)
+    expanded: set[str] = set()
+    data = expand_env(data, found=expanded)
+    # Known to the log filter before anything can log them, a refused config's included.
+    remember_secrets([*expanded, *secret_strings(data)])
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
         lines = [f"{source}: invalid config"]
         for err in exc.errors():
             lines.append(f"  {_json_path(err['loc'])}: {_describe(err)}")
-        raise ConfigError("\n".join(lines)) from None
+        raise ConfigError(redact("\n".join(lines))) from None
 
 
 def load_config(path: Path | None = None) -> tuple[Config, Path]:

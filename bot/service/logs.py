@@ -4,6 +4,10 @@ Text is one line per event. Under journald (``JOURNAL_STREAM`` names our stderr)
 its own timestamp, so ours is dropped and the line starts with a ``<N>`` syslog priority, which
 journald turns into the entry's priority (``journalctl -p warning`` then works). JSON is one
 object per line with time, level, logger, message and, when the message names one, the session.
+
+Every record, from our loggers and every library's, passes one ``SecretFilter`` on its way to
+the handler: known secret values (config keys and tokens, everything a ``${VAR}`` placeholder
+produced, learned again at each config load) and well-known token shapes become ``***``.
 """
 
 from __future__ import annotations
@@ -13,14 +17,37 @@ import logging
 import os
 import re
 import sys
+import threading
+from collections.abc import Iterable
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Literal
+from urllib.parse import quote
 
 LogFormat = Literal["text", "json"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 NOISY_LOGGERS = ("httpx", "httpx2", "openai", "httpcore", "asyncio")
 # Log calls name the session as "session=<key>" (bot.loop, bot.llm): that is the one convention.
 _SESSION = re.compile(r"\bsession=([^\s,;)]+)")
+REDACTED = "***"
+# Shorter values are not treated as secrets: hiding every "8" or "true" would wreck the logs.
+MIN_SECRET_CHARS = 6
+# Token shapes hidden even when no config declared them (a key pasted into a message, a token
+# in a library's URL).
+_TOKEN_SHAPES = re.compile(
+    "|".join(
+        (
+            r"(?<![A-Za-z0-9_-])\d{5,}:[A-Za-z0-9_-]{30,}",  # Telegram bot token
+            r"\bxox[abposer]-[A-Za-z0-9-]{8,}",  # Slack bot / user tokens
+            r"\bxapp-[A-Za-z0-9-]{8,}",  # Slack app-level token
+            r"\bsk-[A-Za-z0-9_-]{16,}",  # OpenAI-style API keys (sk-..., sk-proj-...)
+            r"\b[MNO][A-Za-z0-9_-]{23,27}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,}",  # Discord
+        )
+    )
+)
+_URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"<>]+@")
+_BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{6,}")
+_TELEGRAM_PATH = re.compile(r"(/bot)[0-9]+:[^/\s'\"]+")
 _SYSLOG_PRIORITY = {
     logging.DEBUG: 7,
     logging.INFO: 6,
@@ -28,6 +55,74 @@ _SYSLOG_PRIORITY = {
     logging.ERROR: 3,
     logging.CRITICAL: 2,
 }
+
+
+class SecretFilter(logging.Filter):
+    """Replaces secrets with ``***`` in a record's message, its %-args, exception and stack text.
+
+    Installed on memobot's handlers, so it sees every library's records too. The message is
+    rendered here (``args`` cleared) so no formatter can put a secret back in. Never drops a
+    record. Thread-safe: secrets may be added while other threads log.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._secrets: set[str] = set()
+        self._pattern: re.Pattern[str] | None = None
+        self._lock = threading.Lock()
+
+    def add(self, values: Iterable[str | None]) -> None:
+        """Remember secret values (also as they look percent-encoded in a URL)."""
+        new = set()
+        for value in values:
+            if not value or len(value) < MIN_SECRET_CHARS:
+                continue
+            new.add(value)
+            new.add(quote(value, safe=""))
+        with self._lock:
+            if new <= self._secrets:
+                return
+            self._secrets |= new
+            # Longest first, so a secret that contains another is hidden whole.
+            ordered = sorted(self._secrets, key=len, reverse=True)
+            self._pattern = re.compile("|".join(re.escape(v) for v in ordered))
+
+    def redact(self, text: str) -> str:
+        pattern = self._pattern
+        if pattern is not None:
+            text = pattern.sub(REDACTED, text)
+        text = _TOKEN_SHAPES.sub(REDACTED, text)
+        text = _TELEGRAM_PATH.sub(rf"\1{REDACTED}", text)
+        text = _BEARER.sub(rf"\1{REDACTED}", text)
+        return _URL_CREDENTIALS.sub(rf"\1{REDACTED}@", text)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed call must still be logged, and still be redacted
+            message = f"{record.msg!r} (log arguments did not fit: {record.args!r})"
+        record.msg, record.args = self.redact(message), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _PLAIN.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.redact(record.stack_info)
+        return True
+
+
+_PLAIN = logging.Formatter()
+# One filter for the process: config loads (start, SIGHUP) add to it, every handler uses it.
+SECRETS = SecretFilter()
+
+
+def remember_secrets(values: Iterable[str | None]) -> None:
+    """Values that must never appear in a log line from now on."""
+    SECRETS.add(values)
+
+
+def redact(text: str) -> str:
+    return SECRETS.redact(text)
 
 
 def stderr_is_journal() -> bool:
@@ -70,8 +165,10 @@ class JsonFormatter(logging.Formatter):
             session = m.group(1)
         if session is not None:
             out["session"] = session
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:  # as SecretFilter left it
+            out["exception"] = record.exc_text
         return json.dumps(out, ensure_ascii=False)
 
 
@@ -84,9 +181,15 @@ def make_formatter(fmt: LogFormat) -> logging.Formatter:
 
 
 def setup_logging(level: int, fmt: LogFormat = "text") -> None:
-    """Configure the root logger to write one line (or one JSON object) per event to stderr."""
+    """Configure the root logger to write one line (or one JSON object) per event to stderr.
+
+    Warnings and uncaught exceptions (any thread) go through the same handler, so the secret
+    filter sees them too.
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(make_formatter(fmt))
+    handler.addFilter(SECRETS)
+    remember_secrets([os.environ.get("OPENAI_API_KEY")])
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -94,3 +197,24 @@ def setup_logging(level: int, fmt: LogFormat = "text") -> None:
     root.setLevel(level)
     for noisy in NOISY_LOGGERS:
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    logging.captureWarnings(True)
+    sys.excepthook = _log_uncaught
+    threading.excepthook = _log_uncaught_in_thread
+
+
+def _log_uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, exc, tb)
+        return
+    logging.getLogger("memobot").critical("uncaught exception", exc_info=(kind, exc, tb))
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit or args.exc_value is None:
+        return
+    name = args.thread.name if args.thread else "?"
+    logging.getLogger("memobot").critical(
+        "uncaught exception in thread %s",
+        name,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+    )

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from bot.bus import MessageBus
 from bot.config import Config
 from bot.context import ContextBuilder
+from bot.gate import Gate, describe_confinement, reap_leftovers, remove_stale_temp
 from bot.llm import LLMProvider
 from bot.loop import AgentLoop
 from bot.memory.history import HistoryArchive
 from bot.session import SessionStore
 from bot.tools import build_default_tools
 from bot.workspace import init_workspace
+
+log = logging.getLogger(__name__)
 
 
 def initial_memory_commit(workspace: Path) -> None:
@@ -29,9 +33,34 @@ class AgentStack:
     loop: AgentLoop
     store: SessionStore
     provider: LLMProvider
+    gate: Gate
 
     async def close(self) -> None:
         await self.provider.close()
+        self.gate.close()
+
+
+def build_gate(cfg: Config, config_path: Path) -> Gate:
+    """The gate of this installation: the config and the state folder are out of reach.
+
+    Also kills what a crashed memobot left running and removes its temp folders, and says at
+    start which confinement the agent's commands get.
+    """
+    reap_leftovers()
+    remove_stale_temp()
+    tools = cfg.tools
+    confinement = describe_confinement(
+        tools.restrict_to_workspace, tools.exec.sandbox, tools.exec.network
+    )
+    if tools.exec.enabled and not confinement.active:
+        log.warning("exec confinement: %s", confinement.summary)
+    else:
+        log.info("exec confinement: %s", confinement.summary)
+    protected = [config_path, cfg.agent.state_path]
+    if config_path.resolve().parent.parent == Path("/etc"):
+        # A folder of its own (/etc/memobot) also holds the secrets file (EnvironmentFile=).
+        protected.append(config_path.resolve().parent)
+    return Gate(cfg.agent.workspace_path, protected=protected)
 
 
 def build_agent(cfg: Config, config_path: Path) -> AgentStack:
@@ -48,6 +77,7 @@ def build_agent(cfg: Config, config_path: Path) -> AgentStack:
         migrate_legacy_history(workspace)
     bus = MessageBus()
     store = SessionStore(cfg.agent.state_path)
+    gate = build_gate(cfg, config_path)
     loop = AgentLoop(
         cfg,
         bus,
@@ -56,5 +86,6 @@ def build_agent(cfg: Config, config_path: Path) -> AgentStack:
         build_default_tools(cfg.tools, workspace, cfg.agent.state_path),
         ContextBuilder(workspace, share_in_groups=cfg.memory.share_in_groups),
         HistoryArchive(workspace),
+        gate,
     )
-    return AgentStack(bus, loop, store, provider)
+    return AgentStack(bus, loop, store, provider, gate)

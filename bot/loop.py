@@ -27,6 +27,7 @@ from bot.commands import HELP_TEXT, Command, format_duration, parse_command
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.delivery import DELIVERY_KEY, DeliveryLedger, outbox_entry
+from bot.gate import Gate, ProcessScope
 from bot.llm import LLMError, LLMProvider
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import Dream, budget_lines
@@ -77,8 +78,10 @@ class AgentLoop:
         tools: ToolRegistry,
         context: ContextBuilder,
         archive: HistoryArchive,
+        gate: Gate | None = None,
     ) -> None:
         self.cfg = cfg
+        self.gate = gate
         self.bus = bus
         self.store = store
         self.provider = provider
@@ -330,6 +333,8 @@ class AgentLoop:
             session_key=msg.session_key,
             send=lambda text: self._publish(msg, text, final=False),
             extra={"private": self._private(msg)},
+            gate=self.gate,
+            processes=ProcessScope(),
         )
 
         async def checkpoint(phase: str, turn_so_far: list[dict[str, Any]]) -> None:
@@ -363,7 +368,12 @@ class AgentLoop:
         )
         failpoints.hit("before_llm")
         try:
-            result = await self.runner.run(build, turn, ctx, checkpoint)
+            try:
+                result = await self.runner.run(build, turn, ctx, checkpoint)
+            finally:
+                # No process outlives its turn: background jobs end with the answer.
+                assert ctx.processes is not None
+                await asyncio.shield(ctx.processes.close())
         except asyncio.CancelledError:
             work = self._work.get(msg.session_key)
             if work is None or not work.stop_requested:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bot.config import ExecConfig
+from bot.gate import Gate
 from bot.tools.base import ToolContext, ToolRegistry
 from bot.tools.shell import ExecTool, check_command
 
@@ -26,8 +28,15 @@ def ws(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ctx(ws: Path) -> ToolContext:
-    return ToolContext(workspace=ws)
+def gate(ws: Path) -> Iterator[Gate]:
+    g = Gate(ws)
+    yield g
+    g.close()
+
+
+@pytest.fixture
+def ctx(ws: Path, gate: Gate) -> ToolContext:
+    return ToolContext(workspace=ws, gate=gate)
 
 
 def make_registry(**cfg: float) -> ToolRegistry:
@@ -105,10 +114,13 @@ async def test_daemon_secrets_are_not_in_the_environment(
 ) -> None:
     monkeypatch.setenv("MEMOBOT_TEST_API_KEY", "sk-do-not-leak")
     monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123:do-not-leak")
-    monkeypatch.setenv("MEMOBOT_TEST_PLAIN", "visible-value")
+    monkeypatch.setenv("MEMOBOT_TEST_PLAIN", "not-on-the-allowlist")
+    monkeypatch.setenv("TZ", "Europe/Berlin")
     out = await run(ctx, "env")
     assert "do-not-leak" not in out
-    assert "visible-value" in out
+    assert "not-on-the-allowlist" not in out  # an allowlist, not a pattern of secret names
+    assert "TZ=Europe/Berlin" in out
+    assert f"HOME={ctx.workspace}" in out
 
 
 async def test_long_output_keeps_head_and_tail(ctx: ToolContext) -> None:
@@ -168,7 +180,7 @@ async def test_cancellation_sigkills_what_ignores_sigterm(ctx: ToolContext, ws: 
 
 async def test_bad_input(ctx: ToolContext, tmp_path: Path) -> None:
     assert "must not be empty" in await run(ctx, "   ")
-    missing = ToolContext(workspace=tmp_path / "nope")
+    missing = ToolContext(workspace=tmp_path / "nope", gate=ctx.gate)
     assert "does not exist" in await run(missing, "true")
 
 
@@ -224,8 +236,8 @@ async def test_leaving_a_restricted_workspace_is_refused(
     assert await run(ctx, "cd sub && cat ../top.txt") == "top"
 
 
-async def test_unrestricted_workspace_may_cd_out(ws: Path) -> None:
-    free = ToolContext(workspace=ws, restrict_to_workspace=False)
+async def test_unrestricted_workspace_may_cd_out(ws: Path, gate: Gate) -> None:
+    free = ToolContext(workspace=ws, restrict_to_workspace=False, gate=gate)
     assert await run(free, "cd .. && pwd") == f"{ws.parent}\n"
 
 

@@ -308,6 +308,19 @@ def check_clock(server: tuple[str, float] | None, now: float | None = None) -> C
     return Check("ok", f"clock: within {abs(skew):.0f} s of {host}")
 
 
+def check_confinement(cfg: Config) -> Check:
+    """Which confinement the agent's commands get, and whether exec can run at all."""
+    from bot.gate import describe_confinement
+
+    tools = cfg.tools
+    if not tools.exec.enabled:
+        return Check("info", "exec: disabled (tools.exec.enabled is false)")
+    c = describe_confinement(tools.restrict_to_workspace, tools.exec.sandbox, tools.exec.network)
+    if c.refused:
+        return Check("fail", f"exec confinement: {c.summary}", 'tools.exec.sandbox: "off"')
+    return Check("ok" if c.active else "warn", f"exec confinement: {c.summary}")
+
+
 # -- the command -------------------------------------------------------------------------------
 
 
@@ -326,6 +339,7 @@ def run_checks(config_path: Path | None, fix: bool) -> Iterator[Check]:
             yield check_mode(cfg.agent.state_path, 0o700, "state folder", fix, severity="warn")
         yield from check_sessions(cfg, fix)
         yield check_history(cfg)
+        yield check_confinement(cfg)
         probe = asyncio.run(check_llm(cfg, path))
         server = probe.date_header
         yield probe.check

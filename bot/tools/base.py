@@ -13,7 +13,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from bot.gate import Gate, ProcessScope
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,9 @@ class ToolContext:
     # Sends a message to the current chat (the ``message`` tool); set by the agent loop.
     send: Callable[[str], Awaitable[None]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # The one path policy and process launcher (bot.gate); the processes this turn started.
+    gate: Gate | None = None
+    processes: ProcessScope | None = None
 
 
 class Tool(ABC):

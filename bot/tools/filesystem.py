@@ -200,7 +200,7 @@ class WriteFileTool(Tool):
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         raw: str = args["path"]
         data = args["content"].encode("utf-8")
-        path = resolve_tool_path(raw, ctx)
+        path = resolve_tool_path(raw, ctx, write=True)
         await asyncio.to_thread(_write, path, raw, data)
         return f"Wrote {len(data)} bytes to {raw}"
 
@@ -290,7 +290,7 @@ class EditFileTool(Tool):
             raise ToolError("old_text must not be empty; use write_file to create a file")
         if old == new:
             raise ToolError("old_text and new_text are the same; nothing to change")
-        path = resolve_tool_path(raw, ctx)
+        path = resolve_tool_path(raw, ctx, write=True)
         count = await asyncio.to_thread(
             _edit, path, raw, old, new, bool(args.get("replace_all", False))
         )

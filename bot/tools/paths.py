@@ -2,34 +2,24 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from bot.gate import PathPolicy, real_path
 from bot.tools.base import ToolContext, ToolError
 
-
-def real_path(path: Path) -> Path:
-    """The symlink-free absolute path the kernel would reach through ``path``.
-
-    Every existing component is resolved, symlinks included; a dangling symlink is followed to
-    the path it names; components that do not exist yet are appended as written. The ``..``
-    components are applied to the already-resolved prefix, so ``link/..`` means the parent of
-    the link's target, as it does for the kernel.
-    """
-    # Non-strict realpath walks to the nearest existing ancestor and resolves it strictly;
-    # unlike strict mode it also follows dangling links, which is what a write would do.
-    return Path(os.path.realpath(path))
+__all__ = ["real_path", "resolve_tool_path"]
 
 
-def resolve_tool_path(raw: str, ctx: ToolContext) -> Path:
-    """Resolve a tool's path argument; refuse it when it leaves a restricted workspace.
+def resolve_tool_path(raw: str, ctx: ToolContext, *, write: bool = False) -> Path:
+    """Resolve a tool's path argument; refuse it when the path policy does not allow it.
 
     Relative paths start at ``ctx.workspace``; ``~`` is expanded. The returned path is the real
     (symlink-free) one and tools must use it, not ``raw``, so the checked path and the opened
-    path are the same. Raises :class:`ToolError` for an empty path or, with
-    ``ctx.restrict_to_workspace``, for any path whose real location is outside the workspace.
-    A concurrent process swapping a directory for a symlink between check and use is out of
-    scope: the service's sandbox is the real boundary.
+    path are the same. With ``ctx.restrict_to_workspace`` the gate's policy decides (the
+    workspace and the private temp folder for writing, also the system folders for reading;
+    never the config or the state folder); without a gate, only the workspace. Raises
+    :class:`ToolError` for an empty or refused path. A concurrent process swapping a directory
+    for a symlink between check and use is out of scope: memobot's own process is not confined.
     """
     if not raw or not raw.strip():
         raise ToolError("path must not be empty")
@@ -38,10 +28,11 @@ def resolve_tool_path(raw: str, ctx: ToolContext) -> Path:
         path = ctx.workspace / path
     resolved = real_path(path)
     if ctx.restrict_to_workspace:
-        workspace = real_path(ctx.workspace)
-        if not resolved.is_relative_to(workspace):
+        policy = ctx.gate.policy if ctx.gate else PathPolicy(real_path(ctx.workspace))
+        if not policy.allows(resolved, write=write):
+            where = "writable" if write else "readable"
             raise ToolError(
-                f"path '{raw}' is outside the workspace ({workspace}); "
-                "only files inside the workspace can be used"
+                f"path '{raw}' is outside the workspace ({policy.workspace}); only files inside "
+                f"the workspace (and the system folders, read-only) are {where}"
             )
     return resolved

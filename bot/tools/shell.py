@@ -7,7 +7,8 @@ in a restricted workspace, ``cd`` or ``..`` paths that lead out of it. It cannot
 variables, aliases, scripts, interpreters (``python -c``), ``find -exec`` or ``xargs`` fed from
 a pipe, and it does not refuse absolute paths in general. Heredoc bodies are read as commands
 too: refusing a harmless command is cheaper than missing a harmful one. The real confinement is
-the service's systemd sandbox (see ``systemd/``).
+the gate (:mod:`bot.gate`): the kernel's Landlock rules, the environment allowlist and a
+launcher that kills every process the turn started.
 """
 
 from __future__ import annotations
@@ -23,15 +24,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from bot.config import ExecConfig
+from bot.gate import GateRefused, ProcessScope, real_path
 from bot.tools.base import Tool, ToolContext, ToolError
-from bot.tools.paths import real_path
 
 KILL_GRACE_SECONDS = 2.0
-_READ_CHUNK = 65536
 _MAX_NESTING = 4
-
-# The daemon's own credentials (LLM key, bot tokens) must not be one `env` away from the model.
-_SECRET_ENV = re.compile(r"API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 # ---------------------------------------------------------------------------------------------
 # The guard
@@ -294,20 +291,6 @@ class _Capture:
         return f"{head}\n\n[... {omitted} bytes of output omitted ...]\n\n{tail}"
 
 
-def _child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not _SECRET_ENV.search(k)}
-    # stdin is /dev/null: anything waiting for a pager or a password prompt would just hang.
-    env.update(PAGER="cat", GIT_PAGER="cat", GIT_TERMINAL_PROMPT="0")
-    return env
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass  # the whole group has already exited
-
-
 def _format_result(out: str, code: int) -> str:
     out = out or "(no output)"
     if code == 0:
@@ -319,19 +302,22 @@ def _format_result(out: str, code: int) -> str:
 
 
 class ExecTool(Tool):
-    """Runs ``sh -c command`` in the workspace, in its own process group.
+    """Runs ``sh -c command`` in the workspace through the gate.
 
-    On timeout or cancellation (``/stop``) the whole group gets SIGTERM, then SIGKILL after a
-    short grace, so children such as ``sleep 30 &`` die too; cancellation is re-raised.
+    With ``tools.restrictToWorkspace`` and ``tools.exec.sandbox: "landlock"`` the command and
+    all its children run under the kernel's confinement; without a kernel that can confine,
+    the call is refused. On timeout or cancellation (``/stop``) the command's whole subtree
+    gets SIGTERM, then SIGKILL after a short grace; cancellation is re-raised. Background jobs
+    live until the turn ends (the turn's process scope).
     """
 
     name: ClassVar[str] = "exec"
     description: ClassVar[str] = (
         "Run a shell command (sh) in the workspace and return its combined stdout and stderr, "
         "plus the exit code when it is not 0. stdin is empty, so interactive programs cannot "
-        "be used. The command is killed when it runs longer than the timeout. Start "
-        "background jobs with their output redirected (`cmd > log 2>&1 &`), otherwise the "
-        "call waits for them."
+        "be used. The command is killed when it runs longer than the timeout. Background jobs "
+        "(`cmd > log 2>&1 &`) keep running until this answer is finished, then they are "
+        "stopped; redirect their output to a file."
     )
     parameters: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -371,51 +357,45 @@ class ExecTool(Tool):
                 "in a restricted workspace, leaving it; ask the user to run it themselves "
                 "if it is really needed."
             )
-        return await self._run(command, workspace, seconds=timeout)
+        scope = ctx.processes or ProcessScope(self.kill_grace_seconds)
+        try:
+            return await self._run(command, workspace, ctx, scope, seconds=timeout)
+        finally:
+            if ctx.processes is None:  # no turn to outlive: the call is the scope
+                await scope.close()
 
-    async def _run(self, command: str, cwd: Path, *, seconds: float) -> str:
-        proc = await asyncio.create_subprocess_shell(
-            command,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,  # one stream keeps the interleaving readable
-            cwd=cwd,
-            env=_child_env(),
-            start_new_session=True,  # pid == pgid: one killpg reaches every child
-        )
+    async def _run(
+        self, command: str, cwd: Path, ctx: ToolContext, scope: ProcessScope, *, seconds: float
+    ) -> str:
+        if ctx.gate is None:
+            raise ToolError("exec is not available here (no process gate)")
+        confine = ctx.restrict_to_workspace and self.cfg.sandbox == "landlock"
         capture = _Capture(self.cfg.max_output_chars)
-        assert proc.stdout is not None
+        try:
+            proc = await ctx.gate.spawn(
+                ["/bin/sh", "-c", command],
+                cwd=cwd,
+                scope=scope,
+                confine=confine,
+                network=self.cfg.network,
+                restrict=ctx.restrict_to_workspace,
+            )
+        except GateRefused as exc:
+            raise ToolError(f"exec refused: {exc}") from None
         try:
             async with asyncio.timeout(seconds):
-                while chunk := await proc.stdout.read(_READ_CHUNK):
-                    capture.add(chunk)
-                code = await proc.wait()
+                code = await proc.communicate(capture.add)
         except TimeoutError:
-            await self._kill_group(proc)
+            await proc.stop(self.kill_grace_seconds)
             out = capture.text()
             raise ToolError(
                 f"command timed out after {seconds:g} s and was killed (with its child "
                 "processes)." + (f" Output before the timeout:\n{out}" if out else "")
             ) from None
+        except GateRefused as exc:
+            raise ToolError(f"exec refused: {exc}") from None
         except BaseException:
             # Cancellation (/stop) or a bug: never leave the command running behind us.
-            await self._kill_group(proc)
+            await asyncio.shield(proc.stop(self.kill_grace_seconds))
             raise
         return _format_result(capture.text(), code)
-
-    async def _kill_group(self, proc: asyncio.subprocess.Process) -> None:
-        """SIGTERM the group; SIGKILL it once the shell has exited or the grace is over.
-
-        The shell (the group leader) is what we can wait on without polling /proc: its exit
-        means the command is over, and anything left in the group ignored or outlived SIGTERM.
-        A second cancellation during the grace still leads to the SIGKILL.
-        """
-        pgid = proc.pid
-        _signal_group(pgid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), self.kill_grace_seconds)
-        except TimeoutError:
-            pass  # the shell ignored SIGTERM
-        finally:
-            _signal_group(pgid, signal.SIGKILL)
-        await proc.wait()

@@ -1,0 +1,307 @@
+"""The gate: the one way memobot starts a process or opens a path for the model.
+
+Every process goes through :mod:`bot.gate.launcher` (a subreaper that kills what the command
+left behind), gets the environment allowlist below instead of memobot's own environment, and,
+when the agent is restricted to its workspace, runs under Landlock with the lists of the
+:class:`~bot.gate.policy.PathPolicy`. Each process belongs to a :class:`ProcessScope` (a turn);
+closing the scope kills whatever is still running. A process that outlived a crashed memobot
+is found by its marker variable and killed at the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bot.gate import launcher
+from bot.gate.policy import CONFINED_READ_ROOTS, DEVICES, PathPolicy
+
+log = logging.getLogger(__name__)
+
+LAUNCHER = Path(launcher.__file__).resolve()
+MARKER = "MEMOBOT_GATE"  # value "<memobot pid>:<its start time>", to find leftovers
+# Names passed through from memobot's environment; everything else (API keys, tokens,
+# ${VAR} secrets, the credentials folder) stays behind.
+ENV_PASSTHROUGH = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "COLORTERM")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+_TEMP_PREFIX = "memobot-tmp-"
+_STATUS_DRAIN_SECONDS = 0.2
+
+
+class GateRefused(Exception):
+    """The gate will not start this process; the message says why and what to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class Confinement:
+    """What confines the agent's processes, for logs, ``doctor`` and ``status``."""
+
+    active: bool  # processes run under the kernel's confinement
+    refused: bool  # exec is refused (confinement wanted, kernel cannot)
+    summary: str
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (field 22 of /proc/pid/stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(b")") + 2 :].split()[19])
+
+
+def describe_confinement(restrict: bool, sandbox: str, network: bool) -> Confinement:
+    """Which confinement a command gets under this config on this kernel."""
+    if not restrict:
+        return Confinement(False, False, "none (tools.restrictToWorkspace is false)")
+    if sandbox == "off":
+        return Confinement(False, False, 'none (tools.exec.sandbox is "off")')
+    abi = launcher.landlock_abi()
+    if abi < 1:
+        return Confinement(
+            False,
+            True,
+            "unavailable: this kernel has no Landlock (Linux 5.13+ with Landlock enabled), so "
+            'exec is refused; set tools.exec.sandbox to "off" to run commands unconfined',
+        )
+    parts = [f"Landlock ABI {abi}: workspace and a private temp folder writable, system read-only"]
+    if not network:
+        parts.append("no TCP" if abi >= 4 else "network NOT blocked (needs Landlock ABI 4)")
+    parts.append("signals scoped" if abi >= 6 else "signals NOT scoped (needs Landlock ABI 6)")
+    return Confinement(True, False, ", ".join(parts))
+
+
+class GateProcess:
+    """One command started through the launcher."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, scope: ProcessScope) -> None:
+        self.proc = proc
+        self._scope = scope
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    async def communicate(self, on_output: Callable[[bytes], None]) -> int:
+        """Feed the command's output to ``on_output`` until it ends; return its exit code
+        (negative: killed by that signal). Background jobs may still run afterwards.
+
+        Raises GateRefused when the command could not start (e.g. the kernel refused the
+        confinement); cancellation propagates (call :meth:`stop`).
+        """
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        reader = asyncio.ensure_future(_pump(self.proc.stdout, on_output))
+        try:
+            line = (await self.proc.stderr.readline()).decode(errors="replace").strip()
+            # The status line comes when the command's main process exits; output it wrote
+            # just before is already in the pipe, output of background jobs may never end.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reader), _STATUS_DRAIN_SECONDS)
+        finally:
+            reader.cancel()
+        if line.startswith("status "):
+            return os.waitstatus_to_exitcode(int(line.split()[1]))
+        if line.startswith("memobot-sandbox: "):
+            raise GateRefused(line.removeprefix("memobot-sandbox: "))
+        await self.proc.wait()
+        return -signal.SIGKILL  # the launcher itself was killed before the command ended
+
+    async def stop(self, grace: float) -> None:
+        await self._scope.stop(self, grace)
+
+
+async def _pump(stream: asyncio.StreamReader, on_output: Callable[[bytes], None]) -> None:
+    while chunk := await stream.read(65536):
+        on_output(chunk)
+
+
+class ProcessScope:
+    """The processes of one turn. :meth:`close` ends every one still running."""
+
+    def __init__(self, grace: float = 2.0) -> None:
+        self.grace = grace
+        self._live: set[GateProcess] = set()
+
+    def add(self, process: GateProcess) -> None:
+        self._live.add(process)
+
+    @property
+    def running(self) -> int:
+        return sum(1 for p in self._live if p.proc.returncode is None)
+
+    async def stop(self, process: GateProcess, grace: float | None = None) -> None:
+        """SIGTERM the launcher (it kills its subtree: SIGTERM, grace, SIGKILL) and wait.
+
+        The launcher is our own code and always exits; the SIGKILL after a generous bound is
+        for a launcher that was itself stopped (SIGSTOP) by something.
+        """
+        self._live.discard(process)
+        proc = process.proc
+        grace = self.grace if grace is None else grace
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(proc.wait()), grace + 5.0)
+            except TimeoutError:
+                log.error("launcher %d did not stop; killing it", proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+        await proc.wait()
+
+    async def close(self) -> None:
+        """Kill everything still running in this scope; safe to call twice."""
+        await asyncio.gather(*(self.stop(p) for p in list(self._live)))
+
+
+class Gate:
+    """Starts the agent's processes and answers its path questions (one policy)."""
+
+    def __init__(
+        self,
+        workspace: Path,
+        *,
+        protected: Iterable[Path] = (),
+        temp_root: Path | None = None,
+    ) -> None:
+        self.workspace = workspace
+        self._temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir=temp_root))
+        self.policy = PathPolicy.for_agent(
+            workspace, self._temp, protected=protected, private=_home()
+        )
+        self._marker = f"{os.getpid()}:{process_start_time(os.getpid())}"
+
+    @property
+    def temp(self) -> Path:
+        return self._temp
+
+    def environment(self, *, restrict: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The allowlisted environment of a process started for the model."""
+        env = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}
+        env.update({k: v for k, v in os.environ.items() if k.startswith("LC_")})
+        env.setdefault("PATH", DEFAULT_PATH)
+        env.setdefault("LANG", "C.UTF-8")
+        env["HOME"] = str(self.policy.workspace) if restrict else str(Path.home())
+        # stdin is /dev/null: anything waiting for a pager or a password prompt would hang.
+        env.update(
+            SHELL="/bin/sh", TMPDIR=str(self._temp), PAGER="cat", GIT_PAGER="cat",
+            GIT_TERMINAL_PROMPT="0",
+        )  # fmt: skip
+        env.update(extra or {})
+        env[MARKER] = self._marker
+        return env
+
+    async def spawn(
+        self,
+        argv: list[str],
+        *,
+        cwd: Path,
+        scope: ProcessScope,
+        confine: bool,
+        network: bool = True,
+        extra_env: dict[str, str] | None = None,
+        restrict: bool = True,
+    ) -> GateProcess:
+        """Start ``argv`` through the launcher, confined when ``confine`` is true.
+
+        Raises GateRefused when confinement is asked for and the kernel has no Landlock.
+        """
+        if confine and launcher.landlock_abi() < 1:
+            raise GateRefused(describe_confinement(True, "landlock", network).summary)
+        self._temp.mkdir(mode=0o700, exist_ok=True)  # a cleaner may have removed it
+        spec = {
+            "argv": argv,
+            "ppid": os.getpid(),
+            "grace": scope.grace,
+            "confine": confine,
+            "network": network,
+            "read": [str(p) for p in self.policy.read_roots] + list(CONFINED_READ_ROOTS),
+            "write": [str(p) for p in self.policy.writable],
+            "devices": list(DEVICES),
+        }
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", str(LAUNCHER), json.dumps(spec),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=self.environment(restrict=restrict, extra=extra_env),
+        )  # fmt: skip
+        process = GateProcess(proc, scope)
+        scope.add(process)
+        return process
+
+    def close(self) -> None:
+        shutil.rmtree(self._temp, ignore_errors=True)
+
+
+def _home() -> list[Path]:
+    home = Path.home()
+    return [] if home == Path("/") else [home]
+
+
+def reap_leftovers() -> int:
+    """Kill processes started through a gate of a memobot that no longer runs.
+
+    A launcher dies with memobot and takes its subtree along; this catches the rest (a killed
+    launcher's orphans). Each carries ``MEMOBOT_GATE=<pid>:<start time>`` of the memobot that
+    started it; the start time guards against a reused pid. Returns how many were killed.
+    """
+    killed = 0
+    me = os.getpid()
+    owners: dict[str, bool] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:
+            continue
+        owner = _marker_of(environ)
+        if owner is None:
+            continue
+        if owner not in owners:
+            pid, _, start = owner.partition(":")
+            owners[owner] = pid.isdigit() and str(process_start_time(int(pid))) == start
+        if owners[owner]:
+            continue  # its memobot still runs (e.g. a gateway beside `memobot agent`)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(name), signal.SIGKILL)
+            killed += 1
+    if killed:
+        log.warning("killed %d process(es) left running by a memobot that stopped", killed)
+    return killed
+
+
+def _marker_of(environ: bytes) -> str | None:
+    prefix = MARKER.encode() + b"="
+    for item in environ.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode(errors="replace")
+    return None
+
+
+def remove_stale_temp(temp_root: Path | None = None) -> None:
+    """Remove private temp folders of memobot processes that no longer run."""
+    root = Path(temp_root or tempfile.gettempdir())
+    try:
+        entries = list(root.glob(f"{_TEMP_PREFIX}*"))
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name.removeprefix(_TEMP_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        with contextlib.suppress(OSError):
+            if entry.stat().st_uid == os.getuid():
+                shutil.rmtree(entry, ignore_errors=True)

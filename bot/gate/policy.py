@@ -1,0 +1,118 @@
+"""The one path policy for everything that acts for the model (DESIGN.md section 10).
+
+The agent may read and write its workspace and a private temporary folder, read (and run) the
+system, and touch nothing else: never the config file, memobot's state folder or the home
+folder, even where they lie inside a readable system folder (``/etc/memobot/config.json``).
+The file tools check paths against this policy; ``exec`` hands the same lists to the kernel.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+# Read and execute only.
+SYSTEM_READ_ROOTS: tuple[str, ...] = (
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys",
+)  # fmt: skip
+# Readable by confined processes only: the kernel's ptrace rules keep them out of memobot's
+# /proc/<pid>/environ, mem and fds. memobot's own file tools never read /proc (its
+# /proc/self is memobot, secrets included).
+CONFINED_READ_ROOTS: tuple[str, ...] = ("/proc",)
+# Read, write and ioctl, but no other file under /dev (disks, memory, terminals of others).
+DEVICES: tuple[str, ...] = (
+    "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty",
+)  # fmt: skip
+
+
+def real_path(path: Path | str) -> Path:
+    """The symlink-free absolute path the kernel would reach through ``path``.
+
+    Every existing component is resolved, symlinks included; a dangling symlink is followed to
+    the path it names; components that do not exist yet are appended as written; ``..`` applies
+    to the already-resolved prefix, as it does for the kernel.
+    """
+    return Path(os.path.realpath(path))
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or path.is_relative_to(folder)
+
+
+def carve(
+    roots: Iterable[Path],
+    denied: Iterable[Path],
+    listdir: Callable[[Path], list[str]] = os.listdir,
+) -> list[Path]:
+    """Cover ``roots`` with folders and files that contain none of ``denied``.
+
+    A kernel allowlist cannot say "all of /etc except /etc/memobot", so a root holding a denied
+    path is replaced by its entries, recursively, leaving the denied ones out. Entries are
+    resolved first: a symlink inside a root that points at a denied path is not granted.
+    Pure apart from ``listdir``; the result is sorted and free of duplicates.
+    """
+    deny = [real_path(d) for d in denied]
+    out: set[Path] = set()
+    todo = [real_path(r) for r in roots]
+    while todo:
+        path = todo.pop()
+        if any(_within(path, d) for d in deny):
+            continue
+        if not any(_within(d, path) for d in deny):
+            out.add(path)
+            continue
+        try:
+            names = listdir(path)
+        except OSError:
+            continue
+        todo.extend(real_path(path / name) for name in names)
+    # /bin -> /usr/bin on merged-/usr systems: keep only the outermost folders.
+    return sorted(p for p in out if not any(p != q and p.is_relative_to(q) for q in out))
+
+
+@dataclass(frozen=True, slots=True)
+class PathPolicy:
+    """Where the agent may read and write. Build it with :meth:`for_agent`.
+
+    ``protected`` paths (the config file, the state folder) are refused everywhere, also where
+    a layout mistake put them inside a writable folder. ``read_roots`` are already carved so
+    they hold no protected or private path (the home folder).
+    """
+
+    workspace: Path
+    temp: Path | None = None
+    read_roots: tuple[Path, ...] = ()  # read and execute, beyond the writable folders
+    protected: tuple[Path, ...] = ()
+
+    @classmethod
+    def for_agent(
+        cls,
+        workspace: Path,
+        temp: Path | None,
+        *,
+        protected: Iterable[Path] = (),
+        private: Iterable[Path] = (),
+    ) -> PathPolicy:
+        """The policy of a confined agent: workspace and ``temp`` writable, the system readable
+        except ``protected`` (never reachable) and ``private`` (not readable through the system
+        folders, e.g. a home folder under /etc or /opt; the workspace may lie inside it)."""
+        keep_out = tuple(real_path(p) for p in protected)
+        roots = [Path(r) for r in SYSTEM_READ_ROOTS if os.path.lexists(r)]
+        read_roots = tuple(carve(roots, (*keep_out, *private)))
+        return cls(real_path(workspace), temp and real_path(temp), read_roots, keep_out)
+
+    @property
+    def writable(self) -> tuple[Path, ...]:
+        return (self.workspace,) if self.temp is None else (self.workspace, self.temp)
+
+    @property
+    def readable(self) -> tuple[Path, ...]:
+        return (*self.writable, *self.read_roots)
+
+    def allows(self, path: Path, *, write: bool) -> bool:
+        """Whether the real path ``path`` may be read (or written, with ``write``)."""
+        if any(_within(path, p) for p in self.protected):
+            return False
+        return any(_within(path, root) for root in (self.writable if write else self.readable))

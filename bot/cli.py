@@ -148,7 +148,7 @@ def _setup_logging(verbose: int, quiet: bool, log_format: LogFormat) -> None:
 
 
 def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
-    from bot.config import save_config
+    from bot.config import check_layout, save_config
     from bot.workspace import init_workspace
 
     if config_path.exists():
@@ -169,6 +169,7 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
     if args.workspace:
         cfg.agent.workspace = args.workspace
         changed = True
+    check_layout(cfg, config_path)  # before anything is written
     if changed:
         save_config(cfg, config_path)
         print(f"Wrote config (mode 0600): {config_path}")

@@ -20,6 +20,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from bot.layout import layout_problem
 from bot.service.logs import redact, remember_secrets
 
 EX_CONFIG = 78  # sysexits.h: configuration error; systemd units refuse to restart-loop on it
@@ -330,11 +331,19 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
         raise ConfigError(redact("\n".join(lines))) from None
 
 
+def check_layout(cfg: Config, config_path: Path) -> None:
+    """ConfigError when the agent's workspace overlaps memobot's own files (bot.layout)."""
+    problem = layout_problem(cfg.agent.workspace_path, cfg.agent.state_path, config_path)
+    if problem:
+        raise ConfigError(f"{config_path}: unsafe layout: {problem}")
+
+
 def load_config(path: Path | None = None) -> tuple[Config, Path]:
-    """Read and validate the config. A missing file means all defaults."""
+    """Read and validate the config, and its layout. A missing file means all defaults."""
     path = (path or default_config_path()).expanduser()
     if not path.exists():
-        return Config(), path
+        check_layout(cfg := Config(), path)
+        return cfg, path
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -345,7 +354,9 @@ def load_config(path: Path | None = None) -> tuple[Config, Path]:
         raise ConfigError(
             f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
         ) from None
-    return parse_config(data, str(path)), path
+    cfg = parse_config(data, str(path))
+    check_layout(cfg, path)
+    return cfg, path
 
 
 def config_to_json(cfg: Config) -> str:

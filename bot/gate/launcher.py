@@ -194,15 +194,28 @@ def drop_capabilities() -> None:
         if _libc.prctl(_PR_SET_SECUREBITS, _SECUREBITS_NO_ROOT, 0, 0, 0) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"cannot set securebits: {os.strerror(err)}")
-        last = int(open("/proc/sys/kernel/cap_last_cap").read())
-        for cap in range(last + 1):
+        for cap in range(64):  # past the last capability the kernel answers EINVAL
             _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    if not _has_capabilities():
+        return  # e.g. a systemd service user: nothing to drop (and capset may be filtered)
     _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = _CapHeader(_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     if _libc.capset(ctypes.byref(header), data) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"cannot drop capabilities: {os.strerror(err)}")
+
+
+def _has_capabilities() -> bool:
+    try:
+        with open("/proc/self/status") as fh:
+            return any(
+                line.startswith(("CapInh:", "CapPrm:", "CapEff:", "CapAmb:"))
+                and int(line.split()[1], 16) != 0
+                for line in fh
+            )
+    except OSError:
+        return True
 
 
 # --- The subtree ----------------------------------------------------------------------------

@@ -104,6 +104,8 @@ RemoveIPC=yes
 RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
 SystemCallArchitectures=native
 SystemCallFilter=@system-service
+# The exec tool confines each command with Landlock (not in @system-service before systemd 257).
+SystemCallFilter=landlock_create_ruleset landlock_add_rule landlock_restrict_self
 SystemCallFilter=~@privileged @resources
 SystemCallErrorNumber=EPERM
 """
@@ -119,6 +121,8 @@ MemoryDenyWriteExecute=yes
 RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
 SystemCallArchitectures=native
 SystemCallFilter=@system-service
+# The exec tool confines each command with Landlock (not in @system-service before systemd 257).
+SystemCallFilter=landlock_create_ruleset landlock_add_rule landlock_restrict_self
 SystemCallFilter=~@privileged @resources
 SystemCallErrorNumber=EPERM
 """

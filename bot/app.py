@@ -9,7 +9,13 @@ from pathlib import Path
 from bot.bus import MessageBus
 from bot.config import Config
 from bot.context import ContextBuilder
-from bot.gate import Gate, describe_confinement, reap_leftovers, remove_stale_temp
+from bot.gate import (
+    Gate,
+    describe_confinement,
+    installation_id,
+    reap_leftovers,
+    remove_stale_temp,
+)
 from bot.llm import LLMProvider
 from bot.loop import AgentLoop
 from bot.memory.history import HistoryArchive
@@ -46,7 +52,8 @@ def build_gate(cfg: Config, config_path: Path) -> Gate:
     Also kills what a crashed memobot left running and removes its temp folders, and says at
     start which confinement the agent's commands get.
     """
-    reap_leftovers()
+    installation = installation_id(cfg.agent.state_path)
+    reap_leftovers(installation)
     remove_stale_temp()
     tools = cfg.tools
     confinement = describe_confinement(
@@ -60,7 +67,7 @@ def build_gate(cfg: Config, config_path: Path) -> Gate:
     if config_path.resolve().parent.parent == Path("/etc"):
         # A folder of its own (/etc/memobot) also holds the secrets file (EnvironmentFile=).
         protected.append(config_path.resolve().parent)
-    return Gate(cfg.agent.workspace_path, protected=protected)
+    return Gate(cfg.agent.workspace_path, protected=protected, installation=installation)
 
 
 def build_agent(cfg: Config, config_path: Path) -> AgentStack:

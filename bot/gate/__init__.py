@@ -7,6 +7,7 @@ from bot.gate.gate import (
     GateRefused,
     ProcessScope,
     describe_confinement,
+    installation_id,
     reap_leftovers,
     remove_stale_temp,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "PathPolicy",
     "ProcessScope",
     "describe_confinement",
+    "installation_id",
     "real_path",
     "reap_leftovers",
     "remove_stale_temp",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import hashlib
 import logging
 import os
 import shutil
@@ -29,7 +29,7 @@ from bot.gate.policy import CONFINED_READ_ROOTS, DEVICES, PathPolicy
 log = logging.getLogger(__name__)
 
 LAUNCHER = Path(launcher.__file__).resolve()
-MARKER = "MEMOBOT_GATE"  # value "<memobot pid>:<its start time>", to find leftovers
+MARKER = "MEMOBOT_GATE"  # "<installation>:<memobot pid>:<its start time>", to find leftovers
 # Names passed through from memobot's environment; everything else (API keys, tokens,
 # ${VAR} secrets, the credentials folder) stays behind.
 ENV_PASSTHROUGH = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "COLORTERM")
@@ -173,13 +173,14 @@ class Gate:
         *,
         protected: Iterable[Path] = (),
         temp_root: Path | None = None,
+        installation: str = "",
     ) -> None:
         self.workspace = workspace
         self._temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir=temp_root))
         self.policy = PathPolicy.for_agent(
             workspace, self._temp, protected=protected, private=_home()
         )
-        self._marker = f"{os.getpid()}:{process_start_time(os.getpid())}"
+        self._marker = f"{installation}:{os.getpid()}:{process_start_time(os.getpid())}"
 
     @property
     def temp(self) -> Path:
@@ -230,7 +231,7 @@ class Gate:
             "devices": list(DEVICES),
         }
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", str(LAUNCHER), json.dumps(spec),
+            sys.executable, "-I", "-S", str(LAUNCHER), *launcher.build_args(spec),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -250,12 +251,19 @@ def _home() -> list[Path]:
     return [] if home == Path("/") else [home]
 
 
-def reap_leftovers() -> int:
-    """Kill processes started through a gate of a memobot that no longer runs.
+def installation_id(state_dir: Path) -> str:
+    """A short name for one installation (its state folder), for the marker."""
+    return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+
+
+def reap_leftovers(installation: str) -> int:
+    """Kill processes started through this installation's gate by a memobot that is gone.
 
     A launcher dies with memobot and takes its subtree along; this catches the rest (a killed
-    launcher's orphans). Each carries ``MEMOBOT_GATE=<pid>:<start time>`` of the memobot that
-    started it; the start time guards against a reused pid. Returns how many were killed.
+    launcher's orphans). Each carries ``MEMOBOT_GATE=<installation>:<pid>:<start time>`` of the
+    memobot that started it; the start time guards against a reused pid, the installation
+    keeps one memobot's start from touching another installation's processes. Returns how many
+    were killed.
     """
     killed = 0
     me = os.getpid()
@@ -267,9 +275,10 @@ def reap_leftovers() -> int:
             environ = Path(f"/proc/{name}/environ").read_bytes()
         except OSError:
             continue
-        owner = _marker_of(environ)
-        if owner is None:
+        marker = _marker_of(environ)
+        if marker is None or not marker.startswith(f"{installation}:"):
             continue
+        owner = marker.removeprefix(f"{installation}:")
         if owner not in owners:
             pid, _, start = owner.partition(":")
             owners[owner] = pid.isdigit() and str(process_start_time(int(pid))) == start

@@ -1,7 +1,8 @@
 """The process that stands between memobot and every command it runs for the model.
 
-memobot starts ``python -I launcher.py SPEC`` instead of the command itself. This file uses the
-standard library only, so it runs isolated (``-I``) without importing memobot. The launcher:
+memobot starts ``python -I -S launcher.py OPTIONS -- COMMAND...`` instead of the command
+itself. This file uses a few standard modules only, so it runs isolated and without site
+packages (fast to start), never importing memobot. The launcher:
 
 * makes itself a *child subreaper*, so every descendant of the command, including ``setsid``
   and double-forked daemons, is re-parented to it rather than to pid 1 and stays in reach;
@@ -12,17 +13,16 @@ standard library only, so it runs isolated (``-I``) without importing memobot. T
   memobot on a timeout or ``/stop``, or memobot's own death through ``PR_SET_PDEATHSIG``),
   kills every process left in its subtree and reaps it, then exits with the command's status.
 
-SPEC is a JSON object: ``argv`` (list), ``ppid`` (memobot's pid), ``grace`` (seconds between
-SIGTERM and SIGKILL), ``confine`` (bool), ``read`` / ``write`` / ``devices`` (absolute paths),
-``network`` (bool). Exit 125 with a ``memobot-sandbox:`` line on stderr means the command was
-never started.
+OPTIONS (see :func:`parse_args`): ``--ppid N`` (memobot's pid), ``--grace S`` (seconds between
+SIGTERM and SIGKILL), ``--confine``, ``--no-network``, and repeated ``-r PATH`` (read),
+``-w PATH`` (write), ``-d PATH`` (device) for the confinement. Exit 125 with a
+``memobot-sandbox:`` line on stderr means the command was never started.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import os
 import signal
 import sys
@@ -360,14 +360,58 @@ def _child(spec: dict, report_w: int) -> None:
         os._exit(125)
 
 
-def main(raw: str) -> None:
-    """Run the command of ``raw`` (the JSON spec) to the end of its subtree.
+def parse_args(args: list[str]) -> dict:
+    """The launcher's options (module docstring) as a dict; raises ValueError when malformed."""
+    spec: dict = {"confine": False, "network": True, "read": [], "write": [], "devices": []}
+    lists = {"-r": "read", "-w": "write", "-d": "devices"}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            spec["argv"] = args[i + 1 :]
+            break
+        if arg == "--confine":
+            spec["confine"] = True
+        elif arg == "--no-network":
+            spec["network"] = False
+        elif arg in ("--ppid", "--grace") and i + 1 < len(args):
+            i += 1
+            spec[arg[2:]] = int(args[i]) if arg == "--ppid" else float(args[i])
+        elif arg in lists and i + 1 < len(args):
+            i += 1
+            spec[lists[arg]].append(args[i])
+        else:
+            raise ValueError(f"unknown launcher option {arg!r}")
+        i += 1
+    if not spec.get("argv") or "ppid" not in spec:
+        raise ValueError("the launcher needs --ppid and a command after --")
+    return spec
+
+
+def build_args(spec: dict) -> list[str]:
+    """The inverse of :func:`parse_args` (used by memobot to start the launcher)."""
+    args = ["--ppid", str(spec["ppid"]), "--grace", str(spec.get("grace", 2.0))]
+    if spec.get("confine"):
+        args.append("--confine")
+    if not spec.get("network", True):
+        args.append("--no-network")
+    for flag, key in (("-r", "read"), ("-w", "write"), ("-d", "devices")):
+        for path in spec.get(key, ()):
+            args += [flag, path]
+    return [*args, "--", *spec["argv"]]
+
+
+def main(args: list[str]) -> None:
+    """Run the command of ``args`` (the options above) to the end of its subtree.
 
     On stderr, memobot reads exactly one line: ``status N`` (N the command's wait status, as
     soon as its main process exits) or ``memobot-sandbox: why``. Processes the command left
     running stay until the subtree is empty or a stop signal arrives; then they are killed.
     """
-    spec = json.loads(raw)
+    try:
+        spec = parse_args(args)
+    except ValueError as exc:
+        _fail(str(exc))
     # Die with memobot: the SIGTERM of its death lets us clean up the subtree first.
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != spec["ppid"]:
@@ -403,4 +447,4 @@ def main(raw: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

@@ -220,9 +220,11 @@ class SessionStore:
                     # The first piece may be a partial line unless we reached the start.
                     candidates = lines if pos == 0 else lines[1:]
                     for raw in reversed(candidates):
-                        if raw.startswith(b'{"_type":"metadata"'):
+                        # Any spelling (a line not written by us wins on load too); cheap
+                        # test first, since the last metadata line is nearly always the last.
+                        if b'"_type"' in raw:
                             record = parse_line(raw)
-                            if record is None:
+                            if record is None or record.get("_type") != "metadata":
                                 continue
                             if check_record(record).problems:
                                 # Wrong shape: the full load sets it aside and logs it.
@@ -231,7 +233,7 @@ class SessionStore:
                     chunk *= 4
         except FileNotFoundError:
             return None
-        # No metadata line in our own spelling (e.g. edited by hand): parse the whole file.
+        # No metadata line at all (e.g. written by hand): parse the whole file.
         return self.get(key).metadata if end else None
 
     # -- loading ---------------------------------------------------------------------------

@@ -386,3 +386,33 @@ def test_status_and_doctor_name_the_confinement(tmp_path: Path, llm: FakeLLMThre
     llm.script(reply("hi"))
     started = run_memobot("agent", "-m", "hi", config=off)
     assert "WARNING" in started.stderr and "exec confinement: none" in started.stderr
+
+
+def test_a_process_whose_main_thread_exited_is_still_killed(
+    tmp_path: Path, llm: FakeLLMThread
+) -> None:
+    """A zombie thread-group leader with live threads looks dead in /proc/<pid>/stat."""
+    script = (
+        "import ctypes, os, threading, time\n"
+        "def beat():\n"
+        "    while True:\n"
+        "        open('beat.log', 'a').write('x')\n"
+        "        time.sleep(0.05)\n"
+        "threading.Thread(target=beat).start()\n"
+        "time.sleep(0.1)\n"
+        "ctypes.CDLL(None).syscall(60, 0)  # SYS_exit of the main thread only\n"
+    )
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "ghost.py").write_text(script)
+    cfg = attack_config(tmp_path, llm)
+    llm.script(
+        tool_step(call("exec", {"command": "python3 ghost.py >/dev/null 2>&1 & sleep 0.5"})),
+        reply("done"),
+    )
+    done = run_memobot("agent", "-m", "go", "-s", "cli:ghost", config=cfg)
+    assert done.returncode == 0, done.stderr
+    beats = tmp_path / "ws" / "beat.log"
+    assert beats.exists(), "the thread never ran"
+    size = beats.stat().st_size
+    time.sleep(0.5)
+    assert beats.stat().st_size == size, "a thread of the turn's process is still running"

@@ -113,7 +113,13 @@ class GateProcess:
             return os.waitstatus_to_exitcode(int(line.split()[1]))
         if line.startswith("memobot-sandbox: "):
             raise GateRefused(line.removeprefix("memobot-sandbox: "))
-        await self.proc.wait()
+        rest = (await self.proc.stderr.read()).decode(errors="replace")
+        code = await self.proc.wait()
+        if line or rest:  # a launcher bug: say what it printed
+            log.error(
+                "launcher %d failed (exit %d): %s", self.proc.pid, code, (line + rest)[-2000:]
+            )
+            raise GateRefused(f"the command's launcher failed: {(line or rest).strip()[:300]}")
         return -signal.SIGKILL  # the launcher itself was killed before the command ended
 
     async def stop(self, grace: float) -> None:

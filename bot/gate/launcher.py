@@ -234,7 +234,7 @@ def descendants(root: int) -> list[int]:
             continue  # exited while we looked
         # The command name may contain spaces and parentheses; fields follow the last ')'.
         fields = stat[stat.rfind(b")") + 2 :].split()
-        if fields and fields[0] != b"Z":
+        if fields and (fields[0] != b"Z" or _has_live_threads(name)):
             children.setdefault(int(fields[1]), []).append(int(name))
     out: list[int] = []
     todo = [root]
@@ -243,6 +243,15 @@ def descendants(root: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def _has_live_threads(pid: str) -> bool:
+    """A zombie thread-group leader whose other threads still run (its main thread called
+    the raw exit system call): a process to kill, not a corpse to skip."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
 
 
 def _signal_all(pids: list[int], sig: int) -> None:

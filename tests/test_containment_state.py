@@ -9,6 +9,7 @@ record aside in a ``.corrupt-*`` copy, and keep every good record.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -28,7 +29,15 @@ from bot.service.doctor import check_sessions, scan_session
 from bot.session import SessionStore
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, history_problem
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import REPO, config_dict, request_messages, run_memobot, write_config
+from tests.helpers import (
+    REPO,
+    Harness,
+    config_dict,
+    make_config,
+    request_messages,
+    run_memobot,
+    write_config,
+)
 
 KEY = "cli:victim"
 
@@ -480,3 +489,41 @@ def test_doctor_reports_shape_errors_and_fix_repairs_them(
     assert len(corrupt_copies(path)) == 1
     assert texts(tmp_path) == ["keep me", "echo: keep me"]
     assert "sessions: all 1 file(s) parse" in _doctor(tmp_path).stdout
+
+
+async def test_a_failure_while_recovering_one_session_leaves_the_others(
+    tmp_path: Path, llm: FakeLLMThread, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    cfg = make_config(tmp_path, llm.base_url)
+    store = SessionStore(tmp_path / "state")
+    for key in ("cli:a", "cli:b", "cli:c"):
+        pending = {**GOOD_PENDING, "id": key, "text": f"queued in {key}"}
+        store.append(store.get(key), metadata={"pending": [pending]})
+    harness = Harness(cfg, tmp_path / "config.json")
+    real = harness.stack.store.peek_metadata
+
+    def peek(key: str) -> dict[str, Any] | None:
+        if key == "cli:b":
+            raise RuntimeError("a bug met while recovering")
+        return real(key)
+
+    monkeypatch.setattr(harness.stack.store, "peek_metadata", peek)
+    answers = [harness.expect("cli:a"), harness.expect("cli:c")]
+    async with harness:
+        done = await asyncio.wait_for(asyncio.gather(*answers), 15)
+    assert [m.text for m in done] == ["echo: queued in cli:a", "echo: queued in cli:c"]
+    assert "recovery failed session=cli:b" in caplog.text
+
+
+def test_gateway_with_a_file_where_the_sessions_folder_belongs_says_so_in_one_line(
+    tmp_path: Path, llm: FakeLLMThread
+) -> None:
+    cfg = write_config(tmp_path, llm.base_url)
+    sessions = tmp_path / "state" / "sessions"
+    sessions.parent.mkdir()
+    sessions.write_text("not a folder\n")
+    done = run_memobot("gateway", config=cfg, timeout=30)
+    assert done.returncode == 78  # EX_CONFIG: systemd does not restart-loop on it
+    assert "Traceback" not in done.stderr
+    [line] = [x for x in done.stderr.splitlines() if str(sessions) in x]
+    assert "must be a folder" in line

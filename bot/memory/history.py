@@ -1,6 +1,7 @@
 """memory/history.jsonl: the global archive of consolidated conversation chunks.
 
-One line per chunk: ``{"cursor", "timestamp", "session", "content"}``. Cursors increase by one
+One line per chunk: ``{"cursor", "timestamp", "session", "content"}`` (lines nanobot wrote carry
+``session_key`` or no session; they are read as they are). Cursors increase by one
 across every session; ``memory/.cursor`` names the last one written. The line is fsynced before
 the cursor file moves, so after a crash the archive may be one entry ahead of ``.cursor`` (and the
 next start takes the larger of the two), never behind.
@@ -192,12 +193,30 @@ def entry_line(entry: HistoryEntry) -> str:
 
 
 def parse_entry(line: bytes | str) -> HistoryEntry | None:
+    """The entry on one archive line, or None when the line is not one.
+
+    ``cursor`` and ``content`` are required. The session is read from ``session`` (memobot),
+    else ``session_key`` (nanobot), else it is ``""``: nanobot writes entries without one, and
+    they are the same archive. A missing timestamp reads as ``""``. Callers never rewrite a
+    line from the parsed entry, so a foreign line stays byte for byte as it was written.
+    """
     if not line.strip():
         return None
     try:
         obj: Any = json.loads(line)
+        if not isinstance(obj, dict):
+            return None
+        session = obj.get("session")
+        if session is None:
+            session = obj.get("session_key")
+        cursor, content = obj["cursor"], obj["content"]
+        if isinstance(cursor, bool) or content is None:
+            return None
         return HistoryEntry(
-            int(obj["cursor"]), str(obj["timestamp"]), str(obj["session"]), str(obj["content"])
+            int(cursor),
+            str(obj.get("timestamp") or ""),
+            "" if session is None else str(session),
+            str(content),
         )
     except (ValueError, KeyError, TypeError):
         return None

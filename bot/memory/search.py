@@ -39,7 +39,8 @@ from bot.memory.history import HistoryEntry, parse_entry
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+# 2: lines without "session" (nanobot's) are indexed; older indexes skipped them.
+SCHEMA_VERSION = 2
 INDEX_FILE = Path("index") / "memory.sqlite"
 HISTORY_FILE = "memory/history.jsonl"
 ARCHIVE_GLOB = "history-*.jsonl"  # inside memory/
@@ -202,14 +203,16 @@ def build_queries(text: str) -> list[str]:
 
 
 def normalize_timestamp(text: str) -> str | None:
-    """An ISO-8601 timestamp as UTC ``YYYY-MM-DDTHH:MM:SS.fffZ`` (naive means UTC), or None."""
+    """An ISO-8601 timestamp as UTC ``YYYY-MM-DDTHH:MM:SS.fffZ``, or None.
+
+    memobot always writes UTC with a zone; a naive stamp (``2026-03-02 09:15``) comes from
+    nanobot, which writes this machine's local time.
+    """
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
         return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return _utc_iso(moment)
+    return _utc_iso(moment)  # astimezone() reads a naive moment as local time
 
 
 def _utc_iso(moment: datetime) -> str:
@@ -232,7 +235,7 @@ def local_time(timestamp: str) -> datetime | None:
         moment = datetime.fromisoformat(timestamp)
     except ValueError:
         return None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone()
+    return moment.astimezone()  # naive (nanobot's stamps) is local time already
 
 
 def format_hit(number: int, hit: SearchHit) -> str:
@@ -699,7 +702,7 @@ def _day_heading(day: date | None) -> str:
 def format_history_entry(entry: HistoryEntry, moment: datetime | None) -> str:
     """``HH:MM  session  content`` with at most a few lines / chars of content, continuation
     lines indented under the content's first character."""
-    prefix = f"{moment.strftime('%H:%M') if moment else '--:--'}  {entry.session}  "
+    prefix = f"{moment.strftime('%H:%M') if moment else '--:--'}  {entry.session or '-'}  "
     lines = entry.content.strip().splitlines() or [""]
     shown = "\n".join(lines[:HISTORY_PREVIEW_LINES])
     cut = len(lines) > HISTORY_PREVIEW_LINES

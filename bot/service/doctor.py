@@ -223,8 +223,8 @@ def check_history(cfg: Config) -> Check:
         return Check(
             "fail",
             f"{path}: line(s) {shown} do not parse; search and Dream skip them",
-            f"edit {path}: each line must be a JSON object with cursor, timestamp, session, "
-            "content (or delete the line)",
+            f"edit {path}: each line must be a JSON object with a cursor and content "
+            "(timestamp and session are optional), or delete the line",
         )
     if tail.strip():
         return Check("warn", f"{path}: torn last line (the next archive write starts a new line)")

@@ -170,6 +170,13 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
         cfg.agent.workspace = args.workspace
         changed = True
     check_layout(cfg, config_path)  # before anything is written
+    from bot.memory.versioning import MemoryRepo, MemoryRepoError
+
+    try:  # a .git memobot cannot version memory in (it adopts nanobot's): before any write
+        MemoryRepo(cfg.agent.workspace_path).check()
+    except MemoryRepoError as exc:
+        print(f"memobot: {exc}", file=sys.stderr)
+        return 1
     if changed:
         save_config(cfg, config_path)
         print(f"Wrote config (mode 0600): {config_path}")

@@ -139,6 +139,7 @@ class _Edits:
             path = workspace / name
             self.original[name] = path.read_text(encoding="utf-8") if path.exists() else ""
         self.files = dict(self.original)
+        self.existed = {name for name in MEMORY_FILES if (workspace / name).is_file()}
         self.result = DreamResult("done")
         self.removed_per_file: dict[str, int] = {}
 
@@ -185,6 +186,8 @@ class _Edits:
         body = str(args["instructions"]).strip()
         rel = f"skills/{name}/SKILL.md"
         self.files[rel] = f'---\nname: {name}\ndescription: "{description}"\n---\n\n{body}\n'
+        if rel not in self.original and (self.workspace / rel).is_file():
+            self.existed.add(rel)
         self.original.setdefault(rel, _read(self.workspace / rel))
         self.result.skills.append(rel)
         return f"Wrote {rel}."
@@ -202,6 +205,15 @@ class _Edits:
 
     def changed(self) -> dict[str, str]:
         return {k: v for k, v in self.files.items() if v != self.original.get(k)}
+
+    def restore(self, names: list[str]) -> None:
+        """Put the named files back as they were before the run (absent ones removed)."""
+        for rel in names:
+            path = self.workspace / rel
+            if rel in self.existed:
+                _write_atomic(path, self.original[rel])
+            else:
+                path.unlink(missing_ok=True)
 
 
 def _read(path: Path) -> str:
@@ -277,12 +289,19 @@ class Dream:
             return await self._run()
 
     async def _run(self) -> DreamResult:
+        from bot.memory.versioning import MemoryRepoError
+
         cursor = read_dream_cursor(self.workspace)
         entries = (await asyncio.to_thread(self.archive.entries, cursor))[
             : self.cfg.dream.max_entries
         ]
         if not entries:
             return DreamResult("nothing")
+        # Before the model is asked anything: edits that cannot be committed must not land.
+        # The caller reports the result (one line for `memobot dream`, a log line when scheduled).
+        problem = await asyncio.to_thread(_repo_problem, self.workspace)
+        if problem:
+            return DreamResult("failed", len(entries), detail=problem)
         edits = _Edits(self.workspace)
         try:
             complete = await self._converse(edits, entries)
@@ -302,9 +321,16 @@ class Dream:
         for rel, text in changed.items():
             await asyncio.to_thread(_write_atomic, self.workspace / rel, text)
         if changed:
-            result.commit = await _commit(
-                self.workspace, commit_message(result, entries[0].cursor, entries[-1].cursor)
-            )
+            try:
+                result.commit = await _commit(
+                    self.workspace, commit_message(result, entries[0].cursor, entries[-1].cursor)
+                )
+            except MemoryRepoError as exc:
+                # The repository changed under us since the check: take the edits back, so
+                # the next run does them once, not on top of themselves.
+                await asyncio.to_thread(edits.restore, list(changed))
+                log.error("dream: commit failed, edits taken back: %s", exc)
+                return DreamResult("failed", len(entries), detail=str(exc))
         # Last: the cursor. A crash before this line re-digests the same entries next time,
         # and adding an entry that is already there changes nothing.
         await asyncio.to_thread(write_dream_cursor, self.workspace, entries[-1].cursor)
@@ -380,6 +406,17 @@ def complete_reason(cfg: MemoryConfig) -> str:
         f"the run hit its cap (memory.dream.maxIterations {cfg.dream.max_iterations}, "
         f"maxTokens {cfg.dream.max_tokens}) before finishing; nothing was changed"
     )
+
+
+def _repo_problem(workspace: Path) -> str | None:
+    """Why Dream's changes could not be committed in this workspace, or None."""
+    from bot.memory.versioning import MemoryRepo, MemoryRepoError
+
+    try:
+        MemoryRepo(workspace).check()
+    except (MemoryRepoError, OSError) as exc:
+        return str(exc)
+    return None
 
 
 async def _commit(workspace: Path, message: str) -> str | None:

@@ -13,6 +13,12 @@ Rules for what a commit holds:
   larger than :data:`MAX_FILE_BYTES` are left out, as if untracked;
 * deleting a tracked file commits the deletion; empty folders are not recorded (as in git).
 
+Adoption: a ``.git`` memobot did not create is used only when committing the memory files
+cannot drop anything from it. nanobot's memory repository qualifies (it also versions
+``.gitignore`` and ``memory/.dream_cursor``): memobot keeps its history and records one commit
+that stops versioning those bookkeeping files, which stay on disk. Any other repository is
+refused (:class:`MemoryRepoError`); :meth:`MemoryRepo.check` says so before files are changed.
+
 Revert semantics (:meth:`MemoryRepo.revert`): like ``git revert``, it undoes one commit's changes
 with a new commit. For each path that commit changed, the file on disk now is compared with what
 the commit wrote: unchanged since, the file goes back to its version before the commit (or is
@@ -48,6 +54,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from difflib import SequenceMatcher
 from pathlib import Path
+from typing import Literal
 
 from dulwich.errors import NotGitRepository
 from dulwich.index import Index, commit_tree, index_entry_from_stat
@@ -91,8 +98,30 @@ _EXCLUDE = """\
 """
 
 
+# Files nanobot's GitStore versions besides the memory files. A repository whose tree holds
+# nothing else is nanobot's memory store, and memobot adopts it with its history.
+NANOBOT_BOOKKEEPING: frozenset[bytes] = frozenset(
+    {b".gitignore", b"memory/.dream_cursor", b"memory/.cursor"}
+)
+
+
 class MemoryRepoError(Exception):
     """A memory-history operation cannot be done. ``str()`` is a message for a person."""
+
+
+@dataclass(frozen=True, slots=True)
+class RepoVerdict:
+    """What a workspace's ``.git`` is to memobot (see :meth:`MemoryRepo.inspect`).
+
+    ``state``: ``absent`` (memobot creates one), ``memobot`` (already in use), ``adoptable``
+    (nanobot's: used as it is, ``drop`` lists the bookkeeping paths the adoption commit stops
+    versioning), ``unsafe`` (``detail`` says why; memobot refuses to commit into it).
+    """
+
+    state: Literal["absent", "memobot", "adoptable", "unsafe"]
+    detail: str = ""
+    drop: tuple[bytes, ...] = ()
+    commits: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -527,26 +556,76 @@ class MemoryRepo:
             os.close(fd)  # closing the descriptor releases the lock
 
     def _adopt(self, repo: Repo) -> None:
-        """Mark the repository as memobot's on first use. Refuse one whose history tracks other
-        files: committing only the memory files would drop them from its tree."""
-        config = repo.get_config()
-        try:
-            if config.get(*_MARKER) == b"true":
-                return
-        except KeyError:
-            pass
+        """Mark the repository as memobot's on first use. A repository nanobot wrote is adopted
+        with its history: one commit stops versioning its bookkeeping files (they stay on disk).
+        Refuse one whose tree holds anything else: committing only the memory files would drop
+        those files from its tree."""
+        if _is_marked(repo):
+            return
         head = self._head(repo)
-        if head is not None:
-            tree = self._commit(repo, head).tree
-            for entry in iter_tree_contents(repo.object_store, tree):
-                if not _is_tracked(entry.path):
-                    raise MemoryRepoError(
-                        f"{self.git_dir} is a git repository memobot did not create (it tracks "
-                        f"{os.fsdecode(entry.path)}); move it away so memobot can version memory"
-                    )
+        verdict = _judge(repo, head)
+        if verdict.state == "unsafe":
+            raise MemoryRepoError(self._unsafe_message(verdict))
+        if head is not None and verdict.drop:
+            head_tree = self._commit(repo, head).tree
+            keep = [
+                (entry.path, entry.sha, entry.mode)
+                for entry in iter_tree_contents(repo.object_store, head_tree)
+                if entry.path not in verdict.drop
+            ]
+            tree = commit_tree(repo.object_store, keep)
+            dropped = "\n".join(f"- {os.fsdecode(p)}" for p in verdict.drop)
+            message = (
+                "memobot: adopt this memory repository\n\nIts history is kept. memobot versions "
+                f"{', '.join(TRACKED)}; these stay on disk but are no longer versioned:\n"
+                f"{dropped}\n"
+            )
+            self._write_commit(repo, tree, head, message.encode(), DEFAULT_AUTHOR.encode())
+            try:
+                index = Index(repo.index_path())
+            except (OSError, ValueError):
+                index = Index(repo.index_path(), read=False)
+            for path in verdict.drop:
+                if path in index:
+                    del index[path]
+            index.write()
+            log.info("memory history: adopted %s (%d commits kept)", self.git_dir, verdict.commits)
+        config = repo.get_config()
         config.set(*_MARKER, True)
         config.write_to_path()
         _atomic_write(self.git_dir / "info" / "exclude", _Side(_MODE_FILE, _EXCLUDE.encode()))
+
+    def _unsafe_message(self, verdict: RepoVerdict) -> str:
+        return (
+            f"{self.git_dir} is a git repository memobot did not create ({verdict.detail}); "
+            "move it away so memobot can version memory"
+        )
+
+    def inspect(self) -> RepoVerdict:
+        """What :meth:`commit` would find, read only: no repository (``absent``), one memobot
+        already uses, one it can adopt (nanobot's), or one it must refuse (``unsafe``)."""
+        if not (self.git_dir.exists() or self.git_dir.is_symlink()):
+            return RepoVerdict("absent")
+        if not self.git_dir.is_dir() or self.git_dir.is_symlink():
+            return RepoVerdict("unsafe", "it is not a folder (a worktree or submodule link?)")
+        try:
+            repo = Repo(str(self.workspace))
+        except NotGitRepository:
+            return RepoVerdict("unsafe", "it is not a readable git repository")
+        try:
+            if _is_marked(repo):
+                return RepoVerdict("memobot", commits=_count_commits(repo, self._head(repo)))
+            return _judge(repo, self._head(repo))
+        finally:
+            repo.close()
+
+    def check(self) -> RepoVerdict:
+        """:meth:`inspect`, raising MemoryRepoError (one line naming the reason) when the
+        repository cannot be used. Call it before changing files that will be committed."""
+        verdict = self.inspect()
+        if verdict.state == "unsafe":
+            raise MemoryRepoError(self._unsafe_message(verdict))
+        return verdict
 
     # -- objects, refs, index ------------------------------------------------------------------
 
@@ -724,6 +803,42 @@ class MemoryRepo:
         return folder
 
 
+def _is_marked(repo: Repo) -> bool:
+    try:
+        return repo.get_config().get(*_MARKER) == b"true"
+    except KeyError:
+        return False
+
+
+def _count_commits(repo: Repo, head: bytes | None, limit: int = 100_000) -> int:
+    count = 0
+    while head is not None and count < limit:
+        commit = repo[head]
+        if not isinstance(commit, Commit):
+            break
+        count += 1
+        head = commit.parents[0] if commit.parents else None
+    return count
+
+
+def _judge(repo: Repo, head: bytes | None) -> RepoVerdict:
+    """Adoptable or unsafe, for a repository memobot has not marked as its own."""
+    if head is None:
+        return RepoVerdict("adoptable")
+    commit = repo[head]
+    if not isinstance(commit, Commit):
+        return RepoVerdict("unsafe", "its HEAD is not a commit")
+    drop: list[bytes] = []
+    for entry in iter_tree_contents(repo.object_store, commit.tree):
+        if _is_tracked(entry.path):
+            continue
+        if entry.path in NANOBOT_BOOKKEEPING:
+            drop.append(entry.path)
+            continue
+        return RepoVerdict("unsafe", f"it tracks {os.fsdecode(entry.path)}")
+    return RepoVerdict("adoptable", drop=tuple(sorted(drop)), commits=_count_commits(repo, head))
+
+
 def _revert_one(after: _Side | None, now: _Side | None, before: _Side | None) -> _Side | None:
     """What a path becomes when a commit that turned ``before`` into ``after`` is undone and the
     file is ``now`` on disk. None means absent. Raises _Unusable on a conflict."""
@@ -837,6 +952,7 @@ __all__ = [
     "CommitInfo",
     "MemoryRepo",
     "MemoryRepoError",
+    "RepoVerdict",
     "commit_async",
     "merge3",
 ]

@@ -416,3 +416,109 @@ def test_a_process_whose_main_thread_exited_is_still_killed(
     size = beats.stat().st_size
     time.sleep(0.5)
     assert beats.stat().st_size == size, "a thread of the turn's process is still running"
+
+
+# -- the file tools against a path that changes under them ---------------------------------------
+
+SWAPPER = """\
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+a, b = sys.argv[1].encode(), sys.argv[2].encode()
+while True:
+    libc.renameat2(-100, a, -100, b, 2)  # RENAME_EXCHANGE: a and b trade places atomically
+"""
+
+
+async def race(tmp_path: Path, setup: str, calls: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Start ``setup`` (which starts a swapper) with exec, then make the file-tool ``calls``
+    while it runs, all in one turn's process scope, as a hostile model would."""
+    import asyncio
+
+    from bot.config import ToolsConfig
+    from bot.gate import Gate, ProcessScope
+    from bot.tools import build_default_tools
+    from bot.tools.base import ToolContext
+
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    (ws / "swap.py").write_text(SWAPPER)
+    gate = Gate(ws, protected=[tmp_path / "config.json", tmp_path / "state"])
+    ctx = ToolContext(workspace=ws, gate=gate, processes=ProcessScope(0.5))
+    tools = build_default_tools(ToolsConfig())
+    try:
+        started = await tools.execute("exec", json.dumps({"command": setup}), ctx)
+        assert started.strip().endswith("started"), started
+        out = []
+        for name, args in calls:
+            out.append(await asyncio.wait_for(tools.execute(name, json.dumps(args), ctx), 10))
+        return out
+    finally:
+        assert ctx.processes is not None
+        await ctx.processes.close()
+        gate.close()
+
+
+async def test_a_symlink_swapped_in_after_the_check_leads_nowhere(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"llm": {"apiKey": API_KEY}}))
+    state = tmp_path / "state" / "sessions"
+    state.mkdir(parents=True)
+    setup = (
+        f"echo decoy > f; ln -s {config} f2; mkdir d; ln -s {state} d2; "
+        "python3 swap.py f f2 >/dev/null 2>&1 & python3 swap.py d d2 >/dev/null 2>&1 & "
+        "sleep 0.3; echo started"
+    )
+    calls: list[tuple[str, dict[str, Any]]] = []
+    for i in range(30):
+        calls.append(("read_file", {"path": "f"}))
+        calls.append(("write_file", {"path": f"d/planted{i}.jsonl", "content": "{}"}))
+    results = await race(tmp_path, setup, calls)
+    assert not any(API_KEY in r for r in results)
+    assert sorted(p.name for p in state.iterdir()) == []
+    assert any(r == "decoy\n" for r in results), "the race never ran"
+
+
+async def test_a_fifo_swapped_in_cannot_hang_the_file_tools(tmp_path: Path) -> None:
+    setup = (
+        "echo plain > f; mkfifo p; python3 swap.py f p >/dev/null 2>&1 & sleep 0.3; echo started"
+    )
+    results = await race(tmp_path, setup, [("read_file", {"path": "f"})] * 40)
+    assert all(r == "plain\n" or r.startswith("Error:") for r in results), results
+
+
+async def test_huge_sparse_files_are_read_in_bounded_memory(tmp_path: Path) -> None:
+    import resource
+
+    setup = "printf 'a%.0s' $(seq 9000) > big; truncate -s 3G big; echo started"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    read, edit = await race(
+        tmp_path,
+        setup,
+        [
+            ("read_file", {"path": "big"}),
+            ("edit_file", {"path": "big", "old_text": "aaa", "new_text": "b"}),
+        ],
+    )
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert "at least" in read or "binary" in read, read[-300:]
+    assert edit.startswith("Error:") and "up to" in edit, edit
+    assert grown_mib < 100, f"reading a sparse 3 GB file grew memory by {grown_mib:.0f} MiB"
+
+
+def test_the_systems_own_secrets_stay_closed(tmp_path: Path, llm: FakeLLMThread) -> None:
+    """memobot may run as root, and root owns /etc/shadow: the policy carves it out."""
+    if not Path("/etc/shadow").exists():
+        pytest.skip("no /etc/shadow here")
+    cfg = attack_config(tmp_path, llm)
+    llm.script(
+        tool_step(
+            call("exec", {"command": "head -c 40 /etc/shadow; echo; head -c 20 /etc/passwd"}),
+            call("read_file", {"path": "/etc/shadow"}),
+        ),
+        reply("done"),
+    )
+    done = run_memobot("agent", "-m", "go", "-s", "cli:shadow", config=cfg)
+    assert done.returncode == 0, done.stderr
+    shell, file_tool = tool_results(llm).values()
+    assert "Permission denied" in shell and "root:" in shell  # passwd readable, shadow not
+    assert file_tool.startswith("Error: path")

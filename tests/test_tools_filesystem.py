@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bot.config import ToolsConfig
+from bot.gate import Gate
 from bot.tools import build_default_tools
 from bot.tools.base import ToolContext, ToolError, ToolRegistry
 from bot.tools.filesystem import MAX_LIST_ENTRIES, MAX_READ_CHARS
@@ -38,9 +40,15 @@ def outside(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def ctx(ws: Path) -> ToolContext:
-    return ToolContext(workspace=ws)
+@pytest.fixture(params=["gate", "no gate"])
+def ctx(ws: Path, request: pytest.FixtureRequest) -> Iterator[ToolContext]:
+    """Through the gate's (confined) file threads, as in the daemon, and without a gate."""
+    if request.param == "no gate":
+        yield ToolContext(workspace=ws)
+        return
+    gate = Gate(ws)
+    yield ToolContext(workspace=ws, gate=gate)
+    gate.close()
 
 
 @pytest.fixture

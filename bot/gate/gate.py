@@ -20,8 +20,10 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from bot.gate import launcher
 from bot.gate.policy import CONFINED_READ_ROOTS, DEVICES, PathPolicy
@@ -36,6 +38,8 @@ ENV_PASSTHROUGH = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _TEMP_PREFIX = "memobot-tmp-"
 _STATUS_DRAIN_SECONDS = 0.2
+FILE_THREADS = 4
+T = TypeVar("T")
 
 
 class GateRefused(Exception):
@@ -187,6 +191,8 @@ class Gate:
             workspace, self._temp, protected=protected, private=_home()
         )
         self._marker = f"{installation}:{os.getpid()}:{process_start_time(os.getpid())}"
+        self._confined: ThreadPoolExecutor | None = None
+        self._plain: ThreadPoolExecutor | None = None
 
     @property
     def temp(self) -> Path:
@@ -248,7 +254,41 @@ class Gate:
         scope.add(process)
         return process
 
+    async def run_file_op(self, fn: Callable[..., T], *args: object, confined: bool) -> T:
+        """Run a file tool's blocking work in the gate's own threads.
+
+        With ``confined`` (the agent is restricted to its workspace) and a kernel with Landlock,
+        the threads are themselves under Landlock with the policy's lists: the kernel, not a
+        path check done a moment earlier, decides what the call can open, so a symlink swapped
+        in by a background job between check and use leads nowhere. Separate, bounded pools
+        keep a stuck call from starving memobot's own file work in the default executor.
+        """
+        pool = self._confined_pool() if confined else self._plain_pool()
+        return await asyncio.get_running_loop().run_in_executor(pool, lambda: fn(*args))
+
+    def _confined_pool(self) -> ThreadPoolExecutor:
+        if self._confined is None:
+            if launcher.landlock_abi() < 1:
+                return self._plain_pool()  # the path policy alone still applies
+            read = [str(p) for p in self.policy.read_roots]
+            write = [str(p) for p in self.policy.writable]
+            self._confined = ThreadPoolExecutor(
+                FILE_THREADS,
+                thread_name_prefix="memobot-files-confined",
+                initializer=launcher.confine,
+                initargs=(read, write, [], True),
+            )
+        return self._confined
+
+    def _plain_pool(self) -> ThreadPoolExecutor:
+        if self._plain is None:
+            self._plain = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="memobot-files")
+        return self._plain
+
     def close(self) -> None:
+        for pool in (self._confined, self._plain):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         shutil.rmtree(self._temp, ignore_errors=True)
 
 

@@ -8,6 +8,7 @@ The file tools check paths against this policy; ``exec`` hands the same lists to
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -16,6 +17,13 @@ from pathlib import Path
 # Read and execute only.
 SYSTEM_READ_ROOTS: tuple[str, ...] = (
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys",
+)  # fmt: skip
+# Secrets of the system itself, under the readable folders: unreadable to a memobot that is
+# not root anyway, and not to be handed to the model by one that is.
+SYSTEM_SECRETS: tuple[str, ...] = (
+    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
+    "/etc/sudoers.d", "/etc/ssl/private", "/etc/credstore", "/etc/credstore.encrypted",
+    "/etc/ssh/ssh_host_*_key", "/etc/memobot",
 )  # fmt: skip
 # Readable by confined processes only: the kernel's ptrace rules keep them out of memobot's
 # /proc/<pid>/environ, mem and fds. memobot's own file tools never read /proc (its
@@ -100,7 +108,8 @@ class PathPolicy:
         folders, e.g. a home folder under /etc or /opt; the workspace may lie inside it)."""
         keep_out = tuple(real_path(p) for p in protected)
         roots = [Path(r) for r in SYSTEM_READ_ROOTS if os.path.lexists(r)]
-        read_roots = tuple(carve(roots, (*keep_out, *private)))
+        secrets = [Path(p) for pattern in SYSTEM_SECRETS for p in glob.glob(pattern)]
+        read_roots = tuple(carve(roots, (*keep_out, *private, *secrets)))
         return cls(real_path(workspace), temp and real_path(temp), read_roots, keep_out)
 
     @property

@@ -1,47 +1,76 @@
 """File tools: read_file, write_file, edit_file, list_dir.
 
 All paths go through :func:`bot.tools.paths.resolve_tool_path`, so the workspace policy lives in
-one place. The blocking file work of each call runs in one ``asyncio.to_thread`` hop: files can
-be large and the event loop also carries every chat's traffic.
+one place. The blocking file work of each call runs in one hop to the gate's file threads
+(:meth:`bot.gate.Gate.run_file_op`), which the kernel confines to the same policy: a path that
+changes between the check and the use (a symlink swapped in by a background job) still cannot
+lead out. Files are opened without following a final symlink and without blocking (a FIFO
+swapped in cannot hang a thread), and no call reads more than a bounded number of bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import difflib
-import io
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from bot.tools.base import Tool, ToolContext, ToolError
 from bot.tools.paths import resolve_tool_path
 
 MAX_READ_CHARS = 50_000
 MAX_LIST_ENTRIES = 500
+MAX_EDIT_BYTES = 8 * 1024 * 1024
+# Counting lines past the window stops here: a 50 GB sparse file costs no disk but would cost
+# minutes to scan.
+MAX_SCAN_BYTES = 64 * 1024 * 1024
 _SNIFF_BYTES = 8192
+_CHUNK = 65536
+T = TypeVar("T")
+
+
+async def _file_work(ctx: ToolContext, fn: Callable[..., T], *args: Any) -> T:
+    if ctx.gate is None:
+        return await asyncio.to_thread(fn, *args)
+    return await ctx.gate.run_file_op(fn, *args, confined=ctx.restrict_to_workspace)
+
+
+def _open_regular(path: Path, raw: str) -> int:
+    """An fd of the regular file at ``path``; no final symlink, no FIFO, no device.
+
+    The policy checked the real path, so a symlink found here was swapped in since: refused.
+    O_NONBLOCK keeps the open itself from waiting on a FIFO.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise ToolError(f"file not found: {raw}") from None
+    except PermissionError:
+        raise ToolError(f"permission denied: {raw}") from None
+    except IsADirectoryError:
+        raise ToolError(f"'{raw}' is a directory; use list_dir to see its contents") from None
+    except OSError as exc:  # ELOOP: the final component became a symlink
+        raise ToolError(f"cannot open '{raw}': {exc.strerror}") from None
+    st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode):
+        os.close(fd)
+        raise ToolError(f"'{raw}' is a directory; use list_dir to see its contents")
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        # A FIFO or device would block the reading thread or never end.
+        raise ToolError(f"'{raw}' is not a regular file")
+    return fd
 
 
 def _looks_binary(head: bytes) -> bool:
     # A NUL byte in the first block is what git and grep use too; UTF-16 text counts as binary.
     return b"\0" in head
-
-
-def _check_regular_file(path: Path, raw: str) -> os.stat_result:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise ToolError(f"file not found: {raw}") from None
-    except PermissionError:
-        raise ToolError(f"permission denied: {raw}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ToolError(f"'{raw}' is a directory; use list_dir to see its contents")
-    if not stat.S_ISREG(st.st_mode):
-        # A FIFO or device would block the reading thread or never end.
-        raise ToolError(f"'{raw}' is not a regular file")
-    return st
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -80,40 +109,58 @@ class _Window:
     last: int  # last line shown; first - 1 when nothing was shown
     total: int
     cut_line: bool  # the last line shown was longer than the cap and was cut
+    total_known: bool = True  # False: the file was too long to count to its end
 
 
 def _read_window(path: Path, raw: str, offset: int, limit: int | None) -> _Window:
-    _check_regular_file(path, raw)
-    with path.open("rb") as fh:
+    with os.fdopen(_open_regular(path, raw), "rb") as fh:
         if _looks_binary(fh.read(_SNIFF_BYTES)):
             size = os.fstat(fh.fileno()).st_size
             raise ToolError(f"'{raw}' looks like a binary file ({size} bytes); cannot show it")
         fh.seek(0)
-        # newline="" keeps \r\n as written, so what the model sees is what edit_file matches.
-        text = io.TextIOWrapper(fh, encoding="utf-8", errors="replace", newline="")
+        # Bytes in bounded pieces: a line without an end cannot fill memory. Decoding keeps
+        # \r\n as written, so what the model sees is what edit_file matches.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         shown: list[str] = []
-        chars = 0
+        line: list[str] = []  # the pieces of the line being read, while it fits
+        chars = line_chars = 0
         last = offset - 1
-        total = 0
-        cut_line = False
-        full = False
-        for lineno, line in enumerate(text, 1):
-            total = lineno
+        lineno = scanned = 0
+        cut_line = full = False
+        at_line_start = counted = True
+        while piece := fh.readline(_CHUNK):
+            scanned += len(piece)
+            if at_line_start:
+                lineno += 1
+                line, line_chars = [], 0
+            at_line_start = piece.endswith(b"\n")
             if full or lineno < offset:
+                if full and scanned > MAX_SCAN_BYTES:
+                    counted = False
+                    break
                 continue  # keep counting so the note can say how long the file is
             if limit is not None and lineno >= offset + limit:
                 full = True
                 continue
-            if chars + len(line) > MAX_READ_CHARS:
-                if not shown:
-                    shown.append(line[:MAX_READ_CHARS])
+            text = decoder.decode(piece, final=at_line_start)
+            line.append(text)
+            line_chars += len(text)
+            if chars + line_chars > MAX_READ_CHARS:
+                if not shown:  # the first line alone is too long: show its head
+                    shown.append("".join(line)[:MAX_READ_CHARS])
                     last, cut_line = lineno, True
                 full = True
-                continue
-            shown.append(line)
-            chars += len(line)
+            elif at_line_start:
+                shown.append("".join(line))
+                chars += line_chars
+                last = lineno
+        if line and not full and last < lineno:  # a last line without a newline
+            shown.append("".join(line) + decoder.decode(b"", final=True))
             last = lineno
-    return _Window("".join(shown), offset, last, total, cut_line)
+    text = "".join(shown)
+    if "\0" in text:  # past the sniffed head: still not text to show
+        raise ToolError(f"'{raw}' looks like a binary file (NUL bytes after the start)")
+    return _Window(text, offset, last, lineno, cut_line, counted)
 
 
 def _format_window(w: _Window, raw: str) -> str:
@@ -125,8 +172,9 @@ def _format_window(w: _Window, raw: str) -> str:
     if w.cut_line:
         notes.append(f"Line {w.last} is longer than {MAX_READ_CHARS} characters and was cut.")
     if w.last < w.total:
+        of = f"{w.total}" if w.total_known else f"at least {w.total}"
         notes.append(
-            f"Showing lines {w.first}-{w.last} of {w.total}. "
+            f"Showing lines {w.first}-{w.last} of {of}. "
             f"Use offset={w.last + 1} (and limit) to read more."
         )
     if not notes:
@@ -161,7 +209,7 @@ class ReadFileTool(Tool):
         if limit is not None and limit < 1:
             raise ToolError("limit must be 1 or more")
         path = resolve_tool_path(raw, ctx)
-        window = await asyncio.to_thread(_read_window, path, raw, offset, limit)
+        window = await _file_work(ctx, _read_window, path, raw, offset, limit)
         return _format_window(window, raw)
 
 
@@ -201,7 +249,7 @@ class WriteFileTool(Tool):
         raw: str = args["path"]
         data = args["content"].encode("utf-8")
         path = resolve_tool_path(raw, ctx, write=True)
-        await asyncio.to_thread(_write, path, raw, data)
+        await _file_work(ctx, _write, path, raw, data)
         return f"Wrote {len(data)} bytes to {raw}"
 
 
@@ -229,8 +277,14 @@ def _not_found_hint(text: str, old: str) -> str:
 
 
 def _edit(path: Path, raw: str, old: str, new: str, replace_all: bool) -> int:
-    _check_regular_file(path, raw)
-    data = path.read_bytes()
+    with os.fdopen(_open_regular(path, raw), "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > MAX_EDIT_BYTES:
+            raise ToolError(
+                f"'{raw}' is {_human_size(size)}; edit_file edits files up to "
+                f"{_human_size(MAX_EDIT_BYTES)} (use exec with sed for bigger ones)"
+            )
+        data = fh.read(MAX_EDIT_BYTES + 1)
     if _looks_binary(data[:_SNIFF_BYTES]):
         raise ToolError(f"'{raw}' looks like a binary file; edit_file only edits text")
     try:
@@ -291,8 +345,8 @@ class EditFileTool(Tool):
         if old == new:
             raise ToolError("old_text and new_text are the same; nothing to change")
         path = resolve_tool_path(raw, ctx, write=True)
-        count = await asyncio.to_thread(
-            _edit, path, raw, old, new, bool(args.get("replace_all", False))
+        count = await _file_work(
+            ctx, _edit, path, raw, old, new, bool(args.get("replace_all", False))
         )
         noun = "occurrence" if count == 1 else "occurrences"
         return f"Edited {raw}: replaced {count} {noun}"
@@ -362,4 +416,4 @@ class ListDirTool(Tool):
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         raw: str = args.get("path") or "."
         path = resolve_tool_path(raw, ctx)
-        return await asyncio.to_thread(_list, path, raw)
+        return await _file_work(ctx, _list, path, raw)

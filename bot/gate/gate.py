@@ -164,9 +164,11 @@ class ProcessScope:
             try:
                 await asyncio.wait_for(asyncio.shield(proc.wait()), grace + 5.0)
             except TimeoutError:
-                log.error("launcher %d did not stop; killing it", proc.pid)
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+                log.error("launcher %d did not stop; killing it and its subtree", proc.pid)
+                # Its subtree first: once the launcher is gone they would belong to pid 1.
+                for pid in [proc.pid, *launcher.descendants(proc.pid)]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
         await proc.wait()
 
     async def close(self) -> None:

@@ -218,6 +218,31 @@ def _has_capabilities() -> bool:
         return True
 
 
+MAX_NEW_TASKS = 1024
+
+
+def _limit_tasks() -> None:
+    """Cap the tasks a confined command can add, so a fork bomb the guard did not recognise
+    stops at about MAX_NEW_TASKS instead of exhausting the machine's pids.
+
+    RLIMIT_NPROC counts every task of the user, memobot's included; the system-wide count in
+    /proc/loadavg is an upper bound of that, so the command always gets its MAX_NEW_TASKS.
+    """
+    import resource
+
+    try:
+        with open("/proc/loadavg") as fh:
+            total = int(fh.read().split()[3].split("/")[1])
+    except (OSError, IndexError, ValueError):
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    limit = total + MAX_NEW_TASKS
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    if soft == resource.RLIM_INFINITY or limit < soft:
+        resource.setrlimit(resource.RLIMIT_NPROC, (limit, hard))
+
+
 # --- The subtree ----------------------------------------------------------------------------
 
 
@@ -360,6 +385,7 @@ def _child(spec: dict, report_w: int) -> None:
             signal.signal(sig, signal.SIG_DFL)
         os.dup2(1, 2)  # one stream keeps the interleaving of output and errors readable
         if spec.get("confine"):
+            _limit_tasks()
             drop_capabilities()
             confine(spec["read"], spec["write"], spec.get("devices", []), spec["network"])
         argv = spec["argv"]

@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bot.service import commands as service_commands
 
     service_commands.add_parsers(sub, common)
+    from bot.importer import commands as import_commands
+
+    import_commands.add_parsers(sub, common)
     return parser
 
 
@@ -114,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             return service_commands.run(args)
         if args.command == "onboard":
             return cmd_onboard(args, config_path)
+        if args.command == "import":  # writes the config: it need not exist yet
+            from bot.importer import commands as import_commands
+
+            return import_commands.run(args, config_path)
         cfg, config_path = load_config(config_path)
         if args.command == "agent":
             return cmd_agent(args, cfg, config_path)

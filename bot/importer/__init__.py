@@ -1,0 +1,1 @@
+"""``memobot import ...``: bring another assistant's files into memobot (nanobot for now)."""

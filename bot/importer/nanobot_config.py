@@ -1,0 +1,371 @@
+"""nanobot's ``config.json`` translated into a memobot config; a pure function over JSON.
+
+nanobot's schema (camelCase aliases; nanobot also accepts snake_case, so both are read)::
+
+    agents.defaults.{workspace, model, provider, maxTokens, temperature, maxToolIterations,
+                     contextWindowTokens, ...}
+    providers.<name>.{apiKey, apiBase, extraHeaders}
+    channels.{telegram, discord, slack, whatsapp, ...}.{enabled, token | botToken/appToken,
+              allowFrom, groupPolicy, proxy, ...}
+    tools.{restrictToWorkspace, exec.{timeout, enable, pathAppend}, web.{proxy, search},
+           mcpServers.<name>}
+    gateway.{host, port, heartbeat}
+
+memobot speaks one OpenAI-compatible endpoint, three channels and no MCP yet. Every value that
+has a memobot home is carried over and checked against memobot's own config models one field
+at a time (a value memobot would refuse is listed, not written); every value that has none is
+listed by its JSON path. Secret values are never put into a report line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from bot.config import (
+    AgentConfig,
+    ChannelConfig,
+    DiscordConfig,
+    ExecConfig,
+    LLMConfig,
+    SlackConfig,
+    TelegramConfig,
+)
+
+# OpenAI-compatible endpoints of the providers nanobot knows by name; "" is OpenAI itself.
+PROVIDER_BASES: dict[str, str] = {
+    "openai": "",
+    "custom": "",
+    "openrouter": "https://openrouter.ai/api/v1",
+    "anthropic": "https://api.anthropic.com/v1/",
+    "deepseek": "https://api.deepseek.com/v1",
+    "groq": "https://api.groq.com/openai/v1",
+    "gemini": "https://generativelanguage.googleapis.com/v1beta/openai/",
+    "moonshot": "https://api.moonshot.ai/v1",
+    "dashscope": "https://dashscope.aliyuncs.com/compatible-mode/v1",
+    "zhipu": "https://open.bigmodel.cn/api/paas/v4",
+    "minimax": "https://api.minimax.io/v1",
+    "siliconflow": "https://api.siliconflow.cn/v1",
+    "aihubmix": "https://aihubmix.com/v1",
+    "ollama": "http://localhost:11434/v1",
+}
+# Gateways whose model ids carry the vendor ("anthropic/claude-..."): the prefix stays.
+_ROUTERS = frozenset({"openrouter", "aihubmix", "siliconflow", "custom", "vllm", "ollama"})
+# Words in a model name that point at a provider, when the config leaves it to "auto".
+_MODEL_HINTS: tuple[tuple[str, str], ...] = (
+    ("claude", "anthropic"),
+    ("gpt", "openai"),
+    ("o1", "openai"),
+    ("o3", "openai"),
+    ("deepseek", "deepseek"),
+    ("gemini", "gemini"),
+    ("qwen", "dashscope"),
+    ("glm", "zhipu"),
+    ("kimi", "moonshot"),
+    ("moonshot", "moonshot"),
+    ("minimax", "minimax"),
+)
+_CHANNELS: dict[str, type[ChannelConfig]] = {
+    "telegram": TelegramConfig,
+    "discord": DiscordConfig,
+    "slack": SlackConfig,
+}
+_TOKENS: dict[str, tuple[str, ...]] = {
+    "telegram": ("token",),
+    "discord": ("token",),
+    "slack": ("botToken", "appToken"),
+}
+_SNAKE = re.compile(r"_([a-z0-9])")
+
+
+@dataclass(slots=True)
+class Translation:
+    """The memobot config (camelCase JSON, ready for ``parse_config``) and what was left out.
+
+    ``dropped`` holds (JSON path in nanobot's config, why); ``notes`` holds things carried
+    over that a person should look at (a guessed endpoint, a weaker setting)."""
+
+    config: dict[str, Any]
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[tuple[str, str]] = field(default_factory=list)
+    provider: str = ""
+
+
+def camel_keys(value: Any) -> Any:
+    """Every object key in camelCase (nanobot reads ``api_key`` and ``apiKey`` alike)."""
+    if isinstance(value, dict):
+        return {_camel(str(k)): camel_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [camel_keys(v) for v in value]
+    return value
+
+
+def _camel(key: str) -> str:
+    return _SNAKE.sub(lambda m: m.group(1).upper(), key) if "_" in key else key
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == "" or value == [] or value == {} or value is False
+
+
+def _fits(model: type[BaseModel], key: str, value: Any) -> str | None:
+    """None when memobot's ``model`` accepts ``value`` for ``key``, else why not."""
+    try:
+        model.model_validate({key: value})
+    except ValidationError as exc:
+        return str(exc.errors()[0]["msg"])
+    return None
+
+
+class _Translator:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = camel_keys(data)
+        self.out: dict[str, Any] = {"llm": {}, "agent": {}, "tools": {"exec": {}}, "channels": {}}
+        self.result = Translation(self.out)
+
+    def drop(self, path: str, why: str) -> None:
+        self.result.dropped.append((path, why))
+
+    def leftovers(self, prefix: str, section: Any, used: set[str], why: str) -> None:
+        """List every non-empty key of ``section`` not in ``used``."""
+        if not isinstance(section, dict):
+            return
+        for key, value in section.items():
+            if key not in used and not _empty(value):
+                self.drop(f"{prefix}.{key}", why)
+
+    def put(
+        self, model: type[BaseModel], dest: dict[str, Any], key: str, value: Any, src: str
+    ) -> None:
+        problem = _fits(model, key, value)
+        if problem:
+            self.drop(src, f"memobot refuses {value!r} for it ({problem})")
+        else:
+            dest[key] = value
+
+    # -- sections --------------------------------------------------------------------------
+
+    def run(self) -> Translation:
+        known = {"agents", "providers", "channels", "tools", "gateway"}
+        for key, value in self.data.items():
+            if key not in known and not _empty(value):
+                self.drop(key, "no memobot equivalent")
+        self.agents()
+        self.tools()
+        self.channels()
+        gateway = self.data.get("gateway")
+        if isinstance(gateway, dict):
+            why = {
+                "host": "memobot's gateway opens no HTTP port",
+                "port": "memobot's gateway opens no HTTP port",
+                "heartbeat": "memobot has no heartbeat yet",
+            }
+            for key, value in gateway.items():
+                if not _empty(value):
+                    self.drop(f"gateway.{key}", why.get(key, "no memobot equivalent"))
+        return self.result
+
+    def agents(self) -> None:
+        agents = self.data.get("agents")
+        defaults = agents.get("defaults") if isinstance(agents, dict) else None
+        defaults = defaults if isinstance(defaults, dict) else {}
+        if isinstance(agents, dict):
+            self.leftovers("agents", agents, {"defaults"}, "no memobot equivalent")
+        llm, agent = self.out["llm"], self.out["agent"]
+        self.provider(str(defaults.get("model") or ""), defaults.get("provider"))
+        for src, model, dest, key in (
+            ("maxTokens", LLMConfig, llm, "maxTokens"),
+            ("temperature", LLMConfig, llm, "temperature"),
+            ("contextWindowTokens", LLMConfig, llm, "contextWindowTokens"),
+            ("maxToolIterations", AgentConfig, agent, "maxToolIterations"),
+        ):
+            if defaults.get(src) is not None:
+                self.put(model, dest, key, defaults[src], f"agents.defaults.{src}")
+        used = {"workspace", "model", "provider", "maxTokens", "temperature"}
+        used |= {"contextWindowTokens", "maxToolIterations"}
+        self.leftovers("agents.defaults", defaults, used, "no memobot equivalent")
+
+    def provider(self, model: str, wanted: Any) -> None:
+        providers = self.data.get("providers")
+        providers = providers if isinstance(providers, dict) else {}
+        usable = {
+            name: p
+            for name, p in providers.items()
+            if isinstance(p, dict) and (p.get("apiKey") or p.get("apiBase"))
+        }
+        name = self._choose(model, wanted, usable)
+        llm = self.out["llm"]
+        if model:
+            shown = model
+            if name and name not in _ROUTERS and model.startswith(f"{name}/"):
+                shown = model.split("/", 1)[1]
+                self.result.notes.append(
+                    ("llm.model", f"{model!r} became {shown!r} (the endpoint's own model id)")
+                )
+            llm["model"] = shown
+        chosen = usable.get(name, providers.get(name) if name else None)
+        if isinstance(chosen, dict):
+            self.result.provider = name
+            if chosen.get("apiKey"):
+                llm["apiKey"] = str(chosen["apiKey"])
+            base = str(chosen.get("apiBase") or PROVIDER_BASES.get(name, ""))
+            if base:
+                llm["baseUrl"] = base
+            if not chosen.get("apiBase") and name in PROVIDER_BASES and base:
+                self.result.notes.append(
+                    (
+                        "llm.baseUrl",
+                        f"{base} is {name}'s OpenAI-compatible endpoint (memobot speaks only that "
+                        "API); check it if the first answer fails",
+                    )
+                )
+            if not base and name not in ("openai",):
+                self.result.notes.append(
+                    ("llm.baseUrl", f"no endpoint known for provider {name!r}: set llm.baseUrl")
+                )
+            self.leftovers(
+                f"providers.{name}", chosen, {"apiKey", "apiBase"}, "no memobot equivalent"
+            )
+        elif usable or wanted:
+            self.drop("providers", "none of them could be matched to the model; set llm.* by hand")
+        for other in usable:
+            if other != name:
+                self.drop(f"providers.{other}", "memobot talks to one endpoint")
+
+    @staticmethod
+    def _choose(model: str, wanted: Any, usable: dict[str, Any]) -> str:
+        if isinstance(wanted, str) and wanted and wanted != "auto":
+            return wanted
+        prefix = model.split("/", 1)[0] if "/" in model else ""
+        if prefix in usable:
+            return prefix
+        lowered = model.lower()
+        for hint, name in _MODEL_HINTS:
+            if hint in lowered and name in usable:
+                return name
+        return next(iter(usable), "")
+
+    def tools(self) -> None:
+        tools = self.data.get("tools")
+        if not isinstance(tools, dict):
+            return
+        out = self.out["tools"]
+        if isinstance(tools.get("restrictToWorkspace"), bool):
+            out["restrictToWorkspace"] = tools["restrictToWorkspace"]
+            if not tools["restrictToWorkspace"]:
+                self.result.notes.append(
+                    (
+                        "tools.restrictToWorkspace",
+                        "false, as in nanobot: the agent's file tools and commands are not "
+                        "confined to the workspace (memobot's default is true)",
+                    )
+                )
+        exec_cfg = tools.get("exec")
+        if isinstance(exec_cfg, dict):
+            if exec_cfg.get("timeout") is not None:
+                self.put(
+                    ExecConfig,
+                    out["exec"],
+                    "timeoutSeconds",
+                    exec_cfg["timeout"],
+                    "tools.exec.timeout",
+                )
+            for key in ("enable", "enabled"):
+                if isinstance(exec_cfg.get(key), bool):
+                    out["exec"]["enabled"] = exec_cfg[key]
+            self.leftovers(
+                "tools.exec", exec_cfg, {"timeout", "enable", "enabled"}, "no memobot equivalent"
+            )
+        web = tools.get("web")
+        if isinstance(web, dict):
+            for key, value in web.items():
+                if _empty(value):
+                    continue
+                why = "memobot has no web_search tool (it has web_fetch)" if key == "search" else ""
+                self.drop(f"tools.web.{key}", why or "no memobot equivalent")
+        servers = tools.get("mcpServers")
+        if isinstance(servers, dict) and servers:
+            names = ", ".join(sorted(servers))
+            self.drop(f"tools.mcpServers ({names})", "not carried over yet: memobot has no MCP")
+        used = {"restrictToWorkspace", "exec", "web", "mcpServers"}
+        self.leftovers("tools", tools, used, "no memobot equivalent")
+
+    def channels(self) -> None:
+        channels = self.data.get("channels")
+        if not isinstance(channels, dict):
+            return
+        for name, section in channels.items():
+            if name in _CHANNELS and isinstance(section, dict):
+                self.channel(name, section)
+            elif isinstance(section, dict):
+                state = "enabled" if section.get("enabled") else "disabled"
+                self.drop(f"channels.{name} ({state})", f"memobot has no {name} channel")
+            elif not _empty(section):
+                self.drop(f"channels.{name}", "no memobot equivalent")
+
+    def channel(self, name: str, src: dict[str, Any]) -> None:
+        model = _CHANNELS[name]
+        out: dict[str, Any] = {}
+        path = f"channels.{name}"
+        for key in _TOKENS[name]:
+            if src.get(key):
+                out[key] = str(src[key])
+        allow = src.get("allowFrom")
+        if isinstance(allow, list):
+            kept: list[str] = []
+            for raw in allow:
+                value = str(raw).split("|", 1)[0].strip() if isinstance(raw, str | int) else ""
+                if value and _fits(model, "allowFrom", [value]) is None:
+                    kept.append(value)
+                else:
+                    self.drop(
+                        f"{path}.allowFrom {raw!r}",
+                        "not a stable user id (memobot allows ids, never usernames)",
+                    )
+            out["allowFrom"] = kept
+        policy = src.get("groupPolicy")
+        if policy in ("mention", "open"):
+            out["groupPolicy"] = policy
+        elif not _empty(policy):
+            out["groupPolicy"] = "mention"
+            self.drop(f"{path}.groupPolicy {policy!r}", "memobot has mention or open; set mention")
+        proxy = src.get("proxy")
+        if not _empty(proxy):
+            self.put(model, out, "proxy", str(proxy), f"{path}.proxy")
+        enabled = bool(src.get("enabled"))
+        missing = [k for k in _TOKENS[name] if not out.get(k)]
+        if enabled and missing:
+            enabled = False
+            self.drop(f"{path}.enabled", f"no {', '.join(missing)}: the channel stays disabled")
+        out["enabled"] = enabled
+        if name == "slack" and src.get("mode") not in (None, "", "socket"):
+            self.drop(f"{path}.mode {src['mode']!r}", "memobot connects over Socket Mode only")
+        used = {"enabled", "allowFrom", "groupPolicy", "proxy", "mode", *_TOKENS[name]}
+        self.leftovers(path, src, used, "no memobot equivalent")
+        self.out["channels"][name] = out
+
+
+def translate_config(data: dict[str, Any]) -> Translation:
+    """memobot config JSON for nanobot's ``data`` (agent.workspace and stateDir are the
+    caller's to set). Never raises on unexpected shapes: they are listed in ``dropped``."""
+    return _Translator(data).run()
+
+
+def nanobot_workspace_setting(data: dict[str, Any]) -> str | None:
+    """``agents.defaults.workspace`` of a nanobot config, if set."""
+    agents = camel_keys(data).get("agents")
+    defaults = agents.get("defaults") if isinstance(agents, dict) else None
+    value = defaults.get("workspace") if isinstance(defaults, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+__all__ = [
+    "PROVIDER_BASES",
+    "Translation",
+    "camel_keys",
+    "nanobot_workspace_setting",
+    "translate_config",
+]

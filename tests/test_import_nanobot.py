@@ -1,0 +1,229 @@
+"""``memobot import nanobot``: a nanobot installation built from the shapes in
+tests/nanobot_shapes.py, imported by the real command, then used by memobot (issue 10 item 4)."""
+
+from __future__ import annotations
+
+import json
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dulwich.repo import Repo
+
+from bot.config import load_config
+from bot.importer.nanobot import convert_session, guess_key
+from bot.importer.nanobot_config import translate_config
+from bot.memory.dream import read_dream_cursor
+from bot.memory.versioning import MemoryRepo
+from bot.session import SessionStore
+from tests.fakes.llm_server import FakeLLM, FakeLLMThread, tool_step
+from tests.helpers import request_messages, run_memobot
+from tests.nanobot_shapes import (
+    CLI_SESSION_MESSAGES,
+    HISTORY_LINES,
+    NANOBOT_AUTHOR,
+    nanobot_config,
+    nanobot_home,
+    nanobot_workspace,
+)
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMThread]:
+    with FakeLLM.start_in_thread() as server:
+        yield server
+
+
+def test_import_then_search_history_dream_and_a_turn(tmp_path: Path, llm: FakeLLMThread) -> None:
+    home = nanobot_home(tmp_path / ".nanobot", llm.base_url)
+    ws = home / "workspace"
+    history_before = (ws / "memory" / "history.jsonl").read_bytes()
+    agents_before = (ws / "AGENTS.md").read_bytes()
+    cfg_path = tmp_path / "memobot" / "config.json"
+
+    done = run_memobot("import", "nanobot", str(home), config=cfg_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "Traceback" not in done.stderr
+    for expected in (
+        "adopted     memory/history.jsonl: 3 entries",
+        "2 without a session",
+        "adopted     .git: nanobot's memory history, 2 commit(s) kept",
+        "converted   sessions/cli_direct.jsonl: session cli:direct",
+        "converted   ~nanobot/sessions/3f2a9c1d/telegram_123456789.jsonl",
+        "mentions tools memobot does not have (cron, spawn)",
+        "left alone  HEARTBEAT.md",
+        "tools.mcpServers (filesystem, remote): not carried over yet",
+        "channels.whatsapp (enabled): memobot has no whatsapp channel",
+        "channels.telegram.allowFrom '@someone'",
+    ):
+        assert expected in out, (expected, out)
+    assert "sk-nano-test" not in out and "xoxb-1-2-abc" not in out  # no secret in the report
+    # The config: memobot's own loader reads it; 0600; the workspace adopted in place.
+    assert stat.S_IMODE(cfg_path.stat().st_mode) == 0o600
+    cfg, _ = load_config(cfg_path)
+    assert cfg.agent.workspace_path == ws
+    assert cfg.llm.base_url == llm.base_url and cfg.llm.api_key == "sk-nano-test"
+    assert cfg.channels.telegram.enabled and cfg.channels.telegram.allow_from == [
+        "123456789",
+        "987654321",
+    ]
+    assert cfg.channels.slack.group_policy == "open" and cfg.tools.exec.timeout_seconds == 120
+    # The user's files are never rewritten.
+    assert (ws / "AGENTS.md").read_bytes() == agents_before
+    assert (ws / "memory" / "history.jsonl").read_bytes() == history_before
+    store = SessionStore(cfg.agent.state_path)
+    assert store.keys() == ["cli:direct", "telegram:123456789"]
+
+    found = run_memobot("memory", "search", "Lisbon", config=cfg_path)
+    assert found.returncode == 0, found.stderr
+    assert "memory/history.jsonl#1" in found.stdout
+    listing = run_memobot("memory", "history", config=cfg_path)
+    assert "No history entries" not in listing.stdout and "keeps bees" in listing.stdout
+
+    llm.script(
+        tool_step(("add_entry", {"file": "USER.md", "entry": "Keeps bees"})),
+        tool_step(("finish", {"summary": "one fact"})),
+    )
+    dreamt = run_memobot("dream", config=cfg_path)
+    assert dreamt.returncode == 0, dreamt.stderr
+    assert "Traceback" not in dreamt.stderr and "1 added" in dreamt.stdout
+    assert read_dream_cursor(ws) == HISTORY_LINES[-1]["cursor"]
+    log = MemoryRepo(ws).log()
+    assert log[0].subject.startswith("dream: digest history 2..3")
+    assert [c.subject for c in log[-2:]] == [
+        "dream: 2026-03-02, 1 change(s)",
+        "init: nanobot memory store",
+    ]
+    assert log[-1].author == NANOBOT_AUTHOR.decode()
+    assert "Keeps bees" in (ws / "USER.md").read_text()
+
+    llm.reset()
+    turn = run_memobot("agent", "-m", "what is my cat called?", "-s", "cli:direct", config=cfg_path)
+    assert turn.returncode == 0, turn.stderr
+    assert turn.stdout == "echo: what is my cat called?\n"
+    sent = request_messages(llm.requests[0])
+    contents = [m.get("content") for m in sent]
+    # The unarchived part of nanobot's session (after last_consolidated = 2) comes along.
+    assert "my cat is called Turing" in contents and "Noted: Turing the cat." in contents
+    assert "hello nanobot" not in contents  # archived by nanobot already
+    assert all("tools_used" not in m and "reasoning_content" not in m for m in sent)
+    calls = [m for m in sent if m.get("tool_calls")]
+    assert calls and calls[0]["tool_calls"][0]["function"]["name"] == "read_file"
+
+    config_before = cfg_path.read_bytes()
+    again = run_memobot("import", "nanobot", str(home), config=cfg_path)
+    assert again.returncode == 1
+    assert "--force" in again.stderr and "Traceback" not in again.stderr
+    assert cfg_path.read_bytes() == config_before
+    assert store.keys() == ["cli:direct", "telegram:123456789"]
+
+    forced = run_memobot("import", "nanobot", str(home), "--force", config=cfg_path)
+    assert forced.returncode == 0, forced.stderr
+    assert "memobot already has a session cli:direct" in forced.stdout
+    assert list(cfg_path.parent.glob("config.json.bak-*"))
+    assert len(store.get("cli:direct").messages) == len(CLI_SESSION_MESSAGES) + 2  # not doubled
+
+
+def test_copy_leaves_nanobot_untouched(tmp_path: Path) -> None:
+    home = nanobot_home(tmp_path / ".nanobot", "http://127.0.0.1:9/v1")
+    ws = home / "workspace"
+    before = {p: p.read_bytes() for p in ws.rglob("*") if p.is_file()}
+    cfg_path = tmp_path / "memobot" / "config.json"
+    done = run_memobot("import", "nanobot", str(home), "--copy", config=cfg_path)
+    assert done.returncode == 0, done.stderr
+    assert {p: p.read_bytes() for p in ws.rglob("*") if p.is_file()} == before
+    copy = tmp_path / "memobot" / "workspace"
+    cfg, _ = load_config(cfg_path)
+    assert cfg.agent.workspace_path == copy
+    assert not (copy / "sessions").exists()  # transcripts went to the state folder only
+    assert (copy / "memory" / "history.jsonl").read_bytes() == (
+        ws / "memory" / "history.jsonl"
+    ).read_bytes()
+    assert MemoryRepo(copy).log()[-1].subject == "init: nanobot memory store"
+    assert b"memobot" not in (ws / ".git" / "config").read_bytes()  # the original is not marked
+
+
+def test_an_unsafe_repository_is_moved_aside_with_a_note(tmp_path: Path) -> None:
+    from dulwich import porcelain
+
+    ws = nanobot_workspace(tmp_path / "ws", git=False)
+    (ws / "notes.txt").write_text("mine\n")
+    porcelain.init(str(ws))
+    porcelain.add(str(ws), paths=[str(ws / "notes.txt")])
+    porcelain.commit(str(ws), message=b"my notes", author=b"A <a@b>", committer=b"A <a@b>")
+    cfg_path = tmp_path / "memobot" / "config.json"
+    done = run_memobot("import", "nanobot", str(ws), config=cfg_path)
+    assert done.returncode == 0, done.stderr
+    assert "moved aside .git" in done.stdout and "notes.txt" in done.stdout
+    [aside] = ws.glob(".git.nanobot-*")
+    old = Repo(str(aside))  # the old history is intact where it was moved
+    commit = old[old.head()]
+    assert commit.message == b"my notes"  # type: ignore[union-attr]
+    assert MemoryRepo(ws).log()[0].subject.startswith("memobot:")
+    assert "(no nanobot config.json found)" in done.stdout
+
+
+def test_refusals_change_nothing(tmp_path: Path) -> None:
+    missing = run_memobot("import", "nanobot", str(tmp_path / "nope"), config=tmp_path / "c.json")
+    assert missing.returncode == 1 and "no nanobot installation" in missing.stderr
+    home = nanobot_home(tmp_path / ".nanobot", "http://127.0.0.1:9/v1")
+    inside = home / "workspace" / "config.json"  # the config may not live in the workspace
+    done = run_memobot("import", "nanobot", str(home), config=inside)
+    assert done.returncode == 78 and "unsafe layout" in done.stderr
+    assert not inside.exists()
+    assert not (home / "workspace" / "skills" / "remember").exists()  # nothing was done
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+
+
+def test_config_translation_lists_what_has_no_home() -> None:
+    t = translate_config(nanobot_config(Path("/w"), "http://127.0.0.1:9/v1"))
+    dropped = dict(t.dropped)
+    assert "tools.mcpServers (filesystem, remote)" in dropped
+    assert t.config["llm"]["maxTokens"] == 2048
+    assert t.config["agent"]["maxToolIterations"] == 40
+    assert t.config["channels"]["discord"]["enabled"] is False
+
+
+def test_config_translation_picks_the_provider_and_tolerates_junk() -> None:
+    data = {
+        "agents": {"defaults": {"model": "anthropic/claude-sonnet-4", "temperature": 9}},
+        "providers": {"anthropic": {"api_key": "sk-ant"}, "openai": {"apiKey": ""}},
+        "channels": {"telegram": {"enabled": True, "allowFrom": [123]}, "sendProgress": 1},
+        "tools": {"restrictToWorkspace": False, "exec": {"timeout": "soon"}},
+        "weird": [1, 2],
+    }
+    t = translate_config(data)
+    llm = t.config["llm"]
+    assert llm["apiKey"] == "sk-ant" and llm["model"] == "claude-sonnet-4"
+    assert llm["baseUrl"] == "https://api.anthropic.com/v1/"
+    dropped = dict(t.dropped)
+    assert "agents.defaults.temperature" in dropped and "tools.exec.timeout" in dropped
+    assert "weird" in dropped and "channels.telegram.enabled" in dropped  # no token
+    assert t.config["channels"]["telegram"]["allowFrom"] == ["123"]
+    assert t.config["tools"]["restrictToWorkspace"] is False
+    assert "tools.restrictToWorkspace" in dict(t.notes)
+    assert translate_config({}).config["llm"] == {}
+
+
+def test_session_conversion_keeps_memobots_message_shape(tmp_path: Path) -> None:
+    meta = {"_type": "metadata", "key": "telegram:5", "last_consolidated": 3, "metadata": {}}
+    lines = [
+        meta,
+        {"role": "user", "content": "a", "timestamp": "2026-03-01T10:00:00"},
+        {"role": "robot", "content": "?"},  # not a message memobot knows: skipped
+        {"role": "assistant", "content": "b", "tools_used": ["x"]},
+        {"role": "tool", "content": "orphan without an id"},
+        {"role": "user", "content": "c"},
+    ]
+    raw = b"".join(json.dumps(x).encode() + b"\n" for x in lines) + b"{torn"
+    item = convert_session(tmp_path / "telegram_5.jsonl", raw)
+    assert item.key == "telegram:5" and not item.key_guessed
+    assert [m["content"] for m in item.messages] == ["a", "b", "c"]
+    assert item.messages[0]["timestamp"].endswith("Z")
+    assert item.last_consolidated == 2  # nanobot's 3 counted the skipped line
+    assert item.skipped == 3 and item.dropped_keys["tools_used"] == 1
+    assert guess_key(Path("slack_C1_17.jsonl")) == "slack:C1_17"

@@ -772,6 +772,7 @@ ALICE = 1001
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM a gateway and wait for its exit code (SIGKILL after 30 s)."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -1098,7 +1099,6 @@ TOKEN = "123456:TEST-TOKEN-known-only-from-the-config"
 API_KEY = "test-api-key-from-an-env-var-0042"
 MODEL = "model-name-from-an-env-var-77"  # a ${VAR} value that an INFO line would show
 LATE = "late-secret-learned-at-reload-31"  # a systemd credential first used after SIGHUP
-ALICE = 1001
 
 
 def _wait_for_text(path: Path, text: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -1107,16 +1107,6 @@ def _wait_for_text(path: Path, text: str, proc: subprocess.Popen[bytes], timeout
         if proc.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"{text!r} not logged:\n{path.read_text(errors='replace')}")
         time.sleep(0.05)
-
-
-def _stop_gateway(proc: subprocess.Popen[bytes]) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    return proc.wait(10)
 
 
 def test_gateway_vv_logs_no_token_key_or_placeholder_value(tmp_path: Path) -> None:
@@ -1170,7 +1160,7 @@ def test_gateway_vv_logs_no_token_key_or_placeholder_value(tmp_path: Path) -> No
             api.wait_sent(2, timeout=30)
             assert llm.requests[-1]["model"] == LATE
         finally:
-            code = _stop_gateway(proc)
+            code = _stop(proc)
     logged = out.read_text(errors="replace") + err.read_text(errors="replace")
     assert code == 0, logged
     assert "Set Bot API URL" in logged and "keep these" in logged  # -vv did log payloads
@@ -1352,3 +1342,46 @@ def test_a_sibling_with_a_common_prefix_is_not_inside(tmp_path: Path) -> None:
     assert layout_problem(tmp_path / "ws", tmp_path / "ws-state", tmp_path / "ws.json") is None
     assert layout_problem(tmp_path / "ws", tmp_path / "state", tmp_path / "config.json") is None
     assert layout_problem(tmp_path / "a" / "ws", tmp_path / "a", tmp_path / "c.json") is not None
+
+
+@needs_landlock
+def test_sigterm_drain_ends_every_process_of_the_turn(
+    tmp_path: Path, llm: FakeLLMThread, kill_leftovers: list[str]
+) -> None:
+    fg, bg = unique_seconds(), unique_seconds()
+    kill_leftovers.extend([fg, bg])
+    cfg = write_config(tmp_path, llm.base_url, gateway={"drainSeconds": 1})
+    llm.script(tool_step(call("exec", {"command": f"setsid sleep {bg} & sleep {fg}"})))
+    agent = start_agent(cfg, "go")
+    try:
+        assert wait_for(lambda: sleepers(fg) and sleepers(bg)), "the command never started"
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(15) in (0, 130), agent.stderr.read() if agent.stderr else ""
+    finally:
+        agent.kill()
+    assert not sleepers(fg) and not sleepers(bg), "a process of the drained turn survived"
+
+
+@needs_landlock
+async def test_stop_ends_background_jobs_of_the_turn(
+    tmp_path: Path, kill_leftovers: list[str]
+) -> None:
+    import asyncio
+
+    from tests.helpers import Harness, make_config
+
+    bg = unique_seconds()
+    kill_leftovers.append(bg)
+    async with FakeLLM() as llm:
+        llm.script(tool_step(call("exec", {"command": f"setsid sleep {bg} & sleep 60"})))
+        cfg = make_config(tmp_path, llm.base_url)
+        async with Harness(cfg, tmp_path / "config.json") as h:
+            turn = await h.send("long job")
+            for _ in range(200):
+                if sleepers(bg):
+                    break
+                await asyncio.sleep(0.05)
+            assert sleepers(bg), "the command never started"
+            assert "Stopping" in await h.ask("/stop")
+            assert (await asyncio.wait_for(turn, 10)).text == "Stopped."
+            assert not sleepers(bg), "/stop left a background job running"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     field_validator,
     model_validator,
@@ -82,24 +84,24 @@ class AgentConfig(_Model):
 
 
 class ExecConfig(_Model):
-    enabled: bool = True
+    enabled: StrictBool = True
     timeout_seconds: float = Field(60.0, gt=0, le=3600)
     max_output_chars: int = Field(10000, ge=100)
     # "landlock": with tools.restrictToWorkspace, every command runs under the kernel's
     # confinement (refused where the kernel cannot confine). "off": no kernel confinement.
     sandbox: Literal["landlock", "off"] = "landlock"
-    network: bool = True  # false: confined commands may not open or accept TCP connections
+    network: StrictBool = True  # false: confined commands may not open or accept TCP connections
 
 
 class WebConfig(_Model):
-    enabled: bool = True
+    enabled: StrictBool = True
     timeout_seconds: float = Field(20.0, gt=0, le=300)
     max_bytes: int = Field(2_000_000, ge=1000)
     max_chars: int = Field(20000, ge=100)
 
 
 class ToolsConfig(_Model):
-    restrict_to_workspace: bool = True
+    restrict_to_workspace: StrictBool = True
     exec: ExecConfig = ExecConfig()
     web: WebConfig = WebConfig()
 
@@ -113,7 +115,7 @@ _USERNAME_HELP = (
 
 
 class ChannelConfig(_Model):
-    enabled: bool = False
+    enabled: StrictBool = False
     allow_from: list[str] = Field(default_factory=list)
     admins: list[str] | None = None  # default: the allowFrom ids
     group_policy: Literal["mention", "open"] = "mention"
@@ -202,7 +204,7 @@ class ChannelsConfig(_Model):
 
 
 class DreamConfig(_Model):
-    enabled: bool = True
+    enabled: StrictBool = True
     interval_minutes: float = Field(240.0, ge=1)
     max_iterations: int = Field(12, ge=1, le=100)
     max_tokens: int = Field(60000, ge=1000, description="prompt+completion tokens per run")
@@ -216,7 +218,7 @@ class MemoryConfig(_Model):
     idle_compact_minutes: float = Field(60.0, ge=0, description="0 disables idle compaction")
     max_chars: int = Field(4000, ge=200, description="budget for MEMORY.md and USER.md each")
     history_keep_days: int = Field(90, ge=1)
-    share_in_groups: bool = False
+    share_in_groups: StrictBool = False
     dream: DreamConfig = DreamConfig()
 
 
@@ -306,10 +308,48 @@ def _json_path(loc: tuple[int | str, ...]) -> str:
     return out or "<root>"
 
 
+# Installed wheels ship no config.example.json; the README (also the package description)
+# and ``memobot onboard`` are always at hand.
+OPTIONS_HELP = "the README's Configuration section lists every option"
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The config model that holds the field at ``loc`` (None inside lists and mappings)."""
+    model: type[BaseModel] = Config
+    for part in loc:
+        if not isinstance(part, str):
+            return None
+        field = next((f for name, f in model.model_fields.items() if part in (name, f.alias)), None)
+        inner = field.annotation if field else None
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+            return None
+        model = inner
+    return model
+
+
+def did_you_mean(loc: tuple[int | str, ...]) -> str | None:
+    """The known option closest to the unknown key at the end of ``loc``, if one is close."""
+    model = _model_at(loc[:-1])
+    if model is None or not isinstance(loc[-1], str):
+        return None
+    known = [f.alias or name for name, f in model.model_fields.items()]
+    close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+    if not close:
+        lowered = {k.lower(): k for k in known}
+        close = [lowered[loc[-1].lower()]] if loc[-1].lower() in lowered else []
+    return close[0] if close else None
+
+
 def _describe(err: dict[str, Any]) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
-        return "unknown option (check the spelling against config.example.json)"
+        guess = did_you_mean(tuple(err["loc"]))
+        if guess:
+            return f"unknown option; did you mean {guess!r}? ({OPTIONS_HELP})"
+        return f"unknown option ({OPTIONS_HELP})"
+    if kind == "bool_type":
+        got = json.dumps(err.get("input"), default=str)[:80]
+        return f"expected true or false, without quotes (got {got})"
     if kind == "missing":
         return "required option is missing"
     return f"{err['msg']} (got {json.dumps(err.get('input'), default=str)[:80]})"

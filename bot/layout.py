@@ -26,6 +26,14 @@ def layout_problem(workspace: Path, state_dir: Path, config_path: Path) -> str |
     """One line naming the paths and the reason when the layout lets the agent reach memobot's
     own files; None when it is safe."""
     ws, state, config = real_path(workspace), real_path(state_dir), real_path(config_path)
+    # The config first: a state folder kept beside it (onboard's default) is then inside the
+    # workspace too, and moving the config is what fixes both.
+    if _within(config, ws):
+        return (
+            f"the config file {config} is inside agent.workspace {ws}: the agent's tools "
+            "could read its keys and rewrite allowFrom. Move the config file out of the "
+            "workspace."
+        )
     if ws == state:
         return (
             f"agent.workspace and agent.stateDir are the same folder {ws}: the agent's tools "
@@ -42,11 +50,5 @@ def layout_problem(workspace: Path, state_dir: Path, config_path: Path) -> str |
             f"agent.workspace {ws} is inside agent.stateDir {state}: the agent's tools could "
             "read and rewrite every chat's transcript. Move the workspace out of the state "
             "folder."
-        )
-    if _within(config, ws):
-        return (
-            f"the config file {config} is inside agent.workspace {ws}: the agent's tools "
-            "could read its keys and rewrite allowFrom. Move the config file out of the "
-            "workspace."
         )
     return None

@@ -34,7 +34,10 @@ def enabled_channels(cfg: Config) -> list[str]:
 
 def write_status(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
+    # It names the chats and their last activity: private, whatever the umask.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(data, indent=1))
     os.replace(tmp, path)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from bot import failpoints
 from bot.config import ConfigError
+from bot.private import make_private_dirs
 from bot.records import check_record
 from bot.tokens import estimate_message_tokens
 
@@ -162,7 +163,7 @@ class SessionStore:
         self.dir = state_dir / "sessions"
         check_folder(self.dir, "the sessions folder")
         try:
-            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            make_private_dirs(self.dir)  # the state folder too, whatever the umask
         except (FileExistsError, NotADirectoryError):  # lost a race with whoever put it there
             check_folder(self.dir, "the sessions folder")
             raise
@@ -329,7 +330,10 @@ class SessionStore:
         """Keep a copy of the damaged file, then rewrite it with every good line."""
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         aside = session.path.with_name(f"{session.path.name}.corrupt-{stamp}")
-        shutil.copyfile(session.path, aside)
+        # The copy holds the same conversation: as private as the session file.
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with open(session.path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst)
         found = []
         if bad:
             found.append(f"unparsable line(s) {', '.join(map(str, bad[:10]))}")

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bot.private import make_private_dirs
+
 log = logging.getLogger(__name__)
 
 
@@ -27,7 +29,7 @@ class ChannelState:
 
     def save(self, data: dict[str, Any]) -> None:
         """tmp + fsync + rename: a crash leaves the old state or the new one, never half."""
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dirs(self.path.parent)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -36,6 +36,7 @@ from typing import IO, TypeVar
 
 from bot.config import Config
 from bot.memory.history import HistoryEntry, parse_entry
+from bot.private import create_private_file
 
 log = logging.getLogger(__name__)
 
@@ -417,7 +418,9 @@ class MemoryIndex:
             return work(conn)
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # SQLite creates files 0644 (its journal files copy the database's mode); the index
+        # holds the conversations' text, so it is made 0600 first.
+        create_private_file(self.path)
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
@@ -669,29 +672,26 @@ def cmd_search(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
-    """``memobot memory history [--since D] [--until D]``: the archive by local day."""
+    """``memobot memory history [--since D] [--until D]``: the archive by local day. A closed
+    stdout (``| head``) ends it through the CLI's one quiet exit."""
     lo, hi = day_bounds(args.since, args.until)
     printed = False
     current_day: date | None = None
-    try:
-        for _, entry in iter_history(cfg.agent.workspace_path):
-            ts = normalize_timestamp(entry.timestamp)
-            if (lo and (ts is None or ts < lo)) or (hi and (ts is None or ts >= hi)):
-                continue
-            moment = local_time(entry.timestamp)
-            day = moment.date() if moment else None
-            if day != current_day or not printed:
-                if printed:
-                    print()
-                print(_day_heading(day))
-                current_day = day
-            print(format_history_entry(entry, moment))
-            printed = True
-        if not printed:
-            print("No history entries" + (" in that range." if lo or hi else " yet."))
-        sys.stdout.flush()
-    except BrokenPipeError:  # `memobot memory history | head`
-        sys.stderr.close()
+    for _, entry in iter_history(cfg.agent.workspace_path):
+        ts = normalize_timestamp(entry.timestamp)
+        if (lo and (ts is None or ts < lo)) or (hi and (ts is None or ts >= hi)):
+            continue
+        moment = local_time(entry.timestamp)
+        day = moment.date() if moment else None
+        if day != current_day or not printed:
+            if printed:
+                print()
+            print(_day_heading(day))
+            current_day = day
+        print(format_history_entry(entry, moment))
+        printed = True
+    if not printed:
+        print("No history entries" + (" in that range." if lo or hi else " yet."))
     return 0
 
 

@@ -6,16 +6,20 @@ import argparse
 import asyncio
 import logging
 import os
+import selectors
 import signal
 import stat
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bot import __version__
 from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load_config
+from bot.invocation import program
 from bot.service.logs import LOG_FORMATS
 
 if TYPE_CHECKING:
@@ -26,6 +30,29 @@ if TYPE_CHECKING:
 log = logging.getLogger("memobot")
 DEFAULT_SESSION = "cli:direct"
 STDIN_LINE_LIMIT = 16 * 1024 * 1024
+# Exit codes, one table in the README ("Exit codes").
+EX_OK = 0
+EX_FAILED = 1  # a turn failed (model unreachable or refusing), or a command failed
+EX_USAGE = 2  # argparse's own code for a bad command line
+EX_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+EX_CLOSED_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`| head`)
+# Commands that write the config, so a --config path that does not exist yet is expected.
+CREATES_CONFIG = ("onboard", "import")
+EXIT_WORDS = frozenset({"exit", "quit", "/exit", "/quit"})
+
+
+def session_arg(raw: str) -> str:
+    """``-s/--session``: ``cli:NAME`` or ``NAME``; returns the chat id (argparse type)."""
+    channel, sep, chat_id = raw.partition(":")
+    if not sep:
+        channel, chat_id = "cli", raw
+    if not channel or not chat_id.strip():
+        raise argparse.ArgumentTypeError(f"{raw!r}: expected cli:NAME or NAME, e.g. cli:demo")
+    if channel != "cli":
+        raise argparse.ArgumentTypeError(
+            f"{raw!r}: the terminal can only open cli: sessions (e.g. cli:demo)"
+        )
+    return chat_id
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,14 +82,26 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     onboard = sub.add_parser(
-        "onboard", parents=[common], help="create the config file and the workspace"
+        "onboard",
+        parents=[common],
+        help="create the config file and the workspace",
+        description="Create the config file (mode 0600) and the workspace, or update the given "
+        "fields of an existing config. With no LLM configured and no LLM flags, asks for the "
+        "endpoint, key and model in a terminal (presets: OpenAI, Ollama, vLLM, OpenRouter).",
     )
-    onboard.add_argument("--workspace", help="workspace folder (default ~/.memobot/workspace)")
+    onboard.add_argument(
+        "--workspace",
+        help="workspace folder (default: beside the config file, ~/.memobot/workspace)",
+    )
     onboard.add_argument(
         "--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1"
     )
     onboard.add_argument("--api-key", help="API key (or leave empty and set OPENAI_API_KEY)")
     onboard.add_argument("--model", help="model name, e.g. gpt-4o-mini or llama3.1")
+    onboard.add_argument(
+        "--state-dir",
+        help="memobot's own records: sessions, search index (default: beside the config file)",
+    )
 
     agent = sub.add_parser(
         "agent",
@@ -75,8 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "-s",
         "--session",
-        default=DEFAULT_SESSION,
-        help=f"session key channel:chat_id (default {DEFAULT_SESSION}); a bare name means cli:NAME",
+        type=session_arg,
+        default=DEFAULT_SESSION.partition(":")[2],
+        help=f"session key cli:NAME (default {DEFAULT_SESSION}); a bare name means cli:NAME",
     )
 
     sub.add_parser(
@@ -101,15 +141,51 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit code (see the README's table)."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit, so a closed pipe is caught below
+        return code
+    except BrokenPipeError:
+        return _closed_stdout()
+
+
+def _closed_stdout() -> int:
+    """The reader of stdout went away (``memobot status | head -3``): stop quietly. Whatever
+    is still buffered goes to /dev/null, so the flush at exit cannot raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass  # stdout is not a real file (tests capture it): nothing will flush it at exit
+    return EX_CLOSED_PIPE
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
         return 0
+    if args.command == "agent" and args.message is not None and not args.message.strip():
+        print("memobot agent: error: -m/--message is empty: nothing to send", file=sys.stderr)
+        return EX_USAGE
     verbose = getattr(args, "verbose", 0)
-    quiet = args.command not in ("gateway", "dream")
+    quiet = args.command != "gateway"  # dream prints its one result line itself
     _setup_logging(verbose, quiet, getattr(args, "log_format", "text"))
-    config_path = getattr(args, "config", None) or default_config_path()
+    given = "--config" if getattr(args, "config", None) else None
+    if not given and os.environ.get("MEMOBOT_CONFIG"):
+        given = "$MEMOBOT_CONFIG"
+    config_path = (getattr(args, "config", None) or default_config_path()).expanduser()
+    if given and args.command not in CREATES_CONFIG and not config_path.exists():
+        # A typo must not quietly run on defaults; only the default path may be missing.
+        print(
+            f"memobot: config file {config_path} (from {given}) does not exist. Check the "
+            f"path, or create it with: {program()} --config {config_path} onboard",
+            file=sys.stderr,
+        )
+        return EX_CONFIG
     try:
         if args.command in ("service", "doctor"):
             from bot.service import commands as service_commands
@@ -136,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memobot: {exc}", file=sys.stderr)
         return EX_CONFIG
     except KeyboardInterrupt:
-        return 130
+        return EX_INTERRUPTED
     parser.error(f"unknown command {args.command}")
-    return 2
+    return EX_USAGE
 
 
 def _setup_logging(verbose: int, quiet: bool, log_format: LogFormat) -> None:
@@ -154,16 +230,91 @@ def _setup_logging(verbose: int, quiet: bool, log_format: LogFormat) -> None:
 # -- onboard ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class LLMPreset:
+    name: str
+    base_url: str  # "" for OpenAI's own endpoint
+    needs_key: bool
+    model: str  # the suggested model; "" when it depends on the server
+
+
+LLM_PRESETS: tuple[LLMPreset, ...] = (
+    LLMPreset("OpenAI", "", True, "gpt-4o-mini"),
+    LLMPreset("Ollama (local)", "http://localhost:11434/v1", False, "llama3.1"),
+    LLMPreset("vLLM (local)", "http://localhost:8000/v1", False, ""),
+    LLMPreset("OpenRouter", "https://openrouter.ai/api/v1", True, "openai/gpt-4o-mini"),
+    LLMPreset("another OpenAI-compatible server", "", False, ""),
+)
+
+
+def _ask(question: str, default: str = "") -> str:
+    shown = f" [{default}]" if default else ""
+    while True:
+        answer = input(f"{question}{shown}: ").strip() or default
+        if answer:
+            return answer
+
+
+def ask_llm(cfg: Config) -> None:
+    """Ask for the endpoint, key and model at a terminal (the key is not echoed)."""
+    from getpass import getpass
+
+    print("\nNo LLM is configured yet. Which one should memobot talk to?")
+    for number, preset in enumerate(LLM_PRESETS, 1):
+        print(f"  {number}. {preset.name}")
+    choice = ""
+    while not (choice.isdigit() and 1 <= int(choice) <= len(LLM_PRESETS)):
+        choice = _ask(f"Choose 1-{len(LLM_PRESETS)}", "1")
+    preset = LLM_PRESETS[int(choice) - 1]
+    if preset is not LLM_PRESETS[0]:  # OpenAI: the SDK's own endpoint
+        cfg.llm.base_url = _ask("Base URL", preset.base_url)
+    if preset.needs_key:
+        key = ""
+        while not key:
+            key = getpass("API key (not shown): ").strip()
+        cfg.llm.api_key = key
+    elif preset is LLM_PRESETS[-1]:
+        cfg.llm.api_key = getpass("API key (not shown; Enter for none): ").strip()
+    cfg.llm.model = _ask("Model", preset.model)
+
+
+def _llm_flags_help(config_path: Path) -> str:
+    me = program()
+    return (
+        "\nNext: set an LLM. Either export OPENAI_API_KEY=sk-... (OpenAI), or run onboard "
+        "again with\n"
+        "  --base-url URL   an OpenAI-compatible endpoint: http://localhost:11434/v1 (Ollama),\n"
+        "                   http://localhost:8000/v1 (vLLM), https://openrouter.ai/api/v1\n"
+        "  --api-key KEY    the endpoint's key (local servers need none)\n"
+        "  --model NAME     e.g. gpt-4o-mini, llama3.1\n"
+        f"for example: {me} onboard --base-url http://localhost:11434/v1 --model llama3.1\n"
+        f"Run in a terminal, `{me} onboard` asks for them. Or edit llm.apiKey / llm.baseUrl / "
+        f"llm.model in {config_path}."
+    )
+
+
+def _absolute(path: str) -> str:
+    """A path that means the same from every folder (``~`` expanded, not resolved)."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
 def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
     from bot.config import check_layout, save_config
+    from bot.private import make_private_dirs
     from bot.workspace import init_workspace
 
-    if config_path.exists():
+    config_path = Path(_absolute(str(config_path)))
+    existed = config_path.exists()
+    if existed:
         cfg, _ = load_config(config_path)
         changed = False
         print(f"Config exists, kept: {config_path}")
     else:
         cfg = Config()
+        # memobot's own folders live with its config (the default: ~/.memobot/...), so an
+        # onboard with --config elsewhere never writes into the home folder's ~/.memobot.
+        cfg.agent.workspace = str(config_path.parent / "workspace")
+        cfg.agent.state_dir = str(config_path.parent / "state")
         changed = True
     for attr, value in (
         ("base_url", args.base_url),
@@ -174,7 +325,10 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
             setattr(cfg.llm, attr, value)
             changed = True
     if args.workspace:
-        cfg.agent.workspace = args.workspace
+        cfg.agent.workspace = _absolute(args.workspace)
+        changed = True
+    if args.state_dir:
+        cfg.agent.state_dir = _absolute(args.state_dir)
         changed = True
     check_layout(cfg, config_path)  # before anything is written
     from bot.memory.versioning import MemoryRepo, MemoryRepoError
@@ -184,6 +338,15 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
     except MemoryRepoError as exc:
         print(f"memobot: {exc}", file=sys.stderr)
         return 1
+    llm_flags = (args.base_url, args.api_key, args.model)
+    no_llm = not (cfg.llm.resolved_api_key() or cfg.llm.resolved_base_url())
+    if no_llm and all(v is None for v in llm_flags) and sys.stdin.isatty() and sys.stdout.isatty():
+        try:
+            ask_llm(cfg)
+        except (EOFError, KeyboardInterrupt):
+            print("\nNothing written.", file=sys.stderr)
+            return EX_INTERRUPTED
+        changed, no_llm = True, False
     if changed:
         save_config(cfg, config_path)
         print(f"Wrote config (mode 0600): {config_path}")
@@ -194,35 +357,24 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
 
         initial_memory_commit(workspace)
     print(f"Workspace: {workspace} ({len(created)} new files and folders)")
-    cfg.agent.state_path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not (cfg.llm.resolved_api_key() or cfg.llm.resolved_base_url()):
-        print(
-            "\nNext: set an LLM. Either export OPENAI_API_KEY=sk-..., or run\n"
-            "  memobot onboard --base-url http://localhost:11434/v1 --model llama3.1\n"
-            f"(or edit llm.apiKey / llm.baseUrl / llm.model in {config_path})."
-        )
-    print("Then chat: memobot agent")
+    make_private_dirs(cfg.agent.state_path)
+    print(
+        f"State: {cfg.agent.state_path} (memobot's own records, outside the workspace; "
+        "agent.stateDir in the config)"
+    )
+    if no_llm:
+        print(_llm_flags_help(config_path))
+    print(f"Then chat: {program()} agent")
     return 0
 
 
 # -- agent -----------------------------------------------------------------------------------
 
 
-def normalise_session_key(raw: str) -> tuple[str, str]:
-    channel, sep, chat_id = raw.partition(":")
-    if not sep:
-        return "cli", raw
-    if not channel or not chat_id:
-        raise ConfigError(f"--session {raw!r}: expected channel:chat_id, for example cli:demo")
-    return channel, chat_id
-
-
 def cmd_agent(args: argparse.Namespace, cfg: Config, config_path: Path) -> int:
     from bot.llm import LLMNotConfigured
 
-    channel, chat_id = normalise_session_key(args.session)
-    if channel != "cli":
-        raise ConfigError(f"--session {args.session!r}: the terminal can only open cli: sessions")
+    chat_id: str = args.session
     from bot.session import StateLayoutError, check_session_path
     from bot.workspace import layout_problem
 
@@ -246,7 +398,8 @@ async def _agent_main(
     from channels.terminal import TerminalChannel
 
     stack = build_agent(cfg, config_path)
-    terminal = TerminalChannel(stack.bus, chat_id)
+    interactive = args.message is None and sys.stdin.isatty()
+    terminal = TerminalChannel(stack.bus, chat_id, thinking=interactive and sys.stdout.isatty())
     manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])
     await manager.start()
     loop_task = asyncio.create_task(stack.loop.run(), name="agent-loop")
@@ -258,6 +411,7 @@ async def _agent_main(
     stack.loop.recover([key])
     io_task = asyncio.create_task(_converse(args, stack.loop, terminal, cfg, key))
     stop_wait = asyncio.create_task(terminate.wait())
+    code = EX_OK
     try:
         await asyncio.wait([io_task, stop_wait], return_when=asyncio.FIRST_COMPLETED)
         if terminate.is_set():
@@ -265,55 +419,111 @@ async def _agent_main(
             io_task.cancel()
         await stack.loop.shutdown(cfg.gateway.drain_seconds)
         await manager.flush()
-        if io_task.done() and not io_task.cancelled() and io_task.exception():
-            raise io_task.exception()  # type: ignore[misc]
+        if io_task.done() and not io_task.cancelled():
+            if io_task.exception():
+                raise io_task.exception()  # type: ignore[misc]
+            code = io_task.result()
     finally:
         for t in (io_task, stop_wait, loop_task):
             t.cancel()
         await asyncio.gather(io_task, stop_wait, loop_task, return_exceptions=True)
         await manager.stop()
         await stack.close()
-    return 0
+    return code
 
 
 async def _converse(
     args: argparse.Namespace, loop: AgentLoop, terminal: TerminalChannel, cfg: Config, key: str
-) -> None:
+) -> int:
+    """Take input until it ends; returns the exit code."""
     await loop.wait_idle(key)
     # Recovered answers are printed before a new line is taken; otherwise its intake runs
     # while an answer sits between its "sending" mark and the terminal, and a crash there
     # drops that answer unseen.
     await loop.bus.outbound.join()
     if args.message is not None:
-        await _turn_with_interrupt(loop, terminal, args.message)
-    elif sys.stdin.isatty():
+        return _exit_code(await _turn_with_interrupt(loop, terminal, args.message))
+    if sys.stdin.isatty():
         await _interactive(loop, terminal, cfg)
-    else:
-        await _piped(loop, terminal)
+        return EX_OK
+    return await _piped(loop, terminal)
 
 
-async def _turn_with_interrupt(loop: AgentLoop, terminal: TerminalChannel, text: str) -> None:
-    """Send one message; Ctrl-C while it runs cancels that turn instead of killing memobot."""
+def _exit_code(outcome: str) -> int:
+    return {"ok": EX_OK, "stopped": EX_INTERRUPTED}.get(outcome, EX_FAILED)
+
+
+async def _turn_with_interrupt(loop: AgentLoop, terminal: TerminalChannel, text: str) -> str:
+    """Send one message and return how its turn ended: "ok", "failed" or "stopped".
+
+    Ctrl-C while it runs cancels that turn instead of killing memobot; before the turn has
+    started it abandons the wait (the message stays pending and is answered next time).
+    """
     key = f"cli:{terminal.chat_id}"
     aio = asyncio.get_running_loop()
-    aio.add_signal_handler(signal.SIGINT, loop.stop, key)
+    asking = asyncio.ensure_future(terminal.ask(text))
+
+    def interrupt() -> None:
+        if not loop.stop(key):
+            asking.cancel()
+
+    aio.add_signal_handler(signal.SIGINT, interrupt)
     try:
-        await terminal.ask(text)
+        answer = await asking
+    except asyncio.CancelledError:
+        if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+            raise  # SIGTERM: we are being cancelled ourselves
+        return "stopped"
     finally:
         aio.remove_signal_handler(signal.SIGINT)
+    if answer is None:
+        return "failed"  # not taken: memobot is shutting down
+    return str(answer.metadata.get("outcome", "ok"))
 
 
-async def _piped(loop: AgentLoop, terminal: TerminalChannel) -> None:
+async def _piped(loop: AgentLoop, terminal: TerminalChannel) -> int:
+    """One message per line; a failed turn makes the exit code 1 but later lines are still
+    sent; Ctrl-C stops the running turn and the input."""
+    code = EX_OK
     async for line in _stdin_lines():
         text = line.rstrip("\r\n")
-        if text.strip():
-            await _turn_with_interrupt(loop, terminal, text)
+        if not text.strip():
+            continue
+        outcome = await _turn_with_interrupt(loop, terminal, text)
+        if outcome == "stopped":
+            return EX_INTERRUPTED
+        if outcome != "ok":
+            code = EX_FAILED
+    return code
+
+
+def _loop_can_watch(fd: int) -> bool:
+    """Whether the event loop's selector accepts ``fd``: epoll refuses regular files and
+    some devices (``/dev/null``) with EPERM, which asyncio reports only later, in a callback,
+    leaving a reader that never sees the end of input."""
+    selector = selectors.DefaultSelector()
+    try:
+        selector.register(fd, selectors.EVENT_READ)
+    except (OSError, ValueError):
+        return False
+    finally:
+        selector.close()
+    return True
 
 
 async def _stdin_lines() -> AsyncIterator[str]:
-    """Lines of stdin without a blocking read in the event loop (a SIGTERM must get through)."""
-    if stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode):
+    """Lines of stdin without a blocking read in the event loop (a SIGTERM must get through).
+
+    Any stdin works: a pipe or socket is watched by the loop, a regular file is read
+    directly, and anything else (``/dev/null``, other devices) through a reader thread.
+    """
+    fd = sys.stdin.fileno()
+    if stat.S_ISREG(os.fstat(fd).st_mode):
         for line in sys.stdin:  # a regular file never blocks
+            yield line
+        return
+    if not _loop_can_watch(fd):
+        async for line in _thread_lines(fd):
             yield line
         return
     reader = asyncio.StreamReader(limit=STDIN_LINE_LIMIT)
@@ -324,15 +534,52 @@ async def _stdin_lines() -> AsyncIterator[str]:
         yield line.decode("utf-8", errors="replace")
 
 
+async def _thread_lines(fd: int) -> AsyncIterator[str]:
+    """Lines of ``fd`` read by a daemon thread. It uses ``os.read``, not ``sys.stdin``, so it
+    holds no buffer lock when the process exits while it still waits for input."""
+    aio = asyncio.get_running_loop()
+    chunks: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def pump() -> None:
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                data = b""  # an unreadable stdin ends the input like EOF
+            try:
+                aio.call_soon_threadsafe(chunks.put_nowait, data)
+            except RuntimeError:
+                return  # the event loop is closed: nobody is reading any more
+            if not data:
+                return
+
+    threading.Thread(target=pump, name="stdin-reader", daemon=True).start()
+    pending = b""
+    while data := await chunks.get():
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", errors="replace") + "\n"
+        if len(pending) > STDIN_LINE_LIMIT:
+            raise ValueError(f"a line of stdin is longer than {STDIN_LINE_LIMIT} bytes")
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
+
+
 async def _interactive(loop: AgentLoop, terminal: TerminalChannel, cfg: Config) -> None:
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory
     from prompt_toolkit.patch_stdout import patch_stdout
 
+    from bot.private import create_private_file
+
     history_file = cfg.agent.state_path / "cli_history"
-    history_file.parent.mkdir(parents=True, exist_ok=True)
+    create_private_file(history_file)  # what was typed is as private as the transcript
     prompt: PromptSession[str] = PromptSession(history=FileHistory(str(history_file)))
-    print("memobot: type a message, /help for commands, Ctrl-C stops an answer, Ctrl-D exits.")
+    print(
+        "memobot: type a message, /help for commands, Ctrl-C stops an answer, "
+        "exit or Ctrl-D ends the chat."
+    )
     while True:
         try:
             with patch_stdout():
@@ -341,8 +588,11 @@ async def _interactive(loop: AgentLoop, terminal: TerminalChannel, cfg: Config) 
             continue  # Ctrl-C at the prompt clears the line, as in a shell
         except EOFError:
             return
-        if text.strip():
-            await _turn_with_interrupt(loop, terminal, text.strip())
+        text = text.strip()
+        if text.lower() in EXIT_WORDS:
+            return
+        if text:
+            await _turn_with_interrupt(loop, terminal, text)
 
 
 # -- gateway ---------------------------------------------------------------------------------
@@ -394,7 +644,7 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
             detail = f" ({info['detail']})" if info.get("detail") else ""
             shown.append(f"{name}: {info.get('state', '?')}{detail}, last event {last}")
         enabled = shown
-    exists = "" if config_path.exists() else " (missing: defaults in use; run memobot onboard)"
+    exists = "" if config_path.exists() else f" (missing: defaults in use; run {program()} onboard)"
     rows = [
         ("config", f"{config_path}{exists}"),
         ("workspace", str(cfg.agent.workspace_path)),

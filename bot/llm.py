@@ -43,8 +43,9 @@ NOT_CONFIGURED_HELP = (
     '  - an OpenAI-compatible server: "llm.baseUrl" (or OPENAI_BASE_URL), for example '
     "http://localhost:11434/v1 for Ollama or http://localhost:8000/v1 for vLLM, "
     'together with "llm.model".\n'
-    "Edit {config} (run `memobot onboard` to create it)."
+    "Edit {config}, or run `{program} onboard`, which asks for them."
 )
+DEFAULT_ENDPOINT = "https://api.openai.com/v1"
 
 
 class LLMError(Exception):
@@ -167,11 +168,20 @@ class LLMProvider:
         base_url = cfg.resolved_base_url()
         api_key = cfg.resolved_api_key()
         if not base_url and not api_key:
-            raise LLMNotConfigured(NOT_CONFIGURED_HELP.format(config=config_path))
+            from bot.invocation import program
+
+            raise LLMNotConfigured(
+                NOT_CONFIGURED_HELP.format(config=config_path, program=program())
+            )
         self._base_url = base_url
         self._api_key = api_key
         self._client: openai.AsyncOpenAI | None = None
         self.model = cfg.model
+
+    @property
+    def endpoint(self) -> str:
+        """The base URL requests go to, for messages (credentials in it are masked in logs)."""
+        return self._base_url or DEFAULT_ENDPOINT
 
     @property
     def client(self) -> openai.AsyncOpenAI:
@@ -274,12 +284,17 @@ class LLMProvider:
         except openai.APIStatusError as exc:
             if is_retryable(exc):
                 raise LLMUnavailable(
-                    f"gave up after {self.cfg.retry.attempts} tries: {_describe(exc)}"
+                    f"{self.endpoint} answered {_describe(exc)}; gave up after "
+                    f"{self.cfg.retry.attempts} tries"
                 ) from exc
             raise LLMRejected(exc.status_code, _error_detail(exc)) from exc
         except openai.APIConnectionError as exc:
+            # Name the endpoint and the setting: "Connection error." alone leaves the person
+            # guessing which server was meant.
             raise LLMUnavailable(
-                f"gave up after {self.cfg.retry.attempts} tries: {_describe(exc)}: {exc}"
+                f"cannot reach the LLM endpoint {self.endpoint} ({_describe(exc)}: {exc}) "
+                f"after {self.cfg.retry.attempts} tries; check llm.baseUrl (or "
+                "OPENAI_BASE_URL) and that the server is running"
             ) from exc
         return parse_completion(raw)
 

@@ -19,7 +19,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bot import failpoints
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
@@ -41,6 +41,10 @@ from bot.tools.base import ToolContext, ToolRegistry
 log = logging.getLogger(__name__)
 
 STOPPED_TEXT = "Stopped."
+# A final answer's metadata says how its turn ended: "ok", "failed" (the model could not be
+# reached or refused, or the turn crashed) or "stopped" (/stop, Ctrl-C).
+OUTCOME_KEY = "outcome"
+Outcome = Literal["ok", "failed", "stopped"]
 # More than one getUpdates batch (at most 100 updates) from one chat, so a redelivered batch
 # is always recognised.
 SEEN_IDS_KEPT = 128
@@ -380,7 +384,7 @@ class AgentLoop:
                 raise  # shutdown: the checkpoint stays and the next start resumes the turn
             closed = close_open_tool_calls(turn)
             log.info("turn stopped session=%s interrupted_tools=%d", msg.session_key, closed)
-            await self._finish(session, msg, turn, STOPPED_TEXT)
+            await self._finish(session, msg, turn, STOPPED_TEXT, "stopped")
             return
         log.info(
             "turn done session=%s status=%s iterations=%d in %.0f ms",
@@ -390,7 +394,8 @@ class AgentLoop:
             (time.monotonic() - started) * 1000,
         )
         # On an LLM failure the user's message (and any finished tool work) stays in history.
-        await self._finish(session, msg, turn, result.text)
+        outcome: Outcome = "failed" if result.status == "llm_error" else "ok"
+        await self._finish(session, msg, turn, result.text, outcome)
         if memory_stamp(self.cfg.agent.workspace_path) != stamp:
             self._spawn(self._commit_memory(msg.session_key))
 
@@ -412,10 +417,16 @@ class AgentLoop:
         task.add_done_callback(self._background.discard)
 
     async def _finish(
-        self, session: Session, msg: InboundMessage, turn: list[dict[str, Any]], text: str
+        self,
+        session: Session,
+        msg: InboundMessage,
+        turn: list[dict[str, Any]],
+        text: str,
+        outcome: Outcome = "ok",
     ) -> None:
         """One write: the turn's messages, the answer into the ledger, pending and checkpoint
-        cleared. Then the answer goes out."""
+        cleared. Then the answer goes out, its ``outcome`` in the metadata (the terminal turns
+        it into an exit code)."""
         delivery_id = f"d-{uuid.uuid4().hex[:12]}"
         out = OutboundMessage(
             msg.channel,
@@ -423,7 +434,7 @@ class AgentLoop:
             text,
             reply_to=msg.message_id,
             final=True,
-            metadata={DELIVERY_KEY: delivery_id},
+            metadata={DELIVERY_KEY: delivery_id, OUTCOME_KEY: outcome},
         )
         entry = outbox_entry(delivery_id, out)
 
@@ -449,10 +460,19 @@ class AgentLoop:
         text = "Something went wrong while answering; see the logs."
         try:
             session = self.store.get(msg.session_key)
-            await self._finish(session, msg, [], text)
+            await self._finish(session, msg, [], text, "failed")
         except Exception:
             log.exception("could not record the failed turn session=%s", msg.session_key)
-            await self._publish(msg, text, final=True)
+            await self.bus.publish_outbound(
+                OutboundMessage(
+                    msg.channel,
+                    msg.chat_id,
+                    text,
+                    reply_to=msg.message_id,
+                    final=True,
+                    metadata={OUTCOME_KEY: "failed"},
+                )
+            )
 
     async def _publish(self, msg: InboundMessage, text: str, final: bool) -> None:
         await self.bus.publish_outbound(

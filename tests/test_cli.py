@@ -57,7 +57,10 @@ def test_env_variable_selects_config(tmp_path: Path, llm: FakeLLMThread) -> None
 
 
 def test_no_llm_configured_says_what_to_set(tmp_path: Path) -> None:
-    done = run_memobot("agent", "-m", "hi", config=tmp_path / "none.json")
+    cfg = tmp_path / "no-llm.json"
+    agent = {"workspace": str(tmp_path / "ws"), "stateDir": str(tmp_path / "state")}
+    cfg.write_text(json.dumps({"agent": agent}))
+    done = run_memobot("agent", "-m", "hi", config=cfg)
     assert done.returncode == 78
     assert "OPENAI_API_KEY" in done.stderr and "llm.baseUrl" in done.stderr
     assert "Ollama" in done.stderr and "Traceback" not in done.stderr

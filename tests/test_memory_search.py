@@ -491,9 +491,9 @@ def test_cli_search(tmp_path: Path, cli_ws: Path):
     assert len(done.stdout.splitlines()) == 1
     done = memobot(tmp_path, cli_ws, "search", "unicorn", "AND", "(")
     assert (done.returncode, done.stdout) == (0, "No matches for 'unicorn AND ('.\n")
-    done = memobot(tmp_path, cli_ws, "search", "x", "--since", "yesterday")
+    done = memobot(tmp_path, cli_ws, "search", "x", "--since", "last tuesday")
     assert done.returncode == 2
-    assert "expected a date as YYYY-MM-DD" in done.stderr
+    assert "YYYY-MM-DD, today, yesterday" in done.stderr
 
 
 def test_cli_history_by_local_day(tmp_path: Path, cli_ws: Path):

@@ -4,16 +4,39 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from datetime import date
+import re
+from datetime import date, timedelta
 
 from bot.config import Config
+
+_SPAN = re.compile(r"^(\d+)\s*([dw])$")
+DAY_FORMS = "YYYY-MM-DD, today, yesterday, Nd (N days ago) or Nw (N weeks ago)"
+
+
+def parse_day(text: str, today: date | None = None) -> date:
+    """A local calendar day from ``YYYY-MM-DD``, ``today``, ``yesterday``, ``7d`` or ``2w``.
+
+    Raises ValueError naming the accepted forms.
+    """
+    today = today or date.today()
+    word = text.strip().lower()
+    if word == "today":
+        return today
+    if word == "yesterday":
+        return today - timedelta(days=1)
+    if m := _SPAN.match(word):
+        return today - timedelta(days=int(m.group(1)) * (7 if m.group(2) == "w" else 1))
+    try:
+        return date.fromisoformat(word)
+    except ValueError:
+        raise ValueError(f"expected {DAY_FORMS}; got {text!r}") from None
 
 
 def _day(text: str) -> date:
     try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a date as YYYY-MM-DD, got {text!r}") from None
+        return parse_day(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -34,12 +57,12 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         "search", parents=[common], help="full-text search over history and memory files"
     )
     search.add_argument("query", nargs="+")
-    search.add_argument("--since", type=_day, help="only history from this day (YYYY-MM-DD)")
-    search.add_argument("--until", type=_day, help="only history up to this day (YYYY-MM-DD)")
+    search.add_argument("--since", type=_day, help=f"only history from this day on: {DAY_FORMS}")
+    search.add_argument("--until", type=_day, help="only history up to this day (inclusive)")
     search.add_argument("-n", "--limit", type=int, default=10)
     history = msub.add_parser("history", parents=[common], help="print the archive by day")
-    history.add_argument("--since", type=_day)
-    history.add_argument("--until", type=_day)
+    history.add_argument("--since", type=_day, help=f"from this day on: {DAY_FORMS}")
+    history.add_argument("--until", type=_day, help="up to this day (inclusive)")
 
     sub.add_parser(
         "dream", parents=[common], help="distil the history archive into long-term memory now"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import Config, ConfigError, default_config_path, load_config
+from bot.invocation import program
 from bot.service.checks import Check, Status
 from bot.service.probes import check_llm, check_token, proxy_for, token_probes
 
@@ -50,7 +51,7 @@ def check_config(path: Path) -> tuple[Check, Config | None]:
         return Check(
             "fail",
             f"config: {path} does not exist (memobot would run on defaults)",
-            f"memobot --config {path} onboard",
+            f"{program()} --config {path} onboard",
         ), None
     try:
         cfg, _ = load_config(path)
@@ -66,7 +67,7 @@ def check_mode(path: Path, want: int, what: str, fix: bool, severity: Status = "
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
-        return Check("fail", f"{what} {path} does not exist", "memobot onboard")
+        return Check("fail", f"{what} {path} does not exist", f"{program()} onboard")
     if not mode & 0o077:
         return Check("ok", f"{what} {path} is private (mode {mode:04o})")
     command = f"chmod {want:o} {path}"
@@ -172,7 +173,7 @@ def check_sessions(cfg: Config, fix: bool) -> Iterator[Check]:
             yield Check(
                 "fail",
                 f"{where}: " + "; ".join(found),
-                "memobot doctor --fix (copies the file aside as .corrupt-<time>, keeps every "
+                f"{program()} doctor --fix (copies the file aside as .corrupt-<time>, keeps every "
                 "good line)",
                 fixable=True,
             )
@@ -181,7 +182,7 @@ def check_sessions(cfg: Config, fix: bool) -> Iterator[Check]:
                 "warn",
                 f"{where}: torn last line from an interrupted write (ignored; cut off at the "
                 "next write)",
-                "memobot doctor --fix cuts it now",
+                f"{program()} doctor --fix cuts it now",
                 fixable=True,
             )
     aside = sorted(folder.glob(f"*{SUFFIX}.corrupt-*")) if folder.is_dir() else []

@@ -660,8 +660,17 @@ def test_wrong_shaped_record_is_set_aside_and_the_agent_answers(
     tmp_path: Path, llm: FakeLLMThread, attack: str
 ) -> None:
     cfg = write_config(tmp_path, llm.base_url)
-    first = run_memobot("agent", "-m", "remember this", "-s", KEY, config=cfg)
-    assert first.returncode == 0, first.stderr
+    # The first turn as memobot writes it (in-process: 18 attacks, one subprocess each).
+    store = SessionStore(tmp_path / "state")
+    first = store.get(KEY)
+    store.append(
+        first,
+        [
+            {"role": "user", "content": "remember this"},
+            {"role": "assistant", "content": "echo: remember this"},
+        ],
+        metadata={"seen_ids": ["m0"]},
+    )
     path = session_path(tmp_path)
     bad = ATTACKS[attack](path)
     append_lines(path, *bad)
@@ -685,8 +694,7 @@ def test_wrong_shaped_record_is_set_aside_and_the_agent_answers(
     assert said[-2:] == ["still there?", "echo: still there?"]
     data = path.read_bytes()
     assert scan_session(data).misshapen == [] and scan_session(data).bad_lines == []
-    again = run_memobot("agent", "-m", "and now?", "-s", KEY, config=cfg)
-    assert again.returncode == 0 and "wrong-shaped" not in again.stderr
+    SessionStore(tmp_path / "state").get(KEY)  # the next load sets nothing aside
     assert len(corrupt_copies(path)) == 1
     # Every request the model saw was valid for the API (the fake LLM answers 400 otherwise).
     for entry in llm.requests:

@@ -442,11 +442,13 @@ async def _converse(
     # drops that answer unseen.
     await loop.bus.outbound.join()
     if args.message is not None:
-        return _exit_code(await _turn_with_interrupt(loop, terminal, args.message))
-    if sys.stdin.isatty():
+        code = _exit_code(await _turn_with_interrupt(loop, terminal, args.message))
+    elif sys.stdin.isatty():
         await _interactive(loop, terminal, cfg)
-        return EX_OK
-    return await _piped(loop, terminal)
+        code = EX_OK
+    else:
+        code = await _piped(loop, terminal)
+    return EX_CLOSED_PIPE if terminal.closed else code
 
 
 def _exit_code(outcome: str) -> int:
@@ -492,6 +494,8 @@ async def _piped(loop: AgentLoop, terminal: TerminalChannel) -> int:
         outcome = await _turn_with_interrupt(loop, terminal, text)
         if outcome == "stopped":
             return EX_INTERRUPTED
+        if terminal.closed:
+            return EX_CLOSED_PIPE  # nobody reads the answers: take no more lines
         if outcome != "ok":
             code = EX_FAILED
     return code

@@ -41,6 +41,7 @@ class TerminalChannel(Channel):
         self.thinking = thinking
         self._waiting: dict[str, asyncio.Future[OutboundMessage]] = {}
         self._thinking_shown = False
+        self.closed = False  # stdout's reader went away
 
     async def send_typing(self, chat_id: str) -> None:
         if not self.thinking or chat_id != self.chat_id or not self._waiting:
@@ -60,12 +61,19 @@ class TerminalChannel(Channel):
             # Another terminal session's answer: nobody here can read it. Raising keeps it in
             # the ledger, so `memobot agent -s cli:<that chat>` prints it next time.
             raise PermanentError(f"cli:{msg.chat_id} is not the session open in this terminal")
-        self._erase_thinking()
-        self.out.flush()
         # A turn that failed or was stopped says so on stderr: stdout carries answers only.
         stream = self.out if msg.metadata.get(OUTCOME_KEY, "ok") == "ok" else self.err
-        stream.write(chunk.rstrip("\n") + "\n")
-        stream.flush()
+        if not self.closed:
+            try:
+                self._erase_thinking()
+                self.out.flush()
+                stream.write(chunk.rstrip("\n") + "\n")
+                stream.flush()
+            except BrokenPipeError:
+                # The reader went away (`| head`): it read what it wanted. The answer counts
+                # as delivered (printing it again next time would surprise), and the CLI
+                # ends quietly.
+                self.closed = True
         waiter = self._waiting.get(msg.reply_to or "")
         if msg.final and waiter and not waiter.done():
             waiter.set_result(msg)
@@ -88,4 +96,5 @@ class TerminalChannel(Channel):
             return await done
         finally:
             self._waiting.pop(message_id, None)
-            self._erase_thinking()
+            if not self.closed:
+                self._erase_thinking()

@@ -330,7 +330,8 @@ def test_onboard_openai_preset_asks_for_the_key_unechoed(tmp_path: Path) -> None
 def test_closed_stdout_is_a_quiet_exit(tmp_path: Path, llm: FakeLLMThread) -> None:
     cfg = write_config(tmp_path, llm.base_url)
     _archive(tmp_path / "ws", [(datetime.now(UTC), "a line for the pipe")])
-    for args in (("status",), ("--help",), ("memory", "history")):
+    commands = (("status",), ("--help",), ("memory", "history"), ("agent", "-m", "hi"))
+    for args in (*commands, ("agent", "-s", "piped")):
         read_end, write_end = os.pipe()
         os.close(read_end)  # the reader (head -3) is already gone
         try:
@@ -338,6 +339,7 @@ def test_closed_stdout_is_a_quiet_exit(tmp_path: Path, llm: FakeLLMThread) -> No
                 [sys.executable, "-m", "bot", "--config", str(cfg), *args],
                 stdout=write_end,
                 stderr=subprocess.PIPE,
+                input="one\ntwo\n" if "piped" in args else "",
                 text=True,
                 env=_env({"PYTHONPATH": str(REPO)}),
                 cwd=REPO,

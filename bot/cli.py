@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         type=Path,
         default=argparse.SUPPRESS,
-        help="config file (default: $MEMOBOT_CONFIG or ~/.memobot/config.json)",
+        help="config file (default: $MEMOBOT_CONFIG or ~/.memobot/config.json); a path given "
+        "here or in $MEMOBOT_CONFIG must exist, except for onboard, which creates it",
     )
     common.add_argument(
         "-v", "--verbose", action="count", default=argparse.SUPPRESS, help="more log output"
@@ -76,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="memobot",
         description="A self-hosted chat assistant that remembers, with tools in a workspace.",
+        epilog=f"Exit codes: {EX_OK} success, {EX_FAILED} a turn or command failed, {EX_USAGE} "
+        f"usage, {EX_CONFIG} configuration, {EX_INTERRUPTED} interrupted (Ctrl-C), "
+        f"{EX_CLOSED_PIPE} stdout closed early.",
         parents=[common],
     )
     parser.add_argument("--version", action="version", version=f"memobot {__version__}")
@@ -107,8 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
         "agent",
         parents=[common],
         help="chat in the terminal",
-        description="Chat in the terminal. Interactive when stdin is a terminal; otherwise each "
-        "line of stdin is one message and each answer is printed in order.",
+        description="Chat in the terminal. Interactive when stdin is a terminal (exit, quit, "
+        "/exit or Ctrl-D ends it); otherwise each line of stdin is one message, each answer is "
+        "printed in order, and the end of input ends the session. A failed turn exits 1, "
+        "Ctrl-C during -m 130.",
     )
     agent.add_argument("-m", "--message", help="send one message, print the answer, exit")
     agent.add_argument(

@@ -192,17 +192,17 @@ def test_file_tools_refuse_the_config_and_the_state_folder(
 
 
 def sleepers(tag: str) -> list[int]:
-    """Living processes whose command line carries ``tag`` (a unique sleep duration)."""
+    """Living ``sleep TAG`` processes (not the shell or launcher whose command mentions it)."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
             state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if tag in cmdline and "sleep" in cmdline and state not in ("Z", "X"):
+        if argv[:2] == [b"sleep", tag.encode()] and state not in ("Z", "X"):
             found.append(int(name))
     return found
 

@@ -216,6 +216,40 @@ class Gate:
         env[MARKER] = self._marker
         return env
 
+    def launcher_command(
+        self,
+        argv: list[str],
+        *,
+        confine: bool,
+        network: bool = True,
+        restrict: bool = True,
+        extra_env: dict[str, str] | None = None,
+        stdio: bool = True,
+        grace: float = 2.0,
+    ) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment that run ``argv`` through the launcher, for a
+        library that starts the process itself (an MCP stdio client): the same confinement,
+        environment allowlist and subtree cleanup as :meth:`spawn`; it dies with memobot.
+
+        Raises GateRefused when confinement is asked for and the kernel has no Landlock.
+        """
+        if confine and launcher.landlock_abi() < 1:
+            raise GateRefused(describe_confinement(True, "landlock", network).summary)
+        self._temp.mkdir(mode=0o700, exist_ok=True)
+        spec = {
+            "argv": argv,
+            "ppid": os.getpid(),
+            "grace": grace,
+            "confine": confine,
+            "stdio": stdio,
+            "network": network,
+            "read": [str(p) for p in self.policy.read_roots] + list(CONFINED_READ_ROOTS),
+            "write": [str(p) for p in self.policy.writable],
+            "devices": list(DEVICES),
+        }
+        command = [sys.executable, "-I", "-S", str(LAUNCHER), *launcher.build_args(spec)]
+        return command, self.environment(restrict=restrict, extra=extra_env)
+
     async def spawn(
         self,
         argv: list[str],
@@ -231,27 +265,23 @@ class Gate:
 
         Raises GateRefused when confinement is asked for and the kernel has no Landlock.
         """
-        if confine and launcher.landlock_abi() < 1:
-            raise GateRefused(describe_confinement(True, "landlock", network).summary)
-        self._temp.mkdir(mode=0o700, exist_ok=True)  # a cleaner may have removed it
-        spec = {
-            "argv": argv,
-            "ppid": os.getpid(),
-            "grace": scope.grace,
-            "confine": confine,
-            "network": network,
-            "read": [str(p) for p in self.policy.read_roots] + list(CONFINED_READ_ROOTS),
-            "write": [str(p) for p in self.policy.writable],
-            "devices": list(DEVICES),
-        }
+        command, env = self.launcher_command(
+            argv,
+            confine=confine,
+            network=network,
+            restrict=restrict,
+            extra_env=extra_env,
+            stdio=False,
+            grace=scope.grace,
+        )
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", str(LAUNCHER), *launcher.build_args(spec),
+            *command,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             cwd=cwd,
-            env=self.environment(restrict=restrict, extra=extra_env),
-        )  # fmt: skip
+            env=env,
+        )
         process = GateProcess(proc, scope)
         scope.add(process)
         return process

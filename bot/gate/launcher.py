@@ -14,8 +14,9 @@ packages (fast to start), never importing memobot. The launcher:
   kills every process left in its subtree and reaps it, then exits with the command's status.
 
 OPTIONS (see :func:`parse_args`): ``--ppid N`` (memobot's pid), ``--grace S`` (seconds between
-SIGTERM and SIGKILL), ``--confine``, ``--no-network``, and repeated ``-r PATH`` (read),
-``-w PATH`` (write), ``-d PATH`` (device) for the confinement. Exit 125 with a
+SIGTERM and SIGKILL), ``--confine``, ``--no-network``, ``--stdio`` (a server speaking a
+protocol on stdin/stdout: its stderr stays apart and no status line is written), and repeated
+``-r PATH`` (read), ``-w PATH`` (write), ``-d PATH`` (device) for the confinement. Exit 125 with a
 ``memobot-sandbox:`` line on stderr means the command was never started.
 """
 
@@ -383,7 +384,8 @@ def _child(spec: dict, report_w: int) -> None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        os.dup2(1, 2)  # one stream keeps the interleaving of output and errors readable
+        if not spec.get("stdio"):
+            os.dup2(1, 2)  # one stream keeps the interleaving of output and errors readable
         if spec.get("confine"):
             _limit_tasks()
             drop_capabilities()
@@ -407,6 +409,8 @@ def parse_args(args: list[str]) -> dict:
             break
         if arg == "--confine":
             spec["confine"] = True
+        elif arg == "--stdio":
+            spec["stdio"] = True
         elif arg == "--no-network":
             spec["network"] = False
         elif arg in ("--ppid", "--grace") and i + 1 < len(args):
@@ -428,6 +432,8 @@ def build_args(spec: dict) -> list[str]:
     args = ["--ppid", str(spec["ppid"]), "--grace", str(spec.get("grace", 2.0))]
     if spec.get("confine"):
         args.append("--confine")
+    if spec.get("stdio"):
+        args.append("--stdio")
     if not spec.get("network", True):
         args.append("--no-network")
     for flag, key in (("-r", "read"), ("-w", "write"), ("-d", "devices")):
@@ -472,7 +478,7 @@ def main(args: list[str]) -> None:
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     status = _wait(pid)
-    if status is not None:
+    if status is not None and not spec.get("stdio"):
         os.write(2, f"status {status}\n".encode())
     os.dup2(devnull, 2)
     if status is not None:

@@ -29,7 +29,8 @@ EX_CONFIG = 78  # sysexits.h: configuration error; systemd units refuse to resta
 DEFAULT_HOME = Path("~/.memobot")
 DEFAULT_CONFIG_PATH = DEFAULT_HOME / "config.json"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_SECRET_KEY = re.compile(r"(?i)(token|key|secret|password)$")  # apiKey, token, botToken, ...
+# apiKey, token, botToken, an MCP server's env GITHUB_TOKEN or its Authorization header, ...
+_SECRET_KEY = re.compile(r"(?i)(token|key|secret|password|authorization)$")
 
 
 class ConfigError(Exception):
@@ -93,17 +94,96 @@ class ExecConfig(_Model):
     network: StrictBool = True  # false: confined commands may not open or accept TCP connections
 
 
+SearchProvider = Literal["duckduckgo", "brave", "tavily", "searxng"]
+MAX_SEARCH_RESULTS = 10
+
+
+class WebSearchConfig(_Model):
+    provider: SearchProvider = "duckduckgo"
+    api_key: str = ""  # brave and tavily
+    base_url: str = ""  # "": the provider's public endpoint; searxng: required
+    max_results: int = Field(5, ge=1, le=MAX_SEARCH_RESULTS, description="when count is not given")
+
+    @model_validator(mode="after")
+    def _searxng_needs_url(self) -> WebSearchConfig:
+        if self.provider == "searxng" and not self.base_url:
+            raise ValueError(
+                "tools.web.search.baseUrl is required for searxng (your instance, e.g. "
+                "http://localhost:8888)"
+            )
+        return self
+
+
 class WebConfig(_Model):
     enabled: StrictBool = True
     timeout_seconds: float = Field(20.0, gt=0, le=300)
     max_bytes: int = Field(2_000_000, ge=1000)
     max_chars: int = Field(20000, ge=100)
+    search: WebSearchConfig = WebSearchConfig()
+
+
+class McpServerConfig(_Model):
+    """One MCP server: a command speaking MCP on stdio, or a Streamable HTTP ``url``.
+
+    The keys are nanobot's, so its ``tools.mcpServers`` block pastes in.
+    """
+
+    type: Literal["stdio", "streamableHttp"] | None = None  # inferred from command / url
+    command: str = ""
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str = ""  # default: the workspace
+    url: str = ""
+    headers: dict[str, str] = Field(default_factory=dict)
+    tool_timeout: float = Field(30.0, gt=0, le=3600, description="seconds per tool call")
+    enabled_tools: list[str] = Field(default_factory=lambda: ["*"])
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _no_sse(cls, v: Any) -> Any:
+        if v == "sse":
+            raise ValueError(
+                "the old SSE transport is not supported; use the server's Streamable HTTP "
+                "endpoint (often the same URL ending in /mcp instead of /sse)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if bool(self.command) == bool(self.url):
+            raise ValueError("set either command (a stdio server) or url (Streamable HTTP)")
+        if self.type == "stdio" and not self.command:
+            raise ValueError('type "stdio" needs a command')
+        if self.type == "streamableHttp" and not self.url:
+            raise ValueError('type "streamableHttp" needs a url')
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError("url must start with http:// or https://")
+        return self
+
+    @property
+    def transport(self) -> Literal["stdio", "http"]:
+        return "stdio" if self.command else "http"
+
+
+_MCP_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 class ToolsConfig(_Model):
     restrict_to_workspace: StrictBool = True
     exec: ExecConfig = ExecConfig()
     web: WebConfig = WebConfig()
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _server_names(cls, v: dict[str, McpServerConfig]) -> dict[str, McpServerConfig]:
+        for name in v:
+            if not _MCP_NAME.match(name):
+                raise ValueError(
+                    f"server name {name!r}: use letters, digits, _ and - only (it becomes part "
+                    "of the tool names mcp_<server>_<tool>)"
+                )
+        return v
 
 
 _PROXY_SCHEMES = ("http://", "https://", "socks5://", "socks5h://")

@@ -21,6 +21,7 @@ from bot.loop import AgentLoop
 from bot.memory.history import HistoryArchive
 from bot.session import SessionStore
 from bot.tools import build_default_tools
+from bot.tools.mcp import McpManager
 from bot.workspace import init_workspace
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,10 @@ class AgentStack:
     store: SessionStore
     provider: LLMProvider
     gate: Gate
+    mcp: McpManager
 
     async def close(self) -> None:
+        await self.mcp.stop()  # before the gate's temp folder goes
         await self.provider.close()
         self.gate.close()
 
@@ -85,14 +88,23 @@ def build_agent(cfg: Config, config_path: Path) -> AgentStack:
     bus = MessageBus()
     store = SessionStore(cfg.agent.state_path)
     gate = build_gate(cfg, config_path)
+    tools = build_default_tools(cfg.tools, workspace, cfg.agent.state_path)
+    # Not started here: the caller starts it once its event loop runs (mcp.start()).
+    mcp = McpManager(cfg.tools, tools, gate=gate, workspace=workspace, log_dir=mcp_log_dir(cfg))
     loop = AgentLoop(
         cfg,
         bus,
         store,
         provider,
-        build_default_tools(cfg.tools, workspace, cfg.agent.state_path),
+        tools,
         ContextBuilder(workspace, share_in_groups=cfg.memory.share_in_groups),
         HistoryArchive(workspace),
         gate,
+        mcp=mcp,
     )
-    return AgentStack(bus, loop, store, provider, gate)
+    return AgentStack(bus, loop, store, provider, gate, mcp)
+
+
+def mcp_log_dir(cfg: Config) -> Path:
+    """Where each stdio MCP server's stderr is kept: ``<state>/mcp/<name>.log``."""
+    return cfg.agent.state_path / "mcp"

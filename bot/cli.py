@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bot import __version__
 from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load_config
@@ -39,6 +39,7 @@ EX_CLOSED_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`| head`)
 # Commands that write the config, so a --config path that does not exist yet is expected.
 CREATES_CONFIG = ("onboard", "import")
 EXIT_WORDS = frozenset({"exit", "quit", "/exit", "/quit"})
+MCP_WAIT_SECONDS = 5.0  # how long `agent` waits for MCP servers before the first turn
 
 
 def session_arg(raw: str) -> str:
@@ -134,6 +135,21 @@ def build_parser() -> argparse.ArgumentParser:
         "second Ctrl-C exits at once.",
     )
     sub.add_parser("status", parents=[common], help="show config, workspace, model and sessions")
+    mcp = sub.add_parser(
+        "mcp",
+        parents=[common],
+        help="MCP servers: mcp list starts each configured server and shows its tools",
+        description="MCP servers (tools.mcpServers in the config).",
+    )
+    mcp_sub = mcp.add_subparsers(dest="mcp_command", metavar="SUBCOMMAND", required=True)
+    mcp_sub.add_parser(
+        "list",
+        parents=[common],
+        help="start each server, show its state and tools, stop it (exit 1 if one failed)",
+        description="Start each configured MCP server the way the agent does (stdio servers "
+        "through the gate, confined like exec), list its tools as the model sees them "
+        "(mcp_<server>_<tool>), then stop it. Exits 1 when a server could not be reached.",
+    )
     from bot.memory.commands import add_parsers
 
     add_parsers(sub, common)
@@ -210,6 +226,8 @@ def _main(argv: list[str] | None) -> int:
             return cmd_gateway(cfg, config_path)
         if args.command == "status":
             return cmd_status(cfg, config_path)
+        if args.command == "mcp":
+            return cmd_mcp_list(cfg, config_path)
         if args.command in ("memory", "dream"):
             from bot.memory.commands import run
 
@@ -408,6 +426,7 @@ async def _agent_main(
     terminal = TerminalChannel(stack.bus, chat_id, thinking=interactive and sys.stdout.isatty())
     manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])
     await manager.start()
+    stack.mcp.start()
     loop_task = asyncio.create_task(stack.loop.run(), name="agent-loop")
     key = f"cli:{chat_id}"
     aio = asyncio.get_running_loop()
@@ -442,6 +461,9 @@ async def _converse(
     args: argparse.Namespace, loop: AgentLoop, terminal: TerminalChannel, cfg: Config, key: str
 ) -> int:
     """Take input until it ends; returns the exit code."""
+    if loop.mcp is not None:
+        # A one-shot question may need a server's tools: give them a moment to come up.
+        await loop.mcp.wait_ready(MCP_WAIT_SECONDS)
     await loop.wait_idle(key)
     # Recovered answers are printed before a new line is taken; otherwise its intake runs
     # while an answer sits between its "sending" mark and the terminal, and a crash there
@@ -633,6 +655,53 @@ def _exec_line(cfg: Config) -> str:
     ).summary
 
 
+def _mcp_line(cfg: Config, live: dict[str, Any] | None) -> str:
+    servers = cfg.tools.mcp_servers
+    if not servers:
+        return "no servers configured"
+    shown = (live or {}).get("mcp")
+    if not isinstance(shown, dict):
+        return f"{len(servers)} server(s) configured; states while the gateway runs"
+    up = sum(1 for s in shown.values() if s.get("state") == "connected")
+    tools = sum(int(s.get("tools", 0)) for s in shown.values())
+    parts = [f"{name}: {info.get('state', '?')}" for name, info in sorted(shown.items())]
+    return f"{len(shown)} server(s), {up} connected, {tools} tool(s) ({', '.join(parts)})"
+
+
+def cmd_mcp_list(cfg: Config, config_path: Path) -> int:
+    """Start each MCP server once, print its state and tools; 1 if one failed."""
+    from bot.app import build_gate, mcp_log_dir
+    from bot.tools.mcp import probe_servers
+
+    if not cfg.tools.mcp_servers:
+        print("No MCP servers configured (tools.mcpServers in the config).")
+        return EX_OK
+    gate = build_gate(cfg, config_path)
+    try:
+        statuses = asyncio.run(
+            probe_servers(
+                cfg.tools,
+                gate=gate,
+                workspace=cfg.agent.workspace_path,
+                log_dir=mcp_log_dir(cfg),
+            )
+        )
+    finally:
+        gate.close()
+    failed = 0
+    for st in statuses:
+        where = cfg.tools.mcp_servers[st.name]
+        target = where.url if st.transport == "http" else " ".join([where.command, *where.args])
+        print(f"{st.name} ({st.transport}: {target}): {st.state}, {st.detail}")
+        for name in st.tools:
+            print(f"  {name}")
+        if st.state != "connected":
+            failed += 1
+            if st.transport == "stdio":
+                print(f"  its stderr: {mcp_log_dir(cfg) / (st.name + '.log')}")
+    return EX_FAILED if failed else EX_OK
+
+
 def cmd_status(cfg: Config, config_path: Path) -> int:
     from bot.memory.dream import budget_lines, read_dream_cursor
 
@@ -665,6 +734,7 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
         ("dream", f"digested up to history cursor {read_dream_cursor(cfg.agent.workspace_path)}"),
         ("channels", "; ".join(enabled) if enabled else "none enabled"),
         ("exec", _exec_line(cfg)),
+        ("mcp", _mcp_line(cfg, live)),
         ("gateway", f"running (pid {live['pid']})" if live else "not running"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -84,6 +84,10 @@ class Gateway:
                 for c in self.channels
             },
             "active_sessions": len(self.stack.loop.running_keys()),
+            "mcp": {
+                st.name: {"state": st.state, "detail": st.detail, "tools": len(st.tools)}
+                for st in self.stack.mcp.statuses()
+            },
         }
 
     def request_stop(self, signum: int) -> None:
@@ -122,6 +126,7 @@ class Gateway:
         if resumed:
             log.info("resuming %d interrupted session(s)", resumed)
         loop_task = asyncio.create_task(self.stack.loop.run(schedule_dream=True), name="agent")
+        self.stack.mcp.start()  # in the background: a slow server never delays the start
         await self.manager.start()
         warm = asyncio.create_task(self.stack.provider.warm_up(), name="llm-warm-up")
         log.info(

@@ -19,7 +19,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from bot import failpoints
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
@@ -37,6 +37,9 @@ from bot.runner import Runner, close_open_tool_calls
 from bot.session import Session, SessionStore, now_iso
 from bot.tokens import estimate_text_tokens
 from bot.tools.base import ToolContext, ToolRegistry
+
+if TYPE_CHECKING:
+    from bot.tools.mcp import McpManager
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +86,12 @@ class AgentLoop:
         context: ContextBuilder,
         archive: HistoryArchive,
         gate: Gate | None = None,
+        *,
+        mcp: McpManager | None = None,
     ) -> None:
         self.cfg = cfg
         self.gate = gate
+        self.mcp = mcp
         self.bus = bus
         self.store = store
         self.provider = provider
@@ -101,11 +107,19 @@ class AgentLoop:
         self._last_active: dict[str, float] = {}
         self._work: dict[str, _SessionWork] = {}
         self._slots = asyncio.Semaphore(cfg.agent.max_concurrent_turns)
-        self._tools_tokens = estimate_text_tokens(str(tools.schemas()))
+        # (registry version, estimate): recounted only when MCP servers change the tools.
+        self._tools_estimate = (-1, 0)
         self._draining = False
         self._background: set[asyncio.Task[None]] = set()
         self.started_at = time.monotonic()
         bus.set_intake(self.accept)
+
+    def _tools_tokens(self) -> int:
+        version, tokens = self._tools_estimate
+        if version != self.tools.version:
+            tokens = estimate_text_tokens(str(self.tools.schemas()))
+            self._tools_estimate = (self.tools.version, tokens)
+        return tokens
 
     # -- intake ----------------------------------------------------------------------------
 
@@ -361,7 +375,7 @@ class AgentLoop:
                 t,
                 self.cfg.llm.context_window_tokens,
                 self.cfg.llm.max_tokens,
-                self._tools_tokens,
+                self._tools_tokens(),
                 private=ctx.extra["private"],
             )
 
@@ -633,6 +647,7 @@ class AgentLoop:
                 "memory: "
                 + ", ".join(budget_lines(self.cfg.agent.workspace_path, self.cfg.memory.max_chars)),
                 f"answer in progress: {'yes' if running else 'no'}",
+                *([f"mcp: {self.mcp.summary()}"] if self.mcp and self.mcp.servers else []),
                 f"uptime: {format_duration(time.monotonic() - self.started_at)}",
             ]
         )

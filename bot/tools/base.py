@@ -98,10 +98,38 @@ class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
         self._schemas: list[dict[str, Any]] | None = None
+        self._groups: dict[str, list[str]] = {}
+        # Goes up whenever the tool list changes, so callers can cache what they derive from it.
+        self.version = 0
 
     def register(self, tool: Tool) -> None:
         self._tools[tool.name] = tool
         self._schemas = None
+        self.version += 1
+
+    def replace_group(self, group: str, tools: list[Tool]) -> bool:
+        """Make ``tools``, in this order, the tools of ``group`` (e.g. MCP servers), after the
+        built-in ones. Returns whether the schemas changed; when they did not (a server came
+        back with the same tools), the cached schemas stay, so requests stay byte-identical."""
+        before = [self._tools[n].schema() for n in self._groups.get(group, [])]
+        if before == [t.schema() for t in tools]:
+            for tool in tools:  # the same schemas; the objects may hold a new connection
+                self._tools[tool.name] = tool
+            return False
+        for name in self._groups.pop(group, []):
+            self._tools.pop(name, None)
+        for tool in tools:
+            self._tools[tool.name] = tool
+        self._groups[group] = [t.name for t in tools]
+        # Groups after the built-ins, in a fixed order of groups.
+        grouped = {n for names in self._groups.values() for n in names}
+        order = [n for n in self._tools if n not in grouped]
+        for g in sorted(self._groups):
+            order += self._groups[g]
+        self._tools = {n: self._tools[n] for n in order}
+        self._schemas = None
+        self.version += 1
+        return True
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)

@@ -1,0 +1,371 @@
+"""MCP servers as tools (issue 14): a real stdio server (the SDK's MCPServer) and a real
+Streamable HTTP one on 127.0.0.1, driven through the real ``memobot`` command and the scripted
+fake LLM; what the tools returned is read back from the next LLM request."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.config import parse_config
+from bot.gate import launcher
+from bot.tools.base import ToolRegistry
+from bot.tools.mcp import input_schema, tool_name
+from tests.fakes.llm_server import FakeLLM, FakeLLMThread, call, reply, tool_step
+from tests.helpers import REPO, Harness, make_config, request_messages, run_memobot, write_config
+
+FAKE_SERVER = REPO / "tests" / "fakes" / "mcp_server.py"
+RAW_SERVER = REPO / "tests" / "fakes" / "mcp_raw_server.py"
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMThread]:
+    with FakeLLM.start_in_thread() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The fake server over Streamable HTTP; its URL."""
+    port_file = tmp_path_factory.mktemp("mcp-http") / "port"
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKE_SERVER), "--http", str(port_file)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    try:
+        assert wait_for(port_file.exists, 15), "the HTTP MCP server did not start"
+        yield f"http://127.0.0.1:{port_file.read_text()}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def stdio_server(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    """The SDK server over stdio. The venv's interpreter is outside what Landlock lets a
+    confined process read, so these run with the sandbox off (restricted environment kept);
+    the confined case uses the stdlib server below."""
+    return {
+        "command": sys.executable,
+        "args": [str(FAKE_SERVER), "--start-file", str(tmp_path / "starts")],
+        **extra,
+    }
+
+
+def mcp_config(tmp_path: Path, llm: FakeLLMThread, servers: dict[str, Any], **tools: Any) -> Path:
+    return write_config(
+        tmp_path,
+        llm.base_url,
+        tools={"exec": {"sandbox": "off"}, "mcpServers": servers, **tools},
+    )
+
+
+def results(llm: FakeLLMThread, request: int) -> dict[str, str]:
+    messages = request_messages(llm.requests[request])
+    return {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
+
+
+def tools_of(llm: FakeLLMThread, request: int) -> list[str]:
+    return [t["function"]["name"] for t in llm.requests[request]["body"].get("tools", [])]
+
+
+def wait_for(predicate: Any, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def sleepers(tag: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[:2] == [b"sleep", tag.encode()] and alive(int(name)):
+            found.append(int(name))
+    return found
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+
+
+def test_tool_names_fit_the_function_name_charset() -> None:
+    assert tool_name("fs", "read_file") == "mcp_fs_read_file"
+    assert tool_name("my-srv", "get.item/v2") == "mcp_my-srv_get_item_v2"
+    assert len(tool_name("s", "x" * 200)) == 64
+    assert input_schema(None) == {"type": "object", "properties": {}}
+
+
+def test_config_keys_are_nanobots() -> None:
+    cfg = parse_config(
+        {
+            "tools": {
+                "mcpServers": {
+                    "fs": {"command": "npx", "args": ["-y", "srv"], "env": {"A": "1"}},
+                    "web": {
+                        "url": "https://x.example/mcp",
+                        "headers": {"Authorization": "Bearer t"},
+                        "toolTimeout": 5,
+                        "enabledTools": ["search"],
+                    },
+                }
+            }
+        }
+    )
+    web = cfg.tools.mcp_servers["web"]
+    assert web.transport == "http" and web.tool_timeout == 5 and web.enabled_tools == ["search"]
+    assert cfg.tools.mcp_servers["fs"].enabled_tools == ["*"]
+
+
+def test_replacing_a_group_keeps_the_cached_schemas_when_nothing_changed() -> None:
+    from bot.tools.message import MessageTool
+    from bot.tools.search import WebSearchTool
+
+    reg = ToolRegistry()
+    reg.register(MessageTool())
+    first = reg.schemas()
+    cfg = parse_config({}).tools.web
+    assert reg.replace_group("mcp", [WebSearchTool(cfg)])
+    second = reg.schemas()
+    assert second is not first and [s["function"]["name"] for s in second] == [
+        "message",
+        "web_search",
+    ]
+    assert not reg.replace_group("mcp", [WebSearchTool(cfg)])
+    assert reg.schemas() is second  # the same list object: byte-identical requests
+
+
+# -- through the real command -------------------------------------------------------------------
+
+
+def test_stdio_tools_results_and_a_stable_prompt_across_turns(
+    tmp_path: Path, llm: FakeLLMThread, http_server: str
+) -> None:
+    secret = f"secret-{uuid.uuid4().hex}"
+    servers = {
+        "fake": stdio_server(tmp_path, env={"FAKE_SETTING": "on"}),
+        "remote": {"url": http_server, "enabledTools": ["add", "mcp_remote_echo"]},
+    }
+    cfg = mcp_config(tmp_path, llm, servers)
+    llm.script(
+        tool_step(
+            call("mcp_fake_echo", {"text": "hi"}, id="echo"),
+            call("mcp_fake_picture", {}, id="picture"),
+            call("mcp_fake_fail", {"why": "x"}, id="fail"),
+            call("mcp_fake_read", {"path": "/proc/self/environ"}, id="env"),
+            call("mcp_remote_add", {"a": 2, "b": 3}, id="add"),
+        ),
+        reply("first done"),
+        reply("second done"),
+    )
+    done = run_memobot(
+        "agent", config=cfg, stdin="first\nsecond\n", env={"MEMOBOT_TEST_SECRET": secret}
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["first done", "second done"]
+    out = results(llm, 1)
+    assert out["echo"] == "echo: hi"
+    assert out["picture"].startswith("[image image/png, ")
+    assert out["fail"].startswith("Error:") and "failed on purpose: x" in out["fail"]
+    assert "FAKE_SETTING=on" in out["env"] and "MEMOBOT_GATE=" in out["env"]
+    assert secret not in out["env"] and "test-key" not in out["env"]
+    assert out["add"] == "5"
+    names = tools_of(llm, 0)
+    mcp = [n for n in names if n.startswith("mcp_")]
+    assert names[-len(mcp) :] == mcp  # after the built-in tools
+    assert mcp == [
+        *(f"mcp_fake_{t}" for t in ("add", "crash", "echo", "fail", "hang", "picture")),
+        "mcp_fake_read",
+        "mcp_fake_spawn",
+        "mcp_remote_add",
+        "mcp_remote_echo",
+    ]
+    # Byte-identical tools in every request of both turns (the provider's prompt cache).
+    bodies = [json.dumps(r["body"]["tools"]) for r in llm.requests]
+    assert len(bodies) == 3 and len(set(bodies)) == 1
+
+
+def test_a_crash_and_a_hang_give_errors_and_the_server_comes_back(
+    tmp_path: Path, llm: FakeLLMThread
+) -> None:
+    cfg = mcp_config(tmp_path, llm, {"fake": stdio_server(tmp_path, toolTimeout=1)})
+    llm.script(
+        tool_step(call("mcp_fake_crash", {}, id="crash")),
+        tool_step(call("mcp_fake_echo", {"text": "back"}, id="after_crash")),
+        tool_step(call("mcp_fake_hang", {"seconds": 30}, id="hang")),
+        tool_step(call("mcp_fake_echo", {"text": "again"}, id="after_hang")),
+        reply("done"),
+    )
+    started = time.monotonic()
+    done = run_memobot("agent", "-m", "go", config=cfg)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "done\n"
+    assert results(llm, 1)["crash"].startswith(
+        "Error: MCP server 'fake' closed the connection during the call"
+    )
+    assert results(llm, 2)["after_crash"] == "echo: back"
+    assert results(llm, 3)["hang"] == (
+        "Error: MCP server 'fake' did not answer hang within 1 s (toolTimeout); the server "
+        "is being restarted."
+    )
+    assert results(llm, 4)["after_hang"] == "echo: again"
+    assert len((tmp_path / "starts").read_text().split()) == 3  # two restarts
+    assert time.monotonic() - started < 20
+
+
+def test_a_missing_server_never_stops_the_answer(tmp_path: Path, llm: FakeLLMThread) -> None:
+    servers = {
+        "gone": {"command": "/nonexistent/mcp-server"},
+        "down": {"url": "http://127.0.0.1:9/mcp"},
+    }
+    cfg = mcp_config(tmp_path, llm, servers)
+    llm.script(reply("fine without them"))
+    started = time.monotonic()
+    done = run_memobot("agent", "-m", "hello", config=cfg)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "fine without them\n"
+    assert time.monotonic() - started < 15
+    assert not [n for n in tools_of(llm, 0) if n.startswith("mcp_")]
+    assert "mcp server gone:" in done.stderr and "/nonexistent/mcp-server" in done.stderr
+    assert "mcp server down:" in done.stderr
+    listed = run_memobot("mcp", "list", config=cfg)
+    assert listed.returncode == 1
+    assert "gone (stdio: /nonexistent/mcp-server): failed" in listed.stdout
+    assert "down (http: http://127.0.0.1:9/mcp): failed" in listed.stdout
+
+
+async def test_a_server_that_appears_later_is_picked_up_once(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Missing at start: turns go on without it; once it answers, its tools are registered
+    once and stay byte-identical from then on."""
+    import asyncio
+
+    async with FakeLLM() as llm:
+        port_file = tmp_path / "port"
+        # A free port, then the server on it only after memobot has tried once.
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        url = f"http://127.0.0.1:{port}/mcp"
+        cfg = make_config(tmp_path, llm.base_url, tools={"mcpServers": {"late": {"url": url}}})
+        async with Harness(cfg, tmp_path / "config.json") as h:
+            h.stack.mcp.start()
+            await h.stack.mcp.wait_ready(5)
+            assert h.stack.mcp.servers[0].state == "failed"
+            assert (await h.ask("one")).startswith("echo:")
+            launcher_code = (
+                "import socket,sys,uvicorn\n"
+                f"sys.path.insert(0, {str(REPO)!r})\n"
+                "from tests.fakes.mcp_server import server\n"
+                f"s=socket.socket(); s.bind(('127.0.0.1',{port}))\n"
+                "uvicorn.Server(uvicorn.Config(server.streamable_http_app(),"
+                "log_level='warning')).run(sockets=[s])\n"
+            )
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                launcher_code,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                for _ in range(100):
+                    if h.stack.mcp.servers[0].state == "connected":
+                        break
+                    await asyncio.sleep(0.1)
+                assert h.stack.mcp.servers[0].state == "connected"
+                assert "mcp: 1 server(s) (1 connected), 8 tool(s)" in await h.ask("/status")
+                await h.ask("two")
+                await h.ask("three")
+            finally:
+                proc.terminate()
+                await proc.wait()
+        tools = [[t["function"]["name"] for t in r["body"].get("tools", [])] for r in llm.requests]
+        assert "mcp_late_echo" not in tools[0] and "mcp_late_echo" in tools[1]
+        assert json.dumps(llm.requests[1]["body"]["tools"]) == json.dumps(
+            llm.requests[2]["body"]["tools"]
+        )
+    del port_file
+
+
+def test_a_sigkilled_memobot_leaves_no_server_and_no_child(
+    tmp_path: Path, llm: FakeLLMThread
+) -> None:
+    tag = f"{4000 + uuid.uuid4().int % 50000}.{uuid.uuid4().int % 1000}"
+    cfg = mcp_config(tmp_path, llm, {"fake": stdio_server(tmp_path)})
+    llm.script(
+        tool_step(call("mcp_fake_spawn", {"tag": tag})),
+        tool_step(call("mcp_fake_hang", {"seconds": 60})),
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", "-m", "go"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        cwd=REPO,
+    )  # fmt: skip
+    try:
+        assert wait_for(lambda: len(llm.requests) >= 2 and sleepers(tag), 20), "no child"
+        server = int((tmp_path / "starts").read_text().split()[0])
+        assert alive(server)
+        agent.kill()
+        agent.wait(10)
+    finally:
+        agent.kill()
+        agent.communicate()
+    gone = wait_for(lambda: not alive(server) and not sleepers(tag), 10)
+    for pid in sleepers(tag):
+        os.kill(pid, signal.SIGKILL)
+    assert gone, "the MCP server or its child outlived memobot"
+
+
+@pytest.mark.skipif(launcher.landlock_abi() < 1, reason="needs Landlock")
+@pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs /usr/bin/python3")
+def test_a_confined_stdio_server_cannot_read_the_config(tmp_path: Path, llm: FakeLLMThread) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    shutil.copy(RAW_SERVER, ws / "server.py")
+    (ws / "note.txt").write_text("inside")
+    server = {"command": str(SYSTEM_PYTHON), "args": ["-I", "server.py"]}
+    cfg = write_config(tmp_path, llm.base_url, tools={"mcpServers": {"raw": server}})
+    llm.script(
+        tool_step(
+            call("mcp_raw_read", {"path": str(cfg)}, id="config"),
+            call("mcp_raw_read", {"path": "note.txt"}, id="note"),
+        ),
+        reply("done"),
+    )
+    done = run_memobot("agent", "-m", "go", config=cfg)
+    assert done.returncode == 0, done.stderr
+    out = results(llm, 1)
+    assert out["config"] == "cannot read: Permission denied"
+    assert out["note"] == "inside"

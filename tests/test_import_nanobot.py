@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from dulwich.repo import Repo
 
-from bot.config import load_config
+from bot.config import load_config, parse_config
 from bot.importer.nanobot import convert_session, guess_key
 from bot.importer.nanobot_config import translate_config
 from bot.memory.dream import read_dream_cursor
@@ -54,7 +54,7 @@ def test_import_then_search_history_dream_and_a_turn(tmp_path: Path, llm: FakeLL
         "converted   ~nanobot/sessions/3f2a9c1d/telegram_123456789.jsonl",
         "mentions tools memobot does not have (cron, spawn)",
         "left alone  HEARTBEAT.md",
-        "tools.mcpServers (filesystem, remote): not carried over yet",
+        "tools.mcpServers.remote: an SSE server",
         "channels.whatsapp (enabled): memobot has no whatsapp channel",
         "channels.telegram.allowFrom '@someone'",
     ):
@@ -182,10 +182,46 @@ def test_refusals_change_nothing(tmp_path: Path) -> None:
 def test_config_translation_lists_what_has_no_home() -> None:
     t = translate_config(nanobot_config(Path("/w"), "http://127.0.0.1:9/v1"))
     dropped = dict(t.dropped)
-    assert "tools.mcpServers (filesystem, remote)" in dropped
+    assert dropped["tools.mcpServers.remote"].startswith("an SSE server")
+    # A stdio server and the Brave key carry over as they are.
+    tools = t.config["tools"]
+    assert tools["mcpServers"] == {
+        "filesystem": {
+            "command": "npx",
+            "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"],
+        }
+    }
+    assert tools["web"]["search"] == {"provider": "brave", "apiKey": "BSA-secret", "maxResults": 5}
     assert t.config["llm"]["maxTokens"] == 2048
     assert t.config["agent"]["maxToolIterations"] == 40
     assert t.config["channels"]["discord"]["enabled"] is False
+
+
+def test_mcp_servers_keep_their_env_names_and_http_servers_carry_over() -> None:
+    data = {
+        "tools": {
+            "mcpServers": {
+                "gh": {
+                    "command": "docker",
+                    "env": {"GITHUB_PERSONAL_ACCESS_TOKEN": "x", "my_var": "y"},
+                    "tool_timeout": 60,
+                    "enabled_tools": ["search_issues"],
+                },
+                "web": {"type": "streamableHttp", "url": "https://h.example/mcp",
+                        "headers": {"Authorization": "Bearer z"}},
+                "bad": {"args": ["x"]},
+            }
+        }
+    }  # fmt: skip
+    t = translate_config(data)
+    servers = t.config["tools"]["mcpServers"]
+    assert servers["gh"]["env"] == {"GITHUB_PERSONAL_ACCESS_TOKEN": "x", "my_var": "y"}
+    assert servers["gh"]["toolTimeout"] == 60
+    assert servers["gh"]["enabledTools"] == ["search_issues"]
+    assert servers["web"]["headers"] == {"Authorization": "Bearer z"}
+    assert "bad" not in servers and "memobot refuses it" in dict(t.dropped)["tools.mcpServers.bad"]
+    cfg = parse_config(t.config)
+    assert cfg.tools.mcp_servers["web"].transport == "http"
 
 
 def test_config_translation_picks_the_provider_and_tolerates_junk() -> None:

@@ -369,3 +369,21 @@ def test_a_confined_stdio_server_cannot_read_the_config(tmp_path: Path, llm: Fak
     out = results(llm, 1)
     assert out["config"] == "cannot read: Permission denied"
     assert out["note"] == "inside"
+
+
+def test_doctor_and_status_report_each_server(tmp_path: Path, llm: FakeLLMThread) -> None:
+    from bot.config import load_config
+    from bot.service.doctor import check_mcp
+
+    servers = {"fake": stdio_server(tmp_path), "gone": {"command": "/nonexistent/mcp-server"}}
+    path = mcp_config(tmp_path, llm, servers)
+    (tmp_path / "ws").mkdir()
+    cfg, _ = load_config(path)
+    checks = {c.text.split(":")[0]: c for c in check_mcp(cfg, path)}
+    assert checks["mcp server fake"].status == "ok"
+    assert "starts, 8 tool(s): mcp_fake_add, mcp_fake_crash" in checks["mcp server fake"].text
+    gone = checks["mcp server gone"]
+    assert gone.status == "fail" and "/nonexistent/mcp-server" in gone.text
+    assert str(tmp_path / "state" / "mcp" / "gone.log") in gone.fix
+    status = run_memobot("status", config=path)
+    assert "mcp        2 server(s) configured; states while the gateway runs" in status.stdout

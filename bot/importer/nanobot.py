@@ -47,8 +47,9 @@ DEFAULT_SOURCE = Path("~/.nanobot")
 MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "timestamp")
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 # nanobot tools memobot does not have (yet); mentions of them are reported, files not edited.
-NANOBOT_ONLY_TOOLS = ("web_search", "spawn", "cron", "notebook_edit", "glob", "grep")
-_TOOL_MENTION = re.compile(r"\b(" + "|".join(NANOBOT_ONLY_TOOLS) + r"|mcp_[A-Za-z0-9_]+)\b")
+# (web_search and mcp_<server>_<tool> exist in memobot under the same names.)
+NANOBOT_ONLY_TOOLS = ("spawn", "cron", "notebook_edit", "glob", "grep")
+_TOOL_MENTION = re.compile(r"\b(" + "|".join(NANOBOT_ONLY_TOOLS) + r")\b")
 PROMPT_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md")
 _LEFT_ALONE_WHY = {
     "HEARTBEAT.md": "memobot has no heartbeat yet; the file stays as it is",

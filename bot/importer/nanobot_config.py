@@ -11,10 +11,11 @@ nanobot's schema (camelCase aliases; nanobot also accepts snake_case, so both ar
            mcpServers.<name>}
     gateway.{host, port, heartbeat}
 
-memobot speaks one OpenAI-compatible endpoint, three channels and no MCP yet. Every value that
-has a memobot home is carried over and checked against memobot's own config models one field
-at a time (a value memobot would refuse is listed, not written); every value that has none is
-listed by its JSON path. Secret values are never put into a report line.
+memobot speaks one OpenAI-compatible endpoint, three channels, and MCP over stdio and
+Streamable HTTP (not SSE). Every value that has a memobot home is carried over and checked
+against memobot's own config models one field at a time (a value memobot would refuse is
+listed, not written); every value that has none is listed by its JSON path. Secret values are
+never put into a report line.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from bot.config import (
     DiscordConfig,
     ExecConfig,
     LLMConfig,
+    McpServerConfig,
     SlackConfig,
     TelegramConfig,
+    WebSearchConfig,
 )
 
 # OpenAI-compatible endpoints of the providers nanobot knows by name; "" is OpenAI itself.
@@ -122,6 +125,7 @@ def _fits(model: type[BaseModel], key: str, value: Any) -> str | None:
 
 class _Translator:
     def __init__(self, data: dict[str, Any]) -> None:
+        self.raw = data
         self.data = camel_keys(data)
         self.out: dict[str, Any] = {"llm": {}, "agent": {}, "tools": {"exec": {}}, "channels": {}}
         self.result = Translation(self.out)
@@ -282,16 +286,66 @@ class _Translator:
         web = tools.get("web")
         if isinstance(web, dict):
             for key, value in web.items():
-                if _empty(value):
-                    continue
-                why = "memobot has no web_search tool (it has web_fetch)" if key == "search" else ""
-                self.drop(f"tools.web.{key}", why or "no memobot equivalent")
+                if key == "search" and isinstance(value, dict):
+                    self.web_search(value)
+                elif not _empty(value):
+                    self.drop(f"tools.web.{key}", "no memobot equivalent")
         servers = tools.get("mcpServers")
         if isinstance(servers, dict) and servers:
-            names = ", ".join(sorted(servers))
-            self.drop(f"tools.mcpServers ({names})", "not carried over yet: memobot has no MCP")
+            raw_tools = self.raw.get("tools") if isinstance(self.raw.get("tools"), dict) else {}
+            raw = raw_tools.get("mcpServers") or raw_tools.get("mcp_servers") or {}
+            for name in sorted(servers):
+                self.mcp_server(name, servers[name], raw.get(name) if isinstance(raw, dict) else {})
         used = {"restrictToWorkspace", "exec", "web", "mcpServers"}
         self.leftovers("tools", tools, used, "no memobot equivalent")
+
+    def web_search(self, src: dict[str, Any]) -> None:
+        """``tools.web.search``: nanobot's provider, key, endpoint and count; a key without a
+        provider is Brave's (nanobot's first and long only provider)."""
+        out: dict[str, Any] = {}
+        provider = src.get("provider") or ("brave" if src.get("apiKey") else "")
+        if provider:
+            self.put(WebSearchConfig, out, "provider", provider, "tools.web.search.provider")
+        for key in ("apiKey", "baseUrl", "maxResults"):
+            if not _empty(src.get(key)):
+                self.put(WebSearchConfig, out, key, src[key], f"tools.web.search.{key}")
+        if out.get("provider") == "searxng" and not out.get("baseUrl"):
+            self.drop("tools.web.search", "searxng needs baseUrl, which nanobot's config lacks")
+            return
+        if out:
+            self.out["tools"].setdefault("web", {})["search"] = out
+        used = {"provider", "apiKey", "baseUrl", "maxResults"}
+        self.leftovers("tools.web.search", src, used, "no memobot equivalent")
+
+    def mcp_server(self, name: str, src: Any, raw: Any) -> None:
+        """One ``tools.mcpServers`` entry: the same keys in memobot (``env`` and ``headers``
+        names as written, not camelCased); SSE servers and what memobot refuses are listed."""
+        path = f"tools.mcpServers.{name}"
+        if not isinstance(src, dict):
+            self.drop(path, "not an object")
+            return
+        keys = ("type", "command", "args", "env", "cwd", "url", "headers", "toolTimeout")
+        out = {k: src[k] for k in keys if not _empty(src.get(k))}
+        for key in ("env", "headers"):
+            if isinstance(raw, dict) and isinstance(raw.get(key), dict) and raw[key]:
+                out[key] = raw[key]
+        if "enabledTools" in src:
+            out["enabledTools"] = src["enabledTools"]
+        url = str(out.get("url", ""))
+        if out.get("type") == "sse" or (not out.get("type") and url.rstrip("/").endswith("/sse")):
+            self.drop(
+                path,
+                "an SSE server: memobot speaks stdio and Streamable HTTP (many servers also "
+                "offer Streamable HTTP at /mcp)",
+            )
+            return
+        try:
+            McpServerConfig.model_validate(out)
+        except ValidationError as exc:
+            self.drop(path, f"memobot refuses it ({exc.errors()[0]['msg']})")
+            return
+        self.out["tools"].setdefault("mcpServers", {})[name] = out
+        self.leftovers(path, src, {*keys, "enabledTools"}, "no memobot equivalent")
 
     def channels(self) -> None:
         channels = self.data.get("channels")

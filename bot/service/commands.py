@@ -32,9 +32,11 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     doctor = sub.add_parser(
         "doctor",
         parents=[common],
-        help="check the config, files, LLM, channels and service; explain each problem",
+        help="check the config, files, LLM, channels, MCP servers and service; explain each "
+        "problem",
         description="Check that memobot can run: one line per check, with a fix for each "
-        "failure. Exits 1 when anything failed. Warnings (e.g. no network to a chat platform) "
+        "failure; each MCP server is started once and its tools listed. Exits 1 when "
+        "anything failed. Warnings (e.g. no network to a chat platform) "
         "do not fail.",
     )
     doctor.add_argument(

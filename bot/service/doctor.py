@@ -322,6 +322,39 @@ def check_confinement(cfg: Config) -> Check:
     return Check("ok" if c.active else "warn", f"exec confinement: {c.summary}")
 
 
+def check_mcp(cfg: Config, config_path: Path) -> Iterator[Check]:
+    """Start each MCP server the way the agent does and list its tools."""
+    if not cfg.tools.mcp_servers:
+        return
+    from bot.app import build_gate, mcp_log_dir
+    from bot.tools.mcp import probe_servers
+
+    if not cfg.agent.workspace_path.is_dir():
+        yield Check("fail", "mcp: the workspace does not exist yet", f"{program()} onboard")
+        return
+    gate = build_gate(cfg, config_path)
+    try:
+        statuses = asyncio.run(
+            probe_servers(
+                cfg.tools,
+                gate=gate,
+                workspace=cfg.agent.workspace_path,
+                log_dir=mcp_log_dir(cfg),
+            )
+        )
+    finally:
+        gate.close()
+    for st in statuses:
+        if st.state == "connected":
+            shown = ", ".join(st.tools[:8]) + (", ..." if len(st.tools) > 8 else "")
+            yield Check("ok", f"mcp server {st.name}: starts, {len(st.tools)} tool(s): {shown}")
+            continue
+        fix = f"check tools.mcpServers.{st.name} in {config_path}"
+        if st.transport == "stdio":
+            fix += f"; its stderr is in {mcp_log_dir(cfg) / (st.name + '.log')}"
+        yield Check("fail", f"mcp server {st.name}: {st.detail}", fix)
+
+
 # -- the command -------------------------------------------------------------------------------
 
 
@@ -341,6 +374,7 @@ def run_checks(config_path: Path | None, fix: bool) -> Iterator[Check]:
         yield from check_sessions(cfg, fix)
         yield check_history(cfg)
         yield check_confinement(cfg)
+        yield from check_mcp(cfg, path)
         probe = asyncio.run(check_llm(cfg, path))
         server = probe.date_header
         yield probe.check

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot import __version__
 from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load_config
-from bot.invocation import program
+from bot.invocation import command_for, program
 from bot.service.logs import LOG_FORMATS
 
 if TYPE_CHECKING:
@@ -303,7 +303,7 @@ def ask_llm(cfg: Config) -> None:
 
 
 def _llm_flags_help(config_path: Path) -> str:
-    me = program()
+    onboard = command_for(config_path, "onboard")
     return (
         "\nNext: set an LLM. Either export OPENAI_API_KEY=sk-... (OpenAI), or run onboard "
         "again with\n"
@@ -311,8 +311,8 @@ def _llm_flags_help(config_path: Path) -> str:
         "                   http://localhost:8000/v1 (vLLM), https://openrouter.ai/api/v1\n"
         "  --api-key KEY    the endpoint's key (local servers need none)\n"
         "  --model NAME     e.g. gpt-4o-mini, llama3.1\n"
-        f"for example: {me} onboard --base-url http://localhost:11434/v1 --model llama3.1\n"
-        f"Run in a terminal, `{me} onboard` asks for them. Or edit llm.apiKey / llm.baseUrl / "
+        f"for example: {onboard} --base-url http://localhost:11434/v1 --model llama3.1\n"
+        f"Run in a terminal, `{onboard}` asks for them. Or edit llm.apiKey / llm.baseUrl / "
         f"llm.model in {config_path}."
     )
 
@@ -388,7 +388,7 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
     )
     if no_llm:
         print(_llm_flags_help(config_path))
-    print(f"Then chat: {program()} agent")
+    print(f"Then chat: {command_for(config_path, 'agent')}")
     return 0
 
 
@@ -723,7 +723,11 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
             detail = f" ({info['detail']})" if info.get("detail") else ""
             shown.append(f"{name}: {info.get('state', '?')}{detail}, last event {last}")
         enabled = shown
-    exists = "" if config_path.exists() else f" (missing: defaults in use; run {program()} onboard)"
+    exists = (
+        ""
+        if config_path.exists()
+        else f" (missing: defaults in use; run {command_for(config_path, 'onboard')})"
+    )
     rows = [
         ("config", f"{config_path}{exists}"),
         ("workspace", str(cfg.agent.workspace_path)),

@@ -27,3 +27,13 @@ def program() -> str:
     if os.sep not in argv0:
         return shlex.quote(argv0)
     return shlex.quote(_as_typed(argv0))
+
+
+def command_for(config_path: str | os.PathLike[str], subcommand: str) -> str:
+    """``<program> [--config PATH] SUBCOMMAND``: ``--config`` only when it is not the default."""
+    from bot.config import default_config_path
+
+    path = os.path.abspath(os.path.expanduser(config_path))
+    if path == str(default_config_path()):
+        return f"{program()} {subcommand}"
+    return f"{program()} --config {shlex.quote(path)} {subcommand}"

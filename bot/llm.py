@@ -43,7 +43,7 @@ NOT_CONFIGURED_HELP = (
     '  - an OpenAI-compatible server: "llm.baseUrl" (or OPENAI_BASE_URL), for example '
     "http://localhost:11434/v1 for Ollama or http://localhost:8000/v1 for vLLM, "
     'together with "llm.model".\n'
-    "Edit {config}, or run `{program} onboard`, which asks for them."
+    "Edit {config}, or run `{onboard}`, which asks for them in a terminal."
 )
 DEFAULT_ENDPOINT = "https://api.openai.com/v1"
 
@@ -168,10 +168,12 @@ class LLMProvider:
         base_url = cfg.resolved_base_url()
         api_key = cfg.resolved_api_key()
         if not base_url and not api_key:
-            from bot.invocation import program
+            from bot.invocation import command_for
 
             raise LLMNotConfigured(
-                NOT_CONFIGURED_HELP.format(config=config_path, program=program())
+                NOT_CONFIGURED_HELP.format(
+                    config=config_path, onboard=command_for(config_path, "onboard")
+                )
             )
         self._base_url = base_url
         self._api_key = api_key

@@ -272,8 +272,8 @@ def test_onboard_hint_names_the_executable_as_invoked(tmp_path: Path) -> None:
         timeout=30,
     )
     assert done.returncode == 0, done.stderr
-    assert f"{VENV_MEMOBOT} onboard --base-url" in done.stdout
-    assert f"{VENV_MEMOBOT} agent" in done.stdout
+    assert f"{VENV_MEMOBOT} --config {cfg} onboard --base-url" in done.stdout
+    assert f"Then chat: {VENV_MEMOBOT} --config {cfg} agent" in done.stdout
     for flag in ("--base-url", "--api-key", "--model", "OPENAI_API_KEY"):
         assert flag in done.stdout  # not a terminal: the flags are explained
 

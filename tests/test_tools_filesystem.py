@@ -377,6 +377,7 @@ def test_build_default_tools_follows_the_config() -> None:
         "list_dir",
         "exec",
         "web_fetch",
+        "web_search",
         "message",
     ]
     off = ToolsConfig.model_validate({"exec": {"enabled": False}, "web": {"enabled": False}})

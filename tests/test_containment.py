@@ -1393,3 +1393,42 @@ async def test_stop_ends_background_jobs_of_the_turn(
             assert "Stopping" in await h.ask("/stop")
             assert (await asyncio.wait_for(turn, 10)).text == "Stopped."
             assert not sleepers(bg), "/stop left a background job running"
+
+
+@needs_landlock
+def test_a_confined_server_may_read_its_own_installation_only(tmp_path: Path) -> None:
+    """An owner-configured program in a virtualenv (an MCP server) starts confined: the gate
+    adds its installation read-only, and nothing else of the home folder or memobot."""
+    from bot.gate import Gate, install_roots
+
+    prefix = tmp_path / "venv"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "share").mkdir()
+    (prefix / "share" / "data.txt").write_text("server data")
+    config = tmp_path / "config.json"
+    config.write_text(API_KEY)
+    server = prefix / "bin" / "hello-server"
+    server.write_text(
+        f"#!{sys.executable} -S\n"
+        "import sys\n"
+        f"print(open('{prefix}/share/data.txt').read())\n"
+        f"try:\n    print(open('{config}').read())\n"
+        "except OSError as exc:\n    print('config:', exc.strerror)\n"
+    )
+    server.chmod(0o755)
+    (tmp_path / "ws").mkdir()
+    gate = Gate(tmp_path / "ws", protected=[config])
+    try:
+        for read_also, expected in ((install_roots(str(server)), 0), ((), 125)):
+            command, env = gate.launcher_command(
+                [str(server)], confine=True, read_also=read_also, stdio=True
+            )
+            done = subprocess.run(
+                command, env=env, cwd=tmp_path / "ws", capture_output=True, text=True, timeout=30
+            )
+            assert done.returncode == expected, done.stderr
+            if expected == 0:
+                assert done.stdout.splitlines() == ["server data", "config: Permission denied"]
+            assert API_KEY not in done.stdout
+    finally:
+        gate.close()

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bot.gate import launcher
-from bot.gate.policy import CONFINED_READ_ROOTS, DEVICES, PathPolicy
+from bot.gate.policy import CONFINED_READ_ROOTS, DEVICES, PathPolicy, carve, real_path
 
 log = logging.getLogger(__name__)
 
@@ -226,16 +226,21 @@ class Gate:
         extra_env: dict[str, str] | None = None,
         stdio: bool = True,
         grace: float = 2.0,
+        read_also: Iterable[Path] = (),
     ) -> tuple[list[str], dict[str, str]]:
         """The command line and environment that run ``argv`` through the launcher, for a
         library that starts the process itself (an MCP stdio client): the same confinement,
         environment allowlist and subtree cleanup as :meth:`spawn`; it dies with memobot.
+
+        ``read_also`` adds read-only folders (an owner-configured server's installation, see
+        :func:`install_roots`), minus the protected paths.
 
         Raises GateRefused when confinement is asked for and the kernel has no Landlock.
         """
         if confine and launcher.landlock_abi() < 1:
             raise GateRefused(describe_confinement(True, "landlock", network).summary)
         self._temp.mkdir(mode=0o700, exist_ok=True)
+        extra = [str(p) for p in carve(read_also, self.policy.protected)]
         spec = {
             "argv": argv,
             "ppid": os.getpid(),
@@ -243,7 +248,7 @@ class Gate:
             "confine": confine,
             "stdio": stdio,
             "network": network,
-            "read": [str(p) for p in self.policy.read_roots] + list(CONFINED_READ_ROOTS),
+            "read": [str(p) for p in self.policy.read_roots] + list(CONFINED_READ_ROOTS) + extra,
             "write": [str(p) for p in self.policy.writable],
             "devices": list(DEVICES),
         }
@@ -322,6 +327,36 @@ class Gate:
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
         shutil.rmtree(self._temp, ignore_errors=True)
+
+
+def install_roots(command: str, path: str | None = None) -> list[Path]:
+    """The folders a program needs to read to start: the installation prefix of ``command``
+    (``<prefix>/bin/<name>`` gives ``<prefix>``: a virtualenv, ``~/.local``, ``/opt/x``) and,
+    for a script, of its interpreter and of the interpreter's real file (a virtualenv's python
+    links to a base installation). Empty when the command cannot be found."""
+    found = shutil.which(command, path=path) if "/" not in command else command
+    if not found:
+        return []
+    roots: list[Path] = []
+    todo = [Path(found).absolute(), real_path(found)]
+    try:
+        with open(real_path(found), "rb") as fh:
+            first = fh.readline(256)
+    except OSError:
+        first = b""
+    if first.startswith(b"#!"):
+        words = first[2:].decode(errors="replace").split()
+        if words and words[0].startswith("/"):
+            interpreter = Path(words[0])
+            if interpreter.name == "env" and len(words) > 1:
+                interpreter = Path(shutil.which(words[1], path=path) or words[1])
+            todo += [interpreter, real_path(interpreter)]
+    for exe in todo:
+        prefix = exe.parent.parent if exe.parent.name == "bin" else exe.parent
+        # A program straight in ~/bin or /bin would open the whole home or disk: not that.
+        if prefix not in (Path("/"), Path.home()) and prefix not in roots:
+            roots.append(prefix)
+    return roots
 
 
 def _home() -> list[Path]:

@@ -25,6 +25,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -310,11 +311,12 @@ class McpServer:
             return _owning(http, streamable_http_client(self.cfg.url, http_client=http))
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
-        from bot.gate import GateRefused
+        from bot.gate import GateRefused, install_roots
 
         if self.gate is None:
             raise GateRefused("no process gate here: stdio MCP servers cannot be started")
         restrict = self.tools_cfg.restrict_to_workspace
+        search_path = self.cfg.env.get("PATH") or os.environ.get("PATH")
         command, env = self.gate.launcher_command(
             [self.cfg.command, *self.cfg.args],
             confine=restrict and self.tools_cfg.exec.sandbox == "landlock",
@@ -322,6 +324,8 @@ class McpServer:
             restrict=restrict,
             extra_env=dict(self.cfg.env),
             stdio=True,
+            # The owner installed this server: it may read its own installation (a venv).
+            read_also=install_roots(self.cfg.command, search_path),
         )
         cwd = Path(self.cfg.cwd).expanduser() if self.cfg.cwd else self.workspace
         if not cwd.is_dir():

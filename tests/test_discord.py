@@ -58,6 +58,13 @@ async def api() -> AsyncIterator[FakeDiscord]:
             yield server
 
 
+@asynccontextmanager
+async def running_on(server: FakeDiscord) -> AsyncIterator[FakeDiscord]:
+    """``server`` with discord.py pointed at it (for a fake built with non-default rules)."""
+    with server.patch():
+        yield server
+
+
 async def until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:  # noqa: ASYNC109
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -282,6 +289,47 @@ async def test_rate_limit_is_waited_out_and_delivered(
     assert attempts[1].at - attempts[0].at >= 0.3
 
 
+async def test_six_pieces_are_paced_by_the_rate_limit_headers(tmp_path: Path, llm: FakeLLM) -> None:
+    # 5 messages per window per channel: discord.py reads X-RateLimit-Remaining/Reset-After
+    # and waits for the window itself, so the 6th piece goes out after it without any 429.
+    window = 1.0
+    pieces = [f"part {i}: " + " ".join(["word"] * 360) for i in range(1, 7)]
+    llm.script(reply("\n\n".join(pieces)))
+    async with FakeDiscord(rate_window=window) as api, running_on(api) as patched:
+        async with running(tmp_path, llm, patched) as bot:
+            assert len(bot.channel.render("\n\n".join(pieces))) == 6
+            await api.send_message(ALICE_DM, ALICE, "long one", guild_id=None)
+            await api.wait_posts(6, ALICE_DM)
+    attempts = [c for c in api.calls if c.path.endswith("/messages")]
+    assert [c.status for c in attempts] == [200] * 6, "no 429 at all: the library paced itself"
+    assert [c.body["content"].split(":", 1)[0] for c in attempts] == [
+        f"part {i}" for i in range(1, 7)
+    ]
+    assert attempts[5].at - attempts[0].at >= window * 0.95
+    assert attempts[4].at - attempts[0].at < window
+
+
+async def test_fake_enforces_five_per_window_with_headers() -> None:
+    # The rule itself, as a raw client meets it: the 6th message in the window is refused.
+    import aiohttp
+
+    async with FakeDiscord(rate_window=1.0) as api, aiohttp.ClientSession() as http:
+        url = f"{api.api_base}/channels/{ALICE_DM}/messages"
+        auth = {"Authorization": f"Bot {TOKEN}"}
+        seen = []
+        for i in range(6):
+            async with http.post(url, json={"content": str(i)}, headers=auth) as resp:
+                seen.append((resp.status, dict(resp.headers), await resp.json()))
+    assert [s for s, _, _ in seen] == [200] * 5 + [429]
+    assert [h["X-RateLimit-Remaining"] for _, h, _ in seen] == ["4", "3", "2", "1", "0", "0"]
+    _, headers, body = seen[5]
+    assert body["global"] is False and 0 < body["retry_after"] <= 1.0
+    assert float(headers["Retry-After"]) == pytest.approx(body["retry_after"], abs=0.01)
+    for key in ("X-RateLimit-Limit", "X-RateLimit-Reset", "X-RateLimit-Reset-After"):
+        assert key in headers
+    assert headers["X-RateLimit-Bucket"] == "fake-channel-messages"
+
+
 async def test_everyone_in_the_answer_never_pings(tmp_path: Path, llm: FakeLLM, api) -> None:
     llm.script(reply("@everyone @here <@&123> <@456> look at this"))
     async with running(tmp_path, llm, api) as bot:
@@ -392,6 +440,82 @@ async def test_gateway_drop_is_resumed(tmp_path: Path, llm: FakeLLM, api) -> Non
         await api.send_message(ALICE_DM, ALICE, "still there?", guild_id=None)
         [body] = await bot.answered(ALICE_DM)
     assert body["content"] == "echo: still there?"
+
+
+async def test_reconnect_request_is_survived(tmp_path: Path, llm: FakeLLM, api) -> None:
+    async with running(tmp_path, llm, api) as bot:
+        await api.send_reconnect()
+        await until(lambda: api.resumes and bot.channel.state == "connected")
+        assert len(api.identifies) == 1, "RECONNECT resumes the session, no new IDENTIFY"
+        await api.send_message(ALICE_DM, ALICE, "after op 7", guild_id=None)
+        [body] = await bot.answered(ALICE_DM)
+    assert body["content"] == "echo: after op 7"
+
+
+@pytest.mark.parametrize("resumable", [True, False], ids=["resumable", "not-resumable"])
+async def test_invalid_session_is_survived(
+    tmp_path: Path, llm: FakeLLM, api, resumable: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import discord
+
+    async def no_identify_pause(self: Any, shard_id: int | None, *, initial: bool) -> None:
+        pass  # discord.py waits 5 s before every IDENTIFY but the first; not worth it here
+
+    monkeypatch.setattr(discord.Client, "before_identify_hook", no_identify_pause)
+    async with running(tmp_path, llm, api) as bot:
+        await api.invalidate_session(resumable)
+        if resumable:
+            await until(lambda: api.resumes and bot.channel.state == "connected")
+            assert len(api.identifies) == 1
+        else:  # the session is gone: discord.py identifies afresh
+            await until(lambda: len(api.identifies) == 2 and bot.channel.state == "connected")
+            assert api.resumes == []
+        await api.wait_identified()
+        await api.send_message(ALICE_DM, ALICE, "after op 9", guild_id=None)
+        [body] = await bot.answered(ALICE_DM)
+    assert body["content"] == "echo: after op 9"
+
+
+@pytest.mark.parametrize(
+    ("code", "setup", "advice"),
+    [
+        (4004, {"gateway_token": "revoked"}, "gateway closed the connection with code 4004"),
+        (4014, {"allowed_intents": 0}, "Privileged Gateway Intents"),
+    ],
+    ids=["4004-token", "4014-intents"],
+)
+async def test_fatal_close_stops_the_channel_with_one_line(
+    tmp_path: Path,
+    llm: FakeLLM,
+    api,
+    caplog: pytest.LogCaptureFixture,
+    code: int,
+    setup: dict[str, Any],
+    advice: str,
+) -> None:
+    # REST login works; the gateway refuses IDENTIFY (a token revoked meanwhile, or the
+    # MESSAGE CONTENT intent not switched on: the most common first-run mistake).
+    for name, value in setup.items():
+        setattr(api, name, value)
+    caplog.set_level(logging.WARNING)
+    cfg = make_config(
+        tmp_path,
+        llm.base_url,
+        channels={"discord": {"enabled": True, "token": TOKEN, "allowFrom": [ALICE["id"]]}},
+    )
+    channel = create_channel("discord", _bus(), cfg)
+    await channel.start()
+    try:
+        await until(lambda: channel.state == "failed")
+        await asyncio.sleep(0.3)
+        assert api.closes == [code] and len(api.identifies) == 1, "no reconnect after it"
+        assert channel.state == "failed"
+    finally:
+        await channel.stop()
+    problems = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(problems) == 1, [r.getMessage() for r in problems]
+    assert problems[0].levelno == logging.ERROR and advice in problems[0].getMessage()
+    assert "stopped" in problems[0].getMessage()
 
 
 def _recording(set_state: Callable[..., None], states: list[str]) -> Callable[..., None]:

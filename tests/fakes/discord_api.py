@@ -9,6 +9,17 @@ events with ``send_message``. The REST side answers login (``/users/@me``,
 ``/oauth2/applications/@me``), records every ``POST /channels/{id}/messages`` and
 ``/typing`` call, serves channels and attachment bytes, and plays scripted failures
 (``fail_next``), e.g. a 429 with ``retry_after`` or a 403.
+
+Discord's own rules are kept, with windows short enough for tests (both configurable):
+
+- every ``POST /channels/{id}/messages`` answer carries ``X-RateLimit-Limit``, ``-Remaining``,
+  ``-Reset``, ``-Reset-After`` and ``-Bucket``; a channel takes ``rate_limit`` messages per
+  ``rate_window`` seconds (Discord: 5 per 5 s) and answers the next one with a 429, JSON
+  ``retry_after`` and the same headers;
+- IDENTIFY with a token the gateway does not accept closes with 4004, and IDENTIFY asking for a
+  privileged intent the application is not allowed (``allowed_intents``) closes with 4014;
+- ``send_reconnect`` (op 7) and ``invalidate_session`` (op 9, resumable or not) ask the client
+  to reconnect, as Discord does when it moves or drops a session.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +43,11 @@ TEXT_CHANNEL_ID = 1_100_000_000_000_000_200
 OTHER_CHANNEL_ID = 1_100_000_000_000_000_201
 THREAD_ID = 1_100_000_000_000_000_300
 TIMESTAMP = "2025-01-01T12:00:00.000000+00:00"
+# Intents Discord only grants when they are switched on in the Developer Portal.
+GUILD_MEMBERS, GUILD_PRESENCES, MESSAGE_CONTENT = 1 << 1, 1 << 8, 1 << 15
+PRIVILEGED_INTENTS = GUILD_MEMBERS | GUILD_PRESENCES | MESSAGE_CONTENT
+RATE_LIMIT = 5  # messages per channel per window, as Discord
+RATE_WINDOW = 5.0  # seconds; tests pass a shorter one
 
 _ids = itertools.count(1_200_000_000_000_000_000)
 
@@ -189,8 +206,22 @@ class Call:
 class FakeDiscord:
     """``async with FakeDiscord() as api:`` -> ``api.api_base``, ``api.gateway_url``."""
 
-    def __init__(self, token: str = TOKEN, guilds: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        token: str = TOKEN,
+        guilds: list[dict[str, Any]] | None = None,
+        *,
+        allowed_intents: int = PRIVILEGED_INTENTS,
+        rate_limit: int = RATE_LIMIT,
+        rate_window: float = RATE_WINDOW,
+    ) -> None:
         self.token = token
+        self.gateway_token = token  # what IDENTIFY must carry; a test may revoke it
+        self.allowed_intents = allowed_intents  # privileged intents enabled for the bot
+        self.rate_limit = rate_limit
+        self.rate_window = rate_window
+        self._windows: dict[str, tuple[float, int]] = {}  # channel -> (window start, count)
+        self.closes: list[int] = []  # close codes the gateway sent
         self.guilds = guilds if guilds is not None else [guild()]
         self.calls: list[Call] = []
         self.identifies: list[dict[str, Any]] = []
@@ -277,6 +308,19 @@ class FakeDiscord:
         for ws in list(self._sockets):
             self._sockets.remove(ws)
             await ws.close(code=code, message=b"dropped by the test")
+
+    async def send_reconnect(self) -> None:
+        """op 7 RECONNECT on every connection: the client must reconnect and RESUME."""
+        await self._send_op(7, None)
+
+    async def invalidate_session(self, resumable: bool) -> None:
+        """op 9 INVALID_SESSION: resumable -> RESUME again; not -> a fresh IDENTIFY."""
+        await self._send_op(9, resumable)
+
+    async def _send_op(self, op: int, data: Any) -> None:
+        for ws in list(self._sockets):
+            self._sockets.remove(ws)  # the client drops it; identified again after (RE)SUME
+            await ws.send_str(json.dumps({"op": op, "d": data}))
 
     def add_attachment(self, filename: str, data: bytes, content_type: str) -> dict[str, Any]:
         """Store bytes to download; returns the attachment object for a message."""
@@ -448,8 +492,11 @@ class FakeDiscord:
 
     async def _identify(self, ws: web.WebSocketResponse, data: dict[str, Any]) -> None:
         self.identifies.append(data)
-        if data.get("token") != self.token:
-            await ws.close(code=4004, message=b"Authentication failed.")
+        if data.get("token") != self.gateway_token:
+            await self._close(ws, 4004, b"Authentication failed.")
+            return
+        if int(data.get("intents", 0)) & PRIVILEGED_INTENTS & ~self.allowed_intents:
+            await self._close(ws, 4014, b"Disallowed intent(s).")
             return
         ready = {
             "v": 10,
@@ -464,6 +511,11 @@ class FakeDiscord:
         for g in self.guilds:
             await self._send_event(ws, "GUILD_CREATE", g)
         await self._notify(ws_added=ws)
+
+    async def _close(self, ws: web.WebSocketResponse, code: int, reason: bytes) -> None:
+        self.closes.append(code)
+        await ws.close(code=code, message=reason)
+        await self._notify()
 
     async def _notify(self, ws_added: web.WebSocketResponse | None = None) -> None:
         async with self._changed:
@@ -554,6 +606,28 @@ class FakeDiscord:
                 return _json(body, status=failure.status, headers=headers)
         return None
 
+    def _rate_headers(self, channel_id: str) -> tuple[dict[str, str], float | None]:
+        """Count one message against the channel's window: (headers, None) when it may go,
+        (headers, retry_after) when the window is full. The window starts at its first
+        message, as Discord's buckets do."""
+        now = time.monotonic()
+        start, count = self._windows.get(channel_id, (now, 0))
+        if now - start >= self.rate_window:
+            start, count = now, 0
+        reset_after = max(0.0, start + self.rate_window - now)
+        refused = count >= self.rate_limit
+        if not refused:
+            count += 1
+            self._windows[channel_id] = (start, count)
+        headers = {
+            "X-RateLimit-Limit": str(self.rate_limit),
+            "X-RateLimit-Remaining": str(self.rate_limit - count),
+            "X-RateLimit-Reset": f"{time.time() + reset_after:.3f}",
+            "X-RateLimit-Reset-After": f"{reset_after:.3f}",
+            "X-RateLimit-Bucket": "fake-channel-messages",
+        }
+        return headers, (reset_after if refused else None)
+
     async def _post_message(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return self._unauthorized()
@@ -565,6 +639,23 @@ class FakeDiscord:
             await self._notify()
             return failure
         channel_id = request.match_info["channel_id"]
+        headers, retry_after = self._rate_headers(channel_id)
+        if retry_after is not None:
+            call.status = 429
+            await self._notify()
+            body429 = {
+                "message": "You are being rate limited.",
+                "retry_after": round(retry_after, 3),
+                "global": False,
+            }
+            headers.update(
+                {
+                    "Retry-After": f"{retry_after:.3f}",
+                    "X-RateLimit-Scope": "user",
+                    "Via": "1.1 google",
+                }
+            )
+            return _json(body429, status=429, headers=headers)
         guild_id = next(
             (
                 g["id"]
@@ -581,7 +672,7 @@ class FakeDiscord:
             guild_id=int(guild_id) if guild_id else None,
         )
         await self._notify()
-        return _json(message)
+        return _json(message, headers=headers)
 
     async def _typing(self, request: web.Request) -> web.Response:
         if not self._authorized(request):

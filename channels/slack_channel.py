@@ -1,23 +1,25 @@
-"""Slack over Socket Mode: events in through slack_sdk's aiohttp SocketModeClient, replies out
-through the Web API (AsyncWebClient).
+"""Slack through slack-bolt: an ``AsyncApp`` fed by the Socket Mode handler, replies through the
+Web API (``AsyncWebClient``).
 
-Acknowledging an event is a promise to Slack that we have it: Slack redelivers an envelope that
-is not acknowledged within a few seconds (up to three retries, ``retry_attempt`` 1..3, same
-``event_id``). So the ack is sent only after ``bus.publish_inbound`` said "accepted" (the message
-is a pending turn on disk) or "duplicate" (it already was); on "refused" (memobot is stopping)
-and on any unexpected error nothing is sent and Slack's redelivery after the restart brings it
-back. Events we decide to ignore (bots, edits, strangers) are acknowledged at once.
+Acknowledging an envelope is a promise to Slack that we have it: Slack redelivers an envelope
+that is not acknowledged within 3 seconds (up to three retries, ``retry_attempt`` 1..3, same
+``event_id``). The app runs with ``process_before_response=True``, so bolt sends the ack only
+after our listener returned, and not at all when it raised. The listener returns once the
+message is durable: a pending turn on disk (``bus.publish_inbound`` said "accepted" or
+"duplicate"), or, for a message with files, an entry in this channel's inbox
+(``state/channels/slack.json``). Downloads take up to two minutes, far past the deadline, so
+they run after the ack, from the inbox entry, and the message reaches the bus when its files are
+saved; a restart replays the inbox. "refused" (memobot is stopping) and unexpected errors raise,
+so nothing is acknowledged and Slack's redelivery brings the message back.
 
-That is why this module registers its own Socket Mode request listener instead of running
-slack-bolt's dispatcher: bolt acknowledges events before its listener runs, or, with
-``process_before_response``, after it unconditionally unless the listener raises; its
-unhandled-event path never acks, and its Socket Mode adapter drops ``retry_attempt``. Here the
-ack is one line after the intake verdict. A retried ``event_id`` that was already taken is
-acknowledged from a small in-memory set without work; the intake's message-id ledger (keyed by
-the message ``ts``) catches the rest, e.g. a retry after a restart.
+Sessions: a DM is one session (``slack:D0123``), a thread in a DM its own
+(``slack:D0123:1700000000.000100``); in channels every thread is its own session
+(``slack:C0123:1700000000.000100``) and the answer goes into that thread. Once memobot is in a
+thread (mentioned there), follow-ups in it are answered without a new mention.
 
-Sessions: a DM is one session (``slack:D0123``); in channels every thread is its own session
-(``slack:C0123:1700000000.000100``) and the answer goes into that thread.
+Commands: Slack clients take a leading ``/`` as a slash command, so memobot's chat commands are
+``/memobot new|stop|status|dream|whoami|help`` (a slash command the app registers) or ``!new``,
+``!stop``... as plain text.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,13 +38,16 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, ValidationError
+from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
+from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
-from slack_sdk.socket_mode.request import SocketModeRequest
-from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
+from bot.commands import COMMANDS
 from bot.config import SlackConfig
 from channels.access import AccessPolicy, whoami_text
 from channels.base import Channel
@@ -54,6 +60,7 @@ from channels.errors import (
 )
 from channels.formatting import SLACK_LIMIT, markdown_to_slack_mrkdwn, render_chunks, strip_markdown
 from channels.proxy import http_proxy, socks_connector
+from channels.state import ChannelState
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +76,11 @@ CONNECT_TIMEOUT_SECONDS = 30.0
 CONNECT_BACKOFF_START, CONNECT_BACKOFF_MAX = 1.0, 30.0
 WATCH_SECONDS = 2.0
 STOP_WAIT_SECONDS = 3.0
+ACK_DEADLINE_SECONDS = 3.0  # Slack redelivers an envelope not acknowledged by then
+THREADS_KEPT = 5000  # threads memobot is in, remembered for follow-ups without a mention
+SLASH_COMMAND = "/memobot"
+COMMAND_PREFIX = "!"  # "!stop": Slack clients take a leading "/" as a slash command
+CHAT_COMMANDS = frozenset(c.removeprefix("/") for c in COMMANDS) | {"whoami"}
 
 # Token problems: retrying cannot help, the operator has to fix the config.
 FATAL_API_ERRORS = frozenset(
@@ -161,13 +173,16 @@ class Ignored:
 # --- pure helpers ---------------------------------------------------------------------------
 
 
-def route(event: SlackEvent, me: Identity, group_policy: str) -> Incoming | Ignored:
+def route(
+    event: SlackEvent, me: Identity, group_policy: str, threads: Collection[str] = ()
+) -> Incoming | Ignored:
     """Decide whether ``event`` is for memobot, and which session it belongs to.
 
-    DMs (``message`` with channel_type "im") always count. In channels only ``app_mention``
-    counts, unless ``group_policy`` is "open", when every plain channel message does too.
-    The message id is the message's ``ts``: the same in every retry and in both the
-    ``app_mention`` and the ``message`` event Slack sends for one mention.
+    DMs (``message`` with channel_type "im") always count; a DM thread is its own session.
+    In channels ``app_mention`` counts, and so does a plain message in a thread listed in
+    ``threads`` (``"C0123:1700.1"``, threads memobot is in), or any channel message when
+    ``group_policy`` is "open". The message id is the message's ``ts``: the same in every retry
+    and in both the ``app_mention`` and the ``message`` event Slack sends for one mention.
     """
     if event.type not in ("app_mention", "message"):
         return Ignored(f"event type {event.type}")
@@ -183,15 +198,16 @@ def route(event: SlackEvent, me: Identity, group_policy: str) -> Incoming | Igno
     if event.type == "message" and not is_dm:
         if event.channel_type not in GROUP_CHANNEL_TYPES:
             return Ignored(f"channel type {event.channel_type}")
-        if group_policy != "open":
+        in_thread = event.thread_ts is not None and f"{event.channel}:{event.thread_ts}" in threads
+        if group_policy != "open" and not in_thread:
             return Ignored("channel message without a mention")
-    thread_ts = None if is_dm else (event.thread_ts or event.ts)
+    thread_ts = event.thread_ts if is_dm else (event.thread_ts or event.ts)
     return Incoming(
-        chat_id=event.channel if is_dm else f"{event.channel}:{thread_ts}",
+        chat_id=f"{event.channel}:{thread_ts}" if thread_ts else event.channel,
         channel=event.channel,
         thread_ts=thread_ts,
         user=event.user,
-        text=slack_to_text(strip_mention(event.text or "", me.user_id)),
+        text=chat_command(slack_to_text(strip_mention(event.text or "", me.user_id))),
         message_id=event.ts,
         is_dm=is_dm,
         files=event.files,
@@ -237,6 +253,17 @@ def profile_name(profile: dict[str, Any] | None) -> str:
         if isinstance(value, str) and value:
             return value
     return ""
+
+
+def chat_command(text: str) -> str:
+    """``!stop`` -> ``/stop`` (for the known commands only); any other text as is."""
+    stripped = text.strip()
+    if not stripped.startswith(COMMAND_PREFIX):
+        return text
+    head, sep, rest = stripped[len(COMMAND_PREFIX) :].partition(" ")
+    if head.lower() not in CHAT_COMMANDS:
+        return text
+    return f"/{head.lower()}{sep}{rest}"
 
 
 def is_whoami(text: str) -> bool:
@@ -300,7 +327,69 @@ class _TooLarge(_DownloadError):
     pass
 
 
+def _header(request: AsyncBoltRequest, name: str) -> str | None:
+    values = request.headers.get(name) or []
+    return values[0] if values else None
+
+
+def _incoming_to_dict(inc: Incoming) -> dict[str, Any]:
+    return {
+        "chat_id": inc.chat_id,
+        "channel": inc.channel,
+        "thread_ts": inc.thread_ts,
+        "user": inc.user,
+        "text": inc.text,
+        "message_id": inc.message_id,
+        "is_dm": inc.is_dm,
+        "files": [f.model_dump() for f in inc.files],
+        "sender_name": inc.sender_name,
+    }
+
+
+def _incoming_from_dict(entry: dict[str, Any]) -> Incoming:
+    fields = {k: v for k, v in entry.items() if k in Incoming.__dataclass_fields__}
+    fields["files"] = tuple(SlackFile.model_validate(f) for f in entry.get("files") or ())
+    return Incoming(**fields)
+
+
+def _valid(entry: Any) -> bool:
+    return isinstance(entry, dict) and all(
+        isinstance(entry.get(k), str) for k in ("chat_id", "message_id", "event_id", "user")
+    )
+
+
 # --- the channel ----------------------------------------------------------------------------
+
+
+class _NotTaken(Exception):
+    """Raised by a listener so that bolt does not acknowledge the envelope."""
+
+
+class _SocketClient(SocketModeClient):
+    """slack_sdk's client, with Slack's ``disconnect`` envelopes seen before it reconnects.
+
+    slack_sdk answers every ``disconnect`` by opening a new connection. ``warning`` and
+    ``refresh_requested`` want exactly that; ``link_disabled`` means the app's Socket Mode was
+    turned off, and no reconnection can help, so it goes to ``on_link_disabled`` instead."""
+
+    on_disconnect: Callable[[str], Awaitable[bool]] | None = None
+
+    async def run_message_listeners(self, message: dict[str, Any], raw_message: str) -> None:
+        if message.get("type") == "disconnect" and self.on_disconnect is not None:
+            if not await self.on_disconnect(str(message.get("reason") or "")):
+                return
+        await super().run_message_listeners(message, raw_message)
+
+
+class _SocketModeHandler(AsyncSocketModeHandler):
+    """bolt's aiohttp Socket Mode handler around a client built by us (proxy, disconnects)."""
+
+    def __init__(self, app: AsyncApp, client: SocketModeClient) -> None:
+        # Not super().__init__: that builds a second client with its own aiohttp session.
+        self.app = app
+        self.app_token = client.app_token
+        self.client = client
+        client.socket_mode_request_listeners.append(self.handle)  # type: ignore[arg-type]
 
 
 class SlackChannel(Channel):
@@ -315,14 +404,23 @@ class SlackChannel(Channel):
         self.policy = AccessPolicy(NAME, cfg.allow_from, cfg.admin_ids)
         self.me: Identity | None = None
         self.web: AsyncWebClient | None = None
+        self.app: AsyncApp | None = None
         self.socket: SocketModeClient | None = None
         self._http: aiohttp.ClientSession | None = None
         self._http_proxy, self._connector = proxy_settings(cfg.proxy)
+        self._store = ChannelState(state_dir, NAME) if state_dir is not None else None
+        saved = self._store.load() if self._store else {}
+        # Messages acknowledged to Slack whose files are still being fetched, oldest first.
+        self._inbox: list[dict[str, Any]] = [e for e in saved.get("inbox") or [] if _valid(e)]
+        self._threads: OrderedDict[str, None] = OrderedDict.fromkeys(saved.get("threads") or [])
+        self._last_thread: dict[tuple[str, str], str] = {}  # (channel, user) -> chat id
+        self._workers: dict[str, asyncio.Task[None]] = {}
         self._recent: OrderedDict[str, None] = OrderedDict()  # event ids taken or ignored
         self._names: OrderedDict[str, str] = OrderedDict()
         self._names_enabled = True
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._save_lock = asyncio.Lock()
         self._supervisor: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._settled: asyncio.Event | None = None
@@ -357,6 +455,7 @@ class SlackChannel(Channel):
         )
         if self._connector:
             self.web.proxy = None  # the socks connector carries it; no env proxy on top
+        self.app = self._build_app(self.web)
         self._supervisor = asyncio.create_task(self._connect_forever(), name="slack-connect")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._settled.wait(), START_WAIT_SECONDS)
@@ -367,21 +466,35 @@ class SlackChannel(Channel):
             )
 
     async def stop(self) -> None:
-        for task in (self._supervisor, self._watchdog):
-            if task:
-                task.cancel()
-        await asyncio.gather(
-            *(t for t in (self._supervisor, self._watchdog) if t), return_exceptions=True
-        )
+        tasks = [t for t in (self._supervisor, self._watchdog, *self._workers.values()) if t]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._workers.clear()
         if self._handlers:  # events half-way through intake: let them finish or not ack
             await asyncio.wait(set(self._handlers), timeout=STOP_WAIT_SECONDS)
-        if self.socket is not None:
-            await self.socket.close()
-            self.socket = None
+        await self._close_socket()
         if self._http is not None:
             await self._http.close()
             self._http = None
         self.set_state("stopped")
+
+    def _build_app(self, web: AsyncWebClient) -> AsyncApp:
+        """The bolt app: events and the ``/memobot`` command, acknowledged after the listener.
+
+        A listener that raises leaves its envelope unacknowledged (bolt answers 500 and the
+        Socket Mode adapter sends nothing), so Slack delivers it again."""
+        app = AsyncApp(
+            client=web,
+            process_before_response=True,
+            logger=logging.getLogger(f"{__name__}.bolt"),
+        )
+        app.event("app_mention")(self._on_event)
+        app.event("message")(self._on_event)
+        app.event(re.compile(".*"))(self._on_other_event)  # acknowledged, nothing to do
+        app.command(SLASH_COMMAND)(self._on_command)
+        app.error(self._on_error)
+        return app
 
     async def _connect_forever(self) -> None:
         """auth.test + apps.connections.open + WebSocket, with capped exponential backoff.
@@ -413,7 +526,7 @@ class SlackChannel(Channel):
         self._watchdog = asyncio.create_task(self._watch(), name="slack-watch")
 
     async def _connect(self) -> None:
-        assert self.web is not None
+        assert self.web is not None and self.app is not None
         try:
             auth = await self.web.auth_test()
         except SlackApiError as exc:
@@ -435,7 +548,7 @@ class SlackChannel(Channel):
                     "with the connections:write scope, and Socket Mode must be enabled"
                 ) from exc
             raise
-        client = SocketModeClient(
+        client = _SocketClient(
             app_token=self.cfg.app_token,
             logger=logging.getLogger(f"{__name__}.socket"),
             web_client=self.web,
@@ -445,12 +558,14 @@ class SlackChannel(Channel):
             await client.aiohttp_client_session.close()
             client.aiohttp_client_session = aiohttp.ClientSession(connector=self._connector())
             client.proxy = None
-        client.socket_mode_request_listeners.append(self._on_request)
+        client.on_disconnect = self._on_disconnect
+        _SocketModeHandler(self.app, client)
         client.message_listeners.append(self._on_message)
         client.on_close_listeners.append(self._on_close)
         client.wss_uri = opened["url"]
         self.socket = client
         await client.connect()
+        self._resume_inbox()
 
     async def _close_socket(self) -> None:
         if self.socket is not None:
@@ -505,54 +620,108 @@ class SlackChannel(Channel):
             self.set_state("reconnecting", "Slack closed the Socket Mode connection")
             log.info("slack: Socket Mode connection closed by Slack; reconnecting")
 
+    async def _on_disconnect(self, reason: str) -> bool:
+        """A ``disconnect`` envelope; True lets slack_sdk reconnect (``warning``,
+        ``refresh_requested``: Slack is about to close this connection)."""
+        if reason != "link_disabled":
+            log.info("slack: Slack asked to reconnect (%s); opening a new connection", reason)
+            return True
+        self._fail(
+            "Slack disabled this app's Socket Mode connection (disconnect: link_disabled); "
+            "turn Socket Mode back on in the app's settings"
+        )
+        await self._close_socket()
+        return False
+
     # -- receiving ---------------------------------------------------------------------------
 
-    async def _on_request(self, client: SocketModeClient, req: SocketModeRequest) -> None:
-        """One envelope. Acknowledged only once its message is durable, ignored or a duplicate."""
-        if req.type != "events_api":
-            log.debug("slack: %s envelope ignored", req.type)
-            await self._ack(client, req)
-            return
-        event_id = str(req.payload.get("event_id") or req.envelope_id)
-        if req.retry_attempt:
+    async def _on_event(self, body: dict[str, Any], request: AsyncBoltRequest) -> None:
+        """One Events API envelope. Returns (and bolt acknowledges) once its message is durable,
+        ignored or a duplicate; raises otherwise, so that Slack delivers it again."""
+        event_id = str(body.get("event_id") or (body.get("event") or {}).get("ts") or "")
+        retry = _header(request, "x-slack-retry-num")
+        if retry:
             log.info(
                 "slack: redelivery %s of event_id=%s (%s)",
-                req.retry_attempt,
+                retry,
                 event_id,
-                req.retry_reason or "no reason given",
+                _header(request, "x-slack-retry-reason") or "no reason given",
             )
         if event_id in self._recent:
-            await self._ack(client, req)
             return
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)
         try:
-            verdict = await self._take(event_id, req.payload)
-        except Exception:
-            log.exception(
-                "slack: event_id=%s not taken; not acknowledged, so Slack delivers it again",
-                event_id,
-            )
-            return
+            started = time.monotonic()
+            verdict = await self._take(event_id, body)
         finally:
             if task is not None:
                 self._handlers.discard(task)
         if verdict == "refused":
+            raise _NotTaken(f"event_id={event_id} not taken: memobot is stopping")
+        spent = time.monotonic() - started
+        if spent > ACK_DEADLINE_SECONDS / 2:
             log.warning(
-                "slack: event_id=%s not taken: memobot is stopping; not acknowledged, so Slack "
-                "delivers it again",
-                event_id,
+                "slack: intake of event_id=%s took %.1f s (Slack waits 3 s)", event_id, spent
             )
-            return
-        await self._ack(client, req)
 
-    async def _ack(self, client: SocketModeClient, req: SocketModeRequest) -> None:
-        try:
-            await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
-        except (ConnectionError, aiohttp.ClientError) as exc:
-            # Not fatal: Slack redelivers, and the intake recognises the message.
-            log.warning("slack: ack of envelope %s failed (%s)", req.envelope_id, exc)
+    async def _on_other_event(self, body: dict[str, Any]) -> None:
+        log.debug("slack: %s event ignored", (body.get("event") or {}).get("type"))
+
+    async def _on_error(self, error: Exception, body: dict[str, Any]) -> None:
+        what = body.get("event_id") or body.get("command") or body.get("type") or "envelope"
+        if isinstance(error, _NotTaken):
+            log.warning("slack: %s; not acknowledged, so Slack delivers it again", error)
+            return
+        log.error(
+            "slack: %s not taken; not acknowledged, so Slack delivers it again",
+            what,
+            exc_info=error,
+        )
+
+    async def _on_command(self, ack: AsyncAck, command: dict[str, Any]) -> Any:
+        """``/memobot <command> [args]``: the chat commands, which Slack clients would take as
+        slash commands of their own if typed as ``/stop``. In a channel it acts on the thread
+        the sender last wrote to memobot in."""
+        user = str(command.get("user_id") or "")
+        channel = str(command.get("channel_id") or "")
+        words = str(command.get("text") or "").split(maxsplit=1)
+        sub = words[0].lower().lstrip("/!") if words else "help"
+        args = words[1] if len(words) > 1 else ""
+        self.touch()
+        allowed = self.policy.allowed(user)
+        if sub == "whoami" or not allowed:
+            if not allowed:
+                self.policy.deny(user, str(command.get("user_name") or ""))
+            return await ack(text=whoami_text(NAME, user, allowed))
+        if sub not in CHAT_COMMANDS:
+            usage = "|".join(sorted(CHAT_COMMANDS))
+            return await ack(text=f"Unknown command {sub!r}. Usage: {SLASH_COMMAND} {usage}")
+        chat_id = self._last_thread.get((channel, user))
+        if chat_id is None and channel.startswith("D"):
+            chat_id = channel
+        if chat_id is None:
+            return await ack(
+                text=f"Which conversation? Write {COMMAND_PREFIX}{sub} in the thread you mean."
+            )
+        trigger = str(command.get("trigger_id") or "")
+        msg = InboundMessage(
+            NAME,
+            chat_id,
+            user,
+            f"/{sub} {args}".strip(),
+            message_id=f"cmd-{trigger}" if trigger else None,
+            metadata={
+                "is_group": not channel.startswith("D"),
+                "is_admin": self.policy.is_admin(user),
+                "sender_name": str(command.get("user_name") or ""),
+                "event_id": f"command {trigger}",
+            },
+        )
+        if await self.bus.publish_inbound(msg) == "refused":
+            raise _NotTaken(f"{SLASH_COMMAND} {sub} not taken: memobot is stopping")
+        return await ack()
 
     async def _take(self, event_id: str, payload: dict[str, Any]) -> Intake | Literal["ignored"]:
         self.touch()
@@ -563,13 +732,13 @@ class SlackChannel(Channel):
             return "ignored"
         if self.me is None:
             return "refused"  # cannot tell our own messages apart yet
-        routed = route(event, self.me, self.cfg.group_policy)
+        routed = route(event, self.me, self.cfg.group_policy, self._threads)
         if isinstance(routed, Ignored):
             log.debug("slack: event_id=%s ignored: %s", event_id, routed.reason)
             self._remember(event_id)
             return "ignored"
-        # One chat at a time keeps its messages in order (downloads take different times)
-        # and lets a retry that waited here see that the first delivery was taken.
+        # One chat at a time keeps its messages in order and lets a retry that waited here
+        # see that the first delivery was taken.
         async with self._chat_lock(routed.chat_id):
             if event_id in self._recent:
                 return "duplicate"
@@ -588,7 +757,70 @@ class SlackChannel(Channel):
         if not allowed:
             self.policy.deny(inc.user, inc.sender_name)
             return "ignored"
-        media, notes = await self._download(inc)
+        self._last_thread[(inc.channel, inc.user)] = inc.chat_id
+        if not inc.is_dm and inc.chat_id not in self._threads:
+            self._threads[inc.chat_id] = None  # memobot is in this thread from now on
+            while len(self._threads) > THREADS_KEPT:
+                self._threads.popitem(last=False)
+            await self._save()
+        if inc.files or any(e["chat_id"] == inc.chat_id for e in self._inbox):
+            return await self._hold(inc, event_id)
+        return await self._publish(inc, event_id, [], [])
+
+    async def _hold(self, inc: Incoming, event_id: str) -> Intake:
+        """Keep ``inc`` in the inbox on disk; its files are fetched after the ack.
+
+        Later messages of the same chat queue behind it, so the model sees them in order."""
+        if any(
+            e["chat_id"] == inc.chat_id and e["message_id"] == inc.message_id for e in self._inbox
+        ):
+            return "duplicate"
+        entry = {"event_id": event_id, **_incoming_to_dict(inc)}
+        self._inbox.append(entry)
+        try:
+            await self._save()
+        except OSError:
+            self._inbox.remove(entry)
+            raise
+        self._drain_later(inc.chat_id)
+        return "accepted"
+
+    def _drain_later(self, chat_id: str) -> None:
+        if chat_id not in self._workers:
+            self._workers[chat_id] = asyncio.create_task(
+                self._drain(chat_id), name=f"slack-inbox-{chat_id}"
+            )
+
+    def _resume_inbox(self) -> None:
+        for chat_id in dict.fromkeys(e["chat_id"] for e in self._inbox):
+            log.info("slack: fetching the files of an earlier message chat=%s", chat_id)
+            self._drain_later(chat_id)
+
+    async def _drain(self, chat_id: str) -> None:
+        """Fetch the files of the chat's inbox entries and hand them to the bus, in order."""
+        try:
+            while entry := next((e for e in self._inbox if e["chat_id"] == chat_id), None):
+                inc = _incoming_from_dict(entry)
+                media, notes = await self._download(inc)
+                async with self._chat_lock(chat_id):
+                    verdict = await self._publish(inc, str(entry["event_id"]), media, notes)
+                    if verdict == "refused":
+                        log.warning(
+                            "slack: message %s chat=%s kept in the inbox: memobot is stopping",
+                            inc.message_id,
+                            chat_id,
+                        )
+                        return
+                    self._inbox.remove(entry)
+                    await self._save()
+        except Exception:
+            log.exception("slack: inbox of chat=%s stuck; it is retried at the next start", chat_id)
+        finally:
+            self._workers.pop(chat_id, None)
+
+    async def _publish(
+        self, inc: Incoming, event_id: str, media: list[str], notes: list[str]
+    ) -> Intake | Literal["ignored"]:
         text = "\n".join([inc.text, *notes]).strip()
         if not text and not media:
             return "ignored"
@@ -615,6 +847,14 @@ class SlackChannel(Channel):
                 event_id,
             )
         return verdict
+
+    async def _save(self) -> None:
+        """Inbox and threads to ``state/channels/slack.json`` (fsync'd: an ack depends on it)."""
+        if self._store is None:
+            return
+        async with self._save_lock:
+            data = {"inbox": list(self._inbox), "threads": list(self._threads)}
+            await asyncio.to_thread(self._store.save, data)
 
     def _remember(self, event_id: str) -> None:
         self._recent[event_id] = None

@@ -740,11 +740,29 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
         ("exec", _exec_line(cfg)),
         ("mcp", _mcp_line(cfg, live)),
         ("gateway", f"running (pid {live['pid']})" if live else "not running"),
+        ("undelivered", _undelivered_line(cfg)),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k.ljust(width)}  {v}")
     return 0
+
+
+def _undelivered_line(cfg: Config) -> str:
+    """Answers still in a delivery ledger: refused for good (with why), or waiting to be sent."""
+    from bot.delivery import undelivered
+    from bot.session import SessionStore
+
+    if not (cfg.agent.state_path / "sessions").is_dir():
+        return "none"
+    entries = list(undelivered(SessionStore(cfg.agent.state_path)))
+    if not entries:
+        return "none"
+    failed = [(k, e) for k, e in entries if e.get("state") == "failed"]
+    parts = [f"{k} {e.get('id')}: {e.get('reason')}" for k, e in failed[-5:]]
+    waiting = len(entries) - len(failed)
+    head = f"{len(failed)} could not be delivered" + (f" ({'; '.join(parts)})" if parts else "")
+    return head + (f", {waiting} waiting to be sent" if waiting else "")
 
 
 if __name__ == "__main__":  # pragma: no cover

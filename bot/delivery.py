@@ -1,17 +1,30 @@
-"""The delivery ledger: every final answer is on disk before and after it reaches the platform.
+"""The delivery ledger: every final answer is on disk before and after it reaches the platform,
+piece by piece.
 
 An answer enters the session's ``outbox`` (metadata) in the same write that appends the turn's
-messages, in state "queued". Just before the channel sends it, it becomes "sending" (written
-with no await before the send, fsynced right after); once the channel returns it leaves the
-outbox. After a crash, "queued" answers are sent again (the
-platform cannot have them) and "sending" ones are dropped and logged: the platform may already
-show them, and a second copy is worse than none.
+messages, in state "queued". The channel splits it into pieces (its length limit); just before
+piece k is sent the entry becomes "sending" with ``next`` = k (and, for more than one piece,
+the pieces themselves, so every later attempt splits identically). The mark is written with no
+await before the send and fsynced right after; once the last piece went out the entry leaves
+the outbox. After a crash:
+
+* "queued" answers are sent again from piece ``next`` (the platform cannot have it);
+* "sending" piece k may already show in the chat, and a second copy is worse than none: it is
+  skipped with a log line, and delivery resumes at piece k + 1 (at most once for piece k, and
+  nothing after it is lost). Entries written before pieces were recorded are dropped whole.
+* "failed" answers (the platform refused them for good; the user was told) stay in the outbox,
+  with the reason, for ``memobot status``; they are not sent again.
+
+Old entries (no ``next``/``pieces``) read as "from the first piece", so old session files still
+deliver.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from bot.bus import OutboundMessage
@@ -20,6 +33,7 @@ from bot.session import SessionStore
 log = logging.getLogger(__name__)
 
 DELIVERY_KEY = "delivery_id"
+FAILED_KEPT = 20  # undeliverable answers kept per session (oldest dropped first)
 
 
 def outbox_entry(delivery_id: str, msg: OutboundMessage) -> dict[str, Any]:
@@ -44,21 +58,29 @@ def outbound_from_entry(entry: dict[str, Any]) -> OutboundMessage:
     )
 
 
-def _set_state(delivery_id: str, state: str | None) -> Any:
-    """A metadata change (see SessionStore.append) moving one outbox entry to ``state``
-    (None: remove it); nothing is written when the entry is gone."""
+def _change(delivery_id: str, update: dict[str, Any] | None) -> Any:
+    """A metadata change (see SessionStore.append) merging ``update`` into one outbox entry
+    (None: remove it; a value None: remove that key); nothing is written when it is gone."""
 
     def change(meta: dict[str, Any]) -> dict[str, Any] | None:
         outbox = meta.get("outbox") or []
         if not any(e.get("id") == delivery_id for e in outbox):
             return None
-        if state is None:
+        if update is None:
             new = [e for e in outbox if e.get("id") != delivery_id]
         else:
-            new = [{**e, "state": state} if e.get("id") == delivery_id else e for e in outbox]
+            new = [_merged(e, update) if e.get("id") == delivery_id else e for e in outbox]
+        failed = [e for e in new if e.get("state") == "failed"]
+        for old in failed[: max(0, len(failed) - FAILED_KEPT)]:
+            new.remove(old)
         return {"outbox": new or None}
 
     return change
+
+
+def _merged(entry: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = {**entry, **update}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 class DeliveryLedger:
@@ -66,29 +88,60 @@ class DeliveryLedger:
         self.store = store
         self._syncing: set[asyncio.Task[None]] = set()
 
-    async def _update(self, msg: OutboundMessage, state: str | None, fsync: bool = True) -> bool:
+    def _entry(self, msg: OutboundMessage) -> dict[str, Any] | None:
+        delivery_id = msg.metadata.get(DELIVERY_KEY)
+        for entry in self.store.get(msg.session_key).metadata.get("outbox") or []:
+            if entry.get("id") == delivery_id:
+                return entry
+        return None
+
+    async def _update(
+        self, msg: OutboundMessage, update: dict[str, Any] | None, fsync: bool = True
+    ) -> bool:
         delivery_id = msg.metadata.get(DELIVERY_KEY)
         if not delivery_id:
             return False
-
         session = self.store.get(msg.session_key)
         return await self.store.append_async(
-            session, metadata=_set_state(delivery_id, state), fsync=fsync
+            session, metadata=_change(delivery_id, update), fsync=fsync
         )
 
-    async def sending(self, msg: OutboundMessage) -> bool:
-        """Record that the send starts. False: not (or no longer) in the ledger; do not send.
+    def progress(self, msg: OutboundMessage) -> tuple[list[str] | None, int] | None:
+        """``(pieces, next)`` to continue ``msg`` from: the recorded pieces (None: not split
+        yet, or a single piece) and the first piece not yet sent. None: not (or no longer) in
+        the ledger, or given up on; do not send. A message that is not ledgered (progress
+        notes, command answers) gives ``(None, 0)``."""
+        if not msg.metadata.get(DELIVERY_KEY):
+            return None, 0
+        entry = self._entry(msg)
+        if entry is None or entry.get("state") == "failed":
+            return None
+        pieces = entry.get("pieces")
+        start = entry.get("next", 0)
+        if not isinstance(pieces, list) or not all(isinstance(p, str) for p in pieces):
+            pieces = None
+        return pieces, start if isinstance(start, int) and start >= 0 else 0
+
+    async def sending(
+        self, msg: OutboundMessage, pieces: list[str] | None = None, index: int = 0
+    ) -> bool:
+        """Record that piece ``index`` of ``pieces`` is about to be sent. False: not (or no
+        longer) in the ledger; do not send.
 
         The mark is written here, on the event loop, with no await between it and the
-        caller's send: a process killed after the mark has (all but) started sending, so
-        dropping a "sending" answer at the next start is right. The fsync, which only matters
-        for a power cut, follows in a worker thread instead of standing in that gap.
+        caller's send: a process killed after the mark has (all but) started sending piece
+        ``index``, so skipping that piece at the next start is right. It also says every
+        piece before ``index`` went out. The fsync, which only matters for a power cut,
+        follows in a worker thread instead of standing in that gap.
         """
         delivery_id = msg.metadata.get(DELIVERY_KEY)
         if not delivery_id:
             return True  # not a ledgered message (progress notes, command answers)
+        update: dict[str, Any] = {"state": "sending", "next": index}
+        if pieces is not None and len(pieces) > 1:
+            update["pieces"] = pieces
         session = self.store.get(msg.session_key)
-        if not self.store.append(session, metadata=_set_state(delivery_id, "sending"), fsync=False):
+        if not self.store.append(session, metadata=_change(delivery_id, update), fsync=False):
             return False
         task = asyncio.create_task(asyncio.to_thread(self.store.fsync, session))
         self._syncing.add(task)
@@ -96,31 +149,70 @@ class DeliveryLedger:
         return True
 
     async def sent(self, msg: OutboundMessage) -> None:
-        # No fsync: if this line is lost, the entry reads "sending" after a crash and is
-        # dropped, not re-sent, which is the right outcome for an answer that went out.
+        """Every piece went out. No fsync: if this line is lost, the entry reads "sending"
+        its last piece after a crash, which is skipped, not re-sent: the right outcome."""
         await self._update(msg, None, fsync=False)
 
-    async def failed(self, msg: OutboundMessage) -> None:
-        """The platform refused it for good: back to "queued" so the next start tries again."""
-        await self._update(msg, "queued")
+    async def postponed(self, msg: OutboundMessage, index: int = 0) -> None:
+        """Piece ``index`` did not go out (the platform kept failing, or the channel failed):
+        "queued" from that piece, so the next start sends the rest."""
+        await self._update(msg, {"state": "queued", "next": index})
+
+    async def failed(self, msg: OutboundMessage, reason: str = "", index: int = 0) -> None:
+        """The platform refused piece ``index`` for good: "failed", kept with the reason (for
+        ``memobot status``) and not sent again."""
+        await self._update(
+            msg,
+            {
+                "state": "failed",
+                "next": index,
+                "reason": reason or "refused by the platform",
+                "failed_at": time.time(),
+                "pieces": None,  # the text stays; the pieces only matter while sending
+            },
+        )
 
     def recover(self, key: str) -> list[OutboundMessage]:
-        """Answers of ``key`` to send again after a restart; in-flight ones are dropped."""
+        """Answers of ``key`` to send again after a restart, each from its first unsent piece;
+        a piece that was in flight is skipped (see the module docstring)."""
         session = self.store.get(key)
         outbox = session.metadata.get("outbox") or []
         if not outbox:
             return []
-        resend = []
+        kept: list[dict[str, Any]] = []
+        resend: list[dict[str, Any]] = []
         for entry in outbox:
-            if entry.get("state") == "sending":
-                log.warning(
-                    "delivery %s session=%s was being sent when memobot stopped; not sending it "
-                    "again (the chat may already show it)",
-                    entry.get("id"),
-                    key,
-                )
-            else:
+            state = entry.get("state")
+            pieces = entry.get("pieces")
+            index = entry.get("next", 0)
+            if state == "failed":
+                kept.append(entry)
+                continue
+            if state != "sending":
                 resend.append(entry)
-        if len(resend) != len(outbox):
-            self.store.append(session, metadata={"outbox": resend or None})
+                continue
+            count = len(pieces) if isinstance(pieces, list) else 1
+            rest = count - index - 1 if isinstance(index, int) else 0
+            log.warning(
+                "delivery %s session=%s: piece %d of %d was being sent when memobot stopped; "
+                "not sending it again (the chat may already show it)%s",
+                entry.get("id"),
+                key,
+                (index if isinstance(index, int) else 0) + 1,
+                count,
+                f", sending the {rest} after it" if rest > 0 else "",
+            )
+            if rest > 0:
+                resend.append({**entry, "state": "queued", "next": index + 1})
+        if kept + resend != outbox:
+            self.store.append(session, metadata={"outbox": (kept + resend) or None})
         return [outbound_from_entry(e) for e in resend]
+
+
+def undelivered(store: SessionStore) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(session key, outbox entry)`` for every answer not (yet) delivered, for ``status``."""
+    for key in store.keys():
+        meta = store.peek_metadata(key) or {}
+        for entry in meta.get("outbox") or []:
+            if isinstance(entry, dict):
+                yield key, entry

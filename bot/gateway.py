@@ -4,6 +4,11 @@ Start order matters: interrupted turns are queued for recovery before any channe
 message, so a session with a checkpoint is repaired before anything else touches it. Stop
 order: intake closes, running turns drain (``gateway.drainSeconds``), queued answers are
 flushed to the platforms, channels disconnect.
+
+A channel that fails for good (token refused) shows as "failed" in ``memobot status``, the
+systemd STATUS line and ``doctor``, while the others go on. When every enabled channel has
+failed, nothing can work until the config is fixed: the gateway stops with one line per
+channel saying what to fix, and exit status 78 (EX_CONFIG; the unit does not restart on it).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.app import build_agent
-from bot.config import Config
+from bot.config import EX_CONFIG, Config
 from bot.service.daemon import ServiceHooks
 
 log = logging.getLogger(__name__)
@@ -67,6 +72,8 @@ class Gateway:
         self.status_path = cfg.agent.state_path / STATUS_FILE
         self.started = time.time()
         self._stop = asyncio.Event()
+        self._all_failed = False
+        self.manager.on_all_failed = self._every_channel_failed
         self._interrupts = 0
         self.service = ServiceHooks(self, config_path)  # systemd notify, SIGHUP reload
 
@@ -89,6 +96,13 @@ class Gateway:
                 for st in self.stack.mcp.statuses()
             },
         }
+
+    def _every_channel_failed(self, channels: list[Any]) -> None:
+        for c in channels:
+            log.error("channel %s cannot work: %s", c.name, c.fatal)
+        log.error("every enabled channel failed; stopping (exit status %d)", EX_CONFIG)
+        self._all_failed = True
+        self._stop.set()
 
     def request_stop(self, signum: int) -> None:
         if signum == signal.SIGINT:
@@ -151,7 +165,7 @@ class Gateway:
             await self.stack.close()
             self.status_path.unlink(missing_ok=True)
             log.info("gateway stopped")
-        return 0
+        return EX_CONFIG if self._all_failed else 0
 
     async def _write_status_forever(self) -> None:
         while True:

@@ -67,7 +67,11 @@ class OutboxEntry(_Strict):
     chat_id: str
     text: str
     reply_to: str | None = None
-    state: Literal["queued", "sending"] = "queued"
+    state: Literal["queued", "sending", "failed"] = "queued"
+    next: int = Field(default=0, ge=0)  # the first piece not known to have gone out
+    pieces: list[str] | None = None  # the answer as split for its channel (when > 1 piece)
+    reason: str | None = None  # "failed": why the platform refused it
+    failed_at: float | int | None = None
 
 
 class Checkpoint(_Strict):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Literal
 
 from bot.bus import MessageBus, OutboundMessage
+from channels.errors import FatalChannelError
+
+log = logging.getLogger(__name__)
 
 State = Literal["stopped", "starting", "connected", "reconnecting", "failed"]
 
@@ -17,7 +22,12 @@ class Channel(ABC):
     Receiving: the channel publishes ``InboundMessage`` values with ``bus.publish_inbound`` and
     confirms them to its platform only once that returns "accepted" or "duplicate".
     Sending: the channel manager calls ``render`` once per answer and ``send_chunk`` per piece,
-    and owns retries; ``send_chunk`` raises the classes in ``channels.errors``.
+    and owns retries; ``send_chunk`` raises the classes in ``channels.errors`` (anything else
+    is retried like a ``TransientError``). A piece refused with ``TooLong`` goes through
+    ``resplit``. The pieces of an answer are recorded in the delivery ledger before the first
+    is sent, so a restart resumes at the piece that did not go out.
+    Failing for good (token refused): ``fail`` with a ``FatalChannelError`` (or raise it from
+    ``start`` or ``send_chunk``); the state becomes "failed" and stays so.
     """
 
     name: str
@@ -27,10 +37,26 @@ class Channel(ABC):
         self.state: State = "stopped"
         self.state_detail = ""
         self.last_event_at: float | None = None  # wall clock of the last inbound event
+        self.fatal: FatalChannelError | None = None
+        # Set by the channel manager: told once when this channel fails for good.
+        self.on_fatal: Callable[[Channel], None] | None = None
 
     def set_state(self, state: State, detail: str = "") -> None:
         self.state = state
         self.state_detail = detail
+
+    def fail(self, error: FatalChannelError) -> None:
+        """This channel cannot work until its configuration is fixed: "failed", for good.
+
+        ``str(error)`` says what to fix. Idempotent: the first error is the one kept.
+        """
+        if self.fatal is not None:
+            return
+        self.fatal = error
+        log.error("%s: failed: %s", self.name, error)
+        self.set_state("failed", str(error))
+        if self.on_fatal is not None:
+            self.on_fatal(self)
 
     def touch(self) -> None:
         self.last_event_at = time.time()
@@ -48,6 +74,11 @@ class Channel(ABC):
     def plain(self, chunk: str) -> str:
         """The chunk without markup, for the retry after the platform rejected the markup."""
         return chunk
+
+    def resplit(self, chunk: str) -> list[str]:
+        """``chunk`` (a piece of ``render``) in smaller pieces, after the platform refused it
+        as too long. Fewer than two pieces: it cannot be split (the answer is undeliverable)."""
+        return []
 
     @abstractmethod
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:

@@ -1,6 +1,6 @@
 """One error vocabulary for every platform: what a failed send means for a retry.
 
-Each channel maps its SDK's exceptions to these four classes; the channel manager has one
+Each channel maps its SDK's exceptions to these classes; the channel manager has one
 retry policy that acts on them.
 """
 
@@ -31,5 +31,16 @@ class FormattingRejected(PermanentError):
     """The platform could not parse our markup; the same text goes again as plain text."""
 
 
+class TooLong(PermanentError):
+    """The platform measured the piece as over its limit; it goes again split smaller
+    (``Channel.resplit``), never dropped."""
+
+
 class FatalChannelError(Exception):
-    """The channel cannot work at all (token rejected): stop it and say so; do not retry."""
+    """The channel cannot work at all (token rejected, intents refused): stop it and say so;
+    do not retry.
+
+    ``str()`` is one line telling the owner what to fix (``memobot status``, ``doctor``, and
+    the gateway's exit message when every channel failed). A channel reports it with
+    ``Channel.fail`` or by raising it from ``start`` or ``send_chunk``.
+    """

@@ -9,8 +9,10 @@ each platform gets its own dialect:
 * Discord: Markdown, lightly adjusted and made unable to mass-ping (``markdown_to_discord``);
 * any platform's plain-text fallback: ``strip_markdown`` / ``strip_telegram_html``.
 
-A channel renders an answer with ``render_chunks(text, LIMIT, renderer)``; the limits below
-count Python characters (code points).
+A channel renders an answer with ``render_chunks(text, LIMIT, renderer, measure=...)``. Every
+platform limit is here, with the unit it counts: Discord and Slack count characters (code
+points); Telegram counts UTF-16 code units of the text left after entity parsing (the visible
+text, not the HTML markup), ``telegram_length``.
 """
 
 from __future__ import annotations
@@ -22,21 +24,27 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
-TELEGRAM_LIMIT = 4096  # sendMessage: 1-4096 characters of text after entity parsing
+# Telegram: UTF-16 code units of the text after entity parsing (``telegram_length``).
+TELEGRAM_LIMIT = 4096  # sendMessage and editMessageText text
+TELEGRAM_CAPTION_LIMIT = 1024  # captions of photos, documents, audio, video, voice, animations
 DISCORD_LIMIT = 2000  # message content
 SLACK_LIMIT = 3900  # Slack advises at most 4000 characters of message text; keep a margin
 
 __all__ = [
     "DISCORD_LIMIT",
     "SLACK_LIMIT",
+    "TELEGRAM_CAPTION_LIMIT",
     "TELEGRAM_LIMIT",
     "markdown_to_discord",
     "markdown_to_slack_mrkdwn",
     "markdown_to_telegram_html",
     "render_chunks",
     "split_markdown",
+    "split_telegram_html",
     "strip_markdown",
     "strip_telegram_html",
+    "telegram_length",
+    "utf16_len",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -387,7 +395,9 @@ def render_chunks(
             rendered[piece] = render(piece)
         return measure(rendered[piece]) <= limit
 
-    if len(text) <= limit and fits(text):
+    # The whole text first even when longer than the limit: markup that disappears after
+    # parsing (a link's URL) can leave it within the limit as measured.
+    if fits(text):
         pieces = [text]
     else:
         pieces = _Splitter(text).split(limit, fits)
@@ -836,6 +846,79 @@ _TAG_RE = re.compile(r"<[^>]*>")
 def strip_telegram_html(html_text: str) -> str:
     """Undo ``markdown_to_telegram_html``: drop the tags and unescape the entities."""
     return html.unescape(_TAG_RE.sub("", html_text))
+
+
+def utf16_len(text: str) -> int:
+    """Length in UTF-16 code units: 1 per character of the BMP, 2 above it (most emoji)."""
+    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
+
+
+def telegram_length(html_text: str) -> int:
+    """What Telegram measures against ``TELEGRAM_LIMIT``: UTF-16 code units of the text left
+    once the HTML parse mode has removed the tags and decoded the entities."""
+    return utf16_len(strip_telegram_html(html_text))
+
+
+_TG_TOKEN_RE = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9-]*)[^<>]*>|&#?[A-Za-z0-9]+;|[^<&]|[<&]")
+
+
+def split_telegram_html(html_text: str, limit: int) -> list[str]:
+    """Cut Telegram HTML into pieces of at most ``limit`` (``telegram_length``) each.
+
+    For a piece Telegram refused as too long although we measured it within its limit: it
+    works on the rendered HTML, so no source is needed. Cuts at the last line end (else space)
+    in the second half of the budget, else at the budget; tags open at a cut are closed at
+    the end of the piece and opened again at the start of the next. Blank pieces are left out.
+    Raises ValueError when ``limit`` < 1.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    # (token, visible text, open tags before it) for every token of the input
+    atoms: list[tuple[str, str, tuple[str, ...]]] = []
+    stack: list[tuple[str, str]] = []  # (tag name, opening tag text)
+    for m in _TG_TOKEN_RE.finditer(html_text):
+        token = m.group(0)
+        opened = tuple(t for _, t in stack)
+        if m.group(2):
+            name = m.group(2).lower()
+            if m.group(1):
+                if stack and stack[-1][0] == name:
+                    stack.pop()
+            else:
+                stack.append((name, token))
+            atoms.append((token, "", opened))
+        else:
+            atoms.append((token, html.unescape(token), opened))
+
+    def close(opened: tuple[str, ...]) -> str:
+        names = [_TG_TOKEN_RE.match(t).group(2) for t in opened]  # type: ignore[union-attr]
+        return "".join(f"</{n}>" for n in reversed(names))
+
+    pieces: list[str] = []
+    start = 0
+    while start < len(atoms):
+        used, end, soft = 0, start, -1
+        while end < len(atoms):
+            size = utf16_len(atoms[end][1])
+            if used + size > limit:
+                break
+            used += size
+            if atoms[end][1] in ("\n", " ") and used * 2 >= limit:
+                soft = end + 1  # cut after this line end or space
+            end += 1
+        if end < len(atoms):
+            if end == start:
+                end = start + 1  # one character wider than the limit: it still has to go
+            elif soft > start:
+                end = soft
+        head = "".join(atoms[start][2])
+        body = "".join(a[0] for a in atoms[start:end])
+        tail_open = atoms[end][2] if end < len(atoms) else ()
+        piece = head + body + close(tail_open)
+        if strip_telegram_html(piece).strip():
+            pieces.append(piece)
+        start = end
+    return pieces
 
 
 # ---------------------------------------------------------------------------------------------

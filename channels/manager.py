@@ -1,7 +1,14 @@
 """Routes outbound messages to their channel: per-chat order, one retry policy, typing.
 
 Each chat has its own queue and worker, so a flood-wait in one chat never delays another.
-Final answers go through the delivery ledger (bot/delivery.py) around the send.
+Final answers go through the delivery ledger (bot/delivery.py) piece by piece: each piece is
+marked before it is sent, so a crash or an error at piece k resumes at piece k.
+
+Every exception a send raises takes the same path: flood waits are honoured, markup refusals
+retried as plain text, over-long pieces split smaller, permanent refusals end the answer (the
+user is told, the ledger keeps it), anything else is retried with backoff. A channel that
+fails for good (``FatalChannelError``) is reported through ``on_all_failed`` once every
+channel has.
 """
 
 from __future__ import annotations
@@ -9,12 +16,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from bot import failpoints
 from bot.bus import MessageBus, OutboundMessage
 from channels.base import Channel
-from channels.errors import FormattingRejected, PermanentError, RetryAfter, TransientError
+from channels.errors import (
+    FatalChannelError,
+    FormattingRejected,
+    PermanentError,
+    RetryAfter,
+    TooLong,
+    TransientError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -22,12 +37,19 @@ TYPING_REFRESH_SECONDS = 4.0
 TYPING_MAX_SECONDS = 600.0
 GIVE_UP_AFTER_SECONDS = 900.0  # then the answer stays queued in the ledger for the next start
 BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 1.5, 30.0
+NOTICE_GIVE_UP_SECONDS = 60.0
+NOTICE = "I could not deliver my answer: {reason}"
+REASON_MAX_CHARS = 200
 
 
 class Ledger(Protocol):
-    async def sending(self, msg: OutboundMessage) -> bool: ...
+    def progress(self, msg: OutboundMessage) -> tuple[list[str] | None, int] | None: ...
+    async def sending(
+        self, msg: OutboundMessage, pieces: list[str] | None = None, index: int = 0
+    ) -> bool: ...
     async def sent(self, msg: OutboundMessage) -> None: ...
-    async def failed(self, msg: OutboundMessage) -> None: ...
+    async def postponed(self, msg: OutboundMessage, index: int = 0) -> None: ...
+    async def failed(self, msg: OutboundMessage, reason: str = "", index: int = 0) -> None: ...
 
 
 class _Chat:
@@ -47,10 +69,26 @@ class ChannelManager:
         self._chats: dict[tuple[str, str], _Chat] = {}
         self._pump: asyncio.Task[None] | None = None
         self.give_up_after = GIVE_UP_AFTER_SECONDS
+        # Called once when every channel has failed for good (the gateway exits then).
+        self.on_all_failed: Callable[[list[Channel]], None] | None = None
+        for channel in channels:
+            channel.on_fatal = self._channel_failed
+
+    def _channel_failed(self, channel: Channel) -> None:
+        channels = list(self.channels.values())
+        if all(c.fatal is not None for c in channels) and self.on_all_failed is not None:
+            callback, self.on_all_failed = self.on_all_failed, None
+            callback(channels)
+
+    def failed_channels(self) -> list[Channel]:
+        return [c for c in self.channels.values() if c.fatal is not None]
 
     async def start(self) -> None:
         for channel in self.channels.values():
-            await channel.start()
+            try:
+                await channel.start()
+            except FatalChannelError as exc:
+                channel.fail(exc)
         self._pump = asyncio.create_task(self._run(), name="outbound")
 
     async def stop(self) -> None:
@@ -116,29 +154,89 @@ class ChannelManager:
             await asyncio.sleep(TYPING_REFRESH_SECONDS)
 
     async def deliver(self, msg: OutboundMessage) -> None:
+        """Send ``msg`` piece by piece from the first piece the ledger has not seen go out."""
         channel = self.channels.get(msg.channel)
-        if channel is None:
+        if channel is None or channel.fatal is not None:
+            why = "no running channel" if channel is None else "failed channel"
             log.warning(
-                "no running channel %r session=%s; a final answer stays queued for the next start",
+                "%s %r session=%s; a final answer stays queued for the next start",
+                why,
                 msg.channel,
                 msg.session_key,
             )
             return
-        if not await self.ledger.sending(msg):
+        progress = self.ledger.progress(msg)
+        if progress is None:
             return
+        pieces, index = progress
         try:
-            for chunk in channel.render(msg.text):
-                await self._send_chunk(channel, msg, chunk)
-        except (PermanentError, TimeoutError) as exc:
-            log.error("send failed session=%s: %s", msg.session_key, exc)
-            await self.ledger.failed(msg)
+            if pieces is None:
+                pieces = channel.render(msg.text)
+            while index < len(pieces):
+                if index:
+                    failpoints.hit("between_pieces")
+                if not await self.ledger.sending(msg, pieces, index):
+                    return
+                try:
+                    await self._send_chunk(channel, msg, pieces[index])
+                except TooLong as exc:
+                    smaller = channel.resplit(pieces[index])
+                    if len(smaller) < 2:
+                        raise PermanentError(f"{exc} (and it cannot be split further)") from exc
+                    log.warning(
+                        "piece %d refused as too long session=%s (%s); sending it in %d pieces",
+                        index + 1,
+                        msg.session_key,
+                        exc,
+                        len(smaller),
+                    )
+                    pieces = [*pieces[:index], *smaller, *pieces[index + 1 :]]
+                    continue
+                index += 1
+        except FatalChannelError as exc:
+            channel.fail(exc)
+            await self.ledger.postponed(msg, index)
+            return
+        except TimeoutError as exc:  # transient failures for give_up_after: the next start
+            log.error("send failed session=%s piece %d: %s", msg.session_key, index + 1, exc)
+            await self.ledger.postponed(msg, index)
+            return
+        except Exception as exc:  # PermanentError, or a render bug: the same end
+            reason = _reason(exc)
+            log.error(
+                "answer undeliverable session=%s piece %d: %s", msg.session_key, index + 1, reason
+            )
+            await self.ledger.failed(msg, reason, index)
+            await self._notify_undeliverable(channel, msg, reason)
             return
         failpoints.hit("after_send")
         await self.ledger.sent(msg)
 
-    async def _send_chunk(self, channel: Channel, msg: OutboundMessage, chunk: str) -> None:
-        """Send one piece, honouring flood waits and backing off on transient errors."""
-        deadline = time.monotonic() + self.give_up_after
+    async def _notify_undeliverable(
+        self, channel: Channel, msg: OutboundMessage, reason: str
+    ) -> None:
+        """Best effort: tell the user, in a short plain message, that the answer is missing."""
+        notice = OutboundMessage(msg.channel, msg.chat_id, NOTICE.format(reason=reason))
+        try:
+            for piece in channel.render(notice.text):
+                await self._send_chunk(channel, notice, piece, NOTICE_GIVE_UP_SECONDS)
+        except Exception as exc:
+            log.error("could not tell session=%s either: %s", msg.session_key, _reason(exc))
+
+    async def _send_chunk(
+        self,
+        channel: Channel,
+        msg: OutboundMessage,
+        chunk: str,
+        give_up_after: float | None = None,
+    ) -> None:
+        """Send one piece, honouring flood waits and backing off on transient errors.
+
+        Raises ``PermanentError`` (including ``TooLong``), ``FatalChannelError``, or
+        ``TimeoutError`` once retrying would pass the deadline; any other exception of the
+        channel is retried like a transient error.
+        """
+        deadline = time.monotonic() + (give_up_after or self.give_up_after)
         backoff = BACKOFF_START
         plain = False
         while True:
@@ -160,12 +258,26 @@ class ChannelManager:
                     msg.session_key,
                     wait,
                 )
-            except TransientError as exc:
+            except (PermanentError, FatalChannelError):
+                raise
+            except Exception as exc:  # TransientError, and whatever else an SDK raises
                 wait = backoff
                 backoff = min(BACKOFF_MAX, backoff * BACKOFF_FACTOR)
                 log.warning(
-                    "send failed session=%s (%s), retry in %.1f s", msg.session_key, exc, wait
+                    "send failed session=%s (%s), retry in %.1f s",
+                    msg.session_key,
+                    exc if isinstance(exc, TransientError) else _reason(exc),
+                    wait,
                 )
             if time.monotonic() + wait > deadline:
-                raise TimeoutError(f"gave up after {self.give_up_after:.0f} s of retries")
+                raise TimeoutError(
+                    f"gave up after {give_up_after or self.give_up_after:.0f} s of retries"
+                )
             await asyncio.sleep(wait)
+
+
+def _reason(exc: BaseException) -> str:
+    """A short description of ``exc`` for the user and the log."""
+    text = str(exc) if isinstance(exc, PermanentError) else f"{type(exc).__name__}: {exc}"
+    text = text.strip() or type(exc).__name__
+    return text if len(text) <= REASON_MAX_CHARS else text[: REASON_MAX_CHARS - 3] + "..."

@@ -65,13 +65,16 @@ from channels.errors import (
     PermanentError,
     RetryAfter,
     SendError,
+    TooLong,
     TransientError,
 )
 from channels.formatting import (
     TELEGRAM_LIMIT,
     markdown_to_telegram_html,
     render_chunks,
+    split_telegram_html,
     strip_telegram_html,
+    telegram_length,
 )
 from channels.proxy import http_proxy, socks_connector
 from channels.state import ChannelState
@@ -87,6 +90,10 @@ REPLIED_REMEMBERED = 256
 GROUP_TYPES = frozenset({"group", "supergroup", "channel"})
 _COMMAND = re.compile(r"^/([A-Za-z0-9_]+)(?:@([A-Za-z0-9_]+))?(?:\s|$)")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+TOKEN_REJECTED = (
+    "Telegram rejected the bot token (401/404): check channels.telegram.token (and baseUrl if "
+    "set); polling stopped"
+)
 
 
 # -- pure helpers ----------------------------------------------------------------------------
@@ -175,12 +182,14 @@ def send_error(exc: TelegramError) -> SendError | FatalChannelError:
     if isinstance(exc, PTBRetryAfter):
         return RetryAfter(retry_seconds(exc))
     if isinstance(exc, InvalidToken):
-        return FatalChannelError("Telegram rejected the bot token (channels.telegram.token)")
+        return FatalChannelError(TOKEN_REJECTED)
     if isinstance(exc, ChatMigrated):
         return PermanentError(f"the group became supergroup {exc.new_chat_id}")
     if isinstance(exc, BadRequest):  # before NetworkError: PTB derives BadRequest from it
         if "can't parse entities" in exc.message.lower():
             return FormattingRejected(exc.message)
+        if "too long" in exc.message.lower():  # "message is too long", "message caption is ..."
+            return TooLong(exc.message)
         return PermanentError(exc.message)
     if isinstance(exc, Forbidden):
         return PermanentError(exc.message)
@@ -455,12 +464,7 @@ class TelegramChannel(Channel):
             return True
 
     def _token_rejected(self) -> None:
-        self._set_state(
-            "failed",
-            "Telegram rejected the bot token (401/404): check channels.telegram.token (and "
-            "baseUrl if set); polling stopped",
-            logging.ERROR,
-        )
+        self.fail(FatalChannelError(TOKEN_REJECTED))
 
     async def _retry_later(self, detail: str, seconds: float | None = None) -> None:
         self._set_state("reconnecting", detail, logging.WARNING)
@@ -704,10 +708,17 @@ class TelegramChannel(Channel):
     # -- outbound --
 
     def render(self, text: str) -> list[str]:
-        return render_chunks(text, TELEGRAM_LIMIT, markdown_to_telegram_html)
+        # Telegram counts the visible text (after parsing the HTML) in UTF-16 code units.
+        return render_chunks(
+            text, TELEGRAM_LIMIT, markdown_to_telegram_html, measure=telegram_length
+        )
 
     def plain(self, chunk: str) -> str:
         return strip_telegram_html(chunk)
+
+    def resplit(self, chunk: str) -> list[str]:
+        """Halves (by visible length): Telegram counted more than we did."""
+        return split_telegram_html(chunk, max(1, (telegram_length(chunk) + 1) // 2))
 
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
         if self.bot is None:

@@ -22,6 +22,7 @@ import pytest
 from bot.app import AgentStack, build_agent
 from bot.config import ConfigError, parse_config
 from channels import telegram_channel
+from channels.formatting import TELEGRAM_LIMIT, telegram_length
 from channels.manager import ChannelManager
 from channels.telegram_channel import TelegramChannel
 from tests.fakes.llm_server import FakeLLM, reply
@@ -265,7 +266,7 @@ async def test_long_answer_is_split_within_the_limit_and_code_survives(tmp_path,
         await api.wait_for_async(lambda: any("Done." in c.params["text"] for c in api.sent()))
         sent = api.sent()
         assert len(sent) >= 2
-        assert all(len(c.params["text"]) <= 4096 for c in sent)
+        assert all(telegram_length(c.params["text"]) <= TELEGRAM_LIMIT for c in sent)
         assert all(c.params["parse_mode"] == "HTML" for c in sent)  # every chunk parsed
         # The code block spans the split: each chunk opens and closes its own <pre>.
         code_chunks = [c.params["text"] for c in sent if "line_" in c.params["text"]]

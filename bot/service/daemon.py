@@ -38,6 +38,9 @@ class ServiceHooks:
         up = sum(c.state == "connected" for c in channels)
         answers = len(self.gateway.stack.loop.running_keys())
         head = f"{up}/{len(channels)} channels up" if channels else "no channels enabled"
+        failed = [c.name for c in channels if c.state == "failed"]
+        if failed:
+            head += f" ({', '.join(failed)} failed: see memobot status)"
         return f"{head}, {answers} answer{'' if answers == 1 else 's'} in progress"
 
     async def started(self, stop: asyncio.Event) -> None:

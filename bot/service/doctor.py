@@ -355,6 +355,34 @@ def check_mcp(cfg: Config, config_path: Path) -> Iterator[Check]:
         yield Check("fail", f"mcp server {st.name}: {st.detail}", fix)
 
 
+def check_running_channels(cfg: Config) -> Iterator[Check]:
+    """Channels the running gateway reports as failed (a token accepted here may still be
+    refused there: intents, a revoked app token), and answers it could not deliver."""
+    from bot.delivery import undelivered
+    from bot.gateway import read_status
+    from bot.session import SessionStore
+
+    live = read_status(cfg.agent.state_path)
+    for name, info in sorted(((live or {}).get("channels") or {}).items()):
+        if info.get("state") == "failed":
+            yield Check(
+                "fail",
+                f"channel {name}: failed in the running gateway: {info.get('detail') or '?'}",
+                "fix the config, then restart the gateway",
+            )
+    if not (cfg.agent.state_path / "sessions").is_dir():
+        return
+    failed = [e for _, e in undelivered(SessionStore(cfg.agent.state_path))]
+    given_up = [e for e in failed if e.get("state") == "failed"]
+    if given_up:
+        yield Check(
+            "warn",
+            f"{len(given_up)} answer(s) could not be delivered (the user was told); last: "
+            f"{given_up[-1].get('reason')}",
+            f"{program()} status lists them",
+        )
+
+
 # -- the command -------------------------------------------------------------------------------
 
 
@@ -383,6 +411,7 @@ def run_checks(config_path: Path | None, fix: bool) -> Iterator[Check]:
             yield Check("info", "channels: none enabled (set channels.<name>.enabled)")
         for token_probe in probes:
             yield asyncio.run(check_token(token_probe, proxy_for(cfg, token_probe)))
+        yield from check_running_channels(cfg)
     yield check_units(config_path)
     yield check_clock(server)
 

@@ -5,11 +5,20 @@ One aiohttp server on 127.0.0.1 serves both sides of the wire:
 * Web API under ``/api/``: ``auth.test``, ``apps.connections.open`` (answers with this server's
   own ``ws://127.0.0.1:PORT/link/?ticket=N``), ``chat.postMessage`` (recorded; answers can be
   scripted: a 429 with ``Retry-After`` or any ``{"ok": false, "error": ...}``), ``users.info``.
-  Tokens are checked like Slack does: a wrong one gets ``invalid_auth``.
-* ``/files/<name>``: downloads of registered files, only with the bot token as bearer.
+  Tokens are checked like Slack does: a wrong one gets ``invalid_auth``; a method it does not
+  know gets ``{"ok": false, "error": "unknown_method"}``.
+* ``chat.postMessage`` is rate-limited like Slack's (about one message per second per channel):
+  a faster post gets HTTP 429 ``ratelimited`` with ``Retry-After`` in whole seconds, and is not
+  posted (``rate_limited`` counts them).
+* ``/files/<name>``: downloads of registered files, only with the bot token as bearer;
+  ``file_delay`` makes them slow.
 * ``/link/``: the Socket Mode WebSocket. It greets with ``hello``; the test pushes
-  ``events_api`` envelopes with ``push_event`` and the server records every ack the client sends
-  back (``acks``), calling ``on_ack`` at the moment each one arrives.
+  ``events_api`` envelopes with ``push_event`` (``slash_commands`` with ``push_command``) and the
+  server records every ack the client sends back (``acks``), calling ``on_ack`` at the moment
+  each one arrives. An envelope not acknowledged within ``ack_deadline`` seconds (Slack: 3) is
+  delivered again as a new envelope with the same ``event_id``, ``retry_attempt`` 1, 2, 3 and
+  ``retry_reason`` "timeout", as Slack does. ``send_disconnect`` sends a ``disconnect``
+  envelope and closes that connection shortly after.
 
 Use it as ``async with FakeSlack() as slack:`` and point the channel at ``slack.api_url``.
 """
@@ -19,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +69,9 @@ class FakeSlack:
         bot_token: str = BOT_TOKEN,
         app_token: str = APP_TOKEN,
         users: dict[str, dict[str, Any]] | None = None,
+        ack_deadline: float = 3.0,
+        max_retries: int = 3,
+        post_interval: float = 1.0,
     ) -> None:
         self.bot_token = bot_token
         self.app_token = app_token
@@ -72,6 +85,14 @@ class FakeSlack:
         self.files: dict[str, bytes] = {}
         self.file_auth: list[str | None] = []
         self.connections = 0
+        self.ack_deadline = ack_deadline
+        self.max_retries = max_retries
+        self.post_interval = post_interval  # chat.postMessage: one per channel per interval
+        self.rate_limited = 0
+        self.file_delay = 0.0
+        self.deliveries: list[tuple[str, str, int]] = []  # (envelope id, event id, attempt)
+        self._last_post: dict[str, float] = {}
+        self._timers: set[asyncio.Task[None]] = set()
         self._sockets: list[web.WebSocketResponse] = []
         self._envelopes = itertools.count(1)
         self._ts = itertools.count(1)
@@ -102,6 +123,9 @@ class FakeSlack:
         self.port = server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        for timer in list(self._timers):
+            timer.cancel()
+        await asyncio.gather(*self._timers, return_exceptions=True)
         for ws in list(self._sockets):
             await ws.close()
         if self._runner is not None:
@@ -133,27 +157,85 @@ class FakeSlack:
         retry_attempt: int = 0,
         retry_reason: str = "",
     ) -> str:
-        """Send one ``events_api`` envelope to every connected client; returns its envelope id."""
-        envelope_id = f"env-{next(self._envelopes)}"
-        envelope = {
-            "envelope_id": envelope_id,
-            "type": "events_api",
-            "accepts_response_payload": False,
-            "retry_attempt": retry_attempt,
-            "retry_reason": retry_reason,
-            "payload": {
-                "token": "verification-token",
-                "team_id": TEAM_ID,
-                "api_app_id": APP_ID,
-                "event": event,
-                "type": "event_callback",
-                "event_id": event_id,
-                "event_time": int(time.time()),
-                "authorizations": [{"team_id": TEAM_ID, "user_id": BOT_USER_ID, "is_bot": True}],
-            },
+        """Send one ``events_api`` envelope to every connected client; returns its envelope id.
+
+        Unacknowledged after ``ack_deadline`` seconds, it is delivered again (see the module)."""
+        payload = {
+            "token": "verification-token",
+            "team_id": TEAM_ID,
+            "api_app_id": APP_ID,
+            "event": event,
+            "type": "event_callback",
+            "event_id": event_id,
+            "event_time": int(time.time()),
+            "authorizations": [{"team_id": TEAM_ID, "user_id": BOT_USER_ID, "is_bot": True}],
         }
+        return await self._deliver("events_api", payload, event_id, retry_attempt, retry_reason)
+
+    async def push_command(
+        self, text: str, *, user: str, channel: str, command: str = "/memobot"
+    ) -> str:
+        """A slash command as Slack sends it over Socket Mode; returns its envelope id."""
+        n = next(self._envelopes)
+        payload = {
+            "token": "verification-token",
+            "team_id": TEAM_ID,
+            "team_domain": "fake",
+            "channel_id": channel,
+            "channel_name": "directmessage" if channel.startswith("D") else "general",
+            "user_id": user,
+            "user_name": user.lower(),
+            "command": command,
+            "text": text,
+            "api_app_id": APP_ID,
+            "is_enterprise_install": "false",
+            "response_url": f"{self.url}/commands/{n}",
+            "trigger_id": f"trigger-{n}",
+        }
+        return await self._deliver("slash_commands", payload, f"command-{n}", 0, "")
+
+    async def _deliver(
+        self, kind: str, payload: dict[str, Any], event_id: str, attempt: int, reason: str
+    ) -> str:
+        envelope_id = f"env-{next(self._envelopes)}"
+        envelope: dict[str, Any] = {
+            "envelope_id": envelope_id,
+            "type": kind,
+            "accepts_response_payload": kind != "events_api",
+            "payload": payload,
+        }
+        if kind == "events_api":
+            envelope["retry_attempt"] = attempt
+            envelope["retry_reason"] = reason
+        self.deliveries.append((envelope_id, event_id, attempt))
         await self.push_raw(envelope)
+        if kind == "events_api" and attempt < self.max_retries:
+            timer = asyncio.create_task(self._redeliver(envelope_id, payload, event_id, attempt))
+            self._timers.add(timer)
+            timer.add_done_callback(self._timers.discard)
         return envelope_id
+
+    async def _redeliver(
+        self, envelope_id: str, payload: dict[str, Any], event_id: str, attempt: int
+    ) -> None:
+        await asyncio.sleep(self.ack_deadline)
+        if self.acked(envelope_id):
+            return
+        # Slack holds it until an app connection is there again.
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self._sockets))
+        await self._deliver("events_api", payload, event_id, attempt + 1, "timeout")
+
+    async def send_disconnect(self, reason: str, close_after: float = 0.2) -> None:
+        """A ``disconnect`` envelope (``warning``, ``refresh_requested``, ``link_disabled``) on
+        every connection, which Slack then closes."""
+        sockets = list(self._sockets)
+        message = {"type": "disconnect", "reason": reason, "debug_info": {"host": "fake"}}
+        for ws in sockets:
+            await ws.send_str(json.dumps(message))
+        await asyncio.sleep(close_after)
+        for ws in sockets:
+            await ws.close()
 
     async def push_raw(self, message: dict[str, Any]) -> None:
         if not self._sockets:
@@ -226,9 +308,16 @@ class FakeSlack:
             if user is None:
                 return self._error("user_not_found")
             return self._ok(user=user)
-        return self._error("unknown_method", status=404)
+        return self._error("unknown_method")
 
     async def _post_message(self, body: dict[str, Any]) -> web.Response:
+        channel = str(body.get("channel"))
+        now = time.monotonic()
+        last = self._last_post.get(channel)
+        if last is not None and now - last < self.post_interval:
+            self.rate_limited += 1
+            wait = max(1, math.ceil(self.post_interval - (now - last)))
+            return self._error("ratelimited", status=429, headers={"Retry-After": str(wait)})
         if self.post_script:
             step = self.post_script.pop(0)
             if "retry_after" in step:
@@ -239,6 +328,7 @@ class FakeSlack:
         mrkdwn = body.get("mrkdwn")
         if isinstance(mrkdwn, str):
             mrkdwn = mrkdwn.lower() in ("1", "true")
+        self._last_post[channel] = now
         ts = f"1700000100.{next(self._ts):06d}"
         self.posts.append(
             Post(
@@ -256,6 +346,8 @@ class FakeSlack:
     async def _file(self, request: web.Request) -> web.Response:
         auth = request.headers.get("Authorization")
         self.file_auth.append(auth)
+        if self.file_delay:
+            await asyncio.sleep(self.file_delay)
         data = self.files.get(request.match_info["name"])
         if data is None:
             raise web.HTTPNotFound()

@@ -22,7 +22,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -41,7 +44,7 @@ from channels.telegram_channel import TelegramChannel
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.slack_api import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import make_config
+from tests.helpers import REPO, config_dict, make_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -311,3 +314,80 @@ async def test_slack_ack_waits_for_the_fsync(tmp_path: Path, trace: Trace) -> No
     ack = trace.first("slack-ack", lambda envelope_id: envelope_id == envelope)
     end = line_end(path, pending_with("slack power cut"), "the pending record")
     assert_durable_before(trace, ack, path, end, "the acknowledged Slack envelope")
+
+
+# --- a kill inside the send window ----------------------------------------------------------
+
+
+def test_kill_inside_the_send_window_never_sends_twice_and_says_so(tmp_path: Path) -> None:
+    """SIGKILL while Telegram holds the answer's sendMessage: the request has left memobot, the
+    reply never came back. By design the answer is delivered at most once: the next start
+    finds it marked "sending", does not send it again, and logs that the chat may show it."""
+    with FakeLLM.start_in_thread() as llm, FakeBotAPI.start_in_thread() as api:
+        settings = {
+            "enabled": True,
+            "token": api.token,
+            "baseUrl": api.base_url,
+            "allowFrom": [str(ALICE_TG)],
+            "pollTimeoutSeconds": 1,
+        }
+        config = tmp_path / "config.json"
+        config.write_text(
+            json.dumps(config_dict(tmp_path, llm.base_url, channels={"telegram": settings}))
+        )
+        answer = "echo: inside the window"
+        api.fail("sendMessage", 0, delay=1.0, when=lambda p: p.get("text") == answer)
+        first = _gateway(config)
+        try:
+            api.private_text("inside the window", user_id=ALICE_TG)
+            api.wait_for(lambda: any(c.params.get("text") == answer for c in api.calls()), 20)
+            first.send_signal(signal.SIGKILL)
+            assert first.wait(10) == -signal.SIGKILL
+            # Telegram finishes the held request on its side: the chat shows the answer.
+            api.wait_for(lambda: _answers(api, answer) == 1, 5)
+        finally:
+            _stop(first)
+        second = _gateway(config)
+        try:
+            log = tmp_path / "gateway.log"
+            wait_until_text(log, "not sending it again", 20)
+            time.sleep(0.5)  # a second copy would have been sent by now
+        finally:
+            _stop(second)
+        assert second.returncode == 0, log.read_text()
+        assert _answers(api, answer) == 1, [c.params for c in api.calls("sendMessage")]
+
+
+def _answers(api: Any, text: str) -> int:
+    return sum(c.params.get("text") == text and c.status == 200 for c in api.calls())
+
+
+def wait_until_text(path: Path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and text in path.read_text(errors="replace")):
+        assert time.monotonic() < deadline, f"{text!r} never logged:\n{path.read_text()}"
+        time.sleep(0.05)
+
+
+def _gateway(config: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ}
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MEMOBOT_FAILPOINTS", "MEMOBOT_CONFIG"):
+        env.pop(name, None)
+    with open(config.parent / "gateway.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "bot", "--config", str(config), "gateway"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

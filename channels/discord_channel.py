@@ -37,6 +37,10 @@ RECONNECT_START, RECONNECT_MAX = 1.0, 30.0
 MAX_LIBRARY_RATELIMIT_WAIT = 30.0
 # Gateway close codes after which reconnecting cannot help (bad token, intents, sharding).
 FATAL_CLOSE_CODES = frozenset({4004, 4010, 4011, 4012, 4013, 4014})
+_CLOSE_ADVICE = {
+    4004: ": the token was refused; put the one from the Developer Portal (Bot -> Reset Token) "
+    "in channels.discord.token",
+}
 _CHAT_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -208,27 +212,24 @@ class DiscordChannel(Channel):
                 problem = "the gateway connection ended"
             except discord.LoginFailure:
                 self._fail(
-                    "token rejected",
-                    "discord: the bot token was rejected (401 Unauthorized). Put the token from "
+                    "the bot token was rejected (401 Unauthorized). Put the token from "
                     "the Developer Portal (Bot -> Reset Token) in channels.discord.token; "
-                    "the Discord channel is stopped until memobot restarts",
+                    "the Discord channel is stopped until memobot restarts"
                 )
                 return
             except discord.PrivilegedIntentsRequired:
                 self._fail(
-                    "message content intent not enabled",
-                    "discord: the gateway refused the MESSAGE CONTENT intent. Enable it in the "
-                    "Developer Portal (Bot -> Privileged Gateway Intents); the Discord channel "
-                    "is stopped until memobot restarts",
+                    "the gateway refused the MESSAGE CONTENT intent (close code 4014). Enable "
+                    "it in the Developer Portal (Bot -> Privileged Gateway Intents); the "
+                    "Discord channel is stopped until memobot restarts"
                 )
                 return
             except discord.ConnectionClosed as exc:
                 if exc.code in FATAL_CLOSE_CODES:
                     self._fail(
-                        f"gateway closed with {exc.code}",
-                        f"discord: the gateway closed the connection with code {exc.code} "
-                        f"({exc.reason or 'no reason'}); reconnecting cannot fix this, so the "
-                        "Discord channel is stopped",
+                        f"the gateway closed the connection with code {exc.code} "
+                        f"({exc.reason or 'no reason'}){_CLOSE_ADVICE.get(exc.code, '')}; "
+                        "reconnecting cannot fix this, so the Discord channel is stopped"
                     )
                     return
                 problem = f"gateway closed with {exc.code}"
@@ -247,9 +248,9 @@ class DiscordChannel(Channel):
             await asyncio.sleep(delay)
             delay = min(RECONNECT_MAX, delay * 2)
 
-    def _fail(self, state_detail: str, message: str) -> None:
-        log.error(message)
-        self.set_state("failed", state_detail)
+    def _fail(self, message: str) -> None:
+        """Failed for good: one error line (``Channel.fail``) and the manager is told."""
+        self.fail(FatalChannelError(message))
 
     def _gateway_up(self) -> None:
         self._was_connected = True
@@ -429,8 +430,6 @@ class DiscordChannel(Channel):
             mapped = map_send_error(exc)
             if mapped is None:
                 raise
-            if isinstance(mapped, FatalChannelError):
-                self._fail("token rejected", f"discord: {mapped}")
             raise mapped from exc
 
     async def send_typing(self, chat_id: str) -> None:

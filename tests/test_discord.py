@@ -348,11 +348,14 @@ async def test_forbidden_channel_fails_the_delivery(
         await api.send_message(TEXT_CHANNEL_ID, ALICE, f"{MENTION} hi", mentions=[BOT_USER])
         await api.wait_for(lambda: any(c.status == 403 for c in api.calls))
         await bot.harness.manager.flush()
-    assert [c.status for c in api.calls if c.path.endswith("/messages")] == [403]
+    attempts = [c for c in api.calls if c.path.endswith("/messages")]
+    assert [c.status for c in attempts] == [403, 200]  # refused once, not retried
+    assert attempts[1].body["content"].startswith("I could not deliver my answer")
+    assert "Missing Permissions" in attempts[1].body["content"]
     assert any("Missing Permissions" in r.getMessage() for r in caplog.records)
-    # The answer stays queued in the ledger for the next start.
+    # The answer stays in the ledger (memobot status shows it), marked failed.
     meta = SessionStore(tmp_path / "state").get(f"discord:{TEXT_CHANNEL_ID}").metadata
-    assert [e["state"] for e in meta["outbox"]] == ["queued"]
+    assert [e["state"] for e in meta["outbox"]] == ["failed"]
 
 
 # --- media ------------------------------------------------------------------------------------
@@ -413,6 +416,7 @@ async def test_rejected_token_stops_the_channel(
         await until(lambda: channel.state == "failed")
         await asyncio.sleep(0.2)
         assert api.logins == 1, "a rejected token is not retried"
+        assert channel.fatal is not None and "channels.discord.token" in str(channel.fatal)
         assert api.identifies == []
         assert "channels.discord.token" in caplog.text
     finally:
@@ -504,12 +508,16 @@ async def test_fatal_close_stops_the_channel_with_one_line(
         channels={"discord": {"enabled": True, "token": TOKEN, "allowFrom": [ALICE["id"]]}},
     )
     channel = create_channel("discord", _bus(), cfg)
+    reported: list[Any] = []
+    channel.on_fatal = reported.append  # what the channel manager listens to
     await channel.start()
     try:
         await until(lambda: channel.state == "failed")
         await asyncio.sleep(0.3)
         assert api.closes == [code] and len(api.identifies) == 1, "no reconnect after it"
         assert channel.state == "failed"
+        assert channel.fatal is not None, "reported as fatal: the gateway exits when all are"
+        assert reported == [channel]
     finally:
         await channel.stop()
     problems = [r for r in caplog.records if r.levelno >= logging.WARNING]

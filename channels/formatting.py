@@ -330,10 +330,13 @@ class _Splitter:
         c = min(a + limit - reopen, len(self.text))
         while c > a:
             code = self.code_at_cut(c)
+            # Outside code the rest must not start with a quote, heading or bullet marker
+            # either: the next piece would lose it to the markup.
+            starts = _FENCE_LIKE_RE if isinstance(code, _Code) else _LINE_START_RE
             if (
                 code is not False
                 and not _splits_cluster(self.text, c)
-                and not _FENCE_LIKE_RE.match(self.text, c)
+                and not starts.match(self.text, c)
             ):
                 closing = code if isinstance(code, _Code) else None
                 if reopen + (c - a) + self.close_len(closing, c) <= limit:

@@ -21,13 +21,14 @@ import pytest
 
 from bot.app import AgentStack, build_agent
 from bot.config import ConfigError, parse_config
+from channels import manager as manager_module
 from channels import telegram_channel
 from channels.formatting import TELEGRAM_LIMIT, telegram_length
 from channels.manager import ChannelManager
 from channels.telegram_channel import TelegramChannel
 from tests.fakes.llm_server import FakeLLM, reply
-from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, mention_entities
-from tests.helpers import REPO, config_dict, make_config, run_memobot
+from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, mention_entities, strip_html
+from tests.helpers import REPO, config_dict, make_config, run_memobot, write_config
 
 ALICE = 1001  # in allowFrom
 MALLORY = 2002  # not in allowFrom
@@ -302,6 +303,96 @@ async def test_flood_wait_is_honoured_then_delivered(tmp_path, llm, api):
         assert [c.status for c in calls] == [429, 200]
         assert calls[1].at - calls[0].at >= 1.0
         assert "echo: hurry" in sent.params["text"]
+
+
+def _visible(calls: list[Any]) -> list[str]:
+    return [strip_html(c.params["text"]) for c in calls]
+
+
+async def test_emoji_answer_is_split_in_utf16_units(tmp_path, llm, api):
+    # 6,000 emoji: 6,120 characters but 12,120 UTF-16 units, the unit Telegram counts.
+    llm.script(reply(("\U0001f600" * 50 + "\n") * 120))
+    async with running(tmp_path, llm, api):
+        api.private_text("emoji please")
+        await api.wait_for_async(lambda: "".join(_visible(api.sent())).count("\U0001f600") == 6000)
+        sent = api.sent()
+        assert all(telegram_length(c.params["text"]) <= TELEGRAM_LIMIT for c in sent)
+        assert len(sent) == 3  # ceil(12,120 / 4,096)
+        assert all(c.status == 200 for c in api.calls("sendMessage"))
+
+
+async def test_escaped_markup_characters_cost_no_extra_pieces(tmp_path, llm, api):
+    llm.script(reply("&<>" * 3000))  # 9,000 visible characters, 45,000 of HTML
+    async with running(tmp_path, llm, api):
+        api.private_text("symbols")
+        await api.wait_for_async(lambda: sum(map(len, _visible(api.sent()))) >= 9000)
+        assert "".join(_visible(api.sent())) == "&<>" * 3000
+        assert len(api.sent()) == 3  # ceil(9,000 / 4,096), as the visible length allows
+
+
+def _four_pieces() -> str:
+    return "\n\n".join(f"PIECE{i} " + "word " * 780 for i in range(1, 5))
+
+
+def _piece_numbers(calls: list[Any]) -> list[int]:
+    return [int(c.params["text"].split()[0].removeprefix("PIECE")) for c in calls]
+
+
+async def test_unexpected_error_at_piece_two_resumes_at_piece_two(tmp_path, llm, api, monkeypatch):
+    monkeypatch.setattr(manager_module, "BACKOFF_START", 0.05)
+    llm.script(reply(_four_pieces()))
+    api.garble("sendMessage", when=lambda p: str(p.get("text", "")).startswith("PIECE2"))
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("four pieces")
+        await api.wait_sent_async(4)
+        await asyncio.sleep(0.2)  # a repeated piece would be here by now
+        assert _piece_numbers(api.sent()) == [1, 2, 3, 4]
+        [garbled] = [c for c in api.calls("sendMessage") if c.garbled]
+        assert garbled.params["text"].startswith("PIECE2")
+        meta = tg.stack.store.get(f"telegram:{ALICE}").metadata
+        assert not meta.get("outbox")  # delivered: the ledger is empty
+
+
+async def test_piece_refused_as_too_long_is_split_smaller(tmp_path, llm, api):
+    llm.script(reply(_four_pieces()))
+    api.fail(
+        "sendMessage",
+        400,
+        "Bad Request: message is too long",
+        when=lambda p: str(p.get("text", "")).startswith("PIECE3"),
+    )
+    async with running(tmp_path, llm, api):
+        api.private_text("four pieces")
+        await api.wait_sent_async(5)
+        words = " ".join(_visible(api.sent())).split()
+        assert words == _four_pieces().split()  # nothing dropped, nothing repeated
+        assert _piece_numbers(api.sent()[:2]) == [1, 2] and len(api.sent()) >= 5
+
+
+async def test_undeliverable_answer_gives_a_notice_and_stays_in_the_ledger(tmp_path, llm, api):
+    llm.script(reply("the secret answer"))
+    api.fail(
+        "sendMessage",
+        400,
+        "Bad Request: the chat does not take this",
+        when=lambda p: "secret" in str(p.get("text", "")),
+        times=5,
+    )
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("tell me")
+        [notice] = await api.wait_sent_async(1)
+        assert notice.params["text"] == (
+            "I could not deliver my answer: The chat does not take this"
+        )
+        [entry] = tg.stack.store.get(f"telegram:{ALICE}").metadata["outbox"]
+        assert entry["state"] == "failed" and entry["text"] == "the secret answer"
+    config = write_config(
+        tmp_path,
+        llm.base_url,
+        channels={"telegram": {"enabled": True, "token": api.token, "allowFrom": [str(ALICE)]}},
+    )
+    out = run_memobot("status", config=config).stdout
+    assert f"1 could not be delivered (telegram:{ALICE} {entry['id']}: The chat does" in out
 
 
 async def test_photo_is_downloaded_into_the_workspace_and_passed_as_image(tmp_path, llm, api):

@@ -10,8 +10,13 @@ It implements the HTTP shapes PTB uses at ``/bot<token>/<method>`` (form-encoded
 * ``sendMessage`` (recorded; HTML markup is checked and broken markup answers 400 "can't parse
   entities" as Telegram does), ``editMessageText``, ``sendChatAction``, ``getFile``, ``getMe``,
   ``deleteWebhook``;
+* Telegram's length rules: text is measured after entity parsing (tags removed, entities
+  decoded) in UTF-16 code units, 4,096 for a message or an edit ("Bad Request: message is too
+  long") and 1,024 for a caption ("Bad Request: message caption is too long");
 * scriptable failures per method (``fail("sendMessage", 429, retry_after=1)``, a 409 conflict on
-  ``getUpdates``, a 401), and an ``after_get_updates`` hook that runs once the answer carrying
+  ``getUpdates``, a 401), answers the SDK cannot read (``garble``: 200 with a result that is
+  not a Message, so python-telegram-bot raises an exception of no Telegram type), and an
+  ``after_get_updates`` hook that runs once the answer carrying
   updates has been written (crash tests kill the daemon there).
 
 Updates are injected with helpers (``private_text``, ``group_text``, ``photo``...). Three ways to
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import html
 import itertools
 import json
 import re
@@ -41,7 +47,8 @@ from tests.fakes.threaded import ServerThread
 DEFAULT_TOKEN = "123456:TEST-TOKEN"
 BOT_ID = 123456
 BOT_USERNAME = "memobot_test_bot"
-TEXT_LIMIT = 4096
+TEXT_LIMIT = 4096  # UTF-16 code units after entity parsing: messages and edits
+CAPTION_LIMIT = 1024
 # Parameters that stay strings; PTB JSON-encodes every other (non-string) value it sends.
 _STRING_PARAMS = frozenset({"text", "parse_mode", "action", "file_id", "caption", "url"})
 _HTML_TAGS = frozenset(
@@ -94,10 +101,9 @@ def html_problem(text: str) -> str | None:
 
 
 def strip_html(text: str) -> str:
-    text = _TAG.sub("", text)
-    for entity, char in (("&lt;", "<"), ("&gt;", ">"), ("&quot;", '"'), ("&amp;", "&")):
-        text = text.replace(entity, char)
-    return text
+    """The text Telegram keeps of parse_mode=HTML: tags removed, entities (named and numeric)
+    decoded. Only call it on text ``html_problem`` accepted."""
+    return html.unescape(_TAG.sub("", text))
 
 
 def utf16_len(text: str) -> int:
@@ -125,6 +131,7 @@ class Call:
     at: float = field(default_factory=time.monotonic)
     result: Any = None
     returned: list[int] = field(default_factory=list)  # getUpdates: update ids answered
+    garbled: bool = False  # answered with a result the SDK cannot read (not delivered)
 
 
 @dataclass
@@ -135,6 +142,7 @@ class Failure:
     times: int = 1
     when: Callable[[Params], bool] | None = None
     delay: float = 0.0
+    garble: bool = False
 
 
 class FakeBotAPI:
@@ -226,6 +234,17 @@ class FakeBotAPI:
         with self._lock:
             self._failures.setdefault(method.lower(), []).append(
                 Failure(status, description, retry_after, times, when, delay)
+            )
+
+    def garble(
+        self, method: str, *, times: int = 1, when: Callable[[Params], bool] | None = None
+    ) -> None:
+        """Answer the next ``times`` calls of ``method`` (matching ``when``) with HTTP 200 and
+        a result of the wrong shape; nothing is delivered. python-telegram-bot then raises a
+        plain Python exception (AttributeError), not a TelegramError."""
+        with self._lock:
+            self._failures.setdefault(method.lower(), []).append(
+                Failure(200, "", None, times, when, 0.0, garble=True)
             )
 
     def add_file(self, content: bytes, suffix: str = ".jpg") -> dict[str, Any]:
@@ -395,7 +414,9 @@ class FakeBotAPI:
         return [
             c
             for c in self.calls("sendMessage")
-            if c.status == 200 and (chat_id is None or str(c.params.get("chat_id")) == str(chat_id))
+            if c.status == 200
+            and not c.garbled
+            and (chat_id is None or str(c.params.get("chat_id")) == str(chat_id))
         ]
 
     @property
@@ -498,6 +519,9 @@ class FakeBotAPI:
             assert self._stopping is not None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), failure.delay)
+        if failure is not None and failure.garble:
+            call.garbled = True
+            return self._answer(request, 200, "garbled")
         if failure is not None and failure.status:
             extra = {"retry_after": failure.retry_after} if failure.retry_after else None
             return self._answer(request, failure.status, failure.description, extra)
@@ -593,8 +617,13 @@ class FakeBotAPI:
             text = strip_html(text)
         elif mode:
             return f"unsupported parse_mode {mode}"
-        if len(text) > TEXT_LIMIT:
+        if utf16_len(text) > TEXT_LIMIT:
             return "message is too long"
+        caption = str(params.get("caption") or "")
+        if mode == "HTML" and html_problem(caption) is None:
+            caption = strip_html(caption)
+        if utf16_len(caption) > CAPTION_LIMIT:
+            return "message caption is too long"
         if _chat_id(params.get("chat_id")) not in self._chats:
             return "chat not found"
         return None

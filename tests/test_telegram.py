@@ -576,6 +576,53 @@ def test_sigkill_between_fetch_and_processing_loses_nothing_and_repeats_nothing(
         assert proc.returncode == 0, (tmp_path / "gateway.log").read_text()
 
 
+def test_sigkill_between_pieces_resumes_without_repeating(tmp_path):
+    with FakeLLM.start_in_thread() as llm, FakeBotAPI.start_in_thread() as api:
+        llm.script(reply(_four_pieces()))
+        config = tmp_path / "config.json"
+        settings = {
+            "enabled": True,
+            "token": api.token,
+            "baseUrl": api.base_url,
+            "allowFrom": [str(ALICE)],
+            "pollTimeoutSeconds": 5,
+        }
+        data = config_dict(tmp_path, llm.base_url, channels={"telegram": settings})
+        config.write_text(json.dumps(data))
+        # Killed after pieces 1 and 2 went out, before piece 3 was marked.
+        proc = _gateway(config, {"MEMOBOT_FAILPOINTS": "between_pieces@2"})
+        try:
+            api.private_text("four pieces")
+            assert proc.wait(30) == -signal.SIGKILL
+        finally:
+            _stop(proc)
+        assert _piece_numbers(api.sent()) == [1, 2]
+        proc = _gateway(config)
+        try:
+            api.wait_for(lambda: len(api.sent()) >= 4, 30)
+            time.sleep(0.5)  # a repeated piece would arrive by now
+            assert _piece_numbers(api.sent()) == [1, 2, 3, 4]
+        finally:
+            _stop(proc)
+        assert proc.returncode == 0, (tmp_path / "gateway.log").read_text()
+
+
+def test_wrong_token_makes_the_gateway_exit_78_with_one_line(tmp_path):
+    with FakeBotAPI.start_in_thread() as api:
+        settings = {"enabled": True, "token": "999:WRONG", "baseUrl": api.base_url}
+        config = write_config(tmp_path, "http://127.0.0.1:9", channels={"telegram": settings})
+        proc = _gateway(config)
+        try:
+            assert proc.wait(30) == 78
+        finally:
+            _stop(proc)
+    log_text = (tmp_path / "gateway.log").read_text()
+    lines = [line for line in log_text.splitlines() if "cannot work" in line]
+    assert len(lines) == 1 and "channel telegram" in lines[0]
+    assert "check channels.telegram.token" in lines[0]
+    assert "999:WRONG" not in log_text
+
+
 # -- pieces -----------------------------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""Slack channel through the real slack_sdk clients against a local fake of Slack's wire.
+"""Slack channel through the real slack-bolt app and slack_sdk clients against a local fake of
+Slack's wire (which keeps Slack's rules: ack deadline and redelivery, disconnects, rate limits).
 
 The agent loop, the channel manager and the delivery ledger are the real ones; the model is the
 fake LLM server and Slack is tests/fakes/slack_api.py (Web API + Socket Mode WebSocket).
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slack_sdk.errors import SlackApiError
 
 from bot.app import AgentStack, build_agent
 from bot.config import parse_config
@@ -310,20 +312,29 @@ async def test_ack_is_sent_only_after_the_message_is_on_disk(tmp_path, llm, slac
     assert len(slack.posts) == 1 and len(llm.requests) == 1
 
 
-async def test_refused_intake_is_not_acknowledged_and_the_redelivery_is_answered(
+async def test_refused_intake_is_not_acknowledged_and_slacks_redelivery_is_answered_once(
     tmp_path, llm, slack
 ):
+    slack.ack_deadline = 0.5  # Slack's is 3 s
     async with Rig(tmp_path, llm, slack) as rig:
-        rig.stack.bus.accepting = False  # memobot is stopping
-        event = dm("during shutdown", "1700000008.000100")
-        env = await slack.push_event(event, event_id="R1")
-        await asyncio.sleep(0.5)
-        assert not slack.acked(env) and llm.requests == []
-        rig.stack.bus.accepting = True
-        retry = await slack.push_event(event, event_id="R1", retry_attempt=1)
-        await slack.wait_ack(retry)
+        intake, verdicts = rig.stack.bus._intake, []
+        assert intake is not None
+
+        async def refuse_first(msg):  # as when memobot is stopping
+            verdicts.append("refused" if not verdicts else await intake(msg))
+            return verdicts[-1]
+
+        rig.stack.bus.set_intake(refuse_first)
+        env = await slack.push_event(dm("during shutdown", "1700000008.000100"), event_id="R1")
         (post,) = await slack.wait_posts(1)
         assert post.text == "echo: during shutdown"
+        assert not slack.acked(env)
+        # The fake redelivered the unacknowledged envelope, as Slack does, and stopped there.
+        (_, _, attempt), *_ = [d for d in slack.deliveries if d[0] != env]
+        assert attempt == 1 and slack.acked(slack.deliveries[1][0])
+        await quiet(0.6)
+    assert verdicts == ["refused", "accepted"]
+    assert len(slack.deliveries) == 2 and len(slack.posts) == 1 and len(llm.requests) == 1
 
 
 async def test_slack_retries_of_one_event_get_one_answer(tmp_path, llm, slack):
@@ -369,6 +380,8 @@ async def test_redelivery_after_a_restart_is_recognised_by_the_intake(tmp_path, 
 
 
 async def test_long_answer_is_split_into_several_posts_in_the_thread(tmp_path, llm, slack):
+    """Slack allows about one post per second per channel: the pieces after the first are
+    refused with 429 by the fake, waited out, and all delivered in order."""
     paragraphs = [f"Paragraph {i}: " + ("lorem ipsum dolor " * 30).strip() for i in range(20)]
     llm.script(reply("\n\n".join(paragraphs)))
     async with Rig(tmp_path, llm, slack):
@@ -377,6 +390,7 @@ async def test_long_answer_is_split_into_several_posts_in_the_thread(tmp_path, l
         await quiet(0.5)
     assert len(slack.posts) >= 3
     assert all(p.thread_ts == "1700000012.000100" and p.channel == CHAN for p in slack.posts)
+    assert slack.rate_limited >= len(slack.posts) - 1
     assert all(len(p.text) <= SLACK_LIMIT for p in slack.posts)
     joined = "\n".join(p.text for p in slack.posts)
     order = [joined.index(f"Paragraph {i}:") for i in range(20)]
@@ -412,10 +426,12 @@ async def test_permanent_send_error_is_not_retried(tmp_path, llm, slack):
         await slack.push_event(dm("anyone?", "1700000015.000100"), event_id="P1")
         await llm.wait_for_requests(1)
         await quiet(0.5)
-        assert slack.calls["chat.postMessage"] == 1 and slack.posts == []
-        # The answer stays queued in the ledger for the next start.
+        # Sent once, not retried (a short notice about the failure may follow it).
+        assert not any(p.text == "echo: anyone?" for p in slack.posts)
+        assert slack.calls["chat.postMessage"] == 1 + len(slack.posts)
+        # The answer stays in the ledger, retrievable, not marked as sent.
         outbox = rig.stack.store.get(f"slack:{DM}").metadata.get("outbox") or []
-        assert [e["state"] for e in outbox] == ["queued"]
+        assert len(outbox) == 1 and outbox[0]["state"] != "sent"
 
 
 async def test_files_are_downloaded_with_the_bot_token(tmp_path, llm, slack):
@@ -525,3 +541,148 @@ async def test_proxy_settings():
     made = connector()
     assert type(made).__name__ == "ProxyConnector"
     await made.close()
+
+
+# --- Slack's rules: deadline, commands, threads, disconnects ----------------------------------
+
+
+def inbox_ids(rig: Rig) -> set[str]:
+    path = rig.cfg.agent.state_path / "channels" / "slack.json"
+    if not path.exists():
+        return set()
+    return {e["message_id"] for e in json.loads(path.read_text()).get("inbox") or []}
+
+
+async def test_ack_beats_the_deadline_while_a_file_downloads_slowly(tmp_path, llm, slack):
+    slack.ack_deadline = 0.5
+    slack.file_delay = 1.0  # Slack's deadline is 3 s, downloads may take minutes
+    url = slack.add_file("big.txt", b"slow but here\n")
+    ts = "1700000020.000100"
+    file = {"id": "F20", "name": "big.txt", "size": 14, "url_private": url}
+    event = dm("read this", ts, subtype="file_share", files=[file])
+    async with Rig(tmp_path, llm, slack) as rig:
+        slack.on_ack = lambda _env: inbox_ids(rig)
+        started = time.monotonic()
+        env = await slack.push_event(event, event_id="D1")
+        ack = await slack.wait_ack(env)
+        assert ack.at - started < 0.5, "the ack waited for the download"
+        assert ts in ack.probe, "acknowledged before the message was on disk"
+        (post,) = await slack.wait_posts(1)
+        assert post.text.startswith("echo: read this")
+        saved = rig.cfg.agent.workspace_path / "media" / "slack" / DM / "F20-big.txt"
+        assert str(saved) in last_user_text(llm.requests[0])
+        assert inbox_ids(rig) == set()  # taken off the inbox once on the bus
+    assert [d[2] for d in slack.deliveries] == [0]  # never redelivered
+    assert saved.read_bytes() == b"slow but here\n"
+
+
+async def test_inbox_is_replayed_after_a_restart(tmp_path, llm, slack):
+    url = slack.add_file("n.txt", b"note\n")
+    event = dm(
+        "kept",
+        "1700000021.000100",
+        subtype="file_share",
+        files=[{"id": "F21", "name": "n.txt", "size": 5, "url_private": url}],
+    )
+    slack.file_delay = 10.0  # the first process stops before the download finishes
+    async with Rig(tmp_path, llm, slack) as rig:
+        await slack.wait_ack(await slack.push_event(event, event_id="I1"))
+        assert inbox_ids(rig) == {"1700000021.000100"}
+    slack.file_delay = 0.0
+    async with Rig(tmp_path, llm, slack):
+        (post,) = await slack.wait_posts(1)
+    assert post.text.startswith("echo: kept") and len(llm.requests) == 1
+
+
+async def test_slash_command_and_bang_commands_stop_a_running_answer(tmp_path, llm, slack):
+    llm.script(reply("too late", delay=5.0), reply("also too late", delay=5.0))
+    async with Rig(tmp_path, llm, slack):
+        await slack.push_event(dm("think hard", "1700000022.000100"), event_id="S1")
+        await llm.wait_for_requests(1)
+        env = await slack.push_command("stop", user=ALICE, channel=DM)
+        await slack.wait_ack(env)
+        posts = await slack.wait_posts(2)
+        assert {p.text for p in posts} == {"Stopping the current answer.", "Stopped."}
+        # "!stop" as plain text: Slack clients do not take it as a slash command.
+        await slack.push_event(dm("think again", "1700000022.000200"), event_id="S2")
+        await llm.wait_for_requests(2)
+        await slack.push_event(dm("!stop", "1700000022.000300"), event_id="S3")
+        posts = await slack.wait_posts(4)
+        assert {p.text for p in posts[2:]} == {"Stopping the current answer.", "Stopped."}
+        # whoami is answered in the command's acknowledgement, visible to the sender only.
+        ack = await slack.wait_ack(await slack.push_command("whoami", user=MALLORY, channel=DM))
+        assert ack.payload and MALLORY in ack.payload["text"]
+        assert "not allowed" in ack.payload["text"]
+        await quiet()
+    assert all("too late" not in p.text for p in slack.posts) and len(slack.posts) == 4
+
+
+async def test_thread_follow_up_without_a_mention_is_answered(tmp_path, llm, slack):
+    root = "1700000023.000100"
+    follow_up = {
+        "type": "message",
+        "channel": CHAN,
+        "channel_type": "channel",
+        "user": ALICE,
+        "text": "and one more thing",
+        "ts": "1700000023.000300",
+        "thread_ts": root,
+    }
+    elsewhere = {**follow_up, "ts": "1700000023.000400", "thread_ts": "1600000000.000100"}
+    async with Rig(tmp_path, llm, slack):
+        await slack.push_event(mention("start here", root), event_id="T1")
+        await slack.wait_posts(1)
+        await slack.push_event(follow_up, event_id="T2")
+        await slack.wait_ack(await slack.push_event(elsewhere, event_id="T3"))
+        posts = await slack.wait_posts(2)
+        await quiet()
+    assert [(p.thread_ts, p.text) for p in posts] == [
+        (root, "echo: start here"),
+        (root, "echo: and one more thing"),
+    ]
+    assert len(slack.posts) == 2  # the thread memobot is not in stays unanswered
+
+
+async def test_dm_thread_is_answered_in_the_thread(tmp_path, llm, slack):
+    async with Rig(tmp_path, llm, slack) as rig:
+        event = dm("in a thread", "1700000024.000200", thread_ts="1700000024.000100")
+        await slack.push_event(event, event_id="DT1")
+        (post,) = await slack.wait_posts(1)
+        assert (post.channel, post.thread_ts, post.text) == (
+            DM,
+            "1700000024.000100",
+            "echo: in a thread",
+        )
+        assert rig.session_file(f"{DM}:1700000024.000100").exists()
+
+
+async def test_disconnect_refresh_requested_reconnects_and_keeps_working(tmp_path, llm, slack):
+    async with Rig(tmp_path, llm, slack) as rig:
+        await slack.send_disconnect("refresh_requested")
+        await slack.wait_connected(2)
+        await slack.push_event(dm("still with me?", "1700000025.000100"), event_id="X1")
+        (post,) = await slack.wait_posts(1)
+        assert post.text == "echo: still with me?"
+        assert rig.channel.state != "failed"
+    assert slack.calls["apps.connections.open"] == 2
+
+
+async def test_disconnect_link_disabled_fails_the_channel(tmp_path, llm, slack):
+    async with Rig(tmp_path, llm, slack) as rig:
+        await slack.send_disconnect("link_disabled")
+        for _ in range(50):
+            if rig.channel.state == "failed":
+                break
+            await asyncio.sleep(0.02)
+        assert rig.channel.state == "failed" and "Socket Mode" in rig.channel.state_detail
+        await quiet()
+    assert slack.connections == 1 and slack.calls["apps.connections.open"] == 1
+
+
+async def test_unknown_web_api_method_is_refused_as_slack_does(tmp_path, llm, slack):
+    async with Rig(tmp_path, llm, slack) as rig:
+        assert rig.channel.web is not None
+        with pytest.raises(SlackApiError) as caught:
+            await rig.channel.web.api_call("chat.postEphemeralTypo")
+    assert caught.value.response["error"] == "unknown_method"
+    assert caught.value.response.status_code == 200

@@ -26,6 +26,7 @@ Use it as ``async with FakeSlack() as slack:`` and point the channel at ``slack.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -93,6 +94,7 @@ class FakeSlack:
         self.deliveries: list[tuple[str, str, int]] = []  # (envelope id, event id, attempt)
         self._last_post: dict[str, float] = {}
         self._timers: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
         self._sockets: list[web.WebSocketResponse] = []
         self._envelopes = itertools.count(1)
         self._ts = itertools.count(1)
@@ -123,6 +125,7 @@ class FakeSlack:
         self.port = server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        self._stopping.set()
         for timer in list(self._timers):
             timer.cancel()
         await asyncio.gather(*self._timers, return_exceptions=True)
@@ -347,7 +350,8 @@ class FakeSlack:
         auth = request.headers.get("Authorization")
         self.file_auth.append(auth)
         if self.file_delay:
-            await asyncio.sleep(self.file_delay)
+            with contextlib.suppress(TimeoutError):  # a slow download ends when the fake stops
+                await asyncio.wait_for(self._stopping.wait(), self.file_delay)
         data = self.files.get(request.match_info["name"])
         if data is None:
             raise web.HTTPNotFound()

@@ -740,7 +740,7 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
         ("exec", _exec_line(cfg)),
         ("mcp", _mcp_line(cfg, live)),
         ("gateway", f"running (pid {live['pid']})" if live else "not running"),
-        ("undelivered", _undelivered_line(cfg)),
+        ("unsent", _undelivered_line(cfg)),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -751,11 +751,8 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
 def _undelivered_line(cfg: Config) -> str:
     """Answers still in a delivery ledger: refused for good (with why), or waiting to be sent."""
     from bot.delivery import undelivered
-    from bot.session import SessionStore
 
-    if not (cfg.agent.state_path / "sessions").is_dir():
-        return "none"
-    entries = list(undelivered(SessionStore(cfg.agent.state_path)))
+    entries = list(undelivered(cfg.agent.state_path))
     if not entries:
         return "none"
     failed = [(k, e) for k, e in entries if e.get("state") == "failed"]

@@ -22,13 +22,15 @@ deliver.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from bot.bus import OutboundMessage
-from bot.session import SessionStore
+from bot.session import SUFFIX, SessionStore, filename_to_key
 
 log = logging.getLogger(__name__)
 
@@ -209,10 +211,28 @@ class DeliveryLedger:
         return [outbound_from_entry(e) for e in resend]
 
 
-def undelivered(store: SessionStore) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(session key, outbox entry)`` for every answer not (yet) delivered, for ``status``."""
-    for key in store.keys():
-        meta = store.peek_metadata(key) or {}
-        for entry in meta.get("outbox") or []:
-            if isinstance(entry, dict):
-                yield key, entry
+def undelivered(state_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(session key, outbox entry)`` for every answer not (yet) delivered, for ``status``.
+
+    Read-only (it never repairs or sets aside a damaged file, unlike loading a session): the
+    last metadata line of each session file that parses."""
+    folder = state_dir / "sessions"
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.glob(f"*{SUFFIX}")):
+        try:
+            key = filename_to_key(path.name)
+            lines = path.read_bytes().splitlines()
+        except (OSError, ValueError, UnicodeDecodeError):
+            continue
+        for line in reversed(lines):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("_type") == "metadata":
+                outbox = (record.get("metadata") or {}).get("outbox") or []
+                for entry in outbox if isinstance(outbox, list) else []:
+                    if isinstance(entry, dict):
+                        yield key, entry
+                break

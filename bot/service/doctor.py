@@ -360,7 +360,6 @@ def check_running_channels(cfg: Config) -> Iterator[Check]:
     refused there: intents, a revoked app token), and answers it could not deliver."""
     from bot.delivery import undelivered
     from bot.gateway import read_status
-    from bot.session import SessionStore
 
     live = read_status(cfg.agent.state_path)
     for name, info in sorted(((live or {}).get("channels") or {}).items()):
@@ -370,9 +369,7 @@ def check_running_channels(cfg: Config) -> Iterator[Check]:
                 f"channel {name}: failed in the running gateway: {info.get('detail') or '?'}",
                 "fix the config, then restart the gateway",
             )
-    if not (cfg.agent.state_path / "sessions").is_dir():
-        return
-    failed = [e for _, e in undelivered(SessionStore(cfg.agent.state_path))]
+    failed = [e for _, e in undelivered(cfg.agent.state_path)]
     given_up = [e for e in failed if e.get("state") == "failed"]
     if given_up:
         yield Check(

@@ -18,9 +18,13 @@ from channels.formatting import (
     markdown_to_telegram_html,
     render_chunks,
     split_markdown,
+    split_telegram_html,
     strip_markdown,
     strip_telegram_html,
+    telegram_length,
+    utf16_len,
 )
+from tests.fakes.telegram_api import html_problem
 
 LIMITS = [TELEGRAM_LIMIT, DISCORD_LIMIT, SLACK_LIMIT]
 FENCE_LINE = re.compile(r"^\s*(`{3,}|~{3,})")
@@ -588,3 +592,24 @@ def test_strip_telegram_html_inverts_rendering():
     assert strip_telegram_html(out) == "a & b <x> c<d> l\nif a<b:"
     assert strip_telegram_html("&amp;lt; &quot;") == '&lt; "'
     assert html.unescape("&amp;") == "&"
+
+
+def test_telegram_length_counts_utf16_units_of_the_visible_text():
+    assert utf16_len("a\U0001f600é") == 4
+    assert telegram_length('<b>&amp;</b><a href="https://x.example/long">\U0001f600</a>') == 3
+
+
+def test_split_telegram_html_closes_and_reopens_tags_and_keeps_the_text():
+    html_text = "<b>bold <i>both " + "x" * 40 + "</i></b>\nline <code>c&lt;d</code>"
+    pieces = split_telegram_html(html_text, 16)
+    assert all(telegram_length(p) <= 16 for p in pieces)
+    assert all(html_problem(p) is None for p in pieces)  # every piece parses on its own
+    assert "".join(strip_telegram_html(p) for p in pieces) == strip_telegram_html(html_text)
+
+
+def test_a_hard_cut_never_leaves_a_quote_marker_at_the_start_of_a_piece():
+    pieces = render_chunks(
+        "&<>" * 3000, TELEGRAM_LIMIT, markdown_to_telegram_html, measure=telegram_length
+    )
+    assert "".join(strip_telegram_html(p) for p in pieces) == "&<>" * 3000
+    assert len(pieces) == 3

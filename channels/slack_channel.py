@@ -56,9 +56,16 @@ from channels.errors import (
     PermanentError,
     RetryAfter,
     SendError,
+    TooLong,
     TransientError,
 )
-from channels.formatting import SLACK_LIMIT, markdown_to_slack_mrkdwn, render_chunks, strip_markdown
+from channels.formatting import (
+    SLACK_LIMIT,
+    markdown_to_slack_mrkdwn,
+    render_chunks,
+    split_markdown,
+    strip_markdown,
+)
 from channels.proxy import http_proxy, socks_connector
 from channels.state import ChannelState
 
@@ -292,7 +299,9 @@ def map_api_error(
         return FatalChannelError(f"{detail}: check channels.slack.botToken")
     if (status or 0) >= 500 or error in TRANSIENT_API_ERRORS:
         return TransientError(detail)
-    return PermanentError(detail)  # channel_not_found, not_in_channel, msg_too_long, ...
+    if error == "msg_too_long":
+        return TooLong(detail)
+    return PermanentError(detail)  # channel_not_found, not_in_channel, ...
 
 
 def _api_error(exc: SlackApiError) -> SendError | FatalChannelError:
@@ -576,8 +585,8 @@ class SlackChannel(Channel):
                 log.debug("slack: closing a failed socket: %s", exc)
 
     def _fail(self, message: str) -> None:
-        log.error("slack: %s. The Slack channel is stopped until memobot restarts.", message)
-        self.set_state("failed", message)
+        """Failed for good (``Channel.fail``: one error line, the manager is told)."""
+        self.fail(FatalChannelError(message))
         if self._settled:
             self._settled.set()
 
@@ -976,6 +985,11 @@ class SlackChannel(Channel):
     def plain(self, chunk: str) -> str:
         return strip_markdown(chunk)
 
+    def resplit(self, chunk: str) -> list[str]:
+        """Halves, on paragraphs, lines or words (code fences kept whole per piece): Slack
+        refused the piece with ``msg_too_long``."""
+        return split_markdown(chunk, max(1, (len(chunk) + 1) // 2))
+
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
         if self.web is None:
             raise TransientError("slack channel is not started")
@@ -985,10 +999,7 @@ class SlackChannel(Channel):
                 channel=channel, text=chunk, thread_ts=thread_ts, mrkdwn=not plain
             )
         except SlackApiError as exc:
-            mapped = _api_error(exc)
-            if isinstance(mapped, FatalChannelError):
-                self._fail(str(mapped))
-            raise mapped from exc
+            raise _api_error(exc) from exc  # a FatalChannelError is the manager's to report
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise TransientError(f"slack unreachable: {exc!r}") from exc
         except SlackClientError as exc:

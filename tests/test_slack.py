@@ -19,7 +19,13 @@ from slack_sdk.errors import SlackApiError
 
 from bot.app import AgentStack, build_agent
 from bot.config import parse_config
-from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
+from channels.errors import (
+    FatalChannelError,
+    PermanentError,
+    RetryAfter,
+    TooLong,
+    TransientError,
+)
 from channels.formatting import SLACK_LIMIT, markdown_to_slack_mrkdwn
 from channels.manager import ChannelManager
 from channels.slack_channel import (
@@ -529,8 +535,9 @@ def test_api_errors_map_to_the_retry_vocabulary():
     assert isinstance(map_api_error(200, "account_inactive"), FatalChannelError)
     assert isinstance(map_api_error(503, None), TransientError)
     assert isinstance(map_api_error(200, "internal_error"), TransientError)
-    for code in ("channel_not_found", "not_in_channel", "msg_too_long"):
+    for code in ("channel_not_found", "not_in_channel"):
         assert isinstance(map_api_error(200, code), PermanentError)
+    assert isinstance(map_api_error(200, "msg_too_long"), TooLong)
 
 
 async def test_proxy_settings():

@@ -78,6 +78,7 @@ NAMES_KEPT = 1000
 HTTP_TIMEOUT_SECONDS = 30.0
 DOWNLOAD_TIMEOUT_SECONDS = 120.0
 USER_LOOKUP_SECONDS = 3.0
+NAME_WAIT_BEFORE_ACK = 0.5  # of Slack's 3 s ack deadline, at most this for a sender's name
 START_WAIT_SECONDS = 5.0  # start() returns by then even if Slack is not reachable yet
 CONNECT_TIMEOUT_SECONDS = 30.0
 CONNECT_BACKOFF_START, CONNECT_BACKOFF_MAX = 1.0, 30.0
@@ -429,6 +430,7 @@ class SlackChannel(Channel):
         self._names_enabled = True
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._lookups: dict[str, asyncio.Task[str]] = {}
         self._save_lock = asyncio.Lock()
         self._supervisor: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -475,7 +477,16 @@ class SlackChannel(Channel):
             )
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._supervisor, self._watchdog, *self._workers.values()) if t]
+        tasks = [
+            t
+            for t in (
+                self._supervisor,
+                self._watchdog,
+                *self._workers.values(),
+                *self._lookups.values(),
+            )
+            if t
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -649,7 +660,7 @@ class SlackChannel(Channel):
         ignored or a duplicate; raises otherwise, so that Slack delivers it again."""
         event_id = str(body.get("event_id") or (body.get("event") or {}).get("ts") or "")
         retry = _header(request, "x-slack-retry-num")
-        if retry:
+        if retry and retry != "0":
             log.info(
                 "slack: redelivery %s of event_id=%s (%s)",
                 retry,
@@ -812,7 +823,9 @@ class SlackChannel(Channel):
                 inc = _incoming_from_dict(entry)
                 media, notes = await self._download(inc)
                 async with self._chat_lock(chat_id):
-                    verdict = await self._publish(inc, str(entry["event_id"]), media, notes)
+                    verdict = await self._publish(
+                        inc, str(entry["event_id"]), media, notes, USER_LOOKUP_SECONDS
+                    )
                     if verdict == "refused":
                         log.warning(
                             "slack: message %s chat=%s kept in the inbox: memobot is stopping",
@@ -828,7 +841,12 @@ class SlackChannel(Channel):
             self._workers.pop(chat_id, None)
 
     async def _publish(
-        self, inc: Incoming, event_id: str, media: list[str], notes: list[str]
+        self,
+        inc: Incoming,
+        event_id: str,
+        media: list[str],
+        notes: list[str],
+        name_wait: float = NAME_WAIT_BEFORE_ACK,
     ) -> Intake | Literal["ignored"]:
         text = "\n".join([inc.text, *notes]).strip()
         if not text and not media:
@@ -843,7 +861,7 @@ class SlackChannel(Channel):
             metadata={
                 "is_group": not inc.is_dm,
                 "is_admin": self.policy.is_admin(inc.user),
-                "sender_name": inc.sender_name or await self._user_name(inc.user),
+                "sender_name": inc.sender_name or await self._user_name(inc.user, name_wait),
                 "event_id": event_id,
             },
         )
@@ -885,12 +903,23 @@ class SlackChannel(Channel):
             else:
                 self._locks[chat_id] = (lock, users - 1)
 
-    async def _user_name(self, user: str) -> str:
-        """Display name from ``users.info`` (cached); "" when it cannot be had."""
+    async def _user_name(self, user: str, wait: float) -> str:
+        """Display name from ``users.info`` (cached); "" when it cannot be had within ``wait``
+        seconds (the lookup goes on and fills the cache for the next message)."""
         if user in self._names:
             return self._names[user]
         if not self._names_enabled or self.web is None:
             return ""
+        task = self._lookups.get(user)
+        if task is None:
+            task = asyncio.create_task(self._lookup_name(user), name=f"slack-user-{user}")
+            self._lookups[user] = task
+            task.add_done_callback(lambda _: self._lookups.pop(user, None))
+        done, _ = await asyncio.wait({task}, timeout=wait)
+        return task.result() if done else ""
+
+    async def _lookup_name(self, user: str) -> str:
+        assert self.web is not None
         try:
             answer = await asyncio.wait_for(self.web.users_info(user=user), USER_LOOKUP_SECONDS)
         except SlackApiError as exc:

@@ -88,7 +88,6 @@ def _merged(entry: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 class DeliveryLedger:
     def __init__(self, store: SessionStore) -> None:
         self.store = store
-        self._syncing: set[asyncio.Task[None]] = set()
 
     def _entry(self, msg: OutboundMessage) -> dict[str, Any] | None:
         delivery_id = msg.metadata.get(DELIVERY_KEY)
@@ -130,11 +129,11 @@ class DeliveryLedger:
         """Record that piece ``index`` of ``pieces`` is about to be sent. False: not (or no
         longer) in the ledger; do not send.
 
-        The mark is written here, on the event loop, with no await between it and the
-        caller's send: a process killed after the mark has (all but) started sending piece
-        ``index``, so skipping that piece at the next start is right. It also says every
-        piece before ``index`` went out. The fsync, which only matters for a power cut,
-        follows in a worker thread instead of standing in that gap.
+        The mark is durable (fsynced) before this returns, so a power cut after the send can
+        never leave the entry "queued" and send it twice. The price is the at-most-once
+        window DESIGN.md section 11 chooses: a process killed between the mark and the send
+        skips piece ``index`` at the next start and logs it. The mark also says every piece
+        before ``index`` went out.
         """
         delivery_id = msg.metadata.get(DELIVERY_KEY)
         if not delivery_id:
@@ -145,9 +144,7 @@ class DeliveryLedger:
         session = self.store.get(msg.session_key)
         if not self.store.append(session, metadata=_change(delivery_id, update), fsync=False):
             return False
-        task = asyncio.create_task(asyncio.to_thread(self.store.fsync, session))
-        self._syncing.add(task)
-        task.add_done_callback(self._syncing.discard)
+        await asyncio.to_thread(self.store.fsync, session)
         return True
 
     async def sent(self, msg: OutboundMessage) -> None:

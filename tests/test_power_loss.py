@@ -230,11 +230,6 @@ async def test_telegram_offset_waits_for_the_pending_fsync(tmp_path: Path, trace
     assert_durable_before(trace, confirm, path, end, "the confirmed Telegram update")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bot/delivery.py DeliveryLedger.sending fsyncs the mark in a worker thread "
-    "concurrently with the send; after a power cut the answer reads 'queued' and is sent twice",
-)
 async def test_answer_leaves_only_after_its_sending_mark_is_durable(
     tmp_path: Path, trace: Trace
 ) -> None:

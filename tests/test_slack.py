@@ -156,7 +156,9 @@ async def llm():
 
 @pytest.fixture
 async def slack():
-    async with FakeSlack(users={ALICE: {"id": ALICE, "profile": {"display_name": "alice"}}}) as s:
+    # Slack's windows, shortened: 0.3 s between posts to a channel (Slack: about 1 s).
+    users = {ALICE: {"id": ALICE, "profile": {"display_name": "alice"}}}
+    async with FakeSlack(users=users, post_interval=0.3) as s:
         yield s
 
 

@@ -8,8 +8,9 @@ One aiohttp server on 127.0.0.1 serves both sides of the wire:
   Tokens are checked like Slack does: a wrong one gets ``invalid_auth``; a method it does not
   know gets ``{"ok": false, "error": "unknown_method"}``.
 * ``chat.postMessage`` is rate-limited like Slack's (about one message per second per channel):
-  a faster post gets HTTP 429 ``ratelimited`` with ``Retry-After`` in whole seconds, and is not
-  posted (``rate_limited`` counts them).
+  a faster post gets HTTP 429 ``ratelimited`` with ``Retry-After`` in whole seconds (tenths
+  when ``post_interval`` is shortened below 1 s for tests), and is not posted
+  (``rate_limited`` counts them).
 * ``/files/<name>``: downloads of registered files, only with the bot token as bearer;
   ``file_delay`` makes them slow.
 * ``/link/``: the Socket Mode WebSocket. It greets with ``hello``; the test pushes
@@ -319,8 +320,12 @@ class FakeSlack:
         last = self._last_post.get(channel)
         if last is not None and now - last < self.post_interval:
             self.rate_limited += 1
-            wait = max(1, math.ceil(self.post_interval - (now - last)))
-            return self._error("ratelimited", status=429, headers={"Retry-After": str(wait)})
+            remaining = self.post_interval - (now - last)
+            # Slack sends whole seconds; a window shortened for tests gets tenths.
+            wait = (
+                str(max(1, math.ceil(remaining))) if self.post_interval >= 1 else f"{remaining:.2f}"
+            )
+            return self._error("ratelimited", status=429, headers={"Retry-After": wait})
         if self.post_script:
             step = self.post_script.pop(0)
             if "retry_after" in step:

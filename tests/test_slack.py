@@ -643,13 +643,27 @@ async def test_thread_follow_up_without_a_mention_is_answered(tmp_path, llm, sla
         await slack.wait_posts(1)
         await slack.push_event(follow_up, event_id="T2")
         await slack.wait_ack(await slack.push_event(elsewhere, event_id="T3"))
-        posts = await slack.wait_posts(2)
+        await slack.wait_posts(2)
+        # In a channel, /memobot acts on the thread the sender last wrote to memobot in.
+        await slack.wait_ack(await slack.push_command("status", user=ALICE, channel=CHAN))
+        posts = await slack.wait_posts(3)
         await quiet()
-    assert [(p.thread_ts, p.text) for p in posts] == [
+    assert [(p.thread_ts, p.text) for p in posts[:2]] == [
         (root, "echo: start here"),
         (root, "echo: and one more thing"),
     ]
-    assert len(slack.posts) == 2  # the thread memobot is not in stays unanswered
+    assert posts[2].thread_ts == root and "uptime" in posts[2].text.lower()
+    assert len(slack.posts) == 3  # the thread memobot is not in stays unanswered
+
+
+async def test_a_slow_users_info_does_not_hold_the_ack(tmp_path, llm, slack):
+    slack.users_delay = 5.0
+    async with Rig(tmp_path, llm, slack):
+        started = time.monotonic()
+        ack = await slack.wait_ack(await slack.push_event(dm("hi", "1700000026.000100"), "U1"))
+        assert ack.at - started < 1.0
+        (post,) = await slack.wait_posts(1)
+    assert post.text == "echo: hi"
 
 
 async def test_dm_thread_is_answered_in_the_thread(tmp_path, llm, slack):

@@ -92,6 +92,7 @@ class FakeSlack:
         self.post_interval = post_interval  # chat.postMessage: one per channel per interval
         self.rate_limited = 0
         self.file_delay = 0.0
+        self.users_delay = 0.0  # a slow users.info
         self.deliveries: list[tuple[str, str, int]] = []  # (envelope id, event id, attempt)
         self._last_post: dict[str, float] = {}
         self._timers: set[asyncio.Task[None]] = set()
@@ -308,6 +309,9 @@ class FakeSlack:
         if method == "chat.postMessage":
             return await self._post_message(body)
         if method == "users.info":
+            if self.users_delay:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), self.users_delay)
             user = self.users.get(str(body.get("user")))
             if user is None:
                 return self._error("user_not_found")

@@ -73,8 +73,9 @@ def build_gate(cfg: Config, config_path: Path) -> Gate:
     return Gate(cfg.agent.workspace_path, protected=protected, installation=installation)
 
 
-def build_agent(cfg: Config, config_path: Path) -> AgentStack:
-    """Raises LLMNotConfigured when no model endpoint is set."""
+def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) -> AgentStack:
+    """Raises LLMNotConfigured when no model endpoint is set. ``wait_for_model``: turns wait
+    out a model outage (the daemon) instead of failing (see bot.outage)."""
     provider = LLMProvider(cfg.llm, str(config_path))
     workspace = cfg.agent.workspace_path
     if not workspace.exists():  # a deleted template file stays deleted once set up
@@ -101,6 +102,7 @@ def build_agent(cfg: Config, config_path: Path) -> AgentStack:
         HistoryArchive(workspace),
         gate,
         mcp=mcp,
+        wait_for_model=wait_for_model,
     )
     return AgentStack(bus, loop, store, provider, gate, mcp)
 

@@ -740,12 +740,26 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
         ("exec", _exec_line(cfg)),
         ("mcp", _mcp_line(cfg, live)),
         ("gateway", f"running (pid {live['pid']})" if live else "not running"),
+        ("outage", _outage_line(live)),
         ("unsent", _undelivered_line(cfg)),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k.ljust(width)}  {v}")
     return 0
+
+
+def _outage_line(live: dict[str, Any] | None) -> str:
+    """The running gateway's model outage, if there is one, and how many turns wait for it."""
+    outage = (live or {}).get("outage")
+    if not outage:
+        return "none"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(outage.get("since", 0)))
+    n = outage.get("waiting", 0)
+    return (
+        f"every model failing since {since}, {n} turn{'' if n == 1 else 's'} waiting "
+        f"({outage.get('reason', '')})"
+    )
 
 
 def _undelivered_line(cfg: Config) -> str:

@@ -49,6 +49,29 @@ class RetryConfig(_Model):
     max_delay_seconds: float = Field(30.0, ge=0)
 
 
+class OutageConfig(_Model):
+    """When every model fails, turns wait for one to come back instead of failing."""
+
+    probe_max_seconds: float = Field(60.0, gt=0, le=3600, description="longest probe backoff")
+    max_wait_minutes: float = Field(
+        60.0, gt=0, description="then a waiting turn is answered with the error"
+    )
+
+
+class FallbackConfig(_Model):
+    """One fallback model: any ``llm`` field; an unset one is inherited from ``llm``."""
+
+    base_url: str | None = None
+    api_key: str | None = None
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    timeout_seconds: float | None = Field(None, gt=0)
+    context_window_tokens: int | None = Field(None, ge=1024)
+    transcription_model: str | None = None
+    retry: RetryConfig | None = None
+
+
 class LLMConfig(_Model):
     base_url: str = ""
     api_key: str = ""
@@ -59,6 +82,18 @@ class LLMConfig(_Model):
     context_window_tokens: int = Field(65536, ge=1024)
     transcription_model: str = ""  # e.g. "whisper-1": voice messages become text
     retry: RetryConfig = RetryConfig()
+    # Tried in order when this endpoint (and then each one before) stays unavailable.
+    fallbacks: list[FallbackConfig] = Field(default_factory=list)
+    outage: OutageConfig = OutageConfig()
+
+    def endpoints(self) -> list[LLMConfig]:
+        """This config and then each fallback, with its unset fields taken from this one."""
+        own = self.model_copy(update={"fallbacks": []})
+        chain = [own]
+        for fb in self.fallbacks:
+            update = {k: v for k in fb.model_fields_set if (v := getattr(fb, k)) is not None}
+            chain.append(own.model_copy(update=update))
+        return chain
 
     def resolved_api_key(self) -> str:
         return self.api_key or os.environ.get("OPENAI_API_KEY", "")

@@ -66,7 +66,7 @@ class Gateway:
         from channels.manager import ChannelManager
 
         self.cfg = cfg
-        self.stack = build_agent(cfg, config_path)
+        self.stack = build_agent(cfg, config_path, wait_for_model=True)
         self.channels = [create_channel(n, self.stack.bus, cfg) for n in enabled_channels(cfg)]
         self.manager = ChannelManager(self.stack.bus, self.stack.loop.ledger, self.channels)
         self.status_path = cfg.agent.state_path / STATUS_FILE
@@ -91,6 +91,7 @@ class Gateway:
                 for c in self.channels
             },
             "active_sessions": len(self.stack.loop.running_keys()),
+            "outage": self.stack.loop.outage.snapshot() if self.stack.loop.outage else None,
             "mcp": {
                 st.name: {"state": st.state, "detail": st.detail, "tools": len(st.tools)}
                 for st in self.stack.mcp.statuses()

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +59,7 @@ class LLMNotConfigured(LLMError):
 
 
 class LLMUnavailable(LLMError):
-    """Transient failures outlasted every retry."""
+    """Transient failures outlasted every retry (of every endpoint, when raised by ``chat``)."""
 
     user_message = "The model service is unavailable right now; try again in a moment."
 
@@ -67,9 +67,10 @@ class LLMUnavailable(LLMError):
 class LLMRejected(LLMError):
     """A permanent error (bad request, auth, unknown model): retrying cannot help."""
 
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(f"HTTP {status}: {detail}")
+    def __init__(self, status: int, detail: str, endpoint: str = "") -> None:
+        super().__init__(f"HTTP {status}: {detail}" + (f" (from {endpoint})" if endpoint else ""))
         self.status = status
+        self.endpoint = endpoint
         hint = {
             401: "the API key was rejected; check llm.apiKey",
             403: "the API key may not use this model",
@@ -91,6 +92,7 @@ class LLMResponse:
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
+    answered_by: str = ""  # "model @ endpoint" of the endpoint that answered
 
     def assistant_message(self) -> dict[str, Any]:
         """The reply as a history message in Chat Completions format."""
@@ -160,14 +162,48 @@ def _describe(exc: BaseException) -> str:
     return f"HTTP {status}" if status else type(exc).__name__
 
 
+class _Endpoint:
+    """One model at one base URL (``llm`` or one of ``llm.fallbacks``), with its own client."""
+
+    def __init__(self, cfg: LLMConfig) -> None:
+        self.cfg = cfg
+        self.base_url = cfg.resolved_base_url()
+        self.api_key = cfg.resolved_api_key()
+        self._client: openai.AsyncOpenAI | None = None
+
+    @property
+    def url(self) -> str:
+        return self.base_url or DEFAULT_ENDPOINT
+
+    @property
+    def label(self) -> str:
+        return f"{self.cfg.model} @ {self.url}"
+
+    @property
+    def client(self) -> openai.AsyncOpenAI:
+        if self._client is None:
+            import openai
+
+            # Local servers (Ollama, vLLM, llama.cpp) take any key; the SDK insists on one.
+            self._client = openai.AsyncOpenAI(
+                api_key=self.api_key or "not-needed",
+                base_url=self.base_url or None,
+                max_retries=0,
+                timeout=self.cfg.timeout_seconds,
+            )
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
 class LLMProvider:
-    """Chat Completions against ``llm.baseUrl`` with tenacity retries."""
+    """Chat Completions against ``llm.baseUrl`` with tenacity retries, then ``llm.fallbacks``."""
 
     def __init__(self, cfg: LLMConfig, config_path: str = "~/.memobot/config.json") -> None:
         self.cfg = cfg
-        base_url = cfg.resolved_base_url()
-        api_key = cfg.resolved_api_key()
-        if not base_url and not api_key:
+        if not cfg.resolved_base_url() and not cfg.resolved_api_key():
             from bot.invocation import command_for
 
             raise LLMNotConfigured(
@@ -175,31 +211,27 @@ class LLMProvider:
                     config=config_path, onboard=command_for(config_path, "onboard")
                 )
             )
-        self._base_url = base_url
-        self._api_key = api_key
-        self._client: openai.AsyncOpenAI | None = None
+        self._endpoints = [_Endpoint(c) for c in cfg.endpoints()]
+        self._primary = self._endpoints[0]
         self.model = cfg.model
+        # (endpoint, status) already reported: a wrong key is logged once, not per message.
+        self._reported: set[tuple[str, int]] = set()
 
     @property
     def endpoint(self) -> str:
-        """The base URL requests go to, for messages (credentials in it are masked in logs)."""
-        return self._base_url or DEFAULT_ENDPOINT
+        """The primary base URL, for messages."""
+        return self._primary.url
+
+    @property
+    def labels(self) -> list[str]:
+        """Every endpoint as "model @ url", primary first."""
+        return [e.label for e in self._endpoints]
 
     @property
     def client(self) -> openai.AsyncOpenAI:
-        """The SDK client, made on first use: importing openai costs about half a second, which
-        the daemon spends after its channels are up (``warm_up``) instead of before."""
-        if self._client is None:
-            import openai
-
-            # Local servers (Ollama, vLLM, llama.cpp) take any key; the SDK insists on one.
-            self._client = openai.AsyncOpenAI(
-                api_key=self._api_key or "not-needed",
-                base_url=self._base_url or None,
-                max_retries=0,
-                timeout=self.cfg.timeout_seconds,
-            )
-        return self._client
+        """The primary endpoint's SDK client, made on first use: importing openai costs about
+        half a second, which the daemon spends after its channels are up (``warm_up``)."""
+        return self._primary.client
 
     async def warm_up(self) -> None:
         """Import the SDK in a worker thread so the first answer does not wait for it."""
@@ -220,21 +252,22 @@ class LLMProvider:
         return str(getattr(result, "text", "") or "").strip()
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
+        for e in self._endpoints:
+            await e.close()
 
+    @staticmethod
     def _body(
-        self,
+        cfg: LLMConfig,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         force_tool: str | None = None,
         max_tokens: int | None = None,
     ) -> bytes:
         body: dict[str, Any] = {
-            "model": self.model,
+            "model": cfg.model,
             "messages": messages,
-            "max_tokens": max_tokens or self.cfg.max_tokens,
-            "temperature": self.cfg.temperature,
+            "max_tokens": max_tokens or cfg.max_tokens,
+            "temperature": cfg.temperature,
         }
         if tools:
             body["tools"] = tools
@@ -251,24 +284,68 @@ class LLMProvider:
         force_tool: str | None = None,
         max_tokens: int | None = None,
     ) -> LLMResponse:
-        """One completion. Raises LLMUnavailable after retries, LLMRejected on a 4xx.
+        """One completion, from the first endpoint that answers.
 
+        Each endpoint gets its own retries; one that stays unavailable (connection error,
+        timeout, 5xx, 429) passes the same messages, byte for byte, to the next fallback.
+        Raises LLMUnavailable when every endpoint failed, LLMRejected on a 4xx (the request
+        itself is wrong: another endpoint is not tried).
         ``force_tool`` makes the model answer with a call to that tool (structured output).
         """
+        failures: list[str] = []
+        for i, endpoint in enumerate(self._endpoints):
+            payload = self._body(endpoint.cfg, messages, tools, force_tool, max_tokens)
+            try:
+                raw = await self._post(endpoint, payload, session_key)
+            except LLMUnavailable as exc:
+                failures.append(str(exc))
+                if i + 1 < len(self._endpoints):
+                    log.warning(
+                        "llm endpoint %s unavailable, failing over to %s session=%s: %s",
+                        endpoint.label,
+                        self._endpoints[i + 1].label,
+                        session_key,
+                        exc,
+                    )
+                continue
+            response = parse_completion(raw)
+            return replace(response, answered_by=endpoint.label)
+        if len(failures) == 1:
+            raise LLMUnavailable(failures[0])
+        raise LLMUnavailable("every model failed: " + "; ".join(failures))
+
+    async def probe(self) -> str | None:
+        """One try per endpoint, no retries, a one-token request: the label of the first
+        endpoint that answers, or None. For detecting the end of an outage."""
+        ping = [{"role": "user", "content": "ping"}]
+        for endpoint in self._endpoints:
+            payload = self._body(endpoint.cfg, ping, None, max_tokens=1)
+            try:
+                parse_completion(await self._post(endpoint, payload, "probe", attempts=1))
+            except LLMError as exc:
+                log.debug("probe of %s failed: %s", endpoint.label, exc)
+                continue
+            return endpoint.label
+        return None
+
+    async def _post(
+        self, endpoint: _Endpoint, payload: bytes, session_key: str, attempts: int | None = None
+    ) -> Any:
+        """POST one request to one endpoint under the retry policy; the raw JSON answer."""
         import openai
 
-        payload = self._body(messages, tools, force_tool, max_tokens)
+        cfg = endpoint.cfg
+        tries = attempts or cfg.retry.attempts
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.cfg.retry.attempts),
-            wait=_RetryAfterOrBackoff(
-                self.cfg.retry.initial_delay_seconds, self.cfg.retry.max_delay_seconds
-            ),
+            stop=stop_after_attempt(tries),
+            wait=_RetryAfterOrBackoff(cfg.retry.initial_delay_seconds, cfg.retry.max_delay_seconds),
             retry=retry_if_exception(is_retryable),
             before_sleep=lambda s: log.warning(
-                "llm request failed (%s), retry %d/%d in %.1fs session=%s",
+                "llm request to %s failed (%s), retry %d/%d in %.1fs session=%s",
+                endpoint.url,
                 _describe(s.outcome.exception()) if s.outcome else "?",
                 s.attempt_number,
-                self.cfg.retry.attempts - 1,
+                tries - 1,
                 s.upcoming_sleep,
                 session_key,
             ),
@@ -277,7 +354,7 @@ class LLMProvider:
         try:
             async for attempt in retrying:
                 with attempt:
-                    raw = await self.client.post(
+                    return await endpoint.client.post(
                         "/chat/completions",
                         cast_to=object,
                         content=payload,
@@ -286,19 +363,42 @@ class LLMProvider:
         except openai.APIStatusError as exc:
             if is_retryable(exc):
                 raise LLMUnavailable(
-                    f"{self.endpoint} answered {_describe(exc)}; gave up after "
-                    f"{self.cfg.retry.attempts} tries"
+                    f"{endpoint.url} answered {_describe(exc)}; gave up after {tries} tries"
                 ) from exc
-            raise LLMRejected(exc.status_code, _error_detail(exc)) from exc
+            rejected = LLMRejected(exc.status_code, _error_detail(exc), endpoint.url)
+            self._report_rejection(endpoint, rejected, session_key)
+            raise rejected from exc
         except openai.APIConnectionError as exc:
             # Name the endpoint and the setting: "Connection error." alone leaves the person
             # guessing which server was meant.
             raise LLMUnavailable(
-                f"cannot reach the LLM endpoint {self.endpoint} ({_describe(exc)}: {exc}) "
-                f"after {self.cfg.retry.attempts} tries; check llm.baseUrl (or "
+                f"cannot reach the LLM endpoint {endpoint.url} ({_describe(exc)}: {exc}) "
+                f"after {tries} tries; check llm.baseUrl (or "
                 "OPENAI_BASE_URL) and that the server is running"
             ) from exc
-        return parse_completion(raw)
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def _report_rejection(self, endpoint: _Endpoint, exc: LLMRejected, session_key: str) -> None:
+        """A refused request does not fail over: it is logged with its endpoint; a wrong key or
+        model (401/404) once per endpoint as an ERROR, for the admin to fix the config."""
+        if exc.status in (401, 404):
+            if (endpoint.url, exc.status) in self._reported:
+                return
+            self._reported.add((endpoint.url, exc.status))
+            log.error(
+                "llm endpoint %s refused the request: %s (not failing over: fix the config; "
+                "reported once) session=%s",
+                endpoint.label,
+                exc,
+                session_key,
+            )
+        else:
+            log.warning(
+                "llm endpoint %s refused the request: %s session=%s",
+                endpoint.label,
+                exc,
+                session_key,
+            )
 
 
 def _error_detail(exc: Any) -> str:

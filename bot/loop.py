@@ -28,13 +28,14 @@ from bot.config import Config
 from bot.context import ContextBuilder
 from bot.delivery import DELIVERY_KEY, DeliveryLedger, outbox_entry
 from bot.gate import Gate, ProcessScope
-from bot.llm import LLMError, LLMProvider
+from bot.llm import LLMError, LLMProvider, LLMUnavailable
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import Dream, budget_lines
 from bot.memory.files import memory_stamp
 from bot.memory.history import HistoryArchive
+from bot.outage import NOTICE_TEXT, Outage, mark_waiting, wait_info, wall_seconds
 from bot.runner import Runner, close_open_tool_calls
-from bot.session import Session, SessionStore, now_iso
+from bot.session import ANSWERED_BY_KEY, Session, SessionStore, now_iso
 from bot.tokens import estimate_text_tokens
 from bot.tools.base import ToolContext, ToolRegistry
 
@@ -64,6 +65,7 @@ GAVE_UP_TEXT = (
 class _Job:
     msg: InboundMessage
     resume: bool = False  # finish an interrupted turn (checkpoint or pending from a crash)
+    turn: list[dict[str, Any]] | None = None  # a turn that waited for the model: go on with it
 
 
 @dataclass(slots=True)
@@ -73,6 +75,9 @@ class _SessionWork:
     turn: asyncio.Task[None] | None = None
     turn_sender: str = ""
     stop_requested: bool = False
+    # Set by a turn that every model failed: the worker waits for the model (outside a slot).
+    waiting: list[dict[str, Any]] | None = None
+    wait: asyncio.Task[bool] | None = None
 
 
 class AgentLoop:
@@ -88,7 +93,10 @@ class AgentLoop:
         gate: Gate | None = None,
         *,
         mcp: McpManager | None = None,
+        wait_for_model: bool = False,
     ) -> None:
+        """``wait_for_model``: when every model fails, turns wait for one to come back (the
+        daemon) instead of being answered with the error (a one-shot terminal run)."""
         self.cfg = cfg
         self.gate = gate
         self.mcp = mcp
@@ -112,6 +120,7 @@ class AgentLoop:
         self._draining = False
         self._background: set[asyncio.Task[None]] = set()
         self.started_at = time.monotonic()
+        self.outage = Outage(provider.probe, cfg.llm.outage) if wait_for_model else None
         bus.set_intake(self.accept)
 
     def _tools_tokens(self) -> int:
@@ -261,6 +270,10 @@ class AgentLoop:
     def stop(self, key: str) -> bool:
         """Cancel the running turn of one chat (``/stop``); other chats are untouched."""
         work = self._work.get(key)
+        if work is not None and work.wait is not None and not work.wait.done():
+            work.stop_requested = True
+            work.wait.cancel()
+            return True
         if work is None or work.turn is None or work.turn.done():
             return False
         work.stop_requested = True
@@ -279,6 +292,11 @@ class AgentLoop:
     async def _drain(self, key: str, work: _SessionWork) -> None:
         while work.queue and not self._draining:
             job = work.queue.popleft()
+            if self.outage is not None and self.outage.active and job.turn is None:
+                # The model is known to be down: wait without spending a slot on retries.
+                if parse_command(job.msg.text) is None:
+                    await self._wait_for_model(key, work, job, None)
+                    continue
             async with self._slots:
                 if self._draining:
                     return  # shutting down: the job stays pending on disk for the next start
@@ -296,6 +314,9 @@ class AgentLoop:
                     await self._fail_turn(job.msg)
                 finally:
                     work.turn = None
+            if work.waiting is not None:
+                turn, work.waiting = work.waiting, None
+                await self._wait_for_model(key, work, job, turn)
 
     # -- one turn --------------------------------------------------------------------------
 
@@ -306,6 +327,9 @@ class AgentLoop:
             await self._new_session(msg)
             return
         session = self.store.get(msg.session_key)
+        if job.turn is not None:
+            await self._run_turn(session, msg, job.turn)
+            return
         turn = None
         if job.resume:
             turn = await self._resume_turn(session, msg)
@@ -407,11 +431,88 @@ class AgentLoop:
             result.iterations,
             (time.monotonic() - started) * 1000,
         )
+        if self.outage is not None and _outage_error(result.error):
+            # Not answered: the turn stays pending and waits for the model (bot.outage).
+            self.outage.begin(str(result.error))
+            work = self._work.get(msg.session_key)
+            if work is not None:
+                work.waiting = turn
+                return
         # On an LLM failure the user's message (and any finished tool work) stays in history.
         outcome: Outcome = "failed" if result.status == "llm_error" else "ok"
         await self._finish(session, msg, turn, result.text, outcome)
         if memory_stamp(self.cfg.agent.workspace_path) != stamp:
             self._spawn(self._commit_memory(msg.session_key))
+
+    async def _wait_for_model(
+        self, key: str, work: _SessionWork, job: _Job, turn: list[dict[str, Any]] | None
+    ) -> None:
+        """Hold the chat's turn until the model is back, then queue it first again.
+
+        The notice goes out once per pending message: "notified" is durable before it is
+        sent (a crash in between loses the notice, never doubles it). ``/stop`` and
+        ``llm.outage.maxWaitMinutes`` end the wait with an answer.
+        """
+        assert self.outage is not None
+        msg = job.msg
+        session = self.store.get(key)
+        info = wait_info(session.metadata.get("pending") or [], msg.message_id)
+        if info is None:
+            return  # no longer pending: nothing to answer
+        since = info.get("since") or now_iso()
+        tell = not info.get("notified") and key not in self.outage.notified
+        if not info.get("since") or tell:
+            notified = bool(info.get("notified")) or tell
+            await self.store.append_async(
+                session,
+                metadata=lambda meta: {
+                    "pending": mark_waiting(
+                        meta.get("pending") or [], msg.message_id, since, notified
+                    )
+                },
+            )
+        if tell:
+            self.outage.notified.add(key)
+            await self._publish(msg, NOTICE_TEXT, final=False)
+        started = wall_seconds(since) or time.time()
+        deadline = started + self.outage.cfg.max_wait_minutes * 60
+        work.stop_requested = False
+        work.wait = asyncio.create_task(
+            self.outage.wait(key, started, deadline), name=f"wait:{key}"
+        )
+        try:
+            back = await asyncio.shield(work.wait)
+        except asyncio.CancelledError:
+            if not work.wait.done():  # shutdown: the turn stays pending for the next start
+                work.wait.cancel()
+                raise
+            back = None  # /stop
+        finally:
+            work.wait = None
+        if back:
+            work.queue.appendleft(_Job(msg, job.resume, turn))
+            return
+        if turn is None:
+            turn = await self._answerable_turn(session, msg)
+        close_open_tool_calls(turn)
+        if back is None:
+            log.info("waiting turn stopped session=%s", key)
+            await self._finish(session, msg, turn, STOPPED_TEXT, "stopped")
+        else:
+            log.error(
+                "turn waited llm.outage.maxWaitMinutes (%g) for the model session=%s",
+                self.outage.cfg.max_wait_minutes,
+                key,
+            )
+            await self._finish(session, msg, turn, LLMUnavailable.user_message, "failed")
+
+    async def _answerable_turn(self, session: Session, msg: InboundMessage) -> list[dict[str, Any]]:
+        """What a turn that never reached the model leaves in history: its checkpoint's work
+        if it has one (a resumed turn), else the user's message."""
+        checkpoint = session.metadata.get("runtime_checkpoint")
+        if checkpoint and checkpoint.get("message_id") == msg.message_id:
+            return list(checkpoint.get("messages") or [])
+        return [await self._user_message(msg)]
 
     async def _commit_memory(self, key: str) -> None:
         from bot.memory.versioning import commit_async
@@ -606,6 +707,8 @@ class AgentLoop:
         for w in workers:
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+        if self.outage is not None:
+            await self.outage.close()
         await self.consolidator.cancel()
 
     # -- commands --------------------------------------------------------------------------
@@ -637,16 +740,32 @@ class AgentLoop:
         tokens = session.estimated_tokens(session.last_consolidated)
         work = self._work.get(key)
         running = work is not None and work.turn is not None and not work.turn.done()
+        waiting = work is not None and work.wait is not None and not work.wait.done()
+        answered_by = next(
+            (
+                m[ANSWERED_BY_KEY]
+                for m in reversed(session.messages)
+                if m.get("role") == "assistant" and m.get(ANSWERED_BY_KEY)
+            ),
+            "",
+        )
+        outage = self.outage.describe() if self.outage else ""
         return "\n".join(
             [
-                f"model: {self.cfg.llm.model}",
+                f"model: {self.cfg.llm.model}"
+                + (
+                    f" (+{len(self.cfg.llm.fallbacks)} fallbacks)" if self.cfg.llm.fallbacks else ""
+                ),
+                *([f"last answer by: {answered_by}"] if answered_by else []),
+                *([f"outage: {outage}"] if outage else []),
                 f"session: {key}",
                 f"conversation: {live} messages, ~{tokens:,} tokens "
                 f"(context window {self.cfg.llm.context_window_tokens:,})",
                 f"archived messages: {session.last_consolidated}",
                 "memory: "
                 + ", ".join(budget_lines(self.cfg.agent.workspace_path, self.cfg.memory.max_chars)),
-                f"answer in progress: {'yes' if running else 'no'}",
+                f"answer in progress: {'yes' if running else 'no'}"
+                + (" (waiting for the model)" if waiting else ""),
                 *([f"mcp: {self.mcp.summary()}"] if self.mcp and self.mcp.servers else []),
                 f"uptime: {format_duration(time.monotonic() - self.started_at)}",
             ]
@@ -658,6 +777,11 @@ class _Resumed:
     messages: list[dict[str, Any]]
     phase: str
     gave_up: bool = False
+
+
+def _outage_error(error: LLMError | None) -> bool:
+    """Every model was unavailable (not refused, not unconfigured): worth waiting for."""
+    return isinstance(error, LLMUnavailable)
 
 
 def _pending(session: Session, message_id: str | None) -> bool:

@@ -43,6 +43,7 @@ class MessageRecord(_Strict):
     tool_call_id: str | None = None
     name: str | None = None
     timestamp: str | None = None
+    answered_by: str | None = None
 
     @model_validator(mode="after")
     def _tool_result_names_its_call(self) -> MessageRecord:

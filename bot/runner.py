@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bot.llm import LLMError, LLMProvider, LLMResponse
+from bot.session import ANSWERED_BY_KEY
 from bot.tools.base import ToolContext, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,11 @@ class Runner:
             )
             if not response.tool_calls:
                 text = (response.content or "").strip() or "(the model returned an empty answer)"
-                turn.append({"role": "assistant", "content": response.content or text})
+                final: dict[str, Any] = {"role": "assistant", "content": response.content or text}
+                if response.answered_by:
+                    # Bookkeeping, not sent: to_wire drops it from the history (prompt cache).
+                    final[ANSWERED_BY_KEY] = response.answered_by
+                turn.append(final)
                 if on_phase:
                     await on_phase("final_response", turn)
                 return TurnResult(text, "ok", iteration)

@@ -116,11 +116,17 @@ def _dumps(obj: Any) -> bytes:
     return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
+# The model that wrote an assistant answer ("model @ endpoint"), kept for /status.
+ANSWERED_BY_KEY = "answered_by"
+# Keys of a stored message that are ours, never sent to the model.
+BOOKKEEPING_KEYS = frozenset({"timestamp", ANSWERED_BY_KEY})
+
+
 def to_wire(message: dict[str, Any]) -> dict[str, Any]:
     """The message as the Chat Completions API takes it (our bookkeeping keys removed)."""
-    if "timestamp" not in message:
+    if not BOOKKEEPING_KEYS.intersection(message):
         return message
-    return {k: v for k, v in message.items() if k != "timestamp"}
+    return {k: v for k, v in message.items() if k not in BOOKKEEPING_KEYS}
 
 
 @dataclass(slots=True)

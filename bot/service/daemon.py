@@ -41,7 +41,9 @@ class ServiceHooks:
         failed = [c.name for c in channels if c.state == "failed"]
         if failed:
             head += f" ({', '.join(failed)} failed: see memobot status)"
-        return f"{head}, {answers} answer{'' if answers == 1 else 's'} in progress"
+        line = f"{head}, {answers} answer{'' if answers == 1 else 's'} in progress"
+        outage = self.gateway.stack.loop.outage
+        return f"{line}; {outage.describe()}" if outage and outage.active else line
 
     async def started(self, stop: asyncio.Event) -> None:
         """After every channel's start() returned: wait briefly for them to settle, READY=1.

@@ -272,11 +272,38 @@ class ChannelConfig(_Model):
         return self.allow_from if self.admins is None else self.admins
 
 
+class RateLimitConfig(_Model):
+    """``messages`` per ``perSeconds``, up to ``burst`` at once (a token bucket)."""
+
+    messages: float = Field(gt=0)
+    per_seconds: float = Field(gt=0)
+    burst: int = Field(1, ge=1, le=1000)
+
+
+class TelegramRateLimits(_Model):
+    # Telegram: about 30 a second per bot, about 1 a second per chat (short bursts allowed:
+    # the pieces of one answer), 20 a minute per group (burst 1: no minute holds more).
+    bot: RateLimitConfig = RateLimitConfig(messages=30, per_seconds=1)
+    chat: RateLimitConfig = RateLimitConfig(messages=1, per_seconds=1, burst=3)
+    group: RateLimitConfig = RateLimitConfig(messages=20, per_seconds=60)
+
+
+class DiscordRateLimits(_Model):
+    # Discord: 5 messages per 5 s per channel (burst 1: no 5 s window holds more than 5).
+    channel: RateLimitConfig = RateLimitConfig(messages=5, per_seconds=5)
+
+
+class SlackRateLimits(_Model):
+    # Slack: about 1 message a second per channel, short bursts allowed.
+    channel: RateLimitConfig = RateLimitConfig(messages=1, per_seconds=1, burst=3)
+
+
 class TelegramConfig(ChannelConfig):
     token: str = ""
     base_url: str = ""  # python-telegram-bot's meaning: "http://host:port/bot", token appended
     base_file_url: str = ""
     poll_timeout_seconds: int = Field(30, ge=1, le=300)
+    rate_limits: TelegramRateLimits = TelegramRateLimits()
     _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^-?[0-9]+$")
     _id_example: ClassVar[str] = "a numeric Telegram user id"
 
@@ -284,6 +311,7 @@ class TelegramConfig(ChannelConfig):
 class DiscordConfig(ChannelConfig):
     token: str = ""
     allow_channels: list[str] = Field(default_factory=list)  # empty: every guild channel
+    rate_limits: DiscordRateLimits = DiscordRateLimits()
     _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^[0-9]+$")
     _id_example: ClassVar[str] = "a numeric Discord user id"
 
@@ -292,6 +320,7 @@ class SlackConfig(ChannelConfig):
     bot_token: str = ""
     app_token: str = ""
     api_url: str = ""  # default Slack's public Web API; for a proxy or a local test server
+    rate_limits: SlackRateLimits = SlackRateLimits()
     _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^[A-Z0-9]+$")
     _id_example: ClassVar[str] = "a Slack member id such as U0123ABCD"
 

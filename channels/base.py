@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from bot.bus import MessageBus, OutboundMessage
 from channels.errors import FatalChannelError
+from channels.pacing import Limit
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,8 @@ class Channel(ABC):
     and owns retries; ``send_chunk`` raises the classes in ``channels.errors`` (anything else
     is retried like a ``TransientError``). A piece refused with ``TooLong`` goes through
     ``resplit``. The pieces of an answer are recorded in the delivery ledger before the first
-    is sent, so a restart resumes at the piece that did not go out.
+    is sent, so a restart resumes at the piece that did not go out. Every send (retries
+    included) first waits out the buckets ``pace_limits`` names for its chat.
     Failing for good (token refused): ``fail`` with a ``FatalChannelError`` (or raise it from
     ``start`` or ``send_chunk``); the state becomes "failed" and stays so.
     """
@@ -79,6 +81,11 @@ class Channel(ABC):
         """``chunk`` (a piece of ``render``) in smaller pieces, after the platform refused it
         as too long. Fewer than two pieces: it cannot be split (the answer is undeliverable)."""
         return []
+
+    def pace_limits(self, chat_id: str) -> Sequence[Limit]:
+        """The rate-limit buckets every send to ``chat_id`` draws from, the chat's own first,
+        the bot's shared ones last (the channel manager waits them out in that order)."""
+        return ()
 
     @abstractmethod
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:

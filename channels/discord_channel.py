@@ -25,6 +25,7 @@ from channels.access import AccessPolicy, whoami_text
 from channels.base import Channel
 from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
 from channels.formatting import DISCORD_LIMIT, markdown_to_discord, render_chunks, strip_markdown
+from channels.pacing import Limit
 from channels.proxy import http_proxy, socks_connector
 
 log = logging.getLogger(__name__)
@@ -406,6 +407,10 @@ class DiscordChannel(Channel):
 
     def plain(self, chunk: str) -> str:
         return strip_markdown(chunk)
+
+    def pace_limits(self, chat_id: str) -> list[Limit]:
+        """Per channel (a thread is a channel of its own, with its own id)."""
+        return [Limit.of(f"channel:{chat_id}", self.cfg.rate_limits.channel)]
 
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
         channel = await self._messageable(msg.chat_id)

@@ -1,6 +1,10 @@
 """Routes outbound messages to their channel: per-chat order, one retry policy, typing.
 
 Each chat has its own queue and worker, so a flood-wait in one chat never delays another.
+Every send waits out the platform's rate limits first (``channels.pacing``: token buckets per
+chat, per group, per bot, as the channel names them); waiting in a chat's own worker keeps the
+pieces and answers of a chat in order. A 429 pauses that chat for the time asked, and what
+waited behind it then goes at the steady rate, without a burst.
 Final answers go through the delivery ledger (bot/delivery.py) piece by piece: each piece is
 marked before it is sent, so a crash or an error at piece k resumes at piece k.
 
@@ -16,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from bot import failpoints
@@ -30,6 +34,7 @@ from channels.errors import (
     TooLong,
     TransientError,
 )
+from channels.pacing import Limit, Pacer
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,7 @@ class ChannelManager:
         self._chats: dict[tuple[str, str], _Chat] = {}
         self._pump: asyncio.Task[None] | None = None
         self.give_up_after = GIVE_UP_AFTER_SECONDS
+        self._pacers: dict[str, Pacer] = {}  # per channel name: its rate-limit buckets
         # Called once when every channel has failed for good (the gateway exits then).
         self.on_all_failed: Callable[[list[Channel]], None] | None = None
         for channel in channels:
@@ -223,6 +229,21 @@ class ChannelManager:
         except Exception as exc:
             log.error("could not tell session=%s either: %s", msg.session_key, _reason(exc))
 
+    def _pacer(self, channel: Channel) -> Pacer:
+        pacer = self._pacers.get(channel.name)
+        if pacer is None:
+            pacer = self._pacers[channel.name] = Pacer()
+        return pacer
+
+    async def _pace(self, channel: Channel, limits: Sequence[Limit]) -> None:
+        """Wait until a send within every bucket of ``limits`` may go, one bucket after the
+        other: the chat's own first, so a chat waiting for itself holds no shared token."""
+        pacer = self._pacer(channel)
+        for limit in limits:
+            wait = pacer.reserve(limit, time.monotonic())
+            if wait > 0:
+                await asyncio.sleep(wait)
+
     async def _send_chunk(
         self,
         channel: Channel,
@@ -239,7 +260,9 @@ class ChannelManager:
         deadline = time.monotonic() + (give_up_after or self.give_up_after)
         backoff = BACKOFF_START
         plain = False
+        limits = channel.pace_limits(msg.chat_id)
         while True:
+            await self._pace(channel, limits)
             try:
                 await channel.send_chunk(msg, channel.plain(chunk) if plain else chunk, plain)
                 return
@@ -253,6 +276,8 @@ class ChannelManager:
                 continue
             except RetryAfter as exc:
                 wait = exc.seconds + 0.1
+                now = time.monotonic()
+                self._pacer(channel).hold(limits, now + wait, now)
                 log.warning(
                     "rate limited session=%s: waiting %.1f s as the platform asked",
                     msg.session_key,

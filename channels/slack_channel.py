@@ -66,6 +66,7 @@ from channels.formatting import (
     split_markdown,
     strip_markdown,
 )
+from channels.pacing import Limit
 from channels.proxy import http_proxy, socks_connector
 from channels.state import ChannelState
 
@@ -1018,6 +1019,11 @@ class SlackChannel(Channel):
         """Halves, on paragraphs, lines or words (code fences kept whole per piece): Slack
         refused the piece with ``msg_too_long``."""
         return split_markdown(chunk, max(1, (len(chunk) + 1) // 2))
+
+    def pace_limits(self, chat_id: str) -> list[Limit]:
+        """Per Slack channel (its threads share it)."""
+        channel, _ = split_chat_id(chat_id)
+        return [Limit.of(f"channel:{channel}", self.cfg.rate_limits.channel)]
 
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
         if self.web is None:

@@ -76,6 +76,7 @@ from channels.formatting import (
     strip_telegram_html,
     telegram_length,
 )
+from channels.pacing import Limit
 from channels.proxy import http_proxy, socks_connector
 from channels.state import ChannelState
 
@@ -719,6 +720,16 @@ class TelegramChannel(Channel):
     def resplit(self, chunk: str) -> list[str]:
         """Halves (by visible length): Telegram counted more than we did."""
         return split_telegram_html(chunk, max(1, (telegram_length(chunk) + 1) // 2))
+
+    def pace_limits(self, chat_id: str) -> list[Limit]:
+        """Per chat (forum topics share their group's), per group, and per bot."""
+        chat, _ = split_chat_key(chat_id)
+        limits = self.cfg.rate_limits
+        out = [Limit.of(f"chat:{chat}", limits.chat)]
+        if chat < 0:  # groups, supergroups and channels have negative ids
+            out.append(Limit.of(f"group:{chat}", limits.group))
+        out.append(Limit.of("bot", limits.bot, shared=True))
+        return out
 
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
         if self.bot is None:

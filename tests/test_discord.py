@@ -9,6 +9,7 @@ default answer echoes the first line the model saw, so a reply shows what reache
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -295,8 +296,9 @@ async def test_six_pieces_are_paced_by_the_rate_limit_headers(tmp_path: Path, ll
     window = 1.0
     pieces = [f"part {i}: " + " ".join(["word"] * 360) for i in range(1, 7)]
     llm.script(reply("\n\n".join(pieces)))
+    fast = {"channel": {"messages": 100, "perSeconds": 1, "burst": 10}}  # ours out of the way
     async with FakeDiscord(rate_window=window) as api, running_on(api) as patched:
-        async with running(tmp_path, llm, patched) as bot:
+        async with running(tmp_path, llm, patched, rateLimits=fast) as bot:
             assert len(bot.channel.render("\n\n".join(pieces))) == 6
             await api.send_message(ALICE_DM, ALICE, "long one", guild_id=None)
             await api.wait_posts(6, ALICE_DM)
@@ -307,6 +309,24 @@ async def test_six_pieces_are_paced_by_the_rate_limit_headers(tmp_path: Path, ll
     ]
     assert attempts[5].at - attempts[0].at >= window * 0.95
     assert attempts[4].at - attempts[0].at < window
+
+
+async def test_our_pacing_keeps_six_pieces_within_five_per_window(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    # rateLimits matched to the fake's window: the manager spaces the pieces itself.
+    window = 1.0
+    pieces = [f"part {i}: " + " ".join(["word"] * 360) for i in range(1, 7)]
+    llm.script(reply("\n\n".join(pieces)))
+    paced = {"channel": {"messages": 5, "perSeconds": window}}
+    async with FakeDiscord(rate_window=window) as api, running_on(api) as patched:
+        async with running(tmp_path, llm, patched, rateLimits=paced):
+            await api.send_message(ALICE_DM, ALICE, "long one", guild_id=None)
+            await api.wait_posts(6, ALICE_DM)
+    attempts = [c for c in api.calls if c.path.endswith("/messages")]
+    assert [c.status for c in attempts] == [200] * 6
+    gaps = [b.at - a.at for a, b in itertools.pairwise(attempts)]
+    assert all(g >= window / 5 * 0.95 for g in gaps), gaps
 
 
 async def test_fake_enforces_five_per_window_with_headers() -> None:

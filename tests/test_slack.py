@@ -392,7 +392,8 @@ async def test_long_answer_is_split_into_several_posts_in_the_thread(tmp_path, l
     refused with 429 by the fake, waited out, and all delivered in order."""
     paragraphs = [f"Paragraph {i}: " + ("lorem ipsum dolor " * 30).strip() for i in range(20)]
     llm.script(reply("\n\n".join(paragraphs)))
-    async with Rig(tmp_path, llm, slack):
+    fast = {"channel": {"messages": 100, "perSeconds": 1, "burst": 10}}  # ours out of the way
+    async with Rig(tmp_path, llm, slack, rateLimits=fast):
         await slack.push_event(mention("write a lot", "1700000012.000100"), event_id="L1")
         await slack.wait_posts(3)
         await quiet(0.5)
@@ -400,6 +401,21 @@ async def test_long_answer_is_split_into_several_posts_in_the_thread(tmp_path, l
     assert all(p.thread_ts == "1700000012.000100" and p.channel == CHAN for p in slack.posts)
     assert slack.rate_limited >= len(slack.posts) - 1
     assert all(len(p.text) <= SLACK_LIMIT for p in slack.posts)
+    joined = "\n".join(p.text for p in slack.posts)
+    order = [joined.index(f"Paragraph {i}:") for i in range(20)]
+    assert order == sorted(order)
+
+
+async def test_our_pacing_keeps_pieces_within_the_channel_rate(tmp_path, llm, slack):
+    """rateLimits just under the fake's one post per 0.3 s: no 429 at all, all in order."""
+    paragraphs = [f"Paragraph {i}: " + ("lorem ipsum dolor " * 30).strip() for i in range(20)]
+    llm.script(reply("\n\n".join(paragraphs)))
+    paced = {"channel": {"messages": 1, "perSeconds": 0.35}}  # a margin for arrival jitter
+    async with Rig(tmp_path, llm, slack, rateLimits=paced):
+        await slack.push_event(mention("write a lot", "1700000014.000100"), event_id="P1")
+        await slack.wait_posts(3)
+        await quiet(0.5)
+    assert slack.rate_limited == 0
     joined = "\n".join(p.text for p in slack.posts)
     order = [joined.index(f"Paragraph {i}:") for i in range(20)]
     assert order == sorted(order)

@@ -76,6 +76,8 @@ async def running(
         "baseUrl": api.base_url,
         "allowFrom": [str(ALICE)],
         "pollTimeoutSeconds": 2,
+        # Telegram's 20 a minute per group, shortened; pacing itself is in test_pacing.py.
+        "rateLimits": {"group": {"messages": 20, "perSeconds": 1}},
         **telegram,
     }
     cfg = make_config(tmp_path, llm.base_url, channels={"telegram": settings})
@@ -363,7 +365,9 @@ async def test_piece_refused_as_too_long_is_split_smaller(tmp_path, llm, api):
     )
     async with running(tmp_path, llm, api):
         api.private_text("four pieces")
-        await api.wait_sent_async(5)
+        await api.wait_for_async(lambda: "PIECE4" in " ".join(_visible(api.sent())), 15)
+        await api.wait_for_async(lambda: _visible(api.sent())[-1].endswith("word"), 15)
+        await asyncio.sleep(0.3)  # a repeated piece would be here by now
         words = " ".join(_visible(api.sent())).split()
         assert words == _four_pieces().split()  # nothing dropped, nothing repeated
         assert _piece_numbers(api.sent()[:2]) == [1, 2] and len(api.sent()) >= 5

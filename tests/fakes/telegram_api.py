@@ -13,6 +13,8 @@ It implements the HTTP shapes PTB uses at ``/bot<token>/<method>`` (form-encoded
 * Telegram's length rules: text is measured after entity parsing (tags removed, entities
   decoded) in UTF-16 code units, 4,096 for a message or an edit ("Bad Request: message is too
   long") and 1,024 for a caption ("Bad Request: message caption is too long");
+* Telegram's flood control when asked (``flood=FloodControl(...)``): per chat, per group and
+  per bot, answered 429 with ``retry_after``;
 * scriptable failures per method (``fail("sendMessage", 429, retry_after=1)``, a 409 conflict on
   ``getUpdates``, a 401), answers the SDK cannot read (``garble``: 200 with a result that is
   not a Message, so python-telegram-bot raises an exception of no Telegram type), and an
@@ -134,6 +136,23 @@ class Call:
     garbled: bool = False  # answered with a result the SDK cannot read (not delivered)
 
 
+@dataclass(frozen=True)
+class FloodControl:
+    """Telegram's flood rules as the fake enforces them on sendMessage and editMessageText:
+    at most ``chat`` sends per ``chat_window`` seconds into one chat, ``group`` per
+    ``group_window`` into one group (negative chat id), ``bot`` per ``bot_window`` in all.
+    One more is answered 429 with ``retry_after`` (whole seconds, as Telegram sends them,
+    unless ``fractional``: windows shortened for tests get hundredths)."""
+
+    chat: int = 3
+    chat_window: float = 1.0
+    group: int = 20
+    group_window: float = 60.0
+    bot: int = 30
+    bot_window: float = 1.0
+    fractional: bool = False
+
+
 @dataclass
 class Failure:
     status: int
@@ -164,6 +183,7 @@ class FakeBotAPI:
         host: str = "127.0.0.1",
         port: int = 0,
         reply_delay: float = 0.0,
+        flood: FloodControl | None = None,
     ) -> None:
         self.token = token
         self.username = username
@@ -171,6 +191,9 @@ class FakeBotAPI:
         self.host = host
         self.port = port
         self.reply_delay = reply_delay
+        self.flood = flood
+        self.flooded = 0  # sends answered 429 by ``flood``
+        self._flood_log: dict[str, list[float]] = {}  # bucket -> times of accepted sends
         self.after_get_updates: Hook | None = None
         self._lock = threading.Condition()
         self._updates: list[dict[str, Any]] = []
@@ -525,10 +548,45 @@ class FakeBotAPI:
         if failure is not None and failure.status:
             extra = {"retry_after": failure.retry_after} if failure.retry_after else None
             return self._answer(request, failure.status, failure.description, extra)
+        wait = self._flood_wait(method, params)
+        if wait is not None:
+            return self._answer(
+                request, 429, f"Too Many Requests: retry after {wait:g}", {"retry_after": wait}
+            )
         handler = getattr(self, f"_m_{method}", None)
         if handler is None:
             return self._answer(request, 404, "Not Found: method not found")
         return await handler(request, params)
+
+    def _flood_wait(self, method: str, params: Params) -> float | None:
+        """Seconds to tell the client to wait if this send breaks a flood rule; else None,
+        and the send is counted."""
+        rules = self.flood
+        if rules is None or method not in ("sendmessage", "editmessagetext"):
+            return None
+        chat = _chat_id(params.get("chat_id"))
+        buckets = [
+            ("bot", rules.bot, rules.bot_window),
+            (f"chat:{chat}", rules.chat, rules.chat_window),
+        ]
+        if isinstance(chat, int) and chat < 0:
+            buckets.append((f"group:{chat}", rules.group, rules.group_window))
+        now = time.monotonic()
+        wait = 0.0
+        with self._lock:
+            for key, limit, window in buckets:
+                recent = [t for t in self._flood_log.get(key, []) if now - t < window]
+                self._flood_log[key] = recent
+                if len(recent) >= limit:
+                    wait = max(wait, recent[-limit] + window - now)
+            if wait > 0:
+                self.flooded += 1
+                return (
+                    round(wait + 0.005, 2) if rules.fractional else float(max(1, -int(-wait // 1)))
+                )
+            for key, _, _ in buckets:
+                self._flood_log[key].append(now)
+        return None
 
     def _take_failure(self, method: str, params: Params) -> Failure | None:
         with self._lock:

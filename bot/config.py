@@ -106,7 +106,7 @@ class AgentConfig(_Model):
     workspace: str = str(DEFAULT_HOME / "workspace")
     state_dir: str = str(DEFAULT_HOME / "state")
     max_tool_iterations: int = Field(20, ge=1, le=500)
-    max_concurrent_turns: int = Field(8, ge=1, le=1000)
+    max_concurrent_turns: int = Field(64, ge=1, le=1000)  # model calls are I/O: ~1 core at 300 ms
     # Calls beyond this many in one turn are answered with an error result and not run.
     max_tool_calls_per_turn: int = Field(50, ge=1, le=10000)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bot.bus import MessageBus
 from bot.config import Config
@@ -23,6 +24,9 @@ from bot.session import SessionStore
 from bot.tools import build_default_tools
 from bot.tools.mcp import McpManager
 from bot.workspace import init_workspace
+
+if TYPE_CHECKING:
+    from bot.tools.mcp import ServerStatus
 
 log = logging.getLogger(__name__)
 
@@ -110,3 +114,21 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
 def mcp_log_dir(cfg: Config) -> Path:
     """Where each stdio MCP server's stderr is kept: ``<state>/mcp/<name>.log``."""
     return cfg.agent.state_path / "mcp"
+
+
+def probe_mcp_servers(cfg: Config, config_path: Path) -> list[ServerStatus]:
+    """Start every configured MCP server once through this installation's gate, list its
+    tools and stop it (``memobot mcp list``, ``doctor``)."""
+    import asyncio
+
+    from bot.tools.mcp import probe_servers
+
+    gate = build_gate(cfg, config_path)
+    try:
+        return asyncio.run(
+            probe_servers(
+                cfg.tools, gate=gate, workspace=cfg.agent.workspace_path, log_dir=mcp_log_dir(cfg)
+            )
+        )
+    finally:
+        gate.close()

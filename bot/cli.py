@@ -670,24 +670,12 @@ def _mcp_line(cfg: Config, live: dict[str, Any] | None) -> str:
 
 def cmd_mcp_list(cfg: Config, config_path: Path) -> int:
     """Start each MCP server once, print its state and tools; 1 if one failed."""
-    from bot.app import build_gate, mcp_log_dir
-    from bot.tools.mcp import probe_servers
+    from bot.app import mcp_log_dir, probe_mcp_servers
 
     if not cfg.tools.mcp_servers:
         print("No MCP servers configured (tools.mcpServers in the config).")
         return EX_OK
-    gate = build_gate(cfg, config_path)
-    try:
-        statuses = asyncio.run(
-            probe_servers(
-                cfg.tools,
-                gate=gate,
-                workspace=cfg.agent.workspace_path,
-                log_dir=mcp_log_dir(cfg),
-            )
-        )
-    finally:
-        gate.close()
+    statuses = probe_mcp_servers(cfg, config_path)
     failed = 0
     for st in statuses:
         where = cfg.tools.mcp_servers[st.name]

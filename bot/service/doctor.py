@@ -326,24 +326,12 @@ def check_mcp(cfg: Config, config_path: Path) -> Iterator[Check]:
     """Start each MCP server the way the agent does and list its tools."""
     if not cfg.tools.mcp_servers:
         return
-    from bot.app import build_gate, mcp_log_dir
-    from bot.tools.mcp import probe_servers
+    from bot.app import mcp_log_dir, probe_mcp_servers
 
     if not cfg.agent.workspace_path.is_dir():
         yield Check("fail", "mcp: the workspace does not exist yet", f"{program()} onboard")
         return
-    gate = build_gate(cfg, config_path)
-    try:
-        statuses = asyncio.run(
-            probe_servers(
-                cfg.tools,
-                gate=gate,
-                workspace=cfg.agent.workspace_path,
-                log_dir=mcp_log_dir(cfg),
-            )
-        )
-    finally:
-        gate.close()
+    statuses = probe_mcp_servers(cfg, config_path)
     for st in statuses:
         if st.state == "connected":
             shown = ", ".join(st.tools[:8]) + (", ..." if len(st.tools) > 8 else "")

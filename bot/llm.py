@@ -213,9 +213,17 @@ class LLMProvider:
             )
         self._endpoints = [_Endpoint(c) for c in cfg.endpoints()]
         self._primary = self._endpoints[0]
-        self.model = cfg.model
         # (endpoint, status) already reported: a wrong key is logged once, not per message.
         self._reported: set[tuple[str, int]] = set()
+
+    @property
+    def model(self) -> str:
+        """The primary model; set by a config reload (SIGHUP)."""
+        return self._primary.cfg.model
+
+    @model.setter
+    def model(self, value: str) -> None:
+        self._primary.cfg = self._primary.cfg.model_copy(update={"model": value})
 
     @property
     def endpoint(self) -> str:

@@ -90,9 +90,10 @@ def _times(calls: list[Any]) -> list[float]:
     return sorted(c.at for c in calls)
 
 
-def _at_most_in_window(times: list[float], n: int, window: float) -> bool:
-    """No ``window`` seconds hold more than ``n`` of ``times`` (3% for arrival jitter)."""
-    return all(times[i + n] - times[i] >= window * 0.97 for i in range(len(times) - n))
+def _at_most_in_window(times: list[float], n: int, window: float, jitter: float = 0.03) -> bool:
+    """No ``window`` seconds hold more than ``n`` of ``times`` (``jitter``: the share of the
+    window that arrival times may be compressed by the event loop and the HTTP round trip)."""
+    return all(times[i + n] - times[i] >= window * (1 - jitter) for i in range(len(times) - n))
 
 
 async def test_ten_answers_to_one_chat_go_out_after_the_burst_at_the_chat_rate(tmp_path, llm):
@@ -116,7 +117,9 @@ async def test_forty_chats_at_once_stay_within_thirty_a_second(tmp_path, llm):
         )
         sent = await api.wait_sent_async(40)
     times = _times(sent)
-    assert _at_most_in_window(times, 30, 1.0)
+    # 40 chats' answers race through one event loop: a late first send compresses the rest
+    # by up to a few intervals at arrival, while still far from an unpaced burst (~0.1 s).
+    assert _at_most_in_window(times, 30, 1.0, jitter=0.1)
     assert times[-1] - times[0] >= 1.2  # 40 at 30 a second
 
 

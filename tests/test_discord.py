@@ -540,7 +540,12 @@ async def test_fatal_close_stops_the_channel_with_one_line(
         assert reported == [channel]
     finally:
         await channel.stop()
-    problems = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # Our lines only: discord.py's own one-time notes (PyNaCl missing) depend on test order.
+    problems = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith(("channels", "bot"))
+    ]
     assert len(problems) == 1, [r.getMessage() for r in problems]
     assert problems[0].levelno == logging.ERROR and advice in problems[0].getMessage()
     assert "stopped" in problems[0].getMessage()

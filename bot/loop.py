@@ -679,7 +679,13 @@ class AgentLoop:
             len(interrupted),
         )
         if checkpoint:
-            messages.append({"role": "user", "content": resume_note(interrupted)})
+            # In the person's own message, after its runtime block: the last thing the model
+            # reads stays the tool results of their question, not a note it would answer.
+            note = resume_note(interrupted)
+            if messages and messages[0].get("role") == "user":
+                messages[0] = with_note(messages[0], note)
+            else:  # not the shape memobot writes; still tell the model
+                messages.append({"role": "user", "content": note})
         return _Resumed(messages, phase)
 
     # -- shutdown --------------------------------------------------------------------------
@@ -799,18 +805,26 @@ def _unfinished_calls(turn: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def with_note(message: dict[str, Any], note: str) -> dict[str, Any]:
+    """``message`` (a user message) with ``note`` added at the end of its text."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [*content, {"type": "text", "text": note}]}
+    return {**message, "content": f"{content or ''}\n\n{note}"}
+
+
 def resume_note(interrupted: list[str]) -> str:
     """The note the model sees when a turn is resumed after memobot was stopped mid-way."""
     text = (
         "[memobot: your previous run on this message was interrupted (memobot was restarted). "
-        "The results above are what finished."
+        "The tool results that follow are what finished."
     )
     if interrupted:
         text += (
             f" These tool calls did not finish: {', '.join(interrupted)}. Do not repeat a "
             "call with side effects unless you have checked it is safe to run again."
         )
-    return text + " Continue and answer the user's last message.]"
+    return text + " Continue answering this message.]"
 
 
 def _inbound_from_pending(key: str, p: dict[str, Any]) -> InboundMessage:

@@ -29,6 +29,7 @@ from bot.runner import INTERRUPTED_TOOL_RESULT
 from bot.session import Session, SessionStore
 from tests.crash_support import (
     RESUME_NOTE_START,
+    RUNTIME_MARK,
     ConversationLLM,
     Memobot,
     Run,
@@ -155,13 +156,26 @@ def test_kill_at_a_phase_then_restart(
     assert [m["tool_call_id"] for m in results] == ["call-k-1"]
     assert (results[0]["content"] == INTERRUPTED_TOOL_RESULT) is interrupted
     if new_requests == 1:  # resumed from a checkpoint: the model sees what was done
-        _, _, after = current_turn(request_messages(llm.requests[-1]))
-        assert [m["role"] for m in after] == ["assistant", "tool", "user"]
+        sent = request_messages(llm.requests[-1])
+        _, _, after = current_turn(sent)
+        # The last thing the model reads is the tool result of the person's question; the
+        # note sits in the person's message, after its runtime block.
+        assert [m["role"] for m in after] == ["assistant", "tool"]
         assert (EXEC_MARK in after[1]["content"]) is not interrupted
-        assert after[2]["content"].startswith(RESUME_NOTE_START)
-        assert ("did not finish: exec" in after[2]["content"]) is interrupted
+        note = resume_note_of(sent[-len(after) - 1])
+        assert ("did not finish: exec" in note) is interrupted
     if failpoint == "after_send":
         assert "was being sent when memobot stopped" in second.stderr
+
+
+def resume_note_of(message: dict[str, Any]) -> str:
+    """The resume note inside the person's message (after the runtime block)."""
+    assert message["role"] == "user"
+    content = message["content"]
+    assert isinstance(content, str) and RESUME_NOTE_START in content, content
+    note = content[content.index(RESUME_NOTE_START) :]
+    assert content.index(RESUME_NOTE_START) > content.index(RUNTIME_MARK)
+    return note
 
 
 def test_kill_during_the_llm_call(llm: FakeLLMThread, memobot: Memobot) -> None:
@@ -204,8 +218,8 @@ def test_kill_while_a_tool_runs(tmp_path: Path, llm: FakeLLMThread, memobot: Mem
         "name": "exec",
         "content": INTERRUPTED_TOOL_RESULT,
     }
-    assert after[2]["role"] == "user" and after[2]["content"].startswith(RESUME_NOTE_START)
-    assert "did not finish: exec" in after[2]["content"]
+    assert len(after) == 2  # the tool result is the last message the model reads
+    assert "did not finish: exec" in resume_note_of(resumed[-3])
     assert_answered_once(memobot, KEY, [text], [answer])
     [result] = tool_messages(memobot, KEY)
     assert result["tool_call_id"] == "call-k-1" and result["content"] == INTERRUPTED_TOOL_RESULT

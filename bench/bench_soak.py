@@ -1,0 +1,174 @@
+"""Soak: many users writing for minutes through ``memobot gateway`` and the fake Telegram.
+
+Each user sends a message every 1-3 s (random) for ``--seconds``; the fake LLM answers after
+``--model-delay``, and ``--tool-ratio`` of the answers first run a tool (``exec true``). The
+fake Telegram enforces Telegram's flood rules (1/s per chat with a short burst, 30/s per bot)
+and answers 429 beyond them. Every 10 s the script prints the latency percentiles of that
+window and the gateway's RSS and open fds; at the end: answered, lost, duplicated, the state
+folder's size and the share of session bytes that is metadata, sends per second overall and
+into one chat at most, and 429s.
+
+    .venv/bin/python bench/bench_soak.py [--users 50] [--seconds 60] [--model-delay 0.3]
+        [--tool-ratio 0.1] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.bench_telegram import Gateway, polls
+from tests.fakes.llm_server import FakeLLM, call, tool_step
+from tests.fakes.telegram_api import FakeBotAPI, FloodControl
+from tests.helpers import config_dict
+
+FIRST_USER = 50_000
+WINDOW = 10.0
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p))] if ordered else float("nan")
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def state_figures(state: Path) -> tuple[float, float]:
+    """(state folder MiB, share of session-file bytes in metadata lines)."""
+    total = sum(p.stat().st_size for p in state.rglob("*") if p.is_file())
+    meta = body = 0
+    for path in (state / "sessions").glob("*.jsonl"):
+        for line in path.read_bytes().splitlines():
+            if b'"_type": "metadata"' in line[:40] or b'"_type":"metadata"' in line[:40]:
+                meta += len(line) + 1
+            else:
+                body += len(line) + 1
+    return total / 2**20, meta / max(1, meta + body)
+
+
+async def user(api: FakeBotAPI, uid: int, until: float, sent: dict[str, float]) -> None:
+    n = 0
+    while time.monotonic() < until:
+        text = f"u{uid} m{n}"
+        sent[text] = time.monotonic()
+        api.private_text(text, user_id=uid, username=None)
+        n += 1
+        await asyncio.sleep(random.uniform(1.0, 3.0))
+
+
+def script_model(llm: FakeLLM, tool_ratio: float, expected: int) -> None:
+    """Enough steps for every message: a share of them run a tool first."""
+    for _ in range(int(expected * tool_ratio)):
+        llm.script(tool_step(call("exec", {"command": "true"})))
+
+
+async def soak(args: argparse.Namespace, tmp: Path) -> None:
+    flood = FloodControl(chat=3, chat_window=1.0, bot=30, bot_window=1.0)
+    async with (
+        FakeLLM(log_bodies=False, validate=False, delay=args.model_delay) as llm,
+        FakeBotAPI(flood=flood) as api,
+    ):
+        telegram = {
+            "enabled": True,
+            "token": api.token,
+            "baseUrl": api.base_url,
+            "allowFrom": ["*"],
+            "pollTimeoutSeconds": 30,
+        }
+        data = config_dict(tmp, llm.base_url, channels={"telegram": telegram})
+        data["llm"]["timeoutSeconds"] = 30
+        config = tmp / "config.json"
+        config.write_text(json.dumps(data))
+        script_model(llm, args.tool_ratio, int(args.users * args.seconds / 2))
+        gw = Gateway(config)
+        await gw.start()
+        assert gw.proc is not None
+        await polls(api, 0)
+        sent: dict[str, float] = {}
+        started = time.monotonic()
+        until = started + args.seconds
+        users = [
+            asyncio.create_task(user(api, FIRST_USER + i, until, sent)) for i in range(args.users)
+        ]
+        seen = 0
+        next_report = started + WINDOW
+        try:
+            while time.monotonic() < until + 30:
+                await asyncio.sleep(0.5)
+                if time.monotonic() >= next_report:
+                    answers = api.sent()
+                    window = [
+                        c.at - sent[t[6:]]
+                        for c in answers[seen:]
+                        if (t := c.params.get("text", "")).startswith("echo: ") and t[6:] in sent
+                    ]
+                    seen = len(answers)
+                    print(
+                        f"t={next_report - started:5.0f}s answers {len(window):5d} "
+                        f"latency p50 {percentile(window, 0.5) * 1000:7.0f} ms "
+                        f"p95 {percentile(window, 0.95) * 1000:7.0f} ms "
+                        f"p99 {percentile(window, 0.99) * 1000:7.0f} ms  "
+                        f"RSS {gw.rss_mib():6.1f} MiB  fds {fds(gw.proc.pid)}"
+                    )
+                    next_report += WINDOW
+                answered = {c.params["text"][6:] for c in api.sent() if "text" in c.params}
+                if time.monotonic() > until and set(sent) <= answered:
+                    break
+        finally:
+            await asyncio.gather(*users, return_exceptions=True)
+            await gw.stop()
+        report(api, sent, tmp / "state", started)
+
+
+def report(api: FakeBotAPI, sent: dict[str, Any], state: Path, started: float) -> None:
+    texts = Counter(
+        c.params["text"][6:] for c in api.sent() if c.params.get("text", "").startswith("echo: ")
+    )
+    lost = [t for t in sent if texts[t] == 0]
+    duplicated = [t for t, n in texts.items() if n > 1]
+    sends = [c for c in api.calls("sendMessage") if c.status == 200]
+    per_second = Counter(int(c.at - started) for c in sends)
+    per_chat_second = Counter((c.params.get("chat_id"), int(c.at - started)) for c in sends)
+    size, meta = state_figures(state)
+    print(
+        f"messages {len(sent)}  answered {len(sent) - len(lost)}  lost {len(lost)}  "
+        f"duplicated {len(duplicated)}"
+    )
+    print(
+        f"sends/s overall: max {max(per_second.values(), default=0)}, mean "
+        f"{statistics.mean(per_second.values()) if per_second else 0:.1f}; into one chat: max "
+        f"{max(per_chat_second.values(), default=0)} in a second; 429s {api.flooded}"
+    )
+    print(f"state folder {size:.1f} MiB, metadata {meta:.0%} of session bytes")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--users", type=int, default=50)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--model-delay", type=float, default=0.3)
+    ap.add_argument("--tool-ratio", type=float, default=0.1)
+    ap.add_argument("--keep", help="work in this folder and keep it (logs, sessions)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(args.keep) if args.keep else Path(d)
+        tmp.mkdir(parents=True, exist_ok=True)
+        asyncio.run(soak(args, tmp))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,12 +1,13 @@
 """Soak: many users writing for minutes through ``memobot gateway`` and the fake Telegram.
 
-Each user sends a message every 1-3 s (random) for ``--seconds``; the fake LLM answers after
-``--model-delay``, and ``--tool-ratio`` of the answers first run a tool (``exec true``). The
-fake Telegram enforces Telegram's flood rules (1/s per chat with a short burst, 30/s per bot)
-and answers 429 beyond them. Every 10 s the script prints the latency percentiles of that
-window and the gateway's RSS and open fds; at the end: answered, lost, duplicated, the state
-folder's size and the share of session bytes that is metadata, sends per second overall and
-into one chat at most, and 429s.
+Each user sends a message every 1-3 s (random) for ``--seconds``. 100 users offer about 50 a
+second, more than Telegram's 30 a second per bot, so the backlog then grows by design. The
+fake LLM answers after ``--model-delay``, and ``--tool-ratio`` of the answers first run a tool
+(``exec true``). The fake Telegram enforces Telegram's flood rules (1/s per chat with a short
+burst, 30/s per bot) and answers 429 beyond them. Every 10 s the script prints the latency
+percentiles of that window and the gateway's RSS and open fds; at the end: answered, not yet
+answered, duplicated, the state folder's size and the share of session bytes that is
+metadata, sends per second overall and into one chat at most, and 429s.
 
     .venv/bin/python bench/bench_soak.py [--users 50] [--seconds 60] [--model-delay 0.3]
         [--tool-ratio 0.1] [--keep DIR]
@@ -145,7 +146,8 @@ def report(api: FakeBotAPI, sent: dict[str, Any], state: Path, started: float) -
     per_chat_second = Counter((c.params.get("chat_id"), int(c.at - started)) for c in sends)
     size, meta = state_figures(state)
     print(
-        f"messages {len(sent)}  answered {len(sent) - len(lost)}  lost {len(lost)}  "
+        f"messages {len(sent)}  answered {len(sent) - len(lost)}  unanswered when the soak "
+        f"stopped waiting {len(lost)} (still pending in the state folder, or lost)  "
         f"duplicated {len(duplicated)}"
     )
     print(

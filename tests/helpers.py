@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -143,3 +144,40 @@ def run_memobot(
 
 def request_messages(entry: dict[str, Any]) -> list[dict[str, Any]]:
     return entry["body"]["messages"]
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (this container's init may not reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def sleepers(tag: str) -> list[int]:
+    """Living ``sleep TAG`` processes (not the shell or launcher whose command mentions it)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[:2] == [b"sleep", tag.encode()] and alive(int(name)):
+            found.append(int(name))
+    return found
+
+
+def wait_for(predicate: Any, within: float = 10.0) -> bool:
+    """Poll ``predicate`` every 50 ms until it is true (True) or ``within`` s pass (False)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False

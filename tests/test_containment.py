@@ -42,6 +42,8 @@ from tests.helpers import (
     make_config,
     request_messages,
     run_memobot,
+    sleepers,
+    wait_for,
     write_config,
 )
 
@@ -189,31 +191,6 @@ def test_file_tools_refuse_the_config_and_the_state_folder(
 
 
 # -- processes -----------------------------------------------------------------------------------
-
-
-def sleepers(tag: str) -> list[int]:
-    """Living ``sleep TAG`` processes (not the shell or launcher whose command mentions it)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if argv[:2] == [b"sleep", tag.encode()] and state not in ("Z", "X"):
-            found.append(int(name))
-    return found
-
-
-def wait_for(predicate: Any, within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def unique_seconds() -> str:

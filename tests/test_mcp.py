@@ -23,7 +23,17 @@ from bot.gate import launcher
 from bot.tools.base import ToolRegistry
 from bot.tools.mcp import input_schema, tool_name
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, call, reply, tool_step
-from tests.helpers import REPO, Harness, make_config, request_messages, run_memobot, write_config
+from tests.helpers import (
+    REPO,
+    Harness,
+    alive,
+    make_config,
+    request_messages,
+    run_memobot,
+    sleepers,
+    wait_for,
+    write_config,
+)
 
 FAKE_SERVER = REPO / "tests" / "fakes" / "mcp_server.py"
 RAW_SERVER = REPO / "tests" / "fakes" / "mcp_raw_server.py"
@@ -80,37 +90,6 @@ def results(llm: FakeLLMThread, request: int) -> dict[str, str]:
 
 def tools_of(llm: FakeLLMThread, request: int) -> list[str]:
     return [t["function"]["name"] for t in llm.requests[request]["body"].get("tools", [])]
-
-
-def wait_for(predicate: Any, within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def sleepers(tag: str) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[:2] == [b"sleep", tag.encode()] and alive(int(name)):
-            found.append(int(name))
-    return found
 
 
 # -- pure parts ---------------------------------------------------------------------------------

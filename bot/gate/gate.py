@@ -57,11 +57,8 @@ class Confinement:
 
 def process_start_time(pid: int) -> int | None:
     """The start time of ``pid`` in clock ticks since boot (field 22 of /proc/pid/stat)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    return int(stat[stat.rfind(b")") + 2 :].split()[19])
+    fields = launcher.stat_fields(pid)
+    return int(fields[19]) if len(fields) > 19 else None
 
 
 def describe_confinement(restrict: bool, sandbox: str, network: bool) -> Confinement:

@@ -247,19 +247,26 @@ def _limit_tasks() -> None:
 # --- The subtree ----------------------------------------------------------------------------
 
 
+def stat_fields(pid: int | str) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the command name (state first); [] when gone.
+
+    The command name may contain spaces and parentheses; the fields follow the last ')'.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return []  # exited while we looked
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
 def descendants(root: int) -> list[int]:
     """Every living process below ``root``, parents before children (from /proc)."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue  # exited while we looked
-        # The command name may contain spaces and parentheses; fields follow the last ')'.
-        fields = stat[stat.rfind(b")") + 2 :].split()
+        fields = stat_fields(name)
         if fields and (fields[0] != b"Z" or _has_live_threads(name)):
             children.setdefault(int(fields[1]), []).append(int(name))
     out: list[int] = []

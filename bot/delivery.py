@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.bus import OutboundMessage
-from bot.session import SUFFIX, SessionStore, filename_to_key
+from bot.session import SUFFIX, SessionStore, _open_session, filename_to_key
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,9 @@ def undelivered(state_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     for path in sorted(folder.glob(f"*{SUFFIX}")):
         try:
             key = filename_to_key(path.name)
-            lines = path.read_bytes().splitlines()
+            # Through the session opener: a FIFO planted here must not hang `status`.
+            with _open_session(path) as fh:
+                lines = fh.read().splitlines()
         except (OSError, ValueError, UnicodeDecodeError):
             continue
         for line in reversed(lines):

@@ -226,16 +226,6 @@ class LLMProvider:
         self._primary.cfg = self._primary.cfg.model_copy(update={"model": value})
 
     @property
-    def endpoint(self) -> str:
-        """The primary base URL, for messages."""
-        return self._primary.url
-
-    @property
-    def labels(self) -> list[str]:
-        """Every endpoint as "model @ url", primary first."""
-        return [e.label for e in self._endpoints]
-
-    @property
     def client(self) -> openai.AsyncOpenAI:
         """The primary endpoint's SDK client, made on first use: importing openai costs about
         half a second, which the daemon spends after its channels are up (``warm_up``)."""

@@ -15,9 +15,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-ROLES = frozenset({"system", "user", "assistant", "tool"})
-PHASES = ("awaiting_tools", "tools_completed", "final_response")
-
 
 class _Strict(BaseModel):
     # Unknown keys are kept (a newer memobot, a provider's extra fields); known ones must have

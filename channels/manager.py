@@ -86,9 +86,6 @@ class ChannelManager:
             callback, self.on_all_failed = self.on_all_failed, None
             callback(channels)
 
-    def failed_channels(self) -> list[Channel]:
-        return [c for c in self.channels.values() if c.fatal is not None]
-
     async def start(self) -> None:
         for channel in self.channels.values():
             try:

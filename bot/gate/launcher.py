@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import signal
 import sys
@@ -92,8 +93,10 @@ def _syscall(*args: object) -> int:
     return int(result)
 
 
+@functools.cache
 def landlock_abi() -> int:
-    """The kernel's Landlock ABI version; 0 when Landlock is missing or disabled."""
+    """The kernel's Landlock ABI version; 0 when Landlock is missing or disabled (asked once:
+    the file tools and every exec consult it)."""
     try:
         return _syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION)
     except OSError:

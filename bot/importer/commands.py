@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from bot.config import ConfigError
+from bot.invocation import command_for
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -80,10 +81,8 @@ def run(args: argparse.Namespace, config_path: Path) -> int:
     source = plan.source.home or plan.source.workspace
     print(f"Imported nanobot from {source}:")
     print(plan.report.render())
-    exe = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "memobot"
-    exe = "memobot" if exe in ("__main__.py", "-c", "") else exe
     print(
-        f"\nNext: {exe} --config {written} status, then {exe} --config {written} agent "
-        f"(or gateway). {exe} doctor checks file modes and the LLM."
+        f"\nNext: {command_for(written, 'status')}, then {command_for(written, 'agent')} "
+        f"(or gateway). {command_for(written, 'doctor')} checks file modes and the LLM."
     )
     return 0

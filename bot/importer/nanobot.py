@@ -38,6 +38,7 @@ from bot.config import Config, ConfigError, check_layout, load_config, parse_con
 from bot.importer.nanobot_config import nanobot_workspace_setting, translate_config
 from bot.importer.report import Report
 from bot.memory.history import parse_entry
+from bot.private import make_private_dirs
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +367,7 @@ def _rel(source: Source, path: Path) -> str:
 def _copy_workspace(src: Path, dest: Path) -> None:
     """Copy the workspace without its sessions/ (transcripts go to the state folder, out of the
     agent's reach); symlinks are copied as links, never followed."""
-    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private_dirs(dest.parent)
     shutil.copytree(
         src,
         dest,
@@ -529,9 +530,7 @@ def _import_sessions(p: Plan) -> None:
     from bot.session import SessionStore
 
     state = p.config.agent.state_path
-    if not state.exists():
-        state.mkdir(parents=True, mode=0o700)
-        os.chmod(state, 0o700)  # mkdir's mode passes through the umask; transcripts are private
+    make_private_dirs(state)  # transcripts are private, the folder's parents too
     store = SessionStore(state)
     existing = set(store.keys())
     newest: dict[str, SessionImport] = {}

@@ -279,8 +279,6 @@ class McpServer:
     def _errlog(self, stack: contextlib.ExitStack[Any] | contextlib.AsyncExitStack) -> TextIO:
         """Where a stdio server's stderr goes: ``<state>/mcp/<name>.log`` (0600, new at each
         start), else nowhere."""
-        import os
-
         if self.log_dir is None:
             return stack.enter_context(open(os.devnull, "w"))
         from bot.private import make_private_dirs

@@ -479,13 +479,16 @@ async def test_a_symlink_swapped_in_after_the_check_leads_nowhere(tmp_path: Path
         "sleep 0.3; echo started"
     )
     calls: list[tuple[str, dict[str, Any]]] = []
-    for i in range(30):
+    for i in range(80):  # each write has a small chance to land in the window: many tries
         calls.append(("read_file", {"path": "f"}))
         calls.append(("write_file", {"path": f"d/planted{i}.jsonl", "content": "{}"}))
     results = await race(tmp_path, setup, calls)
     assert not any(API_KEY in r for r in results)
     assert sorted(p.name for p in state.iterdir()) == []
-    assert any(r == "decoy\n" for r in results), "the race never ran"
+    # Without the swapper every read would be "decoy": another answer proves the race ran.
+    # (Under load the reads may also never catch the file in place: no "decoy" is fine.)
+    reads = results[::2]
+    assert any(r != "decoy\n" for r in reads), "the race never ran"
 
 
 @needs_landlock

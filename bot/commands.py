@@ -12,6 +12,8 @@ HELP_TEXT = """memobot commands:
 /help   this list"""
 
 COMMANDS = frozenset({"/new", "/stop", "/status", "/help", "/dream"})
+# Answered at once, beside a running turn, and never stored as a pending turn.
+IMMEDIATE = frozenset({"/stop", "/help", "/status", "/dream"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from channels.base import Channel
 from channels.errors import PermanentError
 
 CHANNEL = "cli"
-OUTCOME_KEY = "outcome"  # bot.loop.OUTCOME_KEY: channels do not import the core's loop
+OUTCOME_KEY = "outcome"  # bot.turn.OUTCOME_KEY: channels do not import the core's loop
 THINKING = "thinking..."
 ERASE_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line
 

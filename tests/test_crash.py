@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from bot.bus import InboundMessage
-from bot.loop import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS
+from bot.recovery import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS
 from bot.runner import INTERRUPTED_TOOL_RESULT
 from bot.session import Session, SessionStore
 from tests.crash_support import (

@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 
 from bot.app import build_agent
-from bot.loop import STOPPED_TEXT
+from bot.turn import STOPPED_TEXT
 from channels.manager import ChannelManager
 from channels.slack_channel import SlackChannel
 from channels.telegram_channel import TelegramChannel

@@ -1,0 +1,113 @@
+"""Durable intake: an accepted message is a pending turn on disk before its platform hears "ok".
+
+DESIGN.md section 5, step 1. The channel confirms a message to its platform (Telegram offset,
+Slack ack) only when ``accept`` answers "accepted" or "duplicate"; by then the message is a
+``pending`` entry in its session's metadata, keyed by the platform's message id, so a
+redelivered message is recognised and answered once, and a crash after intake resumes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bot import failpoints
+from bot.bus import InboundMessage, Intake
+from bot.commands import IMMEDIATE, parse_command
+from bot.session import Session, SessionStore, now_iso
+
+log = logging.getLogger(__name__)
+
+# More than one getUpdates batch (at most 100 updates) from one chat, so a redelivered batch
+# is always recognised.
+SEEN_IDS_KEPT = 128
+
+
+class DurableIntake:
+    """The bus's intake hook. ``closed`` (set at shutdown) refuses new messages."""
+
+    def __init__(
+        self, store: SessionStore, reply: Callable[[InboundMessage, str], Awaitable[None]]
+    ) -> None:
+        self.store = store
+        self.reply = reply  # a final answer to a message that could not be stored
+        self.closed = False
+
+    async def accept(self, msg: InboundMessage) -> Intake:
+        """Make ``msg`` durable as a pending turn; recognise redeliveries by message id."""
+        command = parse_command(msg.text)
+        if command and command.name in IMMEDIATE:
+            return "accepted"  # answered at once, nothing to make durable
+        if self.closed:
+            return "refused"
+        try:
+            # In a worker thread: the load of a long session and the fsync stay off the loop.
+            return await asyncio.to_thread(self._store_pending, msg)
+        except OSError as exc:
+            log.error("cannot store message session=%s: %s", msg.session_key, exc)
+            await self.reply(
+                msg,
+                f"I could not store your message ({exc.strerror or exc}), so I did not process "
+                "it. Please try again later.",
+            )
+            return "refused"
+
+    def _store_pending(self, msg: InboundMessage) -> Intake:
+        session = self.store.get(msg.session_key)
+        entry = pending_entry(msg)
+
+        def add_pending(meta: dict[str, Any]) -> dict[str, Any] | None:
+            # Checked and written under the session's lock: two deliveries of one message
+            # racing each other still produce one pending turn.
+            pending = meta.get("pending") or []
+            seen = meta.get("seen_ids") or []
+            if msg.message_id in seen or any(p["id"] == msg.message_id for p in pending):
+                return None
+            return {
+                "pending": [*pending, entry],
+                "seen_ids": [*seen, msg.message_id][-SEEN_IDS_KEPT:],
+            }
+
+        if not self.store.append(session, metadata=add_pending):
+            log.info("duplicate message ignored session=%s id=%s", msg.session_key, msg.message_id)
+            return "duplicate"
+        failpoints.hit("after_intake")
+        return "accepted"
+
+
+def pending_entry(msg: InboundMessage) -> dict[str, Any]:
+    """The on-disk form of a pending turn (the inverse of ``inbound_from_pending``)."""
+    return {
+        "id": msg.message_id,
+        "sender_id": msg.sender_id,
+        "text": msg.text,
+        "media": list(msg.media),
+        "reply_to": msg.reply_to,
+        "metadata": msg.metadata,
+        "received_at": now_iso(),
+    }
+
+
+def inbound_from_pending(key: str, p: dict[str, Any]) -> InboundMessage:
+    channel, _, chat_id = key.partition(":")
+    return InboundMessage(
+        channel,
+        chat_id,
+        str(p.get("sender_id", "")),
+        str(p.get("text", "")),
+        media=tuple(p.get("media") or ()),
+        message_id=p["id"],
+        reply_to=p.get("reply_to"),
+        metadata=dict(p.get("metadata") or {}),
+    )
+
+
+def is_pending(session: Session, message_id: str | None) -> bool:
+    return any(p["id"] == message_id for p in session.metadata.get("pending") or [])
+
+
+def without_pending(meta: dict[str, Any], message_id: str | None) -> list[dict[str, Any]] | None:
+    """The pending list once ``message_id`` is answered (None when nothing is left)."""
+    return [p for p in meta.get("pending") or [] if p["id"] != message_id] or None

@@ -1,0 +1,180 @@
+"""Recovery: after a crash or restart, every interrupted turn is finished and every answer sent.
+
+DESIGN.md section 5. At start, before any new message is taken, each session's metadata is
+turned back into work: undelivered answers from the ledger are re-sent, an orphaned checkpoint is
+repaired into history, and every pending message is queued again as a resumed turn. When the
+resumed turn runs, ``resume`` turns its checkpoint back into messages (every unfinished tool call
+gets an "interrupted" result) and counts the attempt durably, so a turn that crashes memobot each
+time is given up after ``MAX_RESUME_ATTEMPTS`` instead of looping for ever.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bot.bus import InboundMessage, MessageBus
+from bot.delivery import DeliveryLedger
+from bot.intake import inbound_from_pending, is_pending
+from bot.runner import close_open_tool_calls
+from bot.session import Session, SessionStore
+
+log = logging.getLogger(__name__)
+
+MAX_RESUME_ATTEMPTS = 3
+GAVE_UP_TEXT = (
+    "I was interrupted {n} times while answering your message and could not finish it. "
+    "Please send it again if you still need an answer."
+)
+
+
+@dataclass(slots=True)
+class Resumed:
+    """An interrupted turn, ready to go on: its messages and the phase it had reached."""
+
+    messages: list[dict[str, Any]]
+    phase: str
+    gave_up: bool = False
+
+
+class Recovery:
+    def __init__(
+        self,
+        store: SessionStore,
+        ledger: DeliveryLedger,
+        bus: MessageBus,
+        queue: Callable[[InboundMessage], None],
+        user_message: Callable[[InboundMessage], Awaitable[dict[str, Any]]],
+    ) -> None:
+        self.store = store
+        self.ledger = ledger
+        self.bus = bus
+        self.queue = queue  # puts a pending message back in its session's queue, as a resume
+        self.user_message = user_message
+
+    def recover(self, keys: list[str] | None = None, channels: set[str] | None = None) -> int:
+        """Queue every interrupted turn and undelivered answer; returns how many sessions.
+
+        Called once at start, before any new message is taken, so a session carrying a
+        checkpoint is repaired before anything else touches it. ``channels`` limits recovery
+        to the sessions of those channels (the gateway leaves ``cli:`` sessions to the
+        terminal).
+        """
+        resumed = 0
+        for key in self.store.keys() if keys is None else keys:
+            if channels is not None and key.partition(":")[0] not in channels:
+                continue
+            # One session's damage must not keep the others (or the daemon) from starting.
+            try:
+                resumed += self._recover_session(key)
+            except OSError as exc:
+                log.error("cannot recover session=%s: %s", key, exc)
+            except Exception:
+                log.exception("recovery failed session=%s; the other sessions go on", key)
+        return resumed
+
+    def _recover_session(self, key: str) -> int:
+        """Recover one session; 1 if it had pending turns to resume."""
+        meta = self.store.peek_metadata(key)
+        if not meta or not (
+            meta.get("pending") or meta.get("runtime_checkpoint") or meta.get("outbox")
+        ):
+            return 0
+        session = self.store.get(key)
+        for out in self.ledger.recover(key):
+            log.info("re-sending undelivered answer session=%s", key)
+            self.bus.outbound.put_nowait(out)
+        pending = session.metadata.get("pending") or []
+        checkpoint = session.metadata.get("runtime_checkpoint")
+        if checkpoint and not any(p["id"] == checkpoint.get("message_id") for p in pending):
+            # A checkpoint whose message is gone cannot be answered; keep its work.
+            turn = list(checkpoint.get("messages") or [])
+            close_open_tool_calls(turn)
+            self.store.append(session, turn, metadata={"runtime_checkpoint": None})
+        for p in pending:
+            self.queue(inbound_from_pending(key, p))
+        if pending:
+            log.info("resuming session=%s pending=%d", key, len(pending))
+        return 1 if pending else 0
+
+    async def resume(self, session: Session, msg: InboundMessage) -> Resumed | None:
+        """Turn a checkpoint back into messages; count the attempt durably before trying.
+
+        None when the message is no longer pending (its answer landed before the crash).
+        """
+        meta = session.metadata
+        resume = meta.get("resume") or {}
+        attempts = resume.get("attempts", 0) if resume.get("message_id") == msg.message_id else 0
+        attempts += 1
+        checkpoint = meta.get("runtime_checkpoint")
+        if checkpoint and checkpoint.get("message_id") != msg.message_id:
+            checkpoint = None
+        if not checkpoint and not is_pending(session, msg.message_id):
+            return None
+        messages = list(checkpoint["messages"]) if checkpoint else [await self.user_message(msg)]
+        phase = checkpoint["phase"] if checkpoint else "intake"
+        if phase == "final_response":
+            return Resumed(messages, phase)
+        interrupted = unfinished_calls(messages)
+        close_open_tool_calls(messages)
+        if attempts > MAX_RESUME_ATTEMPTS:
+            log.error(
+                "giving up on interrupted turn session=%s after %d attempts",
+                msg.session_key,
+                attempts - 1,
+            )
+            return Resumed(messages, phase, gave_up=True)
+        self.store.append(
+            session, metadata={"resume": {"message_id": msg.message_id, "attempts": attempts}}
+        )
+        log.info(
+            "resuming turn session=%s phase=%s attempt=%d interrupted_tools=%d",
+            msg.session_key,
+            phase,
+            attempts,
+            len(interrupted),
+        )
+        if checkpoint:
+            # In the person's own message, after its runtime block: the last thing the model
+            # reads stays the tool results of their question, not a note it would answer.
+            note = resume_note(interrupted)
+            if messages and messages[0].get("role") == "user":
+                messages[0] = with_note(messages[0], note)
+            else:  # not the shape memobot writes; still tell the model
+                messages.append({"role": "user", "content": note})
+        return Resumed(messages, phase)
+
+
+def unfinished_calls(turn: list[dict[str, Any]]) -> list[str]:
+    done = {m.get("tool_call_id") for m in turn if m.get("role") == "tool"}
+    return [
+        c.get("function", {}).get("name", "?")
+        for m in turn
+        if m.get("role") == "assistant"
+        for c in m.get("tool_calls") or []
+        if c.get("id") not in done
+    ]
+
+
+def with_note(message: dict[str, Any], note: str) -> dict[str, Any]:
+    """``message`` (a user message) with ``note`` added at the end of its text."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [*content, {"type": "text", "text": note}]}
+    return {**message, "content": f"{content or ''}\n\n{note}"}
+
+
+def resume_note(interrupted: list[str]) -> str:
+    """The note the model sees when a turn is resumed after memobot was stopped mid-way."""
+    text = (
+        "[memobot: your previous run on this message was interrupted (memobot was restarted). "
+        "The tool results that follow are what finished."
+    )
+    if interrupted:
+        text += (
+            f" These tool calls did not finish: {', '.join(interrupted)}. Do not repeat a "
+            "call with side effects unless you have checked it is safe to run again."
+        )
+    return text + " Continue answering this message.]"

@@ -1,0 +1,272 @@
+"""One turn: from a person's message to the one ``final`` answer, checkpointed at each phase.
+
+DESIGN.md section 5, steps 4 and 5. The runner talks to the model and the tools; this module
+gives it the turn's context (tools confined by the gate, one process scope per turn), stores a
+``runtime_checkpoint`` at each phase, and ends every turn with ``finish``: one write that
+appends the turn's messages, puts the answer into the delivery ledger and clears the pending
+entry, after which the answer is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, Literal
+
+from bot import failpoints
+from bot.bus import InboundMessage, MessageBus, OutboundMessage
+from bot.config import Config
+from bot.context import ContextBuilder
+from bot.delivery import DELIVERY_KEY, outbox_entry
+from bot.gate import Gate, ProcessScope
+from bot.intake import without_pending
+from bot.llm import LLMError, LLMProvider, LLMUnavailable
+from bot.memory.consolidate import Consolidator
+from bot.memory.files import memory_stamp
+from bot.runner import Runner, close_open_tool_calls
+from bot.session import Session, SessionStore, now_iso
+from bot.tokens import estimate_text_tokens
+from bot.tools.base import ToolContext, ToolRegistry
+
+log = logging.getLogger(__name__)
+
+STOPPED_TEXT = "Stopped."
+FAILED_TEXT = "Something went wrong while answering; see the logs."
+# A final answer's metadata says how its turn ended: "ok", "failed" (the model could not be
+# reached or refused, or the turn crashed) or "stopped" (/stop, Ctrl-C).
+OUTCOME_KEY = "outcome"
+Outcome = Literal["ok", "failed", "stopped"]
+AUDIO_SUFFIXES = frozenset({".ogg", ".oga", ".opus", ".mp3", ".m4a", ".wav", ".webm", ".flac"})
+
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+class Turns:
+    """Runs and ends turns; shared by every session (the loop decides which turn runs when)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        bus: MessageBus,
+        store: SessionStore,
+        provider: LLMProvider,
+        tools: ToolRegistry,
+        context: ContextBuilder,
+        consolidator: Consolidator,
+        gate: Gate | None,
+        spawn: Spawn,
+    ) -> None:
+        self.cfg = cfg
+        self.bus = bus
+        self.store = store
+        self.provider = provider
+        self.tools = tools
+        self.context = context
+        self.consolidator = consolidator
+        self.gate = gate
+        self.spawn = spawn
+        self.runner = Runner(
+            provider, tools, cfg.agent.max_tool_iterations, cfg.agent.max_tool_calls_per_turn
+        )
+        # When each session last finished a turn (the idle compactor's clock).
+        self.last_active: dict[str, float] = {}
+        # (registry version, estimate): recounted only when MCP servers change the tools.
+        self._tools_estimate = (-1, 0)
+
+    def _tools_tokens(self) -> int:
+        version, tokens = self._tools_estimate
+        if version != self.tools.version:
+            tokens = estimate_text_tokens(str(self.tools.schemas()))
+            self._tools_estimate = (self.tools.version, tokens)
+        return tokens
+
+    def private(self, msg: InboundMessage) -> bool:
+        """May this chat see the owner's memory? Private chats yes; groups only if shared."""
+        return not msg.metadata.get("is_group") or self.cfg.memory.share_in_groups
+
+    async def user_message(self, msg: InboundMessage) -> dict[str, Any]:
+        """The person's message as the model sees it (voice messages transcribed)."""
+        text = msg.text
+        model = self.cfg.llm.transcription_model
+        for path in msg.media if model else ():
+            if Path(path).suffix.lower() not in AUDIO_SUFFIXES:
+                continue
+            try:
+                said = await self.provider.transcribe(path, model)
+                text += f"\n[voice message transcript: {said}]"
+            except LLMError as exc:
+                log.warning("transcription failed session=%s: %s", msg.session_key, exc)
+                text += "\n[a voice message could not be transcribed]"
+        return self.context.user_message(text, msg.channel, msg.chat_id, msg.media)
+
+    async def answerable_turn(self, session: Session, msg: InboundMessage) -> list[dict[str, Any]]:
+        """What a turn that never reached the model leaves in history: its checkpoint's work
+        if it has one (a resumed turn), else the user's message."""
+        checkpoint = session.metadata.get("runtime_checkpoint")
+        if checkpoint and checkpoint.get("message_id") == msg.message_id:
+            return list(checkpoint.get("messages") or [])
+        return [await self.user_message(msg)]
+
+    async def run(
+        self,
+        session: Session,
+        msg: InboundMessage,
+        turn: list[dict[str, Any]],
+        *,
+        stop_requested: Callable[[], bool],
+        wait_for_model: bool,
+    ) -> LLMUnavailable | None:
+        """Run the turn to its answer. When every model was unavailable and ``wait_for_model``,
+        returns that error instead of answering: ``turn`` (extended in place with whatever
+        finished) waits with the caller until the model is back.
+
+        A cancellation with ``stop_requested()`` is ``/stop``: the turn ends "stopped". Any
+        other cancellation (shutdown) propagates and leaves the checkpoint for the next start.
+        """
+        ctx = ToolContext(
+            workspace=self.cfg.agent.workspace_path,
+            restrict_to_workspace=self.cfg.tools.restrict_to_workspace,
+            channel=msg.channel,
+            chat_id=msg.chat_id,
+            session_key=msg.session_key,
+            send=lambda text: self.publish(msg, text, final=False),
+            extra={"private": self.private(msg)},
+            gate=self.gate,
+            processes=ProcessScope(),
+        )
+
+        async def checkpoint(phase: str, turn_so_far: list[dict[str, Any]]) -> None:
+            await self.store.append_async(
+                session,
+                metadata={
+                    "runtime_checkpoint": {
+                        "phase": phase,
+                        "message_id": msg.message_id,
+                        "messages": turn_so_far,
+                        "at": now_iso(),
+                    }
+                },
+            )
+            failpoints.hit(phase)
+
+        def build(t: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return self.context.build(
+                session,
+                t,
+                self.cfg.llm.context_window_tokens,
+                self.cfg.llm.max_tokens,
+                self._tools_tokens(),
+                private=ctx.extra["private"],
+            )
+
+        started = time.monotonic()
+        stamp = memory_stamp(self.cfg.agent.workspace_path)
+        await self.bus.publish_outbound(
+            OutboundMessage(msg.channel, msg.chat_id, "", metadata={"typing": True})
+        )
+        failpoints.hit("before_llm")
+        try:
+            try:
+                result = await self.runner.run(build, turn, ctx, checkpoint)
+            finally:
+                # No process outlives its turn: background jobs end with the answer.
+                assert ctx.processes is not None
+                await asyncio.shield(ctx.processes.close())
+        except asyncio.CancelledError:
+            if not stop_requested():
+                raise  # shutdown: the checkpoint stays and the next start resumes the turn
+            closed = close_open_tool_calls(turn)
+            log.info("turn stopped session=%s interrupted_tools=%d", msg.session_key, closed)
+            await self.finish(session, msg, turn, STOPPED_TEXT, "stopped")
+            return None
+        log.info(
+            "turn done session=%s status=%s iterations=%d in %.0f ms",
+            msg.session_key,
+            result.status,
+            result.iterations,
+            (time.monotonic() - started) * 1000,
+        )
+        if wait_for_model and isinstance(result.error, LLMUnavailable):
+            # Every model was unavailable (not refused): not answered, the turn waits.
+            return result.error
+        # On an LLM failure the user's message (and any finished tool work) stays in history.
+        outcome: Outcome = "failed" if result.status == "llm_error" else "ok"
+        await self.finish(session, msg, turn, result.text, outcome)
+        if memory_stamp(self.cfg.agent.workspace_path) != stamp:
+            self.spawn(self._commit_memory(msg.session_key))
+        return None
+
+    async def _commit_memory(self, key: str) -> None:
+        from bot.memory.versioning import commit_async
+
+        try:
+            commit = await commit_async(
+                self.cfg.agent.workspace_path, f"agent: memory edited in session {key}\n"
+            )
+            if commit:
+                log.info("memory committed %s session=%s", commit[:8], key)
+        except Exception:
+            log.exception("memory commit failed session=%s", key)
+
+    async def finish(
+        self,
+        session: Session,
+        msg: InboundMessage,
+        turn: list[dict[str, Any]],
+        text: str,
+        outcome: Outcome = "ok",
+    ) -> None:
+        """One write: the turn's messages, the answer into the ledger, pending and checkpoint
+        cleared. Then the answer goes out, its ``outcome`` in the metadata (the terminal turns
+        it into an exit code)."""
+        delivery_id = f"d-{uuid.uuid4().hex[:12]}"
+        out = self.answer(msg, text, outcome, {DELIVERY_KEY: delivery_id})
+        entry = outbox_entry(delivery_id, out)
+
+        def finished(meta: dict[str, Any]) -> dict[str, Any]:
+            # Derived under the session lock: a message accepted meanwhile stays pending.
+            return {
+                "runtime_checkpoint": None,
+                "resume": None,
+                "interrupted": None,
+                "pending": without_pending(meta, msg.message_id),
+                "outbox": [*(meta.get("outbox") or []), entry],
+            }
+
+        await self.store.append_async(session, turn, metadata=finished)
+        failpoints.hit("before_delivery")
+        await self.bus.publish_outbound(out)
+        self.last_active[msg.session_key] = time.monotonic()
+        self.consolidator.schedule(msg.session_key)
+
+    async def fail(self, msg: InboundMessage) -> None:
+        """A bug or an I/O error ended the turn: tell the person, keep the loop alive."""
+        try:
+            await self.finish(self.store.get(msg.session_key), msg, [], FAILED_TEXT, "failed")
+        except Exception:
+            log.exception("could not record the failed turn session=%s", msg.session_key)
+            await self.bus.publish_outbound(self.answer(msg, FAILED_TEXT, "failed"))
+
+    @staticmethod
+    def answer(
+        msg: InboundMessage, text: str, outcome: Outcome, extra: dict[str, Any] | None = None
+    ) -> OutboundMessage:
+        """The ``final`` outbound message that answers ``msg``."""
+        return OutboundMessage(
+            msg.channel,
+            msg.chat_id,
+            text,
+            reply_to=msg.message_id,
+            final=True,
+            metadata={**(extra or {}), OUTCOME_KEY: outcome},
+        )
+
+    async def publish(self, msg: InboundMessage, text: str, final: bool) -> None:
+        """Something to show in ``msg``'s chat that is not kept in the delivery ledger."""
+        await self.bus.publish_outbound(
+            OutboundMessage(msg.channel, msg.chat_id, text, reply_to=msg.message_id, final=final)
+        )

@@ -303,14 +303,18 @@ class AgentLoop:
             return  # no longer pending: nothing to answer
         since = info.get("since") or now_iso()
         tell = not info.get("notified") and key not in self.outage.notified
-        if not info.get("since") or tell:
+        # A restart while the turn waited counted as a resume attempt; waiting is not a crash
+        # of the turn, so the count starts over (else three restarts in an outage give up).
+        resumed = (session.metadata.get("resume") or {}).get("message_id") == msg.message_id
+        if not info.get("since") or tell or resumed:
             notified = bool(info.get("notified")) or tell
             await self.store.append_async(
                 session,
                 metadata=lambda meta: {
                     "pending": mark_waiting(
                         meta.get("pending") or [], msg.message_id, since, notified
-                    )
+                    ),
+                    **({"resume": None} if resumed else {}),
                 },
             )
         if tell:

@@ -521,6 +521,7 @@ class FakeLLM:
         self._completion_seq = 0
         self._runner: web.AppRunner | None = None
         self._stopping: asyncio.Event | None = None
+        self._outages: list[tuple[float, Step]] = []  # (until, monotonic clock) -> error step
         self.script(*script)
 
     # -- control (any thread) --
@@ -539,6 +540,16 @@ class FakeLLM:
         checked = [check_step(s) for s in steps]
         with self._lock:
             self._queue.extend(checked)
+
+    def outage(self, *phases: tuple[float, Step]) -> None:
+        """Answer every request with an error for a while, phase after phase, from now:
+        ``outage((30, error(500)), (30, error(429, retry_after=5)))``. Scripted steps wait."""
+        now = time.monotonic()
+        with self._lock:
+            self._outages = []
+            for seconds, step in phases:
+                now += seconds
+                self._outages.append((now, check_step(step)))
 
     def reset(self) -> None:
         """Drop queued steps and the request log; restart id counters."""
@@ -694,7 +705,9 @@ class FakeLLM:
         """Pop the first queued step matching this request and log the request."""
         with self._lock:
             step: Step | None = None
-            for i, candidate in enumerate(self._queue):
+            now = time.monotonic()
+            step = next((s for until, s in self._outages if now < until), None)
+            for i, candidate in enumerate(self._queue if step is None else ()):
                 needle = candidate.get("when_user_contains")
                 if needle is None or needle in user_text:
                     step = self._queue.pop(i)

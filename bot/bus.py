@@ -52,6 +52,16 @@ class OutboundMessage:
         return session_key(self.channel, self.chat_id)
 
 
+# An outbound message with this metadata flag goes to every channel's admins, in their private
+# chats (the channels know where those are; the core does not).
+TO_ADMINS = "to_admins"
+
+
+def admin_notice(text: str) -> OutboundMessage:
+    """A notice for the owner (a wrong API key, a missing model), not an answer to anyone."""
+    return OutboundMessage("", "", text, metadata={TO_ADMINS: True})
+
+
 class MessageBus:
     """Inbound and outbound queues shared by every channel and the one agent loop.
 

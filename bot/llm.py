@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -215,6 +216,9 @@ class LLMProvider:
         self._primary = self._endpoints[0]
         # (endpoint, status) already reported: a wrong key is logged once, not per message.
         self._reported: set[tuple[str, int]] = set()
+        # Called once per (endpoint, 401/404) with a text for the owner (the daemon sends it to
+        # the admins' private chats); the text names the endpoint and the setting, no secret.
+        self.on_refused: Callable[[str], None] | None = None
 
     @property
     def model(self) -> str:
@@ -390,6 +394,12 @@ class LLMProvider:
                 exc,
                 session_key,
             )
+            if self.on_refused is not None:
+                self.on_refused(
+                    f"memobot: the model endpoint {endpoint.label} refused a request. "
+                    f"{exc.user_message} Answers that need this endpoint fail until the config "
+                    "is fixed and memobot reloaded. (Sent once.)"
+                )
         else:
             log.warning(
                 "llm endpoint %s refused the request: %s session=%s",

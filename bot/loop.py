@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bot.bus import InboundMessage, MessageBus
+from bot.bus import InboundMessage, MessageBus, admin_notice
 from bot.commands import HELP_TEXT, IMMEDIATE, Command, format_duration, parse_command
 from bot.config import Config
 from bot.context import ContextBuilder
@@ -106,6 +106,8 @@ class AgentLoop:
         self._background: set[asyncio.Task[None]] = set()
         self.started_at = time.monotonic()
         self.outage = Outage(provider.probe, cfg.llm.outage) if wait_for_model else None
+        if wait_for_model:  # the daemon: a wrong key or model is reported to the admins
+            provider.on_refused = lambda text: self._spawn(bus.publish_outbound(admin_notice(text)))
         bus.set_intake(self.intake.accept)
 
     def recover(self, keys: list[str] | None = None, channels: set[str] | None = None) -> int:

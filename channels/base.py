@@ -91,5 +91,10 @@ class Channel(ABC):
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
         """Deliver one piece of ``msg`` to its chat. Raise ``channels.errors`` classes."""
 
+    async def admin_chats(self) -> list[str]:
+        """The chat ids of the admins' private chats, for notices to the owner; [] if the
+        platform gives no way to find them."""
+        return []
+
     async def send_typing(self, chat_id: str) -> None:  # noqa: B027
         """Show "typing..." in the chat (platforms without it: nothing)."""

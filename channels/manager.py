@@ -21,10 +21,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from bot import failpoints
-from bot.bus import MessageBus, OutboundMessage
+from bot.bus import TO_ADMINS, MessageBus, OutboundMessage
 from channels.base import Channel
 from channels.errors import (
     FatalChannelError,
@@ -79,6 +80,7 @@ class ChannelManager:
         self.on_all_failed: Callable[[list[Channel]], None] | None = None
         for channel in channels:
             channel.on_fatal = self._channel_failed
+        self._background: set[asyncio.Task[None]] = set()
 
     def _channel_failed(self, channel: Channel) -> None:
         channels = list(self.channels.values())
@@ -121,6 +123,11 @@ class ChannelManager:
                 self._start_typing(msg)
                 self.bus.outbound.task_done()
                 continue
+            if msg.metadata.get(TO_ADMINS):
+                self._background.add(task := asyncio.create_task(self._to_admins(msg)))
+                task.add_done_callback(self._background.discard)
+                self.bus.outbound.task_done()
+                continue
             chat = self._chats.setdefault((msg.channel, msg.chat_id), _Chat())
             chat.queue.put_nowait(msg)
             if chat.worker is None or chat.worker.done():
@@ -137,6 +144,23 @@ class ChannelManager:
                 if msg.final and chat.typing:
                     chat.typing.cancel()
                 self.bus.outbound.task_done()
+
+    async def _to_admins(self, notice: OutboundMessage) -> None:
+        """Queue ``notice`` into every admin's private chat on every running channel."""
+        for channel in self.channels.values():
+            if channel.fatal is not None:
+                continue
+            try:
+                chats = await channel.admin_chats()
+            except Exception as exc:
+                log.warning("cannot find the admins' chats channel=%s: %s", channel.name, exc)
+                continue
+            if not chats:
+                log.info("no admin chat to tell channel=%s", channel.name)
+            for chat_id in chats:
+                await self.bus.publish_outbound(
+                    replace(notice, channel=channel.name, chat_id=chat_id, metadata={})
+                )
 
     def _start_typing(self, msg: OutboundMessage) -> None:
         channel = self.channels.get(msg.channel)

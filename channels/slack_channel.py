@@ -1040,5 +1040,9 @@ class SlackChannel(Channel):
         except SlackClientError as exc:
             raise PermanentError(f"slack client refused the message: {exc}") from exc
 
+    async def admin_chats(self) -> list[str]:
+        # chat.postMessage to a user id posts in that person's direct messages with the app.
+        return sorted(a for a in self.policy.admins if a[:1] in ("U", "W"))
+
     async def send_typing(self, chat_id: str) -> None:
         """Slack offers bots no typing indicator over the Web API; nothing to do."""

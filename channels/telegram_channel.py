@@ -767,6 +767,10 @@ class TelegramChannel(Channel):
             return None
         return ReplyParameters(target, allow_sending_without_reply=True)
 
+    async def admin_chats(self) -> list[str]:
+        # A person's private chat with the bot has their user id (admins are user ids here).
+        return sorted(a for a in self.policy.admins if a.isdigit())
+
     async def send_typing(self, chat_id: str) -> None:
         if self.bot is None:
             return

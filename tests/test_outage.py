@@ -276,3 +276,45 @@ def test_sigkill_during_the_outage_keeps_turns_waiting(tmp_path: Path) -> None:
             texts = _texts(api, user)
             assert texts.count(NOTICE_TEXT) == 1, texts  # not repeated after the restart
             assert [t for t in texts if t != NOTICE_TEXT] == answers
+
+
+def test_a_wrong_api_key_is_reported_once_to_the_admins(tmp_path: Path) -> None:
+    """401 does not fail over and is not waited out: each asker gets the refusal, and the
+    admins' private chats get one notice naming the setting (never the key)."""
+    with (
+        FakeLLM.start_in_thread(api_key="the-right-key") as llm,
+        FakeBotAPI.start_in_thread() as api,
+    ):
+        settings = {
+            "enabled": True,
+            "token": api.token,
+            "baseUrl": api.base_url,
+            "allowFrom": [str(ALICE), str(BOB)],
+            "admins": [str(ALICE)],
+            "pollTimeoutSeconds": 1,
+        }
+        data = config_dict(tmp_path, llm.base_url, channels={"telegram": settings})
+        data["llm"]["apiKey"] = "sk-wrong-secret-1234"
+        data["llm"]["outage"] = FAST_OUTAGE
+        config = tmp_path / "config.json"
+        config.write_text(json.dumps(data))
+        gateway = _gateway(config)
+        try:
+            api.private_text("alice one", user_id=ALICE)
+            api.private_text("bob one", user_id=BOB)
+            wait_until(lambda: len(_texts(api, ALICE)) >= 2 and _texts(api, BOB), 20, "answers")
+            api.private_text("alice two", user_id=ALICE)
+            wait_until(lambda: len(_texts(api, ALICE)) >= 3, 20, "the second answer")
+            time.sleep(0.5)  # a second notice would have been sent by now
+        finally:
+            gateway.send_signal(signal.SIGTERM)
+            gateway.wait(20)
+    alice, bob = _texts(api, ALICE), _texts(api, BOB)
+    notices = [t for t in alice if t.startswith("memobot: the model endpoint")]
+    assert len(notices) == 1, alice
+    assert "401" in notices[0] and "llm.apiKey" in notices[0] and llm.base_url in notices[0]
+    assert "sk-wrong-secret" not in notices[0]
+    assert [t for t in alice if t not in notices] == [
+        "The model service refused the request (401: the API key was rejected; check llm.apiKey).",
+    ] * 2
+    assert bob == [alice[-1]]  # refused too, but not an admin: no notice

@@ -43,6 +43,7 @@ class Fake:
     requests: list[dict[str, Any]] = field(default_factory=list)
     status: int = 200
     delay: float = 0.0
+    endless: int = 0  # searxng: stream this many 64 KB results without closing the list
 
 
 def _hits(n: int, text_key: str) -> list[dict[str, str]]:
@@ -96,6 +97,15 @@ async def fake() -> AsyncIterator[Fake]:
 
     async def searxng(request: web.Request) -> web.StreamResponse:
         await record(request)
+        if state.endless:  # a broken provider that never stops answering
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await resp.prepare(request)
+            await resp.write(b'{"results": [')
+            for _ in range(state.endless):
+                await resp.write(
+                    b'{"title": "x", "url": "https://x", "content": "' + b"y" * 65000 + b'"},'
+                )
+            return resp
         return failing() or web.json_response({"results": _hits(30, "content")})
 
     app = web.Application()
@@ -175,6 +185,12 @@ async def test_provider_errors_name_the_provider_and_the_status(fake: Fake) -> N
     fake.status = 503
     out = await search(registry(fake, provider="searxng"), query="q")
     assert out == "Error: web_search (searxng) failed: HTTP 503"
+
+
+async def test_an_endless_answer_is_not_read_into_memory(fake: Fake) -> None:
+    fake.endless = 200  # 13 MB, or more if the read were not capped
+    out = await search(registry(fake, provider="searxng"), query="q")
+    assert out == "Error: web_search (searxng) answered more than 2 MiB; not read"
 
 
 async def test_timeout_and_unreachable(fake: Fake) -> None:

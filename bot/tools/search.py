@@ -13,8 +13,8 @@ short :class:`~bot.tools.base.ToolError` naming the provider and why.
 from __future__ import annotations
 
 import asyncio
+import json as jsonlib
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urljoin, urlsplit
 
 from bot.config import MAX_SEARCH_RESULTS, WebConfig
 from bot.tools.base import Tool, ToolContext, ToolError
+from bot.tools.web import decode, read_capped
 
 if TYPE_CHECKING:
     import aiohttp
@@ -34,6 +35,7 @@ DEFAULT_BASE_URLS: dict[str, str] = {
     "searxng": "",  # self-hosted: the config must name it
 }
 SNIPPET_CHARS = 400
+MAX_ANSWER_BYTES = 2 * 2**20  # a search answer is a few KB; more is a broken provider
 _SPACES = re.compile(r"\s+")
 
 
@@ -137,14 +139,8 @@ def parse_brave(data: Any) -> list[SearchResult]:
     ]
 
 
-def parse_tavily(data: Any) -> list[SearchResult]:
-    return [
-        SearchResult(_clean(r.get("title"), 200), str(r.get("url", "")), _clean(r.get("content")))
-        for r in _items(data, "results")
-    ]
-
-
-def parse_searxng(data: Any) -> list[SearchResult]:
+def parse_results(data: Any) -> list[SearchResult]:
+    """Tavily's and SearXNG's answer: ``{"results": [{"title", "url", "content"}]}``."""
     return [
         SearchResult(_clean(r.get("title"), 200), str(r.get("url", "")), _clean(r.get("content")))
         for r in _items(data, "results")
@@ -220,43 +216,47 @@ class WebSearchTool(Tool):
                 if provider == "duckduckgo":
                     form = {"q": query, "kl": "wt-wt"}
                     async with session.post(f"{self.base_url}/html/", data=form) as resp:
-                        text = await self._body(resp, lambda r: r.text())
+                        text = await self._body(resp, json=False)
                     return parse_duckduckgo_html(text)
                 if provider == "brave":
                     headers = {"X-Subscription-Token": s.api_key, "Accept": "application/json"}
                     params = {"q": query, "count": str(count)}
                     url = f"{self.base_url}/res/v1/web/search"
                     async with session.get(url, params=params, headers=headers) as resp:
-                        return parse_brave(await self._body(resp, _json))
+                        return parse_brave(await self._body(resp, json=True))
                 if provider == "tavily":
                     payload = {"api_key": s.api_key, "query": query, "max_results": count}
                     async with session.post(f"{self.base_url}/search", json=payload) as resp:
-                        return parse_tavily(await self._body(resp, _json))
+                        return parse_results(await self._body(resp, json=True))
                 params = {"q": query, "format": "json"}
                 async with session.get(f"{self.base_url}/search", params=params) as resp:
-                    return parse_searxng(await self._body(resp, _json))
+                    return parse_results(await self._body(resp, json=True))
             except aiohttp.ClientError as exc:
                 raise SearchFailed(
                     f"web_search ({provider}) could not reach {self.base_url}: "
                     f"{type(exc).__name__}: {exc}"
                 ) from None
 
-    async def _body(
-        self, resp: aiohttp.ClientResponse, read: Callable[[aiohttp.ClientResponse], Any]
-    ) -> Any:
+    async def _body(self, resp: aiohttp.ClientResponse, json: bool) -> Any:
+        """The answer's text (or parsed JSON), read up to MAX_ANSWER_BYTES: a provider that
+        answers without end must not fill memobot's memory."""
         provider = self.search.provider
         if resp.status != 200:
             why = {401: "the API key was refused", 403: "access denied", 429: "rate limited"}
             extra = f" ({why[resp.status]})" if resp.status in why else ""
             raise SearchFailed(f"web_search ({provider}) failed: HTTP {resp.status}{extra}")
-        try:
-            return await read(resp)
-        except (ValueError, UnicodeDecodeError) as exc:
+        body, more = await read_capped(resp, MAX_ANSWER_BYTES)
+        if more:
             raise SearchFailed(
-                f"web_search ({provider}) returned an answer that is not valid "
-                f"{'JSON' if provider != 'duckduckgo' else 'text'}: {exc}"
+                f"web_search ({provider}) answered more than {MAX_ANSWER_BYTES // 2**20} MiB; "
+                "not read"
+            )
+        text = decode(body, resp.charset)
+        if not json:
+            return text
+        try:
+            return jsonlib.loads(text)
+        except ValueError as exc:
+            raise SearchFailed(
+                f"web_search ({provider}) returned an answer that is not valid JSON: {exc}"
             ) from None
-
-
-async def _json(resp: aiohttp.ClientResponse) -> Any:
-    return await resp.json(content_type=None)

@@ -374,8 +374,8 @@ class WebFetchTool(Tool):
         if kind is None:
             size = f", {resp.content_length} bytes" if resp.content_length is not None else ""
             return f"{head}\nContent-Type: {ctype}\n\n[{ctype} content{size}; not text, not shown]"
-        body, cut = await _read_capped(resp, self.cfg.max_bytes)
-        text = _decode(body, resp.charset)
+        body, cut = await read_capped(resp, self.cfg.max_bytes)
+        text = decode(body, resp.charset)
         if kind == "html":
             text = html_to_text(text, str(resp.url))
         notes: list[str] = []
@@ -404,7 +404,7 @@ def _parse_url(text: str, base: URL | None = None) -> URL:
     return url.with_fragment(None)
 
 
-async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> tuple[bytes, bool]:
+async def read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> tuple[bytes, bool]:
     """At most ``max_bytes`` of the body, and whether there was more (not downloaded)."""
     chunks: list[bytes] = []
     size = 0
@@ -416,7 +416,7 @@ async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> tuple[by
     return b"".join(chunks)[:max_bytes], size > max_bytes
 
 
-def _decode(body: bytes, charset: str | None) -> str:
+def decode(body: bytes, charset: str | None) -> str:
     try:
         return body.decode(charset or "utf-8", errors="replace")
     except LookupError:  # a charset Python does not know

@@ -400,11 +400,11 @@ def cmd_agent(args: argparse.Namespace, cfg: Config, config_path: Path) -> int:
 
     chat_id: str = args.session
     from bot.session import StateLayoutError, check_session_path
-    from bot.workspace import layout_problem
+    from bot.workspace import workspace_shape_problem
 
     # A folder where a file belongs (or the reverse): one line, not a traceback per turn.
     check_session_path(cfg.agent.state_path, f"cli:{chat_id}")
-    problem = layout_problem(cfg.agent.workspace_path)
+    problem = workspace_shape_problem(cfg.agent.workspace_path)
     if problem:
         raise StateLayoutError(problem)
     try:

@@ -13,22 +13,28 @@ import os
 from pathlib import Path
 
 
-def real_path(path: Path) -> Path:
-    """``path`` with ``~``, symlinks and ``..`` resolved; it need not exist."""
-    return Path(os.path.realpath(path.expanduser()))
+def real_path(path: Path | str) -> Path:
+    """The symlink-free absolute path the kernel would reach through ``path``.
+
+    Every existing component is resolved, symlinks included; a dangling symlink is followed to
+    the path it names; components that do not exist yet are appended as written; ``..`` applies
+    to the already-resolved prefix, as it does for the kernel.
+    """
+    return Path(os.path.realpath(path))
 
 
-def _within(inner: Path, outer: Path) -> bool:
+def within(inner: Path, outer: Path) -> bool:
+    """``inner`` is ``outer`` or lies inside it (both real paths)."""
     return inner == outer or inner.is_relative_to(outer)
 
 
 def layout_problem(workspace: Path, state_dir: Path, config_path: Path) -> str | None:
     """One line naming the paths and the reason when the layout lets the agent reach memobot's
     own files; None when it is safe."""
-    ws, state, config = real_path(workspace), real_path(state_dir), real_path(config_path)
+    ws, state, config = (real_path(p.expanduser()) for p in (workspace, state_dir, config_path))
     # The config first: a state folder kept beside it (onboard's default) is then inside the
     # workspace too, and moving the config is what fixes both.
-    if _within(config, ws):
+    if within(config, ws):
         return (
             f"the config file {config} is inside agent.workspace {ws}: the agent's tools "
             "could read its keys and rewrite allowFrom. Move the config file out of the "
@@ -39,13 +45,13 @@ def layout_problem(workspace: Path, state_dir: Path, config_path: Path) -> str |
             f"agent.workspace and agent.stateDir are the same folder {ws}: the agent's tools "
             "could read and rewrite every chat's transcript. Give them separate folders."
         )
-    if _within(state, ws):
+    if within(state, ws):
         return (
             f"agent.stateDir {state} is inside agent.workspace {ws}: the agent's tools could "
             "read and rewrite every chat's transcript. Move the state folder out of the "
             "workspace."
         )
-    if _within(ws, state):
+    if within(ws, state):
         return (
             f"agent.workspace {ws} is inside agent.stateDir {state}: the agent's tools could "
             "read and rewrite every chat's transcript. Move the workspace out of the state "

@@ -28,7 +28,7 @@ _FILE_MODE = 0o600
 _SKIP_NAMES = frozenset({"__pycache__", ".DS_Store"})
 
 
-def layout_problem(workspace: Path) -> str | None:
+def workspace_shape_problem(workspace: Path) -> str | None:
     """One line naming the first workspace path of the wrong kind (a folder where memobot
     reads a file, or the reverse), or None when the layout is usable."""
     if workspace.exists() and not workspace.is_dir():

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bot.layout import real_path, within
+
 # Read and execute only.
 SYSTEM_READ_ROOTS: tuple[str, ...] = (
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys",
@@ -35,20 +37,6 @@ DEVICES: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def real_path(path: Path | str) -> Path:
-    """The symlink-free absolute path the kernel would reach through ``path``.
-
-    Every existing component is resolved, symlinks included; a dangling symlink is followed to
-    the path it names; components that do not exist yet are appended as written; ``..`` applies
-    to the already-resolved prefix, as it does for the kernel.
-    """
-    return Path(os.path.realpath(path))
-
-
-def _within(path: Path, folder: Path) -> bool:
-    return path == folder or path.is_relative_to(folder)
-
-
 def carve(
     roots: Iterable[Path],
     denied: Iterable[Path],
@@ -66,9 +54,9 @@ def carve(
     todo = [real_path(r) for r in roots]
     while todo:
         path = todo.pop()
-        if any(_within(path, d) for d in deny):
+        if any(within(path, d) for d in deny):
             continue
-        if not any(_within(d, path) for d in deny):
+        if not any(within(d, path) for d in deny):
             out.add(path)
             continue
         try:
@@ -122,6 +110,6 @@ class PathPolicy:
 
     def allows(self, path: Path, *, write: bool) -> bool:
         """Whether the real path ``path`` may be read (or written, with ``write``)."""
-        if any(_within(path, p) for p in self.protected):
+        if any(within(path, p) for p in self.protected):
             return False
-        return any(_within(path, root) for root in (self.writable if write else self.readable))
+        return any(within(path, root) for root in (self.writable if write else self.readable))

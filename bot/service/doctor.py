@@ -206,9 +206,9 @@ def _repair_session(store: Any, key: str, where: str) -> Check:
 
 def check_history(cfg: Config) -> Check:
     from bot.memory.history import parse_entry
-    from bot.workspace import layout_problem
+    from bot.workspace import workspace_shape_problem
 
-    problem = layout_problem(cfg.agent.workspace_path)
+    problem = workspace_shape_problem(cfg.agent.workspace_path)
     if problem:  # a folder where a memory file belongs: every turn would trip over it
         return Check("fail", problem, "move it away; memobot recreates what it needs")
     path = cfg.agent.workspace_path / "memory" / "history.jsonl"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -25,13 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_soak import FIRST_USER, fds, percentile, user
+from bench.bench_soak import FIRST_USER, fds, percentile, user, write_soak_config
 from bench.bench_telegram import Gateway, polls
 from bot.llm import LLMUnavailable
 from bot.outage import NOTICE_TEXT
 from tests.fakes.llm_server import FakeLLM, error
 from tests.fakes.telegram_api import FakeBotAPI, FloodControl
-from tests.helpers import config_dict
 
 
 async def run(args: argparse.Namespace, tmp: Path) -> None:
@@ -40,17 +38,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         FakeLLM(log_bodies=False, validate=False, delay=args.model_delay) as llm,
         FakeBotAPI(flood=flood) as api,
     ):
-        telegram = {
-            "enabled": True,
-            "token": api.token,
-            "baseUrl": api.base_url,
-            "allowFrom": ["*"],
-            "pollTimeoutSeconds": 30,
-        }
-        data = config_dict(tmp, llm.base_url, channels={"telegram": telegram})
-        data["llm"]["timeoutSeconds"] = 30
-        config = tmp / "config.json"
-        config.write_text(json.dumps(data))
+        config = write_soak_config(tmp, llm, api)
         gw = Gateway(config)
         await gw.start()
         assert gw.proc is not None

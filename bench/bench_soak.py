@@ -61,6 +61,22 @@ def state_figures(state: Path) -> tuple[float, float]:
     return total / 2**20, meta / max(1, meta + body)
 
 
+def write_soak_config(tmp: Path, llm: FakeLLM, api: FakeBotAPI) -> Path:
+    """The gateway's config for a soak: the fake Telegram open to everyone, the fake LLM."""
+    telegram = {
+        "enabled": True,
+        "token": api.token,
+        "baseUrl": api.base_url,
+        "allowFrom": ["*"],
+        "pollTimeoutSeconds": 30,
+    }
+    data = config_dict(tmp, llm.base_url, channels={"telegram": telegram})
+    data["llm"]["timeoutSeconds"] = 30
+    config = tmp / "config.json"
+    config.write_text(json.dumps(data))
+    return config
+
+
 async def user(api: FakeBotAPI, uid: int, until: float, sent: dict[str, float]) -> None:
     n = 0
     while time.monotonic() < until:
@@ -83,17 +99,7 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
         FakeLLM(log_bodies=False, validate=False, delay=args.model_delay) as llm,
         FakeBotAPI(flood=flood) as api,
     ):
-        telegram = {
-            "enabled": True,
-            "token": api.token,
-            "baseUrl": api.base_url,
-            "allowFrom": ["*"],
-            "pollTimeoutSeconds": 30,
-        }
-        data = config_dict(tmp, llm.base_url, channels={"telegram": telegram})
-        data["llm"]["timeoutSeconds"] = 30
-        config = tmp / "config.json"
-        config.write_text(json.dumps(data))
+        config = write_soak_config(tmp, llm, api)
         script_model(llm, args.tool_ratio, int(args.users * args.seconds / 2))
         gw = Gateway(config)
         await gw.start()

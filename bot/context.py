@@ -136,13 +136,13 @@ class ContextBuilder:
 
     def history(self, session: Session, budget_tokens: int) -> list[dict[str, Any]]:
         """The unconsolidated tail that fits ``budget_tokens``, never opening on a tool result."""
-        start = max(session.last_consolidated, session.window_start)
+        start = session.rel(max(session.last_consolidated, session.window_start))
         total = sum(session.tokens[start:])
         if total > budget_tokens:
             start = trim_start(
                 session.wire, session.tokens, start, int(budget_tokens * TRIM_TO_SHARE)
             )
-            session.window_start = start
+            session.window_start = session.base + start
         return session.wire[start:]
 
     def build(

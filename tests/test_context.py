@@ -81,7 +81,7 @@ def test_history_respects_last_consolidated_and_budget(tmp_path: Path) -> None:
     store.append(s, msgs, last_consolidated=10)
     ctx = ContextBuilder(tmp_path)
     full = ctx.history(s, 10**9)
-    assert full == s.wire[10:]
+    assert s.base == 10 and full == s.wire and len(full) == 90
     small = ctx.history(s, 300)
     assert small[0]["role"] == "user" and len(small) < len(full)
     assert sum(s.tokens[len(s.wire) - len(small) :]) <= 300

@@ -181,6 +181,9 @@ class Session:
     # Where the prompt's history window was last trimmed to. In memory only: a cache choice
     # (keep one prefix across turns), not session state.
     window_start: int = 0
+    # The context builder's API form of the window's settled part (bot.context); it lives and
+    # goes with the session.
+    api_prefix: Any = None
 
     def add_loaded(self, message: dict[str, Any], offset: int = -1) -> None:
         self.messages.append(message)

@@ -9,7 +9,7 @@ Bot API and a fake LLM answering after 200 ms, both served from this process's e
 
     .venv/bin/python bench/bench_telegram.py [--trials 20] [--skip-kill] [--keep DIR]
 
-Pacing (``channels.telegram.rateLimits``: 1 message a second per chat, 30 a second per bot) is
+Pacing (``channels.telegram.rateLimits``: 1 message a second per chat, 28 a second per bot) is
 set far above those figures here, so they measure memobot's own cost; ``--paced`` keeps
 Telegram's defaults and shows what a user sees (about 1 s between answers in one busy chat, 50
 chats in about 1.7 s). ``--keep DIR`` leaves the gateway's log and state there;

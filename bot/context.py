@@ -13,6 +13,7 @@ import logging
 import mimetypes
 import stat
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,13 +137,13 @@ class ContextBuilder:
 
     def history(self, session: Session, budget_tokens: int) -> list[dict[str, Any]]:
         """The unconsolidated tail that fits ``budget_tokens``, never opening on a tool result."""
-        start = max(session.last_consolidated, session.window_start)
+        start = session.rel(max(session.last_consolidated, session.window_start))
         total = sum(session.tokens[start:])
         if total > budget_tokens:
             start = trim_start(
                 session.wire, session.tokens, start, int(budget_tokens * TRIM_TO_SHARE)
             )
-            session.window_start = start
+            session.window_start = session.base + start
         return session.wire[start:]
 
     def build(
@@ -158,11 +159,13 @@ class ContextBuilder:
         fixed = estimate_text_tokens(system) + tools_tokens + max_tokens
         fixed += sum(estimate_message_tokens(m) for m in turn)
         budget = max(0, context_window - fixed)
-        raw = [*self.history(session, budget), *turn]
-        messages = api_messages(raw)
-        if session.key not in self._repaired and (
-            len(messages) != len(raw) or any(a is not b for a, b in zip(messages, raw, strict=True))
-        ):
+        history = self.history(session, budget)
+        prefix, done, repaired = self._clean_prefix(session, history)
+        rest = [*history[done:], *turn]
+        messages = api_messages(rest)
+        repaired = repaired or _changed(rest, messages)
+        messages = prefix + messages
+        if session.key not in self._repaired and repaired:
             self._repaired.add(session.key)
             log.warning(
                 "session %s: history is not valid for the API (orphan tool results, unanswered "
@@ -170,6 +173,47 @@ class ContextBuilder:
                 session.key,
             )
         return [{"role": "system", "content": system}, *messages]
+
+    def _clean_prefix(
+        self, session: Session, history: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], int, bool]:
+        """``api_messages`` of ``history`` up to its last user message, kept per session:
+        (that prefix, how many history messages it covers, whether it was repaired).
+
+        A user message ends every tool-call group before it, so the API form of the history
+        is the form of the part before it followed by the form of the part from it on; the
+        part before is worked out once, not again on every model call of every turn.
+        """
+        start = session.count - len(history)
+        cached = session.api_prefix
+        if isinstance(cached, _CleanPrefix) and cached.start == start:
+            out, done, repaired = cached.out, cached.end - start, cached.repaired
+        else:
+            out, done, repaired = [], 0, False
+        last_user = next(
+            (i for i in range(len(history) - 1, done, -1) if history[i].get("role") == "user"),
+            done,
+        )
+        if last_user > done:
+            part = history[done:last_user]
+            cleaned = api_messages(part)
+            out = out + cleaned
+            repaired = repaired or _changed(part, cleaned)
+            done = last_user
+            session.api_prefix = _CleanPrefix(start, start + done, out, repaired)
+        return out, done, repaired
+
+
+@dataclass(slots=True)
+class _CleanPrefix:
+    start: int  # message number of the window's first message
+    end: int  # message number after the last one covered
+    out: list[dict[str, Any]]
+    repaired: bool
+
+
+def _changed(raw: list[dict[str, Any]], cleaned: list[dict[str, Any]]) -> bool:
+    return len(cleaned) != len(raw) or any(a is not b for a, b in zip(cleaned, raw, strict=True))
 
 
 def trim_start(wire: list[dict[str, Any]], tokens: list[int], start: int, budget: int) -> int:

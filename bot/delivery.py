@@ -22,7 +22,6 @@ deliver.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.bus import OutboundMessage
-from bot.session import SUFFIX, SessionStore, _open_session, filename_to_key
+from bot.session import SUFFIX, SessionStore, filename_to_key, read_metadata
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +211,7 @@ def undelivered(state_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(session key, outbox entry)`` for every answer not (yet) delivered, for ``status``.
 
     Read-only (it never repairs or sets aside a damaged file, unlike loading a session): the
-    last metadata line of each session file that parses."""
+    metadata as the file's records say, read from its last full record."""
     folder = state_dir / "sessions"
     if not folder.is_dir():
         return
@@ -220,18 +219,10 @@ def undelivered(state_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         try:
             key = filename_to_key(path.name)
             # Through the session opener: a FIFO planted here must not hang `status`.
-            with _open_session(path) as fh:
-                lines = fh.read().splitlines()
+            meta = read_metadata(path) or {}
         except (OSError, ValueError, UnicodeDecodeError):
             continue
-        for line in reversed(lines):
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("_type") == "metadata":
-                outbox = (record.get("metadata") or {}).get("outbox") or []
-                for entry in outbox if isinstance(outbox, list) else []:
-                    if isinstance(entry, dict):
-                        yield key, entry
-                break
+        outbox = meta.get("outbox") or []
+        for entry in outbox if isinstance(outbox, list) else []:
+            if isinstance(entry, dict):
+                yield key, entry

@@ -145,25 +145,122 @@ def check_record(value: Any) -> Checked:
     return Checked(value)
 
 
+def _pointer(value: dict[str, Any], problems: list[str]) -> int | None:
+    lc_raw = value.get("last_consolidated")
+    if lc_raw is None:
+        return 0
+    try:
+        lc: int | None = _COUNT.validate_python(lc_raw)
+    except ValidationError:
+        lc = None
+    if lc is None or lc < 0:
+        problems.append(f"last_consolidated {json.dumps(lc_raw)[:40]} is not a count")
+        return None
+    return lc
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def hot_problem(hot: Any) -> str | None:
+    """What is wrong with a snapshot's ``hot`` field (where the file stands), or None."""
+    if not isinstance(hot, dict):
+        return "hot is not a JSON object"
+    for name in ("base", "archived_bytes", "tail_at"):
+        if not _is_count(hot.get(name)):
+            return f"hot.{name} is not a count"
+    if "count" in hot and not _is_count(hot["count"]):
+        return "hot.count is not a count"
+    if not isinstance(hot.get("gen"), str):
+        return "hot.gen is not a string"
+    return None
+
+
 def check_metadata_record(value: dict[str, Any]) -> Checked:
+    if "changes" in value:
+        return _check_changes_record(value)
     meta = value.get("metadata", {})
     if not isinstance(meta, dict):
         return Checked(None, ("metadata is not a JSON object",), is_metadata=True)
     problems: list[str] = []
-    lc_raw = value.get("last_consolidated")
-    lc: int | None = 0
-    if lc_raw is not None:
-        try:
-            lc = _COUNT.validate_python(lc_raw)
-        except ValidationError:
-            lc = None
-        if lc is None or lc < 0:
-            lc = None
-            problems.append(f"last_consolidated {json.dumps(lc_raw)[:40]} is not a count")
+    lc = _pointer(value, problems)
     clean, field_problems = clean_metadata(meta)
     problems += field_problems
     record = value if not problems else {**value, "metadata": clean}
+    if "hot" in value and (problem := hot_problem(value["hot"])):
+        problems.append(problem)
+        record = {k: v for k, v in record.items() if k != "hot"}
     return Checked(record, tuple(problems), is_metadata=True, last_consolidated=lc)
+
+
+_LIST_OPS = ("drop", "put", "add")
+
+
+def _check_changes_record(value: dict[str, Any]) -> Checked:
+    """A metadata record that carries changes to the one before it (see bot.session)."""
+    changes = value.get("changes")
+    if not isinstance(changes, dict):
+        return Checked(None, ("metadata changes are not a JSON object",), is_metadata=True)
+    problems: list[str] = []
+    lc = _pointer(value, problems)
+    snap = value.get("snap")
+    if not (
+        isinstance(snap, list)
+        and len(snap) == 2
+        and _is_count(snap[0])
+        and isinstance(snap[1], str)
+    ):
+        problems.append("snap is not [offset, generation]")
+    clean: dict[str, Any] = {}
+    for part, body in changes.items():
+        if part == "set" and isinstance(body, dict):
+            clean[part], found = clean_metadata(body)
+            problems += found
+        elif part == "unset" and isinstance(body, list):
+            clean[part] = [k for k in body if isinstance(k, str)]
+            if len(clean[part]) != len(body):
+                problems.append("changes.unset holds a key that is not a string")
+        elif part == "lists" and isinstance(body, dict):
+            clean[part] = _clean_list_ops(body, problems)
+        else:
+            problems.append(f"changes.{part[:40]} is not understood")
+    record = value if not problems else {**value, "changes": clean}
+    return Checked(record, tuple(problems), is_metadata=True, last_consolidated=lc)
+
+
+def _clean_list_ops(lists: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    clean: dict[str, Any] = {}
+    for name, ops in lists.items():
+        if not isinstance(ops, dict) or not set(ops) <= set(_LIST_OPS):
+            problems.append(f"changes.lists.{name[:40]} is not drop/put/add")
+            continue
+        entry = _ENTRY_LISTS.get(name)
+        kept: dict[str, Any] = {}
+        for op, items in ops.items():
+            if not isinstance(items, list):
+                problems.append(f"changes.lists.{name}.{op} is not a list")
+                continue
+            good = []
+            for i, item in enumerate(items):
+                if op == "drop":
+                    ok = item is None or isinstance(item, str | int)
+                    if not ok:
+                        problems.append(f"changes.lists.{name}.drop[{i}] is not an id")
+                elif entry is not None:
+                    try:
+                        entry.validate_python(item)
+                        ok = True
+                    except ValidationError as exc:
+                        ok = False
+                        problems.append(f"changes.lists.{name}.{op}[{i}]: {_describe(exc)}")
+                else:
+                    ok = True
+                if ok:
+                    good.append(item)
+            kept[op] = good
+        clean[name] = kept
+    return clean
 
 
 def clean_metadata(meta: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

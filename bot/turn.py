@@ -139,7 +139,14 @@ class Turns:
             processes=ProcessScope(),
         )
 
+        # Memory changes only through tools: the stamp is taken before the first tool runs,
+        # so a plain answer costs no stat calls.
+        stamp: tuple[tuple[str, int, int], ...] | None = None
+
         async def checkpoint(phase: str, turn_so_far: list[dict[str, Any]]) -> None:
+            nonlocal stamp
+            if phase == "awaiting_tools" and stamp is None:
+                stamp = memory_stamp(self.cfg.agent.workspace_path)
             await self.store.append_async(
                 session,
                 metadata={
@@ -164,7 +171,6 @@ class Turns:
             )
 
         started = time.monotonic()
-        stamp = memory_stamp(self.cfg.agent.workspace_path)
         await self.bus.publish_outbound(
             OutboundMessage(msg.channel, msg.chat_id, "", metadata={"typing": True})
         )
@@ -196,7 +202,7 @@ class Turns:
         # On an LLM failure the user's message (and any finished tool work) stays in history.
         outcome: Outcome = "failed" if result.status == "llm_error" else "ok"
         await self.finish(session, msg, turn, result.text, outcome)
-        if memory_stamp(self.cfg.agent.workspace_path) != stamp:
+        if stamp is not None and memory_stamp(self.cfg.agent.workspace_path) != stamp:
             self.spawn(self._commit_memory(msg.session_key))
         return None
 

@@ -29,7 +29,7 @@ def harness(tmp_path: Path, server: FakeLLM, **sections) -> Harness:
 
 
 def session_messages(tmp_path: Path, key: str = "cli:t") -> list[dict]:
-    return SessionStore(tmp_path / "state").get(key).messages
+    return SessionStore(tmp_path / "state").history(key)
 
 
 async def test_plain_turn(tmp_path: Path, llm: FakeLLM) -> None:
@@ -229,7 +229,8 @@ async def test_new_archives_and_starts_fresh(tmp_path: Path, llm: FakeLLM) -> No
     # Nothing is deleted from the session file; the pointer moved past it.
     store = SessionStore(tmp_path / "state")
     session = store.get("cli:t")
-    assert len(session.messages) == 6 and session.last_consolidated == 4
+    assert session.count == 6 and session.last_consolidated == 4
+    assert len(store.history("cli:t")) == 6
 
 
 async def test_status_and_help(tmp_path: Path, llm: FakeLLM) -> None:

@@ -59,8 +59,9 @@ async def test_consolidation_triggers_at_budget_and_prompt_shrinks(
     assert session.unconsolidated <= 6
     sizes = [r["n_messages"] for r in chat_requests(llm)]
     assert max(sizes) <= 9 and sizes[-1] < 2 + 2 * 5  # the prompt stopped growing
-    # Nothing was deleted from the session file; only the pointer moved.
-    assert len(session.messages) == 12
+    # Nothing was deleted from the session's files; only the pointer moved.
+    assert session.count == 12
+    assert len(SessionStore(tmp_path / "state").history("cli:t")) == 12
 
 
 async def test_llm_failure_archives_raw_text_and_loses_nothing(
@@ -75,7 +76,7 @@ async def test_llm_failure_archives_raw_text_and_loses_nothing(
     [entry] = history(tmp_path)
     assert entry["content"].startswith("[RAW]")
     session = SessionStore(tmp_path / "state").get("cli:t")
-    archived = session.messages[: session.last_consolidated]
+    archived = SessionStore(tmp_path / "state").history("cli:t")[: session.last_consolidated]
     for m in archived:  # every archived message is findable in the raw entry
         assert m["content"].split("\n")[0] in entry["content"]
 

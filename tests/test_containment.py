@@ -32,7 +32,7 @@ from bot.gate import launcher
 from bot.records import check_record, clean_metadata
 from bot.runner import INTERRUPTED_TOOL_RESULT
 from bot.service.doctor import check_sessions, scan_session
-from bot.session import SessionStore
+from bot.session import SessionStore, apply_changes
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, call, history_problem, reply, tool_step
 from tests.fakes.telegram_api import FakeBotAPI
 from tests.helpers import (
@@ -550,8 +550,16 @@ def session_path(tmp_path: Path, key: str = KEY) -> Path:
 
 
 def last_metadata(path: Path) -> dict[str, Any]:
+    """The session's metadata as of its last line, as one full record (change records
+    replayed), the way a hand edit would write it."""
     lines = [json.loads(x) for x in path.read_text().splitlines()]
-    return [r for r in lines if r.get("_type") == "metadata"][-1]
+    meta: dict[str, Any] = {}
+    lc = 0
+    for r in lines:
+        if r.get("_type") == "metadata":
+            meta = apply_changes(meta, r["changes"]) if "changes" in r else r["metadata"]
+            lc = r.get("last_consolidated", lc)
+    return {"_type": "metadata", "metadata": dict(meta), "last_consolidated": lc}
 
 
 def append_lines(path: Path, *records: Any) -> None:

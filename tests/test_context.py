@@ -6,7 +6,7 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bot.context import ContextBuilder, trim_start
+from bot.context import ContextBuilder, api_messages, trim_start
 from bot.session import SessionStore
 from bot.workspace import init_workspace
 
@@ -81,7 +81,7 @@ def test_history_respects_last_consolidated_and_budget(tmp_path: Path) -> None:
     store.append(s, msgs, last_consolidated=10)
     ctx = ContextBuilder(tmp_path)
     full = ctx.history(s, 10**9)
-    assert full == s.wire[10:]
+    assert s.base == 10 and full == s.wire and len(full) == 90
     small = ctx.history(s, 300)
     assert small[0]["role"] == "user" and len(small) < len(full)
     assert sum(s.tokens[len(s.wire) - len(small) :]) <= 300
@@ -89,3 +89,31 @@ def test_history_respects_last_consolidated_and_budget(tmp_path: Path) -> None:
     store.append(s, [{"role": "user", "content": "new"}])
     again = ctx.history(s, 300)
     assert again[: len(small)] == small
+
+
+def test_the_settled_history_is_cleaned_once_and_the_request_is_the_same(tmp_path: Path) -> None:
+    """The per-session prefix cache never changes what is sent: every build equals
+    api_messages over the whole window, also with broken tool groups in the history."""
+    store = SessionStore(tmp_path)
+    s = store.get("cli:cache")
+    ctx = ContextBuilder(tmp_path)
+    call = {"id": "c1", "type": "function", "function": {"name": "exec", "arguments": "{}"}}
+    turns = [
+        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+        [
+            {"role": "user", "content": "run it"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+            {"role": "assistant", "content": "done"},
+        ],
+        [{"role": "tool", "tool_call_id": "orphan", "content": "x"}],  # damaged history
+        [{"role": "user", "content": "open"}, {"role": "assistant", "tool_calls": [call]}],
+        [{"role": "user", "content": "after"}, {"role": "assistant", "content": "fine"}],
+    ]
+    new = [{"role": "user", "content": "now?"}]
+    for part in turns:
+        store.append(s, part)
+        for _ in range(2):  # the second build comes from the cache
+            built = ctx.build(s, new, 100_000, 1000)
+            assert built[1:] == api_messages([*s.wire, *new])
+    assert s.api_prefix is not None and s.api_prefix.end == s.count - 2

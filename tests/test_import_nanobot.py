@@ -123,7 +123,7 @@ def test_import_then_search_history_dream_and_a_turn(tmp_path: Path, llm: FakeLL
     assert forced.returncode == 0, forced.stderr
     assert "memobot already has a session cli:direct" in forced.stdout
     assert list(cfg_path.parent.glob("config.json.bak-*"))
-    assert len(store.get("cli:direct").messages) == len(CLI_SESSION_MESSAGES) + 2  # not doubled
+    assert len(store.history("cli:direct")) == len(CLI_SESSION_MESSAGES) + 2  # not doubled
 
 
 def test_copy_leaves_nanobot_untouched(tmp_path: Path) -> None:

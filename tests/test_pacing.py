@@ -66,7 +66,7 @@ def test_rate_limits_are_config_with_the_platform_defaults():
         {"channels": {"telegram": {"rateLimits": {"group": {"messages": 5, "perSeconds": 1}}}}}
     )
     tg = cfg.channels.telegram.rate_limits
-    assert (tg.bot.messages, tg.bot.per_seconds) == (30, 1)
+    assert (tg.bot.messages, tg.bot.per_seconds) == (28, 1)
     assert (tg.chat.messages, tg.chat.per_seconds, tg.chat.burst) == (1, 1, 3)
     assert (tg.group.messages, tg.group.per_seconds, tg.group.burst) == (5, 1, 1)
     discord = cfg.channels.discord.rate_limits.channel

@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 
 from bot.app import build_agent
+from bot.session import apply_changes
 from bot.turn import STOPPED_TEXT
 from channels.manager import ChannelManager
 from channels.slack_channel import SlackChannel
@@ -129,11 +130,21 @@ class TracedList(list[Any]):
 
 
 def line_end(path: Path, match: Callable[[dict[str, Any]], bool], what: str) -> int:
-    """Byte offset just past the first line of ``path`` that ``match`` accepts."""
+    """Byte offset just past the first line of ``path`` that ``match`` accepts: a message, or
+    for a metadata line the metadata as it stands after that line (a change record carries
+    only what changed)."""
     offset = 0
+    meta: dict[str, Any] = {}
     for raw in path.read_bytes().splitlines(keepends=True):
         offset += len(raw)
-        if match(json.loads(raw)):
+        record = json.loads(raw)
+        if record.get("_type") == "metadata":
+            if "changes" in record:
+                meta = apply_changes(meta, record["changes"])
+            else:
+                meta = record.get("metadata") or {}
+            record = {**record, "metadata": meta}
+        if match(record):
             return offset
     raise AssertionError(f"{path.name} has no line with {what}")
 

@@ -186,13 +186,15 @@ class Consolidator:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             session = self.store.get(key)
-            start = session.last_consolidated
+            # Positions in the in-memory tail; ``base`` turns them into message numbers.
+            start = session.rel(session.last_consolidated)
             end = choose_cut(session.wire, start, len(session.wire) - keep)
             end = limit_chunk(session.tokens, start, end, MAX_CHUNK_TOKENS)
             end = choose_cut(session.wire, start, end)
             if end <= start:
                 return ConsolidationResult(0, False, None)
             chunk = session.messages[start:end]
+            start, end = session.base + start, session.base + end
             raw = False
             try:
                 summary, facts = await self._summarise(chunk, key)

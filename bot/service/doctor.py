@@ -201,7 +201,7 @@ def _repair_session(store: Any, key: str, where: str) -> Check:
     scan = scan_session(session.path.read_bytes())
     if scan.damaged or scan.torn_tail:
         return Check("fail", f"{where}: still damaged after repair", f"inspect {session.path}")
-    return Check("ok", f"{where}: repaired ({len(session.messages)} messages kept)")
+    return Check("ok", f"{where}: repaired ({session.count} messages kept)")
 
 
 def check_history(cfg: Config) -> Check:

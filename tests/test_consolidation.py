@@ -130,8 +130,10 @@ async def test_idle_session_is_compacted(tmp_path: Path, llm: FakeLLM) -> None:
     async with Harness(cfg, tmp_path / "c.json") as h:
         for i in range(5):
             await h.ask(f"m{i}")
-        for _ in range(60):
-            if history(tmp_path):
+        # Until the pointer moved too: it moves after the archive write, and leaving the
+        # harness in between would cancel the consolidation half-way.
+        for _ in range(100):
+            if history(tmp_path) and h.stack.loop.store.get("cli:t").unconsolidated == 2:
                 break
             await asyncio.sleep(0.1)
     assert history(tmp_path)[0]["content"].endswith("idle summary")

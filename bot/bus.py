@@ -71,13 +71,15 @@ class StreamEvent:
 
     ``kind`` "text": ``text`` is the whole text of the model's reply so far (not a delta: the
     latest event alone says everything, so coalescing loses nothing); "tool": a tool call
-    starts, ``text`` names it. ``reply_to`` is the message the turn answers, as in the final.
+    starts, ``text`` names it; "done": the model has written the answer, the final message
+    follows (a preview now would only spend a send the answer needs). ``reply_to`` is the
+    message the turn answers, as in the final.
     """
 
     channel: str
     chat_id: str
     reply_to: str | None
-    kind: Literal["text", "tool"]
+    kind: Literal["text", "tool", "done"]
     text: str
 
     @property

@@ -106,6 +106,8 @@ class Runner:
                 (time.monotonic() - started) * 1000,
             )
             if not response.tool_calls:
+                if stream:
+                    stream.on_done()
                 text = (response.content or "").strip() or "(the model returned an empty answer)"
                 final: dict[str, Any] = {"role": "assistant", "content": response.content or text}
                 if response.answered_by:

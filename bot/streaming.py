@@ -49,6 +49,10 @@ class TurnStream:
             StreamEvent(self.channel, self.chat_id, self.reply_to, "text", text)
         )
 
+    def on_done(self) -> None:
+        event = StreamEvent(self.channel, self.chat_id, self.reply_to, "done", self.text)
+        self.bus.publish_stream(event)
+
     def on_tool(self, name: str, arguments: str) -> None:
         event = StreamEvent(
             self.channel, self.chat_id, self.reply_to, "tool", describe_call(name, arguments)

@@ -76,7 +76,17 @@ class Ledger(Protocol):
 class _Live:
     """The preview of one answer being written in one chat."""
 
-    __slots__ = ("broken", "dirty", "draft_id", "first_at", "ids", "next_at", "shown", "text")
+    __slots__ = (
+        "broken",
+        "dirty",
+        "done",
+        "draft_id",
+        "first_at",
+        "ids",
+        "next_at",
+        "shown",
+        "text",
+    )
 
     def __init__(self, reply_to: str | None, ids: list[str]) -> None:
         self.text: str | None = None  # the latest text (coalesced: older ones never shown)
@@ -86,6 +96,7 @@ class _Live:
         self.first_at: float | None = None
         self.next_at = 0.0  # no preview update before this (monotonic)
         self.broken = False  # a preview send failed: only the final answer from now on
+        self.done = False  # the model finished: the final answer replaces the preview
         # "draft" mode: one draft per answer; Telegram wants a non-zero id.
         self.draft_id = (zlib.crc32((reply_to or "").encode()) & 0x7FFFFFFF) or 1
 
@@ -232,6 +243,12 @@ class ChannelManager:
                     event.session_key,
                     len(ids),
                 )
+        if live.done:
+            return
+        if event.kind == "done":
+            live.done = True  # the answer follows at once: no preview spends its send
+            live.dirty = False
+            return
         if event.kind == "tool":
             if mode != "draft":
                 return  # a preview message keeps its text while tools run

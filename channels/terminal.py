@@ -80,7 +80,7 @@ class TerminalChannel(Channel):
             self._mid_line = False
 
     def show_stream(self, event: StreamEvent) -> None:
-        if event.chat_id != self.chat_id or self.closed:
+        if event.chat_id != self.chat_id or self.closed or event.kind == "done":
             return
         try:
             self._erase_thinking()

@@ -835,11 +835,17 @@ class FakeLLM:
         with_usage = usage if options.get("include_usage") else None
         pieces = int(step.get("pieces", STREAM_PIECES))
         chunks = completion_chunks(cid, created, model, message, finish, with_usage, pieces)
-        return await self._stream(request, step, chunks)
+        return await self._stream(request, step, chunks, entry)
 
     async def _stream(
-        self, request: web.Request, step: Step, chunks: list[dict[str, Any]]
+        self,
+        request: web.Request,
+        step: Step,
+        chunks: list[dict[str, Any]],
+        entry: dict[str, Any],
     ) -> web.StreamResponse:
+        """Write the chunks; ``entry["first_content_at"]`` (monotonic) notes when the first
+        content chunk was written (benchmarks measure from the model's first token)."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         cut = step.get("disconnect_after_chunks")
@@ -847,12 +853,16 @@ class FakeLLM:
         try:
             if cut is None and not pause:
                 # One write: benchmarks measure the client, not our syscalls.
+                entry["first_content_at"] = time.monotonic()
                 await resp.write(b"".join(map(sse, chunks)) + sse("[DONE]"))
             else:
                 for i, chunk in enumerate(chunks):
                     if i == cut or (pause and await self._stopped_within(pause)):
                         self._drop(request)
                         return resp
+                    delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}
+                    if delta.get("content") and "first_content_at" not in entry:
+                        entry["first_content_at"] = time.monotonic()
                     await resp.write(sse(chunk))
                 await resp.write(sse("[DONE]"))
             await resp.write_eof()

@@ -212,7 +212,7 @@ class ChannelManager:
             wait = self._preview_wait(channel, chat_id, live)
             if wait <= 0:
                 wait = await self._show_preview(channel, chat_id, live)
-            if wait > 0:
+            if wait > 0 and chat.queue.empty():  # (checked and cleared with no await between)
                 chat.wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(chat.wake.wait(), wait)

@@ -1,4 +1,5 @@
-"""The seam between channels and the agent: frozen message values on two asyncio queues."""
+"""The seam between channels and the agent: frozen message values on two asyncio queues, and
+ephemeral stream events beside them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Literal
 
 Intake = Literal["accepted", "duplicate", "refused"]
 IntakeHook = Callable[["InboundMessage"], Awaitable[Intake]]
+StreamListener = Callable[["StreamEvent"], None]
 
 
 def session_key(channel: str, chat_id: str) -> str:
@@ -62,6 +64,29 @@ def admin_notice(text: str) -> OutboundMessage:
     return OutboundMessage("", "", text, metadata={TO_ADMINS: True})
 
 
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """Ephemeral news of an answer being written (DESIGN.md section 11): it may be dropped or
+    coalesced, and is never the answer itself (the ``final`` OutboundMessage is).
+
+    ``kind`` "text": ``text`` is the whole text of the model's reply so far (not a delta: the
+    latest event alone says everything, so coalescing loses nothing); "tool": a tool call
+    starts, ``text`` names it; "done": the model has written the answer, the final message
+    follows (a preview now would only spend a send the answer needs). ``reply_to`` is the
+    message the turn answers, as in the final.
+    """
+
+    channel: str
+    chat_id: str
+    reply_to: str | None
+    kind: Literal["text", "tool", "done"]
+    text: str
+
+    @property
+    def session_key(self) -> str:
+        return session_key(self.channel, self.chat_id)
+
+
 class MessageBus:
     """Inbound and outbound queues shared by every channel and the one agent loop.
 
@@ -74,6 +99,9 @@ class MessageBus:
         self.inbound: asyncio.Queue[InboundMessage] = asyncio.Queue()
         self.outbound: asyncio.Queue[OutboundMessage] = asyncio.Queue()
         self._intake: IntakeHook | None = None
+        self._stream: StreamListener | None = None
+        # Channels (by name) that show answers as they are written: their turns stream.
+        self.streaming: set[str] = set()
         self.accepting = True
 
     def set_intake(self, hook: IntakeHook) -> None:
@@ -97,6 +125,16 @@ class MessageBus:
 
     async def publish_outbound(self, msg: OutboundMessage) -> None:
         await self.outbound.put(msg)
+
+    def on_stream(self, listener: StreamListener | None) -> None:
+        """Who receives stream events (the channel manager); without one they are dropped."""
+        self._stream = listener
+
+    def publish_stream(self, event: StreamEvent) -> None:
+        """Hand a stream event over at once, never waiting: no queue, so a slow platform can
+        never make the model's stream (or memory) wait; the listener keeps the latest."""
+        if self._stream is not None:
+            self._stream(event)
 
     async def consume_inbound(self) -> InboundMessage:
         return await self.inbound.get()

@@ -423,7 +423,16 @@ async def _agent_main(
 
     stack = build_agent(cfg, config_path)
     interactive = args.message is None and sys.stdin.isatty()
-    terminal = TerminalChannel(stack.bus, chat_id, thinking=interactive and sys.stdout.isatty())
+    tty = sys.stdout.isatty()
+    terminal = TerminalChannel(
+        stack.bus,
+        chat_id,
+        thinking=interactive and tty,
+        # `agent -m` into a pipe prints exactly the answer: text the model writes before a
+        # tool call would otherwise precede it. A person watching sees it stream.
+        streaming=args.message is None or tty,
+        show_tools=interactive and tty,
+    )
     manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])
     await manager.start()
     stack.mcp.start()

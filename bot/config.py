@@ -67,6 +67,7 @@ class FallbackConfig(_Model):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     timeout_seconds: float | None = Field(None, gt=0)
+    stream_idle_seconds: float | None = Field(None, gt=0)
     context_window_tokens: int | None = Field(None, ge=1024)
     transcription_model: str | None = None
     retry: RetryConfig | None = None
@@ -79,6 +80,8 @@ class LLMConfig(_Model):
     max_tokens: int = Field(4096, ge=1)
     temperature: float = Field(0.7, ge=0, le=2)
     timeout_seconds: float = Field(120.0, gt=0)
+    # A streamed answer silent this long counts as a timeout (retried, then failed over).
+    stream_idle_seconds: float = Field(60.0, gt=0)
     context_window_tokens: int = Field(65536, ge=1024)
     transcription_model: str = ""  # e.g. "whisper-1": voice messages become text
     retry: RetryConfig = RetryConfig()
@@ -235,6 +238,9 @@ class ChannelConfig(_Model):
     admins: list[str] | None = None  # default: the allowFrom ids
     group_policy: Literal["mention", "open"] = "mention"
     proxy: str = ""
+    # Answers appear while the model writes them (a draft or an edited preview message).
+    streaming: StrictBool = True
+    stream_edit_interval_seconds: float = Field(1.0, ge=0.05, le=60)
 
     # How this platform's stable user ids look; "*" is always accepted.
     _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^[A-Za-z0-9_.:-]+$")

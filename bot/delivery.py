@@ -17,6 +17,14 @@ the outbox. After a crash:
 
 Old entries (no ``next``/``pieces``) read as "from the first piece", so old session files still
 deliver.
+
+Streamed answers (DESIGN.md section 11): a preview message that is being edited while the
+answer is written is recorded under ``previews`` (the platform's message ids, by the message
+the turn answers) and fsynced as soon as the platform gave its id. The final answer's pieces
+then *edit* those messages (piece k edits preview k; extra previews are deleted, extra pieces
+sent), also when it is delivered after a restart or by a resumed turn, so a chat never shows a
+preview next to a copy of the answer. Editing is idempotent, so a piece that was an edit is
+done again after a crash instead of skipped. The record leaves with the outbox entry.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ log = logging.getLogger(__name__)
 
 DELIVERY_KEY = "delivery_id"
 FAILED_KEPT = 20  # undeliverable answers kept per session (oldest dropped first)
+PREVIEWS_KEY = "previews"
+PREVIEWS_KEPT = 16  # preview records per session (one per answer being written; oldest dropped)
 
 
 def outbox_entry(delivery_id: str, msg: OutboundMessage) -> dict[str, Any]:
@@ -77,6 +87,20 @@ def _change(delivery_id: str, update: dict[str, Any] | None) -> Any:
         return {"outbox": new or None}
 
     return change
+
+
+def _without_preview(meta: dict[str, Any], reply_to: str | None) -> dict[str, Any]:
+    """The metadata update dropping the preview record of ``reply_to`` ({} if there is none)."""
+    previews = meta.get(PREVIEWS_KEY) or []
+    kept = [p for p in previews if p.get("reply_to") != reply_to]
+    return {PREVIEWS_KEY: kept or None} if len(kept) != len(previews) else {}
+
+
+def preview_ids_in(meta: dict[str, Any], reply_to: str | None) -> list[str]:
+    for record in meta.get(PREVIEWS_KEY) or []:
+        if record.get("reply_to") == reply_to:
+            return [str(i) for i in record.get("ids") or []]
+    return []
 
 
 def _merged(entry: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -147,9 +171,41 @@ class DeliveryLedger:
         return True
 
     async def sent(self, msg: OutboundMessage) -> None:
-        """Every piece went out. No fsync: if this line is lost, the entry reads "sending"
-        its last piece after a crash, which is skipped, not re-sent: the right outcome."""
-        await self._update(msg, None, fsync=False)
+        """Every piece went out (and its preview record, if any, is done with). No fsync: if
+        this line is lost, the entry reads "sending" its last piece after a crash, which is
+        skipped (or, an edit, done again), never sent as a second copy."""
+        delivery_id = msg.metadata.get(DELIVERY_KEY)
+        remove = _change(delivery_id, None) if delivery_id else None
+
+        def change(meta: dict[str, Any]) -> dict[str, Any] | None:
+            update = _without_preview(meta, msg.reply_to)
+            if remove is not None:
+                update.update(remove(meta) or {})
+            return update or None
+
+        session = self.store.get(msg.session_key)
+        await self.store.append_async(session, metadata=change, fsync=False)
+
+    def preview_ids(self, key: str, reply_to: str | None) -> list[str]:
+        """The platform ids of the preview messages of the answer to ``reply_to``, in order
+        (none when the session cannot be read: its own delivery reports that)."""
+        try:
+            meta = self.store.peek_metadata(key)
+        except OSError:
+            return []
+        return preview_ids_in(meta or {}, reply_to)
+
+    async def previewing(self, key: str, reply_to: str | None, ids: list[str]) -> None:
+        """Record (durably: fsynced before this returns) that the answer to ``reply_to`` is
+        being previewed in the messages ``ids``; the final answer will edit them."""
+        record = {"reply_to": reply_to, "ids": list(ids)}
+
+        def change(meta: dict[str, Any]) -> dict[str, Any]:
+            others = [p for p in meta.get(PREVIEWS_KEY) or [] if p.get("reply_to") != reply_to]
+            return {PREVIEWS_KEY: [*others, record][-PREVIEWS_KEPT:]}
+
+        session = self.store.get(key)
+        await self.store.append_async(session, metadata=change)
 
     async def postponed(self, msg: OutboundMessage, index: int = 0) -> None:
         """Piece ``index`` did not go out (the platform kept failing, or the channel failed):
@@ -190,13 +246,26 @@ class DeliveryLedger:
                 resend.append(entry)
                 continue
             count = len(pieces) if isinstance(pieces, list) else 1
-            rest = count - index - 1 if isinstance(index, int) else 0
+            if not isinstance(index, int) or index < 0:
+                index = 0
+            if index < len(preview_ids_in(session.metadata, entry.get("reply_to"))):
+                # That piece was an edit of a preview message: doing it again cannot copy it.
+                log.info(
+                    "delivery %s session=%s: editing piece %d of %d again after the restart",
+                    entry.get("id"),
+                    key,
+                    index + 1,
+                    count,
+                )
+                resend.append({**entry, "state": "queued", "next": index})
+                continue
+            rest = count - index - 1
             log.warning(
                 "delivery %s session=%s: piece %d of %d was being sent when memobot stopped; "
                 "not sending it again (the chat may already show it)%s",
                 entry.get("id"),
                 key,
-                (index if isinstance(index, int) else 0) + 1,
+                index + 1,
                 count,
                 f", sending the {rest} after it" if rest > 0 else "",
             )

@@ -4,6 +4,13 @@ The openai SDK does the HTTP, auth and error mapping; its own retries are off so
 is the only retry policy. The request body is serialised by us once and handed to the SDK's
 low-level ``post`` as bytes: the typed ``chat.completions.create`` walks and transforms every
 message on every call, which costs hundreds of milliseconds for a long session.
+
+Streaming (``chat(..., on_text=...)``) adds ``"stream": true`` to that same serialisation and
+reads the server-sent events through the SDK's ``AsyncStream``: content and tool-call deltas
+are assembled into the same ``LLMResponse`` a plain request gives, usage is read from the last
+chunk. A stream silent for ``llm.streamIdleSeconds`` is a timeout to the one retry policy, as
+is a connection dropped mid-stream. A server that answers a streamed request with one JSON
+body is read as a plain answer.
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ NOT_CONFIGURED_HELP = (
     "Edit {config}, or run `{onboard}`, which asks for them in a terminal."
 )
 DEFAULT_ENDPOINT = "https://api.openai.com/v1"
+# Told the answer's text so far (the whole of it, not the new piece) as it streams in; a
+# retry starts again from "" (a shorter text), so a listener simply shows the latest.
+TextSink = Callable[[str], None]
 
 
 class LLMError(Exception):
@@ -264,6 +274,7 @@ class LLMProvider:
         tools: list[dict[str, Any]] | None,
         force_tool: str | None = None,
         max_tokens: int | None = None,
+        stream: bool = False,
     ) -> bytes:
         body: dict[str, Any] = {
             "model": cfg.model,
@@ -271,6 +282,9 @@ class LLMProvider:
             "max_tokens": max_tokens or cfg.max_tokens,
             "temperature": cfg.temperature,
         }
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         if tools:
             body["tools"] = tools
             body["tool_choice"] = (
@@ -285,6 +299,7 @@ class LLMProvider:
         session_key: str = "",
         force_tool: str | None = None,
         max_tokens: int | None = None,
+        on_text: TextSink | None = None,
     ) -> LLMResponse:
         """One completion, from the first endpoint that answers.
 
@@ -293,12 +308,15 @@ class LLMProvider:
         Raises LLMUnavailable when every endpoint failed, LLMRejected on a 4xx (the request
         itself is wrong: another endpoint is not tried).
         ``force_tool`` makes the model answer with a call to that tool (structured output).
+        ``on_text``: stream the answer, telling it the text so far as it arrives (see
+        ``TextSink``); the result is the same as without.
         """
         failures: list[str] = []
+        stream = on_text is not None
         for i, endpoint in enumerate(self._endpoints):
-            payload = self._body(endpoint.cfg, messages, tools, force_tool, max_tokens)
+            payload = self._body(endpoint.cfg, messages, tools, force_tool, max_tokens, stream)
             try:
-                raw = await self._post(endpoint, payload, session_key)
+                raw = await self._post(endpoint, payload, session_key, on_text=on_text)
             except LLMUnavailable as exc:
                 failures.append(str(exc))
                 if i + 1 < len(self._endpoints):
@@ -331,9 +349,15 @@ class LLMProvider:
         return None
 
     async def _post(
-        self, endpoint: _Endpoint, payload: bytes, session_key: str, attempts: int | None = None
+        self,
+        endpoint: _Endpoint,
+        payload: bytes,
+        session_key: str,
+        attempts: int | None = None,
+        on_text: TextSink | None = None,
     ) -> Any:
-        """POST one request to one endpoint under the retry policy; the raw JSON answer."""
+        """POST one request to one endpoint under the retry policy; the raw JSON answer (for a
+        stream, the chunks assembled into that same shape)."""
         import openai
 
         cfg = endpoint.cfg
@@ -356,6 +380,8 @@ class LLMProvider:
         try:
             async for attempt in retrying:
                 with attempt:
+                    if on_text is not None:
+                        return await _read_stream(endpoint, payload, on_text)
                     return await endpoint.client.post(
                         "/chat/completions",
                         cast_to=object,
@@ -416,6 +442,123 @@ def _error_detail(exc: Any) -> str:
         if isinstance(err, dict) and err.get("message"):
             return str(err["message"])
     return str(getattr(exc, "message", exc))
+
+
+async def _read_stream(endpoint: _Endpoint, payload: bytes, on_text: TextSink) -> Any:
+    """One streamed request: the chunks assembled into a Chat Completions body.
+
+    Raises the SDK's errors, so the retry policy classifies them as for a plain request: a
+    silence of ``streamIdleSeconds`` becomes ``APITimeoutError``; a connection lost mid-stream
+    or an error event inside the stream becomes ``APIConnectionError`` (both retried).
+    """
+    import openai
+
+    try:  # newer openai releases ship their HTTP client as httpx2
+        import httpx2 as httpx
+    except ImportError:  # pragma: no cover
+        import httpx
+
+    stream = await endpoint.client.post(
+        "/chat/completions",
+        cast_to=object,
+        content=payload,
+        options={"headers": {"Content-Type": "application/json"}},
+        stream=True,
+        stream_cls=openai.AsyncStream[object],
+    )
+    request = stream.response.request
+    try:
+        if "text/event-stream" not in stream.response.headers.get("content-type", ""):
+            return json.loads(await stream.response.aread())  # a server that does not stream
+        chunks = stream.__aiter__()
+        idle = endpoint.cfg.stream_idle_seconds
+        assembler = StreamAssembler()
+        while True:
+            try:
+                chunk = await asyncio.wait_for(chunks.__anext__(), idle)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise openai.APITimeoutError(request=request) from None
+            if assembler.add(chunk):
+                on_text(assembler.content)
+        return assembler.completion()
+    except httpx.TransportError as exc:
+        raise openai.APIConnectionError(message=f"stream broken: {exc}", request=request) from exc
+    except openai.APIError as exc:
+        if isinstance(exc, openai.APIStatusError | openai.APIConnectionError):
+            raise
+        raise openai.APIConnectionError(message=f"error in stream: {exc}", request=request) from exc
+    finally:
+        await stream.close()
+
+
+class StreamAssembler:
+    """``chat.completion.chunk`` values in, one ``chat.completion`` body out.
+
+    Tool calls arrive as deltas keyed by ``index``: the first carries id and name, later ones
+    pieces of the arguments. Usage comes in the last chunk (``include_usage``), often one
+    with no choices at all."""
+
+    __slots__ = ("calls", "content", "finish_reason", "has_content", "usage")
+
+    def __init__(self) -> None:
+        self.content = ""
+        self.has_content = False
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    def add(self, chunk: Any) -> bool:
+        """Take one chunk; True when the content grew."""
+        if not isinstance(chunk, dict):
+            return False
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        grew = False
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+            delta = choice.get("delta") or {}
+            piece = delta.get("content")
+            if isinstance(piece, str):
+                self.has_content = True
+                if piece:
+                    self.content += piece
+                    grew = True
+            for tc in delta.get("tool_calls") or ():
+                self._add_call(tc)
+        return grew
+
+    def _add_call(self, tc: dict[str, Any]) -> None:
+        index = tc.get("index", len(self.calls))
+        call = self.calls.setdefault(index, {"id": None, "name": "", "arguments": []})
+        if tc.get("id"):
+            call["id"] = tc["id"]
+        fn = tc.get("function") or {}
+        if fn.get("name"):
+            call["name"] += fn["name"]
+        if isinstance(fn.get("arguments"), str):
+            call["arguments"].append(fn["arguments"])
+
+    def completion(self) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": self.content if self.has_content else None,
+        }
+        if self.calls:
+            message["tool_calls"] = [
+                {
+                    "id": c["id"] or f"call_{i}",
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": "".join(c["arguments"])},
+                }
+                for i, c in sorted(self.calls.items())
+            ]
+        choice = {"index": 0, "message": message, "finish_reason": self.finish_reason}
+        return {"choices": [choice], "usage": self.usage or {}}
 
 
 def parse_completion(raw: Any) -> LLMResponse:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from bot.llm import LLMError, LLMProvider, LLMResponse
 from bot.session import ANSWERED_BY_KEY
+from bot.streaming import TurnStream
 from bot.tools.base import ToolContext, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -72,12 +73,15 @@ class Runner:
         turn: list[dict[str, Any]],
         ctx: ToolContext,
         on_phase: PhaseHook | None = None,
+        stream: TurnStream | None = None,
     ) -> TurnResult:
         """Drive one turn. ``turn`` holds the new user message and grows as the turn runs.
 
         ``build_messages(turn)`` returns the full request (system prompt, history, turn). The
         final answer is appended to ``turn`` as an assistant message. LLM failures end the turn
         with a user-facing message instead of raising; cancellation propagates.
+        ``stream``: the model's text and each tool call are told to it as they happen (the
+        requests are streamed); None: plain requests.
         """
         schemas = self.tools.schemas()
         # Counted over the whole turn, not per LLM round: one response can carry hundreds.
@@ -86,7 +90,10 @@ class Runner:
             started = time.monotonic()
             try:
                 response: LLMResponse = await self.provider.chat(
-                    build_messages(turn), schemas, session_key=ctx.session_key
+                    build_messages(turn),
+                    schemas,
+                    session_key=ctx.session_key,
+                    on_text=stream.on_text if stream else None,
                 )
             except LLMError as exc:
                 log.error("llm failed session=%s: %s", ctx.session_key, exc)
@@ -99,6 +106,8 @@ class Runner:
                 (time.monotonic() - started) * 1000,
             )
             if not response.tool_calls:
+                if stream:
+                    stream.on_done()
                 text = (response.content or "").strip() or "(the model returned an empty answer)"
                 final: dict[str, Any] = {"role": "assistant", "content": response.content or text}
                 if response.answered_by:
@@ -127,6 +136,8 @@ class Runner:
                     )
                     continue
                 made += 1
+                if stream:
+                    stream.on_tool(call.name, call.arguments)
                 started = time.monotonic()
                 result = await self.tools.execute(call.name, call.arguments, ctx)
                 log.info(

@@ -29,6 +29,7 @@ from bot.memory.consolidate import Consolidator
 from bot.memory.files import memory_stamp
 from bot.runner import Runner, close_open_tool_calls
 from bot.session import Session, SessionStore, now_iso
+from bot.streaming import TurnStream, stopped_answer
 from bot.tokens import estimate_text_tokens
 from bot.tools.base import ToolContext, ToolRegistry
 
@@ -175,9 +176,12 @@ class Turns:
             OutboundMessage(msg.channel, msg.chat_id, "", metadata={"typing": True})
         )
         failpoints.hit("before_llm")
+        stream = None
+        if msg.channel in self.bus.streaming:  # the chat shows answers while they are written
+            stream = TurnStream(self.bus, msg.channel, msg.chat_id, msg.message_id)
         try:
             try:
-                result = await self.runner.run(build, turn, ctx, checkpoint)
+                result = await self.runner.run(build, turn, ctx, checkpoint, stream)
             finally:
                 # No process outlives its turn: background jobs end with the answer.
                 assert ctx.processes is not None
@@ -187,7 +191,9 @@ class Turns:
                 raise  # shutdown: the checkpoint stays and the next start resumes the turn
             closed = close_open_tool_calls(turn)
             log.info("turn stopped session=%s interrupted_tools=%d", msg.session_key, closed)
-            await self.finish(session, msg, turn, STOPPED_TEXT, "stopped")
+            # What was streamed stays, marked stopped: the chat keeps what was read.
+            text = (stopped_answer(stream.text) if stream else None) or STOPPED_TEXT
+            await self.finish(session, msg, turn, text, "stopped")
             return None
         log.info(
             "turn done session=%s status=%s iterations=%d in %.0f ms",

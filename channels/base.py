@@ -8,13 +8,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from bot.bus import MessageBus, OutboundMessage
+from bot.bus import MessageBus, OutboundMessage, StreamEvent
 from channels.errors import FatalChannelError
 from channels.pacing import Limit
 
 log = logging.getLogger(__name__)
 
 State = Literal["stopped", "starting", "connected", "reconnecting", "failed"]
+# How a chat shows an answer while it is written: "draft" (a platform draft, stored nowhere),
+# "message" (a message sent, then edited; recorded in the delivery ledger), "direct" (shown
+# at once by the channel itself: the terminal), "off" (only the final answer).
+PreviewMode = Literal["off", "draft", "message", "direct"]
 
 
 class Channel(ABC):
@@ -30,9 +34,14 @@ class Channel(ABC):
     included) first waits out the buckets ``pace_limits`` names for its chat.
     Failing for good (token refused): ``fail`` with a ``FatalChannelError`` (or raise it from
     ``start`` or ``send_chunk``); the state becomes "failed" and stays so.
+    Streaming (``streaming`` True): the channel manager shows each answer while it is written
+    the way ``preview_mode`` says, through the same pacing; the final answer then replaces the
+    preview (``edit_chunk`` of the preview messages) instead of adding a second copy.
     """
 
     name: str
+    streaming: bool = False
+    stream_interval: float = 1.0  # seconds between two preview updates of one chat
 
     def __init__(self, bus: MessageBus) -> None:
         self.bus = bus
@@ -98,3 +107,36 @@ class Channel(ABC):
 
     async def send_typing(self, chat_id: str) -> None:  # noqa: B027
         """Show "typing..." in the chat (platforms without it: nothing)."""
+
+    # -- streaming (only called when ``streaming``) --
+
+    def preview_mode(self, chat_id: str) -> PreviewMode:
+        return "off"
+
+    def preview_pieces(self, text: str) -> list[str]:
+        """Streamed text (raw Markdown, shown plain) in pieces within the length limit."""
+        return [text]
+
+    def show_stream(self, event: StreamEvent) -> None:
+        """ "direct" mode: show ``event`` now (no pacing, no platform)."""
+        raise NotImplementedError
+
+    async def send_draft(self, chat_id: str, draft_id: int, text: str) -> None:
+        """ "draft" mode: show ``text`` ("" while tools run) as the chat's draft ``draft_id``."""
+        raise NotImplementedError
+
+    async def send_preview(self, msg: OutboundMessage, text: str) -> str:
+        """ "message" mode: send ``text`` plain to ``msg``'s chat; the platform's message id."""
+        raise NotImplementedError
+
+    async def edit_chunk(
+        self, chat_id: str, message_id: str, chunk: str, plain: bool = False
+    ) -> None:
+        """Replace the text of message ``message_id`` with ``chunk`` (a piece of ``render``,
+        or plain preview text with ``plain``). "Not modified" is success. Raises as
+        ``send_chunk``; ``PermanentError`` when the message is gone."""
+        raise NotImplementedError
+
+    async def delete_message(self, chat_id: str, message_id: str) -> None:
+        """Delete a preview message the final answer did not need."""
+        raise NotImplementedError

@@ -22,7 +22,7 @@ import discord
 from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from bot.config import DiscordConfig
 from channels.access import AccessPolicy, whoami_text
-from channels.base import Channel
+from channels.base import Channel, PreviewMode
 from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
 from channels.formatting import DISCORD_LIMIT, markdown_to_discord, render_chunks, strip_markdown
 from channels.pacing import Limit
@@ -116,6 +116,12 @@ def _first_chunk(text: str) -> str:
     return chunks[0] if chunks else ""
 
 
+def _first_forms(text: str) -> tuple[str, str]:
+    """The first piece of an answer, rendered and plain (the markup retry)."""
+    first = _first_chunk(text)
+    return first, strip_markdown(first)
+
+
 def _safe_name(name: str) -> str:
     return _UNSAFE_NAME.sub("_", Path(name).name).strip("._") or "file"
 
@@ -165,6 +171,8 @@ class DiscordChannel(Channel):
         self.state_dir = Path(state_dir)
         self.policy = AccessPolicy(NAME, cfg.allow_from, cfg.admin_ids)
         self.allow_channels = frozenset(cfg.allow_channels)
+        self.streaming = cfg.streaming
+        self.stream_interval = cfg.stream_edit_interval_seconds
         self.client: _Client | None = None
         self._logged_in = False
         self._was_connected = False
@@ -413,11 +421,13 @@ class DiscordChannel(Channel):
         return [Limit.of(f"channel:{chat_id}", self.cfg.rate_limits.channel)]
 
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+        await self._send(msg, chunk, first=chunk in _first_forms(msg.text))
+
+    async def _send(self, msg: OutboundMessage, chunk: str, first: bool) -> discord.Message:
         channel = await self._messageable(msg.chat_id)
         reference = None
         if self._replies_in(channel) and msg.reply_to and msg.reply_to.isdigit():
-            first = _first_chunk(msg.text)
-            if chunk in (first, strip_markdown(first)):
+            if first:
                 # Only the first piece shows as a reply; a deleted original must not fail it.
                 reference = discord.MessageReference(
                     message_id=int(msg.reply_to),
@@ -425,12 +435,51 @@ class DiscordChannel(Channel):
                     fail_if_not_exists=False,
                 )
         try:
-            await channel.send(
+            return await channel.send(
                 chunk,
                 reference=reference,
                 mention_author=False,
                 allowed_mentions=discord.AllowedMentions.none(),
             )
+        except Exception as exc:
+            mapped = map_send_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    # -- streaming: a message sent once there is text, then edited --------------------------
+
+    def preview_mode(self, chat_id: str) -> PreviewMode:
+        return "message"
+
+    def preview_pieces(self, text: str) -> list[str]:
+        # Rendered as the answer will be (mass mentions neutralised too); an unclosed
+        # construct at the end of a preview is harmless.
+        return render_chunks(text, DISCORD_LIMIT, markdown_to_discord)
+
+    async def send_preview(self, msg: OutboundMessage, text: str) -> str:
+        # The first preview is the answer's first message: a reply, as the answer would be.
+        sent = await self._send(msg, text, first=True)
+        return str(sent.id)
+
+    async def edit_chunk(
+        self, chat_id: str, message_id: str, chunk: str, plain: bool = False
+    ) -> None:
+        channel = await self._messageable(chat_id)
+        try:
+            await channel.get_partial_message(int(message_id)).edit(
+                content=chunk, allowed_mentions=discord.AllowedMentions.none()
+            )
+        except Exception as exc:
+            mapped = map_send_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    async def delete_message(self, chat_id: str, message_id: str) -> None:
+        channel = await self._messageable(chat_id)
+        try:
+            await channel.get_partial_message(int(message_id)).delete()
         except Exception as exc:
             mapped = map_send_error(exc)
             if mapped is None:

@@ -8,6 +8,14 @@ waited behind it then goes at the steady rate, without a burst.
 Final answers go through the delivery ledger (bot/delivery.py) piece by piece: each piece is
 marked before it is sent, so a crash or an error at piece k resumes at piece k.
 
+Streaming (DESIGN.md section 11): ``StreamEvent`` values from the bus are ephemeral. Each chat
+keeps only the latest text per answer being written (``_Live``), and its worker shows it
+between queued messages, at most once per ``Channel.stream_interval`` and only when the
+pacer has a token to spare (``Pacer.take_if_ready``): previews are skipped, never queued, so
+under load they thin out while answers keep their place. A preview *message* ("message"
+mode) is recorded in the ledger as soon as the platform gave its id, and the final answer
+edits it into the answer (see bot/delivery.py), so the chat never holds two copies.
+
 Every exception a send raises takes the same path: flood waits are honoured, markup refusals
 retried as plain text, over-long pieces split smaller, permanent refusals end the answer (the
 user is told, the ledger keeps it), anything else is retried with backoff. A channel that
@@ -18,14 +26,17 @@ channel has.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+import zlib
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
 from bot import failpoints
-from bot.bus import TO_ADMINS, MessageBus, OutboundMessage
+from bot.bus import TO_ADMINS, MessageBus, OutboundMessage, StreamEvent
 from channels.base import Channel
 from channels.errors import (
     FatalChannelError,
@@ -46,6 +57,8 @@ BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 1.5, 30.0
 NOTICE_GIVE_UP_SECONDS = 60.0
 NOTICE = "I could not deliver my answer: {reason}"
 REASON_MAX_CHARS = 200
+PREVIEW_MIN_CHARS = 16  # a preview message waits for this much text (or one interval)
+FINISHED_REMEMBERED = 32  # answers per chat whose late stream events are ignored
 
 
 class Ledger(Protocol):
@@ -56,15 +69,48 @@ class Ledger(Protocol):
     async def sent(self, msg: OutboundMessage) -> None: ...
     async def postponed(self, msg: OutboundMessage, index: int = 0) -> None: ...
     async def failed(self, msg: OutboundMessage, reason: str = "", index: int = 0) -> None: ...
+    def preview_ids(self, key: str, reply_to: str | None) -> list[str]: ...
+    async def previewing(self, key: str, reply_to: str | None, ids: list[str]) -> None: ...
+
+
+class _Live:
+    """The preview of one answer being written in one chat."""
+
+    __slots__ = (
+        "broken",
+        "dirty",
+        "done",
+        "draft_id",
+        "first_at",
+        "ids",
+        "next_at",
+        "shown",
+        "text",
+    )
+
+    def __init__(self, reply_to: str | None, ids: list[str]) -> None:
+        self.text: str | None = None  # the latest text (coalesced: older ones never shown)
+        self.dirty = False  # text changed since it was last shown
+        self.ids = ids  # "message" mode: platform ids of the preview messages, in order
+        self.shown: list[str] = []  # what each of them shows
+        self.first_at: float | None = None
+        self.next_at = 0.0  # no preview update before this (monotonic)
+        self.broken = False  # a preview send failed: only the final answer from now on
+        self.done = False  # the model finished: the final answer replaces the preview
+        # "draft" mode: one draft per answer; Telegram wants a non-zero id.
+        self.draft_id = (zlib.crc32((reply_to or "").encode()) & 0x7FFFFFFF) or 1
 
 
 class _Chat:
-    __slots__ = ("queue", "typing", "worker")
+    __slots__ = ("finished", "lives", "queue", "typing", "wake", "worker")
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[OutboundMessage] = asyncio.Queue()
         self.worker: asyncio.Task[None] | None = None
         self.typing: asyncio.Task[None] | None = None
+        self.lives: dict[str | None, _Live] = {}  # by the message the answer replies to
+        self.finished: deque[str | None] = deque(maxlen=FINISHED_REMEMBERED)
+        self.wake = asyncio.Event()  # a message was queued or a preview changed
 
 
 class ChannelManager:
@@ -80,6 +126,9 @@ class ChannelManager:
         self.on_all_failed: Callable[[list[Channel]], None] | None = None
         for channel in channels:
             channel.on_fatal = self._channel_failed
+            if channel.streaming:
+                bus.streaming.add(channel.name)
+        bus.on_stream(self._on_stream)
         self._background: set[asyncio.Task[None]] = set()
 
     def _channel_failed(self, channel: Channel) -> None:
@@ -130,20 +179,172 @@ class ChannelManager:
                 continue
             chat = self._chats.setdefault((msg.channel, msg.chat_id), _Chat())
             chat.queue.put_nowait(msg)
-            if chat.worker is None or chat.worker.done():
-                chat.worker = asyncio.create_task(self._drain(chat), name=f"send:{msg.channel}")
+            self._wake(chat, msg.channel, msg.chat_id)
 
-    async def _drain(self, chat: _Chat) -> None:
-        while not chat.queue.empty():
-            msg = chat.queue.get_nowait()
+    def _wake(self, chat: _Chat, channel: str, chat_id: str) -> None:
+        chat.wake.set()
+        if chat.worker is None or chat.worker.done():
+            chat.worker = asyncio.create_task(
+                self._drain(chat, channel, chat_id), name=f"send:{channel}"
+            )
+
+    async def _drain(self, chat: _Chat, channel_name: str, chat_id: str) -> None:
+        """The chat's one worker: queued messages first, in order; between them, previews."""
+        while True:
+            if not chat.queue.empty():
+                msg = chat.queue.get_nowait()
+                live = chat.lives.pop(msg.reply_to, None) if msg.final else None
+                if msg.final:
+                    chat.finished.append(msg.reply_to)
+                try:
+                    await self.deliver(msg, live)
+                except Exception:
+                    log.exception("delivery crashed session=%s", msg.session_key)
+                finally:
+                    if msg.final and chat.typing:
+                        chat.typing.cancel()
+                    self.bus.outbound.task_done()
+                continue
+            channel = self.channels.get(channel_name)
+            live = next((v for v in chat.lives.values() if v.dirty and not v.broken), None)
+            if live is None or channel is None or channel.fatal is not None:
+                return
+            wait = self._preview_wait(channel, chat_id, live)
+            if wait <= 0:
+                wait = await self._show_preview(channel, chat_id, live)
+            if wait > 0 and chat.queue.empty():  # (checked and cleared with no await between)
+                chat.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(chat.wake.wait(), wait)
+
+    # -- streaming --
+
+    def _on_stream(self, event: StreamEvent) -> None:
+        """A stream event from a turn: keep it as its chat's latest; never blocks."""
+        channel = self.channels.get(event.channel)
+        if channel is None or not channel.streaming or channel.fatal is not None:
+            return
+        mode = channel.preview_mode(event.chat_id)
+        if mode == "off":
+            return
+        if mode == "direct":
+            channel.show_stream(event)
+            return
+        chat = self._chats.setdefault((event.channel, event.chat_id), _Chat())
+        if event.reply_to in chat.finished:
+            return  # its answer is already delivered: a late event must not reopen it
+        live = chat.lives.get(event.reply_to)
+        if live is None:
+            ids = self.ledger.preview_ids(event.session_key, event.reply_to)
+            live = chat.lives[event.reply_to] = _Live(event.reply_to, ids)
+            if ids:
+                log.info(
+                    "stream session=%s continues in %d preview message(s) from before a restart",
+                    event.session_key,
+                    len(ids),
+                )
+        if live.done:
+            return
+        if event.kind == "done":
+            live.done = True  # the answer follows at once: no preview spends its send
+            live.dirty = False
+            return
+        if event.kind == "tool":
+            if mode != "draft":
+                return  # a preview message keeps its text while tools run
+            text = ""  # an empty draft: the app shows "Thinking..."
+        else:
+            text = event.text
+        if text == live.text:
+            return
+        live.text = text
+        live.dirty = True
+        if live.first_at is None and text.strip():
+            live.first_at = time.monotonic()
+        self._wake(chat, event.channel, event.chat_id)
+
+    def _preview_wait(self, channel: Channel, chat_id: str, live: _Live) -> float:
+        """Seconds before ``live`` may be shown (0: now)."""
+        now = time.monotonic()
+        wait = live.next_at - now
+        if not live.ids and channel.preview_mode(chat_id) == "message":
+            text = (live.text or "").strip()
+            if not text:
+                live.dirty = False  # nothing worth a message yet
+                return 0.0
+            if len(text) < PREVIEW_MIN_CHARS and live.first_at is not None:
+                wait = max(wait, live.first_at + channel.stream_interval - now)
+        return wait
+
+    async def _show_preview(self, channel: Channel, chat_id: str, live: _Live) -> float:
+        """Show ``live``'s latest text, one platform call at a time, each within the pacer's
+        spare tokens; returns the seconds to wait before trying again (0: done for now)."""
+        if not live.dirty:
+            return 0.0
+        mode = channel.preview_mode(chat_id)
+        limits = channel.pace_limits(chat_id)
+        pacer = self._pacer(channel)
+        session = f"{channel.name}:{chat_id}"
+        text = live.text or ""
+        pieces = channel.preview_pieces(text) if text.strip() else [""]
+        if mode == "message":
+            pieces = [p for p in pieces if p.strip()]
+        if mode == "draft":
+            pieces = pieces[-1:]  # a draft shows the part being written
+        for i, piece in enumerate(pieces):
+            if mode == "message" and i < len(live.shown) and live.shown[i] == piece:
+                continue
+            wait = pacer.take_if_ready(limits, time.monotonic())
+            if wait > 0:
+                return wait
             try:
-                await self.deliver(msg)
-            except Exception:
-                log.exception("delivery crashed session=%s", msg.session_key)
-            finally:
-                if msg.final and chat.typing:
-                    chat.typing.cancel()
-                self.bus.outbound.task_done()
+                if mode == "draft":
+                    await channel.send_draft(chat_id, live.draft_id, piece)
+                elif i < len(live.ids):
+                    await channel.edit_chunk(chat_id, live.ids[i], piece, plain=True)
+                else:
+                    await self._new_preview_message(channel, chat_id, live, piece)
+            except RetryAfter as exc:
+                now = time.monotonic()
+                pacer.hold(limits, now + exc.seconds + 0.1, now)
+                log.warning(
+                    "preview rate limited session=%s: waiting %.1f s as the platform asked",
+                    session,
+                    exc.seconds,
+                )
+                return exc.seconds + 0.1
+            except Exception as exc:
+                # Ephemeral: never retried. A failed *send* may still have landed without us
+                # learning its id, so this answer gets no more previews, only its final.
+                live.broken = mode == "message" and i >= len(live.ids)
+                log.warning(
+                    "preview failed session=%s (%s)%s",
+                    session,
+                    _reason(exc),
+                    "; the answer will come whole" if live.broken else "",
+                )
+                live.next_at = time.monotonic() + channel.stream_interval
+                return channel.stream_interval
+            if mode == "message":
+                live.shown[i:] = [piece]
+        if live.text == text:
+            live.dirty = False
+        live.next_at = time.monotonic() + channel.stream_interval
+        return 0.0 if not live.dirty else channel.stream_interval
+
+    async def _new_preview_message(
+        self, channel: Channel, chat_id: str, live: _Live, text: str
+    ) -> None:
+        """Send one more preview message and record its id in the ledger before going on."""
+        reply_to = next((r for r, v in self._live_items(channel.name, chat_id) if v is live), None)
+        msg = OutboundMessage(channel.name, chat_id, text, reply_to=reply_to)
+        message_id = await channel.send_preview(msg, text)
+        live.ids.append(message_id)
+        await self.ledger.previewing(msg.session_key, reply_to, live.ids)
+
+    def _live_items(self, channel: str, chat_id: str) -> list[tuple[str | None, _Live]]:
+        chat = self._chats.get((channel, chat_id))
+        return list(chat.lives.items()) if chat else []
 
     async def _to_admins(self, notice: OutboundMessage) -> None:
         """Queue ``notice`` into every admin's private chat on every running channel."""
@@ -180,8 +381,11 @@ class ChannelManager:
                 log.debug("typing indicator failed channel=%s: %s", channel.name, exc)
             await asyncio.sleep(TYPING_REFRESH_SECONDS)
 
-    async def deliver(self, msg: OutboundMessage) -> None:
-        """Send ``msg`` piece by piece from the first piece the ledger has not seen go out."""
+    async def deliver(self, msg: OutboundMessage, live: _Live | None = None) -> None:
+        """Send ``msg`` piece by piece from the first piece the ledger has not seen go out.
+
+        A final answer whose preview messages exist (``live``, or the ledger's record after a
+        restart) edits them piece by piece instead; previews it does not need are deleted."""
         channel = self.channels.get(msg.channel)
         if channel is None or channel.fatal is not None:
             why = "no running channel" if channel is None else "failed channel"
@@ -196,6 +400,12 @@ class ChannelManager:
         if progress is None:
             return
         pieces, index = progress
+        edits: list[str] = []
+        if msg.final:
+            edits = (
+                list(live.ids) if live else self.ledger.preview_ids(msg.session_key, msg.reply_to)
+            )
+        unused: list[str] = []  # previews that could not be edited
         try:
             if pieces is None:
                 pieces = channel.render(msg.text)
@@ -204,8 +414,9 @@ class ChannelManager:
                     failpoints.hit("between_pieces")
                 if not await self.ledger.sending(msg, pieces, index):
                     return
+                edit = edits[index] if index < len(edits) else None
                 try:
-                    await self._send_chunk(channel, msg, pieces[index])
+                    await self._send_chunk(channel, msg, pieces[index], edit=edit)
                 except TooLong as exc:
                     smaller = channel.resplit(pieces[index])
                     if len(smaller) < 2:
@@ -218,6 +429,20 @@ class ChannelManager:
                         len(smaller),
                     )
                     pieces = [*pieces[:index], *smaller, *pieces[index + 1 :]]
+                    continue
+                except PermanentError as exc:
+                    if edit is None:
+                        raise
+                    # The preview is gone (deleted in the chat): the piece is sent instead.
+                    log.warning(
+                        "preview message could not be edited session=%s (%s); sending piece "
+                        "%d as a new message",
+                        msg.session_key,
+                        exc,
+                        index + 1,
+                    )
+                    unused += edits[index + 1 :]
+                    edits = edits[:index]
                     continue
                 index += 1
         except FatalChannelError as exc:
@@ -236,8 +461,22 @@ class ChannelManager:
             await self.ledger.failed(msg, reason, index)
             await self._notify_undeliverable(channel, msg, reason)
             return
+        for extra in [*edits[len(pieces) :], *unused]:
+            await self._delete_preview(channel, msg, extra)
         failpoints.hit("after_send")
         await self.ledger.sent(msg)
+
+    async def _delete_preview(
+        self, channel: Channel, msg: OutboundMessage, message_id: str
+    ) -> None:
+        """Best effort, one try: a preview the answer did not need (it came out shorter)."""
+        await self._pace(channel, channel.pace_limits(msg.chat_id))
+        try:
+            await channel.delete_message(msg.chat_id, message_id)
+        except Exception as exc:
+            log.warning(
+                "could not delete a preview message session=%s: %s", msg.session_key, _reason(exc)
+            )
 
     async def _notify_undeliverable(
         self, channel: Channel, msg: OutboundMessage, reason: str
@@ -271,8 +510,10 @@ class ChannelManager:
         msg: OutboundMessage,
         chunk: str,
         give_up_after: float | None = None,
+        edit: str | None = None,
     ) -> None:
-        """Send one piece, honouring flood waits and backing off on transient errors.
+        """Send one piece (``edit``: put it into that existing message instead), honouring
+        flood waits and backing off on transient errors.
 
         Raises ``PermanentError`` (including ``TooLong``), ``FatalChannelError``, or
         ``TimeoutError`` once retrying would pass the deadline; any other exception of the
@@ -285,7 +526,11 @@ class ChannelManager:
         while True:
             await self._pace(channel, limits)
             try:
-                await channel.send_chunk(msg, channel.plain(chunk) if plain else chunk, plain)
+                text = channel.plain(chunk) if plain else chunk
+                if edit is not None:
+                    await channel.edit_chunk(msg.chat_id, edit, text, plain)
+                else:
+                    await channel.send_chunk(msg, text, plain)
                 return
             except FormattingRejected as exc:
                 if plain:

@@ -69,6 +69,12 @@ class TokenBucket:
         wait = 0.0 if self.level >= 0 else -self.level / self.rate
         return at - now + wait
 
+    def ready_in(self, now: float) -> float:
+        """Seconds from ``now`` until a token is there without debt (0: one is there now)."""
+        at = self._refill(now)
+        short = 0.0 if self.level >= 1.0 else (1.0 - self.level) / self.rate
+        return at - now + short
+
     def hold(self, until: float) -> None:
         """Nothing before ``until``, then one send and the steady rate (no burst): after a
         platform's "retry after", what waited behind is paced rather than let out at once."""
@@ -101,6 +107,17 @@ class Pacer:
             self._since_sweep = 0
             self.buckets = {k: b for k, b in self.buckets.items() if not b.idle(now)}
         return self.bucket(limit, now).reserve(now)
+
+    def take_if_ready(self, limits: Sequence[Limit], now: float) -> float:
+        """For sends that may be skipped (stream previews): take a token from every bucket of
+        ``limits`` if each has one now and return 0; else take nothing and return the seconds
+        until they might. Never goes into debt, so a waiting answer is never pushed back."""
+        wait = max((self.bucket(limit, now).ready_in(now) for limit in limits), default=0.0)
+        if wait > 0:
+            return wait
+        for limit in limits:
+            self.bucket(limit, now).reserve(now)
+        return 0.0
 
     def hold(self, limits: Sequence[Limit], until: float, now: float) -> None:
         """A "retry after" in a chat: its own buckets (not the shared ones) wait ``until``."""

@@ -30,7 +30,7 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -50,7 +50,7 @@ from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import COMMANDS
 from bot.config import SlackConfig
 from channels.access import AccessPolicy, whoami_text
-from channels.base import Channel
+from channels.base import Channel, PreviewMode
 from channels.errors import (
     FatalChannelError,
     PermanentError,
@@ -306,6 +306,19 @@ def map_api_error(
     return PermanentError(detail)  # channel_not_found, not_in_channel, ...
 
 
+@contextlib.contextmanager
+def _mapped_errors() -> Iterator[None]:
+    """A Web API call's failures in our error vocabulary."""
+    try:
+        yield
+    except SlackApiError as exc:
+        raise _api_error(exc) from exc  # a FatalChannelError is the manager's to report
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise TransientError(f"slack unreachable: {exc!r}") from exc
+    except SlackClientError as exc:
+        raise PermanentError(f"slack client refused the message: {exc}") from exc
+
+
 def _api_error(exc: SlackApiError) -> SendError | FatalChannelError:
     headers = exc.response.headers or {}
     return map_api_error(exc.response.status_code, _error_code(exc), headers.get("Retry-After"))
@@ -413,6 +426,8 @@ class SlackChannel(Channel):
         self.cfg = cfg
         self.workspace = workspace
         self.policy = AccessPolicy(NAME, cfg.allow_from, cfg.admin_ids)
+        self.streaming = cfg.streaming
+        self.stream_interval = cfg.stream_edit_interval_seconds
         self.me: Identity | None = None
         self.web: AsyncWebClient | None = None
         self.app: AsyncApp | None = None
@@ -1026,19 +1041,50 @@ class SlackChannel(Channel):
         return [Limit.of(f"channel:{channel}", self.cfg.rate_limits.channel)]
 
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+        await self._post(msg.chat_id, chunk, plain)
+
+    async def _post(self, chat_id: str, text: str, plain: bool) -> str:
+        """chat.postMessage; the new message's ``ts``."""
         if self.web is None:
             raise TransientError("slack channel is not started")
-        channel, thread_ts = split_chat_id(msg.chat_id)
-        try:
-            await self.web.chat_postMessage(
-                channel=channel, text=chunk, thread_ts=thread_ts, mrkdwn=not plain
+        channel, thread_ts = split_chat_id(chat_id)
+        with _mapped_errors():
+            answer = await self.web.chat_postMessage(
+                channel=channel, text=text, thread_ts=thread_ts, mrkdwn=not plain
             )
-        except SlackApiError as exc:
-            raise _api_error(exc) from exc  # a FatalChannelError is the manager's to report
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise TransientError(f"slack unreachable: {exc!r}") from exc
-        except SlackClientError as exc:
-            raise PermanentError(f"slack client refused the message: {exc}") from exc
+        return str(answer.get("ts") or "")
+
+    # -- streaming: chat.postMessage once there is text, then throttled chat.update --
+    # (Slack's chat.startStream needs an assistant thread and the recipient's ids; a plain
+    # message that is updated works in every channel, DM and thread, and after a restart.)
+
+    def preview_mode(self, chat_id: str) -> PreviewMode:
+        return "message"
+
+    def preview_pieces(self, text: str) -> list[str]:
+        return render_chunks(text, SLACK_LIMIT, markdown_to_slack_mrkdwn)
+
+    async def send_preview(self, msg: OutboundMessage, text: str) -> str:
+        ts = await self._post(msg.chat_id, text, plain=False)
+        if not ts:
+            raise PermanentError("slack did not say which message it posted")
+        return ts
+
+    async def edit_chunk(
+        self, chat_id: str, message_id: str, chunk: str, plain: bool = False
+    ) -> None:
+        if self.web is None:
+            raise TransientError("slack channel is not started")
+        channel, _ = split_chat_id(chat_id)
+        with _mapped_errors():
+            await self.web.chat_update(channel=channel, ts=message_id, text=chunk)
+
+    async def delete_message(self, chat_id: str, message_id: str) -> None:
+        if self.web is None:
+            raise TransientError("slack channel is not started")
+        channel, _ = split_chat_id(chat_id)
+        with _mapped_errors():
+            await self.web.chat_delete(channel=channel, ts=message_id)
 
     async def admin_chats(self) -> list[str]:
         # chat.postMessage to a user id posts in that person's direct messages with the app.

@@ -58,7 +58,7 @@ from telegram.warnings import PTBDeprecationWarning
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.config import TelegramConfig
 from channels.access import AccessPolicy, whoami_text
-from channels.base import Channel, State
+from channels.base import Channel, PreviewMode, State
 from channels.errors import (
     FatalChannelError,
     FormattingRejected,
@@ -75,6 +75,7 @@ from channels.formatting import (
     split_telegram_html,
     strip_telegram_html,
     telegram_length,
+    utf16_len,
 )
 from channels.pacing import Limit
 from channels.proxy import http_proxy, socks_connector
@@ -393,6 +394,8 @@ class TelegramChannel(Channel):
         self._clients: list[AiohttpRequest] = []
         self.me: User | None = None
         self.poll_timeout = cfg.poll_timeout_seconds
+        self.streaming = cfg.streaming
+        self.stream_interval = cfg.stream_edit_interval_seconds
         self._task: asyncio.Task[None] | None = None
         self._backoff = BACKOFF_START
         # Outbound messages whose first chunk already went out as a reply (keyed by identity:
@@ -745,20 +748,88 @@ class TelegramChannel(Channel):
                 reply_parameters=reply,
             )
         except TelegramError as exc:
-            error = send_error(exc)
-            if isinstance(exc, ChatMigrated):
-                log.warning(
-                    "telegram: chat %s moved to supergroup %s; answers to the old id fail",
-                    chat,
-                    exc.new_chat_id,
-                )
-            if isinstance(error, FatalChannelError):
-                self._token_rejected()
-            raise error from exc
+            raise self._send_failed(exc, chat) from exc
         if reply is not None:
             self._replied[id(msg)] = msg
             while len(self._replied) > REPLIED_REMEMBERED:
                 self._replied.popitem(last=False)
+
+    def _send_failed(self, exc: TelegramError, chat: int) -> SendError | FatalChannelError:
+        error = send_error(exc)
+        if isinstance(exc, ChatMigrated):
+            log.warning(
+                "telegram: chat %s moved to supergroup %s; answers to the old id fail",
+                chat,
+                exc.new_chat_id,
+            )
+        if isinstance(error, FatalChannelError):
+            self._token_rejected()
+        return error
+
+    # -- streaming: drafts in private chats, an edited message in groups and topics --
+
+    def preview_mode(self, chat_id: str) -> PreviewMode:
+        chat, _ = split_chat_key(chat_id)
+        # sendMessageDraft (Bot API 9.3) is for private chats only; it stores nothing.
+        return "draft" if chat > 0 else "message"
+
+    def preview_pieces(self, text: str) -> list[str]:
+        # Shown plain while written (half a Markdown construct does not parse); the final
+        # answer's edit renders it. Telegram counts UTF-16 units.
+        return render_chunks(text, TELEGRAM_LIMIT, _as_is, measure=utf16_len)
+
+    async def send_draft(self, chat_id: str, draft_id: int, text: str) -> None:
+        if self.bot is None:
+            raise TransientError("the Telegram client is not running")
+        chat, thread = split_chat_key(chat_id)
+        try:
+            await self.bot.send_message_draft(chat, draft_id, text, message_thread_id=thread)
+        except TelegramError as exc:
+            raise self._send_failed(exc, chat) from exc
+
+    async def send_preview(self, msg: OutboundMessage, text: str) -> str:
+        if self.bot is None:
+            raise TransientError("the Telegram client is not running")
+        chat, thread = split_chat_key(msg.chat_id)
+        try:
+            sent = await self.bot.send_message(
+                chat,
+                text,
+                message_thread_id=thread,
+                reply_parameters=self._reply_parameters(msg, chat),
+            )
+        except TelegramError as exc:
+            raise self._send_failed(exc, chat) from exc
+        return str(sent.message_id)
+
+    async def edit_chunk(
+        self, chat_id: str, message_id: str, chunk: str, plain: bool = False
+    ) -> None:
+        if self.bot is None:
+            raise TransientError("the Telegram client is not running")
+        chat, _ = split_chat_key(chat_id)
+        try:
+            await self.bot.edit_message_text(
+                chunk,
+                chat_id=chat,
+                message_id=int(message_id),
+                parse_mode=None if plain else ParseMode.HTML,
+            )
+        except BadRequest as exc:
+            if "not modified" in exc.message.lower():
+                return  # it already says this: the edit's purpose is met
+            raise self._send_failed(exc, chat) from exc
+        except TelegramError as exc:
+            raise self._send_failed(exc, chat) from exc
+
+    async def delete_message(self, chat_id: str, message_id: str) -> None:
+        if self.bot is None:
+            raise TransientError("the Telegram client is not running")
+        chat, _ = split_chat_key(chat_id)
+        try:
+            await self.bot.delete_message(chat, int(message_id))
+        except TelegramError as exc:
+            raise self._send_failed(exc, chat) from exc
 
     def _reply_parameters(self, msg: OutboundMessage, chat: int) -> ReplyParameters | None:
         """In groups the first chunk of an answer quotes the message it answers."""
@@ -776,6 +847,10 @@ class TelegramChannel(Channel):
             return
         chat, thread = split_chat_key(chat_id)
         await self.bot.send_chat_action(chat, ChatAction.TYPING, message_thread_id=thread)
+
+
+def _as_is(text: str) -> str:
+    return text
 
 
 def retry_seconds(exc: PTBRetryAfter) -> float:

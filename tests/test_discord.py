@@ -94,7 +94,15 @@ class Bot:
 async def running(
     tmp_path: Path, llm: FakeLLM, api: FakeDiscord, **discord: Any
 ) -> AsyncIterator[Bot]:
-    settings = {"enabled": True, "token": TOKEN, "allowFrom": [ALICE["id"]], **discord}
+    # Streaming off unless a test asks: these tests read the answers' POST bodies (the
+    # streaming ones are in test_streaming_discord_slack.py).
+    settings = {
+        "enabled": True,
+        "token": TOKEN,
+        "allowFrom": [ALICE["id"]],
+        "streaming": False,
+        **discord,
+    }
     cfg = make_config(tmp_path, llm.base_url, channels={"discord": settings})
     harness = Harness(cfg, tmp_path / "config.json", channels=())
     channel = create_channel("discord", harness.stack.bus, cfg)

@@ -98,6 +98,9 @@ class Rig:
             "appToken": APP_TOKEN,
             "apiUrl": slack.api_url,
             "allowFrom": [ALICE],
+            # Off unless asked: these tests read the answers' chat.postMessage bodies (the
+            # streaming ones are in test_streaming_slack.py).
+            "streaming": False,
             **slack_cfg,
         }
         data = config_dict(tmp_path, llm.base_url, channels={"slack": settings})

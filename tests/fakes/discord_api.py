@@ -228,6 +228,8 @@ class FakeDiscord:
         self.resumes: list[dict[str, Any]] = []
         self.failures: list[Failure] = []
         self.attachments: dict[str, bytes] = {}
+        # message id -> the bot's message as the channel shows it now (content, edits)
+        self.shown_messages: dict[str, dict[str, Any]] = {}
         self.attachment_delay = 0.0  # seconds before an attachment download is answered
         self.dm_channels: dict[str, dict[str, Any]] = {}
         self.logins = 0
@@ -249,6 +251,12 @@ class FakeDiscord:
         app.router.add_get(f"{API_PREFIX}/gateway/bot", self._gateway_info)
         app.router.add_get(f"{API_PREFIX}/channels/{{channel_id}}", self._get_channel)
         app.router.add_post(f"{API_PREFIX}/channels/{{channel_id}}/messages", self._post_message)
+        app.router.add_patch(
+            f"{API_PREFIX}/channels/{{channel_id}}/messages/{{message_id}}", self._edit_message
+        )
+        app.router.add_delete(
+            f"{API_PREFIX}/channels/{{channel_id}}/messages/{{message_id}}", self._delete_message
+        )
         app.router.add_post(f"{API_PREFIX}/channels/{{channel_id}}/typing", self._typing)
         app.router.add_get("/attachments/{name}", self._attachment)
         self._runner = web.AppRunner(app)
@@ -433,6 +441,25 @@ class FakeDiscord:
             for c in self.calls
             if c.path.endswith("/messages")
             and c.method == "POST"
+            and (channel_id is None or c.channel_id == str(channel_id))
+            and c.status == 200
+        ]
+
+    def shown(self, channel_id: int | str | None = None) -> list[dict[str, Any]]:
+        """The bot's messages a channel shows now (posted, edited, not deleted), oldest
+        first: ``id``, ``content``, ``edits``."""
+        return [
+            {"id": mid, **m}
+            for mid, m in sorted(self.shown_messages.items(), key=lambda kv: int(kv[0]))
+            if channel_id is None or m["channel_id"] == str(channel_id)
+        ]
+
+    def edits(self, channel_id: int | str | None = None) -> list[Call]:
+        """Recorded ``PATCH .../messages/<id>`` calls that succeeded, oldest first."""
+        return [
+            c
+            for c in self.calls
+            if c.method == "PATCH"
             and (channel_id is None or c.channel_id == str(channel_id))
             and c.status == 200
         ]
@@ -671,8 +698,75 @@ class FakeDiscord:
             body.get("content") or "",
             guild_id=int(guild_id) if guild_id else None,
         )
+        self.shown_messages[message["id"]] = {
+            "channel_id": channel_id,
+            "content": message["content"],
+            "edits": 0,
+        }
         await self._notify()
         return _json(message, headers=headers)
+
+    async def _edit_message(self, request: web.Request) -> web.Response:
+        """PATCH a message: Discord's edit (counted against the channel's window, as sends)."""
+        if not self._authorized(request):
+            return self._unauthorized()
+        body = await request.json()
+        call = await self._record(request, body)
+        failure = self._scripted(request)
+        if failure is not None:
+            call.status = failure.status
+            await self._notify()
+            return failure
+        channel_id = request.match_info["channel_id"]
+        shown = self.shown_messages.get(request.match_info["message_id"])
+        if shown is None or shown["channel_id"] != channel_id:
+            call.status = 404
+            await self._notify()
+            return _json({"message": "Unknown Message", "code": 10008}, status=404)
+        headers, retry_after = self._rate_headers(channel_id)
+        if retry_after is not None:
+            call.status = 429
+            await self._notify()
+            body429 = {
+                "message": "You are being rate limited.",
+                "retry_after": round(retry_after, 3),
+                "global": False,
+            }
+            headers.update(
+                {
+                    "Retry-After": f"{retry_after:.3f}",
+                    "X-RateLimit-Scope": "user",
+                    "Via": "1.1 google",
+                }
+            )
+            return _json(body429, status=429, headers=headers)
+        content = body.get("content")
+        if content is not None:
+            if len(content) > 2000:
+                call.status = 400
+                await self._notify()
+                return _json(
+                    {"message": "Invalid Form Body", "code": 50035, "errors": {"content": {}}},
+                    status=400,
+                )
+            shown["content"] = content
+        shown["edits"] += 1
+        message = self.message_payload(
+            channel_id, BOT_USER, shown["content"], message_id=request.match_info["message_id"]
+        )
+        await self._notify()
+        return _json(message, headers=headers)
+
+    async def _delete_message(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._unauthorized()
+        call = await self._record(request, None)
+        if self.shown_messages.pop(request.match_info["message_id"], None) is None:
+            call.status = 404
+            await self._notify()
+            return _json({"message": "Unknown Message", "code": 10008}, status=404)
+        await self._notify()
+        return web.Response(status=204)
 
     async def _typing(self, request: web.Request) -> web.Response:
         if not self._authorized(request):

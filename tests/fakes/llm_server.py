@@ -21,9 +21,11 @@ Step format (all keys optional except the one naming the kind)::
 
 Modifiers on any step: ``delay`` (seconds before answering), ``when_user_contains`` (the step is
 only used for a request whose last user message contains this substring; the first matching
-step in the queue wins), ``finish_reason``, ``chunk_delay`` and ``disconnect_after_chunks``
-(streaming only). Error steps also take ``retry_after`` (number or string, sent verbatim),
-``retry_after_ms``, ``message``, ``type``, ``code``.
+step in the queue wins), ``finish_reason``, ``chunk_delay`` (seconds between streamed chunks;
+also a stall, for idle timeouts), ``pieces`` (content deltas to stream, default 3),
+``disconnect_after_chunks`` (streaming only) and ``no_stream`` (answer a streamed request with
+one JSON body, as servers without streaming do). Error steps also take ``retry_after`` (number
+or string, sent verbatim), ``retry_after_ms``, ``message``, ``type``, ``code``.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ _STEP_KEYS = frozenset(
         "when_user_contains",
         "finish_reason",
         "chunk_delay",
+        "pieces",
+        "no_stream",
         "disconnect_after_chunks",
         "retry_after",
         "retry_after_ms",
@@ -423,6 +427,7 @@ def completion_chunks(
     message: dict,
     finish: str,
     usage: dict | None,
+    pieces: int = STREAM_PIECES,
 ) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` sequence the real API streams for ``message``.
 
@@ -448,7 +453,7 @@ def completion_chunks(
 
     content = message.get("content")
     chunks = [chunk({"role": "assistant", "content": "" if content is not None else None})]
-    chunks += [chunk({"content": piece}) for piece in _pieces(content or "")]
+    chunks += [chunk({"content": piece}) for piece in _pieces(content or "", pieces)]
     for index, tc in enumerate(message.get("tool_calls") or ()):
         header = {"index": index, "id": tc["id"], "type": "function"}
         header["function"] = {"name": tc["function"]["name"], "arguments": ""}
@@ -824,16 +829,23 @@ class FakeLLM:
         cid, created = self._next_completion_id(), int(time.time())
         model = body.get("model") or DEFAULT_MODEL
         usage = usage_for(request_bytes, message)
-        if not body.get("stream"):
+        if not body.get("stream") or step.get("no_stream"):
             return web.json_response(completion_body(cid, created, model, message, finish, usage))
         options = body.get("stream_options") or {}
         with_usage = usage if options.get("include_usage") else None
-        chunks = completion_chunks(cid, created, model, message, finish, with_usage)
-        return await self._stream(request, step, chunks)
+        pieces = int(step.get("pieces", STREAM_PIECES))
+        chunks = completion_chunks(cid, created, model, message, finish, with_usage, pieces)
+        return await self._stream(request, step, chunks, entry)
 
     async def _stream(
-        self, request: web.Request, step: Step, chunks: list[dict[str, Any]]
+        self,
+        request: web.Request,
+        step: Step,
+        chunks: list[dict[str, Any]],
+        entry: dict[str, Any],
     ) -> web.StreamResponse:
+        """Write the chunks; ``entry["first_content_at"]`` (monotonic) notes when the first
+        content chunk was written (benchmarks measure from the model's first token)."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         cut = step.get("disconnect_after_chunks")
@@ -841,12 +853,16 @@ class FakeLLM:
         try:
             if cut is None and not pause:
                 # One write: benchmarks measure the client, not our syscalls.
+                entry["first_content_at"] = time.monotonic()
                 await resp.write(b"".join(map(sse, chunks)) + sse("[DONE]"))
             else:
                 for i, chunk in enumerate(chunks):
                     if i == cut or (pause and await self._stopped_within(pause)):
                         self._drop(request)
                         return resp
+                    delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}
+                    if delta.get("content") and "first_content_at" not in entry:
+                        entry["first_content_at"] = time.monotonic()
                     await resp.write(sse(chunk))
                 await resp.write(sse("[DONE]"))
             await resp.write_eof()

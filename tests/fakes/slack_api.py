@@ -7,6 +7,8 @@ One aiohttp server on 127.0.0.1 serves both sides of the wire:
   scripted: a 429 with ``Retry-After`` or any ``{"ok": false, "error": ...}``), ``users.info``.
   Tokens are checked like Slack does: a wrong one gets ``invalid_auth``; a method it does not
   know gets ``{"ok": false, "error": "unknown_method"}``.
+* ``chat.update`` and ``chat.delete`` of the bot's messages (``message_not_found`` for others);
+  ``shown()`` is what each channel shows now, with the number of edits per message.
 * ``chat.postMessage`` is rate-limited like Slack's (about one message per second per channel):
   a faster post gets HTTP 429 ``ratelimited`` with ``Retry-After`` in whole seconds (tenths
   when ``post_interval`` is shortened below 1 s for tests), and is not posted
@@ -95,6 +97,9 @@ class FakeSlack:
         self.users_delay = 0.0  # a slow users.info
         self.deliveries: list[tuple[str, str, int]] = []  # (envelope id, event id, attempt)
         self._last_post: dict[str, float] = {}
+        self._last_update: dict[str, float] = {}
+        self.shown_messages: dict[str, dict[str, Any]] = {}  # ts -> channel, text, edits
+        self.updates: list[dict[str, Any]] = []  # accepted chat.update bodies
         self._timers: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._sockets: list[web.WebSocketResponse] = []
@@ -308,6 +313,13 @@ class FakeSlack:
             )
         if method == "chat.postMessage":
             return await self._post_message(body)
+        if method == "chat.update":
+            return await self._update(body)
+        if method == "chat.delete":
+            if self.shown_messages.pop(str(body.get("ts")), None) is None:
+                return self._error("message_not_found")
+            await self._notify()
+            return self._ok(channel=body.get("channel"), ts=body.get("ts"))
         if method == "users.info":
             if self.users_delay:
                 with contextlib.suppress(TimeoutError):
@@ -318,10 +330,17 @@ class FakeSlack:
             return self._ok(user=user)
         return self._error("unknown_method")
 
-    async def _post_message(self, body: dict[str, Any]) -> web.Response:
-        channel = str(body.get("channel"))
+    def shown(self, channel: str | None = None) -> list[dict[str, Any]]:
+        """The bot's messages as the channel shows them now, oldest first."""
+        return [
+            {"ts": ts, **m}
+            for ts, m in sorted(self.shown_messages.items())
+            if channel is None or m["channel"] == channel
+        ]
+
+    def _limited(self, last_by_channel: dict[str, float], channel: str) -> web.Response | None:
         now = time.monotonic()
-        last = self._last_post.get(channel)
+        last = last_by_channel.get(channel)
         if last is not None and now - last < self.post_interval:
             self.rate_limited += 1
             remaining = self.post_interval - (now - last)
@@ -330,6 +349,32 @@ class FakeSlack:
                 str(max(1, math.ceil(remaining))) if self.post_interval >= 1 else f"{remaining:.2f}"
             )
             return self._error("ratelimited", status=429, headers={"Retry-After": wait})
+        return None
+
+    async def _update(self, body: dict[str, Any]) -> web.Response:
+        channel, ts = str(body.get("channel")), str(body.get("ts"))
+        shown = self.shown_messages.get(ts)
+        if shown is None or shown["channel"] != channel:
+            return self._error("message_not_found")
+        limited = self._limited(self._last_update, channel)
+        if limited is not None:
+            return limited
+        text = str(body.get("text", ""))
+        if len(text) > 40000:
+            return self._error("msg_too_long")
+        self._last_update[channel] = time.monotonic()
+        shown["text"] = text
+        shown["edits"] += 1
+        self.updates.append(body)
+        await self._notify()
+        return self._ok(channel=channel, ts=ts, text=text)
+
+    async def _post_message(self, body: dict[str, Any]) -> web.Response:
+        channel = str(body.get("channel"))
+        now = time.monotonic()
+        limited = self._limited(self._last_post, channel)
+        if limited is not None:
+            return limited
         if self.post_script:
             step = self.post_script.pop(0)
             if "retry_after" in step:
@@ -352,6 +397,11 @@ class FakeSlack:
                 body=body,
             )
         )
+        self.shown_messages[ts] = {
+            "channel": channel,
+            "text": str(body.get("text", "")),
+            "edits": 0,
+        }
         await self._notify()
         return self._ok(channel=body.get("channel"), ts=ts)
 

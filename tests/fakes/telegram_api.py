@@ -8,8 +8,12 @@ It implements the HTTP shapes PTB uses at ``/bot<token>/<method>`` (form-encoded
   below N (they are forgotten), returns the queued updates from N on, and long-polls up to
   ``timeout`` seconds when there are none;
 * ``sendMessage`` (recorded; HTML markup is checked and broken markup answers 400 "can't parse
-  entities" as Telegram does), ``editMessageText``, ``sendChatAction``, ``getFile``, ``getMe``,
-  ``deleteWebhook``;
+  entities" as Telegram does), ``editMessageText`` (400 "message is not modified" for the same
+  text, "message to edit not found" for an unknown one; edits are counted per message),
+  ``deleteMessage``, ``sendMessageDraft`` (Bot API 9.3: private chats only, a non-zero
+  ``draft_id``, 0 to 4,096 UTF-16 units, nothing stored), ``sendChatAction``, ``getFile``,
+  ``getMe``, ``deleteWebhook``. The bot's messages as the chat now shows them are kept
+  (``shown``), so tests count permanent copies;
 * Telegram's length rules: text is measured after entity parsing (tags removed, entities
   decoded) in UTF-16 code units, 4,096 for a message or an edit ("Bad Request: message is too
   long") and 1,024 for a caption ("Bad Request: message caption is too long");
@@ -138,7 +142,8 @@ class Call:
 
 @dataclass(frozen=True)
 class FloodControl:
-    """Telegram's flood rules as the fake enforces them on sendMessage and editMessageText:
+    """Telegram's flood rules as the fake enforces them on sendMessage, editMessageText and
+    sendMessageDraft:
     at most ``chat`` sends per ``chat_window`` seconds into one chat, ``group`` per
     ``group_window`` into one group (negative chat id), ``bot`` per ``bot_window`` in all.
     One more is answered 429 with ``retry_after`` (whole seconds, as Telegram sends them,
@@ -203,6 +208,9 @@ class FakeBotAPI:
         self._failures: dict[str, list[Failure]] = {}
         self._files: dict[str, tuple[str, bytes]] = {}  # file_id -> (file_path, content)
         self._chats: dict[int, dict[str, Any]] = {}
+        # (chat id, message id) -> the bot's message as the chat shows it now
+        self._shown: dict[tuple[int | str, int], dict[str, Any]] = {}
+        self.edits: dict[tuple[int | str, int], int] = {}  # edits accepted, per message
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._new_update: asyncio.Event | None = None
@@ -442,6 +450,24 @@ class FakeBotAPI:
             and (chat_id is None or str(c.params.get("chat_id")) == str(chat_id))
         ]
 
+    def shown(self, chat_id: int | str | None = None) -> list[dict[str, Any]]:
+        """The bot's messages the chat shows now (sent, edited, not deleted), oldest first;
+        each with ``text`` (visible text), ``message_id`` and ``edits``."""
+        with self._lock:
+            return [
+                {**m, "edits": self.edits.get(k, 0)}
+                for k, m in sorted(self._shown.items(), key=lambda kv: kv[0][1])
+                if chat_id is None or str(k[0]) == str(chat_id)
+            ]
+
+    def drafts(self, chat_id: int | str | None = None) -> list[Call]:
+        """Accepted sendMessageDraft calls, optionally to one chat."""
+        return [
+            c
+            for c in self.calls("sendMessageDraft")
+            if c.status == 200 and (chat_id is None or str(c.params.get("chat_id")) == str(chat_id))
+        ]
+
     @property
     def pending_updates(self) -> list[int]:
         """Ids of updates not yet confirmed by an offset."""
@@ -562,7 +588,7 @@ class FakeBotAPI:
         """Seconds to tell the client to wait if this send breaks a flood rule; else None,
         and the send is counted."""
         rules = self.flood
-        if rules is None or method not in ("sendmessage", "editmessagetext"):
+        if rules is None or method not in ("sendmessage", "editmessagetext", "sendmessagedraft"):
             return None
         chat = _chat_id(params.get("chat_id"))
         buckets = [
@@ -662,7 +688,11 @@ class FakeBotAPI:
         if problem:
             return self._answer(request, 400, f"Bad Request: {problem}")
         shown = strip_html(text) if params.get("parse_mode") == "HTML" else text
-        return self._answer(request, 200, self._bot_said(params, shown))
+        said = self._bot_said(params, shown)
+        with self._lock:
+            key = (_chat_id(params.get("chat_id")), said["message_id"])
+            self._shown[key] = {"message_id": said["message_id"], "text": shown, "markup": text}
+        return self._answer(request, 200, said)
 
     def _send_problem(self, params: Params, text: str) -> str | None:
         if not text.strip():
@@ -705,9 +735,57 @@ class FakeBotAPI:
         problem = self._send_problem(params, text)
         if problem:
             return self._answer(request, 400, f"Bad Request: {problem}")
-        msg = self._bot_said(params, text)
-        msg["message_id"] = params.get("message_id")
+        shown = strip_html(text) if params.get("parse_mode") == "HTML" else text
+        key = (_chat_id(params.get("chat_id")), int(params.get("message_id") or 0))
+        with self._lock:
+            current = self._shown.get(key)
+            if current is None:
+                return self._answer(request, 400, "Bad Request: message to edit not found")
+            if current["text"] == shown and current.get("markup") == text:
+                return self._answer(
+                    request,
+                    400,
+                    "Bad Request: message is not modified: specified new message content and "
+                    "reply markup are exactly the same as a current content and reply markup "
+                    "of the message",
+                )
+            self._shown[key] = {"message_id": key[1], "text": shown, "markup": text}
+            self.edits[key] = self.edits.get(key, 0) + 1
+        msg = self._bot_said(params, shown)
+        msg["message_id"] = key[1]
         return self._answer(request, 200, msg)
+
+    async def _m_deletemessage(self, request: web.Request, params: Params) -> web.Response:
+        key = (_chat_id(params.get("chat_id")), int(params.get("message_id") or 0))
+        with self._lock:
+            if self._shown.pop(key, None) is None:
+                return self._answer(request, 400, "Bad Request: message to delete not found")
+        return self._answer(request, 200, True)
+
+    async def _m_sendmessagedraft(self, request: web.Request, params: Params) -> web.Response:
+        """Bot API 9.3: an animated draft in a private chat; nothing is stored."""
+        chat = self._chats.get(_chat_id(params.get("chat_id")))  # type: ignore[arg-type]
+        if chat is None:
+            return self._answer(request, 400, "Bad Request: chat not found")
+        if chat.get("type") != "private":
+            return self._answer(
+                request, 400, "Bad Request: message drafts can be sent only to private chats"
+            )
+        try:
+            draft_id = int(params.get("draft_id") or 0)
+        except (TypeError, ValueError):
+            draft_id = 0
+        if draft_id == 0:
+            return self._answer(request, 400, "Bad Request: draft_id must be non-zero")
+        text = str(params.get("text") or "")
+        if params.get("parse_mode") == "HTML":
+            problem = html_problem(text)
+            if problem:
+                return self._answer(request, 400, f"Bad Request: can't parse entities: {problem}")
+            text = strip_html(text)
+        if utf16_len(text) > TEXT_LIMIT:
+            return self._answer(request, 400, "Bad Request: message is too long")
+        return self._answer(request, 200, True)
 
     async def _m_sendchataction(self, request: web.Request, params: Params) -> web.Response:
         return self._answer(request, 200, True)

@@ -1,0 +1,228 @@
+"""Answers shown while they are written, still exactly once: the real agent loop, channel
+manager, delivery ledger and python-telegram-bot against the fake Bot API and a fake model
+that streams with pauses between chunks.
+
+Private chats get drafts (stored nowhere) and then the answer as one message; groups get one
+message, edited while the answer is written and edited into the answer at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from bot.streaming import STOPPED_MARK
+from tests.fakes.llm_server import FakeLLM, reply, tool_step
+from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, strip_html, utf16_len
+from tests.test_telegram import running
+
+ALICE = 1001
+GROUP = -1001234
+BOT = f"@{BOT_USERNAME}"
+ANSWER = (
+    "Here is **the plan** for today, step by step:\n\n"
+    "1. Wake up and drink a glass of water before anything else.\n"
+    "2. Walk for twenty minutes, whatever the weather says.\n"
+    "3. Write the report, then send it to `team@example.org`."
+)
+# Quick previews for tests; Telegram's real per-chat pace is exercised in bench/.
+FAST = {
+    "streamEditIntervalSeconds": 0.1,
+    "rateLimits": {
+        "chat": {"messages": 50, "perSeconds": 1, "burst": 5},
+        "group": {"messages": 50, "perSeconds": 1},
+    },
+}
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[FakeLLM]:
+    async with FakeLLM() as server:
+        yield server
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeBotAPI]:
+    async with FakeBotAPI() as server:
+        yield server
+
+
+def rendered(tg: Any, text: str) -> list[str]:
+    """What the chat shows of ``text`` as memobot renders a final answer, piece by piece."""
+    return [strip_html(p) for p in tg.channel.render(text)]
+
+
+async def quiet(api: FakeBotAPI, seconds: float = 0.4) -> None:
+    """Let a stray late preview (the bug these tests look for) reach the fake."""
+    await asyncio.sleep(seconds)
+
+
+# -- private chats: drafts -------------------------------------------------------------------
+
+
+async def test_private_draft_shows_before_the_model_finishes_then_one_message(tmp_path, llm, api):
+    llm.script(reply(ANSWER, pieces=8, chunk_delay=0.15))
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.private_text("plan my day")
+        [sent] = await api.wait_sent_async(1, ALICE, timeout=15)
+        await quiet(api)
+        drafts = api.drafts(ALICE)
+        assert drafts, "no draft was shown while the answer was written"
+        # The first draft came while the model was still writing (8 pauses of 150 ms).
+        assert sent.at - drafts[0].at > 0.5
+        texts = [d.params["text"] for d in drafts]
+        assert all(ANSWER.startswith(t) for t in texts if t)
+        assert len({d.params["draft_id"] for d in drafts}) == 1 and drafts[0].params["draft_id"]
+        # Exactly one permanent message: the rendered answer; no edits in a private chat.
+        assert [m["text"] for m in api.shown(ALICE)] == rendered(tg, ANSWER)
+        assert len(api.sent(ALICE)) == 1 and not api.calls("editMessageText")
+        assert tg.llm.requests[0]["body"]["stream"] is True
+
+
+async def test_private_draft_is_emptied_while_tools_run(tmp_path, llm, api):
+    (tmp_path / "workspace").mkdir(exist_ok=True)
+    (tmp_path / "workspace" / "notes.txt").write_text("buy milk")
+    llm.script(
+        tool_step(("read_file", {"path": "notes.txt"}), text="Let me look at your notes first."),
+        reply("You wanted to buy milk.", pieces=4, chunk_delay=0.1),
+    )
+    async with running(tmp_path, llm, api, **FAST):
+        api.private_text("what did I note?")
+        await api.wait_sent_async(1, ALICE, timeout=15)
+        texts = [d.params.get("text", "") for d in api.drafts(ALICE)]
+        first_empty = texts.index("")  # "Thinking..." while read_file ran
+        assert any(t.startswith("Let me look") for t in texts[:first_empty])
+        assert any(t.startswith("You wanted") for t in texts[first_empty:])
+        assert [m["text"] for m in api.shown(ALICE)] == ["You wanted to buy milk."]
+
+
+# -- groups: one message, edited -------------------------------------------------------------
+
+
+async def test_group_preview_is_edited_into_the_one_answer(tmp_path, llm, api):
+    llm.script(reply(ANSWER, pieces=8, chunk_delay=0.15))
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.group_text(f"{BOT} plan my day")
+        await api.wait_for_async(lambda: len(api.sent(GROUP)) == 1, 15)
+        first = api.sent(GROUP)[0]
+        assert "parse_mode" not in first.params  # the preview is plain while written
+        assert "reply_parameters" in first.params  # and quotes the question, as answers do
+        message_id = first.result["message_id"]
+
+        # Recorded in the ledger (once the platform gave its id) while it is being edited.
+        def recorded() -> bool:
+            meta = tg.stack.store.get(f"telegram:{GROUP}").metadata
+            return [str(message_id)] in [p["ids"] for p in meta.get("previews") or []]
+
+        await api.wait_for_async(recorded, 5)
+        assert not api.calls("editMessageText") or api.calls("editMessageText")[0].at > first.at
+        final = lambda: any(  # noqa: E731
+            c.params.get("parse_mode") == "HTML" and c.status == 200
+            for c in api.calls("editMessageText")
+        )
+        await api.wait_for_async(final, 15)
+        await quiet(api)
+        shown = api.shown(GROUP)
+        assert [m["message_id"] for m in shown] == [message_id]
+        assert [m["text"] for m in shown] == rendered(tg, ANSWER)  # rendered: "the plan" bold
+        assert len(api.sent(GROUP)) == 1  # no second copy
+        edits = api.calls("editMessageText")
+        assert len(edits) >= 3 and shown[0]["edits"] >= 3  # it grew while written
+        # Within one message: the edits keep the configured interval per chat.
+        previews = [c for c in edits if "parse_mode" not in c.params]
+        gaps = [b.at - a.at for a, b in itertools.pairwise([first, *previews])]
+        assert min(gaps) >= 0.09
+        meta = tg.stack.store.get(f"telegram:{GROUP}").metadata
+        assert not meta.get("previews") and not meta.get("outbox")
+
+
+async def test_group_answer_beyond_4096_units_continues_in_new_messages(tmp_path, llm, api):
+    words = " ".join(f"word{i}🙂" for i in range(1400))  # emoji: 2 UTF-16 units each
+    assert utf16_len(words) > 2 * 4096
+    llm.script(reply(words, pieces=12, chunk_delay=0.08))
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.group_text(f"{BOT} count")
+        expected = rendered(tg, words)
+        assert len(expected) >= 3
+
+        def done() -> bool:
+            return [m["text"] for m in api.shown(GROUP)] == expected
+
+        await api.wait_for_async(done, 20)
+        await quiet(api)
+        shown = api.shown(GROUP)
+        assert [m["text"] for m in shown] == expected
+        assert all(utf16_len(m["text"]) <= 4096 for m in shown)
+        assert len(api.sent(GROUP)) == len(expected)  # one per 4,096-unit piece, no copies
+        assert " ".join(m["text"] for m in shown).split() == words.split()
+
+
+async def test_group_rate_limit_on_an_edit_is_honoured(tmp_path, llm, api):
+    llm.script(reply(ANSWER, pieces=10, chunk_delay=0.15))
+    api.fail("editMessageText", 429, retry_after=1)
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.group_text(f"{BOT} plan")
+        await api.wait_for_async(
+            lambda: [m["text"] for m in api.shown(GROUP)] == rendered(tg, ANSWER), 15
+        )
+        edits = api.calls("editMessageText")
+        refused = [c for c in edits if c.status == 429]
+        assert len(refused) == 1
+        after = [c for c in edits if c.at > refused[0].at]
+        assert after and after[0].at - refused[0].at >= 1.0  # retry_after waited out
+        assert len(api.sent(GROUP)) == 1
+
+
+async def test_stop_mid_stream_keeps_the_streamed_text_marked_stopped(tmp_path, llm, api):
+    long_answer = " ".join(f"sentence {i} of a long answer." for i in range(60))
+    llm.script(reply(long_answer, pieces=40, chunk_delay=0.15))
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.group_text(f"{BOT} tell me everything")
+        await api.wait_for_async(lambda: api.calls("editMessageText"), 15)
+        preview_id = api.sent(GROUP)[0].result["message_id"]
+        api.group_text(f"/stop{BOT}")
+        await api.wait_for_async(
+            lambda: any(STOPPED_MARK in m["text"] for m in api.shown(GROUP)), 15
+        )
+        await quiet(api, 0.6)
+        shown = {m["message_id"]: m["text"] for m in api.shown(GROUP)}
+        stopped = shown.pop(preview_id)  # the preview itself became the final message
+        assert stopped.endswith(STOPPED_MARK)
+        streamed = stopped.removesuffix(STOPPED_MARK).strip()
+        assert streamed and long_answer.startswith(streamed) and streamed != long_answer
+        assert list(shown.values()) == ["Stopping the current answer."]
+        session = tg.stack.store.get(f"telegram:{GROUP}")
+        assert not session.metadata.get("previews") and not session.metadata.get("outbox")
+
+
+# -- what does not stream ----------------------------------------------------------------------
+
+
+async def test_streaming_off_is_todays_behaviour(tmp_path, llm, api):
+    llm.script(reply(ANSWER, pieces=6, chunk_delay=0.1))
+    async with running(tmp_path, llm, api, streaming=False, **FAST) as tg:
+        api.group_text(f"{BOT} plan")
+        await api.wait_sent_async(1, GROUP, timeout=15)
+        await quiet(api)
+        assert "stream" not in tg.llm.requests[0]["body"]
+        assert not api.calls("editMessageText") and not api.calls("sendMessageDraft")
+        [sent] = api.sent(GROUP)
+        assert sent.params["parse_mode"] == "HTML"
+
+
+async def test_a_model_server_that_does_not_stream_still_answers_once(tmp_path, llm, api):
+    llm.script(reply(ANSWER, no_stream=True), reply(ANSWER, no_stream=True))
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.group_text(f"{BOT} plan")
+        api.private_text("plan")
+        await api.wait_sent_async(1, GROUP, timeout=15)
+        await api.wait_sent_async(1, ALICE, timeout=15)
+        await quiet(api)
+        assert tg.llm.requests[0]["body"]["stream"] is True
+        for chat in (GROUP, ALICE):
+            assert [m["text"] for m in api.shown(chat)] == rendered(tg, ANSWER)
+        assert not api.calls("editMessageText") and not api.drafts()

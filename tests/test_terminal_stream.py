@@ -1,0 +1,151 @@
+"""The terminal while an answer is written: printed as it arrives (piped and interactive),
+each answer once on stdout, `agent -m` into a pipe exactly the answer, Ctrl-C keeps what was
+printed and says "stopped" on stderr, one dim line per tool call in a terminal."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bot.app import build_agent
+from bot.streaming import STOPPED_MARK
+from channels.manager import ChannelManager
+from channels.terminal import DIM, TerminalChannel
+from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
+from tests.helpers import REPO, make_config, run_memobot, write_config
+
+ANSWER = "Streaming answers arrive a few words at a time, then end with a full stop."
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMThread]:
+    with FakeLLM.start_in_thread() as server:
+        yield server
+
+
+class _Reader:
+    """Reads a child's stdout in a thread, noting when the first byte came."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.data = b""
+        self.first_at: float | None = None
+        self._thread = threading.Thread(target=self._run, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _run(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        while chunk := os.read(proc.stdout.fileno(), 4096):
+            if self.first_at is None:
+                self.first_at = time.monotonic()
+            self.data += chunk
+
+    def join(self) -> str:
+        self._thread.join(20)
+        return self.data.decode()
+
+
+def _agent(cfg: Path, *args: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ}
+    env.pop("OPENAI_API_KEY", None)
+    env.pop("OPENAI_BASE_URL", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        env=env,
+    )
+
+
+def test_piped_mode_prints_the_answer_as_it_arrives_and_once(tmp_path, llm):
+    cfg = write_config(tmp_path, llm.base_url)
+    llm.script(reply(ANSWER, pieces=6, chunk_delay=0.25))
+    proc = _agent(cfg, "-s", "cli:pipe")
+    reader = _Reader(proc)
+    assert proc.stdin is not None
+    proc.stdin.write(b"tell me\n")
+    proc.stdin.close()
+    assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else ""
+    ended = time.monotonic()
+    out = reader.join()
+    assert out == ANSWER + "\n"  # once, exactly
+    assert llm.requests[0]["body"]["stream"] is True
+    assert reader.first_at is not None and ended - reader.first_at > 0.8  # 5 pauses of 250 ms
+
+
+def test_one_shot_into_a_pipe_prints_exactly_the_answer(tmp_path, llm):
+    cfg = write_config(tmp_path, llm.base_url)
+    (tmp_path / "workspace").mkdir(exist_ok=True)
+    (tmp_path / "workspace" / "a.txt").write_text("x")
+    llm.script(
+        tool_step(("read_file", {"path": "a.txt"}), text="Let me look first."),
+        reply("The file says x."),
+    )
+    done = run_memobot("agent", "-m", "read a.txt", "-s", "cli:one", config=cfg)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "The file says x.\n"
+
+
+def test_ctrl_c_mid_stream_keeps_what_was_printed_and_marks_it_stopped(tmp_path, llm):
+    cfg = write_config(tmp_path, llm.base_url)
+    long = " ".join(f"word{i}" for i in range(200))
+    llm.script(reply(long, pieces=50, chunk_delay=0.2))
+    proc = _agent(cfg, "-s", "cli:stop")
+    reader = _Reader(proc)
+    assert proc.stdin is not None and proc.stderr is not None
+    proc.stdin.write(b"go on\n")
+    proc.stdin.flush()
+    deadline = time.monotonic() + 20
+    while len(reader.data) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    proc.stdin.close()
+    assert proc.wait(30) == 130
+    out, err = reader.join(), proc.stderr.read().decode()
+    assert out.endswith("\n") and out.count("\n") == 1
+    printed = out.strip()
+    assert printed and long.startswith(printed) and printed != long
+    assert STOPPED_MARK in err
+
+
+async def test_interactive_terminal_shows_one_dim_line_per_tool_call(tmp_path):
+    async with FakeLLM() as llm:
+        (tmp_path / "workspace").mkdir(exist_ok=True)
+        (tmp_path / "workspace" / "a.txt").write_text("x")
+        llm.script(
+            tool_step(("read_file", {"path": "a.txt"}), ("list_dir", {"path": "."})),
+            reply("Done: the file says x.", pieces=4, chunk_delay=0.05),
+        )
+        cfg = make_config(tmp_path, llm.base_url)
+        stack = build_agent(cfg, tmp_path / "config.json")
+        out, err = io.StringIO(), io.StringIO()
+        terminal = TerminalChannel(stack.bus, "i", out=out, err=err, show_tools=True)
+        manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])
+        await manager.start()
+        loop_task = asyncio.create_task(stack.loop.run())
+        try:
+            answer = await asyncio.wait_for(terminal.ask("read it"), 20)
+        finally:
+            await stack.loop.shutdown(0)
+            loop_task.cancel()
+            await asyncio.gather(loop_task, return_exceptions=True)
+            await manager.stop()
+            await stack.close()
+    assert answer is not None
+    lines = out.getvalue().splitlines()
+    tool_lines = [line for line in lines if line.startswith(DIM)]
+    assert len(tool_lines) == 2
+    assert "read_file(" in tool_lines[0] and "list_dir(" in tool_lines[1]
+    assert lines[-1] == "Done: the file says x."
+    assert out.getvalue().count("Done: the file says x.") == 1

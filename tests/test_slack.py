@@ -19,6 +19,7 @@ from slack_sdk.errors import SlackApiError
 
 from bot.app import AgentStack, build_agent
 from bot.config import parse_config
+from bot.session import apply_changes
 from channels.errors import (
     FatalChannelError,
     PermanentError,
@@ -140,10 +141,13 @@ class Rig:
         entries: dict[str, dict[str, Any]] = {}
         if not path.exists():
             return []
+        meta: dict[str, Any] = {}
         for line in path.read_text().splitlines():
             record = json.loads(line)
-            if record.get("_type") == "metadata":
-                for p in record["metadata"].get("pending") or []:
+            if record.get("_type") == "metadata":  # a full record or a change record
+                changes = record.get("changes")
+                meta = apply_changes(meta, changes) if changes else record["metadata"]
+                for p in meta.get("pending") or []:
                     entries.setdefault(p["id"], p)
         return list(entries.values())
 

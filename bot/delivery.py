@@ -175,10 +175,14 @@ class DeliveryLedger:
         this line is lost, the entry reads "sending" its last piece after a crash, which is
         skipped (or, an edit, done again), never sent as a second copy."""
         delivery_id = msg.metadata.get(DELIVERY_KEY)
+        if not msg.final and not delivery_id:
+            # A progress note or notice answering the same message: the answer's preview is
+            # still being written, and its record must stay for a restart to finish it.
+            return
         remove = _change(delivery_id, None) if delivery_id else None
 
         def change(meta: dict[str, Any]) -> dict[str, Any] | None:
-            update = _without_preview(meta, msg.reply_to)
+            update = _without_preview(meta, msg.reply_to) if msg.final else {}
             if remove is not None:
                 update.update(remove(meta) or {})
             return update or None

@@ -538,8 +538,11 @@ class StreamAssembler:
         if tc.get("id"):
             call["id"] = tc["id"]
         fn = tc.get("function") or {}
-        if fn.get("name"):
-            call["name"] += fn["name"]
+        name = fn.get("name")
+        if name:
+            # OpenAI sends the name once; some servers resend the whole name in every chunk,
+            # a few split it. A repeat must not double it ("read_fileread_file").
+            call["name"] = name if name.startswith(call["name"]) else call["name"] + name
         if isinstance(fn.get("arguments"), str):
             call["arguments"].append(fn["arguments"])
 

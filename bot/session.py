@@ -29,6 +29,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -52,6 +53,7 @@ MetadataUpdate = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any] | No
 COMPACT_AFTER_LINES = 200
 COMPACT_AFTER_BYTES = 64 * 1024
 ARCHIVE_AFTER_BYTES = 256 * 1024
+COMPACT_RETRY_SECONDS = 300
 ARCHIVE_SUFFIX = ".archive"
 # Sessions kept loaded; idle ones beyond this leave memory (least recently used first).
 MAX_CACHED = 128
@@ -172,6 +174,7 @@ class Session:
     metadata_written: bool = False
     last_meta_size: int = 0
     truncate_at: int | None = None
+    compact_after: float = 0.0  # monotonic time before which a failed compaction is not retried
     size: int = 0  # committed bytes of the hot file: where the next append lands
     file_base: int = 0  # number of the hot file's first message line
     archived_bytes: int = 0  # bytes of the archive that are committed (the hot file says so)
@@ -641,12 +644,18 @@ class SessionStore:
             if failpoints.armed("mid_append"):  # a torn line, exactly as a crash leaves it
                 os.write(fd, view[: max(1, len(view) // 2)])
                 failpoints.crash()
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            end = os.lseek(fd, 0, os.SEEK_CUR)
-            if fsync:
-                os.fsync(fd)
+            try:
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                end = os.lseek(fd, 0, os.SEEK_CUR)
+                if fsync:
+                    os.fsync(fd)
+            except BaseException:
+                # Part of the payload may be in the file (a full disk): the next append cuts
+                # it off first, or it would fuse with that append's first line.
+                session.truncate_at = session.size
+                raise
         finally:
             os.close(fd)
         if end != session.size + len(payload):
@@ -807,8 +816,20 @@ class SessionStore:
             session.stale_meta_lines >= COMPACT_AFTER_LINES
             or session.stale_meta_bytes >= COMPACT_AFTER_BYTES
             or archivable >= ARCHIVE_AFTER_BYTES
-        ):
-            self.compact(session)
+        ) and time.monotonic() >= session.compact_after:
+            # The append is committed whatever happens here: a tidy-up that fails (a full
+            # disk, an archive path that is not a file) is logged and tried again later.
+            try:
+                self.compact(session)
+            except OSError as exc:
+                session.compact_after = time.monotonic() + COMPACT_RETRY_SECONDS
+                log.error(
+                    "session %s: cannot compact the session file (%s); the file stays as it "
+                    "is, next try in %d s",
+                    session.key,
+                    exc,
+                    COMPACT_RETRY_SECONDS,
+                )
 
     def compact(self, session: Session) -> None:
         """Rewrite the hot file as the unconsolidated messages plus one full metadata record:
@@ -840,7 +861,6 @@ class SessionStore:
             os.close(fd)
         failpoints.hit("before_compact_rename")
         os.replace(tmp, session.path)
-        _fsync_dir(session.path.parent)
         session.file_base = session.base
         session.archived_bytes = archived
         session.offsets[:] = offsets
@@ -851,6 +871,7 @@ class SessionStore:
         session.stale_meta_bytes = 0
         session.metadata_written = True
         session.last_meta_size = len(meta_line)
+        _fsync_dir(session.path.parent)  # after the bookkeeping: the new file is the file now
         log.info(
             "session %s: compacted to %d messages (%d archived)",
             session.key,

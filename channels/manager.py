@@ -433,7 +433,9 @@ class ChannelManager:
                 except PermanentError as exc:
                     if edit is None:
                         raise
-                    # The preview is gone (deleted in the chat): the piece is sent instead.
+                    # The preview is gone (deleted in the chat) or may no longer be edited
+                    # (too old): the piece is sent anew and the preview deleted (a best-effort
+                    # delete of a message already gone only logs).
                     log.warning(
                         "preview message could not be edited session=%s (%s); sending piece "
                         "%d as a new message",
@@ -441,7 +443,7 @@ class ChannelManager:
                         exc,
                         index + 1,
                     )
-                    unused += edits[index + 1 :]
+                    unused += edits[index:]
                     edits = edits[:index]
                     continue
                 index += 1

@@ -3,6 +3,7 @@ consolidation point, metadata lines carry changes, consolidated lines move to an
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import os
@@ -315,3 +316,50 @@ def test_sigkill_during_the_archive_move_loses_and_repeats_nothing(
     after.compact(s)  # the next move cuts what the interrupted one left, then writes it once
     assert archive_contents(path) == texts[:46]
     assert contents(SessionStore(tmp_path).history(KEY)) == texts
+
+
+def test_a_failed_partial_append_is_cut_off_before_the_next_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk two thirds into an append: the next append must not fuse with the torn
+    bytes (it would be lost on load), and disk and memory agree afterwards."""
+    import bot.session as session_module
+
+    store = SessionStore(tmp_path)
+    s = store.get(KEY)
+    store.append(s, [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}])
+    real = os.write
+
+    def full_disk(fd: int, data: Any) -> int:
+        real(fd, bytes(data[: len(data) * 2 // 3]))
+        monkeypatch.setattr(session_module.os, "write", real)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(session_module.os, "write", full_disk)
+    with pytest.raises(OSError):
+        store.append(s, [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}])
+    store.append(s, metadata={"note": 1})  # e.g. intake's pending entry, reported "accepted"
+    assert SessionStore(tmp_path).get(KEY).metadata.get("note") == 1
+    store.append(s, metadata={"other": 2})
+    again = SessionStore(tmp_path).get(KEY)
+    assert contents(again.messages) == contents(s.messages) == ["q1", "a1"]
+
+
+def test_an_archive_that_cannot_be_written_does_not_fail_committed_appends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import bot.session as session_module
+
+    monkeypatch.setattr(session_module, "ARCHIVE_AFTER_BYTES", 2000)
+    store = SessionStore(tmp_path)
+    s = store.get(KEY)
+    archive_path(s.path).mkdir()  # as good as EACCES or ENOSPC on the archive
+    for i in range(10):
+        store.append(s, [{"role": "user", "content": f"m{i} " + "x" * 300}])
+    store.append(s, last_consolidated=8)
+    for i in range(5):
+        store.append(s, [{"role": "user", "content": f"n{i}"}])  # none raises
+    on_disk = contents(SessionStore(tmp_path).get(KEY).messages)
+    assert on_disk[-5:] == ["n0", "n1", "n2", "n3", "n4"]
+    failures = [r for r in caplog.records if "cannot compact" in r.getMessage()]
+    assert len(failures) == 1  # tried once, then left alone for a while

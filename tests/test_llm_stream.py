@@ -156,3 +156,18 @@ def test_assembler_tolerates_provider_variations() -> None:
     assert body["choices"][0]["message"]["content"] == "hi"
     assert body["usage"] == {"total_tokens": 7}
     assert body["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_tool_name_resent_in_every_chunk_is_not_doubled() -> None:
+    """Some servers (and gateways in front of them) repeat the whole function name in every
+    tool-call chunk; others split it. Both give the one name."""
+    resent, split = StreamAssembler(), StreamAssembler()
+    for args in ("", '{"path":', '"a.txt"}'):
+        tc = {"index": 0, "id": "c1", "function": {"name": "read_file", "arguments": args}}
+        resent.add({"choices": [{"index": 0, "delta": {"tool_calls": [tc]}}]})
+    for name, args in (("read_", ""), ("file", '{"path":"a.txt"}')):
+        tc = {"index": 0, "id": "c1", "function": {"name": name, "arguments": args}}
+        split.add({"choices": [{"index": 0, "delta": {"tool_calls": [tc]}}]})
+    for assembler in (resent, split):
+        [call] = assembler.completion()["choices"][0]["message"]["tool_calls"]
+        assert call["function"] == {"name": "read_file", "arguments": '{"path":"a.txt"}'}

@@ -72,9 +72,10 @@ async def test_private_draft_shows_before_the_model_finishes_then_one_message(tm
         await quiet(api)
         drafts = api.drafts(ALICE)
         assert drafts, "no draft was shown while the answer was written"
-        # The first draft came while the model was still writing (8 pauses of 150 ms).
-        assert sent.at - drafts[0].at > 0.5
+        # The first draft came while the model was still writing: it held part of the answer
+        # (a check of content, not of timing, which a loaded machine stretches).
         texts = [d.params["text"] for d in drafts]
+        assert drafts[0].at < sent.at and 0 < len(texts[0]) < len(ANSWER)
         assert all(ANSWER.startswith(t) for t in texts if t)
         assert len({d.params["draft_id"] for d in drafts}) == 1 and drafts[0].params["draft_id"]
         # Exactly one permanent message: the rendered answer; no edits in a private chat.
@@ -226,3 +227,51 @@ async def test_a_model_server_that_does_not_stream_still_answers_once(tmp_path, 
         for chat in (GROUP, ALICE):
             assert [m["text"] for m in api.shown(chat)] == rendered(tg, ANSWER)
         assert not api.calls("editMessageText") and not api.drafts()
+
+
+NOTE = "Working on it, one moment."
+LEAD = "Let me look into this for you right now, it takes a moment."
+
+
+async def test_a_progress_note_keeps_the_preview_record_for_a_restart(tmp_path, llm, api):
+    """A `message` tool note answers the same message as the streamed answer: delivering it
+    must not drop the preview's ledger record, or a restart sends a second copy."""
+    llm.script(
+        tool_step(("message", {"text": NOTE}), text=LEAD, pieces=4, chunk_delay=0.1),
+        reply(ANSWER, pieces=30, chunk_delay=0.3),
+    )
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.group_text(f"{BOT} plan my day")
+        await api.wait_for_async(lambda: any(m["text"] == NOTE for m in api.shown(GROUP)), 15)
+        preview_id = str(api.sent(GROUP)[0].result["message_id"])
+        await asyncio.sleep(0.5)
+        meta = tg.stack.store.get(f"telegram:{GROUP}").metadata
+        assert [preview_id] in [p["ids"] for p in meta.get("previews") or []]
+    llm.script(reply(ANSWER, pieces=4, chunk_delay=0.1))  # the restart resumes the turn
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        await api.wait_for_async(
+            lambda: rendered(tg, ANSWER)[0] in [m["text"] for m in api.shown(GROUP)], 15
+        )
+        await quiet(api, 1.0)
+        shown = [m["text"] for m in api.shown(GROUP)]
+        # The first preview (the lead-in) was edited into the answer; the note came after.
+        assert shown == [rendered(tg, ANSWER)[0], NOTE], shown
+
+
+async def test_a_preview_that_may_no_longer_be_edited_is_replaced(tmp_path, llm, api):
+    """The final edit is refused for good ("message can't be edited"): the answer is sent
+    anew and the preview deleted, so one message remains."""
+    llm.script(reply(ANSWER, pieces=8, chunk_delay=0.15))
+    api.fail(
+        "editMessageText",
+        400,
+        "Bad Request: message can't be edited",
+        when=lambda p: p.get("parse_mode") == "HTML",
+    )
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.group_text(f"{BOT} plan my day")
+        await api.wait_for_async(
+            lambda: rendered(tg, ANSWER)[0] in [m["text"] for m in api.shown(GROUP)], 20
+        )
+        await quiet(api, 0.6)
+        assert [m["text"] for m in api.shown(GROUP)] == [rendered(tg, ANSWER)[0]]

@@ -12,7 +12,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bot.memory.commands import add_parsers
 
     add_parsers(sub, common)
+    from bot import pairing
+
+    pairing.add_parsers(sub, common)
     from bot.service import commands as service_commands
 
     service_commands.add_parsers(sub, common)
@@ -228,6 +231,10 @@ def _main(argv: list[str] | None) -> int:
             return cmd_status(cfg, config_path)
         if args.command == "mcp":
             return cmd_mcp_list(cfg, config_path)
+        if args.command == "pairing":
+            from bot import pairing
+
+            return pairing.run(args, cfg.agent.state_path)
         if args.command in ("memory", "dream"):
             from bot.memory.commands import run
 
@@ -441,9 +448,13 @@ async def _agent_main(
     aio = asyncio.get_running_loop()
     terminate = asyncio.Event()
     aio.add_signal_handler(signal.SIGTERM, terminate.set)
+    # Set before a recovered turn runs: it may be waiting for an approval answer. Piped
+    # input: the next line answers (y, a, anything else: no).
+    lines = None if sys.stdin.isatty() else _stdin_lines()
+    terminal.read_answer = _prompt_answers() if lines is None else _line_answers(lines)
     # An interrupted turn of this session is finished (and printed) before new input.
     stack.loop.recover([key])
-    io_task = asyncio.create_task(_converse(args, stack.loop, terminal, cfg, key))
+    io_task = asyncio.create_task(_converse(args, stack.loop, terminal, cfg, key, lines))
     stop_wait = asyncio.create_task(terminate.wait())
     code = EX_OK
     try:
@@ -467,9 +478,15 @@ async def _agent_main(
 
 
 async def _converse(
-    args: argparse.Namespace, loop: AgentLoop, terminal: TerminalChannel, cfg: Config, key: str
+    args: argparse.Namespace,
+    loop: AgentLoop,
+    terminal: TerminalChannel,
+    cfg: Config,
+    key: str,
+    lines: AsyncIterator[str] | None,
 ) -> int:
-    """Take input until it ends; returns the exit code."""
+    """Take input until it ends; returns the exit code. ``lines``: stdin's lines when it is
+    not a terminal (None: a terminal, read through a prompt)."""
     if loop.mcp is not None:
         # A one-shot question may need a server's tools: give them a moment to come up.
         await loop.mcp.wait_ready(MCP_WAIT_SECONDS)
@@ -480,11 +497,11 @@ async def _converse(
     await loop.bus.outbound.join()
     if args.message is not None:
         code = _exit_code(await _turn_with_interrupt(loop, terminal, args.message))
-    elif sys.stdin.isatty():
+    elif lines is None:
         await _interactive(loop, terminal, cfg)
         code = EX_OK
     else:
-        code = await _piped(loop, terminal)
+        code = await _piped(loop, terminal, lines)
     return EX_CLOSED_PIPE if terminal.closed else code
 
 
@@ -520,11 +537,11 @@ async def _turn_with_interrupt(loop: AgentLoop, terminal: TerminalChannel, text:
     return str(answer.metadata.get("outcome", "ok"))
 
 
-async def _piped(loop: AgentLoop, terminal: TerminalChannel) -> int:
+async def _piped(loop: AgentLoop, terminal: TerminalChannel, lines: AsyncIterator[str]) -> int:
     """One message per line; a failed turn makes the exit code 1 but later lines are still
     sent; Ctrl-C stops the running turn and the input."""
     code = EX_OK
-    async for line in _stdin_lines():
+    async for line in lines:
         text = line.rstrip("\r\n")
         if not text.strip():
             continue
@@ -536,6 +553,36 @@ async def _piped(loop: AgentLoop, terminal: TerminalChannel) -> int:
         if outcome != "ok":
             code = EX_FAILED
     return code
+
+
+def _line_answers(lines: AsyncIterator[str]) -> Callable[[str], Awaitable[str | None]]:
+    """Approval answers read from the same stdin lines as the messages (piped input)."""
+
+    async def read(prompt: str) -> str | None:
+        sys.stderr.write(prompt)
+        sys.stderr.flush()
+        try:
+            line = await anext(lines)
+        except StopAsyncIteration:
+            return None
+        sys.stderr.write(line if line.endswith("\n") else line + "\n")
+        return line
+
+    return read
+
+
+def _prompt_answers() -> Callable[[str], Awaitable[str | None]]:
+    """Approval answers typed at a prompt_toolkit prompt (a terminal)."""
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.patch_stdout import patch_stdout
+
+    prompt: PromptSession[str] = PromptSession()
+
+    async def read(text: str) -> str | None:
+        with patch_stdout():
+            return await prompt.prompt_async(text)
+
+    return read
 
 
 def _loop_can_watch(fd: int) -> bool:
@@ -617,6 +664,7 @@ async def _interactive(loop: AgentLoop, terminal: TerminalChannel, cfg: Config) 
     history_file = cfg.agent.state_path / "cli_history"
     create_private_file(history_file)  # what was typed is as private as the transcript
     prompt: PromptSession[str] = PromptSession(history=FileHistory(str(history_file)))
+    terminal.read_answer = _prompt_answers()
     print(
         "memobot: type a message, /help for commands, Ctrl-C stops an answer, "
         "exit or Ctrl-D ends the chat."
@@ -739,6 +787,7 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
         ("gateway", f"running (pid {live['pid']})" if live else "not running"),
         ("outage", _outage_line(live)),
         ("unsent", _undelivered_line(cfg)),
+        ("approvals", _approvals_line(cfg)),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -757,6 +806,14 @@ def _outage_line(live: dict[str, Any] | None) -> str:
         f"every model failing since {since}, {n} turn{'' if n == 1 else 's'} waiting "
         f"({outage.get('reason', '')})"
     )
+
+
+def _approvals_line(cfg: Config) -> str:
+    """Tool calls waiting for a person's answer (tools.approval), read from the sessions."""
+    from bot.approvals import describe_open
+
+    lines = describe_open(cfg.agent.state_path)
+    return f"{len(lines)} open: " + "; ".join(lines) if lines else "none open"
 
 
 def _undelivered_line(cfg: Config) -> str:

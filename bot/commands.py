@@ -9,11 +9,15 @@ HELP_TEXT = """memobot commands:
 /stop   cancel the answer being worked on in this chat
 /status model, conversation size, memory usage, uptime
 /dream  distil the conversation archive into long-term memory now
+/allow ID, /always ID, /deny ID   answer an approval request (where there are no buttons)
+/approve CODE   (admins) let in the person who was given this pairing code
 /help   this list"""
 
-COMMANDS = frozenset({"/new", "/stop", "/status", "/help", "/dream"})
+COMMANDS = frozenset(
+    {"/new", "/stop", "/status", "/help", "/dream", "/allow", "/always", "/deny", "/approve"}
+)
 # Answered at once, beside a running turn, and never stored as a pending turn.
-IMMEDIATE = frozenset({"/stop", "/help", "/status", "/dream"})
+IMMEDIATE = frozenset({"/stop", "/help", "/status", "/dream", "/approve"})
 
 
 @dataclass(frozen=True, slots=True)

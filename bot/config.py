@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from bot.gate.approval import DEFAULT_EXEC_ALLOW, allow_pattern_problem
 from bot.layout import layout_problem
 from bot.service.logs import redact, remember_secrets
 
@@ -130,6 +131,17 @@ class ExecConfig(_Model):
     # confinement (refused where the kernel cannot confine). "off": no kernel confinement.
     sandbox: Literal["landlock", "off"] = "landlock"
     network: StrictBool = True  # false: confined commands may not open or accept TCP connections
+    # Commands that run without asking under tools.approval "risky" (bot.gate.approval).
+    allow: list[str] = Field(default_factory=lambda: list(DEFAULT_EXEC_ALLOW))
+
+    @field_validator("allow")
+    @classmethod
+    def _patterns_parse(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            problem = allow_pattern_problem(pattern)
+            if problem:
+                raise ValueError(f"{pattern!r}: {problem}")
+        return v
 
 
 SearchProvider = Literal["duckduckgo", "brave", "tavily", "searxng"]
@@ -208,6 +220,11 @@ _MCP_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 class ToolsConfig(_Model):
     restrict_to_workspace: StrictBool = True
+    # "risky": exec outside exec.allow, file writes outside the workspace and MCP tools not
+    # in safeMcpTools wait for a person's yes; "always": every tool call; "off": none.
+    approval: Literal["off", "risky", "always"] = "risky"
+    approval_timeout_minutes: float = Field(30.0, gt=0, le=7 * 24 * 60)
+    safe_mcp_tools: list[str] = Field(default_factory=list)  # mcp_<server>_<tool>, globs
     exec: ExecConfig = ExecConfig()
     web: WebConfig = WebConfig()
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
@@ -241,6 +258,11 @@ class ChannelConfig(_Model):
     # Answers appear while the model writes them (a draft or an edited preview message).
     streaming: StrictBool = True
     stream_edit_interval_seconds: float = Field(1.0, ge=0.05, le=60)
+    # "pairing": a stranger's private message gets a one-time code the owner approves.
+    dm_policy: Literal["allowlist", "pairing"] = "allowlist"
+    # The tools offered in group chats; None: all but exec, file writes and unsafe MCP tools.
+    group_tools: list[str] | None = None
+    group_admin_tools: StrictBool = True  # an admin's own turns in groups get every tool
 
     # How this platform's stable user ids look; "*" is always accepted.
     _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^[A-Za-z0-9_.:-]+$")

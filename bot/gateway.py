@@ -25,6 +25,7 @@ from typing import Any
 
 from bot.app import build_agent
 from bot.config import EX_CONFIG, Config
+from bot.pairing import announce_approvals, stores
 from bot.service.daemon import ServiceHooks
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,13 @@ class Gateway:
             self.cfg.llm.model,
         )
         status_task = asyncio.create_task(self._write_status_forever(), name="status")
+        pairing_task = asyncio.create_task(
+            announce_approvals(
+                stores(self.cfg.agent.state_path, [c.name for c in self.channels]),
+                self.stack.loop.announce_once,
+            ),
+            name="pairing-announcements",
+        )
         try:
             await self.service.started(self._stop)
             await self._stop.wait()
@@ -157,10 +165,10 @@ class Gateway:
             self.service.stopping(self.cfg.gateway.drain_seconds)
             await self.stack.loop.shutdown(self.cfg.gateway.drain_seconds)
             await self.manager.flush(10)
-            for t in (loop_task, status_task, watchdog_task, warm):
+            for t in (loop_task, status_task, watchdog_task, warm, pairing_task):
                 t.cancel()
             await asyncio.gather(
-                loop_task, status_task, watchdog_task, warm, return_exceptions=True
+                loop_task, status_task, watchdog_task, warm, pairing_task, return_exceptions=True
             )
             await self.manager.stop()
             await self.stack.close()

@@ -21,18 +21,21 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bot.bus import InboundMessage, MessageBus, admin_notice
+from bot.approvals import ANSWER_COMMANDS, APPROVAL_KEY, press_from_command
+from bot.bus import InboundMessage, Intake, MessageBus, admin_notice
 from bot.commands import HELP_TEXT, IMMEDIATE, Command, format_duration, parse_command
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.delivery import DeliveryLedger
 from bot.gate import Gate
+from bot.gate.approval import open_record
 from bot.intake import DurableIntake
 from bot.llm import LLMProvider, LLMUnavailable
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import Dream, budget_lines
 from bot.memory.history import HistoryArchive
 from bot.outage import NOTICE_TEXT, Outage, mark_waiting, wait_info, wall_seconds
+from bot.pairing import approve_code
 from bot.recovery import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS, Recovery
 from bot.runner import close_open_tool_calls
 from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso
@@ -102,13 +105,49 @@ class AgentLoop:
         )
         self._work: dict[str, _SessionWork] = {}
         self._slots = asyncio.Semaphore(cfg.agent.max_concurrent_turns)
+        self.turns.approvals.slots = self._slots  # a turn waiting for a person holds none
         self._draining = False
         self._background: set[asyncio.Task[None]] = set()
         self.started_at = time.monotonic()
         self.outage = Outage(provider.probe, cfg.llm.outage) if wait_for_model else None
         if wait_for_model:  # the daemon: a wrong key or model is reported to the admins
             provider.on_refused = lambda text: self._spawn(bus.publish_outbound(admin_notice(text)))
-        bus.set_intake(self.intake.accept)
+        self.approvals = self.turns.approvals
+        bus.set_intake(self.accept)
+
+    async def accept(self, msg: InboundMessage) -> Intake:
+        """The bus's intake: approval answers (buttons, ``/allow ID``...) are recorded here,
+        durable before the channel confirms them, and never queued as turns; everything else
+        goes through the durable intake."""
+        command = parse_command(msg.text)
+        press = msg.metadata.get(APPROVAL_KEY)
+        if command and press is None:
+            press = press_from_command(command.name, command.args)
+            if press is None and command.name in ANSWER_COMMANDS:
+                await self._publish(msg, f"Usage: {command.name} ID (the id in the request)", False)
+                return "duplicate"
+        if press is None:
+            return await self.intake.accept(msg)
+        press_msg = InboundMessage(
+            msg.channel,
+            msg.chat_id,
+            msg.sender_id,
+            msg.text,
+            message_id=msg.message_id,
+            metadata={**msg.metadata, APPROVAL_KEY: press},
+        )
+        try:
+            reply = await self.approvals.press(press_msg)
+        except OSError as exc:
+            log.error("cannot record an approval answer session=%s: %s", msg.session_key, exc)
+            reply = "I could not record your answer (a disk problem); please answer again."
+        if reply:
+            await self._publish(msg, reply, final=False)
+        return "duplicate"  # handled: confirm it to the platform, queue nothing
+
+    async def announce_once(self, channel: str, chat_id: str, text: str, marker: str) -> bool:
+        """A permanent message outside any turn, sent exactly once (``Turns.announce_once``)."""
+        return await self.turns.announce_once(channel, chat_id, text, marker)
 
     def recover(self, keys: list[str] | None = None, channels: set[str] | None = None) -> int:
         """Queue every interrupted turn and undelivered answer (``bot.recovery``)."""
@@ -186,6 +225,8 @@ class AgentLoop:
                 text = (await self.dream.run()).describe()
         elif command.name == "/status":
             text = self.status_text(msg.session_key)
+        elif command.name == "/approve":
+            text = await self._approve_pairing(msg, command.args)
         elif not self._may_stop(msg):
             text = "Only the person who asked, or an admin, may stop this answer."
         elif self.stop(msg.session_key):
@@ -193,6 +234,23 @@ class AgentLoop:
         else:
             text = "Nothing is running in this chat."
         await self._publish(msg, text, final=True)
+
+    async def _approve_pairing(self, msg: InboundMessage, code: str) -> str:
+        if not msg.metadata.get("is_admin", True):
+            return "Only an admin of this bot may approve pairing codes."
+        if not code.strip():
+            return "Usage: /approve CODE (the code the new person was given)"
+        approved = await asyncio.to_thread(approve_code, self.cfg.agent.state_path, code)
+        if approved is None:
+            return "No waiting pairing code like that (codes expire after 1 hour)."
+        log.info(
+            "pairing approved from chat session=%s channel=%s id=%s",
+            msg.session_key,
+            approved.channel,
+            approved.sender_id,
+        )
+        name = f" ({approved.name})" if approved.name else ""
+        return f"Approved {approved.channel} user {approved.sender_id}{name}. They will be told."
 
     def _may_stop(self, msg: InboundMessage) -> bool:
         work = self._work.get(msg.session_key)
@@ -261,6 +319,7 @@ class AgentLoop:
             return
         session = self.store.get(msg.session_key)
         turn = job.turn
+        paused = None
         if turn is None and job.resume:
             resumed = await self.recovery.resume(session, msg)
             if resumed is None:
@@ -274,6 +333,7 @@ class AgentLoop:
                 await self.turns.finish(session, msg, resumed.messages, text)
                 return
             turn = resumed.messages
+            paused = resumed.approval
         if turn is None:
             turn = [await self.turns.user_message(msg)]
         unavailable = await self.turns.run(
@@ -282,6 +342,7 @@ class AgentLoop:
             turn,
             stop_requested=lambda: work.stop_requested,
             wait_for_model=self.outage is not None,
+            approval=paused,
         )
         if unavailable is not None:
             assert self.outage is not None
@@ -376,6 +437,11 @@ class AgentLoop:
                 metadata={"interrupted": {"at": now_iso(), "reason": "shutdown"}},
             )
         turns = [w.turn for w in self._work.values() if w.turn is not None and not w.turn.done()]
+        for key in running:
+            turn = self._work[key].turn
+            if turn is not None and open_record(self.store.get(key).metadata) is not None:
+                # Waiting for a person: nothing to drain. The pause stays in the checkpoint.
+                turn.cancel()
         if turns:
             log.info("draining %d running turn(s) for up to %.0f s", len(turns), drain_seconds)
             _, late = await asyncio.wait(turns, timeout=drain_seconds)
@@ -446,7 +512,8 @@ class AgentLoop:
                 "memory: "
                 + ", ".join(budget_lines(self.cfg.agent.workspace_path, self.cfg.memory.max_chars)),
                 f"answer in progress: {'yes' if running else 'no'}"
-                + (" (waiting for the model)" if waiting else ""),
+                + (" (waiting for the model)" if waiting else "")
+                + (" (waiting for an approval)" if open_record(session.metadata) else ""),
                 *([f"mcp: {self.mcp.summary()}"] if self.mcp and self.mcp.servers else []),
                 f"uptime: {format_duration(time.monotonic() - self.started_at)}",
             ]

@@ -72,11 +72,37 @@ class OutboxEntry(_Strict):
     failed_at: float | int | None = None
 
 
+class ApprovalRecord(_Strict):
+    """A tool call waiting for (or answered by) a person: bot.gate.approval."""
+
+    id: str
+    call_id: str
+    tool: str
+    summary: str
+    key: str
+    asked_by: str
+    is_group: bool = False
+    asked_at: float | int
+    deadline: float | int
+    state: Literal["waiting", "once", "always", "deny", "timeout", "stopped"]
+    by: str | None = None
+    press: str | None = None
+
+
+class ClosedApproval(_Strict):
+    id: str
+    state: str
+    by: str | None = None
+    press: str | None = None
+    at: float | int | None = None
+
+
 class Checkpoint(_Strict):
-    phase: Literal["awaiting_tools", "tools_completed", "final_response"]
+    phase: Literal["awaiting_tools", "awaiting_approval", "tools_completed", "final_response"]
     message_id: str | None = None
     messages: list[MessageRecord] = Field(min_length=1)
     at: str | None = None
+    approval: ApprovalRecord | None = None  # awaiting_approval: the question
 
     @model_validator(mode="after")
     def _final_answer_is_text(self) -> Checkpoint:
@@ -85,6 +111,8 @@ class Checkpoint(_Strict):
             last.role != "assistant" or not isinstance(last.content, str | None)
         ):
             raise ValueError("a final_response checkpoint must end with the assistant's text")
+        if self.phase == "awaiting_approval" and self.approval is None:
+            raise ValueError("an awaiting_approval checkpoint needs its approval")
         return self
 
 
@@ -97,6 +125,9 @@ _ENTRY_LISTS: dict[str, TypeAdapter[Any]] = {
     "pending": TypeAdapter(PendingEntry),
     "outbox": TypeAdapter(OutboxEntry),
     "seen_ids": TypeAdapter(str | None, config=ConfigDict(strict=True)),
+    "approvals_closed": TypeAdapter(ClosedApproval),
+    "approved_calls": TypeAdapter(str, config=ConfigDict(strict=True)),
+    "notices": TypeAdapter(str, config=ConfigDict(strict=True)),
 }
 _FIELDS: dict[str, TypeAdapter[Any]] = {
     "key": TypeAdapter(str, config=ConfigDict(strict=True)),

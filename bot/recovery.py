@@ -17,6 +17,7 @@ from typing import Any
 
 from bot.bus import InboundMessage, MessageBus
 from bot.delivery import DeliveryLedger
+from bot.gate.approval import WAITING, open_record
 from bot.intake import inbound_from_pending, is_pending
 from bot.runner import close_open_tool_calls
 from bot.session import Session, SessionStore
@@ -37,6 +38,7 @@ class Resumed:
     messages: list[dict[str, Any]]
     phase: str
     gave_up: bool = False
+    approval: dict[str, Any] | None = None  # a paused turn's open question: wait again
 
 
 class Recovery:
@@ -117,6 +119,12 @@ class Recovery:
         phase = checkpoint["phase"] if checkpoint else "intake"
         if phase == "final_response":
             return Resumed(messages, phase)
+        paused = open_record({"runtime_checkpoint": checkpoint})
+        if paused is not None and paused.get("state") == WAITING:
+            # A pause, not an interruption: the question stays open (its buttons still work)
+            # and the batch goes on once it is answered. Not counted as a resume attempt.
+            log.info("resuming paused turn session=%s approval=%s", msg.session_key, paused["id"])
+            return Resumed(messages, phase, approval=paused)
         interrupted = unfinished_calls(messages)
         close_open_tool_calls(messages)
         if attempts > MAX_RESUME_ATTEMPTS:

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bot.llm import LLMError, LLMProvider, LLMResponse
+from bot.llm import LLMError, LLMProvider, LLMResponse, ToolCall
 from bot.session import ANSWERED_BY_KEY
 from bot.streaming import TurnStream
 from bot.tools.base import ToolContext, ToolRegistry
@@ -22,8 +22,10 @@ log = logging.getLogger(__name__)
 
 INTERRUPTED_TOOL_RESULT = "Error: task interrupted before this tool finished."
 CALL_LIMIT_PREFIX = "Error: not run: this turn reached its limit of"
-Phase = Literal["awaiting_tools", "tools_completed", "final_response"]
+Phase = Literal["awaiting_tools", "awaiting_approval", "tools_completed", "final_response"]
 PhaseHook = Callable[[Phase, list[dict[str, Any]]], Awaitable[None]]
+# Before a call runs: None lets it run, a string is its result instead (not approved).
+Approver = Callable[[ToolCall, list[dict[str, Any]]], Awaitable[str | None]]
 BuildMessages = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 
 
@@ -74,6 +76,7 @@ class Runner:
         ctx: ToolContext,
         on_phase: PhaseHook | None = None,
         stream: TurnStream | None = None,
+        approve: Approver | None = None,
     ) -> TurnResult:
         """Drive one turn. ``turn`` holds the new user message and grows as the turn runs.
 
@@ -82,10 +85,25 @@ class Runner:
         with a user-facing message instead of raising; cancellation propagates.
         ``stream``: the model's text and each tool call are told to it as they happen (the
         requests are streamed); None: plain requests.
+
+        ``ctx.extra["offered"]`` (a set of names), when present, limits the tools: only they
+        are offered to the model, and a call of any other is refused (a model may name a tool
+        it was not offered). ``approve(call, turn)`` runs before each call: None lets it run,
+        a string is its result instead (denied). A turn whose last assistant message has
+        calls without results (resumed from an approval pause) runs those first.
         """
+        offered = self._offered(ctx)
         schemas = self.tools.schemas()
+        if offered is not None:
+            schemas = [s for s in schemas if s["function"]["name"] in offered]
         # Counted over the whole turn, not per LLM round: one response can carry hundreds.
         made = calls_made(turn)
+        # A turn resumed while it waited for an approval: its batch goes on where it paused.
+        waiting = unfinished_calls(turn)
+        if waiting:
+            made = await self._run_calls(waiting, turn, ctx, made, offered, approve, stream)
+            if on_phase:
+                await on_phase("tools_completed", turn)
         for iteration in range(1, self.max_iterations + 1):
             started = time.monotonic()
             try:
@@ -120,44 +138,9 @@ class Runner:
             turn.append(response.assistant_message())
             if on_phase:
                 await on_phase("awaiting_tools", turn)
-            refused = 0
-            for call in response.tool_calls:
-                if made >= self.max_tool_calls:
-                    # Answered, not dropped: every call needs a result for the history to be
-                    # valid, and the model must learn why nothing happened.
-                    refused += 1
-                    turn.append(
-                        {
-                            "role": "tool",
-                            "tool_call_id": call.id,
-                            "name": call.name,
-                            "content": call_limit_result(self.max_tool_calls),
-                        }
-                    )
-                    continue
-                made += 1
-                if stream:
-                    stream.on_tool(call.name, call.arguments)
-                started = time.monotonic()
-                result = await self.tools.execute(call.name, call.arguments, ctx)
-                log.info(
-                    "tool %s session=%s %s in %.0f ms",
-                    call.name,
-                    ctx.session_key,
-                    "failed" if result.startswith("Error:") else "ok",
-                    (time.monotonic() - started) * 1000,
-                )
-                turn.append(
-                    {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result}
-                )
-            if refused:
-                log.warning(
-                    "tool calls not run session=%s refused=%d: the turn reached "
-                    "agent.maxToolCallsPerTurn (%d)",
-                    ctx.session_key,
-                    refused,
-                    self.max_tool_calls,
-                )
+            made = await self._run_calls(
+                list(response.tool_calls), turn, ctx, made, offered, approve, stream
+            )
             if on_phase:
                 await on_phase("tools_completed", turn)
         text = (
@@ -168,6 +151,94 @@ class Runner:
         if on_phase:
             await on_phase("final_response", turn)
         return TurnResult(text, "max_iterations", self.max_iterations)
+
+    def _offered(self, ctx: ToolContext) -> set[str] | None:
+        offered = ctx.extra.get("offered")
+        return set(offered) if offered is not None else None
+
+    async def _run_calls(
+        self,
+        calls: list[ToolCall],
+        turn: list[dict[str, Any]],
+        ctx: ToolContext,
+        made: int,
+        offered: set[str] | None,
+        approve: Approver | None,
+        stream: TurnStream | None = None,
+    ) -> int:
+        """Run one batch of calls in order, each result appended as it comes; returns the
+        turn's call count."""
+        refused = 0
+        for call in calls:
+            if made >= self.max_tool_calls:
+                # Answered, not dropped: every call needs a result for the history to be
+                # valid, and the model must learn why nothing happened.
+                refused += 1
+                turn.append(_result(call, call_limit_result(self.max_tool_calls)))
+                continue
+            if offered is not None and call.name not in offered:
+                log.warning(
+                    "tool %s refused session=%s: not offered in this chat",
+                    call.name,
+                    ctx.session_key,
+                )
+                turn.append(_result(call, not_offered_result(call.name)))
+                continue
+            made += 1
+            if approve is not None:
+                instead = await approve(call, turn)
+                if instead is not None:
+                    turn.append(_result(call, instead))
+                    continue
+            if stream:
+                stream.on_tool(call.name, call.arguments)
+            started = time.monotonic()
+            result = await self.tools.execute(call.name, call.arguments, ctx)
+            log.info(
+                "tool %s session=%s %s in %.0f ms",
+                call.name,
+                ctx.session_key,
+                "failed" if result.startswith("Error:") else "ok",
+                (time.monotonic() - started) * 1000,
+            )
+            turn.append(_result(call, result))
+        if refused:
+            log.warning(
+                "tool calls not run session=%s refused=%d: the turn reached "
+                "agent.maxToolCallsPerTurn (%d)",
+                ctx.session_key,
+                refused,
+                self.max_tool_calls,
+            )
+        return made
+
+
+def _result(call: ToolCall, content: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+
+
+def not_offered_result(name: str) -> str:
+    return f"Error: the tool '{name}' is not available in this chat; answer without it."
+
+
+def unfinished_calls(turn: list[dict[str, Any]]) -> list[ToolCall]:
+    """The calls of the last assistant message that have no result yet, in order."""
+    for i in range(len(turn) - 1, -1, -1):
+        m = turn[i]
+        if m.get("role") == "assistant":
+            if not m.get("tool_calls"):
+                return []
+            done = {t.get("tool_call_id") for t in turn[i + 1 :] if t.get("role") == "tool"}
+            return [
+                ToolCall(
+                    c.get("id", ""),
+                    c.get("function", {}).get("name", ""),
+                    c.get("function", {}).get("arguments", ""),
+                )
+                for c in m["tool_calls"]
+                if c.get("id") not in done
+            ]
+    return []
 
 
 def close_open_tool_calls(turn: list[dict[str, Any]]) -> int:

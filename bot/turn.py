@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bot import failpoints
+from bot.approvals import ApprovalDesk, offered_tools
 from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.delivery import DELIVERY_KEY, outbox_entry
 from bot.gate import Gate, ProcessScope
+from bot.gate.approval import close_unanswered
 from bot.intake import without_pending
 from bot.llm import LLMError, LLMProvider, LLMUnavailable
 from bot.memory.consolidate import Consolidator
@@ -41,6 +43,7 @@ FAILED_TEXT = "Something went wrong while answering; see the logs."
 # reached or refused, or the turn crashed) or "stopped" (/stop, Ctrl-C).
 OUTCOME_KEY = "outcome"
 Outcome = Literal["ok", "failed", "stopped"]
+NOTICES_KEPT = 64
 AUDIO_SUFFIXES = frozenset({".ogg", ".oga", ".opus", ".mp3", ".m4a", ".wav", ".webm", ".flac"})
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
@@ -73,6 +76,8 @@ class Turns:
         self.runner = Runner(
             provider, tools, cfg.agent.max_tool_iterations, cfg.agent.max_tool_calls_per_turn
         )
+        # Asks, waits for and records the answers to approval questions (tools.approval).
+        self.approvals = ApprovalDesk(cfg, store, bus)
         # When each session last finished a turn (the idle compactor's clock).
         self.last_active: dict[str, float] = {}
         # (registry version, estimate): recounted only when MCP servers change the tools.
@@ -120,6 +125,7 @@ class Turns:
         *,
         stop_requested: Callable[[], bool],
         wait_for_model: bool,
+        approval: dict[str, Any] | None = None,
     ) -> LLMUnavailable | None:
         """Run the turn to its answer. When every model was unavailable and ``wait_for_model``,
         returns that error instead of answering: ``turn`` (extended in place with whatever
@@ -127,6 +133,8 @@ class Turns:
 
         A cancellation with ``stop_requested()`` is ``/stop``: the turn ends "stopped". Any
         other cancellation (shutdown) propagates and leaves the checkpoint for the next start.
+        ``approval``: the open question of a turn paused before a restart (asked again? no:
+        waited for again, its old buttons still work).
         """
         ctx = ToolContext(
             workspace=self.cfg.agent.workspace_path,
@@ -135,7 +143,10 @@ class Turns:
             chat_id=msg.chat_id,
             session_key=msg.session_key,
             send=lambda text: self.publish(msg, text, final=False),
-            extra={"private": self.private(msg)},
+            extra={
+                "private": self.private(msg),
+                "offered": offered_tools(self.cfg, msg, self.tools.names),
+            },
             gate=self.gate,
             processes=ProcessScope(),
         )
@@ -144,21 +155,23 @@ class Turns:
         # so a plain answer costs no stat calls.
         stamp: tuple[tuple[str, int, int], ...] | None = None
 
-        async def checkpoint(phase: str, turn_so_far: list[dict[str, Any]]) -> None:
+        async def checkpoint(
+            phase: str,
+            turn_so_far: list[dict[str, Any]],
+            pending_approval: dict[str, Any] | None = None,
+        ) -> None:
             nonlocal stamp
             if phase == "awaiting_tools" and stamp is None:
                 stamp = memory_stamp(self.cfg.agent.workspace_path)
-            await self.store.append_async(
-                session,
-                metadata={
-                    "runtime_checkpoint": {
-                        "phase": phase,
-                        "message_id": msg.message_id,
-                        "messages": turn_so_far,
-                        "at": now_iso(),
-                    }
-                },
-            )
+            record: dict[str, Any] = {
+                "phase": phase,
+                "message_id": msg.message_id,
+                "messages": turn_so_far,
+                "at": now_iso(),
+            }
+            if pending_approval is not None:
+                record["approval"] = pending_approval
+            await self.store.append_async(session, metadata={"runtime_checkpoint": record})
             failpoints.hit(phase)
 
         def build(t: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -181,7 +194,10 @@ class Turns:
             stream = TurnStream(self.bus, msg.channel, msg.chat_id, msg.message_id)
         try:
             try:
-                result = await self.runner.run(build, turn, ctx, checkpoint, stream)
+                approve = self.approvals.approver(session, msg, checkpoint, approval)
+                result = await self.runner.run(
+                    build, turn, ctx, checkpoint, stream=stream, approve=approve
+                )
             finally:
                 # No process outlives its turn: background jobs end with the answer.
                 assert ctx.processes is not None
@@ -242,6 +258,7 @@ class Turns:
         def finished(meta: dict[str, Any]) -> dict[str, Any]:
             # Derived under the session lock: a message accepted meanwhile stays pending.
             return {
+                **close_unanswered(meta),  # a question still open (/stop) is closed
                 "runtime_checkpoint": None,
                 "resume": None,
                 "interrupted": None,
@@ -254,6 +271,31 @@ class Turns:
         await self.bus.publish_outbound(out)
         self.last_active[msg.session_key] = time.monotonic()
         self.consolidator.schedule(msg.session_key)
+
+    async def announce_once(self, channel: str, chat_id: str, text: str, marker: str) -> bool:
+        """A permanent message outside any turn (a pairing approval), exactly once: its
+        ledger entry and ``marker`` are one write, so a marker already there means it was
+        sent (or is queued) before. False when it was."""
+        delivery_id = f"d-{uuid.uuid4().hex[:12]}"
+        out = OutboundMessage(
+            channel, chat_id, text, final=True, metadata={DELIVERY_KEY: delivery_id}
+        )
+        entry = outbox_entry(delivery_id, out)
+
+        def add(meta: dict[str, Any]) -> dict[str, Any] | None:
+            notices = meta.get("notices") or []
+            if marker in notices:
+                return None
+            return {
+                "outbox": [*(meta.get("outbox") or []), entry],
+                "notices": [*notices, marker][-NOTICES_KEPT:],
+            }
+
+        session = self.store.get(out.session_key)
+        if not await self.store.append_async(session, metadata=add):
+            return False
+        await self.bus.publish_outbound(out)
+        return True
 
     async def fail(self, msg: InboundMessage) -> None:
         """A bug or an I/O error ended the turn: tell the person, keep the loop alive."""

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
+
+from bot.bus import OutboundMessage
+from bot.pairing import PairingStore, code_text
 
 log = logging.getLogger(__name__)
 
@@ -15,9 +19,18 @@ class AccessPolicy:
     """A channel's allowFrom list. Empty denies everyone; ``"*"`` allows everyone."""
 
     def __init__(
-        self, channel: str, allow_from: Iterable[str], admins: Iterable[str] | None = None
+        self,
+        channel: str,
+        allow_from: Iterable[str],
+        admins: Iterable[str] | None = None,
+        pairing: PairingStore | None = None,
+        dm_policy: str = "allowlist",
     ) -> None:
+        """``pairing``: ids approved through pairing count as listed (whatever the policy);
+        with ``dm_policy`` "pairing" a stranger's private message gets a code."""
         self.channel = channel
+        self.pairing = pairing
+        self.dm_policy = dm_policy
         self.allow = frozenset(allow_from)
         self.admins = frozenset(self.allow if admins is None else admins)
         self.open = "*" in self.allow
@@ -39,7 +52,24 @@ class AccessPolicy:
 
     def allowed(self, *ids: str | None) -> bool:
         """True when any of the sender's stable ids is listed (or the list has "*")."""
-        return self.open or any(i is not None and str(i) in self.allow for i in ids)
+        if self.open or any(i is not None and str(i) in self.allow for i in ids):
+            return True
+        # One stat of the pairing file per refused message: approvals count at once.
+        paired = self.pairing.approved_ids() if self.pairing is not None else frozenset()
+        return any(i is not None and str(i) in paired for i in ids)
+
+    async def pairing_reply(self, sender_id: str, name: str, chat_id: str) -> str | None:
+        """What to answer a stranger's *private* message: a pairing code (once per hour per
+        sender, at most 3 waiting per channel), or None (say nothing). Groups never pair:
+        callers only ask for private chats."""
+        if self.dm_policy != "pairing" or self.pairing is None:
+            return None
+        try:
+            code = await asyncio.to_thread(self.pairing.request, sender_id, name, chat_id)
+        except OSError as exc:
+            log.error("channel %s: cannot store a pairing code: %s", self.channel, exc)
+            return None
+        return code_text(code, self.channel, sender_id) if code else None
 
     def is_admin(self, sender_id: str) -> bool:
         return "*" in self.admins or sender_id in self.admins
@@ -61,6 +91,31 @@ class AccessPolicy:
             self.channel,
         )
         return True
+
+
+# -- approval buttons: the same press data on every platform ---------------------------------
+
+PRESS_PREFIX = "ap"
+
+
+def approval_buttons(msg: OutboundMessage) -> list[tuple[str, str]]:
+    """``(data, label)`` of each button an approval request carries (empty for any other
+    message). ``ap:<id>:<choice>`` fits Telegram's 64-byte callback data and Discord's and
+    Slack's limits."""
+    request = msg.metadata.get("approval")
+    if not isinstance(request, dict):
+        return []
+    choices: dict[str, str] = request.get("choices") or {}
+    return [(f"{PRESS_PREFIX}:{request['id']}:{c}", label) for c, label in choices.items()]
+
+
+def parse_press(data: str) -> dict[str, str] | None:
+    """``{"id", "choice"}`` of an approval button's data; None for anything else."""
+    prefix, _, rest = data.partition(":")
+    approval_id, _, choice = rest.partition(":")
+    if prefix != PRESS_PREFIX or not approval_id or not choice:
+        return None
+    return {"id": approval_id, "choice": choice}
 
 
 def whoami_text(channel: str, sender_id: str, allowed: bool) -> str:

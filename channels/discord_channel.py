@@ -21,7 +21,8 @@ import discord
 
 from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from bot.config import DiscordConfig
-from channels.access import AccessPolicy, whoami_text
+from bot.pairing import PairingStore
+from channels.access import AccessPolicy, approval_buttons, parse_press, whoami_text
 from channels.base import Channel, PreviewMode
 from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
 from channels.formatting import DISCORD_LIMIT, markdown_to_discord, render_chunks, strip_markdown
@@ -110,6 +111,22 @@ def map_send_error(exc: BaseException) -> Exception | None:
     return None
 
 
+def approval_view(msg: OutboundMessage) -> discord.ui.View | None:
+    """The buttons of an approval request as message components. The view is stopped before
+    it is sent, so discord.py keeps no callbacks for it: every press, also one made on a
+    message sent before a restart, arrives as an ``on_interaction`` event."""
+    buttons = approval_buttons(msg)
+    if not buttons:
+        return None
+    view = discord.ui.View(timeout=None)
+    styles = {"deny": discord.ButtonStyle.danger, "once": discord.ButtonStyle.primary}
+    for data, label in buttons:
+        style = styles.get(data.rsplit(":", 1)[-1], discord.ButtonStyle.secondary)
+        view.add_item(discord.ui.Button(label=label, custom_id=data, style=style))
+    view.stop()
+    return view
+
+
 @functools.lru_cache(maxsize=64)
 def _first_chunk(text: str) -> str:
     chunks = render_chunks(text, DISCORD_LIMIT, markdown_to_discord)
@@ -156,6 +173,9 @@ class _Client(discord.Client):
     async def on_message(self, message: discord.Message) -> None:
         await self.owner._on_message(message)
 
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        await self.owner._on_interaction(interaction)
+
 
 class DiscordChannel(Channel):
     """DMs, guild text channels and threads. Session key ``discord:<channel id>``."""
@@ -169,7 +189,9 @@ class DiscordChannel(Channel):
         self.cfg = cfg
         self.workspace = Path(workspace)
         self.state_dir = Path(state_dir)
-        self.policy = AccessPolicy(NAME, cfg.allow_from, cfg.admin_ids)
+        self.policy = AccessPolicy(
+            NAME, cfg.allow_from, cfg.admin_ids, PairingStore(self.state_dir, NAME), cfg.dm_policy
+        )
         self.allow_channels = frozenset(cfg.allow_channels)
         self.streaming = cfg.streaming
         self.stream_interval = cfg.stream_edit_interval_seconds
@@ -307,6 +329,9 @@ class DiscordChannel(Channel):
             await self._answer_directly(chat_id, message, whoami_text(NAME, sender_id, allowed))
             return
         if not allowed:
+            if is_dm and self.policy.dm_policy == "pairing":
+                await self._pairing_reply(channel, sender_id, str(message.author), chat_id)
+                return
             self.policy.deny(sender_id, str(message.author))
             return
         self._channels[chat_id] = channel
@@ -340,6 +365,63 @@ class DiscordChannel(Channel):
                 message.id,
                 chat_id,
             )
+
+    async def _pairing_reply(self, channel: Any, sender_id: str, name: str, chat_id: str) -> None:
+        """A stranger's DM: a pairing code, at most once an hour; the DM is not processed.
+        Sent here, outside the bus and the ledger: the sender is no user yet."""
+        text = await self.policy.pairing_reply(sender_id, name, chat_id)
+        if text is None:
+            return
+        try:
+            await channel.send(text, allowed_mentions=discord.AllowedMentions.none())
+        except Exception as exc:
+            log.warning("discord: pairing code to %s not sent: %s", sender_id, exc)
+
+    # -- approval buttons (component interactions) --
+
+    async def _on_interaction(self, interaction: discord.Interaction) -> None:
+        """A button press: an approval answer on the bus, then the interaction is
+        acknowledged (a refusal is shown to the presser only)."""
+        if interaction.type != discord.InteractionType.component:
+            return
+        self.touch()
+        data = interaction.data or {}
+        press = parse_press(str(data.get("custom_id", "")))
+        sender_id = str(interaction.user.id)
+        try:
+            if press is None or interaction.channel_id is None:
+                await interaction.response.send_message(
+                    "This button is not for me.", ephemeral=True
+                )
+                return
+            if not self.policy.allowed(sender_id):
+                self.policy.deny(sender_id, str(interaction.user))
+                await interaction.response.send_message(
+                    "You are not allowed to use this bot.", ephemeral=True
+                )
+                return
+            inbound = InboundMessage(
+                NAME,
+                str(interaction.channel_id),
+                sender_id,
+                "",
+                message_id=f"interaction:{interaction.id}",
+                metadata={
+                    "approval": press,
+                    "is_group": interaction.guild_id is not None,
+                    "is_admin": self.policy.is_admin(sender_id),
+                    "sender_name": interaction.user.display_name,
+                },
+            )
+            verdict = await self.bus.publish_inbound(inbound)
+            if verdict == "refused":
+                await interaction.response.send_message(
+                    "memobot is restarting; press again in a moment.", ephemeral=True
+                )
+                return
+            await interaction.response.defer()
+        except Exception:
+            log.exception("discord: interaction %s not handled", interaction.id)
 
     async def _channel_allowed(self, channel: Any) -> bool:
         """allowChannels: the channel itself or, for a thread, its parent channel is listed."""
@@ -434,12 +516,17 @@ class DiscordChannel(Channel):
                     channel_id=int(msg.chat_id),
                     fail_if_not_exists=False,
                 )
+        extra: dict[str, Any] = {}
+        view = approval_view(msg)
+        if view is not None:
+            extra["view"] = view
         try:
             return await channel.send(
                 chunk,
                 reference=reference,
                 mention_author=False,
                 allowed_mentions=discord.AllowedMentions.none(),
+                **extra,
             )
         except Exception as exc:
             mapped = map_send_error(exc)

@@ -49,7 +49,14 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import COMMANDS
 from bot.config import SlackConfig
-from channels.access import AccessPolicy, whoami_text
+from bot.pairing import PairingStore
+from channels.access import (
+    PRESS_PREFIX,
+    AccessPolicy,
+    approval_buttons,
+    parse_press,
+    whoami_text,
+)
 from channels.base import Channel, PreviewMode
 from channels.errors import (
     FatalChannelError,
@@ -280,6 +287,34 @@ def is_whoami(text: str) -> bool:
     return bool(head) and head[0].split("@", 1)[0].lower() == "/whoami"
 
 
+def approval_blocks(msg: OutboundMessage, chunk: str, plain: bool) -> dict[str, Any]:
+    """``blocks`` for an approval request: its text, then a row of buttons (Block Kit);
+    {} for any other message. ``text`` stays as the notification fallback."""
+    buttons = approval_buttons(msg)
+    if not buttons:
+        return {}
+    elements = [
+        {
+            "type": "button",
+            "action_id": data,
+            "value": data,
+            "text": {"type": "plain_text", "text": label},
+            **({"style": "danger"} if data.endswith(":deny") else {}),
+            **({"style": "primary"} if data.endswith(":once") else {}),
+        }
+        for data, label in buttons
+    ]
+    return {
+        "blocks": [
+            {
+                "type": "section",
+                "text": {"type": "plain_text" if plain else "mrkdwn", "text": chunk[:3000]},
+            },
+            {"type": "actions", "block_id": "approval", "elements": elements},
+        ]
+    }
+
+
 def split_chat_id(chat_id: str) -> tuple[str, str | None]:
     """``"C1:1700.1"`` -> ("C1", "1700.1"); a DM ``"D1"`` -> ("D1", None)."""
     channel, _, thread_ts = chat_id.partition(":")
@@ -425,7 +460,9 @@ class SlackChannel(Channel):
         super().__init__(bus)
         self.cfg = cfg
         self.workspace = workspace
-        self.policy = AccessPolicy(NAME, cfg.allow_from, cfg.admin_ids)
+        self.policy = AccessPolicy(
+            NAME, cfg.allow_from, cfg.admin_ids, PairingStore(state_dir, NAME), cfg.dm_policy
+        )
         self.streaming = cfg.streaming
         self.stream_interval = cfg.stream_edit_interval_seconds
         self.me: Identity | None = None
@@ -529,6 +566,7 @@ class SlackChannel(Channel):
         app.event("message")(self._on_event)
         app.event(re.compile(".*"))(self._on_other_event)  # acknowledged, nothing to do
         app.command(SLASH_COMMAND)(self._on_command)
+        app.action(re.compile(f"^{PRESS_PREFIX}:"))(self._on_action)
         app.error(self._on_error)
         return app
 
@@ -759,6 +797,39 @@ class SlackChannel(Channel):
             raise _NotTaken(f"{SLASH_COMMAND} {sub} not taken: memobot is stopping")
         return await ack()
 
+    async def _on_action(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+        """An approval button (Block Kit): the press goes on the bus and is durable before
+        bolt acknowledges it; "refused" raises, so it is not acknowledged."""
+        self.touch()
+        user = str((body.get("user") or {}).get("id") or "")
+        channel = str((body.get("channel") or {}).get("id") or "")
+        message = body.get("message") or {}
+        actions = body.get("actions") or [{}]
+        press = parse_press(str(actions[0].get("action_id") or ""))
+        if press is None or not channel:
+            await ack()
+            return
+        if not self.policy.allowed(user):
+            self.policy.deny(user, str((body.get("user") or {}).get("username") or ""))
+            await ack()
+            return
+        thread = message.get("thread_ts")
+        msg = InboundMessage(
+            NAME,
+            f"{channel}:{thread}" if thread else channel,
+            user,
+            "",
+            message_id=f"action-{body.get('trigger_id') or actions[0].get('action_ts')}",
+            metadata={
+                "approval": press,
+                "is_group": not channel.startswith("D"),
+                "is_admin": self.policy.is_admin(user),
+            },
+        )
+        if await self.bus.publish_inbound(msg) == "refused":
+            raise _NotTaken("approval button not taken: memobot is stopping")
+        await ack()
+
     async def _take(self, event_id: str, payload: dict[str, Any]) -> Intake | Literal["ignored"]:
         self.touch()
         try:
@@ -791,6 +862,14 @@ class SlackChannel(Channel):
             )
             return "ignored"
         if not allowed:
+            if inc.is_dm and self.policy.dm_policy == "pairing":
+                # A stranger's DM: a pairing code at most once an hour; not processed.
+                text = await self.policy.pairing_reply(inc.user, inc.sender_name, inc.chat_id)
+                if text:
+                    await self.bus.publish_outbound(
+                        OutboundMessage(NAME, inc.chat_id, text, final=True)
+                    )
+                return "ignored"
             self.policy.deny(inc.user, inc.sender_name)
             return "ignored"
         self._last_thread[(inc.channel, inc.user)] = inc.chat_id
@@ -1041,16 +1120,23 @@ class SlackChannel(Channel):
         return [Limit.of(f"channel:{channel}", self.cfg.rate_limits.channel)]
 
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
-        await self._post(msg.chat_id, chunk, plain)
+        await self._post(msg.chat_id, chunk, plain, approval_blocks(msg, chunk, plain))
 
-    async def _post(self, chat_id: str, text: str, plain: bool) -> str:
-        """chat.postMessage; the new message's ``ts``."""
+    async def _post(
+        self, chat_id: str, text: str, plain: bool, blocks: dict[str, Any] | None = None
+    ) -> str:
+        """chat.postMessage (``blocks``: Block Kit extras, an approval's buttons); the new
+        message's ``ts``."""
         if self.web is None:
             raise TransientError("slack channel is not started")
         channel, thread_ts = split_chat_id(chat_id)
         with _mapped_errors():
             answer = await self.web.chat_postMessage(
-                channel=channel, text=text, thread_ts=thread_ts, mrkdwn=not plain
+                channel=channel,
+                text=text,
+                thread_ts=thread_ts,
+                mrkdwn=not plain,
+                **(blocks or {}),
             )
         return str(answer.get("ts") or "")
 

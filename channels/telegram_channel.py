@@ -39,7 +39,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
-from telegram import Bot, Message, MessageEntity, ReplyParameters, Update, User
+from telegram import (
+    Bot,
+    CallbackQuery,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    Message,
+    MessageEntity,
+    ReplyParameters,
+    Update,
+    User,
+)
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import (
     BadRequest,
@@ -57,7 +67,8 @@ from telegram.warnings import PTBDeprecationWarning
 
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.config import TelegramConfig
-from channels.access import AccessPolicy, whoami_text
+from bot.pairing import PairingStore
+from channels.access import AccessPolicy, approval_buttons, parse_press, whoami_text
 from channels.base import Channel, PreviewMode, State
 from channels.errors import (
     FatalChannelError,
@@ -84,7 +95,7 @@ from channels.state import ChannelState
 log = logging.getLogger(__name__)
 
 CHANNEL = "telegram"
-ALLOWED_UPDATES = ("message",)
+ALLOWED_UPDATES = ("message", "callback_query")
 POLL_MARGIN_SECONDS = 10.0  # a getUpdates silent for pollTimeout + this is restarted
 BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 2.0, 30.0
 MEDIA_MAX_BYTES = 20 * 1024 * 1024  # also the cloud Bot API's own getFile limit
@@ -386,7 +397,13 @@ class TelegramChannel(Channel):
     ) -> None:
         super().__init__(bus)
         self.cfg = cfg
-        self.policy = AccessPolicy(CHANNEL, cfg.allow_from, cfg.admin_ids)
+        self.policy = AccessPolicy(
+            CHANNEL,
+            cfg.allow_from,
+            cfg.admin_ids,
+            PairingStore(state_dir, CHANNEL),
+            cfg.dm_policy,
+        )
         self.media_dir = workspace / "media" / CHANNEL
         self.offset_state = ChannelState(state_dir, CHANNEL)
         self.offset: int | None = None
@@ -559,6 +576,8 @@ class TelegramChannel(Channel):
     async def _handle_update(self, update: Update) -> Intake | None:
         """Publish one update; None when it is deliberately dropped."""
         self.touch()
+        if update.callback_query is not None:
+            return await self._handle_press(update.callback_query)
         message = update.message
         if message is None:
             return None
@@ -611,6 +630,9 @@ class TelegramChannel(Channel):
         if is_group and not self._group_accepts(message):
             return None
         if not self.policy.allowed(sender_id):
+            if not is_group and self.policy.dm_policy == "pairing":
+                await self._pairing_reply(message, sender)
+                return None
             self.policy.deny(sender_id, f"@{sender.username}" if sender.username else "")
             return None
         if is_group and command and command[0] == "whoami":
@@ -653,6 +675,19 @@ class TelegramChannel(Channel):
         if command and command[1] and command[1] != (self.me.username or "").lower():
             return False  # /cmd@otherbot is for the other bot, even with groupPolicy "open"
         return self.cfg.group_policy == "open" or addressed_to_bot(message, self.me)
+
+    async def _pairing_reply(self, message: Message, sender: User) -> None:
+        """A stranger's private message: a pairing code, at most once an hour; the message
+        itself is not processed. Sent here, outside the bus: the sender is no user yet."""
+        assert self.bot is not None
+        name = f"@{sender.username}" if sender.username else sender.full_name
+        text = await self.policy.pairing_reply(str(sender.id), name, str(message.chat.id))
+        if text is None:
+            return
+        try:
+            await self.bot.send_message(message.chat.id, text)
+        except TelegramError as exc:
+            log.warning("telegram: pairing code to %s not sent: %s", sender.id, _describe(exc))
 
     async def _whoami(self, message: Message, sender_id: str) -> None:
         """Answered here, outside the bus: it must work for senders allowFrom refuses."""
@@ -746,6 +781,7 @@ class TelegramChannel(Channel):
                 parse_mode=None if plain else ParseMode.HTML,
                 message_thread_id=thread,
                 reply_parameters=reply,
+                reply_markup=approval_keyboard(msg),
             )
         except TelegramError as exc:
             raise self._send_failed(exc, chat) from exc
@@ -831,6 +867,52 @@ class TelegramChannel(Channel):
         except TelegramError as exc:
             raise self._send_failed(exc, chat) from exc
 
+    # -- approval buttons (callback queries) --
+
+    async def _handle_press(self, query: CallbackQuery) -> Intake | None:
+        """A button press: an approval answer on the bus (durable before it is confirmed),
+        then the query is answered so the client stops its spinner."""
+        sender = query.from_user
+        message = query.message
+        press = parse_press(query.data or "")
+        if press is None or message is None or sender.is_bot:
+            await self._answer_query(query, "This button is not for me.")
+            return None
+        sender_id = str(sender.id)
+        if not self.policy.allowed(sender_id):
+            self.policy.deny(sender_id, f"@{sender.username}" if sender.username else "")
+            await self._answer_query(query, "You are not allowed to use this bot.")
+            return None
+        is_group = message.chat.type in GROUP_TYPES
+        thread = message.message_thread_id if isinstance(message, Message) else None
+        inbound = InboundMessage(
+            channel=CHANNEL,
+            chat_id=chat_key(message.chat.id, thread if thread else None),
+            sender_id=sender_id,
+            text="",
+            message_id=f"{message.chat.id}:cb:{query.id}",
+            metadata={
+                "approval": press,
+                "is_group": is_group,
+                "is_admin": self.policy.is_admin(sender_id),
+                "sender_name": sender.full_name,
+            },
+        )
+        try:
+            verdict = await self.bus.publish_inbound(inbound)
+        except Exception as exc:
+            log.exception("telegram: intake failed for callback query %s", query.id)
+            raise _Refused(f"intake failed ({type(exc).__name__})") from exc
+        if verdict != "refused":
+            await self._answer_query(query, "")
+        return verdict
+
+    async def _answer_query(self, query: CallbackQuery, text: str) -> None:
+        try:
+            await query.answer(text or None)
+        except TelegramError as exc:  # the spinner stops by itself after a while
+            log.info("telegram: answerCallbackQuery failed: %s", _describe(exc))
+
     def _reply_parameters(self, msg: OutboundMessage, chat: int) -> ReplyParameters | None:
         """In groups the first chunk of an answer quotes the message it answers."""
         target = telegram_message_id(msg.reply_to)
@@ -851,6 +933,16 @@ class TelegramChannel(Channel):
 
 def _as_is(text: str) -> str:
     return text
+
+
+def approval_keyboard(msg: OutboundMessage) -> InlineKeyboardMarkup | None:
+    """The buttons of an approval request: one row per choice."""
+    buttons = approval_buttons(msg)
+    if not buttons:
+        return None
+    return InlineKeyboardMarkup(
+        [[InlineKeyboardButton(label, callback_data=data)] for data, label in buttons]
+    )
 
 
 def retry_seconds(exc: PTBRetryAfter) -> float:

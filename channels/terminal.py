@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import sys
 import uuid
-from typing import TextIO
+from collections.abc import Awaitable, Callable
+from typing import Any, TextIO
 
 from bot.bus import InboundMessage, MessageBus, OutboundMessage, StreamEvent
 from channels.base import Channel, PreviewMode
@@ -23,6 +24,10 @@ from channels.errors import PermanentError
 CHANNEL = "cli"
 OUTCOME_KEY = "outcome"  # bot.turn.OUTCOME_KEY: channels do not import the core's loop
 THINKING = "thinking..."
+APPROVAL_PROMPT = "allow? [y]es once / [a]lways in this chat / [N]o: "
+APPROVAL_ANSWERS = {"y": "once", "yes": "once", "a": "always", "always": "always"}
+# Reads one answer line (the prompt is shown first); None at the end of input.
+ReadAnswer = Callable[[str], Awaitable[str | None]]
 ERASE_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 TOOL_LINE = DIM + "  ↳ {call}" + RESET + "\n"
@@ -57,6 +62,9 @@ class TerminalChannel(Channel):
         self._printed: dict[str | None, str] = {}  # streamed text on stdout, per answer
         self._mid_line = False  # stdout's last line is not finished
         self.closed = False  # stdout's reader went away
+        # Set by the CLI: how an approval question is answered (y/N from stdin or a prompt).
+        self.read_answer: ReadAnswer | None = None
+        self._prompts: set[asyncio.Task[None]] = set()
 
     async def send_typing(self, chat_id: str) -> None:
         if not self.thinking or chat_id != self.chat_id or not self._waiting:
@@ -110,7 +118,9 @@ class TerminalChannel(Channel):
             # the ledger, so `memobot agent -s cli:<that chat>` prints it next time.
             raise PermanentError(f"cli:{msg.chat_id} is not the session open in this terminal")
         # A turn that failed or was stopped says so on stderr: stdout carries answers only.
-        stream = self.out if msg.metadata.get(OUTCOME_KEY, "ok") == "ok" else self.err
+        request = msg.metadata.get("approval")
+        ok = msg.metadata.get(OUTCOME_KEY, "ok") == "ok" and request is None
+        stream = self.out if ok else self.err
         printed = self._printed.pop(msg.reply_to, "") if msg.final else ""
         if printed and chunk.startswith(printed):
             chunk = chunk[len(printed) :]  # the rest of what was streamed (a stop mark...)
@@ -136,6 +146,40 @@ class TerminalChannel(Channel):
         waiter = self._waiting.get(msg.reply_to or "")
         if msg.final and waiter and not waiter.done():
             waiter.set_result(msg)
+        if isinstance(request, dict):
+            self._start_prompt(request)
+
+    # -- approval questions --
+
+    def _start_prompt(self, request: dict[str, Any]) -> None:
+        """Ask y/N in the background: the send worker must stay free for the timeout notice."""
+        task = asyncio.create_task(self._prompt(str(request.get("id", ""))))
+        self._prompts.add(task)
+        task.add_done_callback(self._prompts.discard)
+
+    async def _prompt(self, approval_id: str) -> None:
+        if self.read_answer is None:
+            return  # nobody can answer here: the question times out (a deny)
+        try:
+            line = await self.read_answer(APPROVAL_PROMPT)
+        except (EOFError, KeyboardInterrupt):
+            line = None
+        choice = APPROVAL_ANSWERS.get((line or "").strip().lower(), "deny")
+        await self.bus.publish_inbound(
+            InboundMessage(
+                CHANNEL,
+                self.chat_id,
+                "user",
+                "",
+                message_id=f"cli-press-{uuid.uuid4().hex[:12]}",
+                metadata={"approval": {"id": approval_id, "choice": choice}},
+            )
+        )
+
+    async def stop(self) -> None:
+        for task in list(self._prompts):
+            task.cancel()
+        await asyncio.gather(*self._prompts, return_exceptions=True)
 
     def _end_line_safely(self) -> None:
         try:

@@ -31,7 +31,8 @@ def config_dict(tmp_path: Path, base_url: str, **sections: dict[str, Any]) -> di
             "timeoutSeconds": 10,
         },
         "agent": {"workspace": str(tmp_path / "ws"), "stateDir": str(tmp_path / "state")},
-        "tools": {"exec": {"timeoutSeconds": 20}},
+        # Approvals have their own tests (test_approvals.py); elsewhere tools run unasked.
+        "tools": {"exec": {"timeoutSeconds": 20}, "approval": "off"},
     }
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)

@@ -8,7 +8,10 @@ IDENTIFY, HEARTBEAT_ACK for every heartbeat, RESUMED for a RESUME; tests push ME
 events with ``send_message``. The REST side answers login (``/users/@me``,
 ``/oauth2/applications/@me``), records every ``POST /channels/{id}/messages`` and
 ``/typing`` call, serves channels and attachment bytes, and plays scripted failures
-(``fail_next``), e.g. a 429 with ``retry_after`` or a 403.
+(``fail_next``), e.g. a 429 with ``retry_after`` or a 403. Message components (buttons) are
+kept with each message; ``press`` clicks one as a member or DM user (an INTERACTION_CREATE of
+type 3, as Discord sends it), and ``POST /interactions/{id}/{token}/callback`` records the
+bot's answer (``interaction_answers``); an interaction answered twice gets Discord's 400.
 
 Discord's own rules are kept, with windows short enough for tests (both configurable):
 
@@ -201,6 +204,7 @@ class Call:
     body: Any
     at: float = 0.0
     status: int = 200
+    result: Any = None  # the message Discord answered with (POST .../messages)
 
 
 class FakeDiscord:
@@ -259,6 +263,9 @@ class FakeDiscord:
         )
         app.router.add_post(f"{API_PREFIX}/channels/{{channel_id}}/typing", self._typing)
         app.router.add_get("/attachments/{name}", self._attachment)
+        app.router.add_post(
+            f"{API_PREFIX}/interactions/{{interaction_id}}/{{token}}/callback", self._callback
+        )
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -463,6 +470,81 @@ class FakeDiscord:
             and (channel_id is None or c.channel_id == str(channel_id))
             and c.status == 200
         ]
+
+    # -- components (buttons) ---------------------------------------------------------------
+
+    @staticmethod
+    def buttons(post: Call) -> list[dict[str, Any]]:
+        """The buttons a posted message carries (every action row)."""
+        rows = (post.body or {}).get("components") or []
+        return [c for row in rows for c in row.get("components") or [] if c.get("type") == 2]
+
+    async def press(
+        self, post: Call, custom_id: str, author: dict[str, Any], *, guild_id: int | None = None
+    ) -> str:
+        """Click the button ``custom_id`` on the bot's message ``post`` as ``author``; a
+        message without that button cannot be clicked (AssertionError). Returns the
+        interaction id."""
+        ids = [b.get("custom_id") for b in self.buttons(post)]
+        assert custom_id in ids, f"no button {custom_id!r} on that message (buttons: {ids})"
+        interaction_id = snowflake()
+        data: dict[str, Any] = {
+            "id": interaction_id,
+            "application_id": str(BOT_ID),
+            "type": 3,
+            "token": f"itoken-{interaction_id}",
+            "version": 1,
+            "channel_id": post.channel_id,
+            "message": post.result,
+            "data": {"custom_id": custom_id, "component_type": 2},
+            "locale": "en-US",
+            "app_permissions": "0",
+            "entitlements": [],
+            "authorizing_integration_owners": {},
+            "attachment_size_limit": 10 * 1024 * 1024,
+            "channel": {"id": post.channel_id, "type": 0 if guild_id is not None else 1},
+            "context": 0 if guild_id is not None else 1,
+        }
+        if guild_id is not None:
+            data["guild_id"] = str(guild_id)
+            data["guild_locale"] = "en-US"
+            data["member"] = {
+                "user": author,
+                "roles": [],
+                "joined_at": TIMESTAMP,
+                "deaf": False,
+                "mute": False,
+                "flags": 0,
+                "permissions": "0",
+            }
+        else:
+            data["user"] = author
+        await self.dispatch("INTERACTION_CREATE", data)
+        return interaction_id
+
+    def interaction_answers(self, interaction_id: str | None = None) -> list[Call]:
+        return [
+            c
+            for c in self.calls
+            if c.path.endswith("/callback")
+            and c.status == 204
+            and (interaction_id is None or f"/interactions/{interaction_id}/" in c.path)
+        ]
+
+    async def _callback(self, request: web.Request) -> web.Response:
+        interaction_id = request.match_info["interaction_id"]
+        body = await request.json() if request.can_read_body else None
+        answered = self.interaction_answers(interaction_id)
+        call = await self._record(request, body)
+        if answered:
+            call.status = 400
+            await self._notify()
+            return _json(
+                {"message": "Interaction has already been acknowledged.", "code": 40060}, 400
+            )
+        call.status = 204
+        await self._notify()
+        return web.Response(status=204)
 
     def typings(self) -> list[Call]:
         return [c for c in self.calls if c.path.endswith("/typing")]
@@ -703,6 +785,8 @@ class FakeDiscord:
             "content": message["content"],
             "edits": 0,
         }
+        message["components"] = body.get("components") or []
+        call.result = message
         await self._notify()
         return _json(message, headers=headers)
 

@@ -21,7 +21,9 @@ One aiohttp server on 127.0.0.1 serves both sides of the wire:
   each one arrives. An envelope not acknowledged within ``ack_deadline`` seconds (Slack: 3) is
   delivered again as a new envelope with the same ``event_id``, ``retry_attempt`` 1, 2, 3 and
   ``retry_reason`` "timeout", as Slack does. ``send_disconnect`` sends a ``disconnect``
-  envelope and closes that connection shortly after.
+  envelope and closes that connection shortly after. ``push_action`` clicks a Block Kit button
+  of a posted message (an ``interactive`` envelope with a ``block_actions`` payload; only a
+  button the message has can be clicked).
 
 Use it as ``async with FakeSlack() as slack:`` and point the channel at ``slack.api_url``.
 """
@@ -203,6 +205,52 @@ class FakeSlack:
             "trigger_id": f"trigger-{n}",
         }
         return await self._deliver("slash_commands", payload, f"command-{n}", 0, "")
+
+    @staticmethod
+    def buttons(post: Post) -> list[dict[str, Any]]:
+        """The Block Kit buttons a posted message carries."""
+        blocks = post.body.get("blocks") or []
+        if isinstance(blocks, str):  # form-encoded posts carry JSON text
+            blocks = json.loads(blocks)
+        return [
+            e
+            for b in blocks
+            if b.get("type") == "actions"
+            for e in b.get("elements") or []
+            if e.get("type") == "button"
+        ]
+
+    async def push_action(self, post: Post, action_id: str, *, user: str) -> str:
+        """``user`` clicks the button ``action_id`` on ``post``; returns the envelope id."""
+        button = next((b for b in self.buttons(post) if b.get("action_id") == action_id), None)
+        assert button is not None, f"no button {action_id!r} on that message"
+        n = next(self._envelopes)
+        message: dict[str, Any] = {"type": "message", "ts": post.ts, "text": post.text}
+        if post.thread_ts:
+            message["thread_ts"] = post.thread_ts
+        payload = {
+            "type": "block_actions",
+            "team": {"id": TEAM_ID, "domain": "fake"},
+            "user": {"id": user, "username": user.lower(), "team_id": TEAM_ID},
+            "api_app_id": APP_ID,
+            "token": "verification-token",
+            "container": {"type": "message", "message_ts": post.ts, "channel_id": post.channel},
+            "trigger_id": f"trigger-{n}",
+            "channel": {"id": post.channel, "name": "general"},
+            "message": message,
+            "response_url": f"{self.url}/actions/{n}",
+            "actions": [
+                {
+                    "type": "button",
+                    "action_id": action_id,
+                    "block_id": "approval",
+                    "text": button.get("text"),
+                    "value": button.get("value", ""),
+                    "action_ts": f"{time.time():.6f}",
+                }
+            ],
+        }
+        return await self._deliver("interactive", payload, f"action-{n}", 0, "")
 
     async def _deliver(
         self, kind: str, payload: dict[str, Any], event_id: str, attempt: int, reason: str

@@ -4,6 +4,10 @@ python-telegram-bot through its ``base_url`` / ``base_file_url``.
 It implements the HTTP shapes PTB uses at ``/bot<token>/<method>`` (form-encoded parameters,
 ``{"ok": ..., "result": ...}`` answers) and ``/file/bot<token>/<path>`` downloads:
 
+* inline keyboards: ``reply_markup`` is recorded with each message (``markup``), a test
+  presses a button with ``press`` (a ``callback_query`` update, as Telegram sends it; its
+  ``data`` must be one of the message's buttons), ``answerCallbackQuery`` is recorded and
+  refused for an unknown query id or when answered twice, as Telegram does;
 * ``getUpdates`` with the real offset semantics: a call with ``offset=N`` *confirms* every update
   below N (they are forgotten), returns the queued updates from N on, and long-polls up to
   ``timeout`` seconds when there are none;
@@ -211,6 +215,7 @@ class FakeBotAPI:
         # (chat id, message id) -> the bot's message as the chat shows it now
         self._shown: dict[tuple[int | str, int], dict[str, Any]] = {}
         self.edits: dict[tuple[int | str, int], int] = {}  # edits accepted, per message
+        self._queries: set[str] = set()  # callback_query ids handed out by ``press``
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._new_update: asyncio.Event | None = None
@@ -435,6 +440,42 @@ class FakeBotAPI:
         )
 
     # -- inspection (any thread) --
+
+    # -- inline keyboards --
+
+    @staticmethod
+    def markup(call: Call) -> list[list[dict[str, Any]]]:
+        """The inline keyboard a sendMessage carried (rows of buttons), [] when none."""
+        markup = call.params.get("reply_markup")
+        if not isinstance(markup, dict):
+            return []
+        return list(markup.get("inline_keyboard") or [])
+
+    def press(self, sent: Call, data: str, user_id: int = 1001, username: str = "alice") -> int:
+        """Press the button with callback ``data`` on the bot's message ``sent`` (a successful
+        sendMessage), as ``user_id``: queues the ``callback_query`` update Telegram sends.
+        A button the message does not have cannot be pressed (AssertionError)."""
+        buttons = [b.get("callback_data") for row in self.markup(sent) for b in row]
+        assert data in buttons, f"no button {data!r} on that message (buttons: {buttons})"
+        with self._lock:
+            update_id = next(self._update_ids)
+            query_id = f"cq{update_id}"
+            self._queries.add(query_id)
+            self._updates.append(
+                {
+                    "update_id": update_id,
+                    "callback_query": {
+                        "id": query_id,
+                        "from": self.user(user_id, username),
+                        "message": sent.result,
+                        "chat_instance": f"ci{sent.result['chat']['id']}",
+                        "data": data,
+                    },
+                }
+            )
+            self._lock.notify_all()
+        self._wake()
+        return update_id
 
     def calls(self, method: str | None = None) -> list[Call]:
         with self._lock:
@@ -728,6 +769,8 @@ class FakeBotAPI:
         if params.get("message_thread_id"):
             msg["message_thread_id"] = params["message_thread_id"]
             msg["is_topic_message"] = True
+        if isinstance(params.get("reply_markup"), dict):
+            msg["reply_markup"] = params["reply_markup"]
         return msg
 
     async def _m_editmessagetext(self, request: web.Request, params: Params) -> web.Response:
@@ -785,6 +828,23 @@ class FakeBotAPI:
             text = strip_html(text)
         if utf16_len(text) > TEXT_LIMIT:
             return self._answer(request, 400, "Bad Request: message is too long")
+        return self._answer(request, 200, True)
+
+    async def _m_answercallbackquery(self, request: web.Request, params: Params) -> web.Response:
+        query_id = str(params.get("callback_query_id"))
+        with self._lock:
+            known = query_id in self._queries
+            answered = [c for c in self._calls if c.method == "answercallbackquery"]
+            twice = sum(str(c.params.get("callback_query_id")) == query_id for c in answered) > 1
+        if not known or twice:
+            return self._answer(
+                request,
+                400,
+                "Bad Request: query is too old and response timeout expired or query ID is invalid",
+            )
+        return self._answer(request, 200, True)
+
+    async def _m_editmessagereplymarkup(self, request: web.Request, params: Params) -> web.Response:
         return self._answer(request, 200, True)
 
     async def _m_sendchataction(self, request: web.Request, params: Params) -> web.Response:

@@ -1,0 +1,304 @@
+"""The approval decision: which tool calls wait for a person's yes (DESIGN.md section 10).
+
+Pure functions over plain data. ``tools.approval`` is "off" (nothing asks), "always" (every
+call asks) or "risky" (the default): ``exec`` of a command that no ``tools.exec.allow`` pattern
+matches, ``write_file``/``edit_file`` outside the workspace when the agent is not restricted to
+it, and every MCP tool not listed in ``tools.safeMcpTools``.
+
+A pending approval is a record in the turn's checkpoint (phase ``awaiting_approval``); the
+helpers at the end change such records under the session's lock, so a button press, the
+timeout and ``/stop`` cannot both win.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import time
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any, Literal
+
+Mode = Literal["off", "risky", "always"]
+Choice = Literal["once", "always", "deny"]
+CHOICES: tuple[Choice, ...] = ("once", "always", "deny")
+CHOICE_LABELS: dict[Choice, str] = {
+    "once": "Allow once",
+    "always": "Always allow this command",
+    "deny": "Deny",
+}
+# Safe to run unasked: they read, and the path policy still decides what they may read.
+DEFAULT_EXEC_ALLOW: tuple[str, ...] = (
+    "ls", "pwd", "cat", "head", "tail", "wc", "grep", "git status",
+)  # fmt: skip
+FILE_WRITERS = frozenset({"write_file", "edit_file"})
+# Offered in groups only when listed in groupTools (or to admins with groupAdminTools).
+GROUP_EXCLUDED = frozenset({"exec", *FILE_WRITERS})
+MCP_PREFIX = "mcp_"
+# Anything that makes a second command, a substitution or a redirection: a command holding
+# one of these is never "ls", whatever it starts with. Backslash and quotes are allowed only
+# where shlex reads them as plain quoting.
+_SHELL_SYNTAX = re.compile(r"[;&|`$<>\n\r()\\{}]")
+APPROVAL_ID = re.compile(r"^ap-[0-9a-f]{12}$")
+CLOSED_KEPT = 64  # decided approvals remembered per session (a late press is told why)
+WAITING = "waiting"
+
+Outcome = Literal["waiting", "once", "always", "deny", "timeout", "stopped"]
+
+
+def new_approval_id() -> str:
+    return f"ap-{secrets.token_hex(6)}"
+
+
+def allow_pattern_problem(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be a tools.exec.allow entry, or None."""
+    if not pattern.strip():
+        return "an empty pattern would allow every command"
+    if _SHELL_SYNTAX.search(pattern):
+        return "a pattern is plain words (globs allowed), without shell syntax such as ; | $ >"
+    try:
+        shlex.split(pattern)
+    except ValueError as exc:
+        return f"cannot be read as words ({exc})"
+    return None
+
+
+def command_allowed(command: str, patterns: list[str] | tuple[str, ...]) -> bool:
+    """Whether ``command`` is one simple command that a pattern covers.
+
+    A pattern's words must match the command's first words (``fnmatch`` per word, so
+    ``git status`` covers ``git status --short`` and ``ls`` covers ``ls -la src``, but ``ls``
+    does not cover ``lsblk``). Any shell syntax beyond quoting (``;``, ``&&``, ``|``, ``$(``,
+    backticks, redirections, newlines) makes the command unmatched.
+    """
+    if _SHELL_SYNTAX.search(command):
+        return False
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    if not words:
+        return False
+    for pattern in patterns:
+        try:
+            want = shlex.split(pattern)
+        except ValueError:
+            continue
+        if want and len(words) >= len(want) and all(map(fnmatchcase, words, want)):
+            return True
+    return False
+
+
+def matches_any(name: str, patterns: list[str] | tuple[str, ...]) -> bool:
+    return any(fnmatchcase(name, p) for p in patterns)
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalPolicy:
+    mode: Mode
+    exec_allow: tuple[str, ...]
+    safe_mcp: tuple[str, ...]
+    workspace: Path
+    restrict_to_workspace: bool
+    timeout_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """What a person is asked about one call."""
+
+    summary: str  # what would run, shown in the chat
+    key: str  # what "always allow" remembers for this chat: "exec:<command>" or "tool:<name>"
+
+
+def _args(raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _outside_workspace(raw: Any, workspace: Path) -> bool:
+    if not isinstance(raw, str) or not raw.strip():
+        return False
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = workspace / path
+    real, home = Path(os.path.realpath(path)), Path(os.path.realpath(workspace))
+    return not (real == home or real.is_relative_to(home))
+
+
+def question_for(
+    policy: ApprovalPolicy, name: str, raw_arguments: str, allowed_here: list[str]
+) -> Question | None:
+    """The question to ask before running this call, or None when it may run unasked.
+
+    ``allowed_here``: what "Always allow" recorded for this chat (keys of earlier questions).
+    """
+    if policy.mode == "off":
+        return None
+    args = _args(raw_arguments)
+    if name == "exec":
+        command = str(args.get("command", "")).strip()
+        key = f"exec:{command}"
+        question = Question(f"exec: {command}", key)
+        if key in allowed_here:
+            return None
+        if policy.mode == "always" or not command_allowed(command, policy.exec_allow):
+            return question
+        return None
+    key = f"tool:{name}"
+    if key in allowed_here:
+        return None
+    shown = json.dumps(args, ensure_ascii=False)
+    question = Question(f"{name} {shown[:600]}", key)
+    if policy.mode == "always":
+        return question
+    if name in FILE_WRITERS:
+        if not policy.restrict_to_workspace and _outside_workspace(
+            args.get("path"), policy.workspace
+        ):
+            return Question(f"{name} outside the workspace: {args.get('path')}", key)
+        return None
+    if name.startswith(MCP_PREFIX) and not matches_any(name, policy.safe_mcp):
+        return question
+    return None
+
+
+def group_tool_names(
+    names: list[str], group_tools: list[str] | None, safe_mcp: list[str] | tuple[str, ...]
+) -> set[str]:
+    """The tools offered in a group chat: ``group_tools`` (globs) when set, else everything
+    except exec, the file writers and MCP tools not listed as safe."""
+    if group_tools is not None:
+        return {n for n in names if matches_any(n, group_tools)}
+    return {
+        n
+        for n in names
+        if n not in GROUP_EXCLUDED and (not n.startswith(MCP_PREFIX) or matches_any(n, safe_mcp))
+    }
+
+
+# -- records in the checkpoint -----------------------------------------------------------------
+
+
+def new_record(
+    call_id: str,
+    tool: str,
+    question: Question,
+    asked_by: str,
+    is_group: bool,
+    timeout_seconds: float,
+    now: float | None = None,
+) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    return {
+        "id": new_approval_id(),
+        "call_id": call_id,
+        "tool": tool,
+        "summary": question.summary,
+        "key": question.key,
+        "asked_by": asked_by,
+        "is_group": is_group,
+        "asked_at": now,
+        "deadline": now + timeout_seconds,
+        "state": WAITING,
+    }
+
+
+def open_record(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The approval the session's checkpoint waits on, if any."""
+    checkpoint = meta.get("runtime_checkpoint") or {}
+    record = checkpoint.get("approval")
+    if checkpoint.get("phase") == "awaiting_approval" and isinstance(record, dict):
+        return record
+    return None
+
+
+def may_answer(record: dict[str, Any], sender_id: str, is_admin: bool) -> bool:
+    """The person who asked may answer; in a group an admin may too."""
+    if sender_id == record.get("asked_by"):
+        return True
+    return bool(record.get("is_group")) and is_admin
+
+
+def closed_entry(
+    record: dict[str, Any], outcome: str, by: str = "", press: str = ""
+) -> dict[str, Any]:
+    return {"id": record["id"], "state": outcome, "by": by, "press": press, "at": time.time()}
+
+
+def close_unanswered(meta: dict[str, Any]) -> dict[str, Any]:
+    """The update that closes a still-waiting approval as "stopped" when its turn ends some
+    other way (``/stop``, a failure); {} when none waits."""
+    record = open_record(meta)
+    if record is None or record.get("state") != WAITING:
+        return {}
+    closed = [*(meta.get("approvals_closed") or []), closed_entry(record, "stopped")]
+    return {"approvals_closed": closed[-CLOSED_KEPT:]}
+
+
+def decide_update(
+    meta: dict[str, Any],
+    approval_id: str,
+    outcome: Outcome,
+    by: str = "",
+    press: str = "",
+) -> dict[str, Any] | None:
+    """The metadata update that records ``outcome`` for a waiting approval, or None when it is
+    not (or no longer) waiting: decided, timed out, stopped, or another turn's.
+
+    Run under the session lock (``SessionStore.append`` with a function): first writer wins.
+    "always" also adds the question's key to the chat's ``approved_calls``.
+    """
+    record = open_record(meta)
+    if record is None or record.get("id") != approval_id or record.get("state") != WAITING:
+        return None
+    checkpoint = dict(meta["runtime_checkpoint"])
+    checkpoint["approval"] = {**record, "state": outcome, "by": by, "press": press}
+    update: dict[str, Any] = {
+        "runtime_checkpoint": checkpoint,
+        "approvals_closed": [
+            *(meta.get("approvals_closed") or []),
+            closed_entry(record, outcome, by, press),
+        ][-CLOSED_KEPT:],
+    }
+    if outcome == "always":
+        approved = list(meta.get("approved_calls") or [])
+        if record["key"] not in approved:
+            update["approved_calls"] = [*approved, record["key"]]
+    return update
+
+
+def closed_state(meta: dict[str, Any], approval_id: str) -> dict[str, Any] | None:
+    for entry in reversed(meta.get("approvals_closed") or []):
+        if entry.get("id") == approval_id:
+            return entry
+    return None
+
+
+def denied_result(outcome: str, timeout_minutes: float) -> str:
+    """The tool result the model gets for a call that was not allowed."""
+    if outcome == "timeout":
+        return (
+            f"Error: not run: nobody approved this call within {timeout_minutes:g} minutes "
+            "(tools.approvalTimeoutMinutes), so it counts as denied. Do not retry it unasked; "
+            "tell the user what you wanted to do."
+        )
+    return (
+        "Error: not run: the user denied this call. Do not retry it; ask the user what to do "
+        "instead, or continue without it."
+    )
+
+
+def request_text(record: dict[str, Any], timeout_minutes: float) -> str:
+    """The approval request as shown in the chat (buttons or a prompt come with it)."""
+    return (
+        f"Approval needed: the assistant wants to run\n```\n{record['summary']}\n```\n"
+        f"Allow it? (no answer within {timeout_minutes:g} min means no)"
+    )

@@ -1,0 +1,578 @@
+"""Approvals for risky tool calls and the group tool set: the gate's decision (pure), then end
+to end through the real python-telegram-bot against the fake Bot API (buttons pressed as
+callback queries), the real agent loop and the fake LLM, and a SIGKILLed gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.app import AgentStack, build_agent
+from bot.approvals import describe_open, policy_for
+from bot.gate.approval import (
+    ApprovalPolicy,
+    allow_pattern_problem,
+    command_allowed,
+    group_tool_names,
+    question_for,
+)
+from bot.runner import INTERRUPTED_TOOL_RESULT
+from bot.session import SessionStore
+from channels.manager import ChannelManager
+from channels.telegram_channel import TelegramChannel
+from tests.fakes.llm_server import FakeLLM, call, reply, tool_step
+from tests.fakes.telegram_api import BOT_USERNAME, Call, FakeBotAPI, strip_html
+from tests.helpers import REPO, config_dict, make_config, run_memobot
+
+ALICE = 1001  # allowed, admin
+BOB = 3003  # allowed, not an admin
+CAROL = 5005  # allowed, not an admin
+MALLORY = 4004  # not allowed
+GROUP = -1001234
+RISKY = "echo ran >> ran.txt"  # a redirection: never matched by the allow list
+
+# -- the decision (pure) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "allowed"),
+    [
+        ("ls", True),
+        ("ls -la src", True),
+        ("git status --short", True),
+        ("lsblk", False),
+        ("ls; rm -rf /", False),
+        ("ls && rm x", False),
+        ("ls | sh", False),
+        ("ls $(rm x)", False),
+        ("ls `rm x`", False),
+        ("cat notes > /etc/passwd", False),
+        ("cat < x", False),
+        ("ls\nrm x", False),
+        ("git push", False),
+        ("FOO=1 ls", False),
+        ("ls 'unterminated", False),
+        ("", False),
+    ],
+)
+def test_exec_allow_matches_whole_simple_commands_only(command: str, allowed: bool) -> None:
+    assert command_allowed(command, ["ls", "git status", "cat"]) is allowed
+
+
+def test_allow_patterns_with_shell_syntax_are_refused_at_load() -> None:
+    assert allow_pattern_problem("ls; rm") is not None
+    assert allow_pattern_problem("") is not None
+    assert allow_pattern_problem("python3 scripts/*.py") is None
+
+
+def _policy(tmp_path: Path, mode: str = "risky", restrict: bool = True) -> ApprovalPolicy:
+    return ApprovalPolicy(mode, ("ls",), ("mcp_docs_*",), tmp_path, restrict, 60)  # type: ignore[arg-type]
+
+
+def test_which_calls_need_approval(tmp_path: Path) -> None:
+    p = _policy(tmp_path)
+    ask = question_for
+    assert ask(p, "exec", json.dumps({"command": "ls -l"}), []) is None
+    q = ask(p, "exec", json.dumps({"command": "rm -rf x"}), [])
+    assert q is not None and q.summary == "exec: rm -rf x" and q.key == "exec:rm -rf x"
+    assert ask(p, "exec", json.dumps({"command": "rm -rf x"}), ["exec:rm -rf x"]) is None
+    assert ask(p, "exec", json.dumps({"command": "rm -rf y"}), ["exec:rm -rf x"]) is not None
+    assert ask(p, "mcp_shell_run", "{}", []) is not None
+    assert ask(p, "mcp_docs_search", "{}", []) is None
+    # File writes ask only when unrestricted and outside the workspace.
+    outside = json.dumps({"path": "/tmp/x", "content": ""})
+    assert ask(p, "write_file", outside, []) is None
+    loose = _policy(tmp_path, restrict=False)
+    assert ask(loose, "write_file", outside, []) is not None
+    assert ask(loose, "write_file", json.dumps({"path": "a.txt", "content": ""}), []) is None
+    assert ask(loose, "edit_file", json.dumps({"path": "../b"}), []) is not None
+    assert ask(_policy(tmp_path, "always"), "read_file", "{}", []) is not None
+    assert ask(_policy(tmp_path, "off"), "exec", json.dumps({"command": "rm x"}), []) is None
+
+
+def test_group_tool_set() -> None:
+    names = ["read_file", "write_file", "edit_file", "exec", "web_fetch", "mcp_a_x", "mcp_b_y"]
+    assert group_tool_names(names, None, ["mcp_b_*"]) == {"read_file", "web_fetch", "mcp_b_y"}
+    assert group_tool_names(names, ["read_file", "exec"], []) == {"read_file", "exec"}
+
+
+# -- end to end through Telegram -----------------------------------------------------------
+
+
+@dataclass
+class Running:
+    api: FakeBotAPI
+    llm: FakeLLM
+    stack: AgentStack
+    tmp: Path
+
+    @property
+    def ran(self) -> int:
+        path = self.tmp / "ws" / "ran.txt"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    async def request(self, chat: int = ALICE) -> Call:
+        """The approval request that was sent to ``chat`` (the message with buttons)."""
+        await self.api.wait_for_async(lambda: any(self.api.markup(c) for c in self.api.sent(chat)))
+        return [c for c in self.api.sent(chat) if self.api.markup(c)][-1]
+
+    async def said(self, text: str, chat: int = ALICE) -> Call:
+        await self.api.wait_for_async(
+            lambda: any(text in c.params["text"] for c in self.api.sent(chat))
+        )
+        return next(c for c in self.api.sent(chat) if text in c.params["text"])
+
+    def tool_results(self) -> list[str]:
+        """The tool results the model was given, in order."""
+        return [
+            str(m.get("content"))
+            for r in self.llm.requests
+            for m in r["body"]["messages"]
+            if m.get("role") == "tool"
+        ]
+
+
+def _settings(api: FakeBotAPI, **extra: Any) -> dict[str, Any]:
+    return {
+        "enabled": True,
+        "token": api.token,
+        "baseUrl": api.base_url,
+        "allowFrom": [str(ALICE), str(BOB), str(CAROL)],
+        "admins": [str(ALICE)],
+        "pollTimeoutSeconds": 2,
+        "rateLimits": {"group": {"messages": 20, "perSeconds": 1}},
+        **extra,
+    }
+
+
+@asynccontextmanager
+async def running(
+    tmp_path: Path,
+    llm: FakeLLM,
+    api: FakeBotAPI,
+    tools: dict[str, Any] | None = None,
+    agent: dict[str, Any] | None = None,
+    **tg: Any,
+) -> AsyncIterator[Running]:
+    cfg = make_config(
+        tmp_path,
+        llm.base_url,
+        channels={"telegram": _settings(api, **tg)},
+        tools={"exec": {"timeoutSeconds": 20}, "approval": "risky", **(tools or {})},
+        agent=agent or {},
+    )
+    stack = build_agent(cfg, tmp_path / "config.json")
+    channel = TelegramChannel(
+        stack.bus, cfg.channels.telegram, cfg.agent.workspace_path, cfg.agent.state_path
+    )
+    manager = ChannelManager(stack.bus, stack.loop.ledger, [channel])
+    stack.loop.recover()
+    loop_task = asyncio.create_task(stack.loop.run())
+    await manager.start()
+    try:
+        yield Running(api, llm, stack, tmp_path)
+    finally:
+        await stack.loop.shutdown(0)
+        loop_task.cancel()
+        await asyncio.gather(loop_task, return_exceptions=True)
+        await manager.stop()
+        await stack.close()
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[FakeLLM]:
+    async with FakeLLM() as server:
+        yield server
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeBotAPI]:
+    async with FakeBotAPI() as server:
+        yield server
+
+
+def _data(request: Call, choice: str) -> str:
+    for row in FakeBotAPI.markup(request):
+        for button in row:
+            if button["callback_data"].endswith(f":{choice}"):
+                return str(button["callback_data"])
+    raise AssertionError(f"no {choice} button")
+
+
+async def test_allowed_once_runs_the_command_and_the_model_gets_its_output(tmp_path, llm, api):
+    llm.script(tool_step(call("exec", {"command": RISKY})), reply("it ran"))
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("please run it")
+        request = await tg.request()
+        assert f"\nexec: {RISKY}\n" in strip_html(request.params["text"])
+        labels = [b["text"] for row in api.markup(request) for b in row]
+        assert labels == ["Allow once", "Always allow this command", "Deny"]
+        assert tg.ran == 0  # nothing runs before the answer
+        api.press(request, _data(request, "once"))
+        await tg.said("it ran")
+        assert tg.ran == 1
+        assert [q.status for q in api.calls("answerCallbackQuery")] == [200]
+        assert not tg.tool_results()[-1].startswith("Error")
+        # "Once" is once: the same command asks again.
+        llm.script(tool_step(call("exec", {"command": RISKY})), reply("again"))
+        api.private_text("once more")
+        await api.wait_for_async(lambda: sum(bool(api.markup(c)) for c in api.sent()) == 2)
+        assert tg.ran == 1
+
+
+async def test_denied_command_never_runs_and_the_model_is_told(tmp_path, llm, api):
+    llm.script(tool_step(call("exec", {"command": RISKY})), reply("ok, not running it"))
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("please run it")
+        request = await tg.request()
+        api.press(request, _data(request, "deny"))
+        await tg.said("ok, not running it")
+        assert tg.ran == 0
+        assert "the user denied this call" in tg.tool_results()[-1]
+        # A second press on the answered request changes nothing.
+        api.press(request, _data(request, "once"))
+        await tg.said("already answered")
+        assert tg.ran == 0
+
+
+async def test_always_allow_is_remembered_for_this_chat(tmp_path, llm, api):
+    llm.script(tool_step(call("exec", {"command": RISKY})), reply("first"))
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("run it")
+        request = await tg.request()
+        api.press(request, _data(request, "always"))
+        await tg.said("first")
+        llm.script(tool_step(call("exec", {"command": RISKY})), reply("second"))
+        api.private_text("run it again")
+        await tg.said("second")
+        assert tg.ran == 2
+        assert sum(bool(api.markup(c)) for c in api.sent()) == 1  # asked once only
+    meta = SessionStore(tmp_path / "state").get(f"telegram:{ALICE}").metadata
+    assert meta["approved_calls"] == [f"exec:{RISKY}"]
+
+
+async def test_no_answer_in_time_is_a_deny_and_a_late_press_is_expired(tmp_path, llm, api):
+    llm.script(tool_step(call("exec", {"command": RISKY})), reply("gave up"))
+    # 0.01 min = 0.6 s
+    async with running(tmp_path, llm, api, tools={"approvalTimeoutMinutes": 0.01}) as tg:
+        api.private_text("run it")
+        request = await tg.request()
+        await tg.said("gave up")
+        assert "nobody approved this call within 0.01 minutes" in tg.tool_results()[-1]
+        api.press(request, _data(request, "once"))
+        await tg.said("expired")
+        await asyncio.sleep(0.3)
+        assert tg.ran == 0
+
+
+async def test_in_a_group_only_the_asker_or_an_admin_may_answer(tmp_path, llm, api):
+    llm.script(tool_step(call("exec", {"command": RISKY})), reply("done"))
+    # exec offered in this group: the group tool set is tested below.
+    async with running(tmp_path, llm, api, groupTools=["*"]) as tg:
+        api.group_text(f"@{BOT_USERNAME} run it", user_id=BOB)
+        request = await tg.request(GROUP)
+        # Not in allowFrom: refused by the channel, the query answered with why.
+        api.press(request, _data(request, "once"), user_id=MALLORY, username="mallory")
+        await api.wait_for_async(lambda: len(api.calls("answerCallbackQuery")) == 1)
+        assert "not allowed" in api.calls("answerCallbackQuery")[0].params["text"]
+        # Allowed, but neither the asker nor an admin: refused by the desk.
+        api.press(request, _data(request, "once"), user_id=CAROL, username="carol")
+        await tg.said("Only the person who asked, or an admin,", GROUP)
+        assert tg.ran == 0
+        # An admin answers for Bob.
+        api.press(request, _data(request, "once"), user_id=ALICE)
+        await tg.said("done", GROUP)
+        assert tg.ran == 1
+
+
+async def test_a_waiting_question_holds_no_turn_slot(tmp_path, llm, api):
+    llm.script(tool_step(call("exec", {"command": RISKY})), reply("bob's answer"))
+    async with running(tmp_path, llm, api, agent={"maxConcurrentTurns": 1}) as tg:
+        api.private_text("run it")
+        request = await tg.request()
+        # The only slot is free while Alice decides: Bob's chat is answered meanwhile.
+        api.private_text("hello", user_id=BOB, username="bob")
+        await tg.said("bob's answer", BOB)
+        llm.script(reply("alice's answer"))
+        api.press(request, _data(request, "once"))
+        await tg.said("alice's answer")
+        assert tg.ran == 1
+        # The slot came back: one more turn still runs (a leaked or lost slot would show).
+        llm.script(reply("again"))
+        api.private_text("and again", user_id=BOB, username="bob")
+        await tg.said("again", BOB)
+
+
+async def test_stop_cancels_a_waiting_approval(tmp_path, llm, api):
+    llm.script(tool_step(call("exec", {"command": RISKY})))
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("run it")
+        request = await tg.request()
+        api.private_text("/stop")
+        await tg.said("Stopped.")
+        api.press(request, _data(request, "once"))
+        await tg.said("cancelled (/stop)")
+        assert tg.ran == 0
+    assert describe_open(tmp_path / "state") == []
+
+
+async def test_groups_get_a_smaller_tool_set(tmp_path, llm, api):
+    async with running(tmp_path, llm, api) as tg:
+        # Bob (not an admin) in a group: exec is neither offered nor run when named anyway.
+        llm.script(tool_step(call("exec", {"command": "ls"})), reply("group answer"))
+        api.group_text(f"@{BOT_USERNAME} list files", user_id=BOB)
+        await tg.said("group answer", GROUP)
+        offered = [t["function"]["name"] for t in llm.requests[0]["body"]["tools"]]
+        assert "exec" not in offered and "write_file" not in offered
+        assert "read_file" in offered
+        assert "not available in this chat" in tg.tool_results()[-1]
+        # Alice is an admin: her own turns in the group get every tool.
+        llm.script(reply("admin answer"))
+        api.group_text(f"@{BOT_USERNAME} hi", user_id=ALICE)
+        await tg.said("admin answer", GROUP)
+        offered = [t["function"]["name"] for t in llm.requests[-1]["body"]["tools"]]
+        assert "exec" in offered
+        # Private chats: everything.
+        llm.script(reply("private answer"))
+        api.private_text("hi", user_id=BOB)
+        await tg.said("private answer", BOB)
+        assert "exec" in [t["function"]["name"] for t in llm.requests[-1]["body"]["tools"]]
+
+
+async def test_typed_answer_works_where_there_are_no_buttons(tmp_path, llm, api):
+    llm.script(tool_step(call("exec", {"command": RISKY})), reply("typed ok"))
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("run it")
+        request = await tg.request()
+        approval_id = _data(request, "once").split(":")[1]
+        api.private_text(f"/allow {approval_id}")
+        await tg.said("typed ok")
+        assert tg.ran == 1
+
+
+# -- a SIGKILL while waiting ---------------------------------------------------------------
+
+
+def _gateway(config: Path, failpoints: str = "") -> subprocess.Popen[bytes]:
+    env = {**os.environ, "MEMOBOT_FAILPOINTS": failpoints}
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        env.pop(name, None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bot", "--config", str(config), "gateway"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(config.parent / "gateway.log", "ab"),  # the child keeps writing
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def test_sigkill_after_the_answer_never_runs_the_command_twice(tmp_path):
+    """Killed between the recorded "allow" and the command: the restart does not run it
+    again blindly (it may have started); the model is told it was interrupted."""
+    with FakeLLM.start_in_thread() as llm, FakeBotAPI.start_in_thread() as api:
+        llm.script(tool_step(call("exec", {"command": RISKY})), reply("answered after all"))
+        config = tmp_path / "config.json"
+        data = config_dict(
+            tmp_path,
+            llm.base_url,
+            channels={"telegram": {**_settings(api.api), "pollTimeoutSeconds": 5}},
+            tools={"exec": {"timeoutSeconds": 20}, "approval": "risky"},
+        )
+        config.write_text(json.dumps(data))
+        proc = _gateway(config, "approval_recorded")
+        try:
+            api.private_text("run it")
+            api.wait_for(lambda: any(api.markup(c) for c in api.sent()), 30)
+            request = next(c for c in api.sent() if api.markup(c))
+            api.press(request, _data(request, "once"))
+            assert proc.wait(20) == -signal.SIGKILL
+        finally:
+            _stop(proc)
+        proc = _gateway(config)
+        try:
+            api.wait_for(lambda: any("answered after all" in c.params["text"] for c in api.sent()))
+            time.sleep(0.5)
+        finally:
+            _stop(proc)
+        assert not (tmp_path / "ws" / "ran.txt").exists()
+        results = [m for m in llm.requests[-1]["body"]["messages"] if m.get("role") == "tool"]
+        assert results[-1]["content"] == INTERRUPTED_TOOL_RESULT
+        assert sum("answered after all" in c.params["text"] for c in api.sent()) == 1
+
+
+def test_sigkill_while_waiting_keeps_the_question_and_runs_the_command_once(tmp_path):
+    with FakeLLM.start_in_thread() as llm, FakeBotAPI.start_in_thread() as api:
+        llm.script(tool_step(call("exec", {"command": RISKY})), reply("ran after restart"))
+        config = tmp_path / "config.json"
+        data = config_dict(
+            tmp_path,
+            llm.base_url,
+            channels={"telegram": {**_settings(api.api), "pollTimeoutSeconds": 5}},
+            tools={"exec": {"timeoutSeconds": 20}, "approval": "risky"},
+        )
+        config.write_text(json.dumps(data))
+        ran = tmp_path / "ws" / "ran.txt"
+        proc = _gateway(config)
+        try:
+            api.private_text("run it")
+            api.wait_for(lambda: any(api.markup(c) for c in api.sent()), 30)
+            request = next(c for c in api.sent() if api.markup(c))
+            proc.send_signal(signal.SIGKILL)
+            assert proc.wait(10) == -signal.SIGKILL
+        finally:
+            _stop(proc)
+        assert not ran.exists()
+        status = run_memobot("status", config=config).stdout
+        assert re.search(rf"approvals +1 open: telegram:{ALICE} ap-\w+: exec: {RISKY}", status)
+        proc = _gateway(config)
+        try:
+            time.sleep(1.0)  # the restarted turn waits again; it must not run or deny
+            assert not ran.exists()
+            assert sum(bool(api.markup(c)) for c in api.sent()) == 1  # not asked twice
+            api.press(request, _data(request, "once"))  # the old button still works
+            api.wait_for(lambda: any("ran after restart" in c.params["text"] for c in api.sent()))
+            time.sleep(0.5)
+            assert ran.read_text().splitlines() == ["ran"]
+        finally:
+            _stop(proc)
+        assert proc.returncode == 0, (tmp_path / "gateway.log").read_text()
+        assert re.search(r"approvals +none open", run_memobot("status", config=config).stdout)
+
+
+# -- the terminal: a y/N prompt ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("answer", "runs"), [("y", 1), ("n", 0), ("", 0)])
+def test_terminal_asks_on_stderr_and_takes_the_next_line_as_the_answer(tmp_path, answer, runs):
+    with FakeLLM.start_in_thread() as llm:
+        llm.script(tool_step(call("exec", {"command": RISKY})), reply("finished"))
+        config = tmp_path / "config.json"
+        data = config_dict(tmp_path, llm.base_url, tools={"approval": "risky"})
+        config.write_text(json.dumps(data))
+        result = run_memobot("agent", config=config, stdin=f"run it\n{answer}\n")
+    assert result.returncode == 0, result.stderr
+    assert f"exec: {RISKY}" in result.stderr and "allow? [y]es once" in result.stderr
+    assert "finished" in result.stdout
+    ran = tmp_path / "ws" / "ran.txt"
+    assert (len(ran.read_text().splitlines()) if ran.exists() else 0) == runs
+    results = [m for m in llm.requests[-1]["body"]["messages"] if m.get("role") == "tool"]
+    assert ("denied" in results[-1]["content"]) is (runs == 0)
+
+
+# -- Discord: message components ----------------------------------------------------------
+
+
+async def test_discord_buttons_answer_an_approval(tmp_path, llm):
+    from tests.fakes.discord_api import FakeDiscord
+    from tests.test_discord import ALICE as D_ALICE
+    from tests.test_discord import ALICE_DM as D_ALICE_DM
+    from tests.test_discord import BOB as D_BOB
+    from tests.test_discord import running as discord_running
+
+    llm.script(tool_step(call("exec", {"command": RISKY})), reply("discord ran it"))
+    async with FakeDiscord() as server:
+        with server.patch():
+            async with discord_running(tmp_path, llm, server, groupTools=["*"]) as bot:
+                # That harness builds its config with approvals off (tests.helpers).
+                bot.harness.cfg.tools.approval = "risky"
+                bot.harness.stack.loop.approvals.policy = policy_for(bot.harness.cfg)
+                await server.send_message(D_ALICE_DM, D_ALICE, "run it", guild_id=None)
+                await server.wait_for(lambda: any(server.buttons(p) for p in server.posts()))
+                post = next(p for p in server.posts() if server.buttons(p))
+                labels = [b["label"] for b in server.buttons(post)]
+                assert labels == ["Allow once", "Always allow this command", "Deny"]
+                once = next(
+                    b["custom_id"] for b in server.buttons(post) if "once" in b["custom_id"]
+                )
+                # Bob is not in allowFrom: refused, shown only to him.
+                refused = await server.press(post, once, D_BOB)
+                await server.wait_for(lambda: server.interaction_answers(refused))
+                [answer] = server.interaction_answers(refused)
+                assert answer.body["type"] == 4 and answer.body["data"]["flags"] == 64
+                assert (tmp_path / "ws" / "ran.txt").exists() is False
+                pressed = await server.press(post, once, D_ALICE)
+                await server.wait_for(
+                    lambda: any(
+                        "discord ran it" in (p.body.get("content") or "") for p in server.posts()
+                    )
+                )
+                assert server.interaction_answers(pressed)[0].body["type"] == 6  # acknowledged
+                assert (tmp_path / "ws" / "ran.txt").read_text() == "ran\n"
+
+
+# -- Slack: Block Kit buttons ----------------------------------------------------------------
+
+
+async def test_slack_buttons_answer_an_approval_in_a_thread(tmp_path, llm):
+    from tests.fakes.slack_api import FakeSlack
+    from tests.test_slack import ALICE as S_ALICE
+    from tests.test_slack import CHAN, MALLORY, Rig, mention
+
+    llm.script(tool_step(call("exec", {"command": RISKY})), reply("slack ran it"))
+    users = {S_ALICE: {"id": S_ALICE, "profile": {"display_name": "alice"}}}
+    async with FakeSlack(users=users, post_interval=0.05) as slack:
+        async with Rig(tmp_path, llm, slack, groupTools=["*"]) as rig:
+            # That rig builds its config with approvals off (tests.helpers).
+            rig.cfg.tools.approval = "risky"
+            rig.stack.loop.approvals.policy = policy_for(rig.cfg)
+            await slack.push_event(mention("run it", "1700000002.000100"), event_id="Ev1")
+            await slack._wait(lambda: any(slack.buttons(p) for p in slack.posts), 10)
+            post = next(p for p in slack.posts if slack.buttons(p))
+            assert (post.channel, post.thread_ts) == (CHAN, "1700000002.000100")
+            labels = [b["text"]["text"] for b in slack.buttons(post)]
+            assert labels == ["Allow once", "Always allow this command", "Deny"]
+            once = next(
+                b["action_id"] for b in slack.buttons(post) if b["action_id"].endswith(":once")
+            )
+            refused = await slack.push_action(post, once, user=MALLORY)  # not in allowFrom
+            await slack.wait_ack(refused)
+            assert not (tmp_path / "ws" / "ran.txt").exists()
+            pressed = await slack.push_action(post, once, user=S_ALICE)
+            await slack.wait_ack(pressed)
+            await slack._wait(lambda: any("slack ran it" in p.text for p in slack.posts), 10)
+            assert (tmp_path / "ws" / "ran.txt").read_text() == "ran\n"
+
+
+def test_terminal_asks_again_after_a_sigkill_while_waiting(tmp_path):
+    from tests.crash_support import Memobot
+
+    with FakeLLM.start_in_thread() as llm:
+        llm.script(tool_step(call("exec", {"command": RISKY})), reply("finished later"))
+        config = tmp_path / "config.json"
+        config.write_text(
+            json.dumps(config_dict(tmp_path, llm.base_url, tools={"approval": "risky"}))
+        )
+        bot = Memobot(tmp_path, config)
+        first = bot.start("t", ["run it"], keep_stdin_open=True)
+        deadline = time.monotonic() + 20
+        while "allow? [y]es once" not in first.stderr:
+            assert time.monotonic() < deadline, first.describe()
+            time.sleep(0.05)
+        first.kill()
+        second = bot.run("t", ["y"])
+        assert second.returncode == 0, second.describe()
+        assert "allow? [y]es once" in second.stderr and "finished later" in second.stdout
+    assert (tmp_path / "ws" / "ran.txt").read_text() == "ran\n"

@@ -43,6 +43,7 @@ CAROL = 5005  # allowed, not an admin
 MALLORY = 4004  # not allowed
 GROUP = -1001234
 RISKY = "echo ran >> ran.txt"  # a redirection: never matched by the allow list
+WAIT = 30.0  # seconds; generous: the machine running the suite may be busy
 
 # -- the decision (pure) -------------------------------------------------------------------
 
@@ -126,12 +127,14 @@ class Running:
 
     async def request(self, chat: int = ALICE) -> Call:
         """The approval request that was sent to ``chat`` (the message with buttons)."""
-        await self.api.wait_for_async(lambda: any(self.api.markup(c) for c in self.api.sent(chat)))
+        await self.api.wait_for_async(
+            lambda: any(self.api.markup(c) for c in self.api.sent(chat)), WAIT
+        )
         return [c for c in self.api.sent(chat) if self.api.markup(c)][-1]
 
     async def said(self, text: str, chat: int = ALICE) -> Call:
         await self.api.wait_for_async(
-            lambda: any(text in c.params["text"] for c in self.api.sent(chat))
+            lambda: any(text in c.params["text"] for c in self.api.sent(chat)), WAIT
         )
         return next(c for c in self.api.sent(chat) if text in c.params["text"])
 
@@ -229,7 +232,7 @@ async def test_allowed_once_runs_the_command_and_the_model_gets_its_output(tmp_p
         # "Once" is once: the same command asks again.
         llm.script(tool_step(call("exec", {"command": RISKY})), reply("again"))
         api.private_text("once more")
-        await api.wait_for_async(lambda: sum(bool(api.markup(c)) for c in api.sent()) == 2)
+        await api.wait_for_async(lambda: sum(bool(api.markup(c)) for c in api.sent()) == 2, WAIT)
         assert tg.ran == 1
 
 
@@ -286,7 +289,7 @@ async def test_in_a_group_only_the_asker_or_an_admin_may_answer(tmp_path, llm, a
         request = await tg.request(GROUP)
         # Not in allowFrom: refused by the channel, the query answered with why.
         api.press(request, _data(request, "once"), user_id=MALLORY, username="mallory")
-        await api.wait_for_async(lambda: len(api.calls("answerCallbackQuery")) == 1)
+        await api.wait_for_async(lambda: len(api.calls("answerCallbackQuery")) == 1, WAIT)
         assert "not allowed" in api.calls("answerCallbackQuery")[0].params["text"]
         # Allowed, but neither the asker nor an admin: refused by the desk.
         api.press(request, _data(request, "once"), user_id=CAROL, username="carol")
@@ -413,7 +416,9 @@ def test_sigkill_after_the_answer_never_runs_the_command_twice(tmp_path):
             _stop(proc)
         proc = _gateway(config)
         try:
-            api.wait_for(lambda: any("answered after all" in c.params["text"] for c in api.sent()))
+            api.wait_for(
+                lambda: any("answered after all" in c.params["text"] for c in api.sent()), 30
+            )
             time.sleep(0.5)
         finally:
             _stop(proc)
@@ -453,7 +458,9 @@ def test_sigkill_while_waiting_keeps_the_question_and_runs_the_command_once(tmp_
             assert not ran.exists()
             assert sum(bool(api.markup(c)) for c in api.sent()) == 1  # not asked twice
             api.press(request, _data(request, "once"))  # the old button still works
-            api.wait_for(lambda: any("ran after restart" in c.params["text"] for c in api.sent()))
+            api.wait_for(
+                lambda: any("ran after restart" in c.params["text"] for c in api.sent()), 30
+            )
             time.sleep(0.5)
             assert ran.read_text().splitlines() == ["ran"]
         finally:
@@ -500,7 +507,7 @@ async def test_discord_buttons_answer_an_approval(tmp_path, llm):
                 bot.harness.cfg.tools.approval = "risky"
                 bot.harness.stack.loop.approvals.policy = policy_for(bot.harness.cfg)
                 await server.send_message(D_ALICE_DM, D_ALICE, "run it", guild_id=None)
-                await server.wait_for(lambda: any(server.buttons(p) for p in server.posts()))
+                await server.wait_for(lambda: any(server.buttons(p) for p in server.posts()), WAIT)
                 post = next(p for p in server.posts() if server.buttons(p))
                 labels = [b["label"] for b in server.buttons(post)]
                 assert labels == ["Allow once", "Always allow this command", "Deny"]
@@ -509,7 +516,7 @@ async def test_discord_buttons_answer_an_approval(tmp_path, llm):
                 )
                 # Bob is not in allowFrom: refused, shown only to him.
                 refused = await server.press(post, once, D_BOB)
-                await server.wait_for(lambda: server.interaction_answers(refused))
+                await server.wait_for(lambda: server.interaction_answers(refused), WAIT)
                 [answer] = server.interaction_answers(refused)
                 assert answer.body["type"] == 4 and answer.body["data"]["flags"] == 64
                 assert (tmp_path / "ws" / "ran.txt").exists() is False
@@ -517,7 +524,8 @@ async def test_discord_buttons_answer_an_approval(tmp_path, llm):
                 await server.wait_for(
                     lambda: any(
                         "discord ran it" in (p.body.get("content") or "") for p in server.posts()
-                    )
+                    ),
+                    WAIT,
                 )
                 assert server.interaction_answers(pressed)[0].body["type"] == 6  # acknowledged
                 assert (tmp_path / "ws" / "ran.txt").read_text() == "ran\n"
@@ -539,7 +547,7 @@ async def test_slack_buttons_answer_an_approval_in_a_thread(tmp_path, llm):
             rig.cfg.tools.approval = "risky"
             rig.stack.loop.approvals.policy = policy_for(rig.cfg)
             await slack.push_event(mention("run it", "1700000002.000100"), event_id="Ev1")
-            await slack._wait(lambda: any(slack.buttons(p) for p in slack.posts), 10)
+            await slack._wait(lambda: any(slack.buttons(p) for p in slack.posts), WAIT)
             post = next(p for p in slack.posts if slack.buttons(p))
             assert (post.channel, post.thread_ts) == (CHAN, "1700000002.000100")
             labels = [b["text"]["text"] for b in slack.buttons(post)]
@@ -552,7 +560,7 @@ async def test_slack_buttons_answer_an_approval_in_a_thread(tmp_path, llm):
             assert not (tmp_path / "ws" / "ran.txt").exists()
             pressed = await slack.push_action(post, once, user=S_ALICE)
             await slack.wait_ack(pressed)
-            await slack._wait(lambda: any("slack ran it" in p.text for p in slack.posts), 10)
+            await slack._wait(lambda: any("slack ran it" in p.text for p in slack.posts), WAIT)
             assert (tmp_path / "ws" / "ran.txt").read_text() == "ran\n"
 
 

@@ -41,7 +41,7 @@ class Running:
 
     async def said(self, text: str, chat: int) -> None:
         await self.api.wait_for_async(
-            lambda: any(text in c.params["text"] for c in self.api.sent(chat))
+            lambda: any(text in c.params["text"] for c in self.api.sent(chat)), 30
         )
 
     def store(self) -> PairingStore:
@@ -106,7 +106,7 @@ async def _cli(*args: str, config: Path) -> Any:
 async def test_a_stranger_gets_one_code_and_is_let_in_by_the_cli(tmp_path, llm, api):
     async with running(tmp_path, llm, api) as tg:
         api.private_text("hello?", user_id=STRANGER, username="eve")
-        await api.wait_sent_async(1, STRANGER)
+        await api.wait_sent_async(1, STRANGER, 30)
         [code] = tg.codes(STRANGER)
         api.private_text("anyone?", user_id=STRANGER, username="eve")
         api.private_text("hello??", user_id=STRANGER, username="eve")
@@ -141,7 +141,7 @@ async def test_a_stranger_gets_one_code_and_is_let_in_by_the_cli(tmp_path, llm, 
 async def test_codes_expire_after_an_hour(tmp_path, llm, api):
     async with running(tmp_path, llm, api) as tg:
         api.private_text("hello?", user_id=STRANGER)
-        await api.wait_sent_async(1, STRANGER)
+        await api.wait_sent_async(1, STRANGER, 30)
         [code] = tg.codes(STRANGER)
         # An hour later (the file's clock moved back instead of waiting an hour).
         path = tg.store().path
@@ -153,7 +153,7 @@ async def test_codes_expire_after_an_hour(tmp_path, llm, api):
         assert result.returncode == 1 and "expire" in result.stdout
         # The next message after the hour gets a new code.
         api.private_text("hello again", user_id=STRANGER)
-        await api.wait_sent_async(2, STRANGER)
+        await api.wait_sent_async(2, STRANGER, 30)
         [_, second] = tg.codes(STRANGER)
         assert second != code
 
@@ -164,7 +164,9 @@ async def test_at_most_three_codes_wait_per_channel(tmp_path, llm, api):
         for user in strangers:
             api.private_text("hi", user_id=user, username=None)
             await asyncio.sleep(0.05)
-        await api.wait_for_async(lambda: sum(len(api.sent(u)) for u in strangers) >= MAX_PENDING)
+        await api.wait_for_async(
+            lambda: sum(len(api.sent(u)) for u in strangers) >= MAX_PENDING, 30
+        )
         await asyncio.sleep(0.5)
         assert [len(api.sent(u)) for u in strangers] == [1, 1, 1, 0]
         assert len(tg.store().snapshot()["pending"]) == MAX_PENDING
@@ -177,7 +179,7 @@ async def test_groups_never_pair_and_an_admin_approves_from_chat(tmp_path, llm, 
         assert api.sent(GROUP) == [] and api.sent(STRANGER) == []
         assert not tg.store().path.exists()
         api.private_text("hello?", user_id=STRANGER)
-        await api.wait_sent_async(1, STRANGER)
+        await api.wait_sent_async(1, STRANGER, 30)
         [code] = tg.codes(STRANGER)
         # A stranger cannot approve themselves: they cannot reach the bot at all.
         api.private_text(f"/approve {code}", user_id=STRANGER)
@@ -208,7 +210,7 @@ async def test_discord_dm_from_a_stranger_gets_a_code(tmp_path, llm):
             async with discord_running(tmp_path, llm, server, dmPolicy="pairing"):
                 await server.send_message(BOB_DM, BOB, "hello?", guild_id=None)
                 await server.send_message(BOB_DM, BOB, "hello??", guild_id=None)
-                [post] = await server.wait_posts(1, BOB_DM)
+                [post] = await server.wait_posts(1, BOB_DM, 30)
                 await asyncio.sleep(0.3)
                 assert len(server.posts(BOB_DM)) == 1
                 [code] = CODE.findall(post.body["content"] + "\n")
@@ -218,7 +220,8 @@ async def test_discord_dm_from_a_stranger_gets_a_code(tmp_path, llm):
                 await server.wait_for(
                     lambda: any(
                         "echo: now?" in (p.body.get("content") or "") for p in server.posts(BOB_DM)
-                    )
+                    ),
+                    30,
                 )
     assert llm.requests and len(llm.requests) == 1  # only the message after the approval
 
@@ -231,7 +234,7 @@ async def test_slack_dm_from_a_stranger_gets_a_code(tmp_path, llm):
         async with Rig(tmp_path, llm, slack, dmPolicy="pairing"):
             await slack.push_event(dm("hello?", "1700000001.000100", user=MALLORY), "Ev1")
             await slack.push_event(dm("hello??", "1700000002.000100", user=MALLORY), "Ev2")
-            [post] = await slack.wait_posts(1)
+            [post] = await slack.wait_posts(1, 30)
             await asyncio.sleep(0.3)
             assert len(slack.posts) == 1 and post.channel == DM
             assert CODE.search(post.text + "\n") and MALLORY in post.text

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from bot.delivery import preview_ids_in
+from bot.records import clean_metadata
 from bot.streaming import STOPPED_MARK
 from tests.fakes.llm_server import FakeLLM, reply, tool_step
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, strip_html, utf16_len
@@ -275,3 +277,12 @@ async def test_a_preview_that_may_no_longer_be_edited_is_replaced(tmp_path, llm,
         )
         await quiet(api, 0.6)
         assert [m["text"] for m in api.shown(GROUP)] == [rendered(tg, ANSWER)[0]]
+
+
+def test_damaged_preview_records_are_dropped_on_load_and_ignored_when_peeked():
+    meta = {"previews": [{"reply_to": "a", "ids": ["1"]}, "junk", {"reply_to": "b", "ids": [3]}]}
+    clean, problems = clean_metadata(meta)
+    assert clean["previews"] == [{"reply_to": "a", "ids": ["1"]}] and len(problems) == 2
+    assert preview_ids_in(meta, "a") == ["1"]
+    assert preview_ids_in(meta, "b") == []  # an id that is not text is never edited
+    assert preview_ids_in({"previews": "junk"}, "a") == []

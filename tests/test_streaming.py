@@ -90,16 +90,21 @@ async def test_private_draft_is_emptied_while_tools_run(tmp_path, llm, api):
     (tmp_path / "workspace").mkdir(exist_ok=True)
     (tmp_path / "workspace" / "notes.txt").write_text("buy milk")
     llm.script(
-        tool_step(("read_file", {"path": "notes.txt"}), text="Let me look at your notes first."),
+        tool_step(
+            ("read_file", {"path": "notes.txt"}),
+            text="Let me look at your notes first.",
+            pieces=4,
+            chunk_delay=0.1,
+        ),
         reply("You wanted to buy milk.", pieces=4, chunk_delay=0.1),
     )
     async with running(tmp_path, llm, api, **FAST):
         api.private_text("what did I note?")
         await api.wait_sent_async(1, ALICE, timeout=15)
         texts = [d.params.get("text", "") for d in api.drafts(ALICE)]
-        first_empty = texts.index("")  # "Thinking..." while read_file ran
-        assert any(t.startswith("Let me look") for t in texts[:first_empty])
-        assert any(t.startswith("You wanted") for t in texts[first_empty:])
+        before = next(i for i, t in enumerate(texts) if t.startswith("Let me look"))
+        tools = texts.index("", before)  # emptied ("Thinking...") while read_file ran
+        assert any(t.startswith("You wanted") for t in texts[tools:])
         assert [m["text"] for m in api.shown(ALICE)] == ["You wanted to buy milk."]
 
 

@@ -435,9 +435,11 @@ async def _agent_main(
         stack.bus,
         chat_id,
         thinking=interactive and tty,
-        # `agent -m` into a pipe prints exactly the answer: text the model writes before a
-        # tool call would otherwise precede it. A person watching sees it stream.
-        streaming=args.message is None or tty,
+        # Only to a person watching: stdout into a pipe or a file gets each answer exactly
+        # once, whole, when it is on record (text printed while it was written cannot be
+        # taken back if memobot is killed before the answer is stored, and the resumed turn
+        # prints it again), and no text the model wrote before calling a tool.
+        streaming=tty,
         show_tools=interactive and tty,
     )
     manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])

@@ -97,9 +97,11 @@ def _without_preview(meta: dict[str, Any], reply_to: str | None) -> dict[str, An
 
 
 def preview_ids_in(meta: dict[str, Any], reply_to: str | None) -> list[str]:
-    for record in meta.get(PREVIEWS_KEY) or []:
-        if record.get("reply_to") == reply_to:
-            return [str(i) for i in record.get("ids") or []]
+    records = meta.get(PREVIEWS_KEY)
+    for record in records if isinstance(records, list) else []:
+        if isinstance(record, dict) and record.get("reply_to") == reply_to:
+            ids = record.get("ids")
+            return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
     return []
 
 

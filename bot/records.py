@@ -97,6 +97,13 @@ class ClosedApproval(_Strict):
     at: float | int | None = None
 
 
+class PreviewEntry(_Strict):
+    """A streamed answer's preview messages (bot/delivery.py): edited into the answer."""
+
+    reply_to: str | None = None
+    ids: list[str] = Field(default_factory=list)
+
+
 class Checkpoint(_Strict):
     phase: Literal["awaiting_tools", "awaiting_approval", "tools_completed", "final_response"]
     message_id: str | None = None
@@ -124,6 +131,7 @@ class ResumeInfo(_Strict):
 _ENTRY_LISTS: dict[str, TypeAdapter[Any]] = {
     "pending": TypeAdapter(PendingEntry),
     "outbox": TypeAdapter(OutboxEntry),
+    "previews": TypeAdapter(PreviewEntry),
     "seen_ids": TypeAdapter(str | None, config=ConfigDict(strict=True)),
     "approvals_closed": TypeAdapter(ClosedApproval),
     "approved_calls": TypeAdapter(str, config=ConfigDict(strict=True)),

@@ -268,7 +268,7 @@ class ChannelManager:
         now = time.monotonic()
         wait = live.next_at - now
         if not live.ids and channel.preview_mode(chat_id) == "message":
-            text = (live.text or "").strip()
+            text = whole_words(live.text or "").strip()
             if not text:
                 live.dirty = False  # nothing worth a message yet
                 return 0.0
@@ -286,7 +286,8 @@ class ChannelManager:
         pacer = self._pacer(channel)
         session = f"{channel.name}:{chat_id}"
         text = live.text or ""
-        pieces = channel.preview_pieces(text) if text.strip() else [""]
+        shown = whole_words(text)
+        pieces = channel.preview_pieces(shown) if shown.strip() else [""]
         if mode == "message":
             pieces = [p for p in pieces if p.strip()]
         if mode == "draft":
@@ -567,6 +568,16 @@ class ChannelManager:
                     f"gave up after {give_up_after or self.give_up_after:.0f} s of retries"
                 )
             await asyncio.sleep(wait)
+
+
+def whole_words(text: str) -> str:
+    """``text`` up to its last whitespace: a preview never shows half a word. Besides looking
+    calmer, a secret the answer quotes (a token, a key) then shows whole or not at all, so the
+    log's secret filter, which knows whole secrets, also catches it in a preview's payload."""
+    if not text or text[-1].isspace():
+        return text
+    cut = max(text.rfind(" "), text.rfind("\n"), text.rfind("\t"))
+    return text[: cut + 1] if cut >= 0 else ""
 
 
 def _reason(exc: BaseException) -> str:

@@ -69,6 +69,8 @@ class TerminalChannel(Channel):
     async def send_typing(self, chat_id: str) -> None:
         if not self.thinking or chat_id != self.chat_id or not self._waiting:
             return
+        if self._printed or self._mid_line:
+            return  # the answer is being printed: "thinking..." would land inside it
         if not self._thinking_shown:
             self.out.write(THINKING)
             self.out.flush()

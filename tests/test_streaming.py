@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from bot.delivery import preview_ids_in
+from bot.records import clean_metadata
 from bot.streaming import STOPPED_MARK
 from tests.fakes.llm_server import FakeLLM, reply, tool_step
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, strip_html, utf16_len
@@ -88,16 +90,21 @@ async def test_private_draft_is_emptied_while_tools_run(tmp_path, llm, api):
     (tmp_path / "workspace").mkdir(exist_ok=True)
     (tmp_path / "workspace" / "notes.txt").write_text("buy milk")
     llm.script(
-        tool_step(("read_file", {"path": "notes.txt"}), text="Let me look at your notes first."),
+        tool_step(
+            ("read_file", {"path": "notes.txt"}),
+            text="Let me look at your notes first.",
+            pieces=4,
+            chunk_delay=0.1,
+        ),
         reply("You wanted to buy milk.", pieces=4, chunk_delay=0.1),
     )
     async with running(tmp_path, llm, api, **FAST):
         api.private_text("what did I note?")
         await api.wait_sent_async(1, ALICE, timeout=15)
         texts = [d.params.get("text", "") for d in api.drafts(ALICE)]
-        first_empty = texts.index("")  # "Thinking..." while read_file ran
-        assert any(t.startswith("Let me look") for t in texts[:first_empty])
-        assert any(t.startswith("You wanted") for t in texts[first_empty:])
+        before = next(i for i, t in enumerate(texts) if t.startswith("Let me look"))
+        tools = texts.index("", before)  # emptied ("Thinking...") while read_file ran
+        assert any(t.startswith("You wanted") for t in texts[tools:])
         assert [m["text"] for m in api.shown(ALICE)] == ["You wanted to buy milk."]
 
 
@@ -275,3 +282,12 @@ async def test_a_preview_that_may_no_longer_be_edited_is_replaced(tmp_path, llm,
         )
         await quiet(api, 0.6)
         assert [m["text"] for m in api.shown(GROUP)] == [rendered(tg, ANSWER)[0]]
+
+
+def test_damaged_preview_records_are_dropped_on_load_and_ignored_when_peeked():
+    meta = {"previews": [{"reply_to": "a", "ids": ["1"]}, "junk", {"reply_to": "b", "ids": [3]}]}
+    clean, problems = clean_metadata(meta)
+    assert clean["previews"] == [{"reply_to": "a", "ids": ["1"]}] and len(problems) == 2
+    assert preview_ids_in(meta, "a") == ["1"]
+    assert preview_ids_in(meta, "b") == []  # an id that is not text is never edited
+    assert preview_ids_in({"previews": "junk"}, "a") == []

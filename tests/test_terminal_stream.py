@@ -1,12 +1,14 @@
-"""The terminal while an answer is written: printed as it arrives (piped and interactive),
-each answer once on stdout, `agent -m` into a pipe exactly the answer, Ctrl-C keeps what was
-printed and says "stopped" on stderr, one dim line per tool call in a terminal."""
+"""The terminal while an answer is written: printed as it arrives when stdout is a terminal
+(a pty here), each answer once; into a pipe each answer whole and exactly once (it is not
+streamed); Ctrl-C keeps what was printed and says "stopped" on stderr; one dim line per tool
+call in an interactive terminal."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -33,55 +35,68 @@ def llm() -> Iterator[FakeLLMThread]:
         yield server
 
 
-class _Reader:
-    """Reads a child's stdout in a thread, noting when the first byte came."""
+class _Terminal:
+    """A child's stdout on a pty (so it sees a terminal), read in a thread; notes when the
+    first byte came."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self) -> None:
+        self.master, self.slave = pty.openpty()
         self.data = b""
         self.first_at: float | None = None
-        self._thread = threading.Thread(target=self._run, args=(proc,), daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        os.close(self.slave)  # the child has its copy
         self._thread.start()
 
-    def _run(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        while chunk := os.read(proc.stdout.fileno(), 4096):
+    def _run(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:  # EIO: the child closed its end
+                return
+            if not chunk:
+                return
             if self.first_at is None:
                 self.first_at = time.monotonic()
             self.data += chunk
 
-    def join(self) -> str:
+    def text(self) -> str:
         self._thread.join(20)
-        return self.data.decode()
+        os.close(self.master)
+        return self.data.decode().replace("\r\n", "\n")
 
 
-def _agent(cfg: Path, *args: str) -> subprocess.Popen[bytes]:
+def _agent(cfg: Path, term: _Terminal, *args: str) -> subprocess.Popen[bytes]:
     env = {**os.environ}
     env.pop("OPENAI_API_KEY", None)
     env.pop("OPENAI_BASE_URL", None)
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "bot", "--config", str(cfg), "agent", *args],
         stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
+        stdout=term.slave,
         stderr=subprocess.PIPE,
         cwd=REPO,
         env=env,
     )
+    term.start()
+    return proc
 
 
-def test_piped_mode_prints_the_answer_as_it_arrives_and_once(tmp_path, llm):
+def test_a_terminal_gets_the_answer_as_it_arrives_and_once(tmp_path, llm):
     cfg = write_config(tmp_path, llm.base_url)
     llm.script(reply(ANSWER, pieces=6, chunk_delay=0.25))
-    proc = _agent(cfg, "-s", "cli:pipe")
-    reader = _Reader(proc)
+    term = _Terminal()
+    proc = _agent(cfg, term, "-s", "cli:pipe")
     assert proc.stdin is not None
     proc.stdin.write(b"tell me\n")
     proc.stdin.close()
     assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else ""
     ended = time.monotonic()
-    out = reader.join()
+    out = term.text()
     assert out == ANSWER + "\n"  # once, exactly
     assert llm.requests[0]["body"]["stream"] is True
-    assert reader.first_at is not None and ended - reader.first_at > 0.8  # 5 pauses of 250 ms
+    assert term.first_at is not None and ended - term.first_at > 0.8  # 5 pauses of 250 ms
 
 
 def test_one_shot_into_a_pipe_prints_exactly_the_answer(tmp_path, llm):
@@ -95,24 +110,25 @@ def test_one_shot_into_a_pipe_prints_exactly_the_answer(tmp_path, llm):
     done = run_memobot("agent", "-m", "read a.txt", "-s", "cli:one", config=cfg)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "The file says x.\n"
+    assert all("stream" not in r["body"] for r in llm.requests)  # whole, once it is stored
 
 
 def test_ctrl_c_mid_stream_keeps_what_was_printed_and_marks_it_stopped(tmp_path, llm):
     cfg = write_config(tmp_path, llm.base_url)
     long = " ".join(f"word{i}" for i in range(200))
     llm.script(reply(long, pieces=50, chunk_delay=0.2))
-    proc = _agent(cfg, "-s", "cli:stop")
-    reader = _Reader(proc)
+    term = _Terminal()
+    proc = _agent(cfg, term, "-s", "cli:stop")
     assert proc.stdin is not None and proc.stderr is not None
     proc.stdin.write(b"go on\n")
     proc.stdin.flush()
     deadline = time.monotonic() + 20
-    while len(reader.data) < 20 and time.monotonic() < deadline:
+    while len(term.data) < 20 and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     proc.stdin.close()
     assert proc.wait(30) == 130
-    out, err = reader.join(), proc.stderr.read().decode()
+    out, err = term.text(), proc.stderr.read().decode()
     assert out.endswith("\n") and out.count("\n") == 1
     printed = out.strip()
     assert printed and long.startswith(printed) and printed != long

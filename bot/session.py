@@ -48,10 +48,12 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".jsonl"
 MetadataUpdate = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any] | None]
-# Compaction folds superseded metadata lines away once they are this many, or this large, or
-# when this many bytes of consolidated lines could move to the archive.
+# Compaction folds superseded metadata lines away once they are this many, or this large (and
+# more than a quarter of the file's other bytes: metadata stays a small share of the file),
+# or when this many bytes of consolidated lines could move to the archive.
 COMPACT_AFTER_LINES = 200
-COMPACT_AFTER_BYTES = 64 * 1024
+COMPACT_AFTER_BYTES = 8 * 1024
+COMPACT_SHARE = 0.25
 ARCHIVE_AFTER_BYTES = 256 * 1024
 COMPACT_RETRY_SECONDS = 300
 ARCHIVE_SUFFIX = ".archive"
@@ -809,16 +811,11 @@ class SessionStore:
         session.drop_before(lc)
         session.metadata_written = True
         session.last_meta_size = len(meta_line)
-        archivable = 0  # bytes before the first unconsolidated line, when some are messages
-        if session.base > session.file_base:
-            archivable = session.offsets[0] if session.offsets else session.size
-        if (
-            session.stale_meta_lines >= COMPACT_AFTER_LINES
-            or session.stale_meta_bytes >= COMPACT_AFTER_BYTES
-            or archivable >= ARCHIVE_AFTER_BYTES
-        ) and time.monotonic() >= session.compact_after:
-            # The append is committed whatever happens here: a tidy-up that fails (a full
-            # disk, an archive path that is not a file) is logged and tried again later.
+        if fsync and self._compaction_due(session) and time.monotonic() >= session.compact_after:
+            # Not in an unsynced write: those run on the event loop (a delivery mark), and a
+            # compaction fsyncs twice; the next synced append does it. The append is committed
+            # whatever happens here: a tidy-up that fails (a full disk, an archive path that is
+            # not a file) is logged and tried again later.
             try:
                 self.compact(session)
             except OSError as exc:
@@ -830,6 +827,19 @@ class SessionStore:
                     exc,
                     COMPACT_RETRY_SECONDS,
                 )
+
+    @staticmethod
+    def _compaction_due(session: Session) -> bool:
+        stale = session.stale_meta_bytes
+        rest = session.size - stale - session.last_meta_size
+        archivable = 0  # bytes before the first unconsolidated line, when some are messages
+        if session.base > session.file_base:
+            archivable = session.offsets[0] if session.offsets else session.size
+        return (
+            session.stale_meta_lines >= COMPACT_AFTER_LINES
+            or (stale >= COMPACT_AFTER_BYTES and stale >= rest * COMPACT_SHARE)
+            or archivable >= ARCHIVE_AFTER_BYTES
+        )
 
     def compact(self, session: Session) -> None:
         """Rewrite the hot file as the unconsolidated messages plus one full metadata record:

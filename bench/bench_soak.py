@@ -108,20 +108,25 @@ def write_soak_config(tmp: Path, llm: FakeLLM, api: FakeBotAPI, unpaced: bool = 
     return config
 
 
-async def user(api: FakeBotAPI, uid: int, until: float, sent: dict[str, float]) -> None:
+async def user(
+    api: FakeBotAPI,
+    uid: int,
+    until: float,
+    sent: dict[str, float],
+    llm: FakeLLM | None = None,
+    tool_ratio: float = 0.0,
+) -> None:
     n = 0
     while time.monotonic() < until:
         text = f"u{uid} m{n}"
+        if llm is not None and random.random() < tool_ratio:
+            # This message's first model call runs a tool; the call after it answers. (Matched
+            # on the text and the newline before the runtime block: "m1" is not "m10".)
+            llm.script(tool_step(call("exec", {"command": "true"}), when_user_contains=text + "\n"))
         sent[text] = time.monotonic()
         api.private_text(text, user_id=uid, username=None)
         n += 1
         await asyncio.sleep(random.uniform(1.0, 3.0))
-
-
-def script_model(llm: FakeLLM, tool_ratio: float, expected: int) -> None:
-    """Enough steps for every message: a share of them run a tool first."""
-    for _ in range(int(expected * tool_ratio)):
-        llm.script(tool_step(call("exec", {"command": "true"})))
 
 
 async def soak(args: argparse.Namespace, tmp: Path) -> None:
@@ -131,7 +136,6 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
         FakeBotAPI(flood=flood) as api,
     ):
         config = write_soak_config(tmp, llm, api, unpaced=args.unpaced)
-        script_model(llm, args.tool_ratio, int(args.users * args.seconds / 2))
         gw = Gateway(config)
         await gw.start()
         assert gw.proc is not None
@@ -144,7 +148,8 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
         started = time.monotonic()
         until = started + args.seconds
         users = [
-            asyncio.create_task(user(api, FIRST_USER + i, until, sent)) for i in range(args.users)
+            asyncio.create_task(user(api, FIRST_USER + i, until, sent, llm, args.tool_ratio))
+            for i in range(args.users)
         ]
         seen = 0
         next_report = started + WINDOW

@@ -41,7 +41,7 @@ from typing import Any
 from bot import failpoints
 from bot.config import ConfigError
 from bot.private import make_private_dirs
-from bot.records import check_record
+from bot.records import Checked, check_record
 from bot.tokens import estimate_message_tokens
 
 log = logging.getLogger(__name__)
@@ -369,9 +369,21 @@ class _Parsed:
     last_meta_size: int = 0
 
 
-def _parse(key: str, data: bytes, at: int = 0, quiet: bool = False) -> _Parsed:
+# A metadata line a later full record supersedes: replayed as no change at all.
+_SETTLED = Checked({"_type": "metadata", "changes": {}}, is_metadata=True, last_consolidated=None)
+
+
+def _parse(
+    key: str,
+    data: bytes,
+    at: int = 0,
+    quiet: bool = False,
+    settled_meta: int = -1,
+    batch: bool = True,
+) -> _Parsed:
     """Read ``data`` (the file from offset ``at``) as the loader does: torn and uncommitted
-    tails recognised, records checked, metadata replayed."""
+    tails recognised, records checked, metadata replayed. Metadata lines before offset
+    ``settled_meta`` (a full record there supersedes them) are counted, not checked."""
     p = _Parsed()
     lines = data.split(b"\n")
     tail = lines.pop()  # after the last newline: empty unless the last write was torn
@@ -388,18 +400,25 @@ def _parse(key: str, data: bytes, at: int = 0, quiet: bool = False) -> _Parsed:
     # always damage or a hostile edit, so it is set aside wherever it is in the file.
     records: list[tuple[int, Any, int, int]] = []  # lineno, Checked, size, offset
     pos = at
+    values = _json_lines(lines) if batch else None
     for lineno, raw in enumerate(lines, start=1):
         offset, pos = pos, pos + len(raw) + 1
         if not raw.strip():
             continue
-        value = _json_line(raw)
+        value = values[lineno - 1] if values is not None else _json_line(raw)
         if value is _NOT_JSON:
             p.bad.append(lineno)
             continue
-        checked = check_record(value)
+        if offset < settled_meta and isinstance(value, dict) and value.get("_type") == "metadata":
+            checked = _SETTLED
+        else:
+            checked = check_record(value)
         p.misshapen.extend((lineno, problem) for problem in checked.problems)
         if checked.record is not None:
             records.append((lineno, checked, len(raw) + 1, offset))
+    if values is not None and p.misshapen:
+        # Damage: line by line, so every finding names its own line and nothing else.
+        return _parse(key, data, at, quiet, settled_meta, batch=False)
     # A complete last line that does not parse is a torn write too (crash mid-page).
     if p.bad and p.bad[-1] == len(lines) and (not records or records[-1][0] < p.bad[-1]):
         p.end = p.end - len(lines[-1]) - 1
@@ -1045,7 +1064,7 @@ def _read_from_snapshot(key: str, path: Path, messages: bool) -> tuple[_Parsed, 
             return None
         fh.seek(tail_at)
         data = fh.read()
-    parsed = _parse(key, data, tail_at)
+    parsed = _parse(key, data, tail_at, settled_meta=snap_at)
     if parsed.snap != (snap_at, gen) or parsed.first_record != tail_at:
         return None
     lc = snapshot.get("last_consolidated") or 0
@@ -1085,6 +1104,23 @@ def _json_line(raw: bytes) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return _NOT_JSON
+
+
+def _json_lines(lines: list[bytes]) -> list[Any] | None:
+    """Every line's JSON value from one parse (a load's hot loop; None for blank lines), or
+    None when the lines together are not one value each (the caller then goes line by
+    line, and finds which)."""
+    filled = [i for i, raw in enumerate(lines) if raw.strip()]
+    try:
+        values = json.loads(b"[" + b",".join([lines[i] for i in filled]) + b"]")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if len(values) != len(filled):
+        return None
+    out: list[Any] = [None] * len(lines)
+    for i, value in zip(filled, values, strict=True):
+        out[i] = value
+    return out
 
 
 def parse_json_line(raw: bytes) -> tuple[bool, Any]:

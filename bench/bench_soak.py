@@ -189,17 +189,33 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
             f"{cpu_used / max(1, answered) * 1000:.1f} ms per answered message"
         )
         if args.restart:
-            await restart(api, config, args.users)
+            await restart(api, config, args.users, set(sent))
 
 
-async def restart(api: FakeBotAPI, config: Path, users: int) -> None:
-    """The gateway again on the soak's state: idle RSS, then two rounds of one message per chat
-    (the first loads every session, the second finds them loaded)."""
+async def restart(api: FakeBotAPI, config: Path, users: int, sent: set[str]) -> None:
+    """The gateway again on the soak's state: it first finishes what the soak left pending
+    (recovery) and stops; started once more with nothing pending: idle RSS, then two rounds of
+    one message per chat (the first loads every session, the second finds them loaded)."""
     gw = Gateway(config)
     await gw.start()
     await polls(api, len(api.calls("getUpdates")))
-    await asyncio.sleep(3.0)  # recovery of anything left over settles
-    print(f"restart: idle RSS {gw.rss_mib():.1f} MiB")
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 900:
+        answered = {c.params["text"][6:] for c in api.sent() if "text" in c.params}
+        if sent <= answered:
+            break
+        await asyncio.sleep(1.0)
+    left = len(sent - answered)
+    print(
+        f"restart: the soak's backlog answered after {time.monotonic() - t0:.0f} s"
+        + (f" ({left} still unanswered)" if left else "")
+    )
+    await gw.stop()
+    gw = Gateway(config)
+    await gw.start()
+    await polls(api, len(api.calls("getUpdates")))
+    await asyncio.sleep(2.0)
+    print(f"restart: idle RSS {gw.rss_mib():.1f} MiB (nothing pending)")
     try:
         cpu_per_chat = []
         for name in ("first message to each chat (loads its session)", "second message"):

@@ -1024,7 +1024,9 @@ def _at_line_start(fh: Any, offset: int) -> bool:
     return fh.read(1) == b"\n"
 
 
-def _read_from_snapshot(key: str, path: Path, messages: bool) -> tuple[_Parsed, int] | None:
+def _read_from_snapshot(
+    key: str, path: Path, messages: bool, quiet: bool = False
+) -> tuple[_Parsed, int] | None:
     """Read the hot file from its last consolidation point rather than from the start.
 
     The last metadata record names the last full record (offset and generation); that one
@@ -1064,7 +1066,7 @@ def _read_from_snapshot(key: str, path: Path, messages: bool) -> tuple[_Parsed, 
             return None
         fh.seek(tail_at)
         data = fh.read()
-    parsed = _parse(key, data, tail_at, settled_meta=snap_at)
+    parsed = _parse(key, data, tail_at, quiet, settled_meta=snap_at)
     if parsed.snap != (snap_at, gen) or parsed.first_record != tail_at:
         return None
     lc = snapshot.get("last_consolidated") or 0
@@ -1084,7 +1086,7 @@ def read_metadata(path: Path) -> dict[str, Any] | None:
     from its last full record when the file has one, else from the whole file."""
     key = path.name
     try:
-        found = _read_from_snapshot(key, path, messages=False)
+        found = _read_from_snapshot(key, path, messages=False, quiet=True)
         if found is not None:
             return found[0].metadata
         with _open_session(path) as fh:

@@ -49,11 +49,11 @@ log = logging.getLogger(__name__)
 SUFFIX = ".jsonl"
 MetadataUpdate = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any] | None]
 # Compaction folds superseded metadata lines away once they are this many, or this large (and
-# more than a quarter of the file's other bytes: metadata stays a small share of the file),
+# more than a fifth of the file's other bytes: metadata stays a small share of the file),
 # or when this many bytes of consolidated lines could move to the archive.
 COMPACT_AFTER_LINES = 200
-COMPACT_AFTER_BYTES = 8 * 1024
-COMPACT_SHARE = 0.25
+COMPACT_AFTER_BYTES = 4 * 1024
+COMPACT_SHARE = 0.2
 ARCHIVE_AFTER_BYTES = 256 * 1024
 COMPACT_RETRY_SECONDS = 300
 ARCHIVE_SUFFIX = ".archive"

@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_telegram import Gateway, polls
+from bench.bench_telegram import Gateway
 from tests.fakes.llm_server import FakeLLM, call, tool_step
 from tests.fakes.telegram_api import FakeBotAPI, FloodControl
 from tests.helpers import config_dict
@@ -139,7 +139,7 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
         gw = Gateway(config)
         await gw.start()
         assert gw.proc is not None
-        await polls(api, 0)
+        await first_poll(api)
         await asyncio.sleep(1.0)
         rss_start = gw.rss_mib()
         cpu_start = gw.cpu_seconds()
@@ -192,13 +192,36 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
             await restart(api, config, args.users, set(sent))
 
 
+async def first_poll(api: FakeBotAPI) -> None:
+    """Wait for the gateway's first getUpdates (on a busy machine a start with recovery to do
+    may take longer than bench_telegram's 15 s)."""
+    after = len(api.calls("getUpdates"))
+    await api.wait_for_async(lambda: len(api.calls("getUpdates")) > after, 180)
+
+
 async def restart(api: FakeBotAPI, config: Path, users: int, sent: set[str]) -> None:
     """The gateway again on the soak's state: it first finishes what the soak left pending
     (recovery) and stops; started once more with nothing pending: idle RSS, then two rounds of
     one message per chat (the first loads every session, the second finds them loaded)."""
     gw = Gateway(config)
     await gw.start()
-    await polls(api, len(api.calls("getUpdates")))
+    try:
+        await first_poll(api)
+        await drain(api, sent)
+    finally:
+        await gw.stop()
+    gw = Gateway(config)
+    await gw.start()
+    await first_poll(api)
+    await asyncio.sleep(2.0)
+    print(f"restart: idle RSS {gw.rss_mib():.1f} MiB (nothing pending)")
+    try:
+        await rounds(api, gw, users)
+    finally:
+        await gw.stop()
+
+
+async def drain(api: FakeBotAPI, sent: set[str]) -> None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < 900:
         answered = {c.params["text"][6:] for c in api.sent() if "text" in c.params}
@@ -210,36 +233,31 @@ async def restart(api: FakeBotAPI, config: Path, users: int, sent: set[str]) -> 
         f"restart: the soak's backlog answered after {time.monotonic() - t0:.0f} s"
         + (f" ({left} still unanswered)" if left else "")
     )
-    await gw.stop()
-    gw = Gateway(config)
-    await gw.start()
-    await polls(api, len(api.calls("getUpdates")))
-    await asyncio.sleep(2.0)
-    print(f"restart: idle RSS {gw.rss_mib():.1f} MiB (nothing pending)")
-    try:
-        cpu_per_chat = []
-        for name in ("first message to each chat (loads its session)", "second message"):
-            cpu0 = gw.cpu_seconds()
-            t0 = time.monotonic()
-            texts = [f"u{FIRST_USER + i} {name[:5]}" for i in range(users)]
-            for i, text in enumerate(texts):
-                api.private_text(text, user_id=FIRST_USER + i, username=None)
-            want = {f"echo: {t}" for t in texts}
-            await api.wait_for_async(
-                lambda w=want: w <= {c.params.get("text") for c in api.sent()}, 300
-            )
-            cpu = (gw.cpu_seconds() - cpu0) / users
-            cpu_per_chat.append(cpu)
-            print(
-                f"restart: {name}: {users} chats answered in {time.monotonic() - t0:.1f} s, "
-                f"gateway CPU {cpu * 1000:.2f} ms per chat, RSS {gw.rss_mib():.1f} MiB"
-            )
-        print(
-            f"restart: a session load costs {(cpu_per_chat[0] - cpu_per_chat[1]) * 1000:.2f} ms "
-            "of CPU per chat beyond the turn (first round minus second)"
+
+
+async def rounds(api: FakeBotAPI, gw: Gateway, users: int) -> None:
+    """One message to every chat, twice; CPU per chat of each round and their difference."""
+    cpu_per_chat = []
+    for name in ("first message to each chat (loads its session)", "second message"):
+        cpu0 = gw.cpu_seconds()
+        t0 = time.monotonic()
+        texts = [f"u{FIRST_USER + i} {name[:5]}" for i in range(users)]
+        for i, text in enumerate(texts):
+            api.private_text(text, user_id=FIRST_USER + i, username=None)
+        want = {f"echo: {t}" for t in texts}
+        await api.wait_for_async(
+            lambda w=want: w <= {c.params.get("text") for c in api.sent()}, 300
         )
-    finally:
-        await gw.stop()
+        cpu = (gw.cpu_seconds() - cpu0) / users
+        cpu_per_chat.append(cpu)
+        print(
+            f"restart: {name}: {users} chats answered in {time.monotonic() - t0:.1f} s, "
+            f"gateway CPU {cpu * 1000:.2f} ms per chat, RSS {gw.rss_mib():.1f} MiB"
+        )
+    print(
+        f"restart: a session load costs {(cpu_per_chat[0] - cpu_per_chat[1]) * 1000:.2f} ms "
+        "of CPU per chat beyond the turn (first round minus second)"
+    )
 
 
 def report(api: FakeBotAPI, sent: dict[str, Any], state: Path, started: float) -> int:

@@ -88,7 +88,8 @@ def contents(messages: list[dict[str, Any]]) -> list[str]:
     return [m["content"] for m in messages]
 
 
-def test_load_from_the_consolidation_point_equals_a_full_read(tmp_path: Path) -> None:
+def test_load_from_the_consolidation_point_equals_a_full_read(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(session_mod, "COMPACT_AFTER_BYTES", 10**9)  # the lines stay where written
     store = SessionStore(tmp_path)
     s = store.get(KEY)
     texts = converse(store, s, 0, 30)
@@ -109,7 +110,8 @@ def test_load_from_the_consolidation_point_equals_a_full_read(tmp_path: Path) ->
     assert state(fast) == state(s) | {"truncate_at": None}
 
 
-def test_a_bad_offset_falls_back_to_reading_the_whole_file(tmp_path: Path) -> None:
+def test_a_bad_offset_falls_back_to_reading_the_whole_file(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(session_mod, "COMPACT_AFTER_BYTES", 10**9)  # the lines stay where written
     store = SessionStore(tmp_path)
     s = store.get(KEY)
     texts = converse(store, s, 0, 10)

@@ -236,7 +236,14 @@ async def drain(api: FakeBotAPI, sent: set[str]) -> None:
 
 
 async def rounds(api: FakeBotAPI, gw: Gateway, users: int) -> None:
-    """One message to every chat, twice; CPU per chat of each round and their difference."""
+    """One message to every chat, twice; CPU per chat of each round and their difference.
+    A chat outside the soak answers first: the process's one-time costs (the model client and
+    its imports, the first tool schemas) are not any chat's."""
+    api.private_text("warm up", user_id=FIRST_USER - 1, username=None)
+    await api.wait_for_async(
+        lambda: "echo: warm up" in {c.params.get("text") for c in api.sent()}, 120
+    )
+    print(f"restart: after one answer in a new chat, RSS {gw.rss_mib():.1f} MiB")
     cpu_per_chat = []
     for name in ("first message to each chat (loads its session)", "second message"):
         cpu0 = gw.cpu_seconds()

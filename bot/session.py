@@ -57,6 +57,8 @@ COMPACT_SHARE = 0.2
 ARCHIVE_AFTER_BYTES = 256 * 1024
 COMPACT_RETRY_SECONDS = 300
 ARCHIVE_SUFFIX = ".archive"
+# A session file smaller than this is read whole; a bigger one from its consolidation point.
+READ_WHOLE_BELOW = 64 * 1024
 # Sessions kept loaded; idle ones beyond this leave memory (least recently used first).
 MAX_CACHED = 128
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
@@ -587,7 +589,10 @@ class SessionStore:
         path = self.path_for(key)
         session = Session(key=key, path=path)
         try:
-            found = _read_from_snapshot(key, path, messages=True) if from_snapshot else None
+            # A small file (the usual case: compaction keeps it to the tail) is read whole
+            # faster than its offsets are checked.
+            big = from_snapshot and os.stat(path).st_size >= READ_WHOLE_BELOW
+            found = _read_from_snapshot(key, path, messages=True) if big else None
         except FileNotFoundError:
             session.metadata = {"key": key, "created_at": now_iso()}
             return session

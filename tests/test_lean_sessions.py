@@ -90,6 +90,7 @@ def contents(messages: list[dict[str, Any]]) -> list[str]:
 
 def test_load_from_the_consolidation_point_equals_a_full_read(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(session_mod, "COMPACT_AFTER_BYTES", 10**9)  # the lines stay where written
+    monkeypatch.setattr(session_mod, "READ_WHOLE_BELOW", 0)  # small files load from offsets too
     store = SessionStore(tmp_path)
     s = store.get(KEY)
     texts = converse(store, s, 0, 30)
@@ -112,6 +113,7 @@ def test_load_from_the_consolidation_point_equals_a_full_read(tmp_path: Path, mo
 
 def test_a_bad_offset_falls_back_to_reading_the_whole_file(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(session_mod, "COMPACT_AFTER_BYTES", 10**9)  # the lines stay where written
+    monkeypatch.setattr(session_mod, "READ_WHOLE_BELOW", 0)  # small files load from offsets too
     store = SessionStore(tmp_path)
     s = store.get(KEY)
     texts = converse(store, s, 0, 10)

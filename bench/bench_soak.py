@@ -6,11 +6,19 @@ fake LLM answers after ``--model-delay``, and ``--tool-ratio`` of the answers fi
 (``exec true``). The fake Telegram enforces Telegram's flood rules (1/s per chat with a short
 burst, 30/s per bot) and answers 429 beyond them. Every 10 s the script prints the latency
 percentiles of that window and the gateway's RSS and open fds; at the end: answered, not yet
-answered, duplicated, the state folder's size and the share of session bytes that is
-metadata, sends per second overall and into one chat at most, and 429s.
+answered, duplicated, RSS at the start and the end and its growth per 1,000 answered messages
+(slope after the first minute), the gateway's CPU per answered message, the state folder's
+size, the share of session bytes that is metadata (hot files, and with the archives), the
+largest session file, sends per second overall and into one chat at most, and 429s.
+
+``--unpaced`` sets pacing and the fake's flood rules out of the way (the load the issue-17
+soak offered: memory and CPU, not Telegram's limits). ``--restart`` then restarts the gateway
+on the soak's state folder: idle RSS, then one message to every chat twice; the first round
+loads each session, the second finds it loaded, so their CPU difference per chat is what a
+load costs.
 
     .venv/bin/python bench/bench_soak.py [--users 50] [--seconds 60] [--model-delay 0.3]
-        [--tool-ratio 0.1] [--keep DIR]
+        [--tool-ratio 0.1] [--unpaced] [--restart] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_telegram import Gateway, polls
+from bench.bench_telegram import Gateway
 from tests.fakes.llm_server import FakeLLM, call, tool_step
 from tests.fakes.telegram_api import FakeBotAPI, FloodControl
 from tests.helpers import config_dict
@@ -48,8 +56,9 @@ def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def state_figures(state: Path) -> tuple[float, float]:
-    """(state folder MiB, share of session-file bytes in metadata lines)."""
+def state_figures(state: Path) -> tuple[float, float, float, float]:
+    """(state folder MiB, share of hot session-file bytes in metadata lines, the same share
+    with the archives of consolidated lines counted, largest session file in MiB)."""
     total = sum(p.stat().st_size for p in state.rglob("*") if p.is_file())
     meta = body = 0
     for path in (state / "sessions").glob("*.jsonl"):
@@ -58,18 +67,40 @@ def state_figures(state: Path) -> tuple[float, float]:
                 meta += len(line) + 1
             else:
                 body += len(line) + 1
-    return total / 2**20, meta / max(1, meta + body)
+    archived = sum(p.stat().st_size for p in (state / "sessions").glob("*.jsonl.archive"))
+    largest = max((p.stat().st_size for p in (state / "sessions").glob("*.jsonl")), default=0)
+    return (
+        total / 2**20,
+        meta / max(1, meta + body),
+        meta / max(1, meta + body + archived),
+        largest / 2**20,
+    )
 
 
-def write_soak_config(tmp: Path, llm: FakeLLM, api: FakeBotAPI) -> Path:
-    """The gateway's config for a soak: the fake Telegram open to everyone, the fake LLM."""
-    telegram = {
+def slope_per_1000(samples: list[tuple[int, float]]) -> float:
+    """Least-squares MiB per 1,000 answered messages over ``(answered, RSS)`` samples."""
+    if len(samples) < 2:
+        return float("nan")
+    xs = [x for x, _ in samples]
+    ys = [y for _, y in samples]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return 1000 * sum((x - mx) * (y - my) for x, y in samples) / den if den else float("nan")
+
+
+def write_soak_config(tmp: Path, llm: FakeLLM, api: FakeBotAPI, unpaced: bool = False) -> Path:
+    """The gateway's config for a soak: the fake Telegram open to everyone, the fake LLM;
+    ``unpaced``: pacing set out of the way."""
+    telegram: dict[str, Any] = {
         "enabled": True,
         "token": api.token,
         "baseUrl": api.base_url,
         "allowFrom": ["*"],
         "pollTimeoutSeconds": 30,
     }
+    if unpaced:
+        fast = {"messages": 100000, "perSeconds": 1, "burst": 1000}
+        telegram["rateLimits"] = {"bot": fast, "chat": fast, "group": fast}
     data = config_dict(tmp, llm.base_url, channels={"telegram": telegram})
     data["llm"]["timeoutSeconds"] = 30
     config = tmp / "config.json"
@@ -77,39 +108,48 @@ def write_soak_config(tmp: Path, llm: FakeLLM, api: FakeBotAPI) -> Path:
     return config
 
 
-async def user(api: FakeBotAPI, uid: int, until: float, sent: dict[str, float]) -> None:
+async def user(
+    api: FakeBotAPI,
+    uid: int,
+    until: float,
+    sent: dict[str, float],
+    llm: FakeLLM | None = None,
+    tool_ratio: float = 0.0,
+) -> None:
     n = 0
     while time.monotonic() < until:
         text = f"u{uid} m{n}"
+        if llm is not None and random.random() < tool_ratio:
+            # This message's first model call runs a tool; the call after it answers. (Matched
+            # on the text and the newline before the runtime block: "m1" is not "m10".)
+            llm.script(tool_step(call("exec", {"command": "true"}), when_user_contains=text + "\n"))
         sent[text] = time.monotonic()
         api.private_text(text, user_id=uid, username=None)
         n += 1
         await asyncio.sleep(random.uniform(1.0, 3.0))
 
 
-def script_model(llm: FakeLLM, tool_ratio: float, expected: int) -> None:
-    """Enough steps for every message: a share of them run a tool first."""
-    for _ in range(int(expected * tool_ratio)):
-        llm.script(tool_step(call("exec", {"command": "true"})))
-
-
 async def soak(args: argparse.Namespace, tmp: Path) -> None:
-    flood = FloodControl(chat=3, chat_window=1.0, bot=30, bot_window=1.0)
+    flood = None if args.unpaced else FloodControl(chat=3, chat_window=1.0, bot=30, bot_window=1.0)
     async with (
         FakeLLM(log_bodies=False, validate=False, delay=args.model_delay) as llm,
         FakeBotAPI(flood=flood) as api,
     ):
-        config = write_soak_config(tmp, llm, api)
-        script_model(llm, args.tool_ratio, int(args.users * args.seconds / 2))
+        config = write_soak_config(tmp, llm, api, unpaced=args.unpaced)
         gw = Gateway(config)
         await gw.start()
         assert gw.proc is not None
-        await polls(api, 0)
+        await first_poll(api)
+        await asyncio.sleep(1.0)
+        rss_start = gw.rss_mib()
+        cpu_start = gw.cpu_seconds()
+        samples: list[tuple[int, float]] = []
         sent: dict[str, float] = {}
         started = time.monotonic()
         until = started + args.seconds
         users = [
-            asyncio.create_task(user(api, FIRST_USER + i, until, sent)) for i in range(args.users)
+            asyncio.create_task(user(api, FIRST_USER + i, until, sent, llm, args.tool_ratio))
+            for i in range(args.users)
         ]
         seen = 0
         next_report = started + WINDOW
@@ -124,6 +164,8 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
                         if (t := c.params.get("text", "")).startswith("echo: ") and t[6:] in sent
                     ]
                     seen = len(answers)
+                    if next_report - started > 60:
+                        samples.append((len(answers), gw.rss_mib()))
                     print(
                         f"t={next_report - started:5.0f}s answers {len(window):5d} "
                         f"latency p50 {percentile(window, 0.5) * 1000:7.0f} ms "
@@ -135,13 +177,98 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
                 answered = {c.params["text"][6:] for c in api.sent() if "text" in c.params}
                 if time.monotonic() > until and set(sent) <= answered:
                     break
+            rss_end, cpu_used = gw.rss_mib(), gw.cpu_seconds() - cpu_start
         finally:
             await asyncio.gather(*users, return_exceptions=True)
             await gw.stop()
-        report(api, sent, tmp / "state", started)
+        answered = report(api, sent, tmp / "state", started)
+        print(
+            f"RSS {rss_start:.1f} MiB at the start (idle), {rss_end:.1f} MiB at the end: "
+            f"+{rss_end - rss_start:.1f} MiB; growth {slope_per_1000(samples):.2f} MiB per 1,000 "
+            f"answered (slope after the first minute); gateway CPU "
+            f"{cpu_used / max(1, answered) * 1000:.1f} ms per answered message"
+        )
+        if args.restart:
+            await restart(api, config, args.users, set(sent))
 
 
-def report(api: FakeBotAPI, sent: dict[str, Any], state: Path, started: float) -> None:
+async def first_poll(api: FakeBotAPI) -> None:
+    """Wait for the gateway's first getUpdates (on a busy machine a start with recovery to do
+    may take longer than bench_telegram's 15 s)."""
+    after = len(api.calls("getUpdates"))
+    await api.wait_for_async(lambda: len(api.calls("getUpdates")) > after, 180)
+
+
+async def restart(api: FakeBotAPI, config: Path, users: int, sent: set[str]) -> None:
+    """The gateway again on the soak's state: it first finishes what the soak left pending
+    (recovery) and stops; started once more with nothing pending: idle RSS, then two rounds of
+    one message per chat (the first loads every session, the second finds them loaded)."""
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        await first_poll(api)
+        await drain(api, sent)
+    finally:
+        await gw.stop()
+    gw = Gateway(config)
+    await gw.start()
+    await first_poll(api)
+    await asyncio.sleep(2.0)
+    print(f"restart: idle RSS {gw.rss_mib():.1f} MiB (nothing pending)")
+    try:
+        await rounds(api, gw, users)
+    finally:
+        await gw.stop()
+
+
+async def drain(api: FakeBotAPI, sent: set[str]) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 900:
+        answered = {c.params["text"][6:] for c in api.sent() if "text" in c.params}
+        if sent <= answered:
+            break
+        await asyncio.sleep(1.0)
+    left = len(sent - answered)
+    print(
+        f"restart: the soak's backlog answered after {time.monotonic() - t0:.0f} s"
+        + (f" ({left} still unanswered)" if left else "")
+    )
+
+
+async def rounds(api: FakeBotAPI, gw: Gateway, users: int) -> None:
+    """One message to every chat, twice; CPU per chat of each round and their difference.
+    A chat outside the soak answers first: the process's one-time costs (the model client and
+    its imports, the first tool schemas) are not any chat's."""
+    api.private_text("warm up", user_id=FIRST_USER - 1, username=None)
+    await api.wait_for_async(
+        lambda: "echo: warm up" in {c.params.get("text") for c in api.sent()}, 120
+    )
+    print(f"restart: after one answer in a new chat, RSS {gw.rss_mib():.1f} MiB")
+    cpu_per_chat = []
+    for name in ("first message to each chat (loads its session)", "second message"):
+        cpu0 = gw.cpu_seconds()
+        t0 = time.monotonic()
+        texts = [f"u{FIRST_USER + i} {name[:5]}" for i in range(users)]
+        for i, text in enumerate(texts):
+            api.private_text(text, user_id=FIRST_USER + i, username=None)
+        want = {f"echo: {t}" for t in texts}
+        await api.wait_for_async(
+            lambda w=want: w <= {c.params.get("text") for c in api.sent()}, 300
+        )
+        cpu = (gw.cpu_seconds() - cpu0) / users
+        cpu_per_chat.append(cpu)
+        print(
+            f"restart: {name}: {users} chats answered in {time.monotonic() - t0:.1f} s, "
+            f"gateway CPU {cpu * 1000:.2f} ms per chat, RSS {gw.rss_mib():.1f} MiB"
+        )
+    print(
+        f"restart: a session load costs {(cpu_per_chat[0] - cpu_per_chat[1]) * 1000:.2f} ms "
+        "of CPU per chat beyond the turn (first round minus second)"
+    )
+
+
+def report(api: FakeBotAPI, sent: dict[str, Any], state: Path, started: float) -> int:
+    """Print the end figures; returns how many messages were answered."""
     texts = Counter(
         c.params["text"][6:] for c in api.sent() if c.params.get("text", "").startswith("echo: ")
     )
@@ -150,7 +277,7 @@ def report(api: FakeBotAPI, sent: dict[str, Any], state: Path, started: float) -
     sends = [c for c in api.calls("sendMessage") if c.status == 200]
     per_second = Counter(int(c.at - started) for c in sends)
     per_chat_second = Counter((c.params.get("chat_id"), int(c.at - started)) for c in sends)
-    size, meta = state_figures(state)
+    size, meta, meta_all, largest = state_figures(state)
     print(
         f"messages {len(sent)}  answered {len(sent) - len(lost)}  unanswered when the soak "
         f"stopped waiting {len(lost)} (still pending in the state folder, or lost)  "
@@ -161,7 +288,12 @@ def report(api: FakeBotAPI, sent: dict[str, Any], state: Path, started: float) -
         f"{statistics.mean(per_second.values()) if per_second else 0:.1f}; into one chat: max "
         f"{max(per_chat_second.values(), default=0)} in a second; 429s {api.flooded}"
     )
-    print(f"state folder {size:.1f} MiB, metadata {meta:.0%} of session bytes")
+    print(
+        f"state folder {size:.1f} MiB, metadata {meta:.0%} of hot session-file bytes "
+        f"({meta_all:.0%} counting the archives of consolidated lines), largest session file "
+        f"{largest:.2f} MiB"
+    )
+    return len(sent) - len(lost)
 
 
 def main() -> None:
@@ -170,6 +302,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--model-delay", type=float, default=0.3)
     ap.add_argument("--tool-ratio", type=float, default=0.1)
+    ap.add_argument("--unpaced", action="store_true", help="pacing and flood rules off")
+    ap.add_argument("--restart", action="store_true", help="then restart and message every chat")
     ap.add_argument("--keep", help="work in this folder and keep it (logs, sessions)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:

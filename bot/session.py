@@ -41,20 +41,24 @@ from typing import Any
 from bot import failpoints
 from bot.config import ConfigError
 from bot.private import make_private_dirs
-from bot.records import check_record
+from bot.records import Checked, check_record
 from bot.tokens import estimate_message_tokens
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".jsonl"
 MetadataUpdate = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any] | None]
-# Compaction folds superseded metadata lines away once they are this many, or this large, or
-# when this many bytes of consolidated lines could move to the archive.
+# Compaction folds superseded metadata lines away once they are this many, or this large (and
+# more than a fifth of the file's other bytes: metadata stays a small share of the file),
+# or when this many bytes of consolidated lines could move to the archive.
 COMPACT_AFTER_LINES = 200
-COMPACT_AFTER_BYTES = 64 * 1024
+COMPACT_AFTER_BYTES = 4 * 1024
+COMPACT_SHARE = 0.2
 ARCHIVE_AFTER_BYTES = 256 * 1024
 COMPACT_RETRY_SECONDS = 300
 ARCHIVE_SUFFIX = ".archive"
+# A session file smaller than this is read whole; a bigger one from its consolidation point.
+READ_WHOLE_BELOW = 64 * 1024
 # Sessions kept loaded; idle ones beyond this leave memory (least recently used first).
 MAX_CACHED = 128
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
@@ -367,9 +371,21 @@ class _Parsed:
     last_meta_size: int = 0
 
 
-def _parse(key: str, data: bytes, at: int = 0, quiet: bool = False) -> _Parsed:
+# A metadata line a later full record supersedes: replayed as no change at all.
+_SETTLED = Checked({"_type": "metadata", "changes": {}}, is_metadata=True, last_consolidated=None)
+
+
+def _parse(
+    key: str,
+    data: bytes,
+    at: int = 0,
+    quiet: bool = False,
+    settled_meta: int = -1,
+    batch: bool = True,
+) -> _Parsed:
     """Read ``data`` (the file from offset ``at``) as the loader does: torn and uncommitted
-    tails recognised, records checked, metadata replayed."""
+    tails recognised, records checked, metadata replayed. Metadata lines before offset
+    ``settled_meta`` (a full record there supersedes them) are counted, not checked."""
     p = _Parsed()
     lines = data.split(b"\n")
     tail = lines.pop()  # after the last newline: empty unless the last write was torn
@@ -386,18 +402,25 @@ def _parse(key: str, data: bytes, at: int = 0, quiet: bool = False) -> _Parsed:
     # always damage or a hostile edit, so it is set aside wherever it is in the file.
     records: list[tuple[int, Any, int, int]] = []  # lineno, Checked, size, offset
     pos = at
+    values = _json_lines(lines) if batch else None
     for lineno, raw in enumerate(lines, start=1):
         offset, pos = pos, pos + len(raw) + 1
         if not raw.strip():
             continue
-        value = _json_line(raw)
+        value = values[lineno - 1] if values is not None else _json_line(raw)
         if value is _NOT_JSON:
             p.bad.append(lineno)
             continue
-        checked = check_record(value)
+        if offset < settled_meta and isinstance(value, dict) and value.get("_type") == "metadata":
+            checked = _SETTLED
+        else:
+            checked = check_record(value)
         p.misshapen.extend((lineno, problem) for problem in checked.problems)
         if checked.record is not None:
             records.append((lineno, checked, len(raw) + 1, offset))
+    if values is not None and p.misshapen:
+        # Damage: line by line, so every finding names its own line and nothing else.
+        return _parse(key, data, at, quiet, settled_meta, batch=False)
     # A complete last line that does not parse is a torn write too (crash mid-page).
     if p.bad and p.bad[-1] == len(lines) and (not records or records[-1][0] < p.bad[-1]):
         p.end = p.end - len(lines[-1]) - 1
@@ -566,7 +589,10 @@ class SessionStore:
         path = self.path_for(key)
         session = Session(key=key, path=path)
         try:
-            found = _read_from_snapshot(key, path, messages=True) if from_snapshot else None
+            # A small file (the usual case: compaction keeps it to the tail) is read whole
+            # faster than its offsets are checked.
+            big = from_snapshot and os.stat(path).st_size >= READ_WHOLE_BELOW
+            found = _read_from_snapshot(key, path, messages=True) if big else None
         except FileNotFoundError:
             session.metadata = {"key": key, "created_at": now_iso()}
             return session
@@ -809,16 +835,11 @@ class SessionStore:
         session.drop_before(lc)
         session.metadata_written = True
         session.last_meta_size = len(meta_line)
-        archivable = 0  # bytes before the first unconsolidated line, when some are messages
-        if session.base > session.file_base:
-            archivable = session.offsets[0] if session.offsets else session.size
-        if (
-            session.stale_meta_lines >= COMPACT_AFTER_LINES
-            or session.stale_meta_bytes >= COMPACT_AFTER_BYTES
-            or archivable >= ARCHIVE_AFTER_BYTES
-        ) and time.monotonic() >= session.compact_after:
-            # The append is committed whatever happens here: a tidy-up that fails (a full
-            # disk, an archive path that is not a file) is logged and tried again later.
+        if fsync and self._compaction_due(session) and time.monotonic() >= session.compact_after:
+            # Not in an unsynced write: those run on the event loop (a delivery mark), and a
+            # compaction fsyncs twice; the next synced append does it. The append is committed
+            # whatever happens here: a tidy-up that fails (a full disk, an archive path that is
+            # not a file) is logged and tried again later.
             try:
                 self.compact(session)
             except OSError as exc:
@@ -830,6 +851,19 @@ class SessionStore:
                     exc,
                     COMPACT_RETRY_SECONDS,
                 )
+
+    @staticmethod
+    def _compaction_due(session: Session) -> bool:
+        stale = session.stale_meta_bytes
+        rest = session.size - stale - session.last_meta_size
+        archivable = 0  # bytes before the first unconsolidated line, when some are messages
+        if session.base > session.file_base:
+            archivable = session.offsets[0] if session.offsets else session.size
+        return (
+            session.stale_meta_lines >= COMPACT_AFTER_LINES
+            or (stale >= COMPACT_AFTER_BYTES and stale >= rest * COMPACT_SHARE)
+            or archivable >= ARCHIVE_AFTER_BYTES
+        )
 
     def compact(self, session: Session) -> None:
         """Rewrite the hot file as the unconsolidated messages plus one full metadata record:
@@ -995,7 +1029,9 @@ def _at_line_start(fh: Any, offset: int) -> bool:
     return fh.read(1) == b"\n"
 
 
-def _read_from_snapshot(key: str, path: Path, messages: bool) -> tuple[_Parsed, int] | None:
+def _read_from_snapshot(
+    key: str, path: Path, messages: bool, quiet: bool = False
+) -> tuple[_Parsed, int] | None:
     """Read the hot file from its last consolidation point rather than from the start.
 
     The last metadata record names the last full record (offset and generation); that one
@@ -1035,7 +1071,7 @@ def _read_from_snapshot(key: str, path: Path, messages: bool) -> tuple[_Parsed, 
             return None
         fh.seek(tail_at)
         data = fh.read()
-    parsed = _parse(key, data, tail_at)
+    parsed = _parse(key, data, tail_at, quiet, settled_meta=snap_at)
     if parsed.snap != (snap_at, gen) or parsed.first_record != tail_at:
         return None
     lc = snapshot.get("last_consolidated") or 0
@@ -1055,7 +1091,7 @@ def read_metadata(path: Path) -> dict[str, Any] | None:
     from its last full record when the file has one, else from the whole file."""
     key = path.name
     try:
-        found = _read_from_snapshot(key, path, messages=False)
+        found = _read_from_snapshot(key, path, messages=False, quiet=True)
         if found is not None:
             return found[0].metadata
         with _open_session(path) as fh:
@@ -1075,6 +1111,23 @@ def _json_line(raw: bytes) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return _NOT_JSON
+
+
+def _json_lines(lines: list[bytes]) -> list[Any] | None:
+    """Every line's JSON value from one parse (a load's hot loop; None for blank lines), or
+    None when the lines together are not one value each (the caller then goes line by
+    line, and finds which)."""
+    filled = [i for i, raw in enumerate(lines) if raw.strip()]
+    try:
+        values = json.loads(b"[" + b",".join([lines[i] for i in filled]) + b"]")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if len(values) != len(filled):
+        return None
+    out: list[Any] = [None] * len(lines)
+    for i, value in zip(filled, values, strict=True):
+        out[i] = value
+    return out
 
 
 def parse_json_line(raw: bytes) -> tuple[bool, Any]:

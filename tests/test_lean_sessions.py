@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import bot.session as session_mod
 from bot.session import (
     Session,
     SessionStore,
@@ -87,7 +88,9 @@ def contents(messages: list[dict[str, Any]]) -> list[str]:
     return [m["content"] for m in messages]
 
 
-def test_load_from_the_consolidation_point_equals_a_full_read(tmp_path: Path) -> None:
+def test_load_from_the_consolidation_point_equals_a_full_read(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(session_mod, "COMPACT_AFTER_BYTES", 10**9)  # the lines stay where written
+    monkeypatch.setattr(session_mod, "READ_WHOLE_BELOW", 0)  # small files load from offsets too
     store = SessionStore(tmp_path)
     s = store.get(KEY)
     texts = converse(store, s, 0, 30)
@@ -108,7 +111,9 @@ def test_load_from_the_consolidation_point_equals_a_full_read(tmp_path: Path) ->
     assert state(fast) == state(s) | {"truncate_at": None}
 
 
-def test_a_bad_offset_falls_back_to_reading_the_whole_file(tmp_path: Path) -> None:
+def test_a_bad_offset_falls_back_to_reading_the_whole_file(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(session_mod, "COMPACT_AFTER_BYTES", 10**9)  # the lines stay where written
+    monkeypatch.setattr(session_mod, "READ_WHOLE_BELOW", 0)  # small files load from offsets too
     store = SessionStore(tmp_path)
     s = store.get(KEY)
     texts = converse(store, s, 0, 10)
@@ -161,13 +166,15 @@ def test_a_bad_offset_falls_back_to_reading_the_whole_file(tmp_path: Path) -> No
     assert contents(old.messages) == texts[6:] and old.last_consolidated == 6
 
 
-def test_change_records_stay_small_as_pending_grows(tmp_path: Path) -> None:
+def test_change_records_stay_small_as_pending_grows(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(session_mod, "COMPACT_AFTER_BYTES", 10**9)  # every record stays
     store = SessionStore(tmp_path)
     s = store.get(KEY)
     for i in range(150):
         store.append(s, metadata=add_pending(i))
-    last = s.path.read_bytes().split(b"\n")[-2]
-    assert len(last) < 400, last  # one pending entry and one seen id, not all 150 of them
+    changes = [raw for raw in s.path.read_bytes().split(b"\n") if b'"changes"' in raw]
+    # One pending entry and one seen id each, not all 150 of them.
+    assert changes and max(map(len, changes)) < 400
     reloaded = SessionStore(tmp_path).get(KEY)
     assert [p["id"] for p in reloaded.metadata["pending"]] == [f"m{i}" for i in range(150)]
     assert reloaded.metadata["seen_ids"] == [f"m{i}" for i in range(22, 150)]

@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bot import pairing
 
     pairing.add_parsers(sub, common)
+    from bot.cron import commands as cron_commands
+
+    cron_commands.add_parsers(sub, common)
     from bot.service import commands as service_commands
 
     service_commands.add_parsers(sub, common)
@@ -235,6 +238,10 @@ def _main(argv: list[str] | None) -> int:
             from bot import pairing
 
             return pairing.run(args, cfg.agent.state_path)
+        if args.command == "cron":
+            from bot.cron import commands as cron_commands
+
+            return cron_commands.run(args, cfg)
         if args.command in ("memory", "dream"):
             from bot.memory.commands import run
 
@@ -750,6 +757,7 @@ def cmd_mcp_list(cfg: Config, config_path: Path) -> int:
 
 
 def cmd_status(cfg: Config, config_path: Path) -> int:
+    from bot.cron.commands import status_line as cron_status_line
     from bot.memory.dream import budget_lines, read_dream_cursor
 
     state = cfg.agent.state_path
@@ -788,6 +796,7 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
         ("mcp", _mcp_line(cfg, live)),
         ("gateway", f"running (pid {live['pid']})" if live else "not running"),
         ("outage", _outage_line(live)),
+        ("cron", cron_status_line(cfg)),
         ("unsent", _undelivered_line(cfg)),
         ("approvals", _approvals_line(cfg)),
     ]

@@ -113,6 +113,23 @@ class AgentConfig(_Model):
     max_concurrent_turns: int = Field(64, ge=1, le=1000)  # model calls are I/O: ~1 core at 300 ms
     # Calls beyond this many in one turn are answered with an error result and not run.
     max_tool_calls_per_turn: int = Field(50, ge=1, le=10000)
+    # IANA zone for scheduled jobs and the time the model sees; "" is the system's zone.
+    timezone: str = ""
+
+    @field_validator("timezone")
+    @classmethod
+    def _iana_zone(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        if v:
+            try:
+                ZoneInfo(v)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ValueError(
+                    f"unknown time zone {v!r}: use an IANA name such as Europe/Berlin, or "
+                    '"" for the system zone'
+                ) from None
+        return v
 
     @property
     def workspace_path(self) -> Path:
@@ -399,6 +416,26 @@ class GatewayConfig(_Model):
     drain_seconds: float = Field(20.0, ge=0, le=600)
 
 
+class CronConfig(_Model):
+    max_jobs_per_chat: int = Field(50, ge=1, le=10000)
+    # A missed occurrence older than this is skipped (logged) instead of fired late.
+    max_late_minutes: float = Field(1440.0, ge=0)
+
+
+class HeartbeatConfig(_Model):
+    interval_minutes: float = Field(30.0, ge=0, description="0 disables the heartbeat")
+    # A session key such as "telegram:12345"; "": the first Telegram admin's private chat.
+    deliver_to: str = ""
+
+    @field_validator("deliver_to")
+    @classmethod
+    def _session_key(cls, v: str) -> str:
+        channel, sep, chat = v.partition(":")
+        if v and not (sep and channel and chat):
+            raise ValueError(f"{v!r} is not a session key such as telegram:12345")
+        return v
+
+
 class Config(_Model):
     llm: LLMConfig = LLMConfig()
     agent: AgentConfig = AgentConfig()
@@ -406,6 +443,8 @@ class Config(_Model):
     channels: ChannelsConfig = ChannelsConfig()
     memory: MemoryConfig = MemoryConfig()
     gateway: GatewayConfig = GatewayConfig()
+    cron: CronConfig = CronConfig()
+    heartbeat: HeartbeatConfig = HeartbeatConfig()
 
 
 def default_config_path() -> Path:

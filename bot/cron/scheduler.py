@@ -1,0 +1,403 @@
+"""The scheduler: turns due jobs and heartbeat ticks into inbound messages, exactly once.
+
+Each occurrence has a durable message id (``cron:<job>:<due>``, ``heartbeat:<due>``). The order
+of writes makes every crash point safe:
+
+1. the occurrence is recorded as ``firing`` in the job store (fsynced);
+2. it is published on the bus: intake makes it a pending turn of its session, or answers
+   "duplicate" when that id was taken before;
+3. on "accepted" or "duplicate" the job moves on (next occurrence; a one-off is removed).
+
+A crash before 1 leaves the job due: it fires at the next start. A crash between 1 and 3 leaves
+``firing``: the next start publishes the same id again, and intake's dedup lets it in at most
+once. After 3 the turn is a pending turn like any message, resumed by recovery, and its answer
+goes through the delivery ledger. So an occurrence fires once, never zero times or twice.
+
+A job whose previous occurrence is still pending in its session waits (never stacks); an
+occurrence more than ``cron.maxLateMinutes`` old is skipped and logged; a recurring job that
+missed several occurrences fires once, marked late, then goes on from now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bot import failpoints
+from bot.bus import InboundMessage, MessageBus
+from bot.config import Config
+from bot.cron import heartbeat
+from bot.cron.schedule import compact, describe_moment, from_iso, to_iso, zone
+from bot.cron.store import Job, Jobs, JobStore
+from bot.session import SessionStore
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 1.0
+# An occurrence handed over later than this after its due time is marked late.
+LATE_AFTER = timedelta(seconds=60)
+CRON_KEY = "cron"  # InboundMessage.metadata: {"job_id", "deliver", "due", "late"}
+HEARTBEAT_KEY = "heartbeat"  # InboundMessage.metadata: {"deliver_to", "due"}
+SENDER = "memobot-scheduler"
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def late_note(due: datetime, tz: Any) -> str:
+    return f"[late: was due at {describe_moment(due, tz)}] "
+
+
+def job_message(job: Job) -> InboundMessage:
+    """The inbound message of the occurrence recorded in ``job.firing``."""
+    assert job.firing is not None
+    channel, _, chat_id = job.session.partition(":")
+    due = from_iso(job.firing["due"])
+    text = job.message
+    if job.firing.get("late"):
+        text = late_note(due, job.schedule.zone) + text
+    if job.deliver == "agent":
+        text = f"[scheduled task {job.id}, {job.schedule.describe()}: do it now] {text}"
+    return InboundMessage(
+        channel,
+        chat_id,
+        SENDER,
+        text,
+        message_id=job.firing["message_id"],
+        metadata={
+            CRON_KEY: {
+                "job_id": job.id,
+                "deliver": job.deliver,
+                "due": job.firing["due"],
+                "late": bool(job.firing.get("late")),
+            },
+            "is_admin": job.by_admin,
+            "is_group": job.is_group,
+        },
+    )
+
+
+class Scheduler:
+    """Fires due jobs and heartbeat ticks; ``start()``/``stop()`` with the gateway.
+
+    ``channels``: only jobs of these channels fire (the gateway's running ones); the others
+    wait. ``clock`` is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        store: JobStore,
+        bus: MessageBus,
+        sessions: SessionStore,
+        channels: set[str],
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.bus = bus
+        self.sessions = sessions
+        self.channels = channels
+        self.clock = clock
+        self.tz = zone(cfg.agent.timezone)
+        self.deliver_to = heartbeat.deliver_to(cfg)
+        self._task: asyncio.Task[None] | None = None
+        self._stamp: tuple[int, int, int] | bool | None = False  # False: never read
+        self._jobs = Jobs()
+        self._told: set[str] = set()  # things logged once (a waiting job, a bad store)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.cfg.heartbeat.interval_minutes > 0 and self.deliver_to is None:
+            log.warning(
+                "heartbeat: no heartbeat.deliverTo and no Telegram admin to default to; "
+                "heartbeat results are not delivered, so the heartbeat does not run"
+            )
+        self._task = asyncio.create_task(self._run(), name="scheduler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("scheduler tick failed; trying again in %.0f s", TICK_SECONDS)
+            await asyncio.sleep(TICK_SECONDS)
+
+    def snapshot(self) -> dict[str, Any]:
+        """For the gateway's status file: how many jobs, which is due next."""
+        nxt = self._jobs.next_due()
+        return {
+            "jobs": len(self._jobs.jobs),
+            "next": {"id": nxt.id, "at": nxt.next_run, "session": nxt.session} if nxt else None,
+        }
+
+    # -- one tick --------------------------------------------------------------------------
+
+    async def tick(self) -> None:
+        """Fire whatever is due now. Re-reads the store when it changed (the CLI, the tool)."""
+        if not await self._refresh():
+            return
+        now = self.clock()
+        for job in list(self._jobs.jobs):
+            if job.session.partition(":")[0] not in self.channels:
+                self._once(
+                    f"channel:{job.id}",
+                    "cron job %s session=%s waits: its channel is not running in this gateway",
+                    job.id,
+                    job.session,
+                )
+                continue
+            if job.firing:
+                await self._hand_over(job)
+            elif job.next_moment is not None and job.next_moment <= now:
+                await self._due(job, now)
+        if self.cfg.heartbeat.interval_minutes > 0 and self.deliver_to is not None:
+            await self._heartbeat(now)
+
+    async def _refresh(self) -> bool:
+        stamp = self.store.stamp()
+        if stamp == self._stamp:
+            return True
+        try:
+            self._jobs = await asyncio.to_thread(self.store.load)
+        except (OSError, ValueError) as exc:
+            self._once(
+                "store",
+                "cron: cannot read %s (%s); jobs wait until it is fixed",
+                self.store.path,
+                exc,
+            )
+            return False
+        self._told.discard("store")
+        self._stamp = stamp
+        return True
+
+    async def _update(self, change: Callable[[Jobs], Any]) -> Any:
+        result = await asyncio.to_thread(self.store.update, change)
+        self._stamp = False  # read our own write back on the next refresh
+        await self._refresh()
+        return result
+
+    def _once(self, key: str, fmt: str, *args: Any) -> None:
+        if key not in self._told:
+            self._told.add(key)
+            log.warning(fmt, *args)
+
+    async def _pending(self, key: str, message_id: str | None) -> bool:
+        """Is ``message_id`` still a pending (unfinished) turn of session ``key``?"""
+        if not message_id:
+            return False
+        meta = await asyncio.to_thread(self.sessions.peek_metadata, key) or {}
+        return any(p.get("id") == message_id for p in meta.get("pending") or [])
+
+    def _too_late(self, due: datetime, now: datetime) -> bool:
+        return now - due > timedelta(minutes=self.cfg.cron.max_late_minutes)
+
+    async def _due(self, job: Job, now: datetime) -> None:
+        due = job.next_moment
+        assert due is not None
+        if await self._pending(job.session, job.last_message_id):
+            self._once(
+                f"wait:{job.next_run}:{job.id}",
+                "cron job %s session=%s: the previous run is still going; this one waits",
+                job.id,
+                job.session,
+            )
+            return
+        if self._too_late(due, now):
+            await self._skip(job, due, now)
+            return
+        firing = {
+            "due": job.next_run,
+            "message_id": f"cron:{job.id}:{compact(due)}",
+            "late": now - due > LATE_AFTER,
+        }
+
+        def record(jobs: Jobs) -> Job | None:
+            current = jobs.get(job.id)
+            if current is None or current.firing or current.next_run != job.next_run:
+                return None  # changed meanwhile (removed by the CLI): nothing to fire
+            current.firing = firing
+            return current
+
+        recorded = await self._update(record)
+        if recorded is None:
+            return
+        failpoints.hit("cron_recorded")
+        await self._hand_over(recorded)
+
+    async def _hand_over(self, job: Job) -> None:
+        """Publish the recorded occurrence; once intake has it, move the job on."""
+        assert job.firing is not None
+        message_id = job.firing["message_id"]
+        verdict = await self.bus.publish_inbound(job_message(job))
+        failpoints.hit("cron_published")
+        if verdict == "refused":
+            return  # shutting down: still recorded, published again at the next start
+        now = self.clock()
+
+        def moved_on(jobs: Jobs) -> None:
+            current = jobs.get(job.id)
+            if current is None or (current.firing or {}).get("message_id") != message_id:
+                return
+            due = from_iso(current.firing["due"])
+            current.firing = None
+            current.last_message_id = message_id
+            current.last_run = to_iso(now)
+            nxt = current.schedule.next_after(due, now)
+            if nxt is None:
+                jobs.jobs.remove(current)
+            else:
+                current.next_run = to_iso(nxt)
+
+        await self._update(moved_on)
+        log.info(
+            "cron job %s fired session=%s id=%s intake=%s%s",
+            job.id,
+            job.session,
+            message_id,
+            verdict,
+            " (late)" if job.firing.get("late") else "",
+        )
+
+    async def _skip(self, job: Job, due: datetime, now: datetime) -> None:
+        def skipped(jobs: Jobs) -> None:
+            current = jobs.get(job.id)
+            if current is None or current.next_run != job.next_run or current.firing:
+                return
+            nxt = current.schedule.next_after(due, now)
+            if nxt is None:
+                jobs.jobs.remove(current)
+            else:
+                current.next_run = to_iso(nxt)
+
+        await self._update(skipped)
+        log.warning(
+            "cron job %s session=%s: the occurrence due %s was missed by %.0f min, more than "
+            "cron.maxLateMinutes (%g); skipped%s",
+            job.id,
+            job.session,
+            job.next_run,
+            (now - due).total_seconds() / 60,
+            self.cfg.cron.max_late_minutes,
+            "" if job.schedule.kind != "at" else " and the one-off job removed",
+        )
+
+    # -- heartbeat -------------------------------------------------------------------------
+
+    async def _heartbeat(self, now: datetime) -> None:
+        record = self._jobs.heartbeat
+        period = timedelta(minutes=self.cfg.heartbeat.interval_minutes)
+        if record.get("firing"):
+            await self._hand_over_heartbeat(dict(record["firing"]))
+            return
+        if not record.get("next_run"):
+            await self._set_heartbeat(lambda hb: hb.update(next_run=to_iso(now + period)))
+            return
+        due = from_iso(record["next_run"])
+        if due > now:
+            return
+        after = to_iso(due + ((now - due) // period + 1) * period)  # the grid, from now on
+        tasks = await asyncio.to_thread(self._read_tasks)
+        if not tasks or self._too_late(due, now):
+            if tasks:
+                log.warning(
+                    "heartbeat due %s missed by more than cron.maxLateMinutes; skipped",
+                    record["next_run"],
+                )
+            await self._set_heartbeat(lambda hb: hb.update(next_run=after))
+            return
+        if await self._pending(heartbeat.SESSION, record.get("last_message_id")):
+            self._once(
+                f"wait:{record['next_run']}:heartbeat",
+                "heartbeat: the previous run is still going; this one waits",
+            )
+            return
+        late = now - due > LATE_AFTER
+        note = late_note(due, self.tz) if late else ""
+        firing = {
+            "due": record["next_run"],
+            "message_id": f"heartbeat:{compact(due)}",
+            "text": heartbeat.task_text(tasks, note),
+            "deliver_to": self.deliver_to,
+        }
+
+        def fire(hb: dict[str, Any]) -> None:
+            hb["firing"] = firing
+
+        await self._set_heartbeat(fire)
+        failpoints.hit("heartbeat_recorded")
+        await self._hand_over_heartbeat(firing)
+
+    def _read_tasks(self) -> list[str]:
+        path: Path = self.cfg.agent.workspace_path / heartbeat.FILE
+        try:
+            return heartbeat.open_tasks(path.read_text(encoding="utf-8", errors="replace"))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return []
+
+    async def _set_heartbeat(self, change: Callable[[dict[str, Any]], None]) -> None:
+        def apply(jobs: Jobs) -> None:
+            change(jobs.heartbeat)
+
+        await self._update(apply)
+
+    async def _hand_over_heartbeat(self, firing: dict[str, Any]) -> None:
+        channel, _, chat_id = heartbeat.SESSION.partition(":")
+        msg = InboundMessage(
+            channel,
+            chat_id,
+            SENDER,
+            firing["text"],
+            message_id=firing["message_id"],
+            metadata={
+                HEARTBEAT_KEY: {"deliver_to": firing["deliver_to"], "due": firing["due"]},
+                "is_admin": True,
+                "is_group": not heartbeat.private_chat(firing["deliver_to"]),
+            },
+        )
+        verdict = await self.bus.publish_inbound(msg)
+        failpoints.hit("heartbeat_published")
+        if verdict == "refused":
+            return
+        now = self.clock()
+        period = timedelta(minutes=self.cfg.heartbeat.interval_minutes)
+
+        def moved_on(hb: dict[str, Any]) -> None:
+            if (hb.get("firing") or {}).get("message_id") != firing["message_id"]:
+                return
+            due = from_iso(firing["due"])
+            hb["firing"] = None
+            hb["last_message_id"] = firing["message_id"]
+            hb["next_run"] = to_iso(due + ((now - due) // period + 1) * period)
+
+        await self._set_heartbeat(moved_on)
+        log.info("heartbeat fired id=%s intake=%s", firing["message_id"], verdict)
+
+
+def describe_jobs(jobs: list[Job], now: datetime) -> list[str]:
+    """One line per job, for ``memobot cron list`` and ``/cron``: id, session, schedule, next
+    run (local time), message."""
+    lines = []
+    for job in sorted(jobs, key=lambda j: j.next_run or "9"):
+        moment = job.next_moment
+        when = describe_moment(moment, job.schedule.zone, now) if moment else "nothing left to run"
+        kind = " [text]" if job.deliver == "text" else ""
+        lines.append(
+            f"{job.id}  {job.session}  {job.schedule.describe()}  next: {when}{kind}  "
+            f"{json.dumps(job.message, ensure_ascii=False)}"
+        )
+    return lines

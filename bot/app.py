@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from bot.bus import MessageBus
 from bot.config import Config
 from bot.context import ContextBuilder
+from bot.cron.schedule import zone
+from bot.cron.store import JobStore
 from bot.gate import (
     Gate,
     describe_confinement,
@@ -22,6 +24,7 @@ from bot.loop import AgentLoop
 from bot.memory.history import HistoryArchive
 from bot.session import SessionStore
 from bot.tools import build_default_tools
+from bot.tools.cron import CronTool
 from bot.tools.mcp import McpManager
 from bot.workspace import init_workspace
 
@@ -94,6 +97,7 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
     store = SessionStore(cfg.agent.state_path)
     gate = build_gate(cfg, config_path)
     tools = build_default_tools(cfg.tools, workspace, cfg.agent.state_path)
+    tools.register(CronTool(JobStore(cfg.agent.state_path), cfg.cron, cfg.agent.timezone))
     # Not started here: the caller starts it once its event loop runs (mcp.start()).
     mcp = McpManager(cfg.tools, tools, gate=gate, workspace=workspace, log_dir=mcp_log_dir(cfg))
     loop = AgentLoop(
@@ -102,7 +106,11 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
         store,
         provider,
         tools,
-        ContextBuilder(workspace, share_in_groups=cfg.memory.share_in_groups),
+        ContextBuilder(
+            workspace,
+            share_in_groups=cfg.memory.share_in_groups,
+            timezone=zone(cfg.agent.timezone),
+        ),
         HistoryArchive(workspace),
         gate,
         mcp=mcp,

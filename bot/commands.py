@@ -11,13 +11,25 @@ HELP_TEXT = """memobot commands:
 /dream  distil the conversation archive into long-term memory now
 /allow ID, /always ID, /deny ID   answer an approval request (where there are no buttons)
 /approve CODE   (admins) let in the person who was given this pairing code
+/cron   list this chat's scheduled jobs (reminders, recurring tasks)
 /help   this list"""
 
 COMMANDS = frozenset(
-    {"/new", "/stop", "/status", "/help", "/dream", "/allow", "/always", "/deny", "/approve"}
+    {
+        "/new",
+        "/stop",
+        "/status",
+        "/help",
+        "/dream",
+        "/allow",
+        "/always",
+        "/deny",
+        "/approve",
+        "/cron",
+    }
 )
 # Answered at once, beside a running turn, and never stored as a pending turn.
-IMMEDIATE = frozenset({"/stop", "/help", "/status", "/dream", "/approve"})
+IMMEDIATE = frozenset({"/stop", "/help", "/status", "/dream", "/approve", "/cron"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import mimetypes
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,9 +53,16 @@ class _CachedFile:
 
 class ContextBuilder:
     def __init__(
-        self, workspace: Path, identity: str | None = None, share_in_groups: bool = False
+        self,
+        workspace: Path,
+        identity: str | None = None,
+        share_in_groups: bool = False,
+        timezone: tzinfo | None = None,
     ) -> None:
+        """``timezone``: the zone of the time in the runtime block (``agent.timezone``);
+        None is the system's current offset."""
         self.workspace = workspace
+        self.timezone = timezone
         self.identity = identity or default_identity(workspace)
         self.skills = SkillsIndex(workspace)
         self._files: dict[str, _CachedFile] = {n: _CachedFile() for n in WORKSPACE_PROMPT_FILES}
@@ -121,6 +128,8 @@ class ContextBuilder:
         media: Sequence[str] = (),
         now: datetime | None = None,
     ) -> dict[str, Any]:
+        if now is None and self.timezone is not None:
+            now = datetime.now(self.timezone)
         content = text + "\n\n" + runtime_block(channel, chat_id, now)
         images = [p for p in media if Path(p).suffix.lower() in IMAGE_SUFFIXES]
         others = [p for p in media if p not in images]

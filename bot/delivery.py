@@ -42,6 +42,9 @@ from bot.session import SUFFIX, SessionStore, filename_to_key, read_metadata
 log = logging.getLogger(__name__)
 
 DELIVERY_KEY = "delivery_id"
+# The session whose outbox holds the answer, when that is not the chat it goes to (the
+# heartbeat's answers live in its own session and go to heartbeat.deliverTo).
+LEDGER_SESSION_KEY = "ledger_session"
 FAILED_KEPT = 20  # undeliverable answers kept per session (oldest dropped first)
 PREVIEWS_KEY = "previews"
 PREVIEWS_KEPT = 16  # preview records per session (one per answer being written; oldest dropped)
@@ -58,8 +61,8 @@ def outbox_entry(delivery_id: str, msg: OutboundMessage) -> dict[str, Any]:
     }
 
 
-def outbound_from_entry(entry: dict[str, Any]) -> OutboundMessage:
-    return OutboundMessage(
+def outbound_from_entry(entry: dict[str, Any], session: str | None = None) -> OutboundMessage:
+    msg = OutboundMessage(
         entry["channel"],
         entry["chat_id"],
         entry["text"],
@@ -67,6 +70,14 @@ def outbound_from_entry(entry: dict[str, Any]) -> OutboundMessage:
         final=True,
         metadata={DELIVERY_KEY: entry["id"]},
     )
+    if session is not None and session != msg.session_key:
+        msg.metadata[LEDGER_SESSION_KEY] = session
+    return msg
+
+
+def ledger_session(msg: OutboundMessage) -> str:
+    """The session whose outbox holds ``msg``."""
+    return str(msg.metadata.get(LEDGER_SESSION_KEY) or msg.session_key)
 
 
 def _change(delivery_id: str, update: dict[str, Any] | None) -> Any:
@@ -116,7 +127,7 @@ class DeliveryLedger:
 
     def _entry(self, msg: OutboundMessage) -> dict[str, Any] | None:
         delivery_id = msg.metadata.get(DELIVERY_KEY)
-        for entry in self.store.get(msg.session_key).metadata.get("outbox") or []:
+        for entry in self.store.get(ledger_session(msg)).metadata.get("outbox") or []:
             if entry.get("id") == delivery_id:
                 return entry
         return None
@@ -127,7 +138,7 @@ class DeliveryLedger:
         delivery_id = msg.metadata.get(DELIVERY_KEY)
         if not delivery_id:
             return False
-        session = self.store.get(msg.session_key)
+        session = self.store.get(ledger_session(msg))
         return await self.store.append_async(
             session, metadata=_change(delivery_id, update), fsync=fsync
         )
@@ -166,7 +177,7 @@ class DeliveryLedger:
         update: dict[str, Any] = {"state": "sending", "next": index}
         if pieces is not None and len(pieces) > 1:
             update["pieces"] = pieces
-        session = self.store.get(msg.session_key)
+        session = self.store.get(ledger_session(msg))
         if not self.store.append(session, metadata=_change(delivery_id, update), fsync=False):
             return False
         await asyncio.to_thread(self.store.fsync, session)
@@ -279,7 +290,7 @@ class DeliveryLedger:
                 resend.append({**entry, "state": "queued", "next": index + 1})
         if kept + resend != outbox:
             self.store.append(session, metadata={"outbox": (kept + resend) or None})
-        return [outbound_from_entry(e) for e in resend]
+        return [outbound_from_entry(e, key) for e in resend]
 
 
 def undelivered(state_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:

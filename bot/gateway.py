@@ -25,6 +25,9 @@ from typing import Any
 
 from bot.app import build_agent
 from bot.config import EX_CONFIG, Config
+from bot.cron import heartbeat
+from bot.cron.scheduler import Scheduler
+from bot.cron.store import JobStore
 from bot.pairing import announce_approvals, stores
 from bot.service.daemon import ServiceHooks
 
@@ -70,6 +73,13 @@ class Gateway:
         self.stack = build_agent(cfg, config_path, wait_for_model=True)
         self.channels = [create_channel(n, self.stack.bus, cfg) for n in enabled_channels(cfg)]
         self.manager = ChannelManager(self.stack.bus, self.stack.loop.ledger, self.channels)
+        self.scheduler = Scheduler(
+            cfg,
+            JobStore(cfg.agent.state_path),
+            self.stack.bus,
+            self.stack.store,
+            {c.name for c in self.channels},
+        )
         self.status_path = cfg.agent.state_path / STATUS_FILE
         self.started = time.time()
         self._stop = asyncio.Event()
@@ -92,6 +102,7 @@ class Gateway:
                 for c in self.channels
             },
             "active_sessions": len(self.stack.loop.running_keys()),
+            "cron": self.scheduler.snapshot(),
             "outage": self.stack.loop.outage.snapshot() if self.stack.loop.outage else None,
             "mcp": {
                 st.name: {"state": st.state, "detail": st.detail, "tools": len(st.tools)}
@@ -138,12 +149,16 @@ class Gateway:
         watchdog_task = asyncio.create_task(self.service.watchdog(), name="watchdog")
         if not self.channels:
             log.warning("no channel is enabled: set channels.<name>.enabled in the config")
-        resumed = self.stack.loop.recover(channels={c.name for c in self.channels})
+        # The heartbeat's own session too: its answers go to a chat of a running channel.
+        recovered = {c.name for c in self.channels} | {heartbeat.CHANNEL}
+        resumed = self.stack.loop.recover(channels=recovered)
         if resumed:
             log.info("resuming %d interrupted session(s)", resumed)
         loop_task = asyncio.create_task(self.stack.loop.run(schedule_dream=True), name="agent")
         self.stack.mcp.start()  # in the background: a slow server never delays the start
         await self.manager.start()
+        # After recovery (a recorded occurrence is found as a duplicate) and the channels.
+        self.scheduler.start()
         warm = asyncio.create_task(self.stack.provider.warm_up(), name="llm-warm-up")
         log.info(
             "gateway running: channels=%s model=%s",
@@ -163,6 +178,7 @@ class Gateway:
             await self._stop.wait()
         finally:
             self.service.stopping(self.cfg.gateway.drain_seconds)
+            await self.scheduler.stop()  # nothing new is due once intake closes
             await self.stack.loop.shutdown(self.cfg.gateway.drain_seconds)
             await self.manager.flush(10)
             for t in (loop_task, status_task, watchdog_task, warm, pairing_task):

@@ -19,6 +19,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from bot.approvals import ANSWER_COMMANDS, APPROVAL_KEY, press_from_command
@@ -26,6 +27,8 @@ from bot.bus import InboundMessage, Intake, MessageBus, admin_notice
 from bot.commands import HELP_TEXT, IMMEDIATE, Command, format_duration, parse_command
 from bot.config import Config
 from bot.context import ContextBuilder
+from bot.cron.scheduler import describe_jobs
+from bot.cron.store import JobStore
 from bot.delivery import DeliveryLedger
 from bot.gate import Gate
 from bot.gate.approval import open_record
@@ -40,7 +43,7 @@ from bot.recovery import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS, Recovery
 from bot.runner import close_open_tool_calls
 from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso
 from bot.tools.base import ToolRegistry
-from bot.turn import STOPPED_TEXT, Turns
+from bot.turn import STOPPED_TEXT, Turns, text_job
 
 if TYPE_CHECKING:
     from bot.tools.mcp import McpManager
@@ -89,6 +92,7 @@ class AgentLoop:
         self.bus = bus
         self.store = store
         self.ledger = DeliveryLedger(store)
+        self.jobs = JobStore(cfg.agent.state_path)
         self.consolidator = Consolidator(cfg.memory, store, provider, archive)
         self.dream = Dream(cfg.memory, cfg.agent.workspace_path, provider, archive)
         self.turns = Turns(
@@ -227,6 +231,8 @@ class AgentLoop:
             text = self.status_text(msg.session_key)
         elif command.name == "/approve":
             text = await self._approve_pairing(msg, command.args)
+        elif command.name == "/cron":
+            text = await self._cron_text(msg.session_key)
         elif not self._may_stop(msg):
             text = "Only the person who asked, or an admin, may stop this answer."
         elif self.stop(msg.session_key):
@@ -251,6 +257,17 @@ class AgentLoop:
         )
         name = f" ({approved.name})" if approved.name else ""
         return f"Approved {approved.channel} user {approved.sender_id}{name}. They will be told."
+
+    async def _cron_text(self, key: str) -> str:
+        try:
+            jobs = (await asyncio.to_thread(self.jobs.load)).of_session(key)
+        except (OSError, ValueError) as exc:
+            log.error("cannot read the job store session=%s: %s", key, exc)
+            return "I could not read the scheduled jobs; see the logs."
+        if not jobs:
+            return "No scheduled jobs in this chat."
+        lines = describe_jobs(jobs, datetime.now(UTC))
+        return "Scheduled jobs in this chat:\n" + "\n".join(lines)
 
     def _may_stop(self, msg: InboundMessage) -> bool:
         work = self._work.get(msg.session_key)
@@ -285,7 +302,7 @@ class AgentLoop:
             job = work.queue.popleft()
             if self.outage is not None and self.outage.active and job.turn is None:
                 # The model is known to be down: wait without spending a slot on retries.
-                if parse_command(job.msg.text) is None:
+                if parse_command(job.msg.text) is None and not text_job(job.msg):
                     await self._wait_for_model(key, work, job, None)
                     continue
             async with self._slots:
@@ -318,6 +335,9 @@ class AgentLoop:
             await self._new_session(msg)
             return
         session = self.store.get(msg.session_key)
+        if text_job(msg):
+            await self.turns.deliver_text(session, msg)
+            return
         turn = job.turn
         paused = None
         if turn is None and job.resume:

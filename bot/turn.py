@@ -22,7 +22,9 @@ from bot.approvals import ApprovalDesk, offered_tools
 from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from bot.config import Config
 from bot.context import ContextBuilder
-from bot.delivery import DELIVERY_KEY, outbox_entry
+from bot.cron import heartbeat
+from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY
+from bot.delivery import DELIVERY_KEY, LEDGER_SESSION_KEY, outbox_entry
 from bot.gate import Gate, ProcessScope
 from bot.gate.approval import close_unanswered
 from bot.intake import without_pending
@@ -142,10 +144,13 @@ class Turns:
             channel=msg.channel,
             chat_id=msg.chat_id,
             session_key=msg.session_key,
-            send=lambda text: self.publish(msg, text, final=False),
+            # A heartbeat turn has no chat of its own: it speaks only through its answer.
+            send=None if HEARTBEAT_KEY in msg.metadata else lambda t: self.publish(msg, t, False),
             extra={
                 "private": self.private(msg),
                 "offered": offered_tools(self.cfg, msg, self.tools.names),
+                "is_admin": bool(msg.metadata.get("is_admin", True)),
+                "is_group": bool(msg.metadata.get("is_group", False)),
             },
             gate=self.gate,
             processes=ProcessScope(),
@@ -185,9 +190,10 @@ class Turns:
             )
 
         started = time.monotonic()
-        await self.bus.publish_outbound(
-            OutboundMessage(msg.channel, msg.chat_id, "", metadata={"typing": True})
-        )
+        if HEARTBEAT_KEY not in msg.metadata:
+            await self.bus.publish_outbound(
+                OutboundMessage(msg.channel, msg.chat_id, "", metadata={"typing": True})
+            )
         failpoints.hit("before_llm")
         stream = None
         if msg.channel in self.bus.streaming:  # the chat shows answers while they are written
@@ -252,8 +258,11 @@ class Turns:
         cleared. Then the answer goes out, its ``outcome`` in the metadata (the terminal turns
         it into an exit code)."""
         delivery_id = f"d-{uuid.uuid4().hex[:12]}"
-        out = self.answer(msg, text, outcome, {DELIVERY_KEY: delivery_id})
-        entry = outbox_entry(delivery_id, out)
+        out: OutboundMessage | None = self.answer(msg, text, outcome, {DELIVERY_KEY: delivery_id})
+        beat = msg.metadata.get(HEARTBEAT_KEY)
+        if beat:
+            out = _heartbeat_answer(msg, beat, text, outcome, delivery_id)
+        entries = [outbox_entry(delivery_id, out)] if out is not None else []
 
         def finished(meta: dict[str, Any]) -> dict[str, Any]:
             # Derived under the session lock: a message accepted meanwhile stays pending.
@@ -263,11 +272,14 @@ class Turns:
                 "resume": None,
                 "interrupted": None,
                 "pending": without_pending(meta, msg.message_id),
-                "outbox": [*(meta.get("outbox") or []), entry],
+                "outbox": [*(meta.get("outbox") or []), *entries] or None,
             }
 
         await self.store.append_async(session, turn, metadata=finished)
         failpoints.hit("before_delivery")
+        if out is None:
+            log.info("heartbeat: nothing to tell session=%s", msg.session_key)
+            return
         await self.bus.publish_outbound(out)
         self.last_active[msg.session_key] = time.monotonic()
         self.consolidator.schedule(msg.session_key)
@@ -297,6 +309,13 @@ class Turns:
         await self.bus.publish_outbound(out)
         return True
 
+    async def deliver_text(self, session: Session, msg: InboundMessage) -> None:
+        """A reminder (a ``deliver: "text"`` job): its text is the answer, through the same
+        finish and ledger as any answer, so a crash cannot send it twice; no model call."""
+        if any(p.get("id") == msg.message_id for p in session.metadata.get("pending") or []):
+            said = [{"role": "assistant", "content": msg.text}]
+            await self.finish(session, msg, said, msg.text)
+
     async def fail(self, msg: InboundMessage) -> None:
         """A bug or an I/O error ended the turn: tell the person, keep the loop alive."""
         try:
@@ -324,3 +343,34 @@ class Turns:
         await self.bus.publish_outbound(
             OutboundMessage(msg.channel, msg.chat_id, text, reply_to=msg.message_id, final=final)
         )
+
+
+def text_job(msg: InboundMessage) -> bool:
+    """A scheduled job that sends its text as it is (``deliver: "text"``), without the model."""
+    return (msg.metadata.get(CRON_KEY) or {}).get("deliver") == "text"
+
+
+def _heartbeat_answer(
+    msg: InboundMessage, beat: dict[str, Any], text: str, outcome: Outcome, delivery_id: str
+) -> OutboundMessage | None:
+    """A heartbeat turn's answer, addressed to ``heartbeat.deliverTo`` and kept in the
+    heartbeat session's outbox; None when it says there is nothing to tell (or failed: a
+    model outage must not message the owner every interval)."""
+    tell = heartbeat.worth_telling(text) if outcome == "ok" else None
+    if tell is None:
+        if outcome != "ok":
+            log.warning("heartbeat turn %s session=%s; nothing sent", outcome, msg.session_key)
+        return None
+    channel, _, chat_id = str(beat["deliver_to"]).partition(":")
+    return OutboundMessage(
+        channel,
+        chat_id,
+        tell,
+        reply_to=msg.message_id,
+        final=True,
+        metadata={
+            DELIVERY_KEY: delivery_id,
+            OUTCOME_KEY: outcome,
+            LEDGER_SESSION_KEY: msg.session_key,
+        },
+    )

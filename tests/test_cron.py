@@ -1,0 +1,267 @@
+"""Scheduled jobs, the logic with an injected clock: time zones and daylight saving, the store,
+and the scheduler's exactly-once hand-over to the real intake (AgentLoop.accept)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from bot.app import build_agent
+from bot.bus import InboundMessage
+from bot.cron import heartbeat
+from bot.cron.schedule import Schedule, ScheduleError, from_iso, to_iso
+from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY, Scheduler
+from bot.cron.store import JobStore, new_job
+from tests.helpers import make_config
+
+BERLIN = ZoneInfo("Europe/Berlin")
+KEY = "telegram:1001"
+
+
+def local_runs(schedule: Schedule, start: datetime, n: int) -> list[datetime]:
+    """``n`` consecutive occurrences, each computed from the previous one as the scheduler
+    does after firing it, in Berlin time."""
+    runs, occurrence = [], schedule.first_run(start)
+    for _ in range(n):
+        runs.append(occurrence.astimezone(BERLIN))
+        nxt = schedule.next_after(occurrence, occurrence)
+        assert nxt is not None
+        occurrence = nxt
+    return runs
+
+
+@pytest.mark.parametrize(
+    ("day", "expr", "expected"),
+    [
+        # Spring forward (02:00 -> 03:00): 02:30 does not exist that day; it runs once, 03:00.
+        ("2026-03-27", "30 2 * * *", ["28 02:30", "29 03:00", "30 02:30", "31 02:30"]),
+        ("2026-03-27", "0 9 * * *", ["28 09:00", "29 09:00", "30 09:00", "31 09:00"]),
+        # Fall back (03:00 -> 02:00): 02:30 happens twice that day; it runs once.
+        ("2026-10-23", "30 2 * * *", ["24 02:30", "25 02:30", "26 02:30", "27 02:30"]),
+        ("2026-10-23", "0 9 * * *", ["24 09:00", "25 09:00", "26 09:00", "27 09:00"]),
+    ],
+)
+def test_daily_job_neither_skips_nor_doubles_across_dst(
+    day: str, expr: str, expected: list[str]
+) -> None:
+    schedule = Schedule.make(cron_expr=expr, tz="Europe/Berlin")
+    start = datetime.fromisoformat(f"{day}T12:00").replace(tzinfo=BERLIN)
+    runs = local_runs(schedule, start, 4)
+    assert [f"{r:%d %H:%M}" for r in runs] == expected
+    # One run per calendar day, 24 h apart in wall time except across the change.
+    assert len({r.date() for r in runs}) == 4
+
+
+def test_fall_back_repeated_hour_runs_the_job_once() -> None:
+    """From inside the repeated hour (second pass, fold=1), the next 02:30 is the next day's."""
+    schedule = Schedule.make(cron_expr="30 2 * * *", tz="Europe/Berlin")
+    first_pass = datetime(2026, 10, 25, 0, 30, tzinfo=UTC)  # 02:30 CEST
+    nxt = schedule.next_after(first_pass, first_pass + timedelta(hours=1))  # 02:30 CET
+    assert nxt is not None
+    assert f"{nxt.astimezone(BERLIN):%Y-%m-%d %H:%M %Z}" == "2026-10-26 02:30 CET"
+
+
+def test_at_is_local_to_its_zone_and_past_is_refused() -> None:
+    schedule = Schedule.make(at="2026-12-24T09:00", tz="Europe/Berlin")
+    assert to_iso(schedule.at_moment()) == "2026-12-24T08:00:00Z"
+    with pytest.raises(ScheduleError, match="in the past"):
+        schedule.first_run(datetime(2026, 12, 24, 9, tzinfo=UTC))
+    with pytest.raises(ScheduleError, match="exactly one"):
+        Schedule.make(at="2026-12-24T09:00", every_seconds=60, tz="UTC")
+    with pytest.raises(ScheduleError, match="5 fields"):
+        Schedule.make(cron_expr="* * * * * *", tz="UTC")
+    with pytest.raises(ScheduleError, match="not valid"):
+        Schedule.make(cron_expr="61 * * * *", tz="UTC")
+    with pytest.raises(ScheduleError, match="unknown time zone"):
+        Schedule.make(every_seconds=60, tz="Mars/Olympus")
+
+
+def test_every_keeps_its_grid_and_skips_missed_runs() -> None:
+    schedule = Schedule.make(every_seconds=60, tz="UTC")
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    # Ten minutes and a bit missed: one next run, on the grid, after now.
+    nxt = schedule.next_after(t0, t0 + timedelta(minutes=10, seconds=5))
+    assert nxt == t0 + timedelta(minutes=11)
+
+
+def test_heartbeat_open_tasks_and_sentinel() -> None:
+    text = (Path(__file__).parents[1] / "workspace_template" / "HEARTBEAT.md").read_text()
+    assert heartbeat.open_tasks(text) == []  # the template's examples are commented out
+    assert heartbeat.open_tasks("# T\n- [ ] a\n- [x] b\n* c\nprose\n<!-- - [ ] d -->") == [
+        "a",
+        "c",
+    ]
+    assert heartbeat.worth_telling("HEARTBEAT_OK") is None
+    assert heartbeat.worth_telling("**HEARTBEAT_OK**.") is None
+    assert heartbeat.worth_telling("The build is red.") == "The build is red."
+    assert heartbeat.worth_telling("HEARTBEAT_OK\nbut the disk is full") == "but the disk is full"
+
+
+# -- the scheduler against the real intake ---------------------------------------------------
+
+
+class Clock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[tuple[Scheduler, Any, Clock, JobStore]]:
+    """A scheduler on a fake clock, handing over to the real agent loop's intake (nothing
+    consumes the queue: what is queued and what is pending on disk are the result)."""
+    cfg = make_config(
+        tmp_path,
+        "http://127.0.0.1:9/v1",
+        cron={"maxLateMinutes": 60},
+        heartbeat={"intervalMinutes": 30, "deliverTo": KEY},
+    )
+    stack = build_agent(cfg, tmp_path / "config.json")
+    clock = Clock(T0)
+    store = JobStore(cfg.agent.state_path)
+    sched = Scheduler(cfg, store, stack.bus, stack.store, {"telegram"}, clock=clock)
+    try:
+        yield sched, stack, clock, store
+    finally:
+        await stack.close()
+
+
+def queued(stack: Any) -> list[InboundMessage]:
+    out = []
+    while not stack.bus.inbound.empty():
+        out.append(stack.bus.inbound.get_nowait())
+    return out
+
+
+def add(store: JobStore, now: datetime, **kw: Any) -> str:
+    deliver = kw.pop("deliver", "agent")
+    schedule = Schedule.make(tz="Europe/Berlin", **kw)
+    return store.update(
+        lambda jobs: new_job(
+            jobs, session=KEY, message="call mum", schedule=schedule, now=now, deliver=deliver
+        )
+    ).id
+
+
+async def test_job_fires_once_when_due_and_one_off_is_removed(rig: Any) -> None:
+    sched, stack, clock, store = rig
+    job_id = add(store, T0, at="2026-03-01T09:00:05", deliver="text")  # 08:00:05 UTC
+    await sched.tick()
+    assert queued(stack) == []
+    clock.now = T0 + timedelta(seconds=5)
+    await sched.tick()
+    await sched.tick()
+    [msg] = queued(stack)
+    assert msg.message_id == f"cron:{job_id}:20260301T080005Z"
+    assert msg.session_key == KEY and msg.text == "call mum"
+    assert msg.metadata[CRON_KEY]["deliver"] == "text" and not msg.metadata[CRON_KEY]["late"]
+    assert store.load().jobs == []  # a one-off is gone once intake has it
+    pending = stack.store.get(KEY).metadata["pending"]
+    assert [p["id"] for p in pending] == [msg.message_id]
+
+
+async def test_recorded_occurrence_is_published_again_and_deduplicated(rig: Any) -> None:
+    """The crash windows: recorded but not published (published at the next start), and
+    published but not moved on (intake answers "duplicate": still exactly one turn)."""
+    sched, stack, clock, store = rig
+    job_id = add(store, T0, every_seconds=60)
+    clock.now = T0 + timedelta(seconds=60)
+    mid = f"cron:{job_id}:20260301T080100Z"
+
+    def record(jobs: Any) -> None:
+        jobs.get(job_id).firing = {"due": "2026-03-01T08:01:00Z", "message_id": mid}
+
+    store.update(record)  # as if killed right after recording
+    await sched.tick()
+    assert [m.message_id for m in queued(stack)] == [mid]
+    job = store.load().get(job_id)
+    assert job.firing is None and job.next_run == "2026-03-01T08:02:00Z"
+    store.update(record)  # as if killed after intake took it, before the job moved on
+    await sched.tick()
+    assert queued(stack) == []  # intake recognised the id
+    assert store.load().get(job_id).firing is None
+    assert [p["id"] for p in stack.store.get(KEY).metadata["pending"]] == [mid]
+
+
+async def test_missed_runs_fire_once_late_then_too_late_is_skipped(
+    rig: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    sched, stack, clock, store = rig
+    job_id = add(store, T0, every_seconds=600)
+    clock.now = T0 + timedelta(minutes=45, seconds=1)  # four runs missed while down
+    await sched.tick()
+    [msg] = queued(stack)
+    assert msg.metadata[CRON_KEY]["late"] and "[late: was due at Sun 1 Mar 2026 09:10" in msg.text
+    assert store.load().get(job_id).next_run == "2026-03-01T08:50:00Z"
+    # Finish that turn, then go down for longer than cron.maxLateMinutes (60).
+    stack.store.append(stack.store.get(KEY), metadata={"pending": None})
+    clock.now = T0 + timedelta(hours=5)
+    with caplog.at_level(logging.WARNING):
+        await sched.tick()
+    assert queued(stack) == []
+    assert "more than cron.maxLateMinutes" in caplog.text
+    assert from_iso(store.load().get(job_id).next_run) > clock.now
+
+
+async def test_a_job_waits_while_its_previous_run_is_pending(rig: Any) -> None:
+    sched, stack, clock, store = rig
+    add(store, T0, every_seconds=60)
+    clock.now = T0 + timedelta(seconds=60)
+    await sched.tick()
+    assert len(queued(stack)) == 1
+    clock.now = T0 + timedelta(seconds=120)
+    await sched.tick()
+    assert queued(stack) == []  # the first run is still pending: no stacking
+    stack.store.append(stack.store.get(KEY), metadata={"pending": None})  # it finished
+    await sched.tick()
+    assert len(queued(stack)) == 1
+
+
+async def test_cli_style_change_is_noticed_and_removed_job_never_fires(rig: Any) -> None:
+    sched, stack, clock, store = rig
+    await sched.tick()
+    job_id = add(store, T0, every_seconds=60)
+    await sched.tick()
+    assert sched.snapshot()["jobs"] == 1
+    store.update(lambda jobs: jobs.jobs.remove(jobs.get(job_id)))
+    clock.now = T0 + timedelta(minutes=5)
+    await sched.tick()
+    assert queued(stack) == [] and sched.snapshot()["jobs"] == 0
+
+
+async def test_heartbeat_runs_only_with_open_tasks(rig: Any) -> None:
+    sched, stack, clock, _store = rig
+    ws = stack.loop.cfg.agent.workspace_path
+    await sched.tick()  # sets the first tick 30 min ahead
+    clock.now = T0 + timedelta(minutes=31)
+    await sched.tick()
+    assert queued(stack) == []  # the template has no open task
+    (ws / "HEARTBEAT.md").write_text("- [ ] check the build\n")
+    clock.now = T0 + timedelta(minutes=61)
+    await sched.tick()
+    [msg] = queued(stack)
+    assert msg.session_key == heartbeat.SESSION
+    assert msg.message_id == "heartbeat:20260301T090000Z"
+    assert msg.metadata[HEARTBEAT_KEY]["deliver_to"] == KEY
+    assert "check the build" in msg.text and "HEARTBEAT_OK" in msg.text
+
+
+def test_store_write_is_atomic_json(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    add(store, T0, cron_expr="0 8 * * 1")
+    data = json.loads(store.path.read_text())
+    assert data["version"] == 1 and data["jobs"][0]["schedule"]["cron_expr"] == "0 8 * * 1"
+    assert not list(store.folder.glob(".*.tmp"))
+    assert oct(store.path.stat().st_mode & 0o777) == "0o600"

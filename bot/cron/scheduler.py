@@ -110,6 +110,7 @@ class Scheduler:
         self._task: asyncio.Task[None] | None = None
         self._stamp: tuple[int, int, int] | bool | None = False  # False: never read
         self._jobs = Jobs()
+        self._own_write = False
         self._told: set[str] = set()  # things logged once (a waiting job, a bad store)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -182,12 +183,20 @@ class Scheduler:
             )
             return False
         self._told.discard("store")
+        if self._stamp is not False and not self._own_write:
+            nxt = self._jobs.next_due()
+            log.info(
+                "cron: the job store changed: %d job(s)%s",
+                len(self._jobs.jobs),
+                f", next {nxt.id} at {nxt.next_run}" if nxt else "",
+            )
         self._stamp = stamp
+        self._own_write = False
         return True
 
     async def _update(self, change: Callable[[Jobs], Any]) -> Any:
         result = await asyncio.to_thread(self.store.update, change)
-        self._stamp = False  # read our own write back on the next refresh
+        self._own_write = True  # read our own write back, without logging it as news
         await self._refresh()
         return result
 

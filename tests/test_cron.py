@@ -265,3 +265,68 @@ def test_store_write_is_atomic_json(tmp_path: Path) -> None:
     assert data["version"] == 1 and data["jobs"][0]["schedule"]["cron_expr"] == "0 8 * * 1"
     assert not list(store.folder.glob(".*.tmp"))
     assert oct(store.path.stat().st_mode & 0o777) == "0o600"
+
+
+# -- the tool's limits -------------------------------------------------------------------------
+
+
+async def test_tool_limits_per_chat_and_for_non_admins(tmp_path: Path) -> None:
+    from bot.config import CronConfig
+    from bot.tools.base import ToolContext, ToolError
+    from bot.tools.cron import CronTool
+
+    store = JobStore(tmp_path)
+    tool = CronTool(store, CronConfig(max_jobs_per_chat=2), "Europe/Berlin")
+
+    def ctx(admin: bool, key: str = KEY) -> ToolContext:
+        channel, _, chat = key.partition(":")
+        return ToolContext(
+            tmp_path, channel=channel, chat_id=chat, session_key=key, extra={"is_admin": admin}
+        )
+
+    fast = {"action": "add", "message": "ping", "every_seconds": 5}
+    with pytest.raises(ToolError, match="at least 60"):
+        await tool.run(fast, ctx(admin=False))
+    answer = await tool.run(fast, ctx(admin=True))
+    assert answer.startswith("Scheduled job ") and "every 5 s; next run" in answer
+    await tool.run({"action": "add", "message": "x", "cron_expr": "0 8 * * 1"}, ctx(True))
+    with pytest.raises(ToolError, match="maxJobsPerChat"):
+        await tool.run({"action": "add", "message": "y", "every_seconds": 60}, ctx(True))
+    # Another chat has its own quota and sees only its own jobs; it cannot remove ours.
+    other = "telegram:2002"
+    await tool.run({"action": "add", "message": "z", "every_seconds": 60}, ctx(False, other))
+    assert "ping" not in await tool.run({"action": "list"}, ctx(False, other))
+    ours = store.load().of_session(KEY)[0].id
+    with pytest.raises(ToolError, match="no job"):
+        await tool.run({"action": "remove", "job_id": ours}, ctx(False, other))
+    with pytest.raises(ToolError, match="only an admin"):
+        await tool.run({"action": "list", "all": True}, ctx(False, other))
+    assert "ping" in await tool.run({"action": "list", "all": True}, ctx(True))
+    # The terminal cannot receive scheduled jobs.
+    with pytest.raises(ToolError, match="terminal"):
+        await tool.run(fast, ctx(True, "cli:direct"))
+
+
+async def test_many_jobs_due_at_once_fire_in_two_store_writes(
+    rig: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sched, stack, clock, store = rig
+    for n in range(50):
+        store.update(
+            lambda jobs, n=n: new_job(
+                jobs,
+                session=f"telegram:{3000 + n}",
+                message=f"job {n}",
+                schedule=Schedule.make(every_seconds=60, tz="UTC"),
+                now=T0,
+            )
+        )
+    await sched.tick()
+    writes: list[int] = []
+    real_write = store._write
+    monkeypatch.setattr(store, "_write", lambda text: (writes.append(1), real_write(text)))
+    clock.now = T0 + timedelta(seconds=60)
+    await sched.tick()
+    assert len(queued(stack)) == 50
+    assert len(writes) == 2  # recorded together, moved on together
+    assert {j.next_run for j in store.load().jobs} == {"2026-03-01T08:02:00Z"}

@@ -355,3 +355,34 @@ def test_heartbeat_speaks_only_when_there_is_something_to_tell(
     assert texts(api) == ["The build is red."]  # to the admin's private chat, once
     beats = [r for r in llm.requests if "[heartbeat]" in json.dumps(r["body"]["messages"])]
     assert len(beats) >= 2
+
+
+def test_heartbeat_answer_killed_before_delivery_is_delivered_once(
+    tmp_path: Path, api: Any, llm: FakeLLMThread
+) -> None:
+    """The heartbeat's answer lives in its own session's outbox, addressed to Alice's chat: a
+    SIGKILL between the ledger write and the send (third final answer: hello, the first
+    HEARTBEAT_OK, then this one) still gets it to her exactly once after the restart."""
+    config = write(tmp_path, llm, api, heartbeat={"intervalMinutes": 0.03})
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "HEARTBEAT.md").write_text("- [ ] check the disk\n")
+    beat = "[heartbeat]"
+    llm.script(
+        reply("HEARTBEAT_OK", when_user_contains=beat),
+        reply("The disk is full.", when_user_contains=beat),
+        *[reply("HEARTBEAT_OK", when_user_contains=beat) for _ in range(20)],
+    )
+    first = Gateway(config, failpoints="before_delivery@3")
+    try:
+        assert first.proc.wait(30) == -signal.SIGKILL
+    finally:
+        first.kill()
+    assert texts(api) == []
+    second = Gateway(config)
+    try:
+        wait_text(api, "The disk is full.")
+        time.sleep(2.5)  # more heartbeats run (nothing to tell); no second copy
+    finally:
+        second.stop()
+    assert texts(api) == ["The disk is full."]

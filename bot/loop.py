@@ -27,7 +27,7 @@ from bot.bus import InboundMessage, Intake, MessageBus, admin_notice
 from bot.commands import HELP_TEXT, IMMEDIATE, Command, format_duration, parse_command
 from bot.config import Config
 from bot.context import ContextBuilder
-from bot.cron.scheduler import describe_jobs
+from bot.cron.scheduler import HEARTBEAT_KEY, describe_jobs
 from bot.cron.store import JobStore
 from bot.delivery import DeliveryLedger
 from bot.gate import Gate
@@ -385,7 +385,12 @@ class AgentLoop:
         if info is None:
             return  # no longer pending: nothing to answer
         since = info.get("since") or now_iso()
-        tell = not info.get("notified") and key not in self.outage.notified
+        # The heartbeat has no chat to tell; its turn just waits.
+        tell = (
+            not info.get("notified")
+            and key not in self.outage.notified
+            and HEARTBEAT_KEY not in msg.metadata
+        )
         # A restart while the turn waited counted as a resume attempt; waiting is not a crash
         # of the turn, so the count starts over (else three restarts in an outage give up).
         resumed = (session.metadata.get("resume") or {}).get("message_id") == msg.message_id

@@ -111,6 +111,7 @@ class Scheduler:
         self._stamp: tuple[int, int, int] | bool | None = False  # False: never read
         self._jobs = Jobs()
         self._own_write = False
+        self._earliest: datetime | None = None  # no job can be due before this
         self._told: set[str] = set()  # things logged once (a waiting job, a bad store)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -156,6 +157,12 @@ class Scheduler:
         if not await self._refresh():
             return
         now = self.clock()
+        if self._earliest is not None and now >= self._earliest:
+            await self._jobs_tick(now)
+        if self.cfg.heartbeat.interval_minutes > 0 and self.deliver_to is not None:
+            await self._heartbeat(now)
+
+    async def _jobs_tick(self, now: datetime) -> None:
         ready: list[Job] = []  # recorded, to be published
         fresh: dict[str, dict[str, Any]] = {}  # job id -> the occurrence to record
         late: list[Job] = []
@@ -207,8 +214,6 @@ class Scheduler:
             failpoints.hit("cron_recorded")
         if ready:
             await self._hand_over(ready)
-        if self.cfg.heartbeat.interval_minutes > 0 and self.deliver_to is not None:
-            await self._heartbeat(now)
 
     async def _refresh(self) -> bool:
         stamp = self.store.stamp()
@@ -225,6 +230,10 @@ class Scheduler:
             )
             return False
         self._told.discard("store")
+        # Idle ticks (nothing due yet) stop here: no walk over the jobs every second.
+        firing = any(j.firing for j in self._jobs.jobs)
+        moments = [m for j in self._jobs.jobs if (m := j.next_moment) is not None]
+        self._earliest = datetime.min.replace(tzinfo=UTC) if firing else min(moments, default=None)
         if self._stamp is not False and not self._own_write:
             nxt = self._jobs.next_due()
             log.info(

@@ -52,8 +52,9 @@ def test_import_then_search_history_dream_and_a_turn(tmp_path: Path, llm: FakeLL
         "adopted     .git: nanobot's memory history, 2 commit(s) kept",
         "converted   sessions/cli_direct.jsonl: session cli:direct",
         "converted   ~nanobot/sessions/3f2a9c1d/telegram_123456789.jsonl",
-        "mentions tools memobot does not have (cron, spawn)",
-        "left alone  HEARTBEAT.md",
+        "mentions tools memobot does not have (spawn)",
+        "adopted     HEARTBEAT.md: read by the heartbeat every heartbeat.intervalMinutes; 1 open",
+        "left alone  ~nanobot/cron: nanobot's scheduled jobs are not carried over",
         "tools.mcpServers.remote: an SSE server",
         "channels.whatsapp (enabled): memobot has no whatsapp channel",
         "channels.telegram.allowFrom '@someone'",
@@ -263,3 +264,10 @@ def test_session_conversion_keeps_memobots_message_shape(tmp_path: Path) -> None
     assert item.last_consolidated == 2  # nanobot's 3 counted the skipped line
     assert item.skipped == 3 and item.dropped_keys["tools_used"] == 1
     assert guess_key(Path("slack_C1_17.jsonl")) == "slack:C1_17"
+
+
+def test_nanobot_heartbeat_setting_is_translated() -> None:
+    every = translate_config({"gateway": {"heartbeat": {"enabled": True, "intervalS": 600}}})
+    assert every.config["heartbeat"] == {"intervalMinutes": 10}
+    off = translate_config({"gateway": {"heartbeat": {"enabled": False, "intervalS": 600}}})
+    assert off.config["heartbeat"] == {"intervalMinutes": 0}

@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import Config, ConfigError, check_layout, load_config, parse_config, save_config
+from bot.cron.heartbeat import FILE as HEARTBEAT_FILE
+from bot.cron.heartbeat import open_tasks
 from bot.importer.nanobot_config import nanobot_workspace_setting, translate_config
 from bot.importer.report import Report
 from bot.memory.history import parse_entry
@@ -49,12 +51,12 @@ MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "timest
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 # nanobot tools memobot does not have (yet); mentions of them are reported, files not edited.
 # (web_search and mcp_<server>_<tool> exist in memobot under the same names.)
-NANOBOT_ONLY_TOOLS = ("spawn", "cron", "notebook_edit", "glob", "grep")
+NANOBOT_ONLY_TOOLS = ("spawn", "notebook_edit", "glob", "grep")
 _TOOL_MENTION = re.compile(r"\b(" + "|".join(NANOBOT_ONLY_TOOLS) + r")\b")
 PROMPT_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md")
 _LEFT_ALONE_WHY = {
-    "HEARTBEAT.md": "memobot has no heartbeat yet; the file stays as it is",
-    "cron": "memobot has no scheduled jobs yet",
+    "cron": "nanobot's scheduled jobs are not carried over: add them again with `memobot "
+    "cron add` (or ask the agent)",
     "sessions": "imported into memobot's state folder (see below)",
     "config.json": "translated (see below)",
 }
@@ -435,7 +437,15 @@ def _adopt_files(p: Plan) -> None:
                 report.add("adopted", rel, "no description: the prompt lists it by name only")
             else:
                 report.add("adopted", rel)
-    handled = {*PROMPT_FILES, "memory", "skills", ".git", ".gitignore"}
+    beat = ws / HEARTBEAT_FILE
+    if beat.is_file():
+        tasks = open_tasks(beat.read_text(encoding="utf-8", errors="replace"))
+        report.add(
+            "adopted",
+            HEARTBEAT_FILE,
+            f"read by the heartbeat every heartbeat.intervalMinutes; {len(tasks)} open task(s)",
+        )
+    handled = {*PROMPT_FILES, HEARTBEAT_FILE, "memory", "skills", ".git", ".gitignore"}
     for entry in sorted(ws.iterdir()):
         if entry.name in handled:
             continue

@@ -31,6 +31,7 @@ from bot.config import (
     ChannelConfig,
     DiscordConfig,
     ExecConfig,
+    HeartbeatConfig,
     LLMConfig,
     McpServerConfig,
     SlackConfig,
@@ -165,12 +166,33 @@ class _Translator:
             why = {
                 "host": "memobot's gateway opens no HTTP port",
                 "port": "memobot's gateway opens no HTTP port",
-                "heartbeat": "memobot has no heartbeat yet",
             }
             for key, value in gateway.items():
-                if not _empty(value):
+                if key == "heartbeat":
+                    self.heartbeat(value)
+                elif not _empty(value):
                     self.drop(f"gateway.{key}", why.get(key, "no memobot equivalent"))
         return self.result
+
+    def heartbeat(self, section: Any) -> None:
+        """nanobot's ``gateway.heartbeat {enabled, intervalS}``: memobot's ``heartbeat``."""
+        if not isinstance(section, dict):
+            return
+        self.leftovers("gateway.heartbeat", section, {"enabled", "intervalS"}, "no equivalent")
+        if section.get("enabled") is False:
+            self.out["heartbeat"] = {"intervalMinutes": 0}
+            return
+        seconds = section.get("intervalS")
+        if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0:
+            self.out["heartbeat"] = {}
+            minutes = round(seconds / 60, 3)
+            self.put(
+                HeartbeatConfig,
+                self.out["heartbeat"],
+                "intervalMinutes",
+                minutes,
+                "gateway.heartbeat.intervalS",
+            )
 
     def agents(self) -> None:
         agents = self.data.get("agents")

@@ -278,10 +278,14 @@ async def test_tool_limits_per_chat_and_for_non_admins(tmp_path: Path) -> None:
     store = JobStore(tmp_path)
     tool = CronTool(store, CronConfig(max_jobs_per_chat=2), "Europe/Berlin")
 
-    def ctx(admin: bool, key: str = KEY) -> ToolContext:
+    def ctx(admin: bool, key: str = KEY, group: bool = False) -> ToolContext:
         channel, _, chat = key.partition(":")
         return ToolContext(
-            tmp_path, channel=channel, chat_id=chat, session_key=key, extra={"is_admin": admin}
+            tmp_path,
+            channel=channel,
+            chat_id=chat,
+            session_key=key,
+            extra={"is_admin": admin, "is_group": group},
         )
 
     fast = {"action": "add", "message": "ping", "every_seconds": 5}
@@ -302,6 +306,8 @@ async def test_tool_limits_per_chat_and_for_non_admins(tmp_path: Path) -> None:
     with pytest.raises(ToolError, match="only an admin"):
         await tool.run({"action": "list", "all": True}, ctx(False, other))
     assert "ping" in await tool.run({"action": "list", "all": True}, ctx(True))
+    with pytest.raises(ToolError, match="private chat"):  # not into a group, even an admin's
+        await tool.run({"action": "list", "all": True}, ctx(True, "telegram:-100", group=True))
     # The terminal cannot receive scheduled jobs.
     with pytest.raises(ToolError, match="terminal"):
         await tool.run(fast, ctx(True, "cli:direct"))
@@ -330,3 +336,36 @@ async def test_many_jobs_due_at_once_fire_in_two_store_writes(
     assert len(queued(stack)) == 50
     assert len(writes) == 2  # recorded together, moved on together
     assert {j.next_run for j in store.load().jobs} == {"2026-03-01T08:02:00Z"}
+
+
+async def test_cron_chat_command_lists_this_chats_jobs(tmp_path: Path) -> None:
+    from tests.helpers import Harness
+
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1")
+    store = JobStore(cfg.agent.state_path)
+    now = datetime.now(UTC)
+    for key, text in (("cli:t", "water the plants"), ("cli:other", "not yours")):
+        store.update(
+            lambda jobs, key=key, text=text: new_job(
+                jobs,
+                session=key,
+                message=text,
+                schedule=Schedule.make(cron_expr="0 8 * * 1", tz="Europe/Berlin"),
+                now=now,
+            )
+        )
+    async with Harness(cfg, tmp_path / "config.json") as h:
+        answer = await h.ask("/cron")
+        empty = await h.ask("/cron", chat="nobody")
+    assert answer.startswith("Scheduled jobs in this chat:")
+    assert "water the plants" in answer and "cron '0 8 * * 1' (Europe/Berlin)" in answer
+    assert "not yours" not in answer
+    assert empty == "No scheduled jobs in this chat."
+
+
+def test_runtime_block_is_in_agent_timezone(tmp_path: Path) -> None:
+    from bot.context import ContextBuilder
+
+    builder = ContextBuilder(tmp_path, timezone=ZoneInfo("Pacific/Kiritimati"))  # UTC+14
+    content = builder.user_message("hi", "cli", "t")["content"]
+    assert "+14" in content or "LINT" in content, content

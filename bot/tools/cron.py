@@ -40,7 +40,10 @@ class CronTool(Tool):
             "cron_expr": {"type": "string", "description": "5-field cron expression"},
             "tz": {"type": "string", "description": "IANA time zone (default: memobot's)"},
             "job_id": {"type": "string", "description": "for remove"},
-            "all": {"type": "boolean", "description": "list: every chat's jobs (admins only)"},
+            "all": {
+                "type": "boolean",
+                "description": "list: every chat's jobs (an admin's private chat only)",
+            },
             "deliver": {
                 "type": "string",
                 "enum": ["agent", "text"],
@@ -67,8 +70,9 @@ class CronTool(Tool):
         if action == "list":
             jobs = await asyncio.to_thread(self.store.load)
             if args.get("all"):
-                if not admin:
-                    raise ToolError("only an admin's chat may list every chat's jobs")
+                # Other chats' reminders are private: never listed into a group.
+                if not admin or ctx.extra.get("is_group", True):
+                    raise ToolError("only an admin's private chat may list every chat's jobs")
                 if not jobs.jobs:
                     return "No scheduled jobs."
                 return "Scheduled jobs:\n" + "\n".join(describe_jobs(jobs.jobs, now))

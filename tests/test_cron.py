@@ -158,6 +158,7 @@ def add(store: JobStore, now: datetime, **kw: Any) -> str:
 async def test_job_fires_once_when_due_and_one_off_is_removed(rig: Any) -> None:
     sched, stack, clock, store = rig
     job_id = add(store, T0, at="2026-03-01T09:00:05", deliver="text")  # 08:00:05 UTC
+    later = add(store, T0, every_seconds=3600)  # not due: must be left as it is
     await sched.tick()
     assert queued(stack) == []
     clock.now = T0 + timedelta(seconds=5)
@@ -167,7 +168,8 @@ async def test_job_fires_once_when_due_and_one_off_is_removed(rig: Any) -> None:
     assert msg.message_id == f"cron:{job_id}:20260301T080005Z"
     assert msg.session_key == KEY and msg.text == "call mum"
     assert msg.metadata[CRON_KEY]["deliver"] == "text" and not msg.metadata[CRON_KEY]["late"]
-    assert store.load().jobs == []  # a one-off is gone once intake has it
+    [left] = store.load().jobs  # a one-off is gone once intake has it
+    assert left.id == later and left.next_run == "2026-03-01T09:00:00Z" and not left.firing
     pending = stack.store.get(KEY).metadata["pending"]
     assert [p["id"] for p in pending] == [msg.message_id]
 

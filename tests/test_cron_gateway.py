@@ -116,7 +116,8 @@ def wait_text(api: Any, text: str, timeout: float = 15) -> None:
 
 
 def soon(seconds: float) -> str:
-    """A local (UTC) ISO date-time ``seconds`` from now, for ``--at``."""
+    """A local (UTC) ISO date-time ``seconds`` from now, for ``--at``. A job added with the
+    command line is due 5 s ahead: one more process start takes seconds on a loaded machine."""
     return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat(timespec="milliseconds")[:-6]
 
 
@@ -176,7 +177,7 @@ def test_cli_jobs_reach_a_running_gateway_and_text_job_fires_once(config: Path, 
         assert f"2 job(s); next: {doomed}" in run_memobot("status", config=config).stdout
         cron(config, "remove", doomed)
         wait_log(gw.log, f"store changed: 1 job(s), next {hourly}", 10, gw.proc, count=2)
-        add_text(config, "call mum", 2)
+        add_text(config, "call mum", 5)
         wait_text(api, "call mum")
         time.sleep(1.5)  # long enough for a second copy to arrive
     finally:
@@ -184,7 +185,11 @@ def test_cli_jobs_reach_a_running_gateway_and_text_job_fires_once(config: Path, 
     assert texts(api).count("call mum") == 1, texts(api)
     assert "never sent" not in texts(api)
     # The one-off is gone once fired; the hourly job stays.
-    assert [line.split()[0] for line in cron(config, "list").stdout.splitlines()] == [hourly]
+    listed = cron(config, "list").stdout
+    assert [line.split()[0] for line in listed.splitlines()] == [hourly], (
+        listed,
+        gw.log.read_text(),
+    )
 
 
 def test_agent_job_answer_arrives(config: Path, api: Any, llm: FakeLLMThread) -> None:
@@ -192,7 +197,7 @@ def test_agent_job_answer_arrives(config: Path, api: Any, llm: FakeLLMThread) ->
     gw = Gateway(config)
     try:
         gw.wait_running()
-        cron(config, "add", "--at", soon(2), "--tz", "UTC", "-s", KEY, "-m", "remind me to stretch")
+        cron(config, "add", "--at", soon(5), "--tz", "UTC", "-s", KEY, "-m", "remind me to stretch")
 
         wait_text(api, "Time to stretch!")
         time.sleep(1)

@@ -290,8 +290,10 @@ class Scheduler:
 
         def moved_on(jobs: Jobs) -> None:
             for current in list(jobs.jobs):
-                firing = current.firing or {}
-                if firing.get("message_id") != taken.get(current.id):
+                firing = current.firing
+                if current.id not in taken or not firing:
+                    continue
+                if firing.get("message_id") != taken[current.id]:
                     continue
                 due = from_iso(firing["due"])
                 current.firing = None

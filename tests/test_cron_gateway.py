@@ -255,11 +255,10 @@ def test_model_adds_lists_and_removes_jobs_with_the_tool(
     assert [j.message for j in store.load().jobs] == ["drink water"]
 
 
-# A SIGKILL at each point of an occurrence's way: recorded, published, taken by intake, its
-# answer in the ledger. After the restart the chat shows the reminder exactly once.
-@pytest.mark.parametrize(
-    "failpoint", ["cron_recorded", "cron_published", "after_intake", "before_delivery"]
-)
+# A SIGKILL at each point of an occurrence's way: recorded in the store, taken by intake (a
+# pending turn) but the job not moved on, its answer in the ledger but not sent. After the
+# restart the chat shows the reminder exactly once.
+@pytest.mark.parametrize("failpoint", ["cron_recorded", "cron_published", "before_delivery"])
 def test_sigkill_at_the_due_moment_then_restart_delivers_once(
     config: Path, api: Any, failpoint: str
 ) -> None:

@@ -279,8 +279,8 @@ class Turns:
         failpoints.hit("before_delivery")
         if out is None:
             log.info("heartbeat: nothing to tell session=%s", msg.session_key)
-            return
-        await self.bus.publish_outbound(out)
+        else:
+            await self.bus.publish_outbound(out)
         self.last_active[msg.session_key] = time.monotonic()
         self.consolidator.schedule(msg.session_key)
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from bot.private import make_private_dirs
+from bot.private import make_private_dirs, replace_durably
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +29,5 @@ class ChannelState:
     def save(self, data: dict[str, Any]) -> None:
         """tmp + fsync + rename: a crash leaves the old state or the new one, never half."""
         make_private_dirs(self.path.parent)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
         # The rename itself must survive a power cut too, or an old offset could come back.
-        dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        replace_durably(self.path, json.dumps(data))

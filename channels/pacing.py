@@ -69,10 +69,12 @@ class TokenBucket:
         wait = 0.0 if self.level >= 0 else -self.level / self.rate
         return at - now + wait
 
-    def ready_in(self, now: float) -> float:
-        """Seconds from ``now`` until a token is there without debt (0: one is there now)."""
+    def ready_in(self, now: float, keep: float = 0.0) -> float:
+        """Seconds from ``now`` until a token can be taken without debt and with ``keep``
+        tokens left after it (0: now)."""
         at = self._refill(now)
-        short = 0.0 if self.level >= 1.0 else (1.0 - self.level) / self.rate
+        need = 1.0 + keep
+        short = 0.0 if self.level >= need else (need - self.level) / self.rate
         return at - now + short
 
     def hold(self, until: float) -> None:
@@ -84,6 +86,11 @@ class TokenBucket:
     def idle(self, now: float) -> bool:
         """Full again at ``now``: forgetting the bucket changes nothing."""
         return now >= self.updated and self.level + (now - self.updated) * self.rate >= self.burst
+
+
+def _kept(limit: Limit) -> float:
+    """The tokens a skippable send leaves in ``limit``'s bucket."""
+    return 1.0 if limit.burst > 1 else 0.0
 
 
 class Pacer:
@@ -111,8 +118,14 @@ class Pacer:
     def take_if_ready(self, limits: Sequence[Limit], now: float) -> float:
         """For sends that may be skipped (stream previews): take a token from every bucket of
         ``limits`` if each has one now and return 0; else take nothing and return the seconds
-        until they might. Never goes into debt, so a waiting answer is never pushed back."""
-        wait = max((self.bucket(limit, now).ready_in(now) for limit in limits), default=0.0)
+        until they might. Never goes into debt, so a waiting answer is never pushed back; and
+        never takes the last token of a bucket that holds more than one, so the answer that
+        ends a stream finds a token there (a group's 20 a minute refill one every 3 s: a
+        preview taking the last one made the final edit wait for the next)."""
+        wait = max(
+            (self.bucket(limit, now).ready_in(now, _kept(limit)) for limit in limits),
+            default=0.0,
+        )
         if wait > 0:
             return wait
         for limit in limits:

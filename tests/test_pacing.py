@@ -63,16 +63,27 @@ def test_pacer_keeps_buckets_apart_and_forgets_idle_ones(monkeypatch):
 
 def test_previews_take_only_spare_tokens_and_never_push_an_answer_back():
     pacer = Pacer()
-    chat, bot = Limit("chat:1", 1, 1.0, burst=2), Limit("bot", 2, 1.0, burst=2, shared=True)
+    chat, bot = Limit("chat:1", 1, 1.0, burst=3), Limit("bot", 2, 1.0, burst=3, shared=True)
     assert pacer.take_if_ready([chat, bot], 0.0) == 0.0  # a spare token in each: taken
     assert pacer.take_if_ready([chat, bot], 0.0) == 0.0
-    wait = pacer.take_if_ready([chat, bot], 0.0)  # none left: nothing taken, try later
-    assert wait == pytest.approx(1.0)  # until every bucket has one (the chat's, at 1 s)
-    assert pacer.buckets["chat:1"].level == pytest.approx(0.0)  # no debt left behind
-    # An answer reserving now waits only for the refill, not behind any preview.
+    # One token left in each: it is kept for the answer, so nothing is taken.
+    wait = pacer.take_if_ready([chat, bot], 0.0)
+    assert wait == pytest.approx(1.0)  # until every bucket has a spare one (the chat's, at 1 s)
+    assert pacer.buckets["chat:1"].level == pytest.approx(1.0)  # no debt, the last one kept
+    # The answer that ends the stream goes at once, on the token the previews left.
+    assert pacer.reserve(chat, 0.0) == 0.0
+    # An answer reserving next waits only for the refill, not behind any preview.
     assert pacer.reserve(chat, 0.0) == pytest.approx(1.0)
     # While the answer's debt stands, a preview finds no token.
     assert pacer.take_if_ready([chat], 0.5) > 0
+
+
+def test_a_preview_may_take_the_only_token_of_a_bucket_of_one():
+    # Burst 1 (Discord's 5 per 5 s, the bot's 28/s): keeping the token would mean no previews.
+    pacer = Pacer()
+    channel = Limit("channel:1", 5, 5.0)
+    assert pacer.take_if_ready([channel], 0.0) == 0.0
+    assert pacer.take_if_ready([channel], 0.0) == pytest.approx(1.0)
 
 
 def test_rate_limits_are_config_with_the_platform_defaults():

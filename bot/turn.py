@@ -176,7 +176,15 @@ class Turns:
             }
             if pending_approval is not None:
                 record["approval"] = pending_approval
-            await self.store.append_async(session, metadata={"runtime_checkpoint": record})
+            update = {"runtime_checkpoint": record}
+            if phase == "final_response":
+                # finish() follows at once and fsyncs this line with its own. Until then a
+                # killed process still finds the answer (the page cache keeps it), and after a
+                # power cut asking the model again loses nothing: nothing was sent yet.
+                self.store.append(session, metadata=update, fsync=False)
+            else:
+                # Before a tool runs (and after): what it did must survive a power cut.
+                await self.store.append_async(session, metadata=update)
             failpoints.hit(phase)
 
         def build(t: list[dict[str, Any]]) -> list[dict[str, Any]]:

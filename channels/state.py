@@ -26,8 +26,8 @@ class ChannelState:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def save(self, data: dict[str, Any]) -> None:
-        """tmp + fsync + rename: a crash leaves the old state or the new one, never half."""
+    def save(self, data: dict[str, Any], durable: bool = True) -> None:
+        """tmp + fsync + rename: a crash leaves the old state or the new one, never half.
+        ``durable`` False skips the fsyncs: after a power cut the previous state may be back."""
         make_private_dirs(self.path.parent)
-        # The rename itself must survive a power cut too, or an old offset could come back.
-        replace_durably(self.path, json.dumps(data))
+        replace_durably(self.path, json.dumps(data), sync=durable)

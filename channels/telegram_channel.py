@@ -9,13 +9,16 @@ forgets everything below it, so an update is confirmed only by a later call. The
 2. each update is either published with ``bus.publish_inbound`` (which returns only once the
    message is durable in its session, or recognised as a redelivery) or deliberately dropped
    (denied sender, not addressed to us in a group, another bot, not a message);
-3. N becomes the last handled ``update_id + 1``, saved (fsync'd) in state/channels/telegram.json,
-   and used by the next call.
+3. N becomes the last handled ``update_id + 1``, used by the next call and saved in
+   state/channels/telegram.json (at most once a second, and at stop; not fsynced).
 
 A SIGKILL anywhere in 1-3 means Telegram sends the unconfirmed updates again after the restart:
 nothing is lost, and intake answers "duplicate" for anything already stored, so nothing is
 answered twice. The id that makes this work is ``<chat id>:<message id>``: Telegram message ids
-are unique within a chat and identical in every redelivery of the same update.
+are unique within a chat and identical in every redelivery of the same update. For the same
+reason the saved offset is only a shortcut for the first poll after a restart: an older one (or
+none) brings updates again, which intake recognises, never fewer, because only a ``getUpdates``
+call confirms anything to Telegram.
 
 python-telegram-bot is imported only by this module, and only when Telegram is enabled. Its
 HTTP goes through ``AiohttpRequest`` (PTB's documented ``BaseRequest`` extension point) rather
@@ -31,6 +34,7 @@ import datetime as dt
 import logging
 import os
 import re
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -97,6 +101,7 @@ log = logging.getLogger(__name__)
 CHANNEL = "telegram"
 ALLOWED_UPDATES = ("message", "callback_query")
 POLL_MARGIN_SECONDS = 10.0  # a getUpdates silent for pollTimeout + this is restarted
+OFFSET_SAVE_SECONDS = 1.0  # the saved offset is a shortcut for the first poll after a restart
 BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 2.0, 30.0
 MEDIA_MAX_BYTES = 20 * 1024 * 1024  # also the cloud Bot API's own getFile limit
 REPLIED_REMEMBERED = 256
@@ -407,6 +412,7 @@ class TelegramChannel(Channel):
         self.media_dir = workspace / "media" / CHANNEL
         self.offset_state = ChannelState(state_dir, CHANNEL)
         self.offset: int | None = None
+        self._offset_saved: tuple[int | None, float] = (None, 0.0)  # (offset, monotonic time)
         self.bot: Bot | None = None
         self._clients: list[AiohttpRequest] = []
         self.me: User | None = None
@@ -434,6 +440,7 @@ class TelegramChannel(Channel):
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        self._write_offset()
         # Closed directly: Bot.shutdown() skips clients when getMe never succeeded.
         await asyncio.gather(*(c.shutdown() for c in self._clients), return_exceptions=True)
         self._clients = []
@@ -599,18 +606,29 @@ class TelegramChannel(Channel):
 
     def _load_offset(self) -> int | None:
         value = self.offset_state.load().get("offset")
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        offset = value if isinstance(value, int) and not isinstance(value, bool) else None
+        self._offset_saved = (offset, time.monotonic())
+        return offset
 
     def _save_offset(self, offset: int | None) -> None:
-        """Persist before the next getUpdates confirms it to Telegram (it is then final)."""
+        """The offset the next getUpdates confirms; on disk at most once a second (a file
+        write per batch cost more than the rest of intake), and at stop."""
         if offset is None:
             return
+        self.offset = offset
+        if time.monotonic() - self._offset_saved[1] >= OFFSET_SAVE_SECONDS:
+            self._write_offset()
+
+    def _write_offset(self) -> None:
+        if self.offset is None or self.offset == self._offset_saved[0]:
+            return
         try:
-            self.offset_state.save({"offset": offset})
+            # Not fsynced: an older offset after a power cut only brings redeliveries.
+            self.offset_state.save({"offset": self.offset}, durable=False)
         except OSError as exc:
             # Not fatal: intake already stored every message, a redelivery is a duplicate.
             log.error("telegram: cannot save the update offset (%s)", exc)
-        self.offset = offset
+        self._offset_saved = (self.offset, time.monotonic())
 
     # -- inbound --
 

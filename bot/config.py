@@ -368,6 +368,9 @@ class SlackConfig(ChannelConfig):
     app_token: str = ""
     api_url: str = ""  # default Slack's public Web API; for a proxy or a local test server
     rate_limits: SlackRateLimits = SlackRateLimits()
+    # Stream answers in threads with chat.startStream/appendStream/stopStream where Slack
+    # allows it; False (or a refusal): chat.postMessage, then chat.update.
+    native_streaming: StrictBool = True
     _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^[A-Z0-9]+$")
     _id_example: ClassVar[str] = "a Slack member id such as U0123ABCD"
 

@@ -31,7 +31,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -97,6 +97,30 @@ THREADS_KEPT = 5000  # threads memobot is in, remembered for follow-ups without 
 SLASH_COMMAND = "/memobot"
 COMMAND_PREFIX = "!"  # "!stop": Slack clients take a leading "/" as a slash command
 CHAT_COMMANDS = frozenset(c.removeprefix("/") for c in COMMANDS) | {"whoami"}
+
+ASKERS_KEPT = 1000  # (chat, message) -> sender and team, for a stream's recipient
+PREVIEWS_KEPT = 1000  # preview messages (streams or posts) this process knows
+STREAM_TEXT_MAX = 12000  # characters of markdown_text per chat.*Stream call (Slack's limit)
+WORKSPACE = "*"  # the key of a refusal that holds for the whole workspace
+# chat.startStream refusals meaning the app or the workspace offers no streaming (not
+# enabled, no chat:write, not a bot token): remembered for the process lifetime.
+STREAMING_UNAVAILABLE = frozenset(
+    {"unknown_method", "not_allowed_token_type", "missing_scope", "no_permission", "access_denied"}
+)
+# Refusals for a conversation (its type, or recipients Slack does not take): per channel.
+STREAMING_NOT_HERE = frozenset(
+    {
+        "channel_type_not_supported",
+        "invalid_arguments",
+        "missing_recipient_team_id",
+        "missing_recipient_user_id",
+        "team_not_found",
+        "user_not_found",
+    }
+)
+# A stream Slack ended on its side (its lifetime passed, or the reader stopped it): the
+# message stays and chat.update edits it.
+STREAM_ENDED = frozenset({"message_not_in_streaming_state", "stopped_by_user"})
 
 # Token problems: retrying cannot help, the operator has to fix the config.
 FATAL_API_ERRORS = frozenset(
@@ -179,6 +203,7 @@ class Incoming:
     is_dm: bool
     files: tuple[SlackFile, ...]
     sender_name: str
+    team: str = ""  # the sender's workspace (Slack Connect: not always ours)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +296,16 @@ def profile_name(profile: dict[str, Any] | None) -> str:
     return ""
 
 
+def sender_team(event: SlackEvent, payload: dict[str, Any]) -> str:
+    """The workspace of the person who wrote ``event``: ``user_team`` (a Slack Connect channel
+    holds people of other workspaces), else the event's or the envelope's team."""
+    extra = event.model_extra or {}
+    for value in (extra.get("user_team"), extra.get("team"), payload.get("team_id")):
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
 def chat_command(text: str) -> str:
     """``!stop`` -> ``/stop`` (for the known commands only); any other text as is."""
     stripped = text.strip()
@@ -354,6 +389,38 @@ def _mapped_errors() -> Iterator[None]:
         raise PermanentError(f"slack client refused the message: {exc}") from exc
 
 
+@contextlib.contextmanager
+def _network_errors() -> Iterator[None]:
+    """A streaming call's network failures as ``TransientError``; Slack's refusals
+    (``SlackApiError``) pass through, for the caller to tell "not here" from "try again"."""
+    try:
+        yield
+    except SlackApiError:
+        raise
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise TransientError(f"slack unreachable: {exc!r}") from exc
+    except SlackClientError as exc:
+        raise PermanentError(f"slack client refused the call: {exc}") from exc
+
+
+def _same(text: str) -> str:
+    return text
+
+
+def _mrkdwn_length(text: str) -> int:
+    return len(markdown_to_slack_mrkdwn(text))
+
+
+@dataclass(slots=True)
+class _Preview:
+    """A preview message of this process: a native stream (``streaming`` while it is open,
+    ``text`` the Markdown it shows) or a posted message."""
+
+    chat_id: str
+    text: str = ""
+    streaming: bool = False
+
+
 def _api_error(exc: SlackApiError) -> SendError | FatalChannelError:
     headers = exc.response.headers or {}
     return map_api_error(exc.response.status_code, _error_code(exc), headers.get("Retry-After"))
@@ -402,6 +469,7 @@ def _incoming_to_dict(inc: Incoming) -> dict[str, Any]:
         "is_dm": inc.is_dm,
         "files": [f.model_dump() for f in inc.files],
         "sender_name": inc.sender_name,
+        "team": inc.team,
     }
 
 
@@ -490,6 +558,9 @@ class SlackChannel(Channel):
         self._settled: asyncio.Event | None = None
         self._connected_once = False
         self._file_hosts = {urlsplit(cfg.api_url).hostname} if cfg.api_url else set()
+        self._askers: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
+        self._previews: OrderedDict[str, _Preview] = OrderedDict()  # by ts
+        self._native_off: dict[str, str] = {}  # WORKSPACE or a channel id -> Slack's refusal
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -840,6 +911,8 @@ class SlackChannel(Channel):
         if self.me is None:
             return "refused"  # cannot tell our own messages apart yet
         routed = route(event, self.me, self.cfg.group_policy, self._threads)
+        if isinstance(routed, Incoming):
+            routed = replace(routed, team=sender_team(event, payload))
         if isinstance(routed, Ignored):
             log.debug("slack: event_id=%s ignored: %s", event_id, routed.reason)
             self._remember(event_id)
@@ -960,6 +1033,7 @@ class SlackChannel(Channel):
                 "event_id": event_id,
             },
         )
+        self._remember_asker(inc)
         verdict = await self.bus.publish_inbound(msg)
         if verdict == "duplicate":
             log.info(
@@ -1140,37 +1214,188 @@ class SlackChannel(Channel):
             )
         return str(answer.get("ts") or "")
 
-    # -- streaming: chat.postMessage once there is text, then throttled chat.update --
-    # (Slack's chat.startStream needs an assistant thread and the recipient's ids; a plain
-    # message that is updated works in every channel, DM and thread, and after a restart.)
+    # -- streaming ---------------------------------------------------------------------------
+    # In a thread (a channel's, a DM's, an assistant thread) an answer streams natively:
+    # chat.startStream once there is text, chat.appendStream with what was added, and the
+    # final answer edits it (chat.stopStream, then chat.update into the rendered answer).
+    # Elsewhere (a DM's top level: Slack streams only thread replies), after a refusal, or
+    # for a turn resumed after a restart in a channel (the recipient's ids are not kept on
+    # disk): chat.postMessage, then throttled chat.update. Either way the message's ts is the
+    # preview id the channel manager records in the delivery ledger, so a restart finishes
+    # that same message.
 
     def preview_mode(self, chat_id: str) -> PreviewMode:
         return "message"
 
     def preview_pieces(self, text: str) -> list[str]:
-        return render_chunks(text, SLACK_LIMIT, markdown_to_slack_mrkdwn)
+        """The streamed Markdown in pieces cut where the rendered answer's pieces are cut
+        (what a stream appends is Markdown; a posted preview is rendered when sent)."""
+        return render_chunks(text, SLACK_LIMIT, _same, measure=_mrkdwn_length)
 
     async def send_preview(self, msg: OutboundMessage, text: str) -> str:
-        ts = await self._post(msg.chat_id, text, plain=False)
-        if not ts:
-            raise PermanentError("slack did not say which message it posted")
+        # A new piece: the stream of the piece before it (or of an earlier answer) is done.
+        for ts, preview in list(self._previews.items()):
+            if preview.chat_id == msg.chat_id and preview.streaming:
+                await self._stop_stream(ts, preview)
+        ts = await self._start_stream(msg, text)
+        if ts is None:
+            ts = await self._post(msg.chat_id, markdown_to_slack_mrkdwn(text), plain=False)
+            if not ts:
+                raise PermanentError("slack did not say which message it posted")
+            self._keep_preview(ts, _Preview(msg.chat_id))
         return ts
 
     async def edit_chunk(
         self, chat_id: str, message_id: str, chunk: str, plain: bool = False
     ) -> None:
-        if self.web is None:
-            raise TransientError("slack channel is not started")
+        """``plain``: a preview piece (Markdown); else a piece of the rendered answer. A live
+        stream grows by appends while the new text extends what it shows; otherwise it is
+        stopped and, like every other message, edited with chat.update."""
+        web = self._web()
         channel, _ = split_chat_id(chat_id)
+        preview = self._previews.get(message_id) or await self._adopt(chat_id, message_id)
+        if preview.streaming:
+            if plain and chunk.startswith(preview.text):
+                if await self._append(message_id, preview, chunk):
+                    return
+            else:
+                await self._stop_stream(message_id, preview)
+        text = markdown_to_slack_mrkdwn(chunk) if plain else chunk
         with _mapped_errors():
-            await self.web.chat_update(channel=channel, ts=message_id, text=chunk)
+            # blocks=[]: a streamed message shows its blocks, which Slack keeps unless told.
+            await web.chat_update(channel=channel, ts=message_id, text=text, blocks=[])
 
     async def delete_message(self, chat_id: str, message_id: str) -> None:
+        web = self._web()
+        channel, _ = split_chat_id(chat_id)
+        preview = self._previews.pop(message_id, None)
+        if preview is not None and preview.streaming:
+            with contextlib.suppress(SendError):
+                await self._stop_stream(message_id, preview)
+        with _mapped_errors():
+            await web.chat_delete(channel=channel, ts=message_id)
+
+    def _web(self) -> AsyncWebClient:
         if self.web is None:
             raise TransientError("slack channel is not started")
-        channel, _ = split_chat_id(chat_id)
-        with _mapped_errors():
-            await self.web.chat_delete(channel=channel, ts=message_id)
+        return self.web
+
+    def _remember_asker(self, inc: Incoming) -> None:
+        """Who a message came from: outside a DM, a stream names its recipient."""
+        key = (inc.chat_id, inc.message_id)
+        self._askers[key] = (inc.user, inc.team)
+        self._askers.move_to_end(key)
+        while len(self._askers) > ASKERS_KEPT:
+            self._askers.popitem(last=False)
+
+    def _keep_preview(self, ts: str, preview: _Preview) -> None:
+        self._previews[ts] = preview
+        while len(self._previews) > PREVIEWS_KEPT:
+            self._previews.popitem(last=False)
+
+    async def _start_stream(self, msg: OutboundMessage, text: str) -> str | None:
+        """chat.startStream with ``text``; the stream's ts, or None where Slack does not
+        stream (or refused: then remembered, and logged once, for the workspace or channel)."""
+        channel, thread_ts = split_chat_id(msg.chat_id)
+        if (
+            not self.cfg.native_streaming
+            or thread_ts is None
+            or len(text) > STREAM_TEXT_MAX
+            or WORKSPACE in self._native_off
+            or channel in self._native_off
+        ):
+            return None
+        is_dm = channel.startswith("D")
+        user, team = self._askers.get((msg.chat_id, msg.reply_to or ""), ("", ""))
+        if not is_dm and not (user and team):
+            log.info(
+                "slack: no recipient known for a stream session=%s (a turn resumed after a "
+                "restart); chat.postMessage and chat.update for this answer",
+                msg.session_key,
+            )
+            return None
+        try:
+            with _network_errors():
+                answer = await self._web().chat_startStream(
+                    channel=channel,
+                    thread_ts=thread_ts,
+                    markdown_text=text,
+                    recipient_user_id=user or None,
+                    recipient_team_id=team or None,
+                )
+        except SlackApiError as exc:
+            code = _error_code(exc) or "no error code"
+            if code in STREAMING_UNAVAILABLE:
+                self._native_off[WORKSPACE] = code
+                scope = "in this workspace from now on"
+            elif code in STREAMING_NOT_HERE:
+                self._native_off[channel] = code
+                scope = f"in channel {channel} from now on"
+            elif isinstance(_api_error(exc), TransientError):
+                raise _api_error(exc) from exc
+            else:  # rate limited (Tier 2: about 20 a minute per workspace), or this thread
+                scope = "for this answer"
+            log.warning(
+                "slack: chat.startStream refused (%s) session=%s; answers stream by "
+                "chat.postMessage and chat.update %s",
+                code,
+                msg.session_key,
+                scope,
+            )
+            return None
+        ts = str(answer.get("ts") or "")
+        if not ts:
+            raise PermanentError("slack did not say which stream it started")
+        self._keep_preview(ts, _Preview(msg.chat_id, text, streaming=True))
+        return ts
+
+    async def _append(self, ts: str, preview: _Preview, text: str) -> bool:
+        """chat.appendStream with what ``text`` adds to the stream; False when Slack ended the
+        stream on its side (about 5 minutes after it started, or the reader stopped it)."""
+        delta = text[len(preview.text) :]
+        if not delta:
+            return True
+        channel, _ = split_chat_id(preview.chat_id)
+        try:
+            with _network_errors():
+                await self._web().chat_appendStream(channel=channel, ts=ts, markdown_text=delta)
+        except SlackApiError as exc:
+            if _error_code(exc) not in STREAM_ENDED:
+                raise _api_error(exc) from exc
+            preview.streaming = False
+            log.info(
+                "slack: stream %s ended by Slack (%s); chat.update from now on",
+                ts,
+                _error_code(exc),
+            )
+            return False
+        preview.text = text
+        return True
+
+    async def _stop_stream(self, ts: str, preview: _Preview) -> None:
+        channel, _ = split_chat_id(preview.chat_id)
+        try:
+            with _network_errors():
+                await self._web().chat_stopStream(channel=channel, ts=ts)
+        except SlackApiError as exc:
+            if _error_code(exc) not in STREAM_ENDED:
+                raise _api_error(exc) from exc
+        preview.streaming = False
+
+    async def _adopt(self, chat_id: str, ts: str) -> _Preview:
+        """A preview message from before a restart, which may be a stream still open: stopped
+        first (a posted message, or a stream Slack already ended, refuses; that is fine)."""
+        preview = _Preview(chat_id)
+        if self.cfg.native_streaming and WORKSPACE not in self._native_off:
+            channel, _ = split_chat_id(chat_id)
+            try:
+                with _network_errors():
+                    await self._web().chat_stopStream(channel=channel, ts=ts)
+            except SlackApiError as exc:
+                if isinstance(_api_error(exc), RetryAfter | TransientError):
+                    raise _api_error(exc) from exc
+        self._keep_preview(ts, preview)
+        return preview
 
     async def admin_chats(self) -> list[str]:
         # chat.postMessage to a user id posts in that person's direct messages with the app.

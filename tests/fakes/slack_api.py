@@ -13,6 +13,20 @@ One aiohttp server on 127.0.0.1 serves both sides of the wire:
   a faster post gets HTTP 429 ``ratelimited`` with ``Retry-After`` in whole seconds (tenths
   when ``post_interval`` is shortened below 1 s for tests), and is not posted
   (``rate_limited`` counts them).
+* Slack's streaming methods for apps, with the rules Slack documents: ``chat.startStream``
+  needs ``thread_ts`` (else ``invalid_arguments``) and, outside a DM, ``recipient_user_id`` and
+  ``recipient_team_id`` (``missing_recipient_user_id`` / ``missing_recipient_team_id``);
+  ``markdown_text`` holds at most 12,000 characters per call (``msg_too_long``);
+  ``chat.appendStream`` / ``chat.stopStream`` refuse a message that is not streaming (stopped,
+  or older than ``stream_lifetime``, about 5 minutes on Slack) with
+  ``message_not_in_streaming_state``, and a wrong ts with ``message_not_found``.
+  ``streaming_error`` makes ``chat.startStream`` answer that error (``unknown_method``,
+  ``missing_scope``...: a workspace or app where streaming is not available). A streamed
+  message keeps its Markdown in blocks: ``chat.update`` replaces what it shows only with
+  ``blocks`` given (``[]`` removes them; Slack keeps a message's blocks otherwise). An update
+  of a message still streaming is refused (``cant_update_message``): Slack documents no
+  update of a live stream, so memobot stops a stream before it edits it.
+  ``shown()`` entries carry ``streaming`` and ``appends``.
 * ``/files/<name>``: downloads of registered files, only with the bot token as bearer;
   ``file_delay`` makes them slow.
 * ``/link/``: the Socket Mode WebSocket. It greets with ``hello``; the test pushes
@@ -78,6 +92,8 @@ class FakeSlack:
         ack_deadline: float = 3.0,
         max_retries: int = 3,
         post_interval: float = 1.0,
+        streaming_error: str | None = None,
+        stream_lifetime: float = 300.0,
     ) -> None:
         self.bot_token = bot_token
         self.app_token = app_token
@@ -102,6 +118,10 @@ class FakeSlack:
         self._last_update: dict[str, float] = {}
         self.shown_messages: dict[str, dict[str, Any]] = {}  # ts -> channel, text, edits
         self.updates: list[dict[str, Any]] = []  # accepted chat.update bodies
+        self.streaming_error = streaming_error
+        self.stream_lifetime = stream_lifetime
+        self.streams: list[dict[str, Any]] = []  # accepted chat.startStream bodies (with ts)
+        self.stream_calls: list[tuple[str, str, str | None]] = []  # (method, ts, error)
         self._timers: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._sockets: list[web.WebSocketResponse] = []
@@ -363,6 +383,10 @@ class FakeSlack:
             return await self._post_message(body)
         if method == "chat.update":
             return await self._update(body)
+        if method == "chat.startStream":
+            return await self._start_stream(body)
+        if method in ("chat.appendStream", "chat.stopStream"):
+            return await self._stream_call(method, body)
         if method == "chat.delete":
             if self.shown_messages.pop(str(body.get("ts")), None) is None:
                 return self._error("message_not_found")
@@ -380,6 +404,8 @@ class FakeSlack:
 
     def shown(self, channel: str | None = None) -> list[dict[str, Any]]:
         """The bot's messages as the channel shows them now, oldest first."""
+        for m in self.shown_messages.values():
+            self._streaming(m)  # a stream past its lifetime shows as ended
         return [
             {"ts": ts, **m}
             for ts, m in sorted(self.shown_messages.items())
@@ -404,6 +430,8 @@ class FakeSlack:
         shown = self.shown_messages.get(ts)
         if shown is None or shown["channel"] != channel:
             return self._error("message_not_found")
+        if self._streaming(shown):
+            return self._error("cant_update_message")
         limited = self._limited(self._last_update, channel)
         if limited is not None:
             return limited
@@ -411,11 +439,89 @@ class FakeSlack:
         if len(text) > 40000:
             return self._error("msg_too_long")
         self._last_update[channel] = time.monotonic()
-        shown["text"] = text
+        if "blocks" in body:
+            shown["blocks"] = bool(body["blocks"] not in ([], "[]", ""))
+        if not shown.get("blocks"):  # blocks kept: they, not the text, are what shows
+            shown["text"] = text
         shown["edits"] += 1
         self.updates.append(body)
         await self._notify()
         return self._ok(channel=channel, ts=ts, text=text)
+
+    # -- streaming --
+
+    MARKDOWN_TEXT_MAX = 12000  # characters of markdown_text per streaming call
+
+    def _streaming(self, shown: dict[str, Any]) -> bool:
+        """Whether ``shown`` is still a live stream (Slack ends one after its lifetime)."""
+        if not shown.get("streaming"):
+            return False
+        if time.monotonic() - shown["started"] > self.stream_lifetime:
+            shown["streaming"] = False
+        return bool(shown["streaming"])
+
+    async def _start_stream(self, body: dict[str, Any]) -> web.Response:
+        channel = str(body.get("channel") or "")
+        thread_ts = body.get("thread_ts")
+        text = body.get("markdown_text") or ""
+        error = None
+        if self.streaming_error:
+            error = self.streaming_error
+        elif not channel or not thread_ts:
+            error = "invalid_arguments"
+        elif not channel.startswith("D") and not body.get("recipient_user_id"):
+            error = "missing_recipient_user_id"
+        elif not channel.startswith("D") and not body.get("recipient_team_id"):
+            error = "missing_recipient_team_id"
+        elif len(text) > self.MARKDOWN_TEXT_MAX:
+            error = "msg_too_long"
+        if error is not None:
+            self.stream_calls.append(("chat.startStream", "", error))
+            return self._error(error)
+        ts = f"1700000100.{next(self._ts):06d}"
+        self.streams.append({**body, "ts": ts})
+        self.stream_calls.append(("chat.startStream", ts, None))
+        self.shown_messages[ts] = {
+            "channel": channel,
+            "text": text,
+            "edits": 0,
+            "appends": 0,
+            "streaming": True,
+            "started": time.monotonic(),
+            "blocks": True,  # a streamed message's Markdown is in blocks
+            "thread_ts": thread_ts,
+        }
+        await self._notify()
+        return self._ok(channel=channel, ts=ts)
+
+    async def _stream_call(self, method: str, body: dict[str, Any]) -> web.Response:
+        channel, ts = str(body.get("channel") or ""), str(body.get("ts") or "")
+        shown = self.shown_messages.get(ts)
+        text = body.get("markdown_text")
+        error = None
+        if shown is None or shown["channel"] != channel:
+            error = "message_not_found"
+        elif not self._streaming(shown):
+            error = "message_not_in_streaming_state"
+        elif method == "chat.appendStream" and not text:
+            error = "invalid_arguments"
+        elif len(text or "") > self.MARKDOWN_TEXT_MAX:
+            error = "msg_too_long"
+        self.stream_calls.append((method, ts, error))
+        if error is not None:
+            return self._error(error)
+        assert shown is not None
+        shown["text"] += text or ""
+        if method == "chat.appendStream":
+            shown["appends"] += 1
+        else:
+            shown["streaming"] = False
+        await self._notify()
+        return self._ok(channel=channel, ts=ts)
+
+    def stream_ended(self, ts: str) -> None:
+        """Slack ends the stream ``ts`` on its side (its lifetime passed)."""
+        self.shown_messages[ts]["streaming"] = False
 
     async def _post_message(self, body: dict[str, Any]) -> web.Response:
         channel = str(body.get("channel"))

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class ServerThread:
@@ -40,6 +43,10 @@ class ServerThread:
         self._ready.set()
         self._loop.run_forever()
         self._loop.close()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        """Run ``coro`` on the server's loop (where its state lives) and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server and join the thread. Idempotent."""

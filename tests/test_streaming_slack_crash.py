@@ -99,7 +99,10 @@ def test_sigkill_mid_stream_then_restart_leaves_one_message_per_answer(tmp_path,
             expected = {CHAN: "The thread answer, resumed.", DM: "The DM answer, resumed."}
             _wait(
                 thread,
-                lambda: {m["channel"]: m["text"] for m in fake.shown()} == expected,
+                lambda: (
+                    sorted((m["channel"], m["text"]) for m in fake.shown())
+                    == sorted(expected.items())
+                ),
                 40,
             )
             time.sleep(1.0)  # a second copy would arrive by now
@@ -108,6 +111,7 @@ def test_sigkill_mid_stream_then_restart_leaves_one_message_per_answer(tmp_path,
         assert proc.returncode == 0, (tmp_path / "gateway.log").read_text()
     # The resumed answers landed in the streamed messages themselves: one message each.
     shown = fake.shown()
+    assert len(shown) == 2
     assert {m["channel"]: m["ts"] for m in shown} == streams
     assert {m["channel"]: m["text"] for m in shown} == expected
     assert not any(m["streaming"] for m in shown)

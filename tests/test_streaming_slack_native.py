@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bot.streaming import STOPPED_MARK
-from tests.fakes.llm_server import FakeLLM, reply
+from tests.fakes.llm_server import FakeLLM, reply, tool_step
 from tests.fakes.slack_api import TEAM_ID, FakeSlack
 from tests.test_slack import ALICE, CHAN, DM, Rig, dm, mention
 
@@ -111,6 +111,33 @@ async def test_refused_streaming_falls_back_once_and_answers_once(tmp_path, llm,
     assert slack.stream_calls == [("chat.startStream", "", refusal)]
     lines = [r.getMessage() for r in caplog.records if "chat.startStream refused" in r.getMessage()]
     assert len(lines) == 1 and refusal in lines[0] and "xoxb" not in lines[0]
+
+
+async def test_text_rewritten_after_a_tool_call_goes_on_by_update(tmp_path, llm, slack):
+    """The model's next reply after a tool call does not extend what the stream shows (a
+    stream only appends): the stream is stopped and the same message edited from then on."""
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    (tmp_path / "ws" / "notes.txt").write_text("buy milk")
+    llm.script(
+        tool_step(
+            ("read_file", {"path": "notes.txt"}),
+            text="Let me look at your notes first. ",
+            pieces=4,
+            chunk_delay=0.1,
+        ),
+        reply("You wanted to buy milk, and " + ANSWER, pieces=6, chunk_delay=0.1),
+    )
+    async with Rig(tmp_path, llm, slack, **FAST) as rig:
+        await slack.push_event(mention("what did I note?", "1700000037.000100"), event_id="W1")
+        await _until(lambda: bool(slack.streams))
+        assert "Let me look at your notes first.".startswith(slack.streams[0]["markdown_text"])
+        expected = rig.channel.render("You wanted to buy milk, and " + ANSWER)
+        await _until(lambda: [m["text"] for m in slack.shown(CHAN)] == expected)
+        await asyncio.sleep(0.3)
+    [shown] = slack.shown(CHAN)
+    assert shown["ts"] == slack.streams[0]["ts"] and slack.posts == []
+    assert _calls(slack, "chat.stopStream") == [shown["ts"]]
+    assert [e for _, _, e in slack.stream_calls if e] == []
 
 
 async def test_top_level_dm_is_not_streamed_natively(tmp_path, llm, slack):

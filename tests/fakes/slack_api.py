@@ -80,6 +80,7 @@ class Post:
     mrkdwn: bool | None
     ts: str
     body: dict[str, Any] = field(default_factory=dict)
+    at: float = 0.0  # monotonic, when it was posted
 
 
 class FakeSlack:
@@ -444,6 +445,7 @@ class FakeSlack:
         if not shown.get("blocks"):  # blocks kept: they, not the text, are what shows
             shown["text"] = text
         shown["edits"] += 1
+        shown["updated_at"] = time.monotonic()
         self.updates.append(body)
         await self._notify()
         return self._ok(channel=channel, ts=ts, text=text)
@@ -479,7 +481,7 @@ class FakeSlack:
             self.stream_calls.append(("chat.startStream", "", error))
             return self._error(error)
         ts = f"1700000100.{next(self._ts):06d}"
-        self.streams.append({**body, "ts": ts})
+        self.streams.append({**body, "ts": ts, "at": time.monotonic()})
         self.stream_calls.append(("chat.startStream", ts, None))
         self.shown_messages[ts] = {
             "channel": channel,
@@ -549,6 +551,7 @@ class FakeSlack:
                 mrkdwn=mrkdwn,
                 ts=ts,
                 body=body,
+                at=now,
             )
         )
         self.shown_messages[ts] = {

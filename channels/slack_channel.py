@@ -1236,7 +1236,11 @@ class SlackChannel(Channel):
         # A new piece: the stream of the piece before it (or of an earlier answer) is done.
         for ts, preview in list(self._previews.items()):
             if preview.chat_id == msg.chat_id and preview.streaming:
-                await self._stop_stream(ts, preview)
+                try:
+                    await self._stop_stream(ts, preview)
+                except PermanentError as exc:  # gone (deleted in the chat): nothing to stop
+                    log.info("slack: could not stop stream %s: %s", ts, exc)
+                    preview.streaming = False
         ts = await self._start_stream(msg, text)
         if ts is None:
             ts = await self._post(msg.chat_id, markdown_to_slack_mrkdwn(text), plain=False)

@@ -106,7 +106,7 @@ async def run(tmp: Path, llm: FakeLLM, slack: FakeSlack, mode: str, samples: int
             wholes.append(final - t0)
             if MODES[mode]["streaming"]:
                 previews.append(first - _first_content(llm, text))
-            await asyncio.sleep(1.2)  # the channel's pacing settles between samples
+            await asyncio.sleep(3.0)  # an idle channel: its pacing bucket refills
         calls = (await _calls(slack) - calls0) / samples
         cpu_ms = (gw.cpu_seconds() - cpu0) * 1000 / samples
     finally:

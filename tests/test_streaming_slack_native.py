@@ -67,7 +67,7 @@ THREADS = {
 @pytest.mark.parametrize("where", list(THREADS))
 async def test_thread_answer_streams_natively_into_one_message(tmp_path, llm, slack, where):
     channel, event = THREADS[where]
-    llm.script(reply(ANSWER, pieces=10, chunk_delay=0.2))
+    llm.script(reply(ANSWER, pieces=10, chunk_delay=0.12))
     async with Rig(tmp_path, llm, slack, **FAST) as rig:
         await slack.push_event(event("explain", "1700000031.000100"), event_id="N1")
         # Text shows (and grows) while the model is still writing.
@@ -94,8 +94,8 @@ async def test_thread_answer_streams_natively_into_one_message(tmp_path, llm, sl
 async def test_refused_streaming_falls_back_once_and_answers_once(tmp_path, llm, refusal, caplog):
     caplog.set_level(logging.INFO, logger="channels.slack_channel")
     llm.script(
-        reply(ANSWER, pieces=8, chunk_delay=0.15),
-        reply("Second answer, " + ANSWER, pieces=8, chunk_delay=0.15),
+        reply(ANSWER, pieces=6, chunk_delay=0.1),
+        reply("Second answer, " + ANSWER, pieces=6, chunk_delay=0.1),
     )
     async with _fake(streaming_error=refusal) as slack, Rig(tmp_path, llm, slack, **FAST) as rig:
         await slack.push_event(mention("first", "1700000032.000100"), event_id="R1")
@@ -192,7 +192,7 @@ async def test_long_answer_continues_in_new_streams(tmp_path, llm, slack):
 async def test_stream_ended_by_slack_goes_on_with_updates(tmp_path, llm):
     """Slack ends a stream on its side (about 5 minutes after it started; here 0.6 s): the
     next append is refused, and the same message goes on growing by chat.update."""
-    llm.script(reply(ANSWER, pieces=16, chunk_delay=0.15))
+    llm.script(reply(ANSWER, pieces=12, chunk_delay=0.12))
     async with _fake(stream_lifetime=0.6) as slack, Rig(tmp_path, llm, slack, **FAST) as rig:
         await slack.push_event(mention("explain", "1700000036.000100"), event_id="E1")
         expected = rig.channel.render(ANSWER)

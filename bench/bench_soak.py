@@ -115,6 +115,7 @@ async def user(
     sent: dict[str, float],
     llm: FakeLLM | None = None,
     tool_ratio: float = 0.0,
+    pause: tuple[float, float] = (1.0, 3.0),
 ) -> None:
     n = 0
     while time.monotonic() < until:
@@ -126,7 +127,7 @@ async def user(
         sent[text] = time.monotonic()
         api.private_text(text, user_id=uid, username=None)
         n += 1
-        await asyncio.sleep(random.uniform(1.0, 3.0))
+        await asyncio.sleep(random.uniform(*pause))
 
 
 async def soak(args: argparse.Namespace, tmp: Path) -> None:
@@ -148,7 +149,9 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
         started = time.monotonic()
         until = started + args.seconds
         users = [
-            asyncio.create_task(user(api, FIRST_USER + i, until, sent, llm, args.tool_ratio))
+            asyncio.create_task(
+                user(api, FIRST_USER + i, until, sent, llm, args.tool_ratio, args.pause)
+            )
             for i in range(args.users)
         ]
         seen = 0
@@ -302,6 +305,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--model-delay", type=float, default=0.3)
     ap.add_argument("--tool-ratio", type=float, default=0.1)
+    ap.add_argument(
+        "--pause",
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        default=(1.0, 3.0),
+        help="MIN,MAX seconds between one user's messages (default 1,3)",
+    )
     ap.add_argument("--unpaced", action="store_true", help="pacing and flood rules off")
     ap.add_argument("--restart", action="store_true", help="then restart and message every chat")
     ap.add_argument("--keep", help="work in this folder and keep it (logs, sessions)")

@@ -201,7 +201,8 @@ class DeliveryLedger:
             return update or None
 
         session = self.store.get(msg.session_key)
-        await self.store.append_async(session, metadata=change, fsync=False)
+        # Unsynced, so written here: a thread hop cost more than the write.
+        self.store.append(session, metadata=change, fsync=False)
 
     def preview_ids(self, key: str, reply_to: str | None) -> list[str]:
         """The platform ids of the preview messages of the answer to ``reply_to``, in order

@@ -1070,6 +1070,7 @@ def strip_markdown(md: str) -> str:
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _SGR_CODES = {"b": "1", "dim": "2", "i": "3", "u": "4", "s": "9", "code": "36"}
 SGR_RESET = "\x1b[0m"
+TAB_SIZE = 8
 _TERM_RULE = "─" * 24
 
 
@@ -1138,8 +1139,8 @@ def _ansi_line(line: str) -> str:
         inner, depth = m[1], 1
         while (nested := _QUOTE_RE.match(inner)) is not None:
             inner, depth = nested[1], depth + 1
-        bar = _styled("│ " * depth, "dim")
-        return f"{bar}{_ansi_line(inner)}" if inner.strip() else bar.rstrip()
+        bar = "│ " * depth
+        return _styled(bar, "dim") + _ansi_line(inner) if inner.strip() else _styled(bar[:-1], "dim")
     return _ansi_inline(line)
 
 
@@ -1183,7 +1184,8 @@ class AnsiMarkdown:
         return len(self._held)
 
     def feed(self, line: str) -> list[str]:
-        line = strip_controls(line)
+        # Tabs as spaces: a terminal's tab stops would count from the rendered line's start.
+        line = strip_controls(line).expandtabs(TAB_SIZE)
         out: list[str] = []
         if self._fence is not None:
             if _fence_closes(line, self._fence.fence):
@@ -1204,7 +1206,8 @@ class AnsiMarkdown:
             out.extend(self._flush())
         if (opened := _fence_open(line)) is not None:
             self._fence = opened
-            out.append(_styled("  ── " + opened.lang if opened.lang else "  ──", "dim"))
+            info = _FENCE_OPEN_RE.match(line)[3].strip()  # type: ignore[index]
+            out.append(_styled(f"  ── {info}" if info else "  ──", "dim"))
         elif "|" in line:
             self._held.append(line)
         else:

@@ -25,11 +25,10 @@ from typing import TextIO
 
 from wcwidth import wcwidth
 
-from channels.formatting import AnsiMarkdown
+from channels.formatting import TAB_SIZE, AnsiMarkdown
 
 DEFAULT_COLUMNS = 80  # when the terminal does not say (0 columns: a pty nobody sized)
 ERASE_DOWN = "\x1b[J"  # erase from the cursor to the end of the screen
-TAB_SIZE = 8
 
 
 def terminal_columns(out: TextIO) -> int:

@@ -1,0 +1,252 @@
+"""`memobot agent` on a real pty: an interactive chat shows answers rendered as Markdown
+while they stream (read back from a VT100 screen in memory); NO_COLOR gives no escape
+sequence; `agent -m` and pipes print the model's text as written; a terminal never gets the
+model's control characters."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import io
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyte
+import pytest
+
+from bot.app import build_agent
+from channels.manager import ChannelManager
+from channels.terminal import TerminalChannel, colour_allowed
+from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
+from tests.helpers import REPO, make_config, run_memobot, write_config
+from tests.test_terminal_render import XtermScreen, plain, screen_after
+
+COLUMNS, ROWS = 60, 50
+ANSWER = (
+    "# Result\n"
+    "The **important word** is here, with `code` and *slanted* text that runs past the "
+    "sixty columns of this terminal so that it wraps.\n"
+    "| key | value |\n"
+    "|-----|-------|\n"
+    "| a | 1 |\n"
+    "- first\n"
+    "- second **end**"
+)
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMThread]:
+    with FakeLLM.start_in_thread() as server:
+        yield server
+
+
+class Pty:
+    """A terminal COLUMNS x ROWS for a child: its output is read in a thread."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = pty.openpty()
+        size = struct.pack("HHHH", ROWS, COLUMNS, 0, 0)
+        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, size)
+        self.data = b""
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        os.close(self.slave)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.data += chunk
+
+    def wait_for(self, needle: bytes, after: int = 0, timeout: float = 20) -> int:
+        """Where ``needle`` is written, at or after ``after``; just past its end."""
+        deadline = time.monotonic() + timeout
+        while (at := self.data.find(needle, after)) == -1:
+            assert time.monotonic() < deadline, f"no {needle!r} in {self.data[-500:]!r}"
+            time.sleep(0.02)
+        return at + len(needle)
+
+    def type(self, keys: bytes) -> None:
+        os.write(self.master, keys)
+
+    def close(self) -> str:
+        self._thread.join(20)
+        os.close(self.master)
+        return self.data.decode()
+
+
+def chat(cfg: Path, term: Pty, text: str, **env: str) -> tuple[subprocess.Popen[bytes], str]:
+    """One message typed at the interactive prompt, then Ctrl-D; returns the child and all
+    it wrote to the terminal."""
+    environ = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", **env}
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", *(k for k in ("NO_COLOR",) if k not in env)):
+        environ.pop(name, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", "-s", "cli:md"],
+        stdin=term.slave,
+        stdout=term.slave,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        env=environ,
+    )
+    term.start()
+    term.wait_for(b"you>")
+    term.type(text.encode() + b"\r")
+    answered = term.wait_for(b"end")  # the answer's last word...
+    term.wait_for(b"you>", after=answered)  # ...and the prompt is back: the answer is done
+    term.type(b"\x04")
+    assert proc.wait(20) == 0, proc.stderr.read() if proc.stderr else ""
+    return proc, term.close()
+
+
+def screen_of(data: str) -> XtermScreen:
+    screen = XtermScreen(COLUMNS, ROWS)
+    pyte.Stream(screen).feed(data)  # the pty already turned "\n" into CR LF
+    return screen
+
+
+def test_an_interactive_terminal_shows_the_answer_rendered_as_it_streams(tmp_path, llm):
+    cfg = write_config(tmp_path, llm.base_url)
+    llm.script(reply(ANSWER, pieces=12, chunk_delay=0.05))
+    _, data = chat(cfg, Pty(), "show me")
+    assert llm.requests[0]["body"]["stream"] is True
+    screen = screen_of(data)
+    rows = [line.rstrip() for line in screen.display]
+    start = rows.index("Result")
+    expected = screen_after(plain_rendered(ANSWER), COLUMNS)
+    expected = expected[: max(k for k, row in enumerate(expected) if row) + 1]
+    assert rows[start : start + len(expected)] == expected
+    assert not any("**" in row or "|---" in row or row.startswith("- ") for row in rows)
+    # The SGR attributes on the screen: bold words bold, the heading underlined, code coloured.
+    line = screen.buffer[start + 1]
+    cells = [line[x] for x in range(COLUMNS)]
+    text = "".join(c.data for c in cells)
+    at = text.index("important word")
+    assert all(c.bold for c in cells[at : at + len("important word")])
+    assert not cells[at - 2].bold
+    assert all(screen.buffer[start][x].underscore for x in range(len("Result")))
+    code_at = text.index("code")
+    assert cells[code_at].fg == "cyan" and cells[code_at - 2].fg == "default"
+    # Streamed: the raw text was on screen before its line was rendered.
+    assert "**important word**" in data
+
+
+def plain_rendered(md: str) -> str:
+    from channels.formatting import markdown_to_ansi
+
+    return markdown_to_ansi(md)
+
+
+def test_no_color_writes_no_escape_sequence_around_the_answer(tmp_path, llm):
+    cfg = write_config(tmp_path, llm.base_url)
+    llm.script(reply(ANSWER, pieces=12, chunk_delay=0.02))
+    _, data = chat(cfg, Pty(), "show me", NO_COLOR="1")
+    # prompt_toolkit draws its prompt with escape sequences; between the question's echo
+    # and the next prompt is memobot's output alone: the answer as written, nothing else.
+    answer = data[data.index("# Result") : data.rindex("you>")]
+    assert "\x1b" not in answer.split("**end**")[0] + "**end**"
+    assert answer.startswith(ANSWER.replace("\n", "\r\n"))
+
+
+def test_colour_is_off_for_no_color_and_dumb_terminals():
+    assert colour_allowed({"TERM": "xterm-256color"})
+    assert colour_allowed({"TERM": "xterm", "NO_COLOR": ""})  # empty: as if unset
+    assert not colour_allowed({"TERM": "xterm", "NO_COLOR": "1"})
+    assert not colour_allowed({"TERM": "dumb"})
+
+
+def test_agent_m_prints_the_markdown_as_written(tmp_path, llm):
+    cfg = write_config(tmp_path, llm.base_url)
+    llm.script(reply(ANSWER))
+    done = run_memobot("agent", "-m", "show me", "-s", "cli:one", config=cfg)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ANSWER + "\n"
+
+
+def test_agent_m_on_a_terminal_streams_the_text_as_written_without_control_characters(
+    tmp_path, llm
+):
+    cfg = write_config(tmp_path, llm.base_url)
+    hostile = ANSWER + "\n\x1b]0;owned\x07\x1b[2Jgone?\rX"
+    llm.script(reply(hostile, pieces=5, chunk_delay=0.02))
+    term = Pty()
+    env = {**os.environ, "TERM": "xterm-256color"}
+    env.pop("OPENAI_API_KEY", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", "-m", "hi", "-s", "cli:t"],
+        stdin=subprocess.DEVNULL,
+        stdout=term.slave,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        env=env,
+    )
+    term.start()
+    assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else ""
+    out = term.close().replace("\r\n", "\n")
+    assert out == ANSWER + "\n]0;owned[2Jgone?X\n"  # no SGR, no control character
+
+
+async def run_terminal(terminal_kw: dict, steps: list, tmp_path: Path) -> tuple[str, str]:
+    """One question through a TerminalChannel writing to a StringIO; (stdout, stderr)."""
+    async with FakeLLM() as llm:
+        (tmp_path / "workspace").mkdir(exist_ok=True)
+        (tmp_path / "workspace" / "a.txt").write_text("x")
+        llm.script(*steps)
+        cfg = make_config(tmp_path, llm.base_url)
+        stack = build_agent(cfg, tmp_path / "config.json")
+        out, err = io.StringIO(), io.StringIO()
+        terminal = TerminalChannel(stack.bus, "i", out=out, err=err, **terminal_kw)
+        manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])
+        await manager.start()
+        loop_task = asyncio.create_task(stack.loop.run())
+        try:
+            await asyncio.wait_for(terminal.ask("go"), 20)
+        finally:
+            await stack.loop.shutdown(0)
+            loop_task.cancel()
+            await asyncio.gather(loop_task, return_exceptions=True)
+            await manager.stop()
+            await stack.close()
+    return out.getvalue(), err.getvalue()
+
+
+async def test_tool_lines_and_the_answer_around_them_are_rendered_in_order(tmp_path):
+    out, _ = await run_terminal(
+        {"show_tools": True, "markdown": True, "clean": True, "columns": lambda: 40},
+        [
+            tool_step(("read_file", {"path": "a.txt"}), text="Let me **look**."),
+            reply("The file says `x`.\n\n- done", pieces=5, chunk_delay=0.02),
+        ],
+        tmp_path,
+    )
+    rows = [row for row in screen_after(out, 40) if row]
+    assert rows[0] == "Let me look."
+    assert rows[1].startswith("  ↳ read_file(")
+    assert rows[2:] == ["The file says x.", "• done"]
+
+
+async def test_without_ansi_nothing_writes_an_escape_sequence(tmp_path):
+    out, _ = await run_terminal(
+        {"show_tools": True, "markdown": True, "ansi": False, "clean": True, "thinking": True},
+        [
+            tool_step(("read_file", {"path": "a.txt"}), text="Let me **look**."),
+            reply("The file says `x`.", pieces=3, chunk_delay=0.02),
+        ],
+        tmp_path,
+    )
+    assert "\x1b" not in out
+    assert "Let me **look**." in out and "The file says `x`.\n" in out and "↳ read_file(" in out

@@ -1140,7 +1140,9 @@ def _ansi_line(line: str) -> str:
         while (nested := _QUOTE_RE.match(inner)) is not None:
             inner, depth = nested[1], depth + 1
         bar = "│ " * depth
-        return _styled(bar, "dim") + _ansi_line(inner) if inner.strip() else _styled(bar[:-1], "dim")
+        return (
+            _styled(bar, "dim") + _ansi_line(inner) if inner.strip() else _styled(bar[:-1], "dim")
+        )
     return _ansi_inline(line)
 
 

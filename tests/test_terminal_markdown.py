@@ -23,6 +23,9 @@ import pyte
 import pytest
 
 from bot.app import build_agent
+from bot.bus import MessageBus, OutboundMessage, StreamEvent
+from bot.streaming import STOPPED_MARK, stopped_answer
+from channels.formatting import markdown_to_ansi
 from channels.manager import ChannelManager
 from channels.terminal import TerminalChannel, colour_allowed
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
@@ -127,7 +130,7 @@ def test_an_interactive_terminal_shows_the_answer_rendered_as_it_streams(tmp_pat
     screen = screen_of(data)
     rows = [line.rstrip() for line in screen.display]
     start = rows.index("Result")
-    expected = screen_after(plain_rendered(ANSWER), COLUMNS)
+    expected = screen_after(markdown_to_ansi(ANSWER), COLUMNS)
     expected = expected[: max(k for k, row in enumerate(expected) if row) + 1]
     assert rows[start : start + len(expected)] == expected
     assert not any("**" in row or "|---" in row or row.startswith("- ") for row in rows)
@@ -143,12 +146,6 @@ def test_an_interactive_terminal_shows_the_answer_rendered_as_it_streams(tmp_pat
     assert cells[code_at].fg == "cyan" and cells[code_at - 2].fg == "default"
     # Streamed: the raw text was on screen before its line was rendered.
     assert "**important word**" in data
-
-
-def plain_rendered(md: str) -> str:
-    from channels.formatting import markdown_to_ansi
-
-    return markdown_to_ansi(md)
 
 
 def test_no_color_writes_no_escape_sequence_around_the_answer(tmp_path, llm):
@@ -250,3 +247,39 @@ async def test_without_ansi_nothing_writes_an_escape_sequence(tmp_path):
     )
     assert "\x1b" not in out
     assert "Let me **look**." in out and "The file says `x`.\n" in out and "↳ read_file(" in out
+
+
+async def test_a_stopped_answer_keeps_what_was_shown_rendered_and_says_so_on_stderr():
+    out, err = io.StringIO(), io.StringIO()
+    terminal = TerminalChannel(
+        MessageBus(), "i", out=out, err=err, markdown=True, clean=True, columns=lambda: 30
+    )
+    for text in ("Hello **wor", "Hello **world** and\n- it", "Hello **world** and\n- item *b"):
+        terminal.show_stream(StreamEvent("cli", "i", "m1", "text", text))
+    assert screen_after(out.getvalue(), 30)[:2] == ["Hello world and", "- item *b"]
+    final = stopped_answer("Hello **world** and\n- item *b")
+    assert final is not None
+    stopped = OutboundMessage("cli", "i", final, reply_to="m1", final=True)
+    await terminal.send_chunk(replace_outcome(stopped, "stopped"), final)
+    assert screen_after(out.getvalue(), 30)[:3] == ["Hello world and", "• item *b", ""]
+    assert err.getvalue() == STOPPED_MARK + "\n"
+
+
+def replace_outcome(msg: OutboundMessage, outcome: str) -> OutboundMessage:
+    return OutboundMessage(
+        msg.channel,
+        msg.chat_id,
+        msg.text,
+        reply_to=msg.reply_to,
+        final=True,
+        metadata={"outcome": outcome},
+    )
+
+
+async def test_an_answer_not_streamed_is_printed_rendered_once():
+    out = io.StringIO()
+    terminal = TerminalChannel(MessageBus(), "i", out=out, markdown=True, clean=True)
+    msg = OutboundMessage("cli", "i", "**one**\n\x1b[2Jtwo", reply_to="m1", final=True)
+    await terminal.send_chunk(msg, msg.text)
+    assert out.getvalue() == markdown_to_ansi("**one**\n[2Jtwo") + "\n"
+    assert plain(out.getvalue()) == "one\n[2Jtwo\n"

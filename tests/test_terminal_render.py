@@ -66,7 +66,6 @@ def test_emphasis_code_and_strike_get_their_styles():
     assert style_of(out, "x = 1") == {CODE}
     assert style_of(out, "gone") == {STRIKE}
     assert plain(out) == "a bold b it c x = 1 d gone e"
-    assert out.endswith("\x1b[0m") or not out.endswith("m")
 
 
 def test_nested_emphasis_keeps_the_outer_style_after_the_inner_ends():
@@ -201,8 +200,34 @@ ODD = [
 
 def fuzz_inputs(count: int) -> list[str]:
     rng = random.Random(20)
-    pieces = ["**", "*", "_", "__", "~~", "`", "```", "\n", "> ", "- ", "# ", "|", "---", "[",
-              "](", ")", "<", ">", "\\", " ", "word", "中文", "😀", "http://x.y/z", "\t", "1. "]
+    pieces = [
+        "**",
+        "*",
+        "_",
+        "__",
+        "~~",
+        "`",
+        "```",
+        "\n",
+        "> ",
+        "- ",
+        "# ",
+        "|",
+        "---",
+        "[",
+        "](",
+        ")",
+        "<",
+        ">",
+        "\\",
+        " ",
+        "word",
+        "中文",
+        "😀",
+        "http://x.y/z",
+        "\t",
+        "1. ",
+    ]
     return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 60))) for _ in range(count)]
 
 

@@ -93,7 +93,7 @@ class Pty:
 
 
 def chat(cfg: Path, term: Pty, text: str, **env: str) -> tuple[subprocess.Popen[bytes], str]:
-    """One message typed at the interactive prompt, then Ctrl-D; returns the child and all
+    """One message typed at the interactive prompt, then "exit"; returns the child and all
     it wrote to the terminal."""
     environ = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", **env}
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", *(k for k in ("NO_COLOR",) if k not in env)):
@@ -111,7 +111,7 @@ def chat(cfg: Path, term: Pty, text: str, **env: str) -> tuple[subprocess.Popen[
     term.type(text.encode() + b"\r")
     answered = term.wait_for(b"end")  # the answer's last word...
     term.wait_for(b"you>", after=answered)  # ...and the prompt is back: the answer is done
-    term.type(b"\x04")
+    term.type(b"exit\r")
     assert proc.wait(20) == 0, proc.stderr.read() if proc.stderr else ""
     return proc, term.close()
 
@@ -148,10 +148,11 @@ def test_an_interactive_terminal_shows_the_answer_rendered_as_it_streams(tmp_pat
     assert "**important word**" in data
 
 
-def test_no_color_writes_no_escape_sequence_around_the_answer(tmp_path, llm):
+@pytest.mark.parametrize("env", [{"NO_COLOR": "1"}, {"TERM": "dumb"}])
+def test_no_color_writes_no_escape_sequence_around_the_answer(tmp_path, llm, env):
     cfg = write_config(tmp_path, llm.base_url)
     llm.script(reply(ANSWER, pieces=12, chunk_delay=0.02))
-    _, data = chat(cfg, Pty(), "show me", NO_COLOR="1")
+    _, data = chat(cfg, Pty(), "show me", **env)
     # prompt_toolkit draws its prompt with escape sequences; between the question's echo
     # and the next prompt is memobot's output alone: the answer as written, nothing else.
     answer = data[data.index("# Result") : data.rindex("you>")]

@@ -28,7 +28,7 @@ from bot.streaming import STOPPED_MARK, stopped_answer
 from channels.formatting import markdown_to_ansi
 from channels.manager import ChannelManager
 from channels.terminal import TerminalChannel, colour_allowed
-from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
+from tests.fakes.llm_server import FakeLLM, FakeLLMThread, call, reply, tool_step
 from tests.helpers import REPO, make_config, run_memobot, write_config
 from tests.test_terminal_render import XtermScreen, plain, screen_after
 
@@ -226,15 +226,17 @@ async def test_tool_lines_and_the_answer_around_them_are_rendered_in_order(tmp_p
     out, _ = await run_terminal(
         {"show_tools": True, "markdown": True, "clean": True, "columns": lambda: 40},
         [
-            tool_step(("read_file", {"path": "a.txt"}), text="Let me **look**."),
-            reply("The file says `x`.\n\n- done", pieces=5, chunk_delay=0.02),
+            # Arguments as the model wrote them, an escape sequence inside (not JSON-escaped).
+            tool_step(call("read_file", '{"path": "a.txt\x1b[2J"}'), text="Let me **look**."),
+            reply("The file says `x`.\n\n| a | b |\n|---|---|\n| 1 | 2 |", pieces=5),
         ],
         tmp_path,
     )
     rows = [row for row in screen_after(out, 40) if row]
     assert rows[0] == "Let me look."
-    assert rows[1].startswith("  ↳ read_file(")
-    assert rows[2:] == ["The file says x.", "• done"]
+    assert rows[1] == '  ↳ read_file({"path": "a.txt[2J"})'
+    assert rows[2:] == ["The file says x.", "a | b", "--+--", "1 | 2"]  # a table at the end
+    assert "\x1b[2J" not in out
 
 
 async def test_without_ansi_nothing_writes_an_escape_sequence(tmp_path):

@@ -335,6 +335,12 @@ def test_what_is_left_on_screen_is_the_rendered_answer(columns, step):
     assert "**" not in "".join(line for line in expected if "raw" not in line)
 
 
+@pytest.mark.parametrize("text", ["ends in a table\n| a | b |\n|--|--|\n| 中 | 2 |", "a | b"])
+def test_lines_held_at_the_end_are_rendered_when_the_answer_ends(text):
+    written, _ = stream_live(text, 30, 4)
+    assert screen_after(written, 30) == screen_after(markdown_to_ansi(text) + "\n", 30)
+
+
 def test_text_shows_as_it_arrives_before_its_line_is_complete():
     out = io.StringIO()
     live = LiveMarkdown(out, lambda: 40)

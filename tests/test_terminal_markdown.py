@@ -59,6 +59,7 @@ class Pty:
         size = struct.pack("HHHH", ROWS, COLUMNS, 0, 0)
         fcntl.ioctl(self.slave, termios.TIOCSWINSZ, size)
         self.data = b""
+        self.stamps: list[tuple[float, int]] = []  # (monotonic time, bytes read by then)
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> None:
@@ -74,6 +75,7 @@ class Pty:
             if not chunk:
                 return
             self.data += chunk
+            self.stamps.append((time.monotonic(), len(self.data)))
 
     def wait_for(self, needle: bytes, after: int = 0, timeout: float = 20) -> int:
         """Where ``needle`` is written, at or after ``after``; just past its end."""

@@ -71,6 +71,7 @@ class LiveMarkdown:
         self.columns = columns
         self.renderer = AnsiMarkdown()
         self.text = ""  # the reply so far, tabs expanded
+        self._raw_len = 0  # its length as given, tabs not expanded
         self._next_line = 0  # where the first line not yet fed to the renderer starts
         self._live_start = 0  # where the raw text on screen (the live region) starts
 
@@ -80,16 +81,20 @@ class LiveMarkdown:
         return self._next_line < len(self.text)
 
     def write(self, text: str) -> None:
-        # Tabs as spaces: their width depends on the column, which the row count must know.
-        # expandtabs only looks back to the line start, so the growing text expands alike.
-        text = text.expandtabs(TAB_SIZE)
-        if not text.startswith(self.text):
-            raise ValueError("the reply's text may only grow")
+        """Show the reply so far: ``text`` extends the text of the previous call."""
+        new_raw = text[self._raw_len :]
+        self._raw_len = len(text)
+        if "\t" in new_raw:
+            # Tabs as spaces: their width depends on the column, which the row count must
+            # know; the column counts from the start of the line the new text continues.
+            line = self.text[self.text.rfind("\n") + 1 :]
+            new = (line + new_raw).expandtabs(TAB_SIZE)[len(line) :]
+        else:
+            new = new_raw
         shown = self.text[self._live_start :]
-        new = text[len(self.text) :]
-        self.text = text
+        self.text += new
         rendered: list[str] = []
-        while (end := text.find("\n", self._next_line)) != -1:
+        while (end := self.text.find("\n", self._next_line)) != -1:
             rendered.extend(self._feed(self._next_line, end))
         if rendered:
             self._redraw(shown, rendered)

@@ -231,13 +231,22 @@ def fuzz_inputs(count: int) -> list[str]:
     return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 60))) for _ in range(count)]
 
 
-@pytest.mark.parametrize("text", ODD + fuzz_inputs(300))
-def test_every_word_of_the_answer_is_on_screen(text):
+def assert_every_word_shown(text: str) -> None:
     out = markdown_to_ansi(text)
     assert_only_sgr(out)
     shown = plain(out)
     missing = [w for w in set(words(text)) if w not in shown]
     assert not missing, (text[:200], missing)
+
+
+@pytest.mark.parametrize("text", ODD)
+def test_every_word_of_an_odd_answer_is_on_screen(text):
+    assert_every_word_shown(text)
+
+
+def test_every_word_of_random_markdown_is_on_screen():
+    for text in fuzz_inputs(400):
+        assert_every_word_shown(text)
 
 
 def test_odd_markdown_falls_back_to_the_literal_text():
@@ -263,14 +272,14 @@ def test_a_line_with_a_pipe_waits_for_the_next_to_know_whether_a_table_starts():
     assert r.feed("last | held") == [] and [plain(x) for x in r.finish()] == ["last | held"]
 
 
-@pytest.mark.parametrize("text", ODD[:14] + fuzz_inputs(60))
-def test_line_at_a_time_renders_as_the_whole_text(text):
-    r = AnsiMarkdown()
-    out: list[str] = []
-    for line in text.split("\n"):
-        out.extend(r.feed(line))
-    out.extend(r.finish())
-    assert "\n".join(out) == markdown_to_ansi(text)
+def test_line_at_a_time_renders_as_the_whole_text():
+    for text in ODD[:14] + fuzz_inputs(100):
+        r = AnsiMarkdown()
+        out: list[str] = []
+        for line in text.split("\n"):
+            out.extend(r.feed(line))
+        out.extend(r.finish())
+        assert "\n".join(out) == markdown_to_ansi(text), text
 
 
 # --- the live region on a screen -------------------------------------------------------------
@@ -294,17 +303,15 @@ def screen_after(data: str, columns: int, rows: int = 120) -> list[str]:
     return [line.rstrip() for line in screen.display]
 
 
-def stream_live(text: str, columns: int, step: int = 1) -> tuple[str, list[str]]:
-    """Feed ``text`` to a LiveMarkdown ``step`` characters at a time; returns what was
-    written and the screen after each write."""
+def stream_live(text: str, columns: int, step: int = 1) -> str:
+    """Feed ``text`` to a LiveMarkdown ``step`` characters at a time, then finish; returns
+    what was written to the terminal."""
     out = io.StringIO()
     live = LiveMarkdown(out, lambda: columns)
-    screens = []
     for end in range(step, len(text) + step, step):
         live.write(text[:end])
-        screens.append(out.getvalue())
     live.finish()
-    return out.getvalue(), screens
+    return out.getvalue()
 
 
 ANSWER = (
@@ -329,7 +336,7 @@ ANSWER = (
 @pytest.mark.parametrize("columns", [80, 23, 17, 10])
 @pytest.mark.parametrize("step", [1, 7])
 def test_what_is_left_on_screen_is_the_rendered_answer(columns, step):
-    written, _ = stream_live(ANSWER, columns, step)
+    written = stream_live(ANSWER, columns, step)
     expected = screen_after(markdown_to_ansi(ANSWER) + "\n", columns)
     assert screen_after(written, columns) == expected
     assert "**" not in "".join(line for line in expected if "raw" not in line)
@@ -337,7 +344,7 @@ def test_what_is_left_on_screen_is_the_rendered_answer(columns, step):
 
 @pytest.mark.parametrize("text", ["ends in a table\n| a | b |\n|--|--|\n| 中 | 2 |", "a | b"])
 def test_lines_held_at_the_end_are_rendered_when_the_answer_ends(text):
-    written, _ = stream_live(text, 30, 4)
+    written = stream_live(text, 30, 4)
     assert screen_after(written, 30) == screen_after(markdown_to_ansi(text) + "\n", 30)
 
 
@@ -355,7 +362,7 @@ def test_text_shows_as_it_arrives_before_its_line_is_complete():
 
 
 def test_a_streamed_answer_with_unclosed_markdown_ends_as_its_literal_text():
-    written, _ = stream_live("one **open\n```\ncode never closed", 30, 3)
+    written = stream_live("one **open\n```\ncode never closed", 30, 3)
     assert screen_after(written, 30)[:4] == ["one **open", "  ──", "    code never closed", ""]
 
 
@@ -372,7 +379,7 @@ def test_cursor_rows_follow_the_terminals_wrapping():
 
 def test_the_screen_above_the_answer_is_untouched():
     before = "you> question\n"
-    written, _ = stream_live(ANSWER, 17, 5)
+    written = stream_live(ANSWER, 17, 5)
     shown = screen_after(before + written, 17)
     assert shown[0] == "you> question"
     assert shown[1:] == screen_after(markdown_to_ansi(ANSWER) + "\n", 17)[:-1]
@@ -380,7 +387,7 @@ def test_the_screen_above_the_answer_is_untouched():
 
 def test_redraws_stay_right_while_the_screen_scrolls():
     columns, rows = 23, 12
-    written, _ = stream_live(ANSWER, columns, 3)
+    written = stream_live(ANSWER, columns, 3)
     screen = XtermScreen(columns, rows)
     pyte.Stream(screen).feed(written.replace("\n", "\r\n"))
     shown = [line.rstrip() for line in screen.display]
@@ -390,3 +397,12 @@ def test_redraws_stay_right_while_the_screen_scrolls():
     while whole and not whole[-1]:
         whole.pop()
     assert len(shown) > rows // 2 and shown == whole[-len(shown) :]
+
+
+def test_random_markdown_streamed_in_random_pieces_ends_rendered_on_screen():
+    rng = random.Random(12)
+    for text in fuzz_inputs(60):
+        columns, step = rng.randint(6, 40), rng.randint(1, 9)
+        written = stream_live(text, columns, step)
+        expected = screen_after(markdown_to_ansi(text) + "\n", columns, 400)
+        assert screen_after(written, columns, 400) == expected, (text, columns, step)

@@ -13,8 +13,10 @@ rendered too, so what the terminal is left showing is the rendered answer.
 
 The rows the live region covers are computed from the terminal's width, read at each redraw,
 and each character's cell width (wcwidth, as prompt_toolkit uses; wide CJK and emoji take
-two columns and wrap early at the right margin). A terminal resized while a line is live can
-make that count wrong; the cost is a stray raw line left above or below, never lost text.
+two columns and wrap early at the right margin). Known limits: a terminal resized while a
+line is live can make that count wrong (raw text left behind, or a rendered line above
+erased from the screen), and the rows of a live line taller than the screen that have
+scrolled away cannot be erased (its raw start stays in the scrollback above its rendering).
 """
 
 from __future__ import annotations
@@ -91,13 +93,13 @@ class LiveMarkdown:
             new = (line + new_raw).expandtabs(TAB_SIZE)[len(line) :]
         else:
             new = new_raw
-        shown = self.text[self._live_start :]
+        live_start, shown_end = self._live_start, len(self.text)
         self.text += new
         rendered: list[str] = []
         while (end := self.text.find("\n", self._next_line)) != -1:
             rendered.extend(self._feed(self._next_line, end))
         if rendered:
-            self._redraw(shown, rendered)
+            self._redraw(self.text[live_start:shown_end], rendered)
         elif new:
             self.out.write(new)
         self.out.flush()

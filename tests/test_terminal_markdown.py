@@ -10,6 +10,7 @@ import fcntl
 import io
 import os
 import pty
+import signal
 import struct
 import subprocess
 import sys
@@ -288,3 +289,37 @@ async def test_an_answer_not_streamed_is_printed_rendered_once():
     await terminal.send_chunk(msg, msg.text)
     assert out.getvalue() == markdown_to_ansi("**one**\n[2Jtwo") + "\n"
     assert plain(out.getvalue()) == "one\n[2Jtwo\n"
+
+
+def test_ctrl_c_mid_answer_leaves_what_was_shown_rendered(tmp_path, llm):
+    cfg = write_config(tmp_path, llm.base_url)
+    long = "Start **bold** here.\n" + " ".join(f"*word{i}*" for i in range(300))
+    llm.script(reply(long, pieces=60, chunk_delay=0.1))
+    term = Pty()
+    environ = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1"}
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "NO_COLOR"):
+        environ.pop(name, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", "-s", "cli:stop"],
+        stdin=term.slave,
+        stdout=term.slave,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        env=environ,
+    )
+    term.start()
+    term.wait_for(b"you>")
+    term.type(b"go on\r")
+    term.wait_for(b"word20* ")
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends while an answer is written
+    term.wait_for(b"you>", after=term.wait_for(b"word20* "))
+    term.type(b"exit\r")
+    assert proc.wait(20) == 0
+    assert STOPPED_MARK in (proc.stderr.read() if proc.stderr else b"").decode()
+    rows = [row.rstrip() for row in screen_of(term.close()).display]
+    start = rows.index("Start bold here.")
+    end = next(k for k in range(start, ROWS) if rows[k].startswith("you>"))
+    shown = "".join(rows[start + 1 : end])  # the rows of one wrapped line
+    # The unfinished line was rendered when the answer stopped: no marker left around a word.
+    assert shown.startswith("word0 word1 ") and "word20 " in shown and "word299" not in shown
+    assert "*word1*" not in shown

@@ -433,7 +433,7 @@ async def _agent_main(
 ) -> int:
     from bot.app import build_agent
     from channels.manager import ChannelManager
-    from channels.terminal import TerminalChannel
+    from channels.terminal import TerminalChannel, colour_allowed
 
     stack = build_agent(cfg, config_path)
     interactive = args.message is None and sys.stdin.isatty()
@@ -448,6 +448,11 @@ async def _agent_main(
         # prints it again), and no text the model wrote before calling a tool.
         streaming=tty,
         show_tools=interactive and tty,
+        # Rendered for a person chatting; `agent -m` and piped input print the model's text
+        # as written (scripts read it), only cleaned of control characters on a terminal.
+        markdown=interactive and tty,
+        ansi=tty and colour_allowed(os.environ),
+        clean=tty,
     )
     manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])
     await manager.start()

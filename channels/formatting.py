@@ -7,6 +7,8 @@ each platform gets its own dialect:
 * Telegram: the Bot API's HTML parse mode (``markdown_to_telegram_html``);
 * Slack: mrkdwn (``markdown_to_slack_mrkdwn``);
 * Discord: Markdown, lightly adjusted and made unable to mass-ping (``markdown_to_discord``);
+* a terminal: SGR escape sequences, a line at a time while an answer streams (``AnsiMarkdown``,
+  ``markdown_to_ansi``);
 * any platform's plain-text fallback: ``strip_markdown`` / ``strip_telegram_html``.
 
 A channel renders an answer with ``render_chunks(text, LIMIT, renderer, measure=...)``. Every
@@ -32,15 +34,19 @@ SLACK_LIMIT = 3900  # Slack advises at most 4000 characters of message text; kee
 
 __all__ = [
     "DISCORD_LIMIT",
+    "SGR_RESET",
     "SLACK_LIMIT",
     "TELEGRAM_CAPTION_LIMIT",
     "TELEGRAM_LIMIT",
+    "AnsiMarkdown",
+    "markdown_to_ansi",
     "markdown_to_discord",
     "markdown_to_slack_mrkdwn",
     "markdown_to_telegram_html",
     "render_chunks",
     "split_markdown",
     "split_telegram_html",
+    "strip_controls",
     "strip_markdown",
     "strip_telegram_html",
     "telegram_length",
@@ -444,6 +450,22 @@ def _cells(line: str) -> tuple[str, ...]:
     return tuple(c.strip().replace("\\|", "|") for c in _CELL_SPLIT_RE.split(s))
 
 
+def _code_line(line: str, opened: _FenceOpen) -> str:
+    """A line of a fenced block without the fence's indentation."""
+    width = len(opened.indent)
+    return line[width:] if line[:width].strip() == "" else line.lstrip()
+
+
+def _starts_table(header: str, separator: str) -> bool:
+    """Whether ``header`` followed by ``separator`` opens a table (GitHub's pipe tables)."""
+    return (
+        "|" in header
+        and "-" in separator
+        and _TABLE_SEP_RE.match(separator) is not None
+        and ("|" in separator or header.strip().startswith("|"))
+    )
+
+
 def _blocks(md: str) -> list[_Block]:
     lines = md.replace("\r\n", "\n").split("\n")
     blocks: list[_Block] = []
@@ -455,21 +477,12 @@ def _blocks(md: str) -> list[_Block]:
             j = i + 1
             while j < len(lines) and not _fence_closes(lines[j], opened.fence):
                 j += 1
-            width = len(opened.indent)
-            content = tuple(
-                ln[width:] if ln[:width].strip() == "" else ln.lstrip() for ln in lines[i + 1 : j]
-            )
+            content = tuple(_code_line(ln, opened) for ln in lines[i + 1 : j])
             stop = j + 1 if j < len(lines) else j
             blocks.append(_Fenced(opened.lang, content, tuple(lines[i:stop])))
             i = stop
             continue
-        if (
-            "|" in line
-            and i + 1 < len(lines)
-            and "-" in lines[i + 1]
-            and _TABLE_SEP_RE.match(lines[i + 1])
-            and ("|" in lines[i + 1] or line.strip().startswith("|"))
-        ):
+        if i + 1 < len(lines) and _starts_table(line, lines[i + 1]):
             j = i + 2
             while j < len(lines) and "|" in lines[j] and lines[j].strip():
                 j += 1
@@ -1045,4 +1058,182 @@ def strip_markdown(md: str) -> str:
             out.append(_aligned_table(block))
         else:
             out.append(_plain_line(block.line))
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Terminal: ANSI escape sequences (SGR)
+
+# C0 controls but tab and line feed, DEL and C1 controls. ESC (and C1's CSI) starts every escape
+# sequence: text from the model (which a web page may have steered) must not move the cursor,
+# retitle the window or rewrite the screen; a carriage return could overwrite what is shown.
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_SGR_CODES = {"b": "1", "dim": "2", "i": "3", "u": "4", "s": "9", "code": "36"}
+SGR_RESET = "\x1b[0m"
+TAB_SIZE = 8
+_TERM_RULE = "─" * 24
+
+
+def strip_controls(text: str) -> str:
+    """``text`` without the characters a terminal would act on instead of showing: C0
+    controls other than tab and line feed (so ESC and carriage return), DEL and C1 controls.
+    Printable text is kept as it is."""
+    return _CONTROL_RE.sub("", text)
+
+
+def _sgr(styles: frozenset[str]) -> str:
+    # Every change resets first and sets the whole style again: nested styles then end
+    # correctly whatever closes first (a "bold off" would also end dim).
+    return "\x1b[" + ";".join(["0", *(_SGR_CODES[k] for k in sorted(styles))]) + "m"
+
+
+def _ansi_segments(
+    nodes: tuple[_Node, ...] | list[_Node],
+    styles: frozenset[str],
+    out: list[tuple[str, frozenset[str]]],
+) -> None:
+    for node in nodes:
+        if isinstance(node, _Str):
+            out.append((node.text, styles))
+        elif isinstance(node, _CodeSpan):
+            out.append((node.text, styles | {"code"}))
+        elif isinstance(node, _Link):
+            url = node.url.strip()
+            _ansi_segments(node.children, styles | {"u"}, out)
+            if _plain_nodes(node.children) != url:
+                out.append((f" ({url})", (styles - {"u"}) | {"dim"}))
+        else:
+            _ansi_segments(node.children, styles | {node.kind}, out)
+
+
+def _ansi_inline(text: str, styles: frozenset[str] = frozenset()) -> str:
+    segments: list[tuple[str, frozenset[str]]] = []
+    _ansi_segments(_parse_inline(text), styles, segments)
+    out: list[str] = []
+    current: frozenset[str] = frozenset()
+    for chunk, style in segments:
+        if not chunk:
+            continue
+        if style != current:
+            out.append(_sgr(style) if style else SGR_RESET)
+            current = style
+        out.append(chunk)
+    if current:
+        out.append(SGR_RESET)
+    return "".join(out)
+
+
+def _styled(text: str, *styles: str) -> str:
+    return f"{_sgr(frozenset(styles))}{text}{SGR_RESET}" if text else ""
+
+
+def _ansi_line(line: str) -> str:
+    if _HR_RE.match(line):
+        return _styled(_TERM_RULE, "dim")
+    if (m := _HEADING_RE.match(line)) is not None:
+        title = m[2] or ""
+        return _ansi_inline(title, frozenset({"b", "u"} if len(m[1]) == 1 else {"b"}))
+    if (m := _BULLET_RE.match(line)) is not None:
+        return f"{m[1]}{_styled('•', 'b')} {_ansi_inline(m[2])}"
+    if (m := _QUOTE_RE.match(line)) is not None:
+        inner, depth = m[1], 1
+        while (nested := _QUOTE_RE.match(inner)) is not None:
+            inner, depth = nested[1], depth + 1
+        bar = "│ " * depth
+        return (
+            _styled(bar, "dim") + _ansi_line(inner) if inner.strip() else _styled(bar[:-1], "dim")
+        )
+    return _ansi_inline(line)
+
+
+def _ansi_block(block: _Block) -> list[str]:
+    if isinstance(block, _Table):
+        header, rule, *rows = _aligned_table(block).split("\n")
+        return [_styled(header, "b"), _styled(rule, "dim"), *rows]
+    if isinstance(block, _Text):
+        return [_ansi_line(block.line)]
+    # Whole fenced blocks only come from the held lines of a table candidate, never here.
+    raise TypeError(f"not a table or text line: {block!r}")
+
+
+class AnsiMarkdown:
+    """Markdown to ANSI for a terminal, one complete line at a time, so that an answer can be
+    rendered while it is written.
+
+    ``feed`` takes the next line (without its line end) and returns the rendered lines that
+    are now final; a line that may be a table's header is held until the next line says, and a
+    table until it ends (its columns are aligned over all its rows). ``finish`` renders what is
+    held at the end of the text. ``markdown_to_ansi`` is the same over a whole text, so a
+    streamed answer ends up rendered exactly as the whole would be.
+
+    Styles: headings bold (level 1 also underlined), ``**bold**``, ``*italic*``,
+    ``~~strike~~``, code spans and fenced code in cyan (the code indented by four, under a dim
+    label with the fence's language), bullets "•", quotes behind a dim bar per level, links as
+    the underlined text then the URL dimmed, tables aligned with a bold header, rules dimmed.
+    Every word of the input is kept; markers that do not pair (``**bold without end``) stay
+    literal; control characters are removed (``strip_controls``).
+    """
+
+    __slots__ = ("_fence", "_held")
+
+    def __init__(self) -> None:
+        self._fence: _FenceOpen | None = None
+        self._held: list[str] = []  # a possible table: its first line, then its rows
+
+    @property
+    def held(self) -> int:
+        """How many lines were fed and are not rendered yet."""
+        return len(self._held)
+
+    def feed(self, line: str) -> list[str]:
+        # Tabs as spaces: a terminal's tab stops would count from the rendered line's start.
+        line = strip_controls(line).expandtabs(TAB_SIZE)
+        out: list[str] = []
+        if self._fence is not None:
+            if _fence_closes(line, self._fence.fence):
+                self._fence = None
+                out.append(_styled("  ──", "dim"))
+            else:
+                out.append("    " + _styled(_code_line(line, self._fence), "code"))
+            return out
+        if self._held:
+            # The same decisions as _blocks over the whole text: a header line and its
+            # separator open a table, which goes on while lines hold a "|".
+            if len(self._held) == 1 and _starts_table(self._held[0], line):
+                self._held.append(line)
+                return out
+            if len(self._held) > 1 and "|" in line and line.strip():
+                self._held.append(line)
+                return out
+            out.extend(self._flush())
+        if (opened := _fence_open(line)) is not None:
+            self._fence = opened
+            info = _FENCE_OPEN_RE.match(line)[3].strip()  # type: ignore[index]
+            out.append(_styled(f"  ── {info}" if info else "  ──", "dim"))
+        elif "|" in line:
+            self._held.append(line)
+        else:
+            out.append(_ansi_line(line))
+        return out
+
+    def finish(self) -> list[str]:
+        """The end of the text: render the held lines (an unclosed code block just ends)."""
+        self._fence = None
+        return self._flush()
+
+    def _flush(self) -> list[str]:
+        blocks = _blocks("\n".join(self._held)) if self._held else []
+        self._held.clear()
+        return [line for block in blocks for line in _ansi_block(block)]
+
+
+def markdown_to_ansi(md: str) -> str:
+    """Markdown as text for a terminal with SGR escape sequences (see ``AnsiMarkdown``), one
+    output line per input line except fences (a label line each). Control characters of the
+    input never reach the output."""
+    renderer = AnsiMarkdown()
+    out: list[str] = []
+    for line in md.replace("\r\n", "\n").split("\n"):
+        out.extend(renderer.feed(line))
+    out.extend(renderer.finish())
     return "\n".join(out)

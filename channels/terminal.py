@@ -7,6 +7,12 @@ Streaming: the answer is printed as the model writes it; the final answer then a
 was not printed yet (normally its line end), so stdout carries each answer once. While tools
 run, an interactive terminal shows one dim line per tool call (on stdout, which is the
 terminal then; never in piped output).
+
+Markdown: an interactive terminal shows each answer rendered (``channels.terminal_live``), as
+it is written. On a terminal the model's text is stripped of control characters (an escape
+sequence from a hostile web page must not reach the terminal); pipes get it byte for byte.
+Without colour (``NO_COLOR``, ``TERM=dumb``: ``colour_allowed``) no escape sequence is written
+at all, and answers are printed as the model wrote them.
 """
 
 from __future__ import annotations
@@ -14,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TextIO
 
 from bot.bus import InboundMessage, MessageBus, OutboundMessage, StreamEvent
 from channels.base import Channel, PreviewMode
 from channels.errors import PermanentError
+from channels.formatting import markdown_to_ansi, strip_controls
+from channels.terminal_live import LiveMarkdown, terminal_columns
 
 CHANNEL = "cli"
 OUTCOME_KEY = "outcome"  # bot.turn.OUTCOME_KEY: channels do not import the core's loop
@@ -30,7 +38,13 @@ APPROVAL_ANSWERS = {"y": "once", "yes": "once", "a": "always", "always": "always
 ReadAnswer = Callable[[str], Awaitable[str | None]]
 ERASE_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line
 DIM, RESET = "\x1b[2m", "\x1b[0m"
-TOOL_LINE = DIM + "  ↳ {call}" + RESET + "\n"
+TOOL_LINE = "  ↳ {call}"
+
+
+def colour_allowed(environ: Mapping[str, str]) -> bool:
+    """Whether a terminal may get escape sequences: not when ``NO_COLOR`` is set to anything
+    but the empty string (https://no-color.org), nor on a ``TERM=dumb`` terminal."""
+    return not environ.get("NO_COLOR") and environ.get("TERM") != "dumb"
 
 
 class TerminalChannel(Channel):
@@ -45,11 +59,17 @@ class TerminalChannel(Channel):
         thinking: bool = False,
         streaming: bool = True,
         show_tools: bool = False,
+        markdown: bool = False,
+        ansi: bool = True,
+        clean: bool = False,
+        columns: Callable[[], int] | None = None,
     ) -> None:
         """``thinking``: show a "thinking…" line while an answer is worked on (a terminal
-        only: the line is erased with a control sequence when the answer comes).
-        ``streaming``: print answers as they are written. ``show_tools``: a dim line per
-        tool call (a terminal only)."""
+        only: the line is erased when the answer comes). ``streaming``: print answers as they
+        are written. ``show_tools``: a dim line per tool call (a terminal only).
+        ``markdown``: render answers as Markdown (needs ``ansi``, the terminal taking escape
+        sequences; without it nothing writes one). ``clean``: strip control characters from
+        the model's text (a terminal). ``columns``: the terminal's width (default: asked)."""
         super().__init__(bus)
         self.chat_id = chat_id
         self.out = out or sys.stdout
@@ -57,6 +77,12 @@ class TerminalChannel(Channel):
         self.thinking = thinking
         self.streaming = streaming
         self.show_tools = show_tools
+        self.ansi = ansi
+        self.markdown = markdown and ansi
+        self.clean = clean
+        self.columns = columns or (lambda: terminal_columns(self.out))
+        self._live: LiveMarkdown | None = None  # the answer being rendered as it is written
+        self._live_base = 0  # where its text starts in the streamed text
         self._waiting: dict[str, asyncio.Future[OutboundMessage]] = {}
         self._thinking_shown = False
         self._printed: dict[str | None, str] = {}  # streamed text on stdout, per answer
@@ -78,16 +104,22 @@ class TerminalChannel(Channel):
 
     def _erase_thinking(self) -> None:
         if self._thinking_shown:
-            self.out.write(ERASE_LINE)
+            self.out.write(ERASE_LINE if self.ansi else f"\r{' ' * len(THINKING)}\r")
             self._thinking_shown = False
+
+    def _clean(self, text: str) -> str:
+        return strip_controls(text) if self.clean else text
 
     def preview_mode(self, chat_id: str) -> PreviewMode:
         return "direct"
 
     def _end_line(self) -> None:
-        if self._mid_line:
+        if self._live is not None:
+            self._live.finish()  # what is left raw on screen is rendered, the line ended
+            self._live = None
+        elif self._mid_line:
             self.out.write("\n")
-            self._mid_line = False
+        self._mid_line = False
 
     def show_stream(self, event: StreamEvent) -> None:
         if event.chat_id != self.chat_id or self.closed or event.kind == "done":
@@ -97,22 +129,66 @@ class TerminalChannel(Channel):
             if event.kind == "tool":
                 if self.show_tools:
                     self._end_line()
-                    self.out.write(TOOL_LINE.format(call=event.text))
+                    line = TOOL_LINE.format(call=strip_controls(event.text))
+                    self.out.write((DIM + line + RESET if self.ansi else line) + "\n")
                     self.out.flush()
                 return
+            text = self._clean(event.text)
             printed = self._printed.get(event.reply_to, "")
-            if event.text.startswith(printed):
-                new = event.text[len(printed) :]
-            else:  # the model's next request (after tools), or a retry: a fresh line
-                self._end_line()
-                new = event.text
-            if new:
-                self.out.write(new)
-                self.out.flush()
-                self._mid_line = not event.text.endswith("\n")
-            self._printed[event.reply_to] = event.text
+            if self.markdown:
+                self._stream_rendered(text, printed)
+            else:
+                if text.startswith(printed):
+                    new = text[len(printed) :]
+                else:  # the model's next request (after tools), or a retry: a fresh line
+                    self._end_line()
+                    new = text
+                if new:
+                    self.out.write(new)
+                    self.out.flush()
+                    self._mid_line = not text.endswith("\n")
+            self._printed[event.reply_to] = text
         except BrokenPipeError:
             self.closed = True
+
+    def _stream_rendered(self, text: str, printed: str) -> None:
+        if self._live is None or not text.startswith(printed):
+            # A fresh line: the first text, the model's next request (after tools), a retry.
+            # After tools the text may go on from what was shown: only the rest is new.
+            base = len(printed) if self._live is None and text.startswith(printed) else 0
+            self._end_line()
+            self._live, self._live_base = LiveMarkdown(self.out, self.columns), base
+        self._live.write(text[self._live_base :])
+        self._mid_line = self._live.mid_line
+
+    def _show_rendered(self, text: str, printed: str) -> None:
+        """The final answer on stdout, rendered: it completes what was streamed."""
+        if printed and text.startswith(printed):
+            if self._live is not None:
+                self._live.write(text[self._live_base :])
+                self._end_line()
+                return
+            text = text[len(printed) :].strip("\n")
+            if not text.strip():
+                return
+        self._end_line()
+        self.out.write(markdown_to_ansi(text.rstrip("\n")) + "\n")
+        self.out.flush()
+
+    def _show_plain(self, text: str, printed: str, stream: TextIO) -> None:
+        if printed and text.startswith(printed):
+            text = text[len(printed) :]  # the rest of what was streamed (a stop mark...)
+            if stream is self.err:
+                text = text.strip()
+        elif printed or self._mid_line:
+            self._end_line()
+        if stream is self.err:
+            self._end_line()
+        self.out.flush()
+        if text.strip() or stream is self.out:
+            stream.write(text.rstrip("\n") + "\n")
+        self._mid_line = False
+        stream.flush()
 
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
         if msg.chat_id != self.chat_id:
@@ -124,22 +200,14 @@ class TerminalChannel(Channel):
         ok = msg.metadata.get(OUTCOME_KEY, "ok") == "ok" and request is None
         stream = self.out if ok else self.err
         printed = self._printed.pop(msg.reply_to, "") if msg.final else ""
-        if printed and chunk.startswith(printed):
-            chunk = chunk[len(printed) :]  # the rest of what was streamed (a stop mark...)
-            if stream is self.err:
-                chunk = chunk.strip()
-        elif printed or self._mid_line:
-            self._end_line_safely()
+        text = self._clean(chunk)
         if not self.closed:
             try:
                 self._erase_thinking()
-                if stream is self.err:
-                    self._end_line()
-                self.out.flush()
-                if chunk.strip() or stream is self.out:
-                    stream.write(chunk.rstrip("\n") + "\n")
-                self._mid_line = False
-                stream.flush()
+                if self.markdown and stream is self.out:
+                    self._show_rendered(text, printed)
+                else:
+                    self._show_plain(text, printed, stream)
             except BrokenPipeError:
                 # The reader went away (`| head`): it read what it wanted. The answer counts
                 # as delivered (printing it again next time would surprise), and the CLI
@@ -182,12 +250,6 @@ class TerminalChannel(Channel):
         for task in list(self._prompts):
             task.cancel()
         await asyncio.gather(*self._prompts, return_exceptions=True)
-
-    def _end_line_safely(self) -> None:
-        try:
-            self._end_line()
-        except BrokenPipeError:
-            self.closed = True
 
     async def ask(self, text: str) -> OutboundMessage | None:
         """Submit one line as a message and wait until its final answer has been printed.

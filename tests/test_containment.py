@@ -29,6 +29,7 @@ import pytest
 from bot.config import EX_CONFIG, parse_config
 from bot.context import ContextBuilder, api_messages
 from bot.gate import launcher
+from bot.gate.policy import carve
 from bot.records import check_record, clean_metadata
 from bot.runner import INTERRUPTED_TOOL_RESULT
 from bot.service.doctor import check_sessions, scan_session
@@ -1420,3 +1421,18 @@ def test_a_confined_server_may_read_its_own_installation_only(tmp_path: Path) ->
             assert API_KEY not in done.stdout
     finally:
         gate.close()
+
+
+def test_carve_keeps_only_the_outermost_folders_and_leaves_out_what_is_denied() -> None:
+    tree = {
+        "/nx-root/etc": ["ssl", "shadow", "hosts"],
+        "/nx-root/etc/ssl": ["certs"],
+    }
+    roots = [Path(p) for p in ("/nx-root/usr", "/nx-root/usr/bin", "/nx-root/etc", "/nx-root/u")]
+    got = carve(roots, [Path("/nx-root/etc/shadow")], lambda p: tree.get(str(p), []))
+    assert got == [
+        Path("/nx-root/etc/hosts"),
+        Path("/nx-root/etc/ssl"),
+        Path("/nx-root/u"),
+        Path("/nx-root/usr"),
+    ]

@@ -64,8 +64,13 @@ def carve(
         except OSError:
             continue
         todo.extend(real_path(path / name) for name in names)
-    # /bin -> /usr/bin on merged-/usr systems: keep only the outermost folders.
-    return sorted(p for p in out if not any(p != q and p.is_relative_to(q) for q in out))
+    # /bin -> /usr/bin on merged-/usr systems: keep only the outermost folders (shallowest
+    # first, so each path meets its kept ancestors; a set lookup per ancestor, not per pair).
+    kept: set[Path] = set()
+    for path in sorted(out, key=lambda p: len(p.parts)):
+        if not any(parent in kept for parent in path.parents):
+            kept.add(path)
+    return sorted(kept)
 
 
 @dataclass(frozen=True, slots=True)

@@ -453,6 +453,7 @@ async def _agent_main(
         markdown=interactive and tty,
         ansi=tty and colour_allowed(os.environ),
         clean=tty,
+        clean_err=sys.stderr.isatty(),
     )
     manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])
     await manager.start()
@@ -590,13 +591,24 @@ def _prompt_answers() -> Callable[[str], Awaitable[str | None]]:
     from prompt_toolkit import PromptSession
     from prompt_toolkit.patch_stdout import patch_stdout
 
-    prompt: PromptSession[str] = PromptSession()
+    if sys.stdout.isatty():
+        prompt: PromptSession[str] = PromptSession()
 
-    async def read(text: str) -> str | None:
-        with patch_stdout():
-            return await prompt.prompt_async(text)
+        async def read(text: str) -> str | None:
+            with patch_stdout():
+                return await prompt.prompt_async(text)
 
-    return read
+        return read
+
+    # stdout is a pipe or a file that takes the answers only: the question is on stderr.
+    from prompt_toolkit.output import create_output
+
+    on_stderr: PromptSession[str] = PromptSession(output=create_output(stdout=sys.stderr))
+
+    async def read_on_stderr(text: str) -> str | None:
+        return await on_stderr.prompt_async(text)
+
+    return read_on_stderr
 
 
 def _loop_can_watch(fd: int) -> bool:

@@ -1067,7 +1067,9 @@ def strip_markdown(md: str) -> str:
 # C0 controls but tab and line feed, DEL and C1 controls. ESC (and C1's CSI) starts every escape
 # sequence: text from the model (which a web page may have steered) must not move the cursor,
 # retitle the window or rewrite the screen; a carriage return could overwrite what is shown.
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0 but tab and line feed, DEL, C1; and the bidi embeddings, overrides and isolates, which
+# can make a terminal show a command in another order than it runs.
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _SGR_CODES = {"b": "1", "dim": "2", "i": "3", "u": "4", "s": "9", "code": "36"}
 SGR_RESET = "\x1b[0m"
 TAB_SIZE = 8
@@ -1076,8 +1078,9 @@ _TERM_RULE = "─" * 24
 
 def strip_controls(text: str) -> str:
     """``text`` without the characters a terminal would act on instead of showing: C0
-    controls other than tab and line feed (so ESC and carriage return), DEL and C1 controls.
-    Printable text is kept as it is."""
+    controls other than tab and line feed (so ESC and carriage return), DEL, C1 controls and
+    the bidi overrides. Printable text is kept as it is; one character at a time, so the
+    cleaned text of a prefix is a prefix of the cleaned text."""
     return _CONTROL_RE.sub("", text)
 
 

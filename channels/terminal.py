@@ -33,6 +33,7 @@ CHANNEL = "cli"
 OUTCOME_KEY = "outcome"  # bot.turn.OUTCOME_KEY: channels do not import the core's loop
 THINKING = "thinking..."
 APPROVAL_PROMPT = "allow? [y]es once / [a]lways in this chat / [N]o: "
+PRESS_PREFIX = "cli-press-"  # the message ids of approval answers typed here
 APPROVAL_ANSWERS = {"y": "once", "yes": "once", "a": "always", "always": "always"}
 # Reads one answer line (the prompt is shown first); None at the end of input.
 ReadAnswer = Callable[[str], Awaitable[str | None]]
@@ -62,14 +63,17 @@ class TerminalChannel(Channel):
         markdown: bool = False,
         ansi: bool = True,
         clean: bool = False,
+        clean_err: bool = False,
         columns: Callable[[], int] | None = None,
     ) -> None:
         """``thinking``: show a "thinking…" line while an answer is worked on (a terminal
         only: the line is erased when the answer comes). ``streaming``: print answers as they
         are written. ``show_tools``: a dim line per tool call (a terminal only).
         ``markdown``: render answers as Markdown (needs ``ansi``, the terminal taking escape
-        sequences; without it nothing writes one). ``clean``: strip control characters from
-        the model's text (a terminal). ``columns``: the terminal's width (default: asked)."""
+        sequences; without it nothing writes one). ``clean``, ``clean_err``: strip control
+        characters from the model's text on stdout, on stderr (each when it is a terminal:
+        an approval question must show the command as it will run). ``columns``: the
+        terminal's width (default: asked)."""
         super().__init__(bus)
         self.chat_id = chat_id
         self.out = out or sys.stdout
@@ -80,12 +84,14 @@ class TerminalChannel(Channel):
         self.ansi = ansi
         self.markdown = markdown and ansi
         self.clean = clean
+        self.clean_err = clean_err
         self.columns = columns or (lambda: terminal_columns(self.out))
         self._live: LiveMarkdown | None = None  # the answer being rendered as it is written
         self._live_base = 0  # where its text starts in the streamed text
         self._waiting: dict[str, asyncio.Future[OutboundMessage]] = {}
         self._thinking_shown = False
         self._printed: dict[str | None, str] = {}  # streamed text on stdout, per answer
+        self._streamed: dict[str | None, str] = {}  # the model's text behind it, per answer
         self._mid_line = False  # stdout's last line is not finished
         self.closed = False  # stdout's reader went away
         # Set by the CLI: how an approval question is answered (y/N from stdin or a prompt).
@@ -107,8 +113,32 @@ class TerminalChannel(Channel):
             self.out.write(ERASE_LINE if self.ansi else f"\r{' ' * len(THINKING)}\r")
             self._thinking_shown = False
 
-    def _clean(self, text: str) -> str:
-        return strip_controls(text) if self.clean else text
+    def _clean(self, text: str, stream: TextIO | None = None) -> str:
+        clean = self.clean_err if stream is not None and stream is self.err else self.clean
+        return strip_controls(text) if clean else text
+
+    def _shown_text(self, reply_to: str | None, raw: str) -> str:
+        """The streamed text as this terminal shows it: cleaned one delta at a time (cleaning
+        the whole text per event made a long answer quadratic) and without leading
+        whitespace, which the stored answer will not have either (the runner strips it)."""
+        before = self._streamed.get(reply_to, "")
+        shown = self._printed.get(reply_to, "")
+        if before and raw.startswith(before):
+            shown += self._clean(raw[len(before) :])
+        else:  # the first text, or the model's next request (after tools): from the start
+            shown = self._clean(raw)
+        self._streamed[reply_to] = raw
+        return shown.lstrip()
+
+    @staticmethod
+    def _after(text: str, printed: str) -> str | None:
+        """What the final ``text`` adds to the ``printed`` stream; None when it does not go
+        on from it. The stored answer lost the stream's trailing whitespace (stripped, or
+        the stop mark put after it), so that may differ."""
+        for shown in (printed, printed.rstrip()):
+            if shown and text.startswith(shown):
+                return text[len(shown) :]
+        return None
 
     def preview_mode(self, chat_id: str) -> PreviewMode:
         return "direct"
@@ -133,8 +163,8 @@ class TerminalChannel(Channel):
                     self.out.write((DIM + line + RESET if self.ansi else line) + "\n")
                     self.out.flush()
                 return
-            text = self._clean(event.text)
             printed = self._printed.get(event.reply_to, "")
+            text = self._shown_text(event.reply_to, event.text)
             if self.markdown:
                 self._stream_rendered(text, printed)
             else:
@@ -163,12 +193,13 @@ class TerminalChannel(Channel):
 
     def _show_rendered(self, text: str, printed: str) -> None:
         """The final answer on stdout, rendered: it completes what was streamed."""
-        if printed and text.startswith(printed):
+        rest = self._after(text, printed)
+        if rest is not None:
             if self._live is not None:
-                self._live.write(text[self._live_base :])
+                self._live.write(printed[self._live_base :] + rest)
                 self._end_line()
                 return
-            text = text[len(printed) :].strip("\n")
+            text = rest.strip("\n")
             if not text.strip():
                 return
         self._end_line()
@@ -176,10 +207,14 @@ class TerminalChannel(Channel):
         self.out.flush()
 
     def _show_plain(self, text: str, printed: str, stream: TextIO) -> None:
-        if printed and text.startswith(printed):
-            text = text[len(printed) :]  # the rest of what was streamed (a stop mark...)
+        rest = self._after(text, printed)
+        if rest is not None:
+            text = rest  # the rest of what was streamed (a stop mark...)
             if stream is self.err:
                 text = text.strip()
+            elif not rest.strip() and not self._mid_line:
+                self.out.flush()
+                return  # all of it is on screen, its line ended
         elif printed or self._mid_line:
             self._end_line()
         if stream is self.err:
@@ -200,7 +235,11 @@ class TerminalChannel(Channel):
         ok = msg.metadata.get(OUTCOME_KEY, "ok") == "ok" and request is None
         stream = self.out if ok else self.err
         printed = self._printed.pop(msg.reply_to, "") if msg.final else ""
-        text = self._clean(chunk)
+        if msg.final:
+            self._streamed.pop(msg.reply_to, None)
+        if (msg.reply_to or "").startswith(PRESS_PREFIX):
+            stream = self.err  # "Allowed once.": about the prompt, not an answer
+        text = self._clean(chunk, stream)
         if not self.closed:
             try:
                 self._erase_thinking()
@@ -241,7 +280,7 @@ class TerminalChannel(Channel):
                 self.chat_id,
                 "user",
                 "",
-                message_id=f"cli-press-{uuid.uuid4().hex[:12]}",
+                message_id=f"{PRESS_PREFIX}{uuid.uuid4().hex[:12]}",
                 metadata={"approval": {"id": approval_id, "choice": choice}},
             )
         )

@@ -165,6 +165,8 @@ def test_no_control_character_from_the_model_reaches_the_terminal(text):
 def test_strip_controls_keeps_printable_text_tabs_and_line_ends():
     assert strip_controls("a\tb\nc\x1b[1md\re\x9bf") == "a\tb\nc[1mdef"
     assert strip_controls("中文 😀 é\u200d") == "中文 😀 é\u200d"
+    # Bidi overrides and isolates could show a command in another order than it runs.
+    assert strip_controls("rm -rf \u202e/ tsil\u202c \u2067x\u2069") == "rm -rf / tsil x"
 
 
 # --- no text lost ----------------------------------------------------------------------------

@@ -95,14 +95,13 @@ class Pty:
         return self.data.decode()
 
 
-def chat(cfg: Path, term: Pty, text: str, **env: str) -> tuple[subprocess.Popen[bytes], str]:
-    """One message typed at the interactive prompt, then "exit"; returns the child and all
-    it wrote to the terminal."""
+def spawn_chat(cfg: Path, term: Pty, session: str, **env: str) -> subprocess.Popen[bytes]:
+    """An interactive ``memobot agent`` on ``term``, its prompt up."""
     environ = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", **env}
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", *(k for k in ("NO_COLOR",) if k not in env)):
         environ.pop(name, None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", "-s", "cli:md"],
+        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", "-s", session],
         stdin=term.slave,
         stdout=term.slave,
         stderr=subprocess.PIPE,
@@ -111,6 +110,13 @@ def chat(cfg: Path, term: Pty, text: str, **env: str) -> tuple[subprocess.Popen[
     )
     term.start()
     term.wait_for(b"you>")
+    return proc
+
+
+def chat(cfg: Path, term: Pty, text: str, **env: str) -> tuple[subprocess.Popen[bytes], str]:
+    """One message typed at the interactive prompt, then "exit"; returns the child and all
+    it wrote to the terminal."""
+    proc = spawn_chat(cfg, term, "cli:md", **env)
     term.type(text.encode() + b"\r")
     answered = term.wait_for(b"end")  # the answer's last word...
     term.wait_for(b"you>", after=answered)  # ...and the prompt is back: the answer is done
@@ -296,19 +302,7 @@ def test_ctrl_c_mid_answer_leaves_what_was_shown_rendered(tmp_path, llm):
     long = "Start **bold** here.\n" + " ".join(f"*word{i}*" for i in range(300))
     llm.script(reply(long, pieces=60, chunk_delay=0.1))
     term = Pty()
-    environ = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1"}
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "NO_COLOR"):
-        environ.pop(name, None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", "-s", "cli:stop"],
-        stdin=term.slave,
-        stdout=term.slave,
-        stderr=subprocess.PIPE,
-        cwd=REPO,
-        env=environ,
-    )
-    term.start()
-    term.wait_for(b"you>")
+    proc = spawn_chat(cfg, term, "cli:stop")
     term.type(b"go on\r")
     term.wait_for(b"word20* ")
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends while an answer is written

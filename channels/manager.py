@@ -57,6 +57,9 @@ BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 1.5, 30.0
 NOTICE_GIVE_UP_SECONDS = 60.0
 NOTICE = "I could not deliver my answer: {reason}"
 REASON_MAX_CHARS = 200
+# Telegram shows a draft for about 30 s: one that has not changed (a long tool run) is sent
+# again before then, for as long as a typing indicator would be (TYPING_MAX_SECONDS).
+DRAFT_REFRESH_SECONDS = 20.0
 PREVIEW_MIN_CHARS = 16  # a preview message waits for this much text (or one interval)
 FINISHED_REMEMBERED = 32  # answers per chat whose late stream events are ignored
 
@@ -81,10 +84,12 @@ class _Live:
         "dirty",
         "done",
         "draft_id",
+        "drafted_at",
         "first_at",
         "ids",
         "next_at",
         "shown",
+        "started",
         "text",
     )
 
@@ -99,6 +104,8 @@ class _Live:
         self.done = False  # the model finished: the final answer replaces the preview
         # "draft" mode: one draft per answer; Telegram wants a non-zero id.
         self.draft_id = (zlib.crc32((reply_to or "").encode()) & 0x7FFFFFFF) or 1
+        self.drafted_at: float | None = None  # when its draft was last sent (monotonic)
+        self.started = time.monotonic()
 
 
 class _Chat:
@@ -206,9 +213,20 @@ class ChannelManager:
                     self.bus.outbound.task_done()
                 continue
             channel = self.channels.get(channel_name)
-            live = next((v for v in chat.lives.values() if v.dirty and not v.broken), None)
-            if live is None or channel is None or channel.fatal is not None:
+            if channel is None or channel.fatal is not None:
                 return
+            live = next((v for v in chat.lives.values() if v.dirty and not v.broken), None)
+            if live is None:
+                live, wait = self._draft_to_refresh(channel, chat_id, chat)
+                if live is None:
+                    return
+                if wait > 0:
+                    if chat.queue.empty():
+                        chat.wake.clear()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(chat.wake.wait(), wait)
+                    continue
+                live.dirty = True
             wait = self._preview_wait(channel, chat_id, live)
             if wait <= 0:
                 wait = await self._show_preview(channel, chat_id, live)
@@ -263,6 +281,27 @@ class ChannelManager:
             live.first_at = time.monotonic()
         self._wake(chat, event.channel, event.chat_id)
 
+    @staticmethod
+    def _draft_to_refresh(
+        channel: Channel, chat_id: str, chat: _Chat
+    ) -> tuple[_Live | None, float]:
+        """The draft of an answer still being worked on that is due to be sent again, and the
+        seconds until it is (None: no draft to keep up)."""
+        if channel.preview_mode(chat_id) != "draft":
+            return None, 0.0
+        now = time.monotonic()
+        due = [
+            (v.drafted_at + DRAFT_REFRESH_SECONDS - now, i, v)
+            for i, v in enumerate(chat.lives.values())
+            if v.drafted_at is not None
+            and not (v.done or v.broken)
+            and now - v.started < TYPING_MAX_SECONDS
+        ]
+        if not due:
+            return None, 0.0
+        wait, _, live = min(due)
+        return live, wait
+
     def _preview_wait(self, channel: Channel, chat_id: str, live: _Live) -> float:
         """Seconds before ``live`` may be shown (0: now)."""
         now = time.monotonic()
@@ -301,6 +340,7 @@ class ChannelManager:
             try:
                 if mode == "draft":
                     await channel.send_draft(chat_id, live.draft_id, piece)
+                    live.drafted_at = time.monotonic()
                 elif i < len(live.ids):
                     await channel.edit_chunk(chat_id, live.ids[i], piece, plain=True)
                 else:

@@ -18,6 +18,7 @@ import pytest
 from bot.delivery import preview_ids_in
 from bot.records import clean_metadata
 from bot.streaming import STOPPED_MARK
+from channels import manager as manager_module
 from tests.fakes.llm_server import FakeLLM, reply, tool_step
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, strip_html, utf16_len
 from tests.test_telegram import running
@@ -291,3 +292,26 @@ def test_damaged_preview_records_are_dropped_on_load_and_ignored_when_peeked():
     assert preview_ids_in(meta, "a") == ["1"]
     assert preview_ids_in(meta, "b") == []  # an id that is not text is never edited
     assert preview_ids_in({"previews": "junk"}, "a") == []
+
+
+async def test_a_draft_is_sent_again_while_a_long_tool_runs(tmp_path, llm, api, monkeypatch):
+    # Telegram shows a draft for about 30 s: a tool running longer must not leave the chat
+    # looking idle. (0.3 s here instead of 20 s.)
+    monkeypatch.setattr(manager_module, "DRAFT_REFRESH_SECONDS", 0.3)
+    llm.script(
+        tool_step(("exec", {"command": "sleep 1.5"}), text="Checking.", pieces=2),
+        reply("All done.", pieces=2),
+    )
+    async with running(tmp_path, llm, api, **FAST):
+        api.private_text("run the long thing")
+        await api.wait_sent_async(1, ALICE, timeout=20)
+        drafts = api.drafts(ALICE)
+        empty = [d for d in drafts if d.params.get("text", "") == ""]
+        # Emptied when the tool started, then kept up about every 0.3 s while it ran.
+        assert len(empty) >= 3, [d.params.get("text") for d in drafts]
+        assert {d.params["draft_id"] for d in drafts} == {drafts[0].params["draft_id"]}
+        assert [m["text"] for m in api.shown(ALICE)] == ["All done."]
+        sent_at = api.sent(ALICE)[0].at
+    await quiet(api, 0.8)
+    # The answer is out: no draft after it.
+    assert all(d.at <= sent_at for d in api.drafts(ALICE))

@@ -523,19 +523,26 @@ def _aligned_table(table: _Table) -> str:
 _HR_RE = re.compile(r"^ {0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*$")
 _HEADING_RE = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
 _BULLET_RE = re.compile(r"^([ \t]*)[-*+][ \t]+(.*)$")
-_QUOTE_RE = re.compile(r"^ {0,3}>[ \t]?(.*)$")
+# Every level of ">" at once: peeling them one match at a time copied the rest of the line per
+# level (a line of 100,000 ">" took seconds).
+_QUOTES_RE = re.compile(r"(?: {0,3}>[ \t]?)+")
+
+
+def _quote_depth(line: str) -> tuple[str, int] | None:
+    """(the text of a "> quote" line without its markers, how many levels); None for others."""
+    m = _QUOTES_RE.match(line)
+    if m is None:
+        return None
+    return line[m.end() :], m[0].count(">")
+
+
 _RULE = "———"
 
 
 def _unquote(line: str) -> str | None:
     """The text of a "> quote" line with every level of ">" removed; None for other lines."""
-    m = _QUOTE_RE.match(line)
-    if m is None:
-        return None
-    inner = m[1]
-    while (nested := _QUOTE_RE.match(inner)) is not None:
-        inner = nested[1]
-    return inner
+    quoted = _quote_depth(line)
+    return None if quoted is None else quoted[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1138,10 +1145,8 @@ def _ansi_line(line: str) -> str:
         return _ansi_inline(title, frozenset({"b", "u"} if len(m[1]) == 1 else {"b"}))
     if (m := _BULLET_RE.match(line)) is not None:
         return f"{m[1]}{_styled('•', 'b')} {_ansi_inline(m[2])}"
-    if (m := _QUOTE_RE.match(line)) is not None:
-        inner, depth = m[1], 1
-        while (nested := _QUOTE_RE.match(inner)) is not None:
-            inner, depth = nested[1], depth + 1
+    if (quoted := _quote_depth(line)) is not None:
+        inner, depth = quoted
         bar = "│ " * depth
         return (
             _styled(bar, "dim") + _ansi_line(inner) if inner.strip() else _styled(bar[:-1], "dim")

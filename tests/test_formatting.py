@@ -613,3 +613,14 @@ def test_a_hard_cut_never_leaves_a_quote_marker_at_the_start_of_a_piece():
     )
     assert "".join(strip_telegram_html(p) for p in pieces) == "&<>" * 3000
     assert len(pieces) == 3
+
+
+def test_quote_levels_are_counted_and_removed_at_once():
+    from channels.formatting import _quote_depth
+
+    assert _quote_depth("> > > deep") == ("deep", 3)
+    assert _quote_depth(">>x") == ("x", 2)
+    assert _quote_depth("    > four spaces is code") is None
+    assert _quote_depth("> " * 50_000 + "end") == ("end", 50_000)
+    html = markdown_to_telegram_html("> " * 50_000 + "end")
+    assert html.count("end") == 1

@@ -645,11 +645,12 @@ ATTACKS: dict[str, Callable[[Path], list[Any]]] = {
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS), ids=list(ATTACKS))
-def test_wrong_shaped_record_is_set_aside_and_the_agent_answers(
-    tmp_path: Path, llm: FakeLLMThread, attack: str
+async def test_wrong_shaped_record_is_set_aside_and_the_agent_answers(
+    tmp_path: Path, llm: FakeLLMThread, attack: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cfg = write_config(tmp_path, llm.base_url)
-    # The first turn as memobot writes it (in-process: 18 attacks, one subprocess each).
+    # In-process (18 attacks; the CLI's own path is covered by the subprocess tests around).
+    cfg = make_config(tmp_path, llm.base_url)
+    # The first turn as memobot writes it.
     store = SessionStore(tmp_path / "state")
     first = store.get(KEY)
     store.append(
@@ -665,15 +666,16 @@ def test_wrong_shaped_record_is_set_aside_and_the_agent_answers(
     append_lines(path, *bad)
     planted = path.read_bytes()
 
-    done = run_memobot("agent", "-m", "still there?", "-s", KEY, config=cfg)
+    caplog.set_level(logging.INFO)
+    async with Harness(cfg, tmp_path / "config.json") as h:
+        answer = await h.ask("still there?", chat=KEY.split(":", 1)[1], wait=30)
 
-    assert done.returncode == 0, done.stderr
-    assert "Traceback" not in done.stderr
-    assert done.stdout.splitlines()[-1] == "echo: still there?"
+    assert answer == "echo: still there?"
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
     # The bad record is in a copy of the file as it was, and named in one log line.
     [aside] = corrupt_copies(path)
     assert aside.read_bytes() == planted
-    errors = [line for line in done.stderr.splitlines() if "wrong-shaped" in line]
+    errors = [r.getMessage() for r in caplog.records if "wrong-shaped" in r.getMessage()]
     assert len(errors) == 1 and KEY in errors[0] and str(path) in errors[0]
     bad_line = planted.decode().splitlines().index(json.dumps(bad[0])) + 1
     assert f"line {bad_line}:" in errors[0]

@@ -109,6 +109,9 @@ class Channel(ABC):
         """Show "typing..." in the chat (platforms without it: nothing)."""
 
     # -- streaming (only called when ``streaming``) --
+    # Each channel implements the calls of the preview mode it returns (Telegram: draft and
+    # message; Discord and Slack: message; the terminal: direct); the manager never calls the
+    # others, so they raise here rather than pretend to show anything.
 
     def preview_mode(self, chat_id: str) -> PreviewMode:
         return "off"

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,32 @@ def config_dict(tmp_path: Path, base_url: str, **sections: dict[str, Any]) -> di
 
 def make_config(tmp_path: Path, base_url: str, **sections: dict[str, Any]) -> Config:
     return parse_config(config_dict(tmp_path, base_url, **sections))
+
+
+@asynccontextmanager
+async def telegram_in_process(
+    cfg: Config, config_path: Path
+) -> AsyncIterator[tuple[AgentStack, Any]]:
+    """The agent loop, the channel manager and a real TelegramChannel (against the fake Bot
+    API in ``cfg``) in this process, in the gateway's order; yields (stack, channel)."""
+    from channels.telegram_channel import TelegramChannel
+
+    stack = build_agent(cfg, config_path)
+    channel = TelegramChannel(
+        stack.bus, cfg.channels.telegram, cfg.agent.workspace_path, cfg.agent.state_path
+    )
+    manager = ChannelManager(stack.bus, stack.loop.ledger, [channel])
+    stack.loop.recover()
+    loop_task = asyncio.create_task(stack.loop.run())
+    await manager.start()
+    try:
+        yield stack, channel
+    finally:
+        await stack.loop.shutdown(0)
+        loop_task.cancel()
+        await asyncio.gather(loop_task, return_exceptions=True)
+        await manager.stop()
+        await stack.close()
 
 
 def write_config(tmp_path: Path, base_url: str, **sections: dict[str, Any]) -> Path:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from bot.app import AgentStack, build_agent
+from bot.app import AgentStack
 from bot.approvals import describe_open, policy_for
 from bot.gate.approval import (
     ApprovalPolicy,
@@ -31,11 +31,9 @@ from bot.gate.approval import (
 )
 from bot.runner import INTERRUPTED_TOOL_RESULT
 from bot.session import SessionStore
-from channels.manager import ChannelManager
-from channels.telegram_channel import TelegramChannel
 from tests.fakes.llm_server import FakeLLM, call, reply, tool_step
 from tests.fakes.telegram_api import BOT_USERNAME, Call, FakeBotAPI, strip_html
-from tests.helpers import REPO, config_dict, make_config, run_memobot
+from tests.helpers import REPO, config_dict, make_config, run_memobot, telegram_in_process
 
 ALICE = 1001  # allowed, admin
 BOB = 3003  # allowed, not an admin
@@ -177,22 +175,8 @@ async def running(
         tools={"exec": {"timeoutSeconds": 20}, "approval": "risky", **(tools or {})},
         agent=agent or {},
     )
-    stack = build_agent(cfg, tmp_path / "config.json")
-    channel = TelegramChannel(
-        stack.bus, cfg.channels.telegram, cfg.agent.workspace_path, cfg.agent.state_path
-    )
-    manager = ChannelManager(stack.bus, stack.loop.ledger, [channel])
-    stack.loop.recover()
-    loop_task = asyncio.create_task(stack.loop.run())
-    await manager.start()
-    try:
+    async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, _channel):
         yield Running(api, llm, stack, tmp_path)
-    finally:
-        await stack.loop.shutdown(0)
-        loop_task.cancel()
-        await asyncio.gather(loop_task, return_exceptions=True)
-        await manager.stop()
-        await stack.close()
 
 
 @pytest.fixture

@@ -14,13 +14,11 @@ from typing import Any
 
 import pytest
 
-from bot.app import AgentStack, build_agent
+from bot.app import AgentStack
 from bot.pairing import ALPHABET, MAX_PENDING, PairingStore, announce_approvals, stores
-from channels.manager import ChannelManager
-from channels.telegram_channel import TelegramChannel
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI
-from tests.helpers import make_config, run_memobot, write_config
+from tests.helpers import make_config, run_memobot, telegram_in_process, write_config
 
 OWNER = 1001  # in allowFrom, admin
 STRANGER = 2002
@@ -63,28 +61,17 @@ async def running(
     }
     config = write_config(tmp_path, llm.base_url, channels={"telegram": settings})
     cfg = make_config(tmp_path, llm.base_url, channels={"telegram": settings})
-    stack = build_agent(cfg, config)
-    channel = TelegramChannel(
-        stack.bus, cfg.channels.telegram, cfg.agent.workspace_path, cfg.agent.state_path
-    )
-    manager = ChannelManager(stack.bus, stack.loop.ledger, [channel])
-    stack.loop.recover()
-    loop_task = asyncio.create_task(stack.loop.run())
-    announcer = asyncio.create_task(
-        announce_approvals(
-            stores(cfg.agent.state_path, ["telegram"]), stack.loop.announce_once, every=0.1
+    async with telegram_in_process(cfg, config) as (stack, _channel):
+        announcer = asyncio.create_task(
+            announce_approvals(
+                stores(cfg.agent.state_path, ["telegram"]), stack.loop.announce_once, every=0.1
+            )
         )
-    )
-    await manager.start()
-    try:
-        yield Running(api, llm, stack, tmp_path, config)
-    finally:
-        announcer.cancel()
-        await stack.loop.shutdown(0)
-        loop_task.cancel()
-        await asyncio.gather(loop_task, announcer, return_exceptions=True)
-        await manager.stop()
-        await stack.close()
+        try:
+            yield Running(api, llm, stack, tmp_path, config)
+        finally:
+            announcer.cancel()
+            await asyncio.gather(announcer, return_exceptions=True)
 
 
 @pytest.fixture

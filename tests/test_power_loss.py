@@ -41,11 +41,10 @@ from bot.session import apply_changes
 from bot.turn import STOPPED_TEXT
 from channels.manager import ChannelManager
 from channels.slack_channel import SlackChannel
-from channels.telegram_channel import TelegramChannel
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.slack_api import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import REPO, config_dict, make_config
+from tests.helpers import REPO, config_dict, make_config, telegram_in_process
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -205,22 +204,8 @@ async def telegram(tmp_path: Path, trace: Trace) -> AsyncIterator[tuple[FakeBotA
             "pollTimeoutSeconds": 1,
         }
         cfg = make_config(tmp_path, llm.base_url, channels={"telegram": settings})
-        stack = build_agent(cfg, tmp_path / "config.json")
-        channel = TelegramChannel(
-            stack.bus, cfg.channels.telegram, cfg.agent.workspace_path, cfg.agent.state_path
-        )
-        manager = ChannelManager(stack.bus, stack.loop.ledger, [channel])
-        stack.loop.recover()
-        loop_task = asyncio.create_task(stack.loop.run())
-        await manager.start()
-        try:
+        async with telegram_in_process(cfg, tmp_path / "config.json"):
             yield api, llm
-        finally:
-            await stack.loop.shutdown(0)
-            loop_task.cancel()
-            await asyncio.gather(loop_task, return_exceptions=True)
-            await manager.stop()
-            await stack.close()
 
 
 def tg_session(tmp_path: Path) -> Path:

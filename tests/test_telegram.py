@@ -19,16 +19,22 @@ from typing import Any
 
 import pytest
 
-from bot.app import AgentStack, build_agent
+from bot.app import AgentStack
 from bot.config import ConfigError, parse_config
 from channels import manager as manager_module
 from channels import telegram_channel
 from channels.formatting import TELEGRAM_LIMIT, telegram_length
-from channels.manager import ChannelManager
 from channels.telegram_channel import TelegramChannel
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, mention_entities, strip_html
-from tests.helpers import REPO, config_dict, make_config, run_memobot, write_config
+from tests.helpers import (
+    REPO,
+    config_dict,
+    make_config,
+    run_memobot,
+    telegram_in_process,
+    write_config,
+)
 
 ALICE = 1001  # in allowFrom
 MALLORY = 2002  # not in allowFrom
@@ -81,22 +87,8 @@ async def running(
         **telegram,
     }
     cfg = make_config(tmp_path, llm.base_url, channels={"telegram": settings})
-    stack = build_agent(cfg, tmp_path / "config.json")
-    channel = TelegramChannel(
-        stack.bus, cfg.channels.telegram, cfg.agent.workspace_path, cfg.agent.state_path
-    )
-    manager = ChannelManager(stack.bus, stack.loop.ledger, [channel])
-    stack.loop.recover()
-    loop_task = asyncio.create_task(stack.loop.run())
-    await manager.start()
-    try:
+    async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, channel):
         yield Running(api, llm, stack, channel, tmp_path)
-    finally:
-        await stack.loop.shutdown(0)
-        loop_task.cancel()
-        await asyncio.gather(loop_task, return_exceptions=True)
-        await manager.stop()
-        await stack.close()
 
 
 @pytest.fixture

@@ -409,6 +409,9 @@ class MemoryConfig(_Model):
     consolidate_at_tokens: int = Field(24000, ge=500)
     consolidate_at_messages: int = Field(120, ge=4)
     keep_recent_messages: int = Field(12, ge=0, description="left unconsolidated after a run")
+    # Background runs at once: each holds a chunk and a summarisation call, so when many chats
+    # pass the threshold together (a busy gateway) the rest wait instead of piling up.
+    max_concurrent_consolidations: int = Field(4, ge=1, le=64)
     idle_compact_minutes: float = Field(60.0, ge=0, description="0 disables idle compaction")
     max_chars: int = Field(4000, ge=200, description="budget for MEMORY.md and USER.md each")
     history_keep_days: int = Field(90, ge=1)

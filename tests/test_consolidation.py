@@ -122,6 +122,25 @@ async def test_one_session_never_consolidates_twice_at_once(tmp_path: Path, llm:
     assert [e["content"][-12:] for e in history(tmp_path)] == ["slow summary"]
 
 
+async def test_background_runs_wait_for_a_free_slot(tmp_path: Path, llm: FakeLLM) -> None:
+    """Many chats over the threshold at once: at most maxConcurrentConsolidations summarise
+    together (memory and model calls of a burst stay bounded); every chat still gets its run."""
+    chats, slots, delay = 6, 2, 0.6
+    llm.script(*[summary_step(f"summary {i}", delay=delay) for i in range(chats)])
+    memory = budget(consolidateAtMessages=6, maxConcurrentConsolidations=slots)
+    cfg = make_config(tmp_path, llm.base_url, memory=memory)
+    async with Harness(cfg, tmp_path / "c.json") as h:
+        for i in range(4):
+            await asyncio.gather(*(h.ask(f"m{i}", chat=f"c{c}") for c in range(chats)))
+        await h.stack.loop.consolidator.wait()
+    started = sorted(r["time"] for r in llm.requests if SUMMARY_PROMPT in (r["last_user"] or ""))
+    assert len(started) == chats
+    # A run starts only when one of the ``slots`` before it has finished.
+    gaps = [b - a for a, b in zip(started, started[slots:], strict=False)]
+    assert min(gaps) >= delay * 0.9, gaps
+    assert len(history(tmp_path)) == chats
+
+
 async def test_idle_session_is_compacted(tmp_path: Path, llm: FakeLLM) -> None:
     llm.script(summary_step("idle summary"))
     cfg = make_config(

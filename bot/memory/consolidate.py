@@ -118,6 +118,7 @@ class Consolidator:
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._failed_at: dict[str, float] = {}
+        self._background_slots = asyncio.Semaphore(cfg.max_concurrent_consolidations)
 
     def over_budget(self, session: Session) -> bool:
         live = session.unconsolidated
@@ -145,7 +146,8 @@ class Consolidator:
     async def _background(self, key: str) -> None:
         try:
             while self.over_budget(self.store.get(key)):
-                result = await self.consolidate(key, keep=self.cfg.keep_recent_messages)
+                async with self._background_slots:
+                    result = await self.consolidate(key, keep=self.cfg.keep_recent_messages)
                 if result is None:
                     self._failed_at[key] = time.monotonic()
                     return

@@ -29,6 +29,7 @@ from bot.cron import heartbeat
 from bot.cron.scheduler import Scheduler
 from bot.cron.store import JobStore
 from bot.pairing import announce_approvals, stores
+from bot.service import heap
 from bot.service.daemon import ServiceHooks
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,7 @@ class Gateway:
             self.cfg.llm.model,
         )
         status_task = asyncio.create_task(self._write_status_forever(), name="status")
+        heap_task = asyncio.create_task(_release_free_memory_forever(), name="heap-trim")
         pairing_task = asyncio.create_task(
             announce_approvals(
                 stores(self.cfg.agent.state_path, [c.name for c in self.channels]),
@@ -181,11 +183,10 @@ class Gateway:
             await self.scheduler.stop()  # nothing new is due once intake closes
             await self.stack.loop.shutdown(self.cfg.gateway.drain_seconds)
             await self.manager.flush(10)
-            for t in (loop_task, status_task, watchdog_task, warm, pairing_task):
+            tasks = (loop_task, status_task, watchdog_task, warm, pairing_task, heap_task)
+            for t in tasks:
                 t.cancel()
-            await asyncio.gather(
-                loop_task, status_task, watchdog_task, warm, pairing_task, return_exceptions=True
-            )
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self.manager.stop()
             await self.stack.close()
             self.status_path.unlink(missing_ok=True)
@@ -200,6 +201,13 @@ class Gateway:
                 log.warning("cannot write %s: %s", self.status_path, exc)
             self.service.tick()
             await asyncio.sleep(STATUS_EVERY_SECONDS)
+
+
+async def _release_free_memory_forever() -> None:
+    while True:
+        await asyncio.sleep(heap.TRIM_EVERY_SECONDS)
+        if await asyncio.to_thread(heap.release_free_memory) is None:
+            return  # not glibc: nothing to do, ever
 
 
 async def run_gateway(cfg: Config, config_path: Path) -> int:

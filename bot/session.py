@@ -59,11 +59,8 @@ COMPACT_RETRY_SECONDS = 300
 ARCHIVE_SUFFIX = ".archive"
 # A session file smaller than this is read whole; a bigger one from its consolidation point.
 READ_WHOLE_BELOW = 64 * 1024
-# Sessions kept loaded; idle ones beyond either cap leave memory (least recently used first).
-# The message cap is what bounds memory (about 1 KB a message in memory): 128 sessions with
-# long unconsolidated tails would hold 15 MiB, and a load from the consolidation point is cheap.
+# Sessions kept loaded; idle ones beyond this leave memory (least recently used first).
 MAX_CACHED = 128
-MAX_CACHED_MESSAGES = 4000
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 
@@ -476,15 +473,12 @@ def _parse(
 class SessionStore:
     """Loads, caches and appends to session files under ``state_dir/sessions``.
 
-    At most ``max_cached`` sessions, holding at most ``max_messages`` messages between them,
-    stay loaded (least recently used first out; the one just used always stays). A session
+    At most ``max_cached`` sessions stay loaded (least recently used first out). A session
     that is evicted while some code still holds it (a running turn, a consolidation) stays
     that one object: ``get`` finds it again, so there are never two copies of one session.
     """
 
-    def __init__(
-        self, state_dir: Path, max_cached: int = MAX_CACHED, max_messages: int = MAX_CACHED_MESSAGES
-    ) -> None:
+    def __init__(self, state_dir: Path, max_cached: int = MAX_CACHED) -> None:
         self.dir = state_dir / "sessions"
         check_folder(self.dir, "the sessions folder")
         try:
@@ -493,7 +487,6 @@ class SessionStore:
             check_folder(self.dir, "the sessions folder")
             raise
         self.max_cached = max(1, max_cached)
-        self.max_messages = max(0, max_messages)
         self._cache: OrderedDict[str, Session] = OrderedDict()
         self._held: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
         self._cache_lock = threading.Lock()
@@ -530,17 +523,8 @@ class SessionStore:
         """Cache ``session`` (under ``_cache_lock``), evicting the least recently used."""
         self._cache[key] = session
         self._held[key] = session
-        self._trim()
-
-    def _trim(self) -> None:
-        """Evict least recently used sessions over either cap (under ``_cache_lock``); an
-        evicted session stays in ``_held`` while anything holds it, so it is never copied."""
         while len(self._cache) > self.max_cached:
-            self._cache.popitem(last=False)
-        held = sum(len(s.messages) for s in self._cache.values())
-        while held > self.max_messages and len(self._cache) > 1:
-            _, gone = self._cache.popitem(last=False)
-            held -= len(gone.messages)
+            self._cache.popitem(last=False)  # still in _held while anything holds it
 
     def get(self, key: str) -> Session:
         session = self._cached(key)
@@ -841,9 +825,6 @@ class SessionStore:
         self._append(session, b"".join(parts), fsync)
         for m, offset in zip(stamped, offsets, strict=True):
             session.add_loaded(m, offset)
-        if stamped:
-            with self._cache_lock:  # the cache may now hold more messages than it may
-                self._trim()
         if snap is not None and session.size == pos + len(meta_line):
             session.snap = snap
         if session.metadata_written:

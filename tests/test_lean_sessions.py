@@ -227,24 +227,6 @@ def test_idle_sessions_leave_memory_and_a_held_one_is_never_copied(tmp_path: Pat
     assert contents(fresh.messages) == ["mine", "yours"]
 
 
-def test_the_cache_holds_a_bounded_number_of_messages(tmp_path: Path) -> None:
-    """Memory is bounded by messages, not only sessions: long tails push idle sessions out,
-    a session that grows by appends does too, and the one in use always stays."""
-    store = SessionStore(tmp_path, max_cached=100, max_messages=10)
-    for key in ("cli:a", "cli:b", "cli:c"):
-        store.append(store.get(key), [msg("user", f"{key} {i}") for i in range(4)])
-    gc.collect()
-    assert sorted(store._cache) == ["cli:b", "cli:c"]  # 12 messages would not fit
-    big = store.get("cli:big")
-    store.append(big, [msg("user", f"line {i}") for i in range(15)])
-    assert list(store._cache) == ["cli:big"]  # over the cap alone, and still loaded
-    assert sum(len(s.messages) for s in store._cache.values()) == 15
-    # Loaded again from disk, an evicted session has all it had.
-    again = store.get("cli:a")
-    assert contents(again.messages) == [f"cli:a {i}" for i in range(4)]
-    assert list(store._cache) == ["cli:a"]
-
-
 def old_format_file(path: Path, n: int, lc: int) -> list[dict[str, Any]]:
     """A session file as memobot wrote it before issue 17: full metadata records only."""
     messages = [msg("user" if i % 2 == 0 else "assistant", f"line {i}") for i in range(n)]

@@ -141,8 +141,7 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
         await gw.start()
         assert gw.proc is not None
         await first_poll(api)
-        await asyncio.sleep(1.0)
-        rss_start = gw.rss_mib()
+        rss_start = await settled_rss(gw)
         cpu_start = gw.cpu_seconds()
         samples: list[tuple[int, float]] = []
         sent: dict[str, float] = {}
@@ -200,6 +199,21 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
             await restart(api, config, args.users, set(sent))
 
 
+async def settled_rss(gw: Gateway, within: float = 20.0) -> float:
+    """The idle figure: RSS once the gateway is ready *and* done warming up. It imports the
+    model SDK in the background after its first poll (about 7 MiB, up to seconds on a busy
+    machine), so a sample taken a fixed second later was sometimes before it, sometimes after."""
+    deadline = time.monotonic() + within
+    last = gw.rss_mib()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        now = gw.rss_mib()
+        if abs(now - last) < 0.1:
+            return now
+        last = now
+    return last
+
+
 async def first_poll(api: FakeBotAPI) -> None:
     """Wait for the gateway's first getUpdates (on a busy machine a start with recovery to do
     may take longer than bench_telegram's 15 s)."""
@@ -221,8 +235,7 @@ async def restart(api: FakeBotAPI, config: Path, users: int, sent: set[str]) -> 
     gw = Gateway(config)
     await gw.start()
     await first_poll(api)
-    await asyncio.sleep(2.0)
-    print(f"restart: idle RSS {gw.rss_mib():.1f} MiB (nothing pending)")
+    print(f"restart: idle RSS {await settled_rss(gw):.1f} MiB (nothing pending)")
     try:
         await rounds(api, gw, users)
     finally:

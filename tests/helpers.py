@@ -9,8 +9,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,17 +46,13 @@ def make_config(tmp_path: Path, base_url: str, **sections: dict[str, Any]) -> Co
 
 
 @asynccontextmanager
-async def telegram_in_process(
-    cfg: Config, config_path: Path
+async def channel_in_process(
+    cfg: Config, config_path: Path, make_channel: Callable[[AgentStack], Channel]
 ) -> AsyncIterator[tuple[AgentStack, Any]]:
-    """The agent loop, the channel manager and a real TelegramChannel (against the fake Bot
-    API in ``cfg``) in this process, in the gateway's order; yields (stack, channel)."""
-    from channels.telegram_channel import TelegramChannel
-
+    """The agent loop, the channel manager and one real channel (``make_channel(stack)``) in
+    this process, started and stopped in the gateway's order; yields (stack, channel)."""
     stack = build_agent(cfg, config_path)
-    channel = TelegramChannel(
-        stack.bus, cfg.channels.telegram, cfg.agent.workspace_path, cfg.agent.state_path
-    )
+    channel = make_channel(stack)
     manager = ChannelManager(stack.bus, stack.loop.ledger, [channel])
     stack.loop.recover()
     loop_task = asyncio.create_task(stack.loop.run())
@@ -69,6 +65,21 @@ async def telegram_in_process(
         await asyncio.gather(loop_task, return_exceptions=True)
         await manager.stop()
         await stack.close()
+
+
+def telegram_in_process(
+    cfg: Config, config_path: Path
+) -> AbstractAsyncContextManager[tuple[AgentStack, Any]]:
+    """``channel_in_process`` with a real TelegramChannel against the fake Bot API in ``cfg``."""
+    from channels.telegram_channel import TelegramChannel
+
+    return channel_in_process(
+        cfg,
+        config_path,
+        lambda stack: TelegramChannel(
+            stack.bus, cfg.channels.telegram, cfg.agent.workspace_path, cfg.agent.state_path
+        ),
+    )
 
 
 def write_config(tmp_path: Path, base_url: str, **sections: dict[str, Any]) -> Path:

@@ -36,15 +36,19 @@ from typing import Any
 
 import pytest
 
-from bot.app import build_agent
 from bot.session import apply_changes
 from bot.turn import STOPPED_TEXT
-from channels.manager import ChannelManager
 from channels.slack_channel import SlackChannel
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.slack_api import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import REPO, config_dict, make_config, telegram_in_process
+from tests.helpers import (
+    REPO,
+    channel_in_process,
+    config_dict,
+    make_config,
+    telegram_in_process,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -272,14 +276,14 @@ async def test_slack_ack_waits_for_the_fsync(tmp_path: Path, trace: Trace) -> No
             "allowFrom": [ALICE_SLACK],
         }
         cfg = make_config(tmp_path, llm.base_url, channels={"slack": settings})
-        stack = build_agent(cfg, tmp_path / "config.json")
-        channel = SlackChannel(
-            stack.bus, cfg.channels.slack, cfg.agent.workspace_path, cfg.agent.state_path
-        )
-        manager = ChannelManager(stack.bus, stack.loop.ledger, [channel])
-        loop_task = asyncio.create_task(stack.loop.run())
-        await manager.start()
-        try:
+        slack_cfg = cfg.channels.slack
+        async with channel_in_process(
+            cfg,
+            tmp_path / "config.json",
+            lambda stack: SlackChannel(
+                stack.bus, slack_cfg, cfg.agent.workspace_path, cfg.agent.state_path
+            ),
+        ):
             await slack.wait_connected()
             ts = "1700000000.000100"
             event = {
@@ -295,12 +299,6 @@ async def test_slack_ack_waits_for_the_fsync(tmp_path: Path, trace: Trace) -> No
             envelope = await slack.push_event(event, "Ev0POWER01")
             await slack.wait_ack(envelope)
             await slack.wait_posts(1)
-        finally:
-            await stack.loop.shutdown(0)
-            loop_task.cancel()
-            await asyncio.gather(loop_task, return_exceptions=True)
-            await manager.stop()
-            await stack.close()
     [path] = (tmp_path / "state" / "sessions").glob("slack*.jsonl")
     ack = trace.first("slack-ack", lambda envelope_id: envelope_id == envelope)
     end = line_end(path, pending_with("slack power cut"), "the pending record")

@@ -23,14 +23,12 @@ from pathlib import Path
 import pyte
 import pytest
 
-from bot.app import build_agent
 from bot.bus import MessageBus, OutboundMessage, StreamEvent
 from bot.streaming import STOPPED_MARK, stopped_answer
 from channels.formatting import markdown_to_ansi
-from channels.manager import ChannelManager
 from channels.terminal import TerminalChannel, colour_allowed
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, call, reply, tool_step
-from tests.helpers import REPO, make_config, run_memobot, write_config
+from tests.helpers import REPO, channel_in_process, make_config, run_memobot, write_config
 from tests.test_terminal_render import XtermScreen, plain, screen_after
 
 COLUMNS, ROWS = 60, 50
@@ -214,20 +212,13 @@ async def run_terminal(terminal_kw: dict, steps: list, tmp_path: Path) -> tuple[
         (tmp_path / "workspace" / "a.txt").write_text("x")
         llm.script(*steps)
         cfg = make_config(tmp_path, llm.base_url)
-        stack = build_agent(cfg, tmp_path / "config.json")
         out, err = io.StringIO(), io.StringIO()
-        terminal = TerminalChannel(stack.bus, "i", out=out, err=err, **terminal_kw)
-        manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])
-        await manager.start()
-        loop_task = asyncio.create_task(stack.loop.run())
-        try:
+        async with channel_in_process(
+            cfg,
+            tmp_path / "config.json",
+            lambda stack: TerminalChannel(stack.bus, "i", out=out, err=err, **terminal_kw),
+        ) as (_, terminal):
             await asyncio.wait_for(terminal.ask("go"), 20)
-        finally:
-            await stack.loop.shutdown(0)
-            loop_task.cancel()
-            await asyncio.gather(loop_task, return_exceptions=True)
-            await manager.stop()
-            await stack.close()
     return out.getvalue(), err.getvalue()
 
 

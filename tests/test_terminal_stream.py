@@ -19,12 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.app import build_agent
 from bot.streaming import STOPPED_MARK
-from channels.manager import ChannelManager
 from channels.terminal import DIM, TerminalChannel
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
-from tests.helpers import REPO, make_config, run_memobot, write_config
+from tests.helpers import REPO, channel_in_process, make_config, run_memobot, write_config
 
 ANSWER = "Streaming answers arrive a few words at a time, then end with a full stop."
 
@@ -144,20 +142,13 @@ async def test_interactive_terminal_shows_one_dim_line_per_tool_call(tmp_path):
             reply("Done: the file says x.", pieces=4, chunk_delay=0.05),
         )
         cfg = make_config(tmp_path, llm.base_url)
-        stack = build_agent(cfg, tmp_path / "config.json")
         out, err = io.StringIO(), io.StringIO()
-        terminal = TerminalChannel(stack.bus, "i", out=out, err=err, show_tools=True)
-        manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])
-        await manager.start()
-        loop_task = asyncio.create_task(stack.loop.run())
-        try:
+        async with channel_in_process(
+            cfg,
+            tmp_path / "config.json",
+            lambda stack: TerminalChannel(stack.bus, "i", out=out, err=err, show_tools=True),
+        ) as (_, terminal):
             answer = await asyncio.wait_for(terminal.ask("read it"), 20)
-        finally:
-            await stack.loop.shutdown(0)
-            loop_task.cancel()
-            await asyncio.gather(loop_task, return_exceptions=True)
-            await manager.stop()
-            await stack.close()
     assert answer is not None
     lines = out.getvalue().splitlines()
     tool_lines = [line for line in lines if line.startswith(DIM)]

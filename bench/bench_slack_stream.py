@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.bench_stream import _ms
 from bench.bench_telegram import Gateway
 from channels.formatting import SLACK_LIMIT, markdown_to_slack_mrkdwn, render_chunks
 from tests.fakes.llm_server import FakeLLM, reply
@@ -112,13 +113,6 @@ async def run(tmp: Path, llm: FakeLLM, slack: FakeSlack, mode: str, samples: int
     finally:
         await gw.stop()
     return previews, wholes, calls, cpu_ms
-
-
-def _ms(values: list[float]) -> str:
-    return (
-        f"median {statistics.median(values) * 1000:.1f} ms, max {max(values) * 1000:.1f} ms "
-        f"(n={len(values)})"
-    )
 
 
 async def main(args: argparse.Namespace) -> None:

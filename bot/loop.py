@@ -294,10 +294,24 @@ class AgentLoop:
         while work is not None and work.worker is not None and not work.worker.done():
             await asyncio.wait([work.worker])
 
+    @property
+    def sessions_at_work(self) -> int:
+        """Sessions with a queued, running or waiting turn; idle ones are not kept."""
+        return len(self._work)
+
     def running_keys(self) -> list[str]:
         return [k for k, w in self._work.items() if w.turn is not None and not w.turn.done()]
 
     async def _drain(self, key: str, work: _SessionWork) -> None:
+        try:
+            await self._work_through(key, work)
+        finally:
+            # Nothing left for this chat: its bookkeeping goes, so memory follows the chats
+            # active now, not every chat seen since the start.
+            if not work.queue and self._work.get(key) is work:
+                del self._work[key]
+
+    async def _work_through(self, key: str, work: _SessionWork) -> None:
         while work.queue and not self._draining:
             job = work.queue.popleft()
             if self.outage is not None and self.outage.active and job.turn is None:

@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 import zlib
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
@@ -61,7 +61,9 @@ REASON_MAX_CHARS = 200
 # again before then, for as long as a typing indicator would be (TYPING_MAX_SECONDS).
 DRAFT_REFRESH_SECONDS = 20.0
 PREVIEW_MIN_CHARS = 16  # a preview message waits for this much text (or one interval)
-FINISHED_REMEMBERED = 32  # answers per chat whose late stream events are ignored
+# Answers (all chats together) whose late stream events are ignored. A chat's state leaves
+# memory when it falls idle, so this is kept by the manager, not per chat.
+FINISHED_REMEMBERED = 1024
 
 
 class Ledger(Protocol):
@@ -109,15 +111,26 @@ class _Live:
 
 
 class _Chat:
-    __slots__ = ("finished", "lives", "queue", "typing", "wake", "worker")
+    """A chat with something to send, show or type. It leaves ``ChannelManager._chats`` when
+    all of that is done, so memory follows the chats active now, not every chat ever seen."""
+
+    __slots__ = ("lives", "queue", "typing", "wake", "worker")
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[OutboundMessage] = asyncio.Queue()
+        self.queue: deque[OutboundMessage] = deque()  # one consumer: the chat's worker
         self.worker: asyncio.Task[None] | None = None
         self.typing: asyncio.Task[None] | None = None
         self.lives: dict[str | None, _Live] = {}  # by the message the answer replies to
-        self.finished: deque[str | None] = deque(maxlen=FINISHED_REMEMBERED)
         self.wake = asyncio.Event()  # a message was queued or a preview changed
+
+    def idle(self) -> bool:
+        typing = self.typing
+        return (
+            not self.queue
+            and not self.lives
+            and (self.worker is None or self.worker.done())
+            and (typing is None or typing.done() or typing.cancelling() > 0)
+        )
 
 
 class ChannelManager:
@@ -126,6 +139,8 @@ class ChannelManager:
         self.ledger = ledger
         self.channels = {c.name: c for c in channels}
         self._chats: dict[tuple[str, str], _Chat] = {}
+        # (channel, chat, replied-to message) of answers already delivered, oldest first.
+        self._finished: OrderedDict[tuple[str, str, str | None], None] = OrderedDict()
         self._pump: asyncio.Task[None] | None = None
         self.give_up_after = GIVE_UP_AFTER_SECONDS
         self._pacers: dict[str, Pacer] = {}  # per channel name: its rate-limit buckets
@@ -137,6 +152,11 @@ class ChannelManager:
                 bus.streaming.add(channel.name)
         bus.on_stream(self._on_stream)
         self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def chats_in_memory(self) -> int:
+        """Chats with something under way (to send, show or type); idle ones are not kept."""
+        return len(self._chats)
 
     def _channel_failed(self, channel: Channel) -> None:
         channels = list(self.channels.values())
@@ -185,7 +205,7 @@ class ChannelManager:
                 self.bus.outbound.task_done()
                 continue
             chat = self._chats.setdefault((msg.channel, msg.chat_id), _Chat())
-            chat.queue.put_nowait(msg)
+            chat.queue.append(msg)
             self._wake(chat, msg.channel, msg.chat_id)
 
     def _wake(self, chat: _Chat, channel: str, chat_id: str) -> None:
@@ -194,15 +214,22 @@ class ChannelManager:
             chat.worker = asyncio.create_task(
                 self._drain(chat, channel, chat_id), name=f"send:{channel}"
             )
+            chat.worker.add_done_callback(lambda _: self._forget_if_idle(channel, chat_id, chat))
+
+    def _forget_if_idle(self, channel: str, chat_id: str, chat: _Chat) -> None:
+        if chat.idle() and self._chats.get((channel, chat_id)) is chat:
+            del self._chats[(channel, chat_id)]
 
     async def _drain(self, chat: _Chat, channel_name: str, chat_id: str) -> None:
         """The chat's one worker: queued messages first, in order; between them, previews."""
         while True:
-            if not chat.queue.empty():
-                msg = chat.queue.get_nowait()
+            if chat.queue:
+                msg = chat.queue.popleft()
                 live = chat.lives.pop(msg.reply_to, None) if msg.final else None
                 if msg.final:
-                    chat.finished.append(msg.reply_to)
+                    self._finished[(channel_name, chat_id, msg.reply_to)] = None
+                    if len(self._finished) > FINISHED_REMEMBERED:
+                        self._finished.popitem(last=False)
                 try:
                     await self.deliver(msg, live)
                 except Exception:
@@ -221,7 +248,7 @@ class ChannelManager:
                 if live is None:
                     return
                 if wait > 0:
-                    if chat.queue.empty():
+                    if not chat.queue:
                         chat.wake.clear()
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(chat.wake.wait(), wait)
@@ -230,7 +257,7 @@ class ChannelManager:
             wait = self._preview_wait(channel, chat_id, live)
             if wait <= 0:
                 wait = await self._show_preview(channel, chat_id, live)
-            if wait > 0 and chat.queue.empty():  # (checked and cleared with no await between)
+            if wait > 0 and not chat.queue:  # (checked and cleared with no await between)
                 chat.wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(chat.wake.wait(), wait)
@@ -248,9 +275,9 @@ class ChannelManager:
         if mode == "direct":
             channel.show_stream(event)
             return
-        chat = self._chats.setdefault((event.channel, event.chat_id), _Chat())
-        if event.reply_to in chat.finished:
+        if (event.channel, event.chat_id, event.reply_to) in self._finished:
             return  # its answer is already delivered: a late event must not reopen it
+        chat = self._chats.setdefault((event.channel, event.chat_id), _Chat())
         live = chat.lives.get(event.reply_to)
         if live is None:
             ids = self.ledger.preview_ids(event.session_key, event.reply_to)
@@ -412,6 +439,9 @@ class ChannelManager:
         if chat.typing and not chat.typing.done():
             return
         chat.typing = asyncio.create_task(self._typing(channel, msg.chat_id))
+        chat.typing.add_done_callback(
+            lambda _: self._forget_if_idle(msg.channel, msg.chat_id, chat)
+        )
 
     async def _typing(self, channel: Channel, chat_id: str) -> None:
         started = time.monotonic()

@@ -48,9 +48,9 @@ def make_config(tmp_path: Path, base_url: str, **sections: dict[str, Any]) -> Co
 @asynccontextmanager
 async def channel_in_process(
     cfg: Config, config_path: Path, make_channel: Callable[[AgentStack], Channel]
-) -> AsyncIterator[tuple[AgentStack, Any]]:
+) -> AsyncIterator[tuple[AgentStack, Any, ChannelManager]]:
     """The agent loop, the channel manager and one real channel (``make_channel(stack)``) in
-    this process, started and stopped in the gateway's order; yields (stack, channel)."""
+    this process, started and stopped in the gateway's order; yields (stack, channel, manager)."""
     stack = build_agent(cfg, config_path)
     channel = make_channel(stack)
     manager = ChannelManager(stack.bus, stack.loop.ledger, [channel])
@@ -58,7 +58,7 @@ async def channel_in_process(
     loop_task = asyncio.create_task(stack.loop.run())
     await manager.start()
     try:
-        yield stack, channel
+        yield stack, channel, manager
     finally:
         await stack.loop.shutdown(0)
         loop_task.cancel()
@@ -69,7 +69,7 @@ async def channel_in_process(
 
 def telegram_in_process(
     cfg: Config, config_path: Path
-) -> AbstractAsyncContextManager[tuple[AgentStack, Any]]:
+) -> AbstractAsyncContextManager[tuple[AgentStack, Any, ChannelManager]]:
     """``channel_in_process`` with a real TelegramChannel against the fake Bot API in ``cfg``."""
     from channels.telegram_channel import TelegramChannel
 

@@ -175,7 +175,7 @@ async def running(
         tools={"exec": {"timeoutSeconds": 20}, "approval": "risky", **(tools or {})},
         agent=agent or {},
     )
-    async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, _channel):
+    async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, _channel, _manager):
         yield Running(api, llm, stack, tmp_path)
 
 

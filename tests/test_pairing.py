@@ -61,7 +61,7 @@ async def running(
     }
     config = write_config(tmp_path, llm.base_url, channels={"telegram": settings})
     cfg = make_config(tmp_path, llm.base_url, channels={"telegram": settings})
-    async with telegram_in_process(cfg, config) as (stack, _channel):
+    async with telegram_in_process(cfg, config) as (stack, _channel, _manager):
         announcer = asyncio.create_task(
             announce_approvals(
                 stores(cfg.agent.state_path, ["telegram"]), stack.loop.announce_once, every=0.1

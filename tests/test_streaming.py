@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from bot.bus import StreamEvent
 from bot.delivery import preview_ids_in
 from bot.records import clean_metadata
 from bot.streaming import STOPPED_MARK
@@ -147,6 +148,41 @@ async def test_group_preview_is_edited_into_the_one_answer(tmp_path, llm, api):
         assert min(gaps) >= 0.09
         meta = tg.stack.store.get(f"telegram:{GROUP}").metadata
         assert not meta.get("previews") and not meta.get("outbox")
+
+
+async def test_idle_chats_leave_memory_and_a_late_event_reopens_nothing(tmp_path, llm, api):
+    """Per-chat state (the manager's queue, worker and previews, the loop's turn queue) lives
+    while a chat has something under way, then goes: memory follows the chats active now, not
+    every chat ever seen. The delivered answer is still remembered: a stream event for it that
+    comes late shows nothing."""
+    llm.script(reply(ANSWER, pieces=6, chunk_delay=0.1))
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.group_text(f"{BOT} plan my day")
+        await api.wait_for_async(lambda: tg.manager.chats_in_memory == 1, 10)
+        final = lambda: any(  # noqa: E731
+            c.params.get("parse_mode") == "HTML" and c.status == 200
+            for c in api.calls("editMessageText")
+        )
+        await api.wait_for_async(final, 15)
+        await api.wait_for_async(
+            lambda: tg.manager.chats_in_memory == 0 and tg.stack.loop.sessions_at_work == 0, 5
+        )
+        asked = api.sent(GROUP)[0].params["reply_parameters"]["message_id"]
+        shows = lambda: [c for c in api.calls() if c.method != "getUpdates"]  # noqa: E731
+        calls = len(shows())
+        tg.stack.bus.publish_stream(
+            StreamEvent("telegram", str(GROUP), f"{GROUP}:{asked}", "text", ANSWER + " more")
+        )
+        await quiet(api)
+        assert len(shows()) == calls, shows()[calls:]  # no preview for a delivered answer
+        assert tg.manager.chats_in_memory == 0
+
+        for uid in range(3):  # private chats too, with typing and drafts
+            api.private_text(f"hello {uid}", user_id=ALICE)
+        await api.wait_for_async(lambda: len(api.sent(ALICE)) == 3, 20)
+        await api.wait_for_async(
+            lambda: tg.manager.chats_in_memory == 0 and tg.stack.loop.sessions_at_work == 0, 5
+        )
 
 
 async def test_group_answer_beyond_4096_units_continues_in_new_messages(tmp_path, llm, api):

@@ -24,6 +24,7 @@ from bot.config import ConfigError, parse_config
 from channels import manager as manager_module
 from channels import telegram_channel
 from channels.formatting import TELEGRAM_LIMIT, telegram_length
+from channels.manager import ChannelManager
 from channels.telegram_channel import TelegramChannel
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, mention_entities, strip_html
@@ -48,6 +49,7 @@ class Running:
     llm: FakeLLM
     stack: AgentStack
     channel: TelegramChannel
+    manager: ChannelManager
     tmp: Path
 
     def user_texts(self) -> list[str]:
@@ -87,8 +89,8 @@ async def running(
         **telegram,
     }
     cfg = make_config(tmp_path, llm.base_url, channels={"telegram": settings})
-    async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, channel):
-        yield Running(api, llm, stack, channel, tmp_path)
+    async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, channel, manager):
+        yield Running(api, llm, stack, channel, manager, tmp_path)
 
 
 @pytest.fixture

@@ -217,7 +217,7 @@ async def run_terminal(terminal_kw: dict, steps: list, tmp_path: Path) -> tuple[
             cfg,
             tmp_path / "config.json",
             lambda stack: TerminalChannel(stack.bus, "i", out=out, err=err, **terminal_kw),
-        ) as (_, terminal):
+        ) as (_, terminal, _manager):
             await asyncio.wait_for(terminal.ask("go"), 20)
     return out.getvalue(), err.getvalue()
 

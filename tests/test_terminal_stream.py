@@ -147,7 +147,7 @@ async def test_interactive_terminal_shows_one_dim_line_per_tool_call(tmp_path):
             cfg,
             tmp_path / "config.json",
             lambda stack: TerminalChannel(stack.bus, "i", out=out, err=err, show_tools=True),
-        ) as (_, terminal):
+        ) as (_, terminal, _manager):
             answer = await asyncio.wait_for(terminal.ask("read it"), 20)
     assert answer is not None
     lines = out.getvalue().splitlines()

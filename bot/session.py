@@ -28,9 +28,11 @@ import logging
 import os
 import shutil
 import stat
+import sys
 import threading
 import time
 import weakref
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -152,6 +154,13 @@ def to_wire(message: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in message.items() if k not in BOOKKEEPING_KEYS}
 
 
+# A bookkeeping key the message does not have (its value may be anything, null included).
+_ABSENT: Any = object()
+# The same few strings repeat on every line (roles, "model @ endpoint"); a message read from
+# disk keeps the one shared copy instead of its own.
+_SHARED_VALUES = ("role", ANSWERED_BY_KEY)
+
+
 @dataclass(slots=True, weakref_slot=True)
 class Session:
     """One chat as memobot holds it in memory: its metadata and the unconsolidated tail.
@@ -164,11 +173,14 @@ class Session:
 
     key: str
     path: Path
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    # Each message once, in the form the API takes (``to_wire``); its bookkeeping values apart,
+    # in lists of the same length (``_ABSENT`` where it has none). ``messages`` puts them back.
     wire: list[dict[str, Any]] = field(default_factory=list)
+    stamps: list[Any] = field(default_factory=list)
+    answered: list[Any] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     # Byte offset of each message line in the hot file (where a snapshot's ``tail_at`` points).
-    offsets: list[int] = field(default_factory=list)
+    offsets: array[int] = field(default_factory=lambda: array("q"))
     base: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
     last_consolidated: int = 0
@@ -193,16 +205,46 @@ class Session:
     api_prefix: Any = None
 
     def add_loaded(self, message: dict[str, Any], offset: int = -1) -> None:
-        self.messages.append(message)
         wire = to_wire(message)
+        for key in _SHARED_VALUES:
+            value = message.get(key)
+            if type(value) is str and len(value) < 256:
+                message[key] = sys.intern(value)
+        if wire is not message and type(wire.get("role")) is str:
+            wire["role"] = message["role"]
         self.wire.append(wire)
+        self.stamps.append(message.get("timestamp", _ABSENT))
+        self.answered.append(message.get(ANSWERED_BY_KEY, _ABSENT))
         self.tokens.append(estimate_message_tokens(wire))
         self.offsets.append(offset)
 
     @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The in-memory tail as stored (bookkeeping keys included), built when asked: for
+        compaction, consolidation and /status, never on a turn's path."""
+        return self.stored(0, len(self.wire))
+
+    def stored(self, start: int, end: int) -> list[dict[str, Any]]:
+        """Messages ``start``..``end`` (positions in the in-memory tail) as stored."""
+        out = []
+        for wire, answered, stamp in zip(
+            self.wire[start:end], self.answered[start:end], self.stamps[start:end], strict=True
+        ):
+            if answered is _ABSENT and stamp is _ABSENT:
+                out.append(wire)
+                continue
+            message = dict(wire)
+            if answered is not _ABSENT:
+                message[ANSWERED_BY_KEY] = answered
+            if stamp is not _ABSENT:
+                message["timestamp"] = stamp
+            out.append(message)
+        return out
+
+    @property
     def count(self) -> int:
         """Messages in the whole conversation, archived ones included."""
-        return self.base + len(self.messages)
+        return self.base + len(self.wire)
 
     @property
     def unconsolidated(self) -> int:
@@ -217,9 +259,10 @@ class Session:
 
     def drop_before(self, index: int) -> None:
         """Forget the messages before absolute ``index`` (they are consolidated)."""
-        n = min(self.rel(index), len(self.messages))
+        n = min(self.rel(index), len(self.wire))
         if n:
-            del self.messages[:n], self.wire[:n], self.tokens[:n], self.offsets[:n]
+            del self.wire[:n], self.stamps[:n], self.answered[:n], self.tokens[:n]
+            del self.offsets[:n]
             self.base += n
 
 
@@ -808,7 +851,11 @@ class SessionStore:
             # A full record: where a load may start. Written when the consolidation point
             # moves (rarely); ``tail_at`` is where the first unconsolidated message is.
             i = lc - session.base
-            tail_at = (session.offsets + offsets)[i] if i < count - session.base else pos
+            held = len(session.offsets)
+            if i >= count - session.base:
+                tail_at = pos
+            else:
+                tail_at = session.offsets[i] if i < held else offsets[i - held]
             record = self._snapshot(
                 new_meta, lc, count, session.file_base, session.archived_bytes, tail_at
             )
@@ -897,7 +944,7 @@ class SessionStore:
         os.replace(tmp, session.path)
         session.file_base = session.base
         session.archived_bytes = archived
-        session.offsets[:] = offsets
+        session.offsets = array("q", offsets)
         session.size = at + len(meta_line)
         session.snap = (at, record["hot"]["gen"])
         session.truncate_at = None
@@ -909,7 +956,7 @@ class SessionStore:
         log.info(
             "session %s: compacted to %d messages (%d archived)",
             session.key,
-            len(session.messages),
+            len(session.wire),
             session.base,
         )
 

@@ -156,6 +156,45 @@ def test_compaction_folds_superseded_metadata(tmp_path: Path, monkeypatch) -> No
     assert not list((tmp_path / "sessions").glob(".*.tmp"))
 
 
+def test_each_message_is_held_once_and_given_back_as_stored(tmp_path: Path, monkeypatch) -> None:
+    """In memory a message is one dict in the API's form; its bookkeeping (timestamp, the
+    model that answered) is kept apart and put back for whoever needs the stored form, so
+    compaction writes exactly the records it read. Strings that repeat on every line (roles,
+    the answering model) are one shared copy across messages and sessions."""
+    monkeypatch.setattr(session_mod, "COMPACT_AFTER_LINES", 4)
+    by = "fake-model @ http://127.0.0.1:1/v1"
+    stored = [
+        {"role": "user", "content": "q1", "timestamp": "2026-12-01T10:00:00.000Z"},
+        {
+            "role": "assistant",
+            "content": "a1",
+            "answered_by": by,
+            "timestamp": "2026-12-01T10:00:01.000Z",
+        },
+        {"role": "user", "content": "odd", "timestamp": None, "name": "kept"},
+        {"role": "tool", "tool_call_id": "c1", "content": "r", "answered_by": None},
+    ]
+    folder = tmp_path / "sessions"
+    folder.mkdir()
+    for key in ("cli:one", "cli:two"):
+        (folder / key_to_filename(key)).write_text("".join(json.dumps(m) + "\n" for m in stored))
+    one, two = (SessionStore(tmp_path).get(k) for k in ("cli:one", "cli:two"))
+    assert one.messages == stored
+    assert one.stored(1, 3) == stored[1:3]
+    assert all(not {"timestamp", "answered_by"} & set(w) for w in one.wire)
+    assert one.wire[2] == {"role": "user", "content": "odd", "name": "kept"}
+    assert one.wire[0]["role"] is two.wire[2]["role"]  # one "user" string, not one per line
+    assert one.messages[1]["answered_by"] is two.messages[1]["answered_by"]
+
+    store = SessionStore(tmp_path)
+    s = store.get("cli:one")
+    for i in range(6):  # stale metadata lines: the file is rewritten from memory
+        store.append(s, metadata={"n": i})
+    assert s.stale_meta_lines < 4
+    assert [r for r in _lines(s.path) if r.get("_type") != "metadata"] == stored
+    assert SessionStore(tmp_path).get("cli:one").messages == stored
+
+
 def test_keys_lists_sessions(tmp_path: Path) -> None:
     store = SessionStore(tmp_path)
     for key in ("cli:b", "telegram:1", "slack:C1:17.1"):

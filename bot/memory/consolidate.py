@@ -195,7 +195,7 @@ class Consolidator:
             end = choose_cut(session.wire, start, end)
             if end <= start:
                 return ConsolidationResult(0, False, None)
-            chunk = session.messages[start:end]
+            chunk = session.stored(start, end)
             start, end = session.base + start, session.base + end
             raw = False
             try:

@@ -470,18 +470,18 @@ async def _read_stream(endpoint: _Endpoint, payload: bytes, on_text: TextSink) -
     try:
         if "text/event-stream" not in stream.response.headers.get("content-type", ""):
             return json.loads(await stream.response.aread())  # a server that does not stream
-        chunks = stream.__aiter__()
         idle = endpoint.cfg.stream_idle_seconds
         assembler = StreamAssembler()
-        while True:
-            try:
-                chunk = await asyncio.wait_for(chunks.__anext__(), idle)
-            except StopAsyncIteration:
-                break
-            except TimeoutError:
-                raise openai.APITimeoutError(request=request) from None
-            if assembler.add(chunk):
-                on_text(assembler.content)
+        loop = asyncio.get_running_loop()
+        try:
+            # One deadline moved on by every chunk (wait_for would wrap each read in a task).
+            async with asyncio.timeout(idle) as silence:
+                async for chunk in stream:
+                    silence.reschedule(loop.time() + idle)
+                    if assembler.add(chunk):
+                        on_text(assembler.content)
+        except TimeoutError:
+            raise openai.APITimeoutError(request=request) from None
         return assembler.completion()
     except httpx.TransportError as exc:
         raise openai.APIConnectionError(message=f"stream broken: {exc}", request=request) from exc

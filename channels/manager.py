@@ -123,6 +123,13 @@ class _Chat:
         self.lives: dict[str | None, _Live] = {}  # by the message the answer replies to
         self.wake = asyncio.Event()  # a message was queued or a preview changed
 
+    async def sleep(self, seconds: float) -> None:
+        """Until something is queued or a preview changes, or ``seconds`` have passed."""
+        self.wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self.wake.wait()
+
     def idle(self) -> bool:
         typing = self.typing
         return (
@@ -249,18 +256,14 @@ class ChannelManager:
                     return
                 if wait > 0:
                     if not chat.queue:
-                        chat.wake.clear()
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(chat.wake.wait(), wait)
+                        await chat.sleep(wait)
                     continue
                 live.dirty = True
             wait = self._preview_wait(channel, chat_id, live)
             if wait <= 0:
                 wait = await self._show_preview(channel, chat_id, live)
-            if wait > 0 and not chat.queue:  # (checked and cleared with no await between)
-                chat.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(chat.wake.wait(), wait)
+            if wait > 0 and not chat.queue:  # (checked, then cleared with no await between)
+                await chat.sleep(wait)
 
     # -- streaming --
 

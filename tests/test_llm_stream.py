@@ -91,6 +91,19 @@ async def test_a_stalled_stream_is_retried_like_a_timeout() -> None:
     assert seen[-1] == "fresh answer"
 
 
+async def test_a_slow_steady_stream_is_not_cut() -> None:
+    """streamIdleSeconds bounds the silence between chunks, not the whole answer."""
+    async with FakeLLM() as llm:
+        llm.script(reply("one two three four five six seven", pieces=7, chunk_delay=0.15))
+        provider = _provider(llm, streamIdleSeconds=0.4)
+        started = time.monotonic()
+        response = await provider.chat([{"role": "user", "content": "x"}], on_text=lambda t: None)
+        took = time.monotonic() - started
+        await provider.close()
+    assert response.content == "one two three four five six seven"
+    assert len(llm.requests) == 1 and took > 0.8  # longer than the idle limit, in one go
+
+
 async def test_stalls_everywhere_fail_over_then_give_up() -> None:
     async with FakeLLM() as llm:
         llm.script(*[reply("never", chunk_delay=2) for _ in range(3)], reply("from the fallback"))

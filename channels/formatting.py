@@ -579,6 +579,7 @@ class _Emph:
 _Node = _Str | _CodeSpan | _Link | _Emph
 
 _PH_BASE = 0xF0000
+_PLACEHOLDER_RE = re.compile(f"[{chr(_PH_BASE)}-{chr(0x10FFFF)}]")
 _PH_MAX = 0xFFFFD
 _LINK_RE = re.compile(
     r"!?\[((?:[^\[\]\\]|\\.|\[[^\[\]]*\])*)\]"
@@ -668,18 +669,17 @@ def _parse_inline_unguarded(s: str, links: bool, depth: int) -> list[_Node]:
                 result.append(_Emph(node.kind, tuple(expand(list(node.children)))))
                 continue
             assert isinstance(node, _Str)
-            buf: list[str] = []
-            for c in node.text:
-                k = ord(c) - _PH_BASE
-                if 0 <= k < len(atoms):
-                    if buf:
-                        result.append(_Str("".join(buf)))
-                        buf.clear()
-                    result.append(atoms[k])
-                else:
-                    buf.append(c)
-            if buf:
-                result.append(_Str("".join(buf)))
+            text, start = node.text, 0
+            for m in _PLACEHOLDER_RE.finditer(text):  # (a regex scan, not a loop per character)
+                k = ord(m[0]) - _PH_BASE
+                if k >= len(atoms):
+                    continue  # not one of ours: stays text
+                if m.start() > start:
+                    result.append(_Str(text[start : m.start()]))
+                result.append(atoms[k])
+                start = m.end()
+            if start < len(text):
+                result.append(_Str(text[start:]))
         return result
 
     return expand(_emphasis("".join(out), depth))

@@ -439,6 +439,11 @@ while True:
 """
 
 
+# Shell: wait (up to 20 s) until ``path`` has been seen swapped (``[ -L ]``: a symlink, ``-p``: a
+# fifo), i.e. its swapper runs; a fixed sleep was too short on a loaded machine.
+UNTIL_SWAPPED = "for i in $(seq 400); do [ {kind} {path} ] && break; sleep 0.05; done"
+
+
 async def race(tmp_path: Path, setup: str, calls: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """Start ``setup`` (which starts a swapper) with exec, then make the file-tool ``calls``
     while it runs, all in one turn's process scope, as a hostile model would."""
@@ -477,7 +482,8 @@ async def test_a_symlink_swapped_in_after_the_check_leads_nowhere(tmp_path: Path
     setup = (
         f"echo decoy > f; ln -s {config} f2; mkdir d; ln -s {state} d2; "
         "python3 swap.py f f2 >/dev/null 2>&1 & python3 swap.py d d2 >/dev/null 2>&1 & "
-        "sleep 0.3; echo started"
+        f"{UNTIL_SWAPPED.format(kind='-L', path='f')}; "
+        f"{UNTIL_SWAPPED.format(kind='-L', path='d')}; echo started"
     )
     calls: list[tuple[str, dict[str, Any]]] = []
     for i in range(80):  # each write has a small chance to land in the window: many tries
@@ -495,7 +501,8 @@ async def test_a_symlink_swapped_in_after_the_check_leads_nowhere(tmp_path: Path
 @needs_landlock
 async def test_a_fifo_swapped_in_cannot_hang_the_file_tools(tmp_path: Path) -> None:
     setup = (
-        "echo plain > f; mkfifo p; python3 swap.py f p >/dev/null 2>&1 & sleep 0.3; echo started"
+        "echo plain > f; mkfifo p; python3 swap.py f p >/dev/null 2>&1 & "
+        f"{UNTIL_SWAPPED.format(kind='-p', path='f')}; echo started"
     )
     results = await race(tmp_path, setup, [("read_file", {"path": "f"})] * 40)
     assert all(r == "plain\n" or r.startswith("Error:") for r in results), results

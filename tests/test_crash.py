@@ -370,6 +370,7 @@ FAILPOINT_CHOICES = (
     "mid_append",
 )
 GAVE_UP = GAVE_UP_TEXT.format(n=MAX_RESUME_ATTEMPTS)
+GIVING_UP_LOG = "giving up on interrupted turn"  # bot.recovery's log line when it gives up
 
 
 def random_tool(tag: str, n: int) -> tuple[str, dict[str, Any]] | None:
@@ -394,6 +395,9 @@ class Conversation:
     kills: collections.Counter[str] = field(default_factory=collections.Counter)
     landed: collections.Counter[str] = field(default_factory=collections.Counter)
     gave_up: list[str] = field(default_factory=list)
+    # Messages memobot gave up on whose notice has not been printed (or dropped) yet: a start
+    # may give up and be killed before the notice goes out; a later start sends it.
+    given_up: collections.deque[str] = field(default_factory=collections.deque)
     # (message, how the start that marked its answer "sending" ended) for answers never printed
     dropped_in_flight: list[tuple[str, str]] = field(default_factory=list)
 
@@ -423,12 +427,17 @@ class Conversation:
             # This start drops answers the last one marked "sending" (the chat may show them).
             for e in outbox:
                 if e["state"] == "sending" and run and e["text"] not in run.stdout.splitlines():
-                    about = last_pending if e["text"] == GAVE_UP else message_text(e["text"])
+                    if e["text"] == GAVE_UP:
+                        about = self.given_up.popleft() if self.given_up else last_pending
+                    else:
+                        about = message_text(e["text"])
                     self.dropped_in_flight.append((about, last_kind))
             last_pending = pending[0]["text"] if pending else ""
             run, last_kind = self.clean_run(lines) if spent else self.random_run(lines)
-            if GAVE_UP in run.stdout.splitlines():
-                self.gave_up.append(last_pending)
+            if GIVING_UP_LOG in run.stderr:  # recovery only ever resumes a pending message
+                self.given_up.append(last_pending)
+            for _ in range(run.stdout.splitlines().count(GAVE_UP)):
+                self.gave_up.append(self.given_up.popleft() if self.given_up else last_pending)
             if run.killed:
                 self.kills[last_kind] += 1
                 if last_kind == "external":

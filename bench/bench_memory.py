@@ -22,15 +22,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bot.service import heap
 from tests.fakes.llm_server import FakeLLMProcess
 from tests.helpers import Harness, make_config
 
 
 def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
+    rss = heap.rss_bytes()
+    if rss is None:
+        raise RuntimeError("no VmRSS")
+    return rss / 2**20
 
 
 def deep_size(obj: Any, seen: set[int]) -> int:

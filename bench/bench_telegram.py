@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bot.service import heap
 from tests.fakes.llm_server import FakeLLM
 from tests.fakes.telegram_api import FakeBotAPI
 from tests.helpers import REPO, config_dict
@@ -68,10 +69,10 @@ class Gateway:
 
     def rss_mib(self) -> float:
         assert self.proc is not None
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        raise RuntimeError("no VmRSS")
+        rss = heap.rss_bytes(self.proc.pid)
+        if rss is None:
+            raise RuntimeError("no VmRSS")
+        return rss / 2**20
 
     async def kill(self) -> None:
         if self.proc and self.proc.returncode is None:

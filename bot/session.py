@@ -205,13 +205,11 @@ class Session:
     api_prefix: Any = None
 
     def add_loaded(self, message: dict[str, Any], offset: int = -1) -> None:
-        wire = to_wire(message)
         for key in _SHARED_VALUES:
             value = message.get(key)
             if type(value) is str and len(value) < 256:
                 message[key] = sys.intern(value)
-        if wire is not message and type(wire.get("role")) is str:
-            wire["role"] = message["role"]
+        wire = to_wire(message)
         self.wire.append(wire)
         self.stamps.append(message.get("timestamp", _ABSENT))
         self.answered.append(message.get(ANSWERED_BY_KEY, _ABSENT))

@@ -40,10 +40,11 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return trim  # type: ignore[no-any-return]
 
 
-def rss_bytes() -> int | None:
-    """This process's resident set (Linux), or None where /proc is not there."""
+def rss_bytes(pid: int | str = "self") -> int | None:
+    """The resident set of this process (or of ``pid``) on Linux; None where /proc is not
+    there or the process is gone."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):

@@ -61,8 +61,14 @@ COMPACT_RETRY_SECONDS = 300
 ARCHIVE_SUFFIX = ".archive"
 # A session file smaller than this is read whole; a bigger one from its consolidation point.
 READ_WHOLE_BELOW = 64 * 1024
-# Sessions kept loaded; idle ones beyond this leave memory (least recently used first).
+# Sessions kept loaded; idle ones beyond either bound leave memory (least recently used
+# first). The byte bound, on ``Session.held_bytes``, keeps the cache's memory flat however many
+# chats are busy: reloading a tail costs under a millisecond, holding it costs memory for good.
 MAX_CACHED = 128
+MAX_CACHED_BYTES = 2 * 1024 * 1024
+# What one loaded message costs beyond its text (its dict, the side lists, the allocator's
+# share), measured with tracemalloc over a soak's sessions.
+MESSAGE_BYTES = 512
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 
@@ -179,6 +185,7 @@ class Session:
     stamps: list[Any] = field(default_factory=list)
     answered: list[Any] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    held_tokens: int = 0  # sum of ``tokens``
     # Byte offset of each message line in the hot file (where a snapshot's ``tail_at`` points).
     offsets: array[int] = field(default_factory=lambda: array("q"))
     base: int = 0
@@ -213,7 +220,9 @@ class Session:
         self.wire.append(wire)
         self.stamps.append(message.get("timestamp", _ABSENT))
         self.answered.append(message.get(ANSWERED_BY_KEY, _ABSENT))
-        self.tokens.append(estimate_message_tokens(wire))
+        tokens = estimate_message_tokens(wire)
+        self.tokens.append(tokens)
+        self.held_tokens += tokens
         self.offsets.append(offset)
 
     @property
@@ -252,6 +261,11 @@ class Session:
         """Position of absolute message ``index`` in the in-memory lists (0 if older)."""
         return max(0, index - self.base)
 
+    @property
+    def held_bytes(self) -> int:
+        """Roughly what the in-memory tail costs (about four bytes a token of text)."""
+        return MESSAGE_BYTES * len(self.wire) + 4 * self.held_tokens
+
     def estimated_tokens(self, start: int = 0) -> int:
         return sum(self.tokens[self.rel(start) :])
 
@@ -259,6 +273,7 @@ class Session:
         """Forget the messages before absolute ``index`` (they are consolidated)."""
         n = min(self.rel(index), len(self.wire))
         if n:
+            self.held_tokens -= sum(self.tokens[:n])
             del self.wire[:n], self.stamps[:n], self.answered[:n], self.tokens[:n]
             del self.offsets[:n]
             self.base += n
@@ -514,12 +529,18 @@ def _parse(
 class SessionStore:
     """Loads, caches and appends to session files under ``state_dir/sessions``.
 
-    At most ``max_cached`` sessions stay loaded (least recently used first out). A session
+    At most ``max_cached`` sessions and ``max_cached_bytes`` of their messages
+    (``Session.held_bytes``) stay loaded, least recently used first out. A session
     that is evicted while some code still holds it (a running turn, a consolidation) stays
     that one object: ``get`` finds it again, so there are never two copies of one session.
     """
 
-    def __init__(self, state_dir: Path, max_cached: int = MAX_CACHED) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        max_cached: int = MAX_CACHED,
+        max_cached_bytes: int = MAX_CACHED_BYTES,
+    ) -> None:
         self.dir = state_dir / "sessions"
         check_folder(self.dir, "the sessions folder")
         try:
@@ -528,6 +549,7 @@ class SessionStore:
             check_folder(self.dir, "the sessions folder")
             raise
         self.max_cached = max(1, max_cached)
+        self.max_cached_bytes = max_cached_bytes
         self._cache: OrderedDict[str, Session] = OrderedDict()
         self._held: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
         self._cache_lock = threading.Lock()
@@ -566,6 +588,14 @@ class SessionStore:
         self._held[key] = session
         while len(self._cache) > self.max_cached:
             self._cache.popitem(last=False)  # still in _held while anything holds it
+        self._within_bytes()
+
+    def _within_bytes(self) -> None:
+        """Evict (under ``_cache_lock``) until the loaded messages fit ``max_cached_bytes``;
+        the most recently used session stays, however big."""
+        held = sum(s.held_bytes for s in self._cache.values())
+        while held > self.max_cached_bytes and len(self._cache) > 1:
+            held -= self._cache.popitem(last=False)[1].held_bytes
 
     def get(self, key: str) -> Session:
         session = self._cached(key)
@@ -880,6 +910,9 @@ class SessionStore:
         session.drop_before(lc)
         session.metadata_written = True
         session.last_meta_size = len(meta_line)
+        if stamped:  # the tail grew: the cache may be past its bytes now
+            with self._cache_lock:
+                self._within_bytes()
         if fsync and self._compaction_due(session) and time.monotonic() >= session.compact_after:
             # Not in an unsynced write: those run on the event loop (a delivery mark), and a
             # compaction fsyncs twice; the next synced append does it. The append is committed

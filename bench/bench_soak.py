@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_telegram import Gateway
 from tests.fakes.llm_server import FakeLLM, call, tool_step
-from tests.fakes.telegram_api import FakeBotAPI, FloodControl
+from tests.fakes.telegram_api import Call, FakeBotAPI, FloodControl
 from tests.helpers import config_dict
 
 FIRST_USER = 50_000
@@ -153,21 +153,16 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
             )
             for i in range(args.users)
         ]
-        seen = 0
+        answers = Answers(api)
         next_report = started + WINDOW
         try:
             while time.monotonic() < until + 30:
                 await asyncio.sleep(0.5)
+                answers.read()
                 if time.monotonic() >= next_report:
-                    answers = api.sent()
-                    window = [
-                        c.at - sent[t[6:]]
-                        for c in answers[seen:]
-                        if (t := c.params.get("text", "")).startswith("echo: ") and t[6:] in sent
-                    ]
-                    seen = len(answers)
+                    window = [at - sent[text] for text, at in answers.take_window() if text in sent]
                     if next_report - started > 60:
-                        samples.append((len(answers), gw.rss_mib()))
+                        samples.append((answers.count, gw.rss_mib()))
                     print(
                         f"t={next_report - started:5.0f}s answers {len(window):5d} "
                         f"latency p50 {percentile(window, 0.5) * 1000:7.0f} ms "
@@ -176,8 +171,7 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
                         f"RSS {gw.rss_mib():6.1f} MiB  fds {fds(gw.proc.pid)}"
                     )
                     next_report += WINDOW
-                answered = {c.params["text"][6:] for c in api.sent() if "text" in c.params}
-                if time.monotonic() > until and set(sent) <= answered:
+                if time.monotonic() > until and set(sent) <= answers.texts:
                     break
             rss_end, cpu_used = gw.rss_mib(), gw.cpu_seconds() - cpu_start
         finally:
@@ -197,6 +191,38 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
         )
         if args.restart:
             await restart(api, config, args.users, set(sent))
+
+
+class Answers:
+    """The echo answers the fake has delivered, read as its log grows: the soak's watch loop
+    must not cost more the longer it runs, or it slows the fakes it measures through."""
+
+    def __init__(self, api: FakeBotAPI) -> None:
+        self.api = api
+        self.pos = 0
+        self.unsettled: list[Call] = []  # sendMessage calls not answered yet when last read
+        self.texts: set[str] = set()
+        self.count = 0
+        self.window: list[tuple[str, float]] = []
+
+    def read(self) -> None:
+        new = self.api.calls_since(self.pos)
+        self.pos += len(new)
+        calls = [*self.unsettled, *(c for c in new if c.method == "sendmessage")]
+        self.unsettled = []
+        for c in calls:
+            if c.status == 0:
+                self.unsettled.append(c)
+            elif c.status == 200 and not c.garbled:
+                self.count += 1
+                text = c.params.get("text", "")
+                if text.startswith("echo: "):
+                    self.texts.add(text[6:])
+                    self.window.append((text[6:], c.at))
+
+    def take_window(self) -> list[tuple[str, float]]:
+        window, self.window = self.window, []
+        return window
 
 
 async def settled_rss(gw: Gateway, within: float = 20.0) -> float:

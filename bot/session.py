@@ -162,9 +162,6 @@ def to_wire(message: dict[str, Any]) -> dict[str, Any]:
 
 # A bookkeeping key the message does not have (its value may be anything, null included).
 _ABSENT: Any = object()
-# The same few strings repeat on every line (roles, "model @ endpoint"); a message read from
-# disk keeps the one shared copy instead of its own.
-_SHARED_VALUES = ("role", ANSWERED_BY_KEY)
 
 
 @dataclass(slots=True, weakref_slot=True)
@@ -211,15 +208,28 @@ class Session:
     # goes with the session.
     api_prefix: Any = None
 
-    def add_loaded(self, message: dict[str, Any], offset: int = -1) -> None:
-        for key in _SHARED_VALUES:
-            value = message.get(key)
-            if type(value) is str and len(value) < 256:
-                message[key] = sys.intern(value)
-        wire = to_wire(message)
+    def add_loaded(self, message: dict[str, Any], offset: int = -1, owned: bool = False) -> None:
+        """Hold one more message. ``owned``: the dict is the session's to keep (parsed from
+        its file), so its bookkeeping keys are taken out of it rather than copying it.
+
+        The same few strings repeat on every line (roles, "model @ endpoint"); a message read
+        from disk keeps the one shared copy instead of its own."""
+        role = message.get("role")
+        if type(role) is str and len(role) < 256:
+            message["role"] = sys.intern(role)
+        if owned:
+            stamp = message.pop("timestamp", _ABSENT)
+            answered = message.pop(ANSWERED_BY_KEY, _ABSENT)
+            wire = message
+        else:
+            stamp = message.get("timestamp", _ABSENT)
+            answered = message.get(ANSWERED_BY_KEY, _ABSENT)
+            wire = to_wire(message)
+        if type(answered) is str and len(answered) < 256:
+            answered = sys.intern(answered)
         self.wire.append(wire)
-        self.stamps.append(message.get("timestamp", _ABSENT))
-        self.answered.append(message.get(ANSWERED_BY_KEY, _ABSENT))
+        self.stamps.append(stamp)
+        self.answered.append(answered)
         tokens = estimate_message_tokens(wire)
         self.tokens.append(tokens)
         self.held_tokens += tokens
@@ -704,7 +714,7 @@ class SessionStore:
         session.last_consolidated = lc
         session.window_start = lc
         for record, offset, _ in parsed.messages[lc - start :]:
-            session.add_loaded(record, offset)
+            session.add_loaded(record, offset, owned=True)
 
     def _quarantine(
         self, session: Session, bad: list[int], misshapen: list[tuple[int, str]]

@@ -66,8 +66,8 @@ READ_WHOLE_BELOW = 64 * 1024
 # chats are busy: reloading a tail costs under a millisecond, holding it costs memory for good.
 MAX_CACHED = 128
 MAX_CACHED_BYTES = 2 * 1024 * 1024
-# What one loaded message costs beyond its text (its dict, the side lists, the allocator's
-# share), measured with tracemalloc over a soak's sessions.
+# What one loaded message costs beyond its line's bytes (its dict, the side lists, the
+# allocator's share), measured with tracemalloc over a soak's sessions.
 MESSAGE_BYTES = 512
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
@@ -182,7 +182,10 @@ class Session:
     stamps: list[Any] = field(default_factory=list)
     answered: list[Any] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
-    held_tokens: int = 0  # sum of ``tokens``
+    # Each message's line in the file, in bytes, and their sum: what its text costs held (an
+    # inlined image's data URL included, which a token estimate leaves out).
+    sizes: array[int] = field(default_factory=lambda: array("q"))
+    held_size: int = 0
     # Byte offset of each message line in the hot file (where a snapshot's ``tail_at`` points).
     offsets: array[int] = field(default_factory=lambda: array("q"))
     base: int = 0
@@ -208,9 +211,12 @@ class Session:
     # goes with the session.
     api_prefix: Any = None
 
-    def add_loaded(self, message: dict[str, Any], offset: int = -1, owned: bool = False) -> None:
+    def add_loaded(
+        self, message: dict[str, Any], offset: int, size: int, owned: bool = False
+    ) -> None:
         """Hold one more message. ``owned``: the dict is the session's to keep (parsed from
         its file), so its bookkeeping keys are taken out of it rather than copying it.
+        ``offset`` and ``size``: where its line is in the hot file and how long.
 
         The same few strings repeat on every line (roles, "model @ endpoint"); a message read
         from disk keeps the one shared copy instead of its own."""
@@ -230,10 +236,10 @@ class Session:
         self.wire.append(wire)
         self.stamps.append(stamp)
         self.answered.append(answered)
-        tokens = estimate_message_tokens(wire)
-        self.tokens.append(tokens)
-        self.held_tokens += tokens
+        self.tokens.append(estimate_message_tokens(wire))
         self.offsets.append(offset)
+        self.sizes.append(size)
+        self.held_size += size
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -273,8 +279,8 @@ class Session:
 
     @property
     def held_bytes(self) -> int:
-        """Roughly what the in-memory tail costs (about four bytes a token of text)."""
-        return MESSAGE_BYTES * len(self.wire) + 4 * self.held_tokens
+        """Roughly what the in-memory tail costs."""
+        return MESSAGE_BYTES * len(self.wire) + self.held_size
 
     def estimated_tokens(self, start: int = 0) -> int:
         return sum(self.tokens[self.rel(start) :])
@@ -283,9 +289,9 @@ class Session:
         """Forget the messages before absolute ``index`` (they are consolidated)."""
         n = min(self.rel(index), len(self.wire))
         if n:
-            self.held_tokens -= sum(self.tokens[:n])
+            self.held_size -= sum(self.sizes[:n])
             del self.wire[:n], self.stamps[:n], self.answered[:n], self.tokens[:n]
-            del self.offsets[:n]
+            del self.offsets[:n], self.sizes[:n]
             self.base += n
 
 
@@ -713,8 +719,8 @@ class SessionStore:
         session.base = lc
         session.last_consolidated = lc
         session.window_start = lc
-        for record, offset, _ in parsed.messages[lc - start :]:
-            session.add_loaded(record, offset, owned=True)
+        for record, offset, size in parsed.messages[lc - start :]:
+            session.add_loaded(record, offset, size, owned=True)
 
     def _quarantine(
         self, session: Session, bad: list[int], misshapen: list[tuple[int, str]]
@@ -908,8 +914,8 @@ class SessionStore:
         meta_line = _dumps(record)
         parts.append(meta_line)
         self._append(session, b"".join(parts), fsync)
-        for m, offset in zip(stamped, offsets, strict=True):
-            session.add_loaded(m, offset)
+        for m, offset, line in zip(stamped, offsets, parts, strict=False):  # parts: + meta
+            session.add_loaded(m, offset, len(line))
         if snap is not None and session.size == pos + len(meta_line):
             session.snap = snap
         if session.metadata_written:

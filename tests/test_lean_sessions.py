@@ -230,30 +230,41 @@ def test_idle_sessions_leave_memory_and_a_held_one_is_never_copied(tmp_path: Pat
 def test_the_cache_holds_a_bounded_number_of_message_bytes(tmp_path: Path) -> None:
     """Many busy chats: the least recently used tails leave memory once the loaded messages
     pass the byte bound, and come back whole from disk when their chat speaks again."""
-    one = session_mod.MESSAGE_BYTES + 4 * session_mod.estimate_message_tokens(
-        msg("user", "x" * 400)
-    )
+    texts = ["x" * 399 + str(i) for i in range(10)]
+    probe = SessionStore(tmp_path / "probe")
+    probe.append(probe.get("cli:probe"), [msg("user", t) for t in texts])
+    lines = probe.path_for("cli:probe").read_bytes().splitlines(keepends=True)[:10]
+    one = session_mod.MESSAGE_BYTES + len(lines[0])  # a message and its line, held
+    assert {len(line) for line in lines} == {len(lines[0])}
+
     store = SessionStore(tmp_path, max_cached_bytes=30 * one)
     for k in range(8):  # eight chats of ten messages each: 80 messages against room for 30
         session = store.get(f"cli:{k}")
-        store.append(session, [msg("user", "x" * 399 + str(i)) for i in range(10)])
+        store.append(session, [msg("user", t) for t in texts])
     del session
     gc.collect()
     assert store.loaded() == 3
     assert sum(store.get(f"cli:{k}").held_bytes for k in (5, 6, 7)) == 30 * one
-    # The first chat was evicted; it loads again from its file, every message there.
+    # The first chat was evicted; it loads again from its file, every message there, and
+    # counts the same loaded as it did appended.
     first = store.get("cli:0")
-    assert [m["content"][-1] for m in first.messages] == [str(i) for i in range(10)]
+    assert [m["content"] for m in first.messages] == texts
     assert first.held_bytes == 10 * one
     gc.collect()
     assert store.loaded() == 3
     # One session bigger than the whole bound still stays while it is the one in use.
     big = store.get("cli:big")
-    store.append(big, [msg("user", "y" * 400) for _ in range(40)])
-    assert store.get("cli:big") is big and store.loaded() >= 1
+    store.append(big, [msg("user", t) for t in texts * 4])
+    assert store.get("cli:big") is big and store.loaded() == 1
     # Consolidated messages leave memory and the session's share with them.
     store.append(big, last_consolidated=35)
     assert big.held_bytes == 5 * one
+    # An inlined image counts at its size, not at its token estimate.
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 200_000}}
+    pic = store.get("cli:pic")
+    store.append(pic, [{"role": "user", "content": [{"type": "text", "text": "look"}, image]}])
+    assert pic.held_bytes > 200_000
+    assert store.loaded() == 1  # the picture's chat alone is over the bound
 
 
 def old_format_file(path: Path, n: int, lc: int) -> list[dict[str, Any]]:

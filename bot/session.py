@@ -992,6 +992,8 @@ class SessionStore:
         session.file_base = session.base
         session.archived_bytes = archived
         session.offsets = array("q", offsets)
+        session.sizes = array("q", map(len, parts))
+        session.held_size = sum(session.sizes)
         session.size = at + len(meta_line)
         session.snap = (at, record["hot"]["gen"])
         session.truncate_at = None

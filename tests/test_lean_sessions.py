@@ -267,6 +267,23 @@ def test_the_cache_holds_a_bounded_number_of_message_bytes(tmp_path: Path) -> No
     assert store.loaded() == 1  # the picture's chat alone is over the bound
 
 
+def test_a_compaction_recounts_the_held_bytes_from_the_lines_it_writes(tmp_path: Path) -> None:
+    """A file written with other spacing (by hand, an older version) is counted as read, and
+    after the compaction rewrites it, as written."""
+    store = SessionStore(tmp_path)
+    path = store.path_for(KEY)
+    spaced = [json.dumps(msg("user", f"line {i}")) + "\n" for i in range(6)]  # ", " and ": "
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(spaced))
+    session = store.get(KEY)
+    n = session_mod.MESSAGE_BYTES * 6
+    assert session.held_bytes == n + sum(len(line) for line in spaced)
+    store.compact(session)
+    lines = path.read_bytes().splitlines(keepends=True)[:6]
+    assert sum(map(len, lines)) < sum(len(line) for line in spaced)
+    assert session.held_bytes == n + sum(map(len, lines))
+
+
 def old_format_file(path: Path, n: int, lc: int) -> list[dict[str, Any]]:
     """A session file as memobot wrote it before issue 17: full metadata records only."""
     messages = [msg("user" if i % 2 == 0 else "assistant", f"line {i}") for i in range(n)]

@@ -271,12 +271,13 @@ async def restart(api: FakeBotAPI, config: Path, users: int, sent: set[str]) -> 
 
 async def drain(api: FakeBotAPI, sent: set[str]) -> None:
     t0 = time.monotonic()
+    answers = Answers(api)
     while time.monotonic() - t0 < 900:
-        answered = {c.params["text"][6:] for c in api.sent() if "text" in c.params}
-        if sent <= answered:
+        answers.read()
+        if sent <= answers.texts:
             break
         await asyncio.sleep(1.0)
-    left = len(sent - answered)
+    left = len(sent - answers.texts)
     print(
         f"restart: the soak's backlog answered after {time.monotonic() - t0:.0f} s"
         + (f" ({left} still unanswered)" if left else "")

@@ -914,7 +914,7 @@ class SessionStore:
         meta_line = _dumps(record)
         parts.append(meta_line)
         self._append(session, b"".join(parts), fsync)
-        for m, offset, line in zip(stamped, offsets, parts, strict=False):  # parts: + meta
+        for m, offset, line in zip(stamped, offsets, parts[: len(stamped)], strict=True):
             session.add_loaded(m, offset, len(line))
         if snap is not None and session.size == pos + len(meta_line):
             session.snap = snap

@@ -190,8 +190,8 @@ class ApprovalDesk:
                 return str(current["state"])
             remaining = max(0.0, float(current["deadline"]) - time.time())
             try:
-                async with self._outside_slot():
-                    return await asyncio.wait_for(asyncio.shield(answered), remaining)
+                async with self._outside_slot(), asyncio.timeout(remaining):
+                    return await asyncio.shield(answered)
             except TimeoutError:
                 pass
             timed_out = await self.store.append_async(

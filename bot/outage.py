@@ -127,7 +127,8 @@ class Outage:
         heapq.heappush(self._waiters, (arrived, next(self._seq), fut))
         self._waiting_keys[key] = self._waiting_keys.get(key, 0) + 1
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout=max(0.0, deadline - time.time()))
+            async with asyncio.timeout(max(0.0, deadline - time.time())):
+                await asyncio.shield(fut)
             return True
         except TimeoutError:
             return False

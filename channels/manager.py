@@ -195,7 +195,8 @@ class ChannelManager:
     async def flush(self, wait_seconds: float = 10.0) -> None:
         """Wait until everything queued so far has been handed to its channel."""
         try:
-            await asyncio.wait_for(self.bus.outbound.join(), wait_seconds)
+            async with asyncio.timeout(wait_seconds):
+                await self.bus.outbound.join()
         except TimeoutError:
             log.warning("outbound messages still unsent after %.0f s", wait_seconds)
 

@@ -593,7 +593,8 @@ class SlackChannel(Channel):
         self.app = self._build_app(self.web)
         self._supervisor = asyncio.create_task(self._connect_forever(), name="slack-connect")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._settled.wait(), START_WAIT_SECONDS)
+            async with asyncio.timeout(START_WAIT_SECONDS):
+                await self._settled.wait()
         if self.state == "starting":
             log.warning(
                 "slack: not connected after %.0f s; still trying in the background",
@@ -649,7 +650,8 @@ class SlackChannel(Channel):
         backoff = CONNECT_BACKOFF_START
         while True:
             try:
-                await asyncio.wait_for(self._connect(), CONNECT_TIMEOUT_SECONDS)
+                async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
+                    await self._connect()
                 break
             except FatalChannelError as exc:
                 self._fail(str(exc))
@@ -1090,7 +1092,8 @@ class SlackChannel(Channel):
     async def _lookup_name(self, user: str) -> str:
         assert self.web is not None
         try:
-            answer = await asyncio.wait_for(self.web.users_info(user=user), USER_LOOKUP_SECONDS)
+            async with asyncio.timeout(USER_LOOKUP_SECONDS):
+                answer = await self.web.users_info(user=user)
         except SlackApiError as exc:
             if _error_code(exc) == "missing_scope":
                 self._names_enabled = False

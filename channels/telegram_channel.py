@@ -475,7 +475,8 @@ class TelegramChannel(Channel):
         assert self.bot is not None
         while True:
             try:
-                me = await asyncio.wait_for(self.bot.get_me(), POLL_MARGIN_SECONDS + 5)
+                async with asyncio.timeout(POLL_MARGIN_SECONDS + 5):
+                    me = await self.bot.get_me()
             except InvalidToken:
                 self._token_rejected()
                 return False
@@ -507,14 +508,12 @@ class TelegramChannel(Channel):
         """
         assert self.bot is not None
         try:
-            updates = await asyncio.wait_for(
-                self.bot.get_updates(
+            async with asyncio.timeout(self.poll_timeout + POLL_MARGIN_SECONDS):
+                updates = await self.bot.get_updates(
                     offset=self.offset,
                     timeout=self.poll_timeout,
                     allowed_updates=list(ALLOWED_UPDATES),
-                ),
-                self.poll_timeout + POLL_MARGIN_SECONDS,
-            )
+                )
         except TimeoutError:
             await self._retry_later(
                 f"getUpdates gave no answer for {self.poll_timeout + POLL_MARGIN_SECONDS:.0f} s; "

@@ -489,6 +489,34 @@ async def test_stalled_poll_is_restarted(tmp_path, llm, api, monkeypatch, caplog
     assert any("restarting the poll" in r.getMessage() for r in caplog.records)
 
 
+async def test_stop_landing_as_a_poll_returns_still_stops_the_channel(
+    tmp_path, llm, api, monkeypatch
+):
+    """CI once hung here: on Python 3.11 ``wait_for`` gives back the poll's result and drops a
+    cancel() that lands in the same loop pass as getUpdates returning, so stop() waited for a
+    poll loop that went on for ever. The race is made certain: stop() starts as a poll returns."""
+    async with running(tmp_path, llm, api, pollTimeoutSeconds=1) as tg:
+        bot_class = type(tg.channel.bot)
+        real = bot_class.get_updates
+        stopping: list[asyncio.Task[None]] = []
+
+        async def poll_then_stop(self: Any, *args: Any, **kwargs: Any) -> Any:
+            updates = await real(self, *args, **kwargs)
+            if not stopping:
+                # Its first step cancels the poll loop before that loop hears of this result.
+                stopping.append(asyncio.ensure_future(tg.channel.stop()))
+            return updates
+
+        monkeypatch.setattr(bot_class, "get_updates", poll_then_stop)
+        await api.wait_for_async(lambda: bool(stopping), 10)
+        done, _ = await asyncio.wait(stopping, timeout=5)
+        assert done, "stop() is still waiting for the poll loop"
+        polls = len(api.calls("getUpdates"))
+        await asyncio.sleep(1.5)  # longer than a poll: a loop that survived would poll again
+        assert len(api.calls("getUpdates")) == polls
+        assert tg.channel.state == "stopped"
+
+
 # -- the daemon: SIGKILL between fetch and processing -----------------------------------------
 
 

@@ -107,7 +107,8 @@ class GateProcess:
             # The status line comes when the command's main process exits; output it wrote
             # just before is already in the pipe, output of background jobs may never end.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(reader), _STATUS_DRAIN_SECONDS)
+                async with asyncio.timeout(_STATUS_DRAIN_SECONDS):
+                    await asyncio.shield(reader)
         finally:
             reader.cancel()
         if line.startswith("status "):
@@ -159,7 +160,8 @@ class ProcessScope:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
             try:
-                await asyncio.wait_for(asyncio.shield(proc.wait()), grace + 5.0)
+                async with asyncio.timeout(grace + 5.0):
+                    await asyncio.shield(proc.wait())
             except TimeoutError:
                 log.error("launcher %d did not stop; killing it and its subtree", proc.pid)
                 # Its subtree first: once the launcher is gone they would belong to pid 1.

@@ -194,7 +194,8 @@ class McpServer:
             return
         try:
             # The SDK's own shutdown: stdin closed, a grace, then the process group killed.
-            await asyncio.wait_for(asyncio.shield(self.task), 8.0)
+            async with asyncio.timeout(8.0):
+                await asyncio.shield(self.task)
         except TimeoutError:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
@@ -236,7 +237,8 @@ class McpServer:
             if self._was_up:
                 delay = INITIAL_BACKOFF_SECONDS  # it worked: a new failure starts afresh
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_event.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._stop_event.wait()
             delay = min(delay * 2, MAX_BACKOFF_SECONDS)
         self.state, self.detail = "stopped", "stopped"
 
@@ -274,7 +276,8 @@ class McpServer:
             if _closed(client):
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._broken.wait(), WATCH_SECONDS)
+                async with asyncio.timeout(WATCH_SECONDS):
+                    await self._broken.wait()
 
     def _errlog(self, stack: contextlib.ExitStack[Any] | contextlib.AsyncExitStack) -> TextIO:
         """Where a stdio server's stderr goes: ``<state>/mcp/<name>.log`` (0600, new at each
@@ -346,7 +349,8 @@ class McpServer:
         ):
             # Reconnecting after a crash: a short wait beats an error the model must retry.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._connected.wait(), 0.1)
+                async with asyncio.timeout(0.1):
+                    await self._connected.wait()
         client = self.client
         if client is None or not self._connected.is_set():
             raise ToolError(

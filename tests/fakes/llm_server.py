@@ -748,7 +748,8 @@ class FakeLLM:
         last_user (text of the last user message), outcome (text, tool_calls, default, error,
         disconnect, hang, unscripted, invalid, unauthorized), status (HTTP status; None for
         disconnect/hang), step (the scripted step used, or None), error (why a request was
-        rejected), reply (the assistant message sent, filled in when answered).
+        rejected), reply (the assistant message sent, filled in when answered), answered_at
+        (epoch seconds when the answer began, after any ``delay``; None until then).
         """
         is_dict = isinstance(body, dict)
         messages = body.get("messages") if is_dict else None
@@ -768,6 +769,7 @@ class FakeLLM:
             "step": step,
             "error": problem,
             "reply": None,
+            "answered_at": None,
         }
         with self._lock:  # re-entrant use from _take_step is fine: Condition wraps an RLock
             self._seq += 1
@@ -826,6 +828,7 @@ class FakeLLM:
     ) -> web.StreamResponse:
         message, finish = make_message(step, user_text, self._next_call_id)
         entry["reply"] = message
+        entry["answered_at"] = time.time()
         cid, created = self._next_completion_id(), int(time.time())
         model = body.get("model") or DEFAULT_MODEL
         usage = usage_for(request_bytes, message)

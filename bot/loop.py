@@ -51,6 +51,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _cancelling() -> bool:
+    """Whether the running task itself has been asked to stop (a cancel that reached it through
+    a shielded inner task's ending does not count)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 @dataclass(slots=True)
 class _Job:
     msg: InboundMessage
@@ -328,7 +335,9 @@ class AgentLoop:
                 try:
                     await asyncio.shield(work.turn)
                 except asyncio.CancelledError:
-                    if not work.turn.done():  # the loop itself is being cancelled
+                    # The worker itself is being cancelled (shutdown), even if the turn ended
+                    # in the same loop pass; otherwise the turn ended cancelled and is done.
+                    if _cancelling() or not work.turn.done():
                         work.turn.cancel()
                         raise
                 except Exception:
@@ -431,10 +440,10 @@ class AgentLoop:
         try:
             back = await asyncio.shield(work.wait)
         except asyncio.CancelledError:
-            if not work.wait.done():  # shutdown: the turn stays pending for the next start
-                work.wait.cancel()
+            if _cancelling() or not work.wait.done():
+                work.wait.cancel()  # shutdown: the turn stays pending for the next start
                 raise
-            back = None  # /stop
+            back = None  # /stop cancelled the wait
         finally:
             work.wait = None
         if back:

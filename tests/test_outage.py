@@ -191,6 +191,32 @@ async def test_stop_ends_a_waiting_turn(tmp_path: Path, primary: FakeLLM) -> Non
     assert not SessionStore(tmp_path / "state").get("cli:t").metadata.get("pending")
 
 
+async def test_shutdown_as_the_model_comes_back_keeps_the_turn_for_the_next_start(
+    tmp_path: Path, primary: FakeLLM
+) -> None:
+    """The worker is cancelled (shutdown) in the same loop pass as the wait ends: that is not
+    /stop, so no "Stopped." answer; the question stays pending for the next start."""
+    primary.configure(mode="strict")
+    async with _harness(tmp_path, _llm(primary.base_url, outage=FAST_OUTAGE), wait=True) as h:
+        loop, outage = h.stack.loop, h.stack.loop.outage
+        assert outage is not None
+        back = asyncio.Event()
+
+        async def wait_for_back(key: str, arrived: float, deadline: float) -> bool:
+            await back.wait()
+            return True
+
+        outage.wait = wait_for_back  # type: ignore[method-assign]
+        waiting = await h.send("wait for me")
+        await _until(lambda: loop._work.get("cli:t") is not None and loop._work["cli:t"].wait)
+        back.set()  # the wait ends in the next loop pass...
+        await loop.shutdown(0)  # ...the same pass as the worker's cancel
+        assert not waiting.done()
+    assert not [m for m in h.outbox if m.final]
+    meta = SessionStore(tmp_path / "state").get("cli:t").metadata
+    assert [p["text"] for p in meta.get("pending") or []] == ["wait for me"]
+
+
 async def _until(predicate: Any, timeout: float = 10) -> None:  # noqa: ASYNC109
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -397,6 +397,12 @@ def test_status_and_doctor_name_the_confinement(tmp_path: Path, llm: FakeLLMThre
     assert "WARNING" in started.stderr and "exec confinement: none" in started.stderr
 
 
+GHOST_STARTED = (
+    "python3 ghost.py >/dev/null 2>&1 & i=0; "
+    "while [ ! -s beat.log ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; sleep 0.3"
+)
+
+
 @needs_landlock
 def test_a_process_whose_main_thread_exited_is_still_killed(
     tmp_path: Path, llm: FakeLLMThread
@@ -416,7 +422,9 @@ def test_a_process_whose_main_thread_exited_is_still_killed(
     (tmp_path / "ws" / "ghost.py").write_text(script)
     cfg = attack_config(tmp_path, llm)
     llm.script(
-        tool_step(call("exec", {"command": "python3 ghost.py >/dev/null 2>&1 & sleep 0.5"})),
+        # The turn ends once the thread has written (up to 10 s: a loaded machine starts python
+        # slowly), with the main thread gone by then.
+        tool_step(call("exec", {"command": GHOST_STARTED})),
         reply("done"),
     )
     done = run_memobot("agent", "-m", "go", "-s", "cli:ghost", config=cfg)

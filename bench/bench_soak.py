@@ -364,7 +364,13 @@ def report(api: FakeBotAPI, sent: dict[str, Any], state: Path, started: float) -
         f"({meta_all:.0%} counting the archives of consolidated lines), largest session file "
         f"{largest:.2f} MiB"
     )
-    return len(sent) - len(lost)
+    answered = len(sent) - len(lost)
+    methods = Counter(c.method for c in api.calls())
+    print(
+        "Bot API calls per answered message: "
+        + ", ".join(f"{m} {n / max(answered, 1):.2f}" for m, n in methods.most_common())
+    )
+    return answered
 
 
 def main() -> None:

@@ -16,13 +16,14 @@ body is read as a plain answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import importlib
 import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -171,6 +172,41 @@ class _RetryAfterOrBackoff:
 def _describe(exc: BaseException) -> str:
     status = getattr(exc, "status_code", None)
     return f"HTTP {status}" if status else type(exc).__name__
+
+
+def _connection_failure(exc: BaseException) -> str | None:
+    """What a failed connection's cause chain says happened, unless it was a timeout."""
+    import aiohttp
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, aiohttp.ServerTimeoutError | TimeoutError):
+            return None
+        if isinstance(cause, OSError | aiohttp.ClientConnectionError):
+            return str(cause) or type(cause).__name__
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+@contextlib.contextmanager
+def _named_connection_errors() -> Iterator[None]:
+    """The SDK's aiohttp transport reports every failed connection (refused, unknown host,
+    dropped) as "Request timed out.", and its httpx one as a bare "Connection error.": say what
+    the cause says. Still an APIConnectionError, so retried the same way."""
+    import openai
+
+    try:
+        yield
+    except openai.APIConnectionError as exc:
+        vague = isinstance(exc, openai.APITimeoutError) or str(exc) == "Connection error."
+        reason = _connection_failure(exc) if vague else None
+        if reason is None:
+            raise
+        raise openai.APIConnectionError(
+            message=f"Connection error: {reason}", request=exc.request
+        ) from exc
 
 
 def _transport(openai: Any, timeout: float) -> dict[str, Any]:
@@ -390,7 +426,7 @@ class LLMProvider:
         )
         try:
             async for attempt in retrying:
-                with attempt:
+                with attempt, _named_connection_errors():
                     if on_text is not None:
                         return await _read_stream(endpoint, payload, on_text)
                     return await endpoint.client.post(

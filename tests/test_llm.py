@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import socket
 import time
 
 import openai
@@ -75,3 +76,29 @@ def test_not_configured_names_what_to_set() -> None:
         LLMProvider(LLMConfig(), "/etc/memobot/config.json")
     text = str(info.value)
     assert "OPENAI_API_KEY" in text and "llm.baseUrl" in text and "/etc/memobot/config.json" in text
+
+
+async def test_a_refused_connection_is_named_not_called_a_timeout() -> None:
+    """Nothing listens on the port: the error says the connection failed, at once, where the
+    SDK's aiohttp transport alone says "Request timed out."."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again before the request: nothing listens there
+    provider = LLMProvider(
+        LLMConfig.model_validate(
+            {
+                "baseUrl": f"http://127.0.0.1:{port}/v1",
+                "model": "m",
+                "retry": {"attempts": 2, "initialDelaySeconds": 0.01, "maxDelaySeconds": 0.02},
+            }
+        )
+    )
+    try:
+        with pytest.raises(LLMUnavailable) as info:
+            await provider.chat([{"role": "user", "content": "hi"}])
+    finally:
+        await provider.close()
+    text = str(info.value)
+    assert f"cannot reach the LLM endpoint http://127.0.0.1:{port}/v1" in text
+    assert "Connect call failed" in text or "refused" in text.lower(), text
+    assert "(APIConnectionError: Connection error: " in text and "timed out" not in text

@@ -181,13 +181,17 @@ async def soak(args: argparse.Namespace, tmp: Path) -> None:
         answered = report(api, sent, tmp / "state", started)
         # After the first minute every chat has spoken and everything is imported: growth
         # from there on is what the history costs.
-        warm = samples[0][1] if samples else float("nan")
+        later = (
+            f"{samples[0][1]:.1f} MiB after the first minute, {rss_end:.1f} MiB at the end: "
+            f"+{rss_end - rss_start:.1f} MiB from idle, +{rss_end - samples[0][1]:.1f} MiB from "
+            f"the first minute; growth {slope_per_1000(samples):.2f} MiB per 1,000 answered "
+            "(slope after the first minute)"
+            if len(samples) >= 2
+            else f"{rss_end:.1f} MiB at the end: +{rss_end - rss_start:.1f} MiB from idle "
+            "(a soak past the first minute shows the growth)"
+        )
         print(
-            f"RSS {rss_start:.1f} MiB at the start (idle), {warm:.1f} MiB after the first "
-            f"minute, {rss_end:.1f} MiB at the end: +{rss_end - rss_start:.1f} MiB from idle, "
-            f"+{rss_end - warm:.1f} MiB from the first minute; growth "
-            f"{slope_per_1000(samples):.2f} MiB per 1,000 "
-            f"answered (slope after the first minute); gateway CPU "
+            f"RSS {rss_start:.1f} MiB at the start (idle), {later}; gateway CPU "
             f"{cpu_used / max(1, answered) * 1000:.1f} ms per answered message"
         )
         if args.restart:

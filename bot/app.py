@@ -51,9 +51,14 @@ class AgentStack:
     mcp: McpManager
 
     async def close(self) -> None:
-        await self.mcp.stop()  # before the gate's temp folder goes
-        await self.provider.close()
-        self.gate.close()
+        try:
+            await self.mcp.stop()  # before the gate's temp folder goes
+        finally:
+            try:
+                # An unclosed aiohttp connector is logged as an error at exit.
+                await self.provider.close()
+            finally:
+                self.gate.close()
 
 
 def build_gate(cfg: Config, config_path: Path) -> Gate:

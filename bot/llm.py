@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,8 @@ NOT_CONFIGURED_HELP = (
     "Edit {config}, or run `{onboard}`, which asks for them in a terminal."
 )
 DEFAULT_ENDPOINT = "https://api.openai.com/v1"
+# Sending a request and the start of its answer get this many times llm.timeoutSeconds.
+ANSWER_DEADLINE_FACTOR = 2
 # Told the answer's text so far (the whole of it, not the new piece) as it streams in; a
 # retry starts again from "" (a shorter text), so a listener simply shows the latest.
 TextSink = Callable[[str], None]
@@ -190,15 +192,30 @@ def _connection_failure(exc: BaseException) -> str | None:
     return None
 
 
+def _httpx() -> Any:
+    """The SDK's HTTP library: newer openai releases ship it as httpx2."""
+    try:
+        import httpx2 as httpx
+    except ImportError:  # pragma: no cover
+        import httpx
+    return httpx
+
+
 @contextlib.contextmanager
-def _named_connection_errors() -> Iterator[None]:
+def _named_connection_errors(url: str) -> Iterator[None]:
     """The SDK's aiohttp transport reports every failed connection (refused, unknown host,
-    dropped) as "Request timed out.", and its httpx one as a bare "Connection error.": say what
-    the cause says. Still an APIConnectionError, so retried the same way."""
+    dropped) as "Request timed out.", its httpx one as a bare "Connection error.", and some
+    aiohttp errors (a bad status line, an over-long header) it passes on raw: each becomes an
+    APIConnectionError that says what happened, so it is retried and failed over alike."""
+    import aiohttp
     import openai
 
     try:
         yield
+    except aiohttp.ClientError as exc:
+        raise openai.APIConnectionError(
+            message=f"Connection error: {exc}", request=_httpx().Request("POST", url)
+        ) from exc
     except openai.APIConnectionError as exc:
         vague = isinstance(exc, openai.APITimeoutError) or str(exc) == "Connection error."
         reason = _connection_failure(exc) if vague else None
@@ -207,6 +224,20 @@ def _named_connection_errors() -> Iterator[None]:
         raise openai.APIConnectionError(
             message=f"Connection error: {reason}", request=exc.request
         ) from exc
+
+
+@contextlib.asynccontextmanager
+async def _answer_deadline(endpoint: _Endpoint) -> AsyncIterator[None]:
+    """Sending the request and waiting for the answer's start, within twice ``timeoutSeconds``.
+    aiohttp has no write timeout and starts its read timeout once the body is sent, so a
+    server that stops reading would hold the request for ever (httpx's write timeout cut it)."""
+    import openai
+
+    try:
+        async with asyncio.timeout(ANSWER_DEADLINE_FACTOR * endpoint.cfg.timeout_seconds):
+            yield
+    except TimeoutError:
+        raise openai.APITimeoutError(request=_httpx().Request("POST", endpoint.url)) from None
 
 
 def _transport(openai: Any, timeout: float) -> dict[str, Any]:
@@ -303,9 +334,10 @@ class LLMProvider:
 
         try:
             data = await asyncio.to_thread(Path(path).read_bytes)
-            result = await self.client.audio.transcriptions.create(
-                model=model, file=(os.path.basename(path), data)
-            )
+            with _named_connection_errors(self._primary.url):
+                result = await self.client.audio.transcriptions.create(
+                    model=model, file=(os.path.basename(path), data)
+                )
         except (openai.OpenAIError, OSError) as exc:
             raise LLMUnavailable(f"transcription failed: {exc}") from exc
         return str(getattr(result, "text", "") or "").strip()
@@ -426,15 +458,16 @@ class LLMProvider:
         )
         try:
             async for attempt in retrying:
-                with attempt, _named_connection_errors():
+                with attempt, _named_connection_errors(endpoint.url):
                     if on_text is not None:
                         return await _read_stream(endpoint, payload, on_text)
-                    return await endpoint.client.post(
-                        "/chat/completions",
-                        cast_to=object,
-                        content=payload,
-                        options={"headers": {"Content-Type": "application/json"}},
-                    )
+                    async with _answer_deadline(endpoint):
+                        return await endpoint.client.post(
+                            "/chat/completions",
+                            cast_to=object,
+                            content=payload,
+                            options={"headers": {"Content-Type": "application/json"}},
+                        )
         except openai.APIStatusError as exc:
             if is_retryable(exc):
                 raise LLMUnavailable(
@@ -500,19 +533,16 @@ async def _read_stream(endpoint: _Endpoint, payload: bytes, on_text: TextSink) -
     """
     import openai
 
-    try:  # newer openai releases ship their HTTP client as httpx2
-        import httpx2 as httpx
-    except ImportError:  # pragma: no cover
-        import httpx
-
-    stream = await endpoint.client.post(
-        "/chat/completions",
-        cast_to=object,
-        content=payload,
-        options={"headers": {"Content-Type": "application/json"}},
-        stream=True,
-        stream_cls=openai.AsyncStream[object],
-    )
+    httpx = _httpx()
+    async with _answer_deadline(endpoint):
+        stream = await endpoint.client.post(
+            "/chat/completions",
+            cast_to=object,
+            content=payload,
+            options={"headers": {"Content-Type": "application/json"}},
+            stream=True,
+            stream_cls=openai.AsyncStream[object],
+        )
     request = stream.response.request
     try:
         if "text/event-stream" not in stream.response.headers.get("content-type", ""):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import socket
 import time
+from typing import Any
 
 import openai
 import pytest
@@ -23,6 +25,7 @@ from bot.llm import (
     parse_completion,
     retry_after_seconds,
 )
+from tests.fakes.llm_server import FakeLLM, reply
 
 
 def _status_error(status: int, headers: dict[str, str] | None = None) -> openai.APIStatusError:
@@ -102,3 +105,87 @@ async def test_a_refused_connection_is_named_not_called_a_timeout() -> None:
     assert f"cannot reach the LLM endpoint http://127.0.0.1:{port}/v1" in text
     assert "Connect call failed" in text or "refused" in text.lower(), text
     assert "(APIConnectionError: Connection error: " in text and "timed out" not in text
+
+
+async def _raw_server(on_connect: Any) -> tuple[asyncio.Server, int]:
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def test_a_server_that_is_not_http_fails_over_like_any_unreachable_one() -> None:
+    """An answer that is not HTTP (here an SSH banner) raised a raw aiohttp error through the
+    SDK's aiohttp transport: no retry, no fallback, a crash in doctor. It is a connection error
+    naming what came back, retried, then the fallback answers."""
+    connections = 0
+
+    async def ssh(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await reader.read(65536)
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n")
+        await writer.drain()
+        writer.close()
+
+    server, port = await _raw_server(ssh)
+    async with server, FakeLLM() as fallback:
+        fallback.script(reply("from the fallback"))
+        cfg = {
+            "baseUrl": f"http://127.0.0.1:{port}/v1",
+            "model": "m",
+            "retry": {"attempts": 2, "initialDelaySeconds": 0.01, "maxDelaySeconds": 0.02},
+        }
+        alone = LLMProvider(LLMConfig.model_validate(cfg))
+        both = LLMProvider(
+            LLMConfig.model_validate(
+                {**cfg, "fallbacks": [{"baseUrl": fallback.base_url, "model": "fb"}]}
+            )
+        )
+        try:
+            with pytest.raises(LLMUnavailable) as info:
+                await alone.chat([{"role": "user", "content": "hi"}])
+            answer = await both.chat([{"role": "user", "content": "hi"}])
+        finally:
+            await alone.close()
+            await both.close()
+    assert "(APIConnectionError: Connection error: " in str(info.value)
+    assert "SSH-2.0" in str(info.value)  # what came back instead of HTTP
+    assert connections == 4  # two tries each time: retried like any connection error
+    assert (answer.content, answer.answered_by) == (
+        "from the fallback",
+        f"fb @ {fallback.base_url}",
+    )
+
+
+async def test_a_server_that_stops_reading_the_request_times_out() -> None:
+    """aiohttp has no write timeout: a request body the server never reads held the request
+    for ever. Sending and the answer's start get twice ``timeoutSeconds``."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accepted, never read: the socket buffers fill, the send stalls
+
+    server, port = await _raw_server(deaf)
+    async with server:
+        provider = LLMProvider(
+            LLMConfig.model_validate(
+                {
+                    "baseUrl": f"http://127.0.0.1:{port}/v1",
+                    "model": "m",
+                    "timeoutSeconds": 0.5,
+                    "retry": {"attempts": 1},
+                }
+            )
+        )
+        big = "x" * (16 * 1024 * 1024)  # far more than the socket buffers hold
+        try:
+            with pytest.raises(LLMUnavailable) as info:
+                async with asyncio.timeout(30):  # the bug: still waiting here
+                    await provider.chat([{"role": "user", "content": big}])
+            with pytest.raises(LLMUnavailable):
+                async with asyncio.timeout(30):
+                    await provider.chat([{"role": "user", "content": big}], on_text=print)
+        finally:
+            await provider.close()
+            for writer in held:
+                writer.close()
+    assert "APITimeoutError" in str(info.value)

@@ -59,6 +59,16 @@ class OutageConfig(_Model):
     )
 
 
+def _header_safe_key(v: str | None) -> str | None:
+    """An API key travels in an HTTP header: a space, a line break or a non-ASCII letter in it
+    (a paste gone wrong) would fail every request with an error that names no setting."""
+    if v and not all("!" <= c <= "~" for c in v):
+        raise ValueError(
+            "the API key has a space, a line break or a non-ASCII character; copy it again"
+        )
+    return v
+
+
 class FallbackConfig(_Model):
     """One fallback model: any ``llm`` field; an unset one is inherited from ``llm``."""
 
@@ -72,6 +82,8 @@ class FallbackConfig(_Model):
     context_window_tokens: int | None = Field(None, ge=1024)
     transcription_model: str | None = None
     retry: RetryConfig | None = None
+
+    _api_key = field_validator("api_key")(_header_safe_key)
 
 
 class LLMConfig(_Model):
@@ -89,6 +101,8 @@ class LLMConfig(_Model):
     # Tried in order when this endpoint (and then each one before) stays unavailable.
     fallbacks: list[FallbackConfig] = Field(default_factory=list)
     outage: OutageConfig = OutageConfig()
+
+    _api_key = field_validator("api_key")(_header_safe_key)
 
     def endpoints(self) -> list[LLMConfig]:
         """This config and then each fallback, with its unset fields taken from this one."""
@@ -571,6 +585,8 @@ def _describe(err: dict[str, Any]) -> str:
         return f"expected true or false, without quotes (got {got})"
     if kind == "missing":
         return "required option is missing"
+    if err["loc"] and _SECRET_KEY.search(str(err["loc"][-1])):
+        return str(err["msg"])  # a secret is not echoed back, not even a mangled one
     return f"{err['msg']} (got {json.dumps(err.get('input'), default=str)[:80]})"
 
 

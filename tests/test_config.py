@@ -132,3 +132,16 @@ def test_readme_documents_every_option() -> None:
         if f"`{key}`" not in readme:
             missing.append(key)
     assert not missing, f"README configuration table lacks: {missing}"
+
+
+@pytest.mark.parametrize("key", ["sk-live-abc\n", "sk-live-ab c", "sk-live-abcé"])
+def test_an_api_key_no_header_can_carry_is_refused_without_echoing_it(key: str) -> None:
+    """A key with a line break, a space or a non-ASCII letter failed every model call with an
+    error naming no setting; it is a config error now, and the key is not shown."""
+    for llm in ({"apiKey": key}, {"apiKey": "sk-ok", "fallbacks": [{"apiKey": key}]}):
+        with pytest.raises(ConfigError) as info:
+            parse_config({"llm": llm})
+        text = str(info.value)
+        assert "apiKey: " in text and "copy it again" in text
+        assert "sk-live" not in text and "abc" not in text
+    assert parse_config({"llm": {"apiKey": "sk-proj_A1-b2.c3=="}}).llm.api_key

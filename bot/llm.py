@@ -242,8 +242,8 @@ async def _answer_deadline(endpoint: _Endpoint) -> AsyncIterator[None]:
 
 def _transport(openai: Any, timeout: float) -> dict[str, Any]:
     """The SDK on aiohttp, as the channels are: under 50 busy chats its httpx pool cost about
-    1.5 ms of CPU per message more (bench_soak.py: 11.3-11.8 against 9.8-10.2 ms). Nothing
-    (the SDK's own httpx client) where this openai release lacks its aiohttp extra."""
+    10% more gateway CPU per message (bench_soak.py, 8 interleaved pairs: median 11.6 against
+    10.4 ms). Nothing (the SDK's own httpx client) where this openai release lacks the extra."""
     try:
         return {"http_client": openai.DefaultAioHttpClient(timeout=timeout)}
     except (AttributeError, RuntimeError):

@@ -184,7 +184,7 @@ def _connection_failure(exc: BaseException) -> str | None:
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
-        if isinstance(cause, aiohttp.ServerTimeoutError | TimeoutError):
+        if isinstance(cause, TimeoutError):  # aiohttp's timeouts are TimeoutErrors too
             return None
         if isinstance(cause, OSError | aiohttp.ClientConnectionError):
             return str(cause) or type(cause).__name__

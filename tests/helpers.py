@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +40,13 @@ def config_dict(tmp_path: Path, base_url: str, **sections: dict[str, Any]) -> di
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
     return data
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 nothing listens on (bound for a moment to pick it, then freed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def make_config(tmp_path: Path, base_url: str, **sections: dict[str, Any]) -> Config:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from bot.workspace import init_workspace
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread
 from tests.fakes.slack_api import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.fakes.telegram_api import DEFAULT_TOKEN, FakeBotAPI, FakeBotAPIThread
-from tests.helpers import config_dict, run_memobot
+from tests.helpers import closed_port, config_dict, run_memobot
 
 
 @pytest.fixture
@@ -33,12 +32,6 @@ def llm() -> Iterator[FakeLLMThread]:
 def telegram() -> Iterator[FakeBotAPIThread]:
     with FakeBotAPI.start_in_thread() as server:
         yield server
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def setup(tmp_path: Path, base_url: str, **sections: dict) -> Path:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import socket
 import time
 from typing import Any
 
@@ -26,6 +25,7 @@ from bot.llm import (
     retry_after_seconds,
 )
 from tests.fakes.llm_server import FakeLLM, reply
+from tests.helpers import closed_port
 
 
 def _status_error(status: int, headers: dict[str, str] | None = None) -> openai.APIStatusError:
@@ -84,9 +84,7 @@ def test_not_configured_names_what_to_set() -> None:
 async def test_a_refused_connection_is_named_not_called_a_timeout() -> None:
     """Nothing listens on the port: the error says the connection failed, at once, where the
     SDK's aiohttp transport alone says "Request timed out."."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again before the request: nothing listens there
+    port = closed_port()
     provider = LLMProvider(
         LLMConfig.model_validate(
             {

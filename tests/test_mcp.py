@@ -27,6 +27,7 @@ from tests.helpers import (
     REPO,
     Harness,
     alive,
+    closed_port,
     make_config,
     request_messages,
     run_memobot,
@@ -250,11 +251,7 @@ async def test_a_server_that_appears_later_is_picked_up_once(
     async with FakeLLM() as llm:
         port_file = tmp_path / "port"
         # A free port, then the server on it only after memobot has tried once.
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = closed_port()
         url = f"http://127.0.0.1:{port}/mcp"
         cfg = make_config(tmp_path, llm.base_url, tools={"mcpServers": {"late": {"url": url}}})
         async with Harness(cfg, tmp_path / "config.json") as h:

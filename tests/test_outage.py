@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,15 +21,9 @@ from bot.session import SessionStore
 from tests.crash_support import REPO, wait_until
 from tests.fakes.llm_server import FakeLLM, disconnect, error, reply
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import Harness, config_dict, make_config, request_messages
+from tests.helpers import Harness, closed_port, config_dict, make_config, request_messages
 
 FAST_OUTAGE = {"probeMaxSeconds": 0.2, "maxWaitMinutes": 5}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _llm(base_url: str, fallback_url: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -70,7 +63,7 @@ async def fallback():
 
 
 async def test_failover_on_connection_refused(tmp_path: Path, fallback: FakeLLM) -> None:
-    dead = f"http://127.0.0.1:{_free_port()}/v1"
+    dead = f"http://127.0.0.1:{closed_port()}/v1"
     async with _harness(tmp_path, _llm(dead, fallback.base_url)) as h:
         assert await h.ask("hi") == "echo: hi"
         status = h.stack.loop.status_text("cli:t")

@@ -747,7 +747,9 @@ class SessionStore:
     # -- writing ---------------------------------------------------------------------------
 
     def _append(self, session: Session, payload: bytes, fsync: bool) -> None:
-        new_file = not session.path.exists()
+        # Only a file with nothing committed can be new: asking the disk on every append was a
+        # stat per append, three per answered message, that told nothing new.
+        new_file = session.size == 0 and not session.path.exists()
         fd = os.open(session.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             if session.truncate_at is not None:

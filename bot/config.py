@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from bot.gate.approval import DEFAULT_EXEC_ALLOW, allow_pattern_problem
 from bot.layout import layout_problem
+from bot.proxy import check_proxy_url
 from bot.service.logs import redact, remember_secrets
 
 EX_CONFIG = 78  # sysexits.h: configuration error; systemd units refuse to restart-loop on it
@@ -82,8 +83,10 @@ class FallbackConfig(_Model):
     context_window_tokens: int | None = Field(None, ge=1024)
     transcription_model: str | None = None
     retry: RetryConfig | None = None
+    proxy: str | None = None
 
     _api_key = field_validator("api_key")(_header_safe_key)
+    _proxy = field_validator("proxy")(lambda v: v if v is None else check_proxy_url(v))
 
 
 class LLMConfig(_Model):
@@ -98,11 +101,14 @@ class LLMConfig(_Model):
     context_window_tokens: int = Field(65536, ge=1024)
     transcription_model: str = ""  # e.g. "whisper-1": voice messages become text
     retry: RetryConfig = RetryConfig()
+    # "": the environment's HTTPS_PROXY / ALL_PROXY / NO_PROXY decide, as for curl.
+    proxy: str = ""
     # Tried in order when this endpoint (and then each one before) stays unavailable.
     fallbacks: list[FallbackConfig] = Field(default_factory=list)
     outage: OutageConfig = OutageConfig()
 
     _api_key = field_validator("api_key")(_header_safe_key)
+    _proxy = field_validator("proxy")(check_proxy_url)
 
     def endpoints(self) -> list[LLMConfig]:
         """This config and then each fallback, with its unset fields taken from this one."""
@@ -272,7 +278,6 @@ class ToolsConfig(_Model):
         return v
 
 
-_PROXY_SCHEMES = ("http://", "https://", "socks5://", "socks5h://")
 _USERNAME_HELP = (
     "usernames are not accepted in allowFrom: they can be changed and then taken over by "
     "someone else. Use the numeric user id instead: message the bot and send /whoami, or "
@@ -319,12 +324,7 @@ class ChannelConfig(_Model):
                 raise ValueError(f"{item!r} is not {cls._id_example}")
         return v
 
-    @field_validator("proxy")
-    @classmethod
-    def _proxy_scheme(cls, v: str) -> str:
-        if v and not v.startswith(_PROXY_SCHEMES):
-            raise ValueError(f"proxy must start with one of {', '.join(_PROXY_SCHEMES)}")
-        return v
+    _proxy = field_validator("proxy")(check_proxy_url)
 
     @property
     def admin_ids(self) -> list[str]:

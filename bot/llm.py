@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from tenacity import (
     AsyncRetrying,
@@ -38,6 +39,7 @@ from tenacity import (
 )
 
 from bot.config import LLMConfig
+from bot.proxy import SOCKS_SCHEMES, environment_proxy, proxy_errors, socks_connector
 
 if TYPE_CHECKING:
     import openai
@@ -205,8 +207,9 @@ def _httpx() -> Any:
 def _named_connection_errors(url: str) -> Iterator[None]:
     """The SDK's aiohttp transport reports every failed connection (refused, unknown host,
     dropped) as "Request timed out.", its httpx one as a bare "Connection error.", and some
-    aiohttp errors (a bad status line, an over-long header) it passes on raw: each becomes an
-    APIConnectionError that says what happened, so it is retried and failed over alike."""
+    aiohttp errors (a bad status line, an over-long header) and a socks proxy's failures it
+    passes on raw: each becomes an APIConnectionError that says what happened, so it is
+    retried and failed over alike."""
     import aiohttp
     import openai
 
@@ -215,6 +218,10 @@ def _named_connection_errors(url: str) -> Iterator[None]:
     except aiohttp.ClientError as exc:
         raise openai.APIConnectionError(
             message=f"Connection error: {exc}", request=_httpx().Request("POST", url)
+        ) from exc
+    except proxy_errors() as exc:
+        raise openai.APIConnectionError(
+            message=f"Connection error: socks proxy: {exc}", request=_httpx().Request("POST", url)
         ) from exc
     except openai.APIConnectionError as exc:
         vague = isinstance(exc, openai.APITimeoutError) or str(exc) == "Connection error."
@@ -240,14 +247,53 @@ async def _answer_deadline(endpoint: _Endpoint) -> AsyncIterator[None]:
         raise openai.APITimeoutError(request=_httpx().Request("POST", endpoint.url)) from None
 
 
-def _transport(openai: Any, timeout: float) -> dict[str, Any]:
+def _transport(openai: Any, timeout: float, proxy: str) -> dict[str, Any]:
     """The SDK on aiohttp, as the channels are: under 50 busy chats its httpx pool cost about
     10% more gateway CPU per message (bench_soak.py, 8 interleaved pairs: median 11.6 against
-    10.4 ms). Nothing (the SDK's own httpx client) where this openai release lacks the extra."""
+    10.4 ms). Nothing (the SDK's own httpx client) where this openai release lacks the extra.
+
+    ``proxy``: "" leaves the environment's http(s) proxies to the SDK; an http(s) URL is
+    given to it; a socks5 URL gets aiohttp-socks' connector, which neither the SDK nor aiohttp
+    has (aiohttp would send the request to a socks port as if it were an http proxy)."""
     try:
-        return {"http_client": openai.DefaultAioHttpClient(timeout=timeout)}
-    except (AttributeError, RuntimeError):
-        return {}
+        if proxy.startswith(SOCKS_SCHEMES):
+            return {
+                "http_client": openai.DefaultAioHttpClient(
+                    timeout=timeout, transport=_socks_transport(proxy)
+                )
+            }
+        extra = {"proxy": proxy} if proxy else {}
+        return {"http_client": openai.DefaultAioHttpClient(timeout=timeout, **extra)}
+    except (AttributeError, RuntimeError, ImportError):
+        if proxy.startswith(SOCKS_SCHEMES):
+            raise LLMUnavailable(
+                f"a socks5 proxy ({_without_password(proxy)}) for the model needs openai's "
+                "aiohttp transport: pip install 'openai[aiohttp]'"
+            ) from None
+        if not proxy:
+            return {}
+        return {"http_client": openai.DefaultAsyncHttpxClient(timeout=timeout, proxy=proxy)}
+
+
+def _socks_transport(proxy: str) -> Any:
+    """The SDK's aiohttp transport on a session whose connector tunnels through ``proxy``;
+    the session is made on the first request, inside the event loop, as aiohttp needs."""
+    try:
+        from openai._vendor.httpx_aiohttp import AiohttpTransport
+    except ImportError:  # releases that take it from the httpx-aiohttp package
+        from httpx_aiohttp import AiohttpTransport  # type: ignore[import-not-found,no-redef]
+    import aiohttp
+
+    def session() -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(connector=socks_connector(proxy, ssl=transport.ssl_context))
+
+    transport = AiohttpTransport(client=session)
+    return transport
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    return url.replace(f":{parts.password}@", ":***@") if parts.password else url
 
 
 class _Endpoint:
@@ -257,6 +303,10 @@ class _Endpoint:
         self.cfg = cfg
         self.base_url = cfg.resolved_base_url()
         self.api_key = cfg.resolved_api_key()
+        # Only a socks proxy from the environment needs memobot's help: the SDK reads the
+        # http(s) ones itself and would send a socks one requests in plain http.
+        env = environment_proxy(self.url)
+        self.proxy = cfg.proxy or (env if env.startswith(SOCKS_SCHEMES) else "")
         self._client: openai.AsyncOpenAI | None = None
 
     @property
@@ -278,7 +328,7 @@ class _Endpoint:
                 base_url=self.base_url or None,
                 max_retries=0,
                 timeout=self.cfg.timeout_seconds,
-                **_transport(openai, self.cfg.timeout_seconds),
+                **_transport(openai, self.cfg.timeout_seconds, self.proxy),
             )
         return self._client
 
@@ -479,10 +529,15 @@ class LLMProvider:
         except openai.APIConnectionError as exc:
             # Name the endpoint and the setting: "Connection error." alone leaves the person
             # guessing which server was meant.
+            through = (
+                f" through the proxy {_without_password(endpoint.proxy)} (llm.proxy, or ALL_PROXY)"
+                if endpoint.proxy
+                else ""
+            )
             raise LLMUnavailable(
-                f"cannot reach the LLM endpoint {endpoint.url} ({_describe(exc)}: {exc}) "
-                f"after {tries} tries; check llm.baseUrl (or "
-                "OPENAI_BASE_URL) and that the server is running"
+                f"cannot reach the LLM endpoint {endpoint.url}{through} ({_describe(exc)}: "
+                f"{exc}) after {tries} tries; check llm.baseUrl (or OPENAI_BASE_URL), "
+                f"{'the proxy, ' if through else ''}and that the server is running"
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
 

@@ -72,6 +72,7 @@ from telegram.warnings import PTBDeprecationWarning
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.config import TelegramConfig
 from bot.pairing import PairingStore
+from bot.proxy import http_proxy, proxy_errors, socks_connector
 from channels.access import AccessPolicy, approval_buttons, parse_press, whoami_text
 from channels.base import Channel, PreviewMode, State
 from channels.errors import (
@@ -93,7 +94,6 @@ from channels.formatting import (
     utf16_len,
 )
 from channels.pacing import Limit
-from channels.proxy import http_proxy, socks_connector
 from channels.state import ChannelState
 
 log = logging.getLogger(__name__)
@@ -357,6 +357,8 @@ class AiohttpRequest(BaseRequest):
             raise TimedOut(f"no answer from Telegram in time ({type(exc).__name__})") from exc
         except aiohttp.ClientError as exc:
             raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+        except proxy_errors() as exc:
+            raise NetworkError(f"socks proxy: {exc}") from exc
 
 
 def _proxy_connector(proxy: str, connections: int) -> tuple[aiohttp.BaseConnector, str | None]:

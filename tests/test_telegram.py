@@ -27,9 +27,11 @@ from channels.formatting import TELEGRAM_LIMIT, telegram_length
 from channels.manager import ChannelManager
 from channels.telegram_channel import TelegramChannel
 from tests.fakes.llm_server import FakeLLM, reply
+from tests.fakes.socks_proxy import FakeSocks5
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, mention_entities, strip_html
 from tests.helpers import (
     REPO,
+    closed_port,
     config_dict,
     make_config,
     run_memobot,
@@ -675,6 +677,23 @@ async def test_http_proxy_carries_every_call(tmp_path, llm, api):
     async with running(tmp_path, llm, api, baseUrl="http://127.0.0.1:9/bot", proxy=api.url) as tg:
         await api.wait_for_async(lambda: tg.channel.state == "connected")
         assert api.calls("getMe")
+
+
+async def test_a_socks_proxy_that_is_down_is_waited_for_not_a_crash(tmp_path, llm, api, caplog):
+    """A socks proxy that is down (an ssh tunnel restarting) is a network error like any other:
+    the state says so in words (PTB alone said "Unknown error in HTTP implementation"), and
+    the channel is back once the proxy is."""
+    port = closed_port()
+    async with running(tmp_path, llm, api, proxy=f"socks5://127.0.0.1:{port}") as tg:
+        await api.wait_for_async(lambda: tg.channel.state == "reconnecting", 10)
+        assert "socks proxy" in tg.channel.state_detail
+        async with FakeSocks5(port) as socks:
+            await api.wait_for_async(lambda: tg.channel.state == "connected", 15)
+            api.private_text("through the tunnel")
+            [sent] = await api.wait_sent_async(1, timeout=10)
+            assert "echo: through the tunnel" in sent.params["text"]
+            assert socks.connects
+    assert not any("crashed" in r.getMessage() for r in caplog.records)
 
 
 async def test_socks_proxy_uses_a_socks_connector():

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bot.config import Config, RetryConfig
+from bot.proxy import http_proxy, socks_connector
 from bot.service.checks import Check
 
 LLM_TIMEOUT_SECONDS = 20.0
@@ -133,14 +134,9 @@ async def check_token(probe: TokenProbe, proxy: str = "") -> Check:
     import aiohttp
 
     host = urlsplit(probe.url).hostname or "?"
-    kwargs: dict[str, Any] = {}
-    connector = None
-    if proxy.startswith("socks"):
-        from aiohttp_socks import ProxyConnector
-
-        connector = ProxyConnector.from_url(proxy)
-    elif proxy:
-        kwargs["proxy"] = proxy
+    # The channel's own rule: socks5h (the proxy resolves names) is not python-socks' scheme.
+    connector = socks_connector(proxy)
+    kwargs: dict[str, Any] = {"proxy": http_proxy(proxy)}
     try:
         timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_SECONDS)
         async with (

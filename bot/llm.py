@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from tenacity import (
     AsyncRetrying,
@@ -39,7 +38,13 @@ from tenacity import (
 )
 
 from bot.config import LLMConfig
-from bot.proxy import SOCKS_SCHEMES, environment_proxy, proxy_errors, socks_connector
+from bot.proxy import (
+    SOCKS_SCHEMES,
+    environment_proxy,
+    proxy_errors,
+    socks_connector,
+    without_password,
+)
 
 if TYPE_CHECKING:
     import openai
@@ -250,29 +255,31 @@ async def _answer_deadline(endpoint: _Endpoint) -> AsyncIterator[None]:
 def _transport(openai: Any, timeout: float, proxy: str) -> dict[str, Any]:
     """The SDK on aiohttp, as the channels are: under 50 busy chats its httpx pool cost about
     10% more gateway CPU per message (bench_soak.py, 8 interleaved pairs: median 11.6 against
-    10.4 ms). Nothing (the SDK's own httpx client) where this openai release lacks the extra.
+    10.4 ms); the SDK's own httpx client where this openai release lacks the extra.
 
-    ``proxy``: "" leaves the environment's http(s) proxies to the SDK; an http(s) URL is
-    given to it; a socks5 URL gets aiohttp-socks' connector, which neither the SDK nor aiohttp
+    ``proxy`` (from ``llm.proxy`` or the environment; "" for none): an http(s) URL is given
+    to the SDK; a socks5 URL gets aiohttp-socks' connector, which neither the SDK nor aiohttp
     has (aiohttp would send the request to a socks port as if it were an http proxy)."""
+    # memobot decides the route once, by one rule (bot.proxy), and the SDK is told exactly
+    # that: left to read the environment again by rules of its own (NO_PROXY ".example.com",
+    # an entry with a port, a scheme it refuses at once) it could send a socks proxy plain
+    # http where memobot had bypassed it. Not reading it loses none of its TLS settings.
+    route: dict[str, Any] = (
+        {"proxy": proxy}
+        if proxy
+        else {"trust_env": False, "verify": _httpx().create_ssl_context(trust_env=True)}
+    )
     try:
         if proxy.startswith(SOCKS_SCHEMES):
-            return {
-                "http_client": openai.DefaultAioHttpClient(
-                    timeout=timeout, transport=_socks_transport(proxy)
-                )
-            }
-        extra = {"proxy": proxy} if proxy else {}
-        return {"http_client": openai.DefaultAioHttpClient(timeout=timeout, **extra)}
+            route = {"transport": _socks_transport(proxy)}  # a transport of its own: no mounts
+        return {"http_client": openai.DefaultAioHttpClient(timeout=timeout, **route)}
     except (AttributeError, RuntimeError, ImportError):
         if proxy.startswith(SOCKS_SCHEMES):
             raise LLMUnavailable(
-                f"a socks5 proxy ({_without_password(proxy)}) for the model needs openai's "
+                f"a socks5 proxy ({without_password(proxy)}) for the model needs openai's "
                 "aiohttp transport: pip install 'openai[aiohttp]'"
             ) from None
-        if not proxy:
-            return {}
-        return {"http_client": openai.DefaultAsyncHttpxClient(timeout=timeout, proxy=proxy)}
+        return {"http_client": openai.DefaultAsyncHttpxClient(timeout=timeout, **route)}
 
 
 def _socks_transport(proxy: str) -> Any:
@@ -291,11 +298,6 @@ def _socks_transport(proxy: str) -> Any:
     return transport
 
 
-def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    return url.replace(f":{parts.password}@", ":***@") if parts.password else url
-
-
 class _Endpoint:
     """One model at one base URL (``llm`` or one of ``llm.fallbacks``), with its own client."""
 
@@ -303,10 +305,13 @@ class _Endpoint:
         self.cfg = cfg
         self.base_url = cfg.resolved_base_url()
         self.api_key = cfg.resolved_api_key()
-        # Only a socks proxy from the environment needs memobot's help: the SDK reads the
-        # http(s) ones itself and would send a socks one requests in plain http.
-        env = environment_proxy(self.url)
-        self.proxy = cfg.proxy or (env if env.startswith(SOCKS_SCHEMES) else "")
+        # llm.proxy, else the environment's; a proxy of a kind memobot cannot use fails each
+        # request with this text (not the start: the channels and the other endpoints go on).
+        self.proxy_problem = ""
+        try:
+            self.proxy = cfg.proxy or environment_proxy(self.url)
+        except ValueError as exc:
+            self.proxy, self.proxy_problem = "", str(exc)
         self._client: openai.AsyncOpenAI | None = None
 
     @property
@@ -319,6 +324,8 @@ class _Endpoint:
 
     @property
     def client(self) -> openai.AsyncOpenAI:
+        if self.proxy_problem:
+            raise LLMUnavailable(f"cannot reach the LLM endpoint {self.url}: {self.proxy_problem}")
         if self._client is None:
             import openai
 
@@ -357,6 +364,11 @@ class LLMProvider:
         # Called once per (endpoint, 401/404) with a text for the owner (the daemon sends it to
         # the admins' private chats); the text names the endpoint and the setting, no secret.
         self.on_refused: Callable[[str], None] | None = None
+
+    @property
+    def proxy(self) -> str:
+        """The proxy the primary endpoint's calls go through ("" for none)."""
+        return self._primary.proxy
 
     @property
     def model(self) -> str:
@@ -530,14 +542,14 @@ class LLMProvider:
             # Name the endpoint and the setting: "Connection error." alone leaves the person
             # guessing which server was meant.
             through = (
-                f" through the proxy {_without_password(endpoint.proxy)} (llm.proxy, or ALL_PROXY)"
+                f" through the proxy {without_password(endpoint.proxy)} (llm.proxy, or ALL_PROXY)"
                 if endpoint.proxy
                 else ""
             )
             raise LLMUnavailable(
                 f"cannot reach the LLM endpoint {endpoint.url}{through} ({_describe(exc)}: "
-                f"{exc}) after {tries} tries; check llm.baseUrl (or OPENAI_BASE_URL), "
-                f"{'the proxy, ' if through else ''}and that the server is running"
+                f"{exc}) after {tries} tries; check llm.baseUrl (or OPENAI_BASE_URL)"
+                f"{', the proxy,' if through else ''} and that the server is running"
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
 

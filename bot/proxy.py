@@ -39,13 +39,35 @@ def socks_connector(proxy: str, **connector_args: Any) -> Any | None:
 
 def environment_proxy(url: str) -> str:
     """The proxy the environment gives for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY``,
-    ``ALL_PROXY``, lower case too, and ``NO_PROXY``), as curl and the SDKs read them; "" for
-    none."""
+    ``ALL_PROXY``, lower case too, and ``NO_PROXY``, whose entries may carry a port), as curl
+    reads them; "" for none. A value without a scheme is an http proxy, as for curl.
+
+    Raises ValueError, naming what was found, for a proxy of a kind memobot cannot use."""
     parts = urlsplit(url)
     proxies = urllib.request.getproxies_environment()
-    if not proxies or urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
+    if not proxies or urllib.request.proxy_bypass_environment(parts.netloc, proxies):
         return ""
-    return proxies.get(parts.scheme) or proxies.get("all") or ""
+    found = proxies.get(parts.scheme) or proxies.get("all") or ""
+    if not found:
+        return ""
+    scheme, sep, rest = found.partition("://")
+    proxy = f"{scheme.lower()}://{rest}" if sep else f"http://{found}"
+    if not proxy.startswith(SCHEMES):
+        raise ValueError(
+            f"the environment's proxy for {parts.netloc} ({without_password(found)}) is not "
+            f"one memobot can use: it takes {', '.join(SCHEMES)}"
+        )
+    return proxy
+
+
+def without_password(url: str) -> str:
+    """``url`` fit for a message: a proxy's password, which the log filter may not know (one
+    from the environment), replaced by ``***``."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return url
+    return url.replace(f":{password}@", ":***@") if password else url
 
 
 @functools.cache

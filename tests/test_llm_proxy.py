@@ -3,7 +3,12 @@ environment, and NO_PROXY; the same rule for the doctor's token checks."""
 
 from __future__ import annotations
 
+import asyncio
+import shutil
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +17,7 @@ from bot.config import LLMConfig
 from bot.llm import LLMProvider, LLMUnavailable
 from bot.service.probes import TokenProbe, check_token
 from tests.fakes.llm_server import FakeLLM
-from tests.fakes.socks_proxy import Connect, FakeSocks5
+from tests.fakes.socks_proxy import Connect, FakeSocks5, pipe
 from tests.fakes.telegram_api import FakeBotAPI
 from tests.helpers import closed_port
 
@@ -93,6 +98,46 @@ async def test_a_socks_proxy_from_the_environment_is_used_and_no_proxy_heard(
     assert len(socks.connects) == 2
 
 
+async def test_no_proxy_is_read_once_as_curl_reads_it(llm, socks, monkeypatch):
+    """memobot decides the route and the SDK is told it: left to re-read the environment by
+    its own rules, the SDK sent a socks ALL_PROXY plain http where memobot had bypassed it."""
+    monkeypatch.setenv("ALL_PROXY", socks.url)
+    by_name = llm.base_url.replace("127.0.0.1", "localhost")
+    for no_proxy, url in [
+        (".localhost", by_name),  # curl: ".example.com" also means example.com itself
+        (f"127.0.0.1:{port_of(llm)}", llm.base_url),  # an entry with the port
+    ]:
+        monkeypatch.setenv("NO_PROXY", no_proxy)
+        assert await ask(provider(url), no_proxy) == f"echo: {no_proxy}"
+    assert socks.connects == []
+    monkeypatch.setenv("NO_PROXY", f"127.0.0.1:{port_of(llm) + 1}")  # another port: proxied
+    assert await ask(provider(llm.base_url), "other port") == "echo: other port"
+    assert len(socks.connects) == 1
+
+
+async def test_environment_proxies_in_any_spelling_curl_takes(llm, socks, monkeypatch):
+    monkeypatch.setenv("all_proxy", socks.url.replace("socks5://", "SOCKS5://"))
+    assert await ask(provider(llm.base_url), "upper case") == "echo: upper case"
+    assert len(socks.connects) == 1
+    # No scheme: an http proxy, as for curl; the fake LLM forwards absolute URLs.
+    nowhere = f"http://127.0.0.1:{closed_port()}/v1"
+    monkeypatch.setenv("HTTP_PROXY", llm.base_url.split("//")[1].rsplit("/v1", 1)[0])
+    assert await ask(provider(nowhere), "no scheme") == "echo: no scheme"
+    assert llm.requests[-1]["headers"]["host"] == nowhere.split("/")[2]
+
+
+async def test_a_proxy_memobot_cannot_use_is_named_and_the_rest_goes_on(llm, monkeypatch):
+    monkeypatch.setenv("ALL_PROXY", "socks4://me:hunter2@127.0.0.1:1080")
+    p = provider(llm.base_url, fallbacks=[{"model": "ok", "proxy": "http://127.0.0.1:9"}])
+    with pytest.raises(LLMUnavailable) as info:
+        await ask(p, "hi")
+    text = str(info.value)
+    assert "(socks4://me:***@127.0.0.1:1080) is not one memobot can use" in text, text
+    assert "hunter2" not in text
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert await ask(provider(llm.base_url), "bypassed") == "echo: bypassed"
+
+
 async def test_an_http_proxy_in_the_config_carries_the_calls(llm):
     # baseUrl points nowhere; only a proxy that forwards the absolute URL reaches the fake.
     nowhere = f"http://127.0.0.1:{closed_port()}/v1"
@@ -108,7 +153,7 @@ async def test_an_unreachable_proxy_is_named_and_the_fallback_answers(llm):
     p = provider(
         llm.base_url,
         proxy=dead,
-        fallbacks=[{"model": "local", "proxy": ""}],  # "" : the fallback goes direct
+        fallbacks=[{"model": "local", "proxy": ""}],  # not llm's proxy (and none in the env)
     )
     assert await ask(p, "anyone there?") == "echo: anyone there?"
     assert [r["model"] for r in llm.requests] == ["local"]
@@ -144,3 +189,64 @@ async def test_a_proxy_password_from_the_environment_is_never_shown(monkeypatch)
         await ask(provider("http://127.0.0.1:9/v1"), "hi")
     assert "through the proxy socks5://me:***@127.0.0.1:" in str(info.value)
     assert "hunter2" not in str(info.value)
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    request = "req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost".split()
+    names = "subjectAltName=DNS:localhost,IP:127.0.0.1"
+    subprocess.run(
+        ["openssl", *request, "-keyout", str(key), "-out", str(cert), "-addext", names],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+async def test_tls_is_verified_and_ssl_cert_file_heard_direct_and_through_socks(
+    llm, socks, tmp_path, monkeypatch
+):
+    """memobot no longer lets the SDK read the environment for the route; it must still
+    verify certificates, and trust the ones SSL_CERT_FILE names, as before."""
+    cert, key = self_signed(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+
+    async def terminate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port_of(llm))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = await asyncio.start_server(terminate, "127.0.0.1", 0, ssl=context)
+    https = f"https://localhost:{server.sockets[0].getsockname()[1]}/v1"
+    try:
+        with pytest.raises(LLMUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+            await ask(provider(https), "untrusted")
+        with pytest.raises(LLMUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+            await ask(provider(https, proxy=socks.url), "untrusted")
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        assert await ask(provider(https), "trusted") == "echo: trusted"
+        assert await ask(provider(https, proxy=socks.url), "via socks") == "echo: via socks"
+        assert [c.port for c in socks.connects] == [server.sockets[0].getsockname()[1]] * 2
+    finally:
+        server.close()
+
+
+async def test_the_doctor_asks_the_model_and_its_clock_through_the_proxy(llm, tmp_path):
+    """The server's Date header (the clock check) came by a direct connection, or not at all
+    where only the proxy leads to the server."""
+    from bot.config import parse_config
+    from bot.service.probes import check_llm
+    from tests.helpers import config_dict
+
+    nowhere = f"http://127.0.0.1:{closed_port()}/v1"
+    proxy = llm.base_url.rsplit("/v1", 1)[0]
+    cfg = parse_config(config_dict(tmp_path, nowhere, llm={"baseUrl": nowhere, "proxy": proxy}))
+    probe = await check_llm(cfg, tmp_path / "config.json")
+    assert probe.check.status == "ok", probe.check
+    assert probe.date_header is not None  # only the proxy leads to the server
+    dead = parse_config(
+        config_dict(tmp_path, nowhere, llm={"proxy": f"socks5://127.0.0.1:{closed_port()}"})
+    )
+    probe = await check_llm(dead, tmp_path / "config.json")
+    assert probe.check.status == "fail" and "llm.proxy" in probe.check.fix

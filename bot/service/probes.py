@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bot.config import Config, RetryConfig
-from bot.proxy import http_proxy, socks_connector
+from bot.proxy import http_proxy, proxy_errors, socks_connector
 from bot.service.checks import Check
 
 LLM_TIMEOUT_SECONDS = 20.0
@@ -57,18 +57,15 @@ async def check_llm(cfg: Config, config_path: Path) -> LLMProbe:
     except LLMRejected as exc:
         return LLMProbe(Check("fail", f"LLM {base} refused: {exc}", _rejected_fix(exc.status)))
     except LLMUnavailable as exc:
-        return LLMProbe(
-            Check(
-                "fail",
-                f"LLM {base} unreachable: {exc}",
-                "check that the server runs and llm.baseUrl is right",
-            )
-        )
+        fix = "check that the server runs and llm.baseUrl is right"
+        if provider.proxy:
+            fix += ", and that the proxy (llm.proxy, or ALL_PROXY/HTTPS_PROXY) runs"
+        return LLMProbe(Check("fail", f"LLM {base} unreachable: {exc}", fix))
     finally:
         await provider.close()
     said = (reply.content or "").strip().replace("\n", " ")[:40]
     check = Check("ok", f"LLM {base} model {llm.model} answered: {said!r}")
-    return LLMProbe(check, await _server_date(base))
+    return LLMProbe(check, await _server_date(base, provider.proxy))
 
 
 def _rejected_fix(status: int) -> str:
@@ -79,18 +76,19 @@ def _rejected_fix(status: int) -> str:
     }.get(status, "see the error above")
 
 
-async def _server_date(base: str) -> tuple[str, float] | None:
-    """The Date header of the LLM server (any answer carries one), for the clock check."""
+async def _server_date(base: str, proxy: str) -> tuple[str, float] | None:
+    """The Date header of the LLM server (any answer carries one), for the clock check; asked
+    the way the model calls go, through ``proxy`` when there is one."""
     import aiohttp
 
     try:
         timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_SECONDS)
         async with (
-            aiohttp.ClientSession(timeout=timeout) as http,
-            http.get(base.rstrip("/") + "/models") as resp,
+            aiohttp.ClientSession(timeout=timeout, connector=socks_connector(proxy)) as http,
+            http.get(base.rstrip("/") + "/models", proxy=http_proxy(proxy)) as resp,
         ):
             value = resp.headers.get("Date")
-    except (aiohttp.ClientError, TimeoutError):
+    except (aiohttp.ClientError, TimeoutError, *proxy_errors()):
         return None
     parsed = email.utils.parsedate_to_datetime(value) if value else None
     return (urlsplit(base).hostname or base, parsed.timestamp()) if parsed else None

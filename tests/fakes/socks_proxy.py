@@ -54,8 +54,8 @@ class FakeSocks5:
         self._pipes.add(task)
         try:
             await self._handle(reader, writer)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # a client gone, or the proxy closing: a cancel raised here would be logged
         finally:
             self._pipes.discard(task)
             writer.close()
@@ -88,12 +88,13 @@ class FakeSocks5:
             return
         writer.write(b"\x05\x00\x00\x01" + bytes(4) + bytes(2))
         try:
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         finally:
             up_writer.close()
 
 
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    """Copy ``src`` to ``dst`` until it ends, then end ``dst`` too."""
     with contextlib.suppress(ConnectionError):
         while data := await src.read(65536):
             dst.write(data)

@@ -142,9 +142,10 @@ async def test_forty_chats_at_once_stay_within_thirty_a_second(tmp_path, llm):
         )
         sent = await api.wait_sent_async(40)
     times = _times(sent)
-    # 40 chats' answers race through one event loop: a late first send compresses the rest
-    # by up to a few intervals at arrival, while still far from an unpaced burst (~0.1 s).
-    assert _at_most_in_window(times, 30, 1.0, jitter=0.1)
+    # 40 chats' answers race through one event loop, which the fake's clock shares: a stall
+    # of the loop (the whole suite runs on two cores) compresses arrivals by a few intervals;
+    # an unpaced burst puts all 40 within about 0.1 s, far inside this margin.
+    assert _at_most_in_window(times, 30, 1.0, jitter=0.25)
     assert times[-1] - times[0] >= 1.2  # 40 at 30 a second
 
 

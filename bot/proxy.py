@@ -74,7 +74,8 @@ def without_password(url: str) -> str:
 def proxy_errors() -> tuple[type[Exception], ...]:
     """What aiohttp-socks raises outside aiohttp's ``ClientError`` family (a socks proxy that
     is down, refuses the connection or does not answer): callers treat these as network
-    errors, retried like any other, or one would end a poll loop or a turn as a crash."""
+    errors, retried like any other; unnamed, they passed as unknown errors (a model call was
+    neither retried nor failed over, and the turn ended in "something went wrong")."""
     from aiohttp_socks import ProxyConnectionError, ProxyError, ProxyTimeoutError
 
     return (ProxyConnectionError, ProxyError, ProxyTimeoutError)

@@ -102,12 +102,6 @@ CHANNEL = "telegram"
 ALLOWED_UPDATES = ("message", "callback_query")
 POLL_MARGIN_SECONDS = 10.0  # a getUpdates silent for pollTimeout + this is restarted
 OFFSET_SAVE_SECONDS = 1.0  # the saved offset is a shortcut for the first poll after a restart
-# After a batch that was not full, the next getUpdates waits this long so that it brings the
-# updates of this moment together: under load one poll per update was a request per message.
-# A quiet bot is not slowed (its long poll answers the moment a message comes); a message that
-# follows another within this time waits at most this long.
-POLL_GATHER_SECONDS = 0.1
-UPDATES_LIMIT = 100  # getUpdates' default and maximum batch
 BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 2.0, 30.0
 MEDIA_MAX_BYTES = 20 * 1024 * 1024  # also the cloud Bot API's own getFile limit
 REPLIED_REMEMBERED = 256
@@ -551,9 +545,6 @@ class TelegramChannel(Channel):
                 await self._handle_batch(updates)
             except _Refused as exc:
                 await self._retry_later(f"{exc}; it stays unconfirmed and comes again")
-                return "ok"
-            if len(updates) < UPDATES_LIMIT:
-                await asyncio.sleep(POLL_GATHER_SECONDS)
         return "ok"
 
     async def _conflict(self, exc: Conflict) -> None:

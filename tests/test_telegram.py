@@ -491,23 +491,6 @@ async def test_stalled_poll_is_restarted(tmp_path, llm, api, monkeypatch, caplog
     assert any("restarting the poll" in r.getMessage() for r in caplog.records)
 
 
-async def test_messages_arriving_close_together_are_fetched_together(tmp_path, llm, api):
-    """Under load one getUpdates per message was a request per message; after a batch the next
-    poll waits a moment so the messages of that moment come in one answer."""
-    async with running(tmp_path, llm, api, allowFrom=["*"]) as tg:
-        await api.wait_for_async(lambda: tg.channel.state == "connected", 10)
-        ids = []
-        for n in range(40):  # about 0.4 s of a message every 10 ms, each from another person
-            ids.append(api.private_text(f"message {n}", user_id=2000 + n, username=None))
-            await asyncio.sleep(0.01)
-        await tg.handled(ids[-1])
-        fetching = [c for c in api.calls("getUpdates") if c.returned]
-        assert sorted(i for c in fetching for i in c.returned) == ids  # each fetched once
-        # One poll per message without the pause; about one per 0.1 s with it.
-        assert len(fetching) <= 12, [len(c.returned) for c in fetching]
-        await api.wait_sent_async(40, timeout=20)
-
-
 async def test_stop_landing_as_a_poll_returns_still_stops_the_channel(
     tmp_path, llm, api, monkeypatch
 ):

@@ -762,7 +762,7 @@ def cmd_mcp_list(cfg: Config, config_path: Path) -> int:
     failed = 0
     for st in statuses:
         where = cfg.tools.mcp_servers[st.name]
-        target = where.url if st.transport == "http" else " ".join([where.command, *where.args])
+        target = " ".join([where.command, *where.args]) if st.transport == "stdio" else where.url
         print(f"{st.name} ({st.transport}: {target}): {st.state}, {st.detail}")
         for name in st.tools:
             print(f"  {name}")

@@ -210,12 +210,15 @@ class WebConfig(_Model):
 
 
 class McpServerConfig(_Model):
-    """One MCP server: a command speaking MCP on stdio, or a Streamable HTTP ``url``.
+    """One MCP server: a command speaking MCP on stdio, or a ``url`` speaking Streamable HTTP
+    or the older SSE transport.
 
-    The keys are nanobot's, so its ``tools.mcpServers`` block pastes in.
+    The keys are nanobot's, so its ``tools.mcpServers`` block pastes in; as in nanobot, a url
+    ending in ``/sse`` is an SSE server unless ``type`` says otherwise.
     """
 
-    type: Literal["stdio", "streamableHttp"] | None = None  # inferred from command / url
+    # Inferred from command / url when unset.
+    type: Literal["stdio", "streamableHttp", "sse"] | None = None
     command: str = ""
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -225,31 +228,29 @@ class McpServerConfig(_Model):
     tool_timeout: float = Field(30.0, gt=0, le=3600, description="seconds per tool call")
     enabled_tools: list[str] = Field(default_factory=lambda: ["*"])
 
-    @field_validator("type", mode="before")
-    @classmethod
-    def _no_sse(cls, v: Any) -> Any:
-        if v == "sse":
-            raise ValueError(
-                "the old SSE transport is not supported; use the server's Streamable HTTP "
-                "endpoint (often the same URL ending in /mcp instead of /sse)"
-            )
-        return v
-
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:
         if bool(self.command) == bool(self.url):
-            raise ValueError("set either command (a stdio server) or url (Streamable HTTP)")
+            raise ValueError("set either command (a stdio server) or url (Streamable HTTP, or SSE)")
         if self.type == "stdio" and not self.command:
             raise ValueError('type "stdio" needs a command')
-        if self.type == "streamableHttp" and not self.url:
-            raise ValueError('type "streamableHttp" needs a url')
+        if self.type in ("streamableHttp", "sse") and not self.url:
+            raise ValueError(f'type "{self.type}" needs a url')
         if self.url and not self.url.startswith(("http://", "https://")):
             raise ValueError("url must start with http:// or https://")
         return self
 
     @property
-    def transport(self) -> Literal["stdio", "http"]:
-        return "stdio" if self.command else "http"
+    def transport(self) -> Literal["stdio", "http", "sse"]:
+        if self.command:
+            return "stdio"
+        if self.type == "sse" or (self.type is None and _is_sse_url(self.url)):
+            return "sse"
+        return "http"
+
+
+def _is_sse_url(url: str) -> bool:
+    return urlsplit(url).path.rstrip("/").endswith("/sse")
 
 
 _MCP_NAME = re.compile(r"^[A-Za-z0-9_-]+$")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from dulwich.repo import Repo
 
-from bot.config import load_config, parse_config
+from bot.config import McpServerConfig, load_config, parse_config
 from bot.importer.nanobot import convert_session, guess_key
 from bot.importer.nanobot_config import translate_config
 from bot.memory.dream import read_dream_cursor
@@ -55,7 +55,6 @@ def test_import_then_search_history_dream_and_a_turn(tmp_path: Path, llm: FakeLL
         "mentions tools memobot does not have (spawn)",
         "adopted     HEARTBEAT.md: read by the heartbeat every heartbeat.intervalMinutes; 1 open",
         "left alone  ~nanobot/cron: nanobot's scheduled jobs are not carried over",
-        "tools.mcpServers.remote: an SSE server",
         "channels.whatsapp (enabled): memobot has no whatsapp channel",
         "channels.telegram.allowFrom '@someone'",
     ):
@@ -183,15 +182,17 @@ def test_refusals_change_nothing(tmp_path: Path) -> None:
 def test_config_translation_lists_what_has_no_home() -> None:
     t = translate_config(nanobot_config(Path("/w"), "http://127.0.0.1:9/v1"))
     dropped = dict(t.dropped)
-    assert dropped["tools.mcpServers.remote"].startswith("an SSE server")
-    # A stdio server and the Brave key carry over as they are.
+    assert not any(path.startswith("tools.mcpServers") for path in dropped), dropped
+    # A stdio server, an SSE one (its headers as written) and the Brave key carry over.
     tools = t.config["tools"]
     assert tools["mcpServers"] == {
         "filesystem": {
             "command": "npx",
             "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"],
-        }
+        },
+        "remote": {"url": "https://mcp.example.com/sse", "headers": {"X-Key": "k"}},
     }
+    assert McpServerConfig.model_validate(tools["mcpServers"]["remote"]).transport == "sse"
     assert tools["web"]["search"] == {"provider": "brave", "apiKey": "BSA-secret", "maxResults": 5}
     assert t.config["llm"]["maxTokens"] == 2048
     assert t.config["agent"]["maxToolIterations"] == 40

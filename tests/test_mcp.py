@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bot.config import parse_config
+from bot.config import McpServerConfig, parse_config
 from bot.gate import launcher
 from bot.tools.base import ToolRegistry
 from bot.tools.mcp import input_schema, tool_name
@@ -47,22 +47,32 @@ def llm() -> Iterator[FakeLLMThread]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The fake server over Streamable HTTP; its URL."""
-    port_file = tmp_path_factory.mktemp("mcp-http") / "port"
+def _served(folder: Path, how: str, path: str) -> Iterator[str]:
+    port_file = folder / "port"
     proc = subprocess.Popen(
-        [sys.executable, str(FAKE_SERVER), "--http", str(port_file)],
+        [sys.executable, str(FAKE_SERVER), how, str(port_file)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=REPO,
     )
     try:
-        assert wait_for(port_file.exists, 15), "the HTTP MCP server did not start"
-        yield f"http://127.0.0.1:{port_file.read_text()}/mcp"
+        assert wait_for(port_file.exists, 15), f"the MCP server ({how}) did not start"
+        yield f"http://127.0.0.1:{port_file.read_text()}{path}"
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The fake server over Streamable HTTP; its URL."""
+    yield from _served(tmp_path_factory.mktemp("mcp-http"), "--http", "/mcp")
+
+
+@pytest.fixture(scope="module")
+def sse_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The fake server over the older SSE transport; its URL."""
+    yield from _served(tmp_path_factory.mktemp("mcp-sse"), "--sse", "/sse")
 
 
 def stdio_server(tmp_path: Path, **extra: Any) -> dict[str, Any]:
@@ -190,6 +200,46 @@ def test_stdio_tools_results_and_a_stable_prompt_across_turns(
     # Byte-identical tools in every request of both turns (the provider's prompt cache).
     bodies = [json.dumps(r["body"]["tools"]) for r in llm.requests]
     assert len(bodies) == 3 and len(set(bodies)) == 1
+
+
+def test_an_sse_server_as_nanobot_configures_one(
+    tmp_path: Path, llm: FakeLLMThread, sse_server: str
+) -> None:
+    """nanobot's ``{"url": ".../sse"}`` (or ``"type": "sse"``) pastes in and works: the
+    tools are listed and called over the SSE stream, once for each of the two spellings."""
+    servers = {
+        "legacy": {"url": sse_server, "toolTimeout": 10},
+        "typed": {"type": "sse", "url": sse_server, "enabledTools": ["echo"]},
+    }
+    cfg = mcp_config(tmp_path, llm, servers)
+    llm.script(
+        tool_step(
+            call("mcp_legacy_add", {"a": 2, "b": 3}, id="add"),
+            call("mcp_typed_echo", {"text": "over sse"}, id="echo"),
+        ),
+        reply("done"),
+    )
+    done = run_memobot("agent", "-m", "go", config=cfg)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "done"
+    assert results(llm, 1) == {"add": "5", "echo": "echo: over sse"}
+    listed = run_memobot("mcp", "list", config=cfg)
+    assert f"legacy (sse: {sse_server}): connected" in listed.stdout, listed.stdout
+    assert f"typed (sse: {sse_server}): connected, 1 tool(s)" in listed.stdout
+
+
+def test_the_transport_is_read_as_nanobot_reads_it() -> None:
+    def transport(**server: Any) -> str:
+        return McpServerConfig.model_validate(server).transport
+
+    assert transport(url="https://h/sse") == "sse"
+    assert transport(url="https://h/sse/") == "sse"
+    assert transport(url="https://h/mcp") == "http"
+    assert transport(url="https://h/sse", type="streamableHttp") == "http"
+    assert transport(url="https://h/events", type="sse") == "sse"
+    assert transport(command="x") == "stdio"
+    with pytest.raises(ValueError, match='type "sse" needs a url'):
+        McpServerConfig.model_validate({"type": "sse", "command": "x"})
 
 
 def test_a_crash_and_a_hang_give_errors_and_the_server_comes_back(

@@ -11,8 +11,8 @@ nanobot's schema (camelCase aliases; nanobot also accepts snake_case, so both ar
            mcpServers.<name>}
     gateway.{host, port, heartbeat}
 
-memobot speaks one OpenAI-compatible endpoint, three channels, and MCP over stdio and
-Streamable HTTP (not SSE). Every value that has a memobot home is carried over and checked
+memobot speaks one OpenAI-compatible endpoint, three channels, and MCP over stdio,
+Streamable HTTP and SSE. Every value that has a memobot home is carried over and checked
 against memobot's own config models one field at a time (a value memobot would refuse is
 listed, not written); every value that has none is listed by its JSON path. Secret values are
 never put into a report line.
@@ -341,7 +341,7 @@ class _Translator:
 
     def mcp_server(self, name: str, src: Any, raw: Any) -> None:
         """One ``tools.mcpServers`` entry: the same keys in memobot (``env`` and ``headers``
-        names as written, not camelCased); SSE servers and what memobot refuses are listed."""
+        names as written, not camelCased); what memobot refuses is listed."""
         path = f"tools.mcpServers.{name}"
         if not isinstance(src, dict):
             self.drop(path, "not an object")
@@ -353,14 +353,6 @@ class _Translator:
                 out[key] = raw[key]
         if "enabledTools" in src:
             out["enabledTools"] = src["enabledTools"]
-        url = str(out.get("url", ""))
-        if out.get("type") == "sse" or (not out.get("type") and url.rstrip("/").endswith("/sse")):
-            self.drop(
-                path,
-                "an SSE server: memobot speaks stdio and Streamable HTTP (many servers also "
-                "offer Streamable HTTP at /mcp)",
-            )
-            return
         try:
             McpServerConfig.model_validate(out)
         except ValidationError as exc:

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 GROUP = "mcp"
 MAX_NAME = 64  # the OpenAI function-name limit
 CONNECT_TIMEOUT_SECONDS = 30.0
+SSE_SILENCE_SECONDS = 300.0  # the SDK's default; SSE servers ping every 15 s or so
 INITIAL_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 60.0
 # How long a call made while its server reconnects waits for it (at most its toolTimeout).
@@ -114,7 +115,7 @@ class ServerStatus:
     """What ``memobot mcp list``, ``/status`` and ``doctor`` show about one server."""
 
     name: str
-    transport: Literal["stdio", "http"]
+    transport: Literal["stdio", "http", "sse"]
     state: State
     detail: str
     tools: tuple[str, ...]  # the names the model sees
@@ -310,6 +311,17 @@ class McpServer:
 
             http = create_mcp_http_client(headers=dict(self.cfg.headers) or None)
             return _owning(http, streamable_http_client(self.cfg.url, http_client=http))
+        if self.cfg.transport == "sse":
+            from mcp.client.sse import sse_client
+
+            # A stream silent this long is taken for a dead connection (reconnected, with
+            # backoff); servers send a ping well within it.
+            return sse_client(
+                self.cfg.url,
+                headers=dict(self.cfg.headers) or None,
+                timeout=CONNECT_TIMEOUT_SECONDS,
+                sse_read_timeout=SSE_SILENCE_SECONDS,
+            )
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
         from bot.gate import GateRefused, install_roots

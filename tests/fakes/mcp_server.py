@@ -1,8 +1,9 @@
-"""A small real MCP server (the SDK's MCPServer) for tests: stdio by default, or Streamable HTTP.
+"""A small real MCP server (the SDK's MCPServer) for tests: stdio, Streamable HTTP or SSE.
 
     python tests/fakes/mcp_server.py                       stdio
     python tests/fakes/mcp_server.py --http PORT_FILE      Streamable HTTP on 127.0.0.1:<free
                                                            port>/mcp, the port written to PORT_FILE
+    python tests/fakes/mcp_server.py --sse PORT_FILE       the older SSE transport at /sse
 
 Tools: ``echo``, ``add``, ``picture`` (an image), ``fail`` (an isError result), ``crash`` (the
 process exits mid-call), ``hang`` (sleeps), ``spawn`` (starts ``sleep TAG`` and returns its pid),
@@ -86,7 +87,7 @@ def read(path: str) -> str:
         return f"cannot read: {exc.strerror}"
 
 
-def serve_http(port_file: Path) -> None:
+def serve_http(port_file: Path, sse: bool = False) -> None:
     import uvicorn
 
     sock = socket.socket()
@@ -94,7 +95,7 @@ def serve_http(port_file: Path) -> None:
     tmp = port_file.with_suffix(".tmp")
     tmp.write_text(str(sock.getsockname()[1]))
     tmp.replace(port_file)
-    app = server.streamable_http_app()
+    app = server.sse_app() if sse else server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])
 
@@ -102,13 +103,14 @@ def serve_http(port_file: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=Path, help="serve Streamable HTTP; write the port here")
+    parser.add_argument("--sse", type=Path, help="serve the older SSE transport at /sse")
     parser.add_argument("--start-file", type=Path)
     args = parser.parse_args()
     if args.start_file:
         with args.start_file.open("a") as fh:
             fh.write(f"{os.getpid()}\n")
-    if args.http:
-        serve_http(args.http)
+    if args.http or args.sse:
+        serve_http(args.http or args.sse, sse=bool(args.sse))
     else:
         server.run()
 

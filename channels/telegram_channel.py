@@ -562,24 +562,47 @@ class TelegramChannel(Channel):
         )
 
     async def _handle_batch(self, updates: Sequence[Update]) -> None:
-        """Publish every update of a batch in order, then move the confirmed offset past it.
+        """Publish every update of a batch, then move the confirmed offset past it.
 
-        On a refusal the offset stops just before the refused update, so that update and
-        everything after it come again in the next ``getUpdates``.
+        Chats are taken in side by side, each chat's updates in order: one after another, a
+        batch from 50 chats was 50 durable writes in a row (0.33 s before the last was
+        stored, bench_telegram.py). The offset moves past an update only once it and every
+        update before it are stored, so on a refusal that update and everything after it
+        come again in the next ``getUpdates`` (intake recognises those already stored).
         """
-        offset = self.offset
-        try:
-            for update in updates:
-                verdict = await self._handle_update(update)
+        chats: dict[int | None, list[int]] = {}
+        for i, update in enumerate(updates):
+            chat = update.effective_chat
+            chats.setdefault(chat.id if chat else None, []).append(i)
+        stored = [False] * len(updates)
+        refusal: list[BaseException] = []
+
+        async def take_in(indexes: list[int]) -> None:
+            for i in indexes:
+                try:
+                    verdict = await self._handle_update(updates[i])
+                except _Refused as exc:
+                    refusal.append(exc)
+                    return  # this chat's later updates wait for the redelivery
                 if verdict == "refused":
-                    raise _Refused("memobot refused a message (shutting down or storage failing)")
+                    refusal.append(
+                        _Refused("memobot refused a message (shutting down or storage failing)")
+                    )
+                    return
+                stored[i] = True
+
+        try:
+            await asyncio.gather(*(take_in(indexes) for indexes in chats.values()))
+        finally:  # also when stopped midway: what is stored need not come again
+            offset = self.offset
+            for update, done in zip(updates, stored, strict=True):
+                if not done:
+                    break
                 offset = update.update_id + 1
-                # Intake runs without awaiting anything; yielding lets this message's turn
-                # start (and wait on the LLM) while the rest of the batch is stored.
-                await asyncio.sleep(0)
-        finally:
             if offset != self.offset:
                 self._save_offset(offset)
+        if refusal:
+            raise refusal[0]
 
     async def _handle_update(self, update: Update) -> Intake | None:
         """Publish one update; None when it is deliberately dropped."""

@@ -447,6 +447,43 @@ async def test_refused_intake_leaves_the_update_unconfirmed(tmp_path, llm, api):
 # -- polling resilience -----------------------------------------------------------------------
 
 
+async def test_a_batch_from_several_chats_is_taken_in_side_by_side(tmp_path, llm, api):
+    """One slow intake (a slow disk, a long session to load) no longer holds up the other
+    chats of its batch; its own chat's later messages still wait their turn, and the offset
+    is confirmed only past what is stored."""
+    bob = 2002
+    async with running(tmp_path, llm, api, allowFrom=[str(ALICE), str(bob)]) as tg:
+        await api.wait_for_async(lambda: tg.channel.state == "connected", 10)
+        bus = tg.channel.bus
+        real = bus.publish_inbound
+        release = asyncio.Event()
+        order: list[str] = []
+
+        async def slow_for_alice(msg: Any) -> Any:
+            if msg.chat_id == str(ALICE):
+                await release.wait()
+            order.append(msg.text)
+            return await real(msg)
+
+        bus.publish_inbound = slow_for_alice  # type: ignore[method-assign]
+        sender = api.user(bob, "bob")
+        first, _, _ = api.inject_many(
+            [
+                api.message("alice one", chat=api.private_chat(ALICE), sender=api.user()),
+                api.message("bob one", chat=api.private_chat(bob), sender=sender),
+                api.message("alice two", chat=api.private_chat(ALICE), sender=api.user()),
+            ]
+        )
+        [to_bob] = await api.wait_sent_async(1, bob, timeout=10)
+        assert "echo: bob one" in to_bob.params["text"]
+        assert (tg.channel.offset or 0) <= first  # alice's first update is not stored yet
+        release.set()
+        to_alice = await api.wait_sent_async(2, ALICE, timeout=10)
+        assert [c.params["text"] for c in to_alice] == ["echo: alice one", "echo: alice two"]
+        assert order == ["bob one", "alice one", "alice two"]
+        await tg.handled(first + 2)
+
+
 async def test_conflict_is_logged_and_polling_continues(tmp_path, llm, api, caplog):
     caplog.set_level(logging.WARNING)
     api.fail("getUpdates", 409)

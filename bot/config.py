@@ -244,13 +244,14 @@ class McpServerConfig(_Model):
     def transport(self) -> Literal["stdio", "http", "sse"]:
         if self.command:
             return "stdio"
-        if self.type == "sse" or (self.type is None and _is_sse_url(self.url)):
+        if self.type == "sse" or (self.type is None and ends_in_sse(self.url)):
             return "sse"
         return "http"
 
 
-def _is_sse_url(url: str) -> bool:
-    return urlsplit(url).path.rstrip("/").endswith("/sse")
+def ends_in_sse(url: str) -> bool:
+    """nanobot's rule for an SSE server's url (the whole url, as it checks it)."""
+    return url.rstrip("/").endswith("/sse")
 
 
 _MCP_NAME = re.compile(r"^[A-Za-z0-9_-]+$")

@@ -1,9 +1,10 @@
-"""MCP servers as tools (issue 14): a real stdio server (the SDK's MCPServer) and a real
-Streamable HTTP one on 127.0.0.1, driven through the real ``memobot`` command and the scripted
-fake LLM; what the tools returned is read back from the next LLM request."""
+"""MCP servers as tools (issue 14): a real stdio server (the SDK's MCPServer) and real
+Streamable HTTP and SSE ones on 127.0.0.1, driven through the real ``memobot`` command and the
+scripted fake LLM; what the tools returned is read back from the next LLM request."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ import pytest
 from bot.config import McpServerConfig, parse_config
 from bot.gate import launcher
 from bot.tools.base import ToolRegistry
-from bot.tools.mcp import input_schema, tool_name
+from bot.tools.mcp import _describe, _transport_hint, input_schema, tool_name
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, call, reply, tool_step
 from tests.helpers import (
     REPO,
@@ -228,12 +229,37 @@ def test_an_sse_server_as_nanobot_configures_one(
     assert f"typed (sse: {sse_server}): connected, 1 tool(s)" in listed.stdout
 
 
+def test_an_sse_server_that_goes_away_is_one_line_not_a_traceback(
+    tmp_path: Path, llm: FakeLLMThread
+) -> None:
+    """The SDK logs every dropped SSE stream as an error with a 65-line traceback; memobot
+    says it in one line and reconnects."""
+    with contextlib.contextmanager(_served)(tmp_path, "--sse", "/sse") as url:
+        cfg = mcp_config(tmp_path, llm, {"legacy": {"url": url}})
+        llm.script(tool_step(call("mcp_legacy_crash", {}, id="crash")), reply("noted"))
+        done = run_memobot("agent", "-m", "go", config=cfg)
+    assert done.returncode == 0, done.stderr
+    assert results(llm, 1)["crash"].startswith("Error: MCP server 'legacy'")
+    assert "Traceback" not in done.stderr and "sse_reader" not in done.stderr, done.stderr
+
+
+def test_a_transport_mismatch_says_what_to_try() -> None:
+    refused = Exception("Client error '405 Method Not Allowed' for url 'x'\nFor more: https://y")
+    assert _describe(refused) == "Exception: Client error '405 Method Not Allowed' for url 'x'"
+    inferred = McpServerConfig.model_validate({"url": "https://h/sse"})
+    assert '"type": "streamableHttp"' in _transport_hint(inferred, refused)
+    typed = McpServerConfig.model_validate({"url": "https://h/sse", "type": "streamableHttp"})
+    assert '"type": "sse"' in _transport_hint(typed, Exception("Server returned an error"))
+    assert _transport_hint(McpServerConfig.model_validate({"url": "https://h/mcp"}), refused) == ""
+
+
 def test_the_transport_is_read_as_nanobot_reads_it() -> None:
     def transport(**server: Any) -> str:
         return McpServerConfig.model_validate(server).transport
 
     assert transport(url="https://h/sse") == "sse"
     assert transport(url="https://h/sse/") == "sse"
+    assert transport(url="https://h/sse?key=k") == "http"  # nanobot reads the whole url
     assert transport(url="https://h/mcp") == "http"
     assert transport(url="https://h/sse", type="streamableHttp") == "http"
     assert transport(url="https://h/events", type="sse") == "sse"

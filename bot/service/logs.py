@@ -180,6 +180,26 @@ def make_formatter(fmt: LogFormat) -> logging.Formatter:
     return logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+# Loggers of SDKs that log, with a full traceback, what memobot then reports itself in one line
+# (the mcp SDK's SSE client on every dropped stream: a server restart, a redeploy).
+REPORTED_BY_MEMOBOT = ("mcp.client.sse",)
+
+
+class DemoteToDebug(logging.Filter):
+    """A record memobot reports in its own words: one DEBUG line, without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not logging.getLogger().isEnabledFor(logging.DEBUG):
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            record.msg, record.args = f"{record.getMessage()}: {type(exc).__name__}: {first}", None
+            record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
 def setup_logging(level: int, fmt: LogFormat = "text") -> None:
     """Configure the root logger to write one line (or one JSON object) per event to stderr.
 
@@ -197,6 +217,10 @@ def setup_logging(level: int, fmt: LogFormat = "text") -> None:
     root.setLevel(level)
     for noisy in NOISY_LOGGERS:
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    for name in REPORTED_BY_MEMOBOT:
+        sdk = logging.getLogger(name)
+        sdk.filters = [f for f in sdk.filters if not isinstance(f, DemoteToDebug)]
+        sdk.addFilter(DemoteToDebug())
     logging.captureWarnings(True)
     sys.excepthook = _log_uncaught
     threading.excepthook = _log_uncaught_in_thread

@@ -1,5 +1,5 @@
-"""MCP servers as tools: ``tools.mcpServers.<name>`` over stdio or Streamable HTTP (the official
-``mcp`` SDK), each server tool offered to the model as ``mcp_<server>_<tool>``.
+"""MCP servers as tools: ``tools.mcpServers.<name>`` over stdio, Streamable HTTP or SSE (the
+official ``mcp`` SDK), each server tool offered to the model as ``mcp_<server>_<tool>``.
 
 Lifecycle. :class:`McpManager` starts one connection task per server and never waits for it:
 a server that is slow, missing or broken never delays memobot's start, never blocks the loop
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TextIO
 
-from bot.config import McpServerConfig, ToolsConfig
+from bot.config import McpServerConfig, ToolsConfig, ends_in_sse
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry
 
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ class McpServer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                why = _describe(exc)
+                why = _describe(exc) + _transport_hint(self.cfg, exc)
                 last = self._last_stderr_line()
                 if last:
                     why += f"; its stderr said: {last}"
@@ -508,8 +508,19 @@ def _describe(exc: BaseException) -> str:
         return f"cannot start: {exc.strerror}: {exc.filename}"
     if type(exc).__name__ == "MCPError" and "closed" in str(exc).lower():
         return "the server closed the connection (it exited)"
-    text = str(exc).strip() or type(exc).__name__
+    # One line: httpx adds "For more information check: <MDN link>" on a second one.
+    text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
     return f"{type(exc).__name__}: {text}"[:300]
+
+
+def _transport_hint(cfg: McpServerConfig, exc: BaseException) -> str:
+    """What to try when the server may speak the other HTTP transport: a url ending in /sse
+    is read as SSE (as nanobot reads it), and a Streamable HTTP server refuses the SSE GET."""
+    if cfg.transport == "sse" and cfg.type is None and re.search(r"\b40[056]\b", str(exc)):
+        return '; the url ends in /sse, so it is read as SSE: set "type": "streamableHttp" if not'
+    if cfg.transport == "http" and cfg.type == "streamableHttp" and ends_in_sse(cfg.url):
+        return '; the url ends in /sse: set "type": "sse" if this is an SSE server'
+    return ""
 
 
 @contextlib.asynccontextmanager

@@ -193,6 +193,11 @@ def test_config_translation_lists_what_has_no_home() -> None:
         "remote": {"url": "https://mcp.example.com/sse", "headers": {"X-Key": "k"}},
     }
     assert McpServerConfig.model_validate(tools["mcpServers"]["remote"]).transport == "sse"
+    # Server names stay as written: they are part of every tool name the model knows.
+    shaped = nanobot_config(Path("/w"), "http://127.0.0.1:9/v1")
+    shaped["tools"]["mcpServers"] = {"my_srv": {"command": "srv", "env": {"API_KEY": "k"}}}
+    servers = translate_config(shaped).config["tools"]["mcpServers"]
+    assert servers == {"my_srv": {"command": "srv", "env": {"API_KEY": "k"}}}
     assert tools["web"]["search"] == {"provider": "brave", "apiKey": "BSA-secret", "maxResults": 5}
     assert t.config["llm"]["maxTokens"] == 2048
     assert t.config["agent"]["maxToolIterations"] == 40

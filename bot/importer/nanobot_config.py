@@ -107,6 +107,10 @@ def camel_keys(value: Any) -> Any:
     return value
 
 
+def _first(pair: tuple[str, Any]) -> str:
+    return pair[0]
+
+
 def _camel(key: str) -> str:
     return _SNAKE.sub(lambda m: m.group(1).upper(), key) if "_" in key else key
 
@@ -316,8 +320,12 @@ class _Translator:
         if isinstance(servers, dict) and servers:
             raw_tools = self.raw.get("tools") if isinstance(self.raw.get("tools"), dict) else {}
             raw = raw_tools.get("mcpServers") or raw_tools.get("mcp_servers") or {}
-            for name in sorted(servers):
-                self.mcp_server(name, servers[name], raw.get(name) if isinstance(raw, dict) else {})
+            raw = raw if isinstance(raw, dict) else {}
+            # A server's name is as written: camelCased, "my_srv" would become "mySrv" and
+            # every tool the model knows (mcp_my_srv_...) would change its name.
+            names = list(raw) if len(raw) == len(servers) else list(servers)
+            for name, src in sorted(zip(names, servers.values(), strict=True), key=_first):
+                self.mcp_server(name, src, raw.get(name))
         used = {"restrictToWorkspace", "exec", "web", "mcpServers"}
         self.leftovers("tools", tools, used, "no memobot equivalent")
 

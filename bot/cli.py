@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from bot import __version__
 from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load_config
 from bot.invocation import command_for, program
-from bot.service.logs import LOG_FORMATS
+from bot.service.logs import LOG_FORMATS, redact
 
 if TYPE_CHECKING:
     from bot.loop import AgentLoop
@@ -763,7 +763,8 @@ def cmd_mcp_list(cfg: Config, config_path: Path) -> int:
     for st in statuses:
         where = cfg.tools.mcp_servers[st.name]
         target = " ".join([where.command, *where.args]) if st.transport == "stdio" else where.url
-        print(f"{st.name} ({st.transport}: {target}): {st.state}, {st.detail}")
+        # Output that gets pasted into bug reports: a ${VAR} secret in a url stays out of it.
+        print(redact(f"{st.name} ({st.transport}: {target}): {st.state}, {st.detail}"))
         for name in st.tools:
             print(f"  {name}")
         if st.state != "connected":

@@ -210,9 +210,11 @@ def test_an_sse_server_as_nanobot_configures_one(
     tools are listed and called over the SSE stream, once for each of the two spellings."""
     servers = {
         "legacy": {"url": sse_server, "toolTimeout": 10},
-        "typed": {"type": "sse", "url": sse_server, "enabledTools": ["echo"]},
+        # A key in the url, as some hosted servers take it: never printed by mcp list.
+        "typed": {"type": "sse", "url": sse_server + "?key=${MCP_KEY}", "enabledTools": ["echo"]},
     }
     cfg = mcp_config(tmp_path, llm, servers)
+    env = {"MCP_KEY": "s3cret-in-url"}
     llm.script(
         tool_step(
             call("mcp_legacy_add", {"a": 2, "b": 3}, id="add"),
@@ -220,13 +222,15 @@ def test_an_sse_server_as_nanobot_configures_one(
         ),
         reply("done"),
     )
-    done = run_memobot("agent", "-m", "go", config=cfg)
+    done = run_memobot("agent", "-m", "go", config=cfg, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "done"
     assert results(llm, 1) == {"add": "5", "echo": "echo: over sse"}
-    listed = run_memobot("mcp", "list", config=cfg)
+    listed = run_memobot("mcp", "list", config=cfg, env=env)
     assert f"legacy (sse: {sse_server}): connected" in listed.stdout, listed.stdout
-    assert f"typed (sse: {sse_server}): connected, 1 tool(s)" in listed.stdout
+    assert f"typed (sse: {sse_server}?key=" in listed.stdout
+    assert "connected, 1 tool(s)" in listed.stdout
+    assert "s3cret-in-url" not in listed.stdout + listed.stderr + done.stderr
 
 
 def test_an_sse_server_that_goes_away_is_one_line_not_a_traceback(

@@ -536,9 +536,12 @@ async def probe_servers(
     gate: Gate | None,
     workspace: Path,
     log_dir: Path | None,
-    seconds: float = CONNECT_TIMEOUT_SECONDS,
+    seconds: float = CONNECT_TIMEOUT_SECONDS + 2,
 ) -> list[ServerStatus]:
-    """Start every server once, list its tools, stop it: ``memobot mcp list`` and ``doctor``."""
+    """Start every server once, list its tools, stop it: ``memobot mcp list`` and ``doctor``.
+
+    The wait ends a little after the connection's own timeout, so a server that never answers
+    is reported with that reason rather than as still connecting."""
     manager = McpManager(tools_cfg, ToolRegistry(), gate=gate, workspace=workspace, log_dir=log_dir)
     manager.start()
     try:

@@ -102,6 +102,9 @@ CHANNEL = "telegram"
 ALLOWED_UPDATES = ("message", "callback_query")
 POLL_MARGIN_SECONDS = 10.0  # a getUpdates silent for pollTimeout + this is restarted
 OFFSET_SAVE_SECONDS = 1.0  # the saved offset is a shortcut for the first poll after a restart
+# Chats of one batch taken in at once: about the worker threads that store them; more would
+# only queue there, ahead of the running turns' own writes, after a backlog of 100 updates.
+INTAKE_CHATS_AT_ONCE = 8
 BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 2.0, 30.0
 MEDIA_MAX_BYTES = 20 * 1024 * 1024  # also the cloud Bot API's own getFile limit
 REPLIED_REMEMBERED = 256
@@ -576,8 +579,13 @@ class TelegramChannel(Channel):
             chats.setdefault(chat.id if chat else None, []).append(i)
         stored = [False] * len(updates)
         refusal: list[BaseException] = []
+        at_once = asyncio.Semaphore(INTAKE_CHATS_AT_ONCE)
 
         async def take_in(indexes: list[int]) -> None:
+            async with at_once:
+                await take_in_order(indexes)
+
+        async def take_in_order(indexes: list[int]) -> None:
             for i in indexes:
                 try:
                     verdict = await self._handle_update(updates[i])

@@ -484,6 +484,30 @@ async def test_a_batch_from_several_chats_is_taken_in_side_by_side(tmp_path, llm
         await tg.handled(first + 2)
 
 
+async def test_a_backlog_is_taken_in_a_few_chats_at_a_time(tmp_path, llm, api, monkeypatch):
+    monkeypatch.setattr(telegram_channel, "INTAKE_CHATS_AT_ONCE", 3)
+    async with running(tmp_path, llm, api, allowFrom=["*"]) as tg:
+        await api.wait_for_async(lambda: tg.channel.state == "connected", 10)
+        real = tg.channel.bus.publish_inbound
+        in_flight, peak = 0, 0
+
+        async def counted(msg: Any) -> Any:
+            nonlocal in_flight, peak
+            in_flight += 1
+            peak = max(peak, in_flight)
+            await asyncio.sleep(0.05)
+            in_flight -= 1
+            return await real(msg)
+
+        tg.channel.bus.publish_inbound = counted  # type: ignore[method-assign]
+        users = [api.user(3000 + n, None) for n in range(10)]
+        api.inject_many(
+            [api.message("hi", chat=api.private_chat(u["id"]), sender=u) for u in users]
+        )
+        await api.wait_sent_async(10, timeout=15)
+        assert peak == 3  # side by side, and no more than the bound
+
+
 async def test_conflict_is_logged_and_polling_continues(tmp_path, llm, api, caplog):
     caplog.set_level(logging.WARNING)
     api.fail("getUpdates", 409)

@@ -41,7 +41,6 @@ from bot.config import LLMConfig
 from bot.proxy import (
     SOCKS_SCHEMES,
     environment_proxy,
-    proxy_errors,
     socks_connector,
     without_password,
 )
@@ -212,9 +211,8 @@ def _httpx() -> Any:
 def _named_connection_errors(url: str) -> Iterator[None]:
     """The SDK's aiohttp transport reports every failed connection (refused, unknown host,
     dropped) as "Request timed out.", its httpx one as a bare "Connection error.", and some
-    aiohttp errors (a bad status line, an over-long header) and a socks proxy's failures it
-    passes on raw: each becomes an APIConnectionError that says what happened, so it is
-    retried and failed over alike."""
+    aiohttp errors (a bad status line, an over-long header) it passes on raw: each becomes an
+    APIConnectionError that says what happened, so it is retried and failed over alike."""
     import aiohttp
     import openai
 
@@ -223,10 +221,6 @@ def _named_connection_errors(url: str) -> Iterator[None]:
     except aiohttp.ClientError as exc:
         raise openai.APIConnectionError(
             message=f"Connection error: {exc}", request=_httpx().Request("POST", url)
-        ) from exc
-    except proxy_errors() as exc:
-        raise openai.APIConnectionError(
-            message=f"Connection error: socks proxy: {exc}", request=_httpx().Request("POST", url)
         ) from exc
     except openai.APIConnectionError as exc:
         vague = isinstance(exc, openai.APITimeoutError) or str(exc) == "Connection error."

@@ -31,10 +31,32 @@ def socks_connector(proxy: str, **connector_args: Any) -> Any | None:
     """
     if not proxy.startswith(SOCKS_SCHEMES):
         return None
-    from aiohttp_socks import ProxyConnector
-
     url = "socks5://" + proxy.split("://", 1)[1]  # python-socks knows no "socks5h" scheme
-    return ProxyConnector.from_url(url, rdns=proxy.startswith("socks5h://"), **connector_args)
+    return _socks_connector_class().from_url(
+        url, rdns=proxy.startswith("socks5h://"), **connector_args
+    )
+
+
+@functools.cache
+def _socks_connector_class() -> Any:
+    """aiohttp-socks' connector, its failures raised as aiohttp's own.
+
+    aiohttp-socks raises errors of its own (a proxy that is down, refuses the connection or
+    does not answer), outside aiohttp's ``ClientError`` family: every caller that treats
+    ``ClientError`` as a network error (retried, failed over, a channel reconnecting) would
+    see an unknown error instead, as the model calls, Telegram, Discord and Slack once did.
+    """
+    import aiohttp
+    from aiohttp_socks import ProxyConnectionError, ProxyConnector, ProxyError, ProxyTimeoutError
+
+    class SocksConnector(ProxyConnector):  # type: ignore[misc]
+        async def connect(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await super().connect(*args, **kwargs)
+            except (ProxyConnectionError, ProxyError, ProxyTimeoutError) as exc:
+                raise aiohttp.ClientConnectionError(f"socks proxy: {exc}") from exc
+
+    return SocksConnector
 
 
 def environment_proxy(url: str) -> str:
@@ -68,14 +90,3 @@ def without_password(url: str) -> str:
     except ValueError:
         return url
     return url.replace(f":{password}@", ":***@") if password else url
-
-
-@functools.cache
-def proxy_errors() -> tuple[type[Exception], ...]:
-    """What aiohttp-socks raises outside aiohttp's ``ClientError`` family (a socks proxy that
-    is down, refuses the connection or does not answer): callers treat these as network
-    errors, retried like any other; unnamed, they passed as unknown errors (a model call was
-    neither retried nor failed over, and the turn ended in "something went wrong")."""
-    from aiohttp_socks import ProxyConnectionError, ProxyError, ProxyTimeoutError
-
-    return (ProxyConnectionError, ProxyError, ProxyTimeoutError)

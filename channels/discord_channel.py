@@ -22,7 +22,7 @@ import discord
 from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from bot.config import DiscordConfig
 from bot.pairing import PairingStore
-from bot.proxy import http_proxy, proxy_errors, socks_connector
+from bot.proxy import http_proxy, socks_connector
 from channels.access import AccessPolicy, approval_buttons, parse_press, whoami_text
 from channels.base import Channel, PreviewMode
 from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
@@ -106,7 +106,7 @@ def map_send_error(exc: BaseException) -> Exception | None:
         if exc.status >= 500:
             return TransientError(detail)
         return PermanentError(detail)  # 400, 403 Forbidden, 404 NotFound
-    if isinstance(exc, (aiohttp.ClientError, TimeoutError, ConnectionError, *proxy_errors())):
+    if isinstance(exc, aiohttp.ClientError | TimeoutError | ConnectionError):
         return TransientError(f"discord unreachable: {exc!r}")
     return None
 
@@ -264,13 +264,7 @@ class DiscordChannel(Channel):
                     )
                     return
                 problem = f"gateway closed with {exc.code}"
-            except (
-                OSError,
-                aiohttp.ClientError,
-                discord.HTTPException,
-                TimeoutError,
-                *proxy_errors(),
-            ) as exc:
+            except (OSError, aiohttp.ClientError, discord.HTTPException, TimeoutError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             except Exception as exc:  # a bug must not end the channel for good: log it, retry
                 log.exception("discord: the client crashed")

@@ -50,7 +50,7 @@ from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import COMMANDS
 from bot.config import SlackConfig
 from bot.pairing import PairingStore
-from bot.proxy import http_proxy, proxy_errors, socks_connector
+from bot.proxy import http_proxy, socks_connector
 from channels.access import (
     PRESS_PREFIX,
     AccessPolicy,
@@ -383,7 +383,7 @@ def _mapped_errors() -> Iterator[None]:
         yield
     except SlackApiError as exc:
         raise _api_error(exc) from exc  # a FatalChannelError is the manager's to report
-    except (aiohttp.ClientError, TimeoutError, OSError, *proxy_errors()) as exc:
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise TransientError(f"slack unreachable: {exc!r}") from exc
     except SlackClientError as exc:
         raise PermanentError(f"slack client refused the message: {exc}") from exc
@@ -397,7 +397,7 @@ def _network_errors() -> Iterator[None]:
         yield
     except SlackApiError:
         raise
-    except (aiohttp.ClientError, TimeoutError, OSError, *proxy_errors()) as exc:
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise TransientError(f"slack unreachable: {exc!r}") from exc
     except SlackClientError as exc:
         raise PermanentError(f"slack client refused the call: {exc}") from exc
@@ -658,13 +658,7 @@ class SlackChannel(Channel):
                 return
             except TimeoutError:
                 wait, detail = backoff, "cannot connect: timed out"
-            except (
-                SlackApiError,
-                SlackClientError,
-                aiohttp.ClientError,
-                OSError,
-                *proxy_errors(),
-            ) as exc:
+            except (SlackApiError, SlackClientError, aiohttp.ClientError, OSError) as exc:
                 wait = backoff
                 if isinstance(exc, SlackApiError):
                     mapped = _api_error(exc)
@@ -1105,13 +1099,7 @@ class SlackChannel(Channel):
                 self._names_enabled = False
                 log.info("slack: no users:read scope; sender names are not looked up")
             return ""
-        except (
-            SlackClientError,
-            aiohttp.ClientError,
-            OSError,
-            TimeoutError,
-            *proxy_errors(),
-        ) as exc:
+        except (SlackClientError, aiohttp.ClientError, OSError, TimeoutError) as exc:
             log.debug("slack: users.info %s failed: %s", user, exc)
             return ""
         data = answer.get("user") or {}
@@ -1149,13 +1137,7 @@ class SlackChannel(Channel):
                     continue
                 except _TooLarge:
                     problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
-                except (
-                    aiohttp.ClientError,
-                    TimeoutError,
-                    OSError,
-                    _DownloadError,
-                    *proxy_errors(),
-                ) as exc:
+                except (aiohttp.ClientError, TimeoutError, OSError, _DownloadError) as exc:
                     problem = f"download failed: {exc}"
             log.warning("slack: file %s not saved chat=%s: %s", label, inc.chat_id, problem)
             notes.append(f"[file {label} not saved: {problem}]")

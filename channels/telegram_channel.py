@@ -72,7 +72,7 @@ from telegram.warnings import PTBDeprecationWarning
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.config import TelegramConfig
 from bot.pairing import PairingStore
-from bot.proxy import http_proxy, proxy_errors, socks_connector
+from bot.proxy import http_proxy, socks_connector
 from channels.access import AccessPolicy, approval_buttons, parse_press, whoami_text
 from channels.base import Channel, PreviewMode, State
 from channels.errors import (
@@ -354,8 +354,6 @@ class AiohttpRequest(BaseRequest):
             raise TimedOut(f"no answer from Telegram in time ({type(exc).__name__})") from exc
         except aiohttp.ClientError as exc:
             raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
-        except proxy_errors() as exc:
-            raise NetworkError(f"socks proxy: {exc}") from exc
 
 
 def _proxy_connector(proxy: str, connections: int) -> tuple[aiohttp.BaseConnector, str | None]:
@@ -583,21 +581,16 @@ class TelegramChannel(Channel):
 
         async def take_in(indexes: list[int]) -> None:
             async with at_once:
-                await take_in_order(indexes)
-
-        async def take_in_order(indexes: list[int]) -> None:
-            for i in indexes:
-                try:
-                    verdict = await self._handle_update(updates[i])
-                except _Refused as exc:
-                    refusal.append(exc)
-                    return  # this chat's later updates wait for the redelivery
-                if verdict == "refused":
-                    refusal.append(
-                        _Refused("memobot refused a message (shutting down or storage failing)")
-                    )
-                    return
-                stored[i] = True
+                for i in indexes:
+                    try:
+                        if await self._handle_update(updates[i]) == "refused":
+                            raise _Refused(
+                                "memobot refused a message (shutting down or storage failing)"
+                            )
+                    except _Refused as exc:
+                        refusal.append(exc)
+                        return  # this chat's later updates wait for the redelivery
+                    stored[i] = True
 
         try:
             await asyncio.gather(*(take_in(indexes) for indexes in chats.values()))

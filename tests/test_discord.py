@@ -608,7 +608,6 @@ def test_http_errors_map_to_our_vocabulary(status: int, expected: type) -> None:
 def test_rate_limits_map_to_retry_after() -> None:
     import aiohttp
     import discord
-    from aiohttp_socks import ProxyConnectionError
 
     from channels.discord_channel import map_send_error
 
@@ -617,8 +616,6 @@ def test_rate_limits_map_to_retry_after() -> None:
     long_wait = map_send_error(discord.RateLimited(45.0))
     assert isinstance(long_wait, RetryAfter) and long_wait.seconds == 45.0
     assert isinstance(map_send_error(aiohttp.ClientConnectionError()), TransientError)
-    # A socks proxy that is down: aiohttp-socks' errors are not aiohttp's.
-    assert isinstance(map_send_error(ProxyConnectionError("proxy down")), TransientError)
     assert isinstance(map_send_error(discord.LoginFailure("bad")), FatalChannelError)
     assert map_send_error(ValueError("a bug")) is None
 

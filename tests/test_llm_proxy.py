@@ -164,6 +164,20 @@ async def test_an_unreachable_proxy_is_named_and_the_fallback_answers(llm):
     assert "Connection error: socks proxy: " in text and "Couldn't connect to proxy" in text
 
 
+async def test_a_socks_proxy_that_is_down_is_an_aiohttp_connection_error():
+    """aiohttp-socks raises errors of its own; the one connector every channel, the model and
+    the doctor use turns them into aiohttp's, which each of them already retries."""
+    import aiohttp
+
+    from bot.proxy import socks_connector
+
+    for scheme in ("socks5", "socks5h"):
+        dead = socks_connector(f"{scheme}://127.0.0.1:{closed_port()}")
+        async with aiohttp.ClientSession(connector=dead) as http:
+            with pytest.raises(aiohttp.ClientConnectionError, match=r"socks proxy: .*proxy"):
+                await http.get("http://127.0.0.1:9/")
+
+
 def test_a_fallback_inherits_the_proxy_unless_it_sets_its_own():
     cfg = LLMConfig.model_validate(
         {"proxy": "socks5h://127.0.0.1:1080", "fallbacks": [{"model": "a"}, {"proxy": ""}]}

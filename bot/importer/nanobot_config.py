@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -105,10 +106,6 @@ def camel_keys(value: Any) -> Any:
     if isinstance(value, list):
         return [camel_keys(v) for v in value]
     return value
-
-
-def _first(pair: tuple[str, Any]) -> str:
-    return pair[0]
 
 
 def _camel(key: str) -> str:
@@ -324,7 +321,7 @@ class _Translator:
             # A server's name is as written: camelCased, "my_srv" would become "mySrv" and
             # every tool the model knows (mcp_my_srv_...) would change its name.
             names = list(raw) if len(raw) == len(servers) else list(servers)
-            for name, src in sorted(zip(names, servers.values(), strict=True), key=_first):
+            for name, src in sorted(zip(names, servers.values(), strict=True), key=itemgetter(0)):
                 self.mcp_server(name, src, raw.get(name))
         used = {"restrictToWorkspace", "exec", "web", "mcpServers"}
         self.leftovers("tools", tools, used, "no memobot equivalent")

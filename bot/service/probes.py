@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bot.config import Config, RetryConfig
-from bot.proxy import http_proxy, proxy_errors, socks_connector
+from bot.proxy import http_proxy, socks_connector
 from bot.service.checks import Check
 
 LLM_TIMEOUT_SECONDS = 20.0
@@ -88,7 +88,7 @@ async def _server_date(base: str, proxy: str) -> tuple[str, float] | None:
             http.get(base.rstrip("/") + "/models", proxy=http_proxy(proxy)) as resp,
         ):
             value = resp.headers.get("Date")
-    except (aiohttp.ClientError, TimeoutError, *proxy_errors()):
+    except (aiohttp.ClientError, TimeoutError):
         return None
     parsed = email.utils.parsedate_to_datetime(value) if value else None
     return (urlsplit(base).hostname or base, parsed.timestamp()) if parsed else None

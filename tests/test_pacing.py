@@ -158,7 +158,8 @@ async def test_a_group_stays_within_its_per_minute_limit(tmp_path, llm):
         api.inject_many([_in_group(api, f"{BOT} g{i}") for i in range(10)])
         sent = await api.wait_sent_async(10, GROUP)
     assert [c.params["text"] for c in sent] == [f"echo: g{i}" for i in range(10)]
-    assert _at_most_in_window(_times(sent), 5, 0.5)
+    # The fake shares the gateway's loop and clock: allow for a stall, as for forty chats.
+    assert _at_most_in_window(_times(sent), 5, 0.5, jitter=0.25)
 
 
 async def test_flood_wait_pauses_that_chat_only_and_the_queue_behind_goes_paced(tmp_path, llm):

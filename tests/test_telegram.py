@@ -142,6 +142,34 @@ async def test_offset_confirms_only_after_intake_and_survives_restart(tmp_path, 
         assert api.calls("getUpdates")[polls_before].params["offset"] == last + 1
 
 
+async def test_the_offset_is_written_off_the_event_loop(tmp_path, llm, api, monkeypatch):
+    # Renaming the offset file over the old one can stall for tens of milliseconds (ext4 pushes
+    # the new data out first): done on the event loop, that stalls every chat.
+    from channels.state import ChannelState
+
+    writers: list[bool] = []
+    save = ChannelState.save
+
+    def recording_save(self: ChannelState, data: dict[str, Any], durable: bool = True) -> None:
+        try:
+            asyncio.get_running_loop()
+            writers.append(True)
+        except RuntimeError:
+            writers.append(False)
+        save(self, data, durable)
+
+    monkeypatch.setattr(ChannelState, "save", recording_save)
+    monkeypatch.setattr(telegram_channel, "OFFSET_SAVE_SECONDS", 0.0)
+    async with running(tmp_path, llm, api) as tg:
+        for text in ("one", "two", "three"):
+            update = api.private_text(text)
+            await tg.handled(update)
+        await api.wait_for_async(lambda: len(writers) >= 2)
+        state = tmp_path / "state" / "channels" / "telegram.json"
+        await api.wait_for_async(lambda: json.loads(state.read_text()) == {"offset": update + 1})
+    assert writers and not any(writers), "the offset file was written on the event loop"
+
+
 async def test_denied_sender_is_never_answered_and_logged_once(tmp_path, llm, api, caplog):
     caplog.set_level(logging.WARNING)
     async with running(tmp_path, llm, api) as tg:

@@ -296,6 +296,9 @@ class ChannelConfig(_Model):
     # Answers appear while the model writes them (a draft or an edited preview message).
     streaming: StrictBool = True
     stream_edit_interval_seconds: float = Field(1.0, ge=0.05, le=60)
+    # "typing..." only for an answer not there within this time: Telegram asks bots to show
+    # it only when an answer takes noticeable time, and a quick answer then costs no call.
+    typing_delay_seconds: float = Field(1.0, ge=0, le=60)
     # "pairing": a stranger's private message gets a one-time code the owner approves.
     dm_policy: Literal["allowlist", "pairing"] = "allowlist"
     # The tools offered in group chats; None: all but exec, file writes and unsafe MCP tools.

@@ -42,6 +42,7 @@ class Channel(ABC):
     name: str
     streaming: bool = False
     stream_interval: float = 1.0  # seconds between two preview updates of one chat
+    typing_delay: float = 0.0  # seconds a turn runs before "typing..." is shown
 
     def __init__(self, bus: MessageBus) -> None:
         self.bus = bus

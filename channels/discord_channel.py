@@ -195,6 +195,7 @@ class DiscordChannel(Channel):
         self.allow_channels = frozenset(cfg.allow_channels)
         self.streaming = cfg.streaming
         self.stream_interval = cfg.stream_edit_interval_seconds
+        self.typing_delay = cfg.typing_delay_seconds
         self.client: _Client | None = None
         self._logged_in = False
         self._was_connected = False

@@ -448,6 +448,8 @@ class ChannelManager:
         )
 
     async def _typing(self, channel: Channel, chat_id: str) -> None:
+        # An answer delivered within the delay cancels this first: no indicator, no call.
+        await asyncio.sleep(channel.typing_delay)
         started = time.monotonic()
         while time.monotonic() - started < TYPING_MAX_SECONDS:
             try:

@@ -533,6 +533,7 @@ class SlackChannel(Channel):
         )
         self.streaming = cfg.streaming
         self.stream_interval = cfg.stream_edit_interval_seconds
+        self.typing_delay = cfg.typing_delay_seconds
         self.me: Identity | None = None
         self.web: AsyncWebClient | None = None
         self.app: AsyncApp | None = None

@@ -423,6 +423,7 @@ class TelegramChannel(Channel):
         self.poll_timeout = cfg.poll_timeout_seconds
         self.streaming = cfg.streaming
         self.stream_interval = cfg.stream_edit_interval_seconds
+        self.typing_delay = cfg.typing_delay_seconds
         self._task: asyncio.Task[None] | None = None
         self._backoff = BACKOFF_START
         # Outbound messages whose first chunk already went out as a reply (keyed by identity:

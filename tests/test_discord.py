@@ -121,6 +121,20 @@ async def settle(bot: Bot, channel_id: int) -> None:
 # --- direct messages --------------------------------------------------------------------------
 
 
+async def test_typing_shows_only_while_an_answer_takes_time(
+    tmp_path: Path, llm: FakeLLM, api
+) -> None:
+    async with running(tmp_path, llm, api) as bot:  # the default: 1 s
+        await api.send_message(ALICE_DM, ALICE, "quick", guild_id=None)
+        await bot.answered(ALICE_DM)
+        assert api.typings() == [], "a quick answer needs no typing indicator"
+        llm.script(reply("slow", delay=2.0))
+        await api.send_message(ALICE_DM, ALICE, "slow one", guild_id=None)
+        await api.wait_posts(2, ALICE_DM)
+        [typing] = api.typings()
+        assert typing.path == f"/api/v10/channels/{ALICE_DM}/typing"
+
+
 async def test_dm_from_allowed_user_is_answered(tmp_path: Path, llm: FakeLLM, api) -> None:
     async with running(tmp_path, llm, api) as bot:
         assert api.identifies[0]["intents"] == 1 | (1 << 9) | (1 << 12) | (1 << 15)
@@ -129,7 +143,6 @@ async def test_dm_from_allowed_user_is_answered(tmp_path: Path, llm: FakeLLM, ap
         assert body["content"] == "echo: hello there"
         assert "message_reference" not in body  # DMs get plain messages, not replies
         assert body["allowed_mentions"] == NO_PINGS
-        assert api.typings(), "a typing indicator was shown while the turn ran"
     [req] = llm.requests
     user_turn = request_messages(req)[-1]["content"]
     assert user_turn.startswith("hello there\n\n") and f"chat: {ALICE_DM}" in user_turn

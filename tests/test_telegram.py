@@ -142,6 +142,25 @@ async def test_offset_confirms_only_after_intake_and_survives_restart(tmp_path, 
         assert api.calls("getUpdates")[polls_before].params["offset"] == last + 1
 
 
+async def test_typing_shows_only_while_an_answer_takes_time(tmp_path, llm, api):
+    # Telegram asks bots to show a chat action only when an answer takes noticeable time.
+    async with running(tmp_path, llm, api, typingDelaySeconds=0.8) as tg:
+        api.private_text("quick")
+        await api.wait_sent_async(1)
+        assert api.calls("sendChatAction") == [], "a quick answer needs no typing call"
+        llm.script(reply("slow", delay=5.5))
+        api.private_text("slow one")
+        [_, slow] = await api.wait_sent_async(2)
+        typing = api.calls("sendChatAction")
+        assert [c.params["action"] for c in typing] == ["typing", "typing"]  # refreshed at 4 s
+        assert typing[0].params["chat_id"] == ALICE
+        assert 3.5 <= typing[1].at - typing[0].at < 4.5
+        assert slow.at - typing[0].at > 4.0  # shown long before the answer came
+        await tg.handled(api.private_text("after"))
+        await api.wait_sent_async(3)
+    assert len(api.calls("sendChatAction")) == 2, "the indicator stopped with the answer"
+
+
 async def test_the_offset_is_written_off_the_event_loop(tmp_path, llm, api, monkeypatch):
     # Renaming the offset file over the old one can stall for tens of milliseconds (ext4 pushes
     # the new data out first): done on the event loop, that stalls every chat.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import contextvars
 import logging
 import os
 import re
@@ -56,6 +57,36 @@ WATCH_SECONDS = 0.5  # how often a live connection is checked for a server that 
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 State = Literal["connecting", "connected", "failed", "stopped"]
+
+# The SDK's HTTP transports log why a connection cannot work (an SSE message endpoint on
+# another origin, a refused POST) and then wait until memobot's connect timeout: the reason
+# is kept for that server's state, told apart by the connection task the record comes from.
+TRANSPORT_LOGGERS = ("mcp.client.sse", "mcp.client.streamable_http")
+_CONNECTING: contextvars.ContextVar[McpServer | None] = contextvars.ContextVar(
+    "mcp_connecting", default=None
+)
+
+
+class _TransportTrouble(logging.Filter):
+    """Keeps the first warning or error an SDK transport logs during a connection attempt;
+    passes every record on (its level is another filter's business)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        server = _CONNECTING.get()
+        if server is not None and not server.trouble and record.levelno >= logging.WARNING:
+            text = record.getMessage().strip().splitlines()[0] if record.getMessage() else ""
+            exc = record.exc_info[1] if record.exc_info else None
+            if exc is not None:
+                text = f"{text}: {_describe(exc)}" if text else _describe(exc)
+            server.trouble = text[:300]
+        return True
+
+
+def _watch_transport_logs() -> None:
+    for name in TRANSPORT_LOGGERS:
+        sdk = logging.getLogger(name)
+        if not any(isinstance(f, _TransportTrouble) for f in sdk.filters):
+            sdk.filters.insert(0, _TransportTrouble())  # before any filter that drops records
 
 
 def tool_name(server: str, tool: str) -> str:
@@ -173,6 +204,7 @@ class McpServer:
         self._stopping = False
         self._stop_event = asyncio.Event()
         self._was_up = False
+        self.trouble = ""  # what the transport logged during this connection attempt
         self.task: asyncio.Task[None] | None = None
 
     def status(self) -> ServerStatus:
@@ -223,6 +255,8 @@ class McpServer:
                 raise
             except Exception as exc:
                 why = _describe(exc) + _transport_hint(self.cfg, exc)
+                if self.trouble and self.trouble not in why:
+                    why += f"; the transport said: {self.trouble}"
                 last = self._last_stderr_line()
                 if last:
                     why += f"; its stderr said: {last}"
@@ -247,6 +281,9 @@ class McpServer:
         from mcp import Client
 
         self.state = "connecting"
+        self.trouble = ""
+        _watch_transport_logs()
+        _CONNECTING.set(self)  # this task's context: the SDK's tasks for it inherit it
         async with contextlib.AsyncExitStack() as stack:
             errlog = self._errlog(stack)
             transport = self._transport(errlog)

@@ -234,6 +234,10 @@ class ChannelManager:
             if chat.queue:
                 msg = chat.queue.popleft()
                 live = chat.lives.pop(msg.reply_to, None) if msg.final else None
+                if msg.final and chat.typing:
+                    # The answer is on its way: a chat action sent now would land after its
+                    # first piece and show "typing..." under the answer (Telegram: 5 s).
+                    chat.typing.cancel()
                 if msg.final:
                     self._finished[(channel_name, chat_id, msg.reply_to)] = None
                     if len(self._finished) > FINISHED_REMEMBERED:
@@ -243,8 +247,6 @@ class ChannelManager:
                 except Exception:
                     log.exception("delivery crashed session=%s", msg.session_key)
                 finally:
-                    if msg.final and chat.typing:
-                        chat.typing.cancel()
                     self.bus.outbound.task_done()
                 continue
             channel = self.channels.get(channel_name)

@@ -22,7 +22,8 @@ from bot.tools.mcp import probe_servers
 async def _sse_endpoint(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    await response.write(f"event: endpoint\ndata: {request.app['endpoint']}\n\n".encode())
+    endpoint = request.app["endpoint"].replace("KEY", request.query.get("key", ""))
+    await response.write(f"event: endpoint\ndata: {endpoint}\n\n".encode())
     with_pings = asyncio.Event()
     await with_pings.wait()  # held open, as a real server holds its stream
     return response
@@ -49,7 +50,8 @@ async def broken_sse() -> AsyncIterator[web.Application]:
 
 
 async def _probe(tmp_path: Path, url: str) -> mcp_module.ServerStatus:
-    cfg = parse_config({"tools": {"mcpServers": {"remote": {"url": url}}}}, tmp_path / "c.json")
+    server = {"type": "sse", "url": url}
+    cfg = parse_config({"tools": {"mcpServers": {"remote": server}}}, str(tmp_path / "c.json"))
     [status] = await probe_servers(
         cfg.tools, gate=None, workspace=tmp_path, log_dir=None, seconds=5.0
     )
@@ -78,3 +80,26 @@ async def test_a_refused_message_post_is_named(tmp_path, broken_sse):
     assert status.state == "failed"
     assert "404" in status.detail, status.detail
     assert broken_sse["posts"] >= 1
+
+
+async def test_a_key_the_transport_quotes_is_hidden(tmp_path, broken_sse, monkeypatch):
+    # doctor and status.json show the detail as it is: a ${VAR} key in the url that the
+    # server echoes into its message endpoint (quoted in the 404) must not be in it.
+    monkeypatch.setenv("MCP_KEY", "s3cret-in-the-url-42")
+    broken_sse["endpoint"] = "/messages?session_id=1&key=KEY"
+    status = await _probe(tmp_path, broken_sse["url"] + "?key=${MCP_KEY}")
+    assert "404" in status.detail and "key=***" in status.detail, status.detail
+    assert "s3cret-in-the-url-42" not in status.detail
+
+
+def test_a_log_record_that_cannot_be_formatted_does_not_raise():
+    # A logging filter's exception would raise at the SDK's own log call.
+    server = mcp_module.McpServer.__new__(mcp_module.McpServer)
+    server.trouble = ""
+    record = logging.LogRecord("mcp.client.sse", logging.ERROR, __file__, 1, "%d", ("x",), None)
+    token = mcp_module._CONNECTING.set(server)
+    try:
+        assert mcp_module._TransportTrouble().filter(record) is True
+    finally:
+        mcp_module._CONNECTING.reset(token)
+    assert server.trouble == "(a log record that could not be read)"

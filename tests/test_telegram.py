@@ -161,6 +161,19 @@ async def test_typing_shows_only_while_an_answer_takes_time(tmp_path, llm, api):
     assert len(api.calls("sendChatAction")) == 2, "the indicator stopped with the answer"
 
 
+async def test_no_typing_call_once_the_answer_is_on_its_way(tmp_path, llm, api):
+    # The delay running out while the answer is being sent must not put "typing..." under
+    # it: the indicator stops when the answer leaves the queue, not after its last piece.
+    api.reply_delay = 0.5  # a slow sendMessage round trip
+    async with running(tmp_path, llm, api, typingDelaySeconds=1.0, streaming=False):
+        llm.script(reply("about one second", delay=0.8))
+        api.private_text("hi")
+        [answer] = await api.wait_sent_async(1)
+        await asyncio.sleep(1.0)
+        late = [c for c in api.calls("sendChatAction") if c.at > answer.at]
+        assert late == [], "typing shown after the answer went out"
+
+
 async def test_the_offset_is_written_off_the_event_loop(tmp_path, llm, api, monkeypatch):
     # Renaming the offset file over the old one can stall for tens of milliseconds (ext4 pushes
     # the new data out first): done on the event loop, that stalls every chat.

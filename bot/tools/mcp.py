@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TextIO
 
 from bot.config import McpServerConfig, ToolsConfig, ends_in_sse
+from bot.service.logs import redact
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry
 
 if TYPE_CHECKING:
@@ -73,12 +74,17 @@ class _TransportTrouble(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         server = _CONNECTING.get()
-        if server is not None and not server.trouble and record.levelno >= logging.WARNING:
-            text = record.getMessage().strip().splitlines()[0] if record.getMessage() else ""
+        if server is None or server.trouble or record.levelno < logging.WARNING:
+            return True
+        try:  # unlike a handler's, a filter's exception would raise at the SDK's log call
+            message = record.getMessage().strip()
+            text = message.splitlines()[0] if message else ""
             exc = record.exc_info[1] if record.exc_info else None
             if exc is not None:
                 text = f"{text}: {_describe(exc)}" if text else _describe(exc)
             server.trouble = text[:300]
+        except Exception:
+            server.trouble = "(a log record that could not be read)"
         return True
 
 
@@ -239,7 +245,7 @@ class McpServer:
         if not self._broken.is_set():
             log.warning("mcp server %s: %s; reconnecting", self.name, why)
         self._connected.clear()
-        self.state, self.detail = "connecting", f"reconnecting: {why}"
+        self.state, self.detail = "connecting", redact(f"reconnecting: {why}")
         self._broken.set()
 
     # -- the connection task ----------------------------------------------------------------
@@ -260,6 +266,9 @@ class McpServer:
                 last = self._last_stderr_line()
                 if last:
                     why += f"; its stderr said: {last}"
+                # Shown by doctor and status.json too, and an SDK message may quote a url
+                # with a ${VAR} key in it.
+                why = redact(why)
                 if self.state != "connected" or not self._broken.is_set():
                     self.state, self.detail = "failed", why
                     log.warning("mcp server %s: %s (retry in %.0f s)", self.name, why, delay)

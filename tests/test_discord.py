@@ -347,9 +347,10 @@ async def test_our_pacing_keeps_six_pieces_within_five_per_window(
     assert [c.status for c in attempts] == [200] * 6
     # Spread evenly by us (the library alone sends five at once, then waits): the i-th piece
     # no sooner than i fifths of the window after the first. Counted from the first, not
-    # piece to piece, so one piece delayed on the way does not make the next gap look short.
+    # piece to piece, so one piece delayed on the way does not make the next gap look short;
+    # 50 ms for the first piece itself arriving late (0.176 s against 0.18 seen under load).
     since = [b.at - attempts[0].at for b in attempts]
-    assert all(t >= i * window / 5 * 0.9 for i, t in enumerate(since)), since
+    assert all(t >= i * window / 5 - 0.05 for i, t in enumerate(since)), since
 
 
 async def test_fake_enforces_five_per_window_with_headers() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from bot import failpoints
 from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from bot.config import Config
+from bot.cron.scheduler import HEARTBEAT_KEY
 from bot.gate.approval import (
     APPROVAL_ID,
     CHOICE_LABELS,
@@ -147,6 +148,11 @@ class ApprovalDesk:
                 await self._ask(msg, record)
             outcome = await self._wait(session, msg, record)
             log.info("approval %s session=%s id=%s", outcome, msg.session_key, record["id"])
+            if outcome != "stopped" and HEARTBEAT_KEY not in msg.metadata:
+                # The turn goes on (a stopped one is ending); the question stopped the typing.
+                await self.bus.publish_outbound(
+                    OutboundMessage(msg.channel, msg.chat_id, "", metadata={"typing": True})
+                )
             if outcome in ("once", "always"):
                 failpoints.hit("approval_recorded")
                 return None

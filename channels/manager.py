@@ -37,6 +37,7 @@ from typing import Protocol
 
 from bot import failpoints
 from bot.bus import TO_ADMINS, MessageBus, OutboundMessage, StreamEvent
+from channels.access import approval_buttons
 from channels.base import Channel
 from channels.errors import (
     FatalChannelError,
@@ -234,9 +235,11 @@ class ChannelManager:
             if chat.queue:
                 msg = chat.queue.popleft()
                 live = chat.lives.pop(msg.reply_to, None) if msg.final else None
-                if msg.final and chat.typing:
+                if (msg.final or approval_buttons(msg)) and chat.typing:
                     # The answer is on its way: a chat action sent now would land after its
-                    # first piece and show "typing..." under the answer (Telegram: 5 s).
+                    # first piece and show "typing..." under the answer (Telegram: 5 s). A
+                    # question waits for the person: the turn shows typing again once it
+                    # goes on.
                     chat.typing.cancel()
                 if msg.final:
                     self._finished[(channel_name, chat_id, msg.reply_to)] = None

@@ -220,6 +220,30 @@ async def test_allowed_once_runs_the_command_and_the_model_gets_its_output(tmp_p
         assert tg.ran == 1
 
 
+async def test_no_typing_while_a_question_waits_for_the_person(tmp_path, llm, api, monkeypatch):
+    # "typing..." says the bot is working: not while it waits for a button press (up to the
+    # approval timeout), and again once the turn goes on.
+    from channels import manager as manager_module
+
+    monkeypatch.setattr(manager_module, "TYPING_REFRESH_SECONDS", 0.2)
+    llm.script(tool_step(call("exec", {"command": RISKY})), reply("it ran", delay=1.0))
+    async with running(tmp_path, llm, api, typingDelaySeconds=0) as tg:
+        api.private_text("please run it")
+        request = await tg.request()
+        await asyncio.sleep(1.0)  # five refreshes, were it still shown
+        typing = api.calls("sendChatAction")
+        assert typing and typing[0].at < request.at  # shown while the model worked
+        assert [c for c in typing if c.at > request.at + 0.1] == []
+        pressed_at = time.monotonic()
+        api.press(request, _data(request, "once"))
+        answer = await tg.said("it ran")
+        after = [c for c in api.calls("sendChatAction") if c.at > request.at + 0.1]
+        assert after and after[0].at < answer.at  # shown again while the turn went on
+        assert time.monotonic() - pressed_at >= 1.0
+        await asyncio.sleep(0.5)
+        assert not [c for c in api.calls("sendChatAction") if c.at > answer.at]
+
+
 async def test_denied_command_never_runs_and_the_model_is_told(tmp_path, llm, api):
     llm.script(tool_step(call("exec", {"command": RISKY})), reply("ok, not running it"))
     async with running(tmp_path, llm, api) as tg:

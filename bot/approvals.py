@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bot import failpoints
-from bot.bus import InboundMessage, MessageBus, OutboundMessage
+from bot.bus import InboundMessage, MessageBus, OutboundMessage, typing_notice
 from bot.config import Config
 from bot.cron.scheduler import HEARTBEAT_KEY
 from bot.gate.approval import (
@@ -150,9 +150,7 @@ class ApprovalDesk:
             log.info("approval %s session=%s id=%s", outcome, msg.session_key, record["id"])
             if outcome != "stopped" and HEARTBEAT_KEY not in msg.metadata:
                 # The turn goes on (a stopped one is ending); the question stopped the typing.
-                await self.bus.publish_outbound(
-                    OutboundMessage(msg.channel, msg.chat_id, "", metadata={"typing": True})
-                )
+                await self.bus.publish_outbound(typing_notice(msg.channel, msg.chat_id))
             if outcome in ("once", "always"):
                 failpoints.hit("approval_recorded")
                 return None

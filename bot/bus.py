@@ -64,6 +64,16 @@ def admin_notice(text: str) -> OutboundMessage:
     return OutboundMessage("", "", text, metadata={TO_ADMINS: True})
 
 
+# An outbound message with this metadata key only starts (True) or stops (False) the chat's
+# "typing..." indicator; it shows nothing else.
+TYPING = "typing"
+
+
+def typing_notice(channel: str, chat_id: str, on: bool = True) -> OutboundMessage:
+    """Start (or stop) showing that the bot is working in this chat."""
+    return OutboundMessage(channel, chat_id, "", metadata={TYPING: on})
+
+
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
     """Ephemeral news of an answer being written (DESIGN.md section 11): it may be dropped or

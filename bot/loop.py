@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from bot.approvals import ANSWER_COMMANDS, APPROVAL_KEY, press_from_command
-from bot.bus import InboundMessage, Intake, MessageBus, admin_notice
+from bot.bus import InboundMessage, Intake, MessageBus, admin_notice, typing_notice
 from bot.commands import HELP_TEXT, IMMEDIATE, Command, format_duration, parse_command
 from bot.config import Config
 from bot.context import ContextBuilder
@@ -431,6 +431,9 @@ class AgentLoop:
         if tell:
             self.outage.notified.add(key)
             await self._publish(msg, NOTICE_TEXT, final=False)
+        if HEARTBEAT_KEY not in msg.metadata:
+            # Waiting is not working: the turn shows typing again when it runs again.
+            await self.bus.publish_outbound(typing_notice(msg.channel, msg.chat_id, on=False))
         started = wall_seconds(since) or time.time()
         deadline = started + self.outage.cfg.max_wait_minutes * 60
         work.stop_requested = False

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from bot import failpoints
 from bot.approvals import ApprovalDesk, offered_tools
-from bot.bus import InboundMessage, MessageBus, OutboundMessage
+from bot.bus import InboundMessage, MessageBus, OutboundMessage, typing_notice
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.cron import heartbeat
@@ -199,9 +199,7 @@ class Turns:
 
         started = time.monotonic()
         if HEARTBEAT_KEY not in msg.metadata:
-            await self.bus.publish_outbound(
-                OutboundMessage(msg.channel, msg.chat_id, "", metadata={"typing": True})
-            )
+            await self.bus.publish_outbound(typing_notice(msg.channel, msg.chat_id))
         failpoints.hit("before_llm")
         stream = None
         if msg.channel in self.bus.streaming:  # the chat shows answers while they are written

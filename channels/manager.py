@@ -36,7 +36,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from bot import failpoints
-from bot.bus import TO_ADMINS, MessageBus, OutboundMessage, StreamEvent
+from bot.bus import TO_ADMINS, TYPING, MessageBus, OutboundMessage, StreamEvent
 from channels.access import approval_buttons
 from channels.base import Channel
 from channels.errors import (
@@ -204,8 +204,11 @@ class ChannelManager:
     async def _run(self) -> None:
         while True:
             msg = await self.bus.consume_outbound()
-            if msg.metadata.get("typing"):
-                self._start_typing(msg)
+            if TYPING in msg.metadata:
+                if msg.metadata[TYPING]:
+                    self._start_typing(msg)
+                else:
+                    self._stop_typing(msg)
                 self.bus.outbound.task_done()
                 continue
             if msg.metadata.get(TO_ADMINS):
@@ -451,6 +454,11 @@ class ChannelManager:
         chat.typing.add_done_callback(
             lambda _: self._forget_if_idle(msg.channel, msg.chat_id, chat)
         )
+
+    def _stop_typing(self, msg: OutboundMessage) -> None:
+        chat = self._chats.get((msg.channel, msg.chat_id))
+        if chat is not None and chat.typing is not None:
+            chat.typing.cancel()
 
     async def _typing(self, channel: Channel, chat_id: str) -> None:
         # An answer delivered within the delay cancels this first: no indicator, no call.

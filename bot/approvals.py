@@ -150,7 +150,9 @@ class ApprovalDesk:
             log.info("approval %s session=%s id=%s", outcome, msg.session_key, record["id"])
             if outcome != "stopped" and HEARTBEAT_KEY not in msg.metadata:
                 # The turn goes on (a stopped one is ending); the question stopped the typing.
-                await self.bus.publish_outbound(typing_notice(msg.channel, msg.chat_id))
+                await self.bus.publish_outbound(
+                    typing_notice(msg.channel, msg.chat_id, msg.message_id)
+                )
             if outcome in ("once", "always"):
                 failpoints.hit("approval_recorded")
                 return None

@@ -69,9 +69,12 @@ def admin_notice(text: str) -> OutboundMessage:
 TYPING = "typing"
 
 
-def typing_notice(channel: str, chat_id: str, on: bool = True) -> OutboundMessage:
-    """Start (or stop) showing that the bot is working in this chat."""
-    return OutboundMessage(channel, chat_id, "", metadata={TYPING: on})
+def typing_notice(
+    channel: str, chat_id: str, reply_to: str | None, on: bool = True
+) -> OutboundMessage:
+    """Start (or stop) showing that the bot is working in this chat, on the turn answering
+    ``reply_to``: that turn's final answer (or its approval question) stops it."""
+    return OutboundMessage(channel, chat_id, "", reply_to=reply_to, metadata={TYPING: on})
 
 
 @dataclass(frozen=True, slots=True)

@@ -433,7 +433,9 @@ class AgentLoop:
             await self._publish(msg, NOTICE_TEXT, final=False)
         if HEARTBEAT_KEY not in msg.metadata:
             # Waiting is not working: the turn shows typing again when it runs again.
-            await self.bus.publish_outbound(typing_notice(msg.channel, msg.chat_id, on=False))
+            await self.bus.publish_outbound(
+                typing_notice(msg.channel, msg.chat_id, msg.message_id, on=False)
+            )
         started = wall_seconds(since) or time.time()
         deadline = started + self.outage.cfg.max_wait_minutes * 60
         work.stop_requested = False

@@ -198,8 +198,10 @@ class Turns:
             )
 
         started = time.monotonic()
-        if HEARTBEAT_KEY not in msg.metadata:
-            await self.bus.publish_outbound(typing_notice(msg.channel, msg.chat_id))
+        # A turn resumed on its open question goes back to waiting for the person: typing
+        # comes once the question is answered.
+        if HEARTBEAT_KEY not in msg.metadata and approval is None:
+            await self.bus.publish_outbound(typing_notice(msg.channel, msg.chat_id, msg.message_id))
         failpoints.hit("before_llm")
         stream = None
         if msg.channel in self.bus.streaming:  # the chat shows answers while they are written

@@ -115,12 +115,13 @@ class _Chat:
     """A chat with something to send, show or type. It leaves ``ChannelManager._chats`` when
     all of that is done, so memory follows the chats active now, not every chat ever seen."""
 
-    __slots__ = ("lives", "queue", "typing", "wake", "worker")
+    __slots__ = ("lives", "queue", "typing", "typing_for", "wake", "worker")
 
     def __init__(self) -> None:
         self.queue: deque[OutboundMessage] = deque()  # one consumer: the chat's worker
         self.worker: asyncio.Task[None] | None = None
         self.typing: asyncio.Task[None] | None = None
+        self.typing_for: str | None = None  # the message whose turn the typing is for
         self.lives: dict[str | None, _Live] = {}  # by the message the answer replies to
         self.wake = asyncio.Event()  # a message was queued or a preview changed
 
@@ -131,13 +132,16 @@ class _Chat:
             async with asyncio.timeout(seconds):
                 await self.wake.wait()
 
-    def idle(self) -> bool:
+    def typing_shown(self) -> bool:
         typing = self.typing
+        return typing is not None and not typing.done() and typing.cancelling() == 0
+
+    def idle(self) -> bool:
         return (
             not self.queue
             and not self.lives
             and (self.worker is None or self.worker.done())
-            and (typing is None or typing.done() or typing.cancelling() > 0)
+            and not self.typing_shown()
         )
 
 
@@ -238,11 +242,12 @@ class ChannelManager:
             if chat.queue:
                 msg = chat.queue.popleft()
                 live = chat.lives.pop(msg.reply_to, None) if msg.final else None
-                if (msg.final or approval_buttons(msg)) and chat.typing:
+                ends_work = msg.final or approval_buttons(msg)
+                if ends_work and chat.typing and msg.reply_to == chat.typing_for:
                     # The answer is on its way: a chat action sent now would land after its
                     # first piece and show "typing..." under the answer (Telegram: 5 s). A
                     # question waits for the person: the turn shows typing again once it
-                    # goes on.
+                    # goes on. A command's answer (/status during a turn) leaves it be.
                     chat.typing.cancel()
                 if msg.final:
                     self._finished[(channel_name, chat_id, msg.reply_to)] = None
@@ -326,7 +331,9 @@ class ChannelManager:
     ) -> tuple[_Live | None, float]:
         """The draft of an answer still being worked on that is due to be sent again, and the
         seconds until it is (None: no draft to keep up)."""
-        if channel.preview_mode(chat_id) != "draft":
+        if channel.preview_mode(chat_id) != "draft" or not chat.typing_shown():
+            # A draft is kept up while the bot works on it, not while its turn waits for an
+            # approval or for the model to come back (typing stopped).
             return None, 0.0
         now = time.monotonic()
         due = [
@@ -448,7 +455,8 @@ class ChannelManager:
         if channel is None:
             return
         chat = self._chats.setdefault((msg.channel, msg.chat_id), _Chat())
-        if chat.typing and not chat.typing.done():
+        chat.typing_for = msg.reply_to
+        if chat.typing_shown():  # one just stopped is replaced: it is on its way out
             return
         chat.typing = asyncio.create_task(self._typing(channel, msg.chat_id))
         chat.typing.add_done_callback(

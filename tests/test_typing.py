@@ -1,0 +1,211 @@
+""" "typing..." is shown while the bot works on a turn, and only then: not while the turn waits
+for an approval (also one restored after a restart) or for the model, not kept up as a draft
+meanwhile, not stopped by another message's answer. The refresh is shortened here."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bot.bus import MessageBus, OutboundMessage, typing_notice
+from bot.outage import NOTICE_TEXT, Outage
+from channels import manager as manager_module
+from channels.base import Channel
+from channels.manager import ChannelManager
+from tests.fakes.llm_server import FakeLLM, call, reply, tool_step
+from tests.fakes.telegram_api import FakeBotAPI
+from tests.helpers import make_config, telegram_in_process
+from tests.test_approvals import ALICE, RISKY, _data, running
+from tests.test_outage import FAST_OUTAGE, _llm
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[FakeLLM]:
+    async with FakeLLM() as server:
+        yield server
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeBotAPI]:
+    async with FakeBotAPI() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def fast_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manager_module, "TYPING_REFRESH_SECONDS", 0.05)
+    monkeypatch.setattr(manager_module, "DRAFT_REFRESH_SECONDS", 0.3)
+
+
+# -- the manager alone ------------------------------------------------------------------------
+
+
+class _Ledger:
+    def progress(self, msg: OutboundMessage) -> tuple[None, int]:
+        return None, 0
+
+    async def sending(self, msg: OutboundMessage, pieces: object = None, index: int = 0) -> bool:
+        return True
+
+    async def sent(self, msg: OutboundMessage) -> None:
+        pass
+
+    async def postponed(self, msg: OutboundMessage, index: int = 0) -> None:
+        pass
+
+    async def failed(self, msg: OutboundMessage, reason: str = "", index: int = 0) -> None:
+        pass
+
+    def preview_ids(self, key: str, reply_to: str | None) -> list[str]:
+        return []
+
+    async def previewing(self, key: str, reply_to: str | None, ids: list[str]) -> None:
+        pass
+
+
+class _Typing(Channel):
+    name = "fake"
+
+    def __init__(self, bus: MessageBus) -> None:
+        super().__init__(bus)
+        self.actions = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def send_typing(self, chat_id: str) -> None:
+        self.actions += 1
+
+    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+        pass
+
+
+async def _actions_within(channel: _Typing, seconds: float) -> int:
+    before = channel.actions
+    await asyncio.sleep(seconds)
+    return channel.actions - before
+
+
+async def test_a_stop_and_a_start_at_once_leave_typing_shown() -> None:
+    # The wait for the model ends before the manager ran: the start must not be lost to the
+    # stopped task that is still on its way out.
+    bus = MessageBus()
+    channel = _Typing(bus)
+    manager = ChannelManager(bus, _Ledger(), [channel])  # type: ignore[arg-type]
+    await manager.start()
+    try:
+        await bus.publish_outbound(typing_notice("fake", "1", "m1"))
+        await asyncio.sleep(0.1)
+        await bus.publish_outbound(typing_notice("fake", "1", "m1", on=False))
+        await bus.publish_outbound(typing_notice("fake", "1", "m1"))
+        await asyncio.sleep(0.05)
+        assert await _actions_within(channel, 0.3) >= 3
+    finally:
+        await manager.stop()
+
+
+async def test_only_the_turns_own_answer_stops_its_typing() -> None:
+    bus = MessageBus()
+    channel = _Typing(bus)
+    manager = ChannelManager(bus, _Ledger(), [channel])  # type: ignore[arg-type]
+    await manager.start()
+    try:
+        await bus.publish_outbound(typing_notice("fake", "1", "m1"))  # the turn answering m1
+        await asyncio.sleep(0.1)
+        # /status, answered while m1's turn works: a final answer to another message
+        await bus.publish_outbound(
+            OutboundMessage("fake", "1", "status", reply_to="m2", final=True)
+        )
+        await asyncio.sleep(0.05)
+        assert await _actions_within(channel, 0.3) >= 3
+        await bus.publish_outbound(OutboundMessage("fake", "1", "done", reply_to="m1", final=True))
+        await asyncio.sleep(0.05)
+        assert await _actions_within(channel, 0.3) == 0
+        assert manager.chats_in_memory == 0
+    finally:
+        await manager.stop()
+
+
+# -- through the Telegram channel -------------------------------------------------------------
+
+
+async def test_a_question_restored_after_a_restart_waits_without_typing(tmp_path, llm, api):
+    llm.script(tool_step(call("exec", {"command": RISKY})), reply("ran after restart", delay=0.5))
+    async with running(tmp_path, llm, api, typingDelaySeconds=0) as tg:
+        api.private_text("please run it")
+        request = await tg.request()
+    restarted = time.monotonic()
+    async with running(tmp_path, llm, api, typingDelaySeconds=0) as tg:
+        await asyncio.sleep(1.0)  # twenty refreshes, were it shown
+        assert [c for c in api.calls("sendChatAction") if c.at > restarted] == []
+        assert sum(bool(api.markup(c)) for c in api.sent()) == 1  # waited for, not asked again
+        api.press(request, _data(request, "once"))
+        answer = await tg.said("ran after restart")
+        again = [c for c in api.calls("sendChatAction") if c.at > restarted]
+        assert again and again[0].at < answer.at  # the turn went on: shown again
+
+
+async def test_no_typing_while_the_second_question_of_a_turn_waits(tmp_path, llm, api):
+    llm.script(
+        tool_step(call("exec", {"command": RISKY}), call("exec", {"command": RISKY + " 2"})),
+        reply("both ran", delay=0.5),
+    )
+    async with running(tmp_path, llm, api, typingDelaySeconds=0) as tg:
+        api.private_text("please run both")
+        first = await tg.request()
+        api.press(first, _data(first, "once"))
+        await api.wait_for_async(lambda: sum(bool(api.markup(c)) for c in api.sent()) == 2, 30)
+        second = [c for c in api.sent() if api.markup(c)][-1]
+        await asyncio.sleep(0.6)
+        assert [c for c in api.calls("sendChatAction") if c.at > second.at + 0.1] == []
+        api.press(second, _data(second, "once"))
+        await tg.said("both ran")
+
+
+async def test_no_draft_kept_up_while_a_question_waits(tmp_path, llm, api):
+    # After a tool the private chat's draft is empty ("Thinking..." in the app): kept up while
+    # the turn works, not while it waits for the person.
+    llm.script(
+        tool_step(call("exec", {"command": "ls"}), call("exec", {"command": RISKY})),
+        reply("ran", delay=0.5),
+    )
+    async with running(tmp_path, llm, api, typingDelaySeconds=0) as tg:
+        api.private_text("list then run")
+        request = await tg.request()
+        await asyncio.sleep(1.5)  # five draft refreshes, were it kept up
+        assert [d for d in api.drafts(ALICE) if d.at > request.at + 0.05] == []
+        api.press(request, _data(request, "once"))
+        await tg.said("ran")
+
+
+async def test_no_draft_kept_up_while_a_turn_waits_for_the_model(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    llm.configure(mode="strict")  # every unscripted request: HTTP 500
+    llm.script(tool_step(call("exec", {"command": "ls"})))
+    async with FakeBotAPI() as bot_api:
+        settings = {
+            "enabled": True,
+            "token": bot_api.token,
+            "baseUrl": bot_api.base_url,
+            "allowFrom": [str(ALICE)],
+            "pollTimeoutSeconds": 1,
+            "typingDelaySeconds": 0,
+        }
+        model = _llm(llm.base_url, outage=FAST_OUTAGE)
+        cfg = make_config(tmp_path, llm.base_url, llm=model, channels={"telegram": settings})
+        async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, _, _):
+            stack.loop.outage = Outage(stack.provider.probe, cfg.llm.outage)
+            bot_api.private_text("hello", user_id=ALICE)
+            [notice] = await bot_api.wait_sent_async(1)
+            assert notice.params["text"] == NOTICE_TEXT
+            await asyncio.sleep(1.5)
+            assert [d for d in bot_api.drafts(ALICE) if d.at > notice.at + 0.3] == []
+            assert [c for c in bot_api.calls("sendChatAction") if c.at > notice.at + 0.3] == []

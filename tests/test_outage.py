@@ -337,39 +337,3 @@ def test_a_wrong_api_key_is_reported_once_to_the_admins(tmp_path: Path) -> None:
         "The model service refused the request (401: the API key was rejected; check llm.apiKey).",
     ] * 2
     assert bob == [alice[-1]]  # refused too, but not an admin: no notice
-
-
-async def test_no_typing_while_a_turn_waits_for_the_model(
-    tmp_path: Path, primary: FakeLLM, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Waiting out an outage is not working on an answer: "typing..." stops with the wait
-    # (which may last llm.outage.maxWaitMinutes) and comes back when the turn runs again.
-    from channels import manager as manager_module
-    from tests.helpers import telegram_in_process
-
-    monkeypatch.setattr(manager_module, "TYPING_REFRESH_SECONDS", 0.2)
-    primary.configure(mode="strict")  # every unscripted request: HTTP 500
-    async with FakeBotAPI() as api:
-        settings = {
-            "enabled": True,
-            "token": api.token,
-            "baseUrl": api.base_url,
-            "allowFrom": [str(ALICE)],
-            "pollTimeoutSeconds": 1,
-            "typingDelaySeconds": 0,
-        }
-        llm = _llm(primary.base_url, outage=FAST_OUTAGE)
-        cfg = make_config(tmp_path, primary.base_url, llm=llm, channels={"telegram": settings})
-        async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, _, _):
-            stack.loop.outage = Outage(stack.provider.probe, cfg.llm.outage)
-            api.private_text("hello", user_id=ALICE)
-            [notice] = await api.wait_sent_async(1)
-            assert notice.params["text"] == NOTICE_TEXT
-            assert api.calls("sendChatAction")  # shown while the model was tried
-            await asyncio.sleep(1.0)  # five refreshes, were it still shown
-            assert [c for c in api.calls("sendChatAction") if c.at > notice.at + 0.3] == []
-            primary.configure(mode="echo", delay=0.5)  # the probe too
-            [_, answer] = await api.wait_sent_async(2)
-            assert answer.params["text"] == "echo: hello"
-            again = [c for c in api.calls("sendChatAction") if c.at > notice.at + 0.3]
-            assert again and again[0].at < answer.at  # the turn runs again: shown again

@@ -185,9 +185,11 @@ async def test_no_draft_kept_up_while_a_question_waits(tmp_path, llm, api):
         await tg.said("ran")
 
 
-async def test_no_draft_kept_up_while_a_turn_waits_for_the_model(
+async def test_neither_typing_nor_draft_while_a_turn_waits_for_the_model(
     tmp_path: Path, llm: FakeLLM
 ) -> None:
+    # Waiting out an outage (up to llm.outage.maxWaitMinutes) is not working on an answer;
+    # when the model is back the turn runs again, and shows it again.
     llm.configure(mode="strict")  # every unscripted request: HTTP 500
     llm.script(tool_step(call("exec", {"command": "ls"})))
     async with FakeBotAPI() as bot_api:
@@ -206,6 +208,12 @@ async def test_no_draft_kept_up_while_a_turn_waits_for_the_model(
             bot_api.private_text("hello", user_id=ALICE)
             [notice] = await bot_api.wait_sent_async(1)
             assert notice.params["text"] == NOTICE_TEXT
+            assert bot_api.calls("sendChatAction")  # shown while the model was tried
             await asyncio.sleep(1.5)
             assert [d for d in bot_api.drafts(ALICE) if d.at > notice.at + 0.3] == []
             assert [c for c in bot_api.calls("sendChatAction") if c.at > notice.at + 0.3] == []
+            llm.configure(mode="echo", delay=0.5)  # the probe too
+            [_, answer] = await bot_api.wait_sent_async(2)
+            assert answer.params["text"] == "echo: hello"
+            again = [c for c in bot_api.calls("sendChatAction") if c.at > notice.at + 0.3]
+            assert again and again[0].at < answer.at

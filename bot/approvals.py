@@ -121,10 +121,6 @@ class ApprovalDesk:
             nonlocal restored
             record = restored if restored and restored.get("call_id") == call.id else None
             restored = None
-            if record is not None and msg.channel == TERMINAL:
-                # A terminal's question dies with its process: ask again. Platforms keep
-                # the old buttons, which still work; asking there again would only repeat.
-                await self._ask(msg, record)
             if record is None:
                 allowed_here = list(session.metadata.get("approved_calls") or [])
                 question = question_for(self.policy, call.name, call.arguments, allowed_here)
@@ -145,20 +141,30 @@ class ApprovalDesk:
                     record["id"],
                     call.name,
                 )
+                ask = True
+            else:
+                # A terminal's question dies with its process: ask again. Platforms keep
+                # the old buttons, which still work; asking there again would only repeat.
+                ask = msg.channel == TERMINAL
+            await self._typing(msg, on=False)  # waiting for the person is not working
+            if ask:
                 await self._ask(msg, record)
             outcome = await self._wait(session, msg, record)
             log.info("approval %s session=%s id=%s", outcome, msg.session_key, record["id"])
-            if outcome != "stopped" and HEARTBEAT_KEY not in msg.metadata:
-                # The turn goes on (a stopped one is ending); the question stopped the typing.
-                await self.bus.publish_outbound(
-                    typing_notice(msg.channel, msg.chat_id, msg.message_id)
-                )
+            if outcome != "stopped":  # the turn goes on (a stopped one is ending)
+                await self._typing(msg, on=True)
             if outcome in ("once", "always"):
                 failpoints.hit("approval_recorded")
                 return None
             return denied_result(outcome, self.timeout_minutes)
 
         return approve
+
+    async def _typing(self, msg: InboundMessage, on: bool) -> None:
+        if HEARTBEAT_KEY not in msg.metadata:  # a heartbeat's turn never shows typing
+            await self.bus.publish_outbound(
+                typing_notice(msg.channel, msg.chat_id, msg.message_id, on=on)
+            )
 
     async def _ask(self, msg: InboundMessage, record: dict[str, Any]) -> None:
         """The question, shown once: an ephemeral message with the buttons' choices."""

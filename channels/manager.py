@@ -37,7 +37,6 @@ from typing import Protocol
 
 from bot import failpoints
 from bot.bus import TO_ADMINS, TYPING, MessageBus, OutboundMessage, StreamEvent
-from channels.access import approval_buttons
 from channels.base import Channel
 from channels.errors import (
     FatalChannelError,
@@ -242,12 +241,10 @@ class ChannelManager:
             if chat.queue:
                 msg = chat.queue.popleft()
                 live = chat.lives.pop(msg.reply_to, None) if msg.final else None
-                ends_work = msg.final or approval_buttons(msg)
-                if ends_work and chat.typing and msg.reply_to == chat.typing_for:
+                if msg.final and chat.typing and msg.reply_to == chat.typing_for:
                     # The answer is on its way: a chat action sent now would land after its
                     # first piece and show "typing..." under the answer (Telegram: 5 s). A
-                    # question waits for the person: the turn shows typing again once it
-                    # goes on. A command's answer (/status during a turn) leaves it be.
+                    # command's answer (/status during a turn) leaves it be.
                     chat.typing.cancel()
                 if msg.final:
                     self._finished[(channel_name, chat_id, msg.reply_to)] = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -93,44 +94,43 @@ async def _actions_within(channel: _Typing, seconds: float) -> int:
     return channel.actions - before
 
 
-async def test_a_stop_and_a_start_at_once_leave_typing_shown() -> None:
-    # The wait for the model ends before the manager ran: the start must not be lost to the
-    # stopped task that is still on its way out.
+@asynccontextmanager
+async def _manager_alone() -> AsyncIterator[tuple[MessageBus, _Typing, ChannelManager]]:
     bus = MessageBus()
     channel = _Typing(bus)
     manager = ChannelManager(bus, _Ledger(), [channel])  # type: ignore[arg-type]
     await manager.start()
     try:
+        yield bus, channel, manager
+    finally:
+        await manager.stop()
+
+
+async def test_a_stop_and_a_start_at_once_leave_typing_shown() -> None:
+    # The wait for the model ends before the manager ran: the start must not be lost to the
+    # stopped task that is still on its way out.
+    async with _manager_alone() as (bus, channel, _):
         await bus.publish_outbound(typing_notice("fake", "1", "m1"))
         await asyncio.sleep(0.1)
         await bus.publish_outbound(typing_notice("fake", "1", "m1", on=False))
         await bus.publish_outbound(typing_notice("fake", "1", "m1"))
         await asyncio.sleep(0.05)
         assert await _actions_within(channel, 0.3) >= 3
-    finally:
-        await manager.stop()
 
 
 async def test_only_the_turns_own_answer_stops_its_typing() -> None:
-    bus = MessageBus()
-    channel = _Typing(bus)
-    manager = ChannelManager(bus, _Ledger(), [channel])  # type: ignore[arg-type]
-    await manager.start()
-    try:
+    async with _manager_alone() as (bus, channel, manager):
         await bus.publish_outbound(typing_notice("fake", "1", "m1"))  # the turn answering m1
         await asyncio.sleep(0.1)
         # /status, answered while m1's turn works: a final answer to another message
-        await bus.publish_outbound(
-            OutboundMessage("fake", "1", "status", reply_to="m2", final=True)
-        )
+        status = OutboundMessage("fake", "1", "status", reply_to="m2", final=True)
+        await bus.publish_outbound(status)
         await asyncio.sleep(0.05)
         assert await _actions_within(channel, 0.3) >= 3
         await bus.publish_outbound(OutboundMessage("fake", "1", "done", reply_to="m1", final=True))
         await asyncio.sleep(0.05)
         assert await _actions_within(channel, 0.3) == 0
         assert manager.chats_in_memory == 0
-    finally:
-        await manager.stop()
 
 
 # -- through the Telegram channel -------------------------------------------------------------

@@ -291,7 +291,6 @@ class McpServer:
 
         self.state = "connecting"
         self.trouble = ""
-        _watch_transport_logs()
         _CONNECTING.set(self)  # this task's context: the SDK's tasks for it inherit it
         async with contextlib.AsyncExitStack() as stack:
             errlog = self._errlog(stack)
@@ -480,6 +479,8 @@ class McpManager:
             )
             for name, cfg in sorted(tools_cfg.mcp_servers.items())
         ]
+        if self.servers:
+            _watch_transport_logs()
 
     def start(self) -> None:
         """Begin connecting every server in the background; returns at once."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bot import workspace_files
 from bot.bus import MessageBus
 from bot.config import Config
 from bot.context import ContextBuilder
@@ -93,7 +94,7 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
     if not workspace.exists():  # a deleted template file stays deleted once set up
         init_workspace(workspace)
         initial_memory_commit(workspace)
-    elif (workspace / "memory" / "HISTORY.md").exists():
+    elif workspace_files.exists(workspace, "memory/HISTORY.md"):
         # Before the archive object below reads and caches the last cursor.
         from bot.memory.migrate import migrate_legacy_history
 

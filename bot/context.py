@@ -18,6 +18,7 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bot import workspace_files
 from bot.runner import close_open_tool_calls
 from bot.skills import SkillsIndex
 from bot.tokens import estimate_message_tokens, estimate_text_tokens
@@ -72,23 +73,24 @@ class ContextBuilder:
         self._repaired: set[str] = set()  # sessions whose history was already reported
 
     def _read(self, name: str) -> bool:
-        """Refresh one prompt file from disk if its mtime or size changed; True if it did."""
+        """Refresh one prompt file from disk if it changed; True if it did. A link, a folder
+        or anything else that is not a regular file is left out (logged once per change)."""
         entry = self._files[name]
-        path = self.workspace / name
         try:
-            st = path.stat()
-            key = (st.st_mtime_ns, st.st_size)
+            st = workspace_files.lstat(self.workspace, name)
+            key = (st.st_mtime_ns, st.st_size, st.st_ino)
         except (FileNotFoundError, NotADirectoryError):
             st, key = None, None
         if key == entry.key:
             return False
         entry.key = key
-        if st is not None and not stat.S_ISREG(st.st_mode):
-            # Logged once per change (the key is kept), so not on every turn.
-            log.error("prompt file %s is not a regular file (a folder?); left out", path)
-            entry.text = ""
-            return True
-        entry.text = path.read_text(encoding="utf-8", errors="replace").strip() if key else ""
+        entry.text = ""
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            log.warning("prompt file %s is a symlink; left out (links are never followed)", name)
+        elif st is not None and not stat.S_ISREG(st.st_mode):
+            log.error("prompt file %s is not a regular file (a folder?); left out", name)
+        elif st is not None:
+            entry.text = workspace_files.read_text_or_empty(self.workspace, name).strip()
         return True
 
     def system_prompt(self, private: bool = True) -> str:
@@ -139,7 +141,7 @@ class ContextBuilder:
             return {"role": "user", "content": content}
         parts: list[dict[str, Any]] = [{"type": "text", "text": content}]
         for p in images:
-            url = _image_data_url(Path(p))
+            url = _image_data_url(self.workspace, Path(p))
             if url:
                 parts.append({"type": "image_url", "image_url": {"url": url}})
         return {"role": "user", "content": parts}
@@ -360,12 +362,14 @@ def default_identity(workspace: Path) -> str:
     )
 
 
-def _image_data_url(path: Path) -> str | None:
+def _image_data_url(workspace: Path, path: Path) -> str | None:
+    """The image as a data URL; None when it is too big, absent, outside the workspace or
+    reached through a link (media files live in the workspace, which the model writes)."""
     try:
-        if path.stat().st_size > MAX_INLINE_IMAGE_BYTES:
-            return None
-        data = path.read_bytes()
+        data = workspace_files.read_bytes(workspace, path, limit=MAX_INLINE_IMAGE_BYTES + 1)
     except OSError:
+        return None
+    if len(data) > MAX_INLINE_IMAGE_BYTES:
         return None
     mime = mimetypes.guess_type(path.name)[0] or "image/png"
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"

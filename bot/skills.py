@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from bot import workspace_files
+
 log = logging.getLogger(__name__)
 
 SKILLS_DIR = "skills"
@@ -162,12 +164,11 @@ def _block_scalar(indicator: str, block: list[str], lineno: int) -> str:
     return "\n".join(paragraphs)
 
 
-def _read_skill(skill_md: Path) -> Skill:
+def _read_skill(workspace: Path, skill_md: Path) -> Skill:
     """Read one SKILL.md; on any problem, log it and fall back to the folder name."""
     folder = skill_md.parent.name
     try:
-        with skill_md.open("rb") as fh:
-            head = fh.read(MAX_READ_BYTES)
+        head = workspace_files.read_bytes(workspace, skill_md, limit=MAX_READ_BYTES)
         meta = parse_front_matter(head.decode("utf-8", errors="strict"))
     except (OSError, UnicodeDecodeError, FrontMatterError) as exc:
         log.warning(
@@ -178,29 +179,20 @@ def _read_skill(skill_md: Path) -> Skill:
     return Skill(name=name, description=meta.get("description", "").strip(), path=skill_md)
 
 
-def _skill_files(workspace: Path) -> list[Path]:
-    """Every ``skills/<folder>/SKILL.md`` that exists, hidden folders excluded."""
-    root = workspace / SKILLS_DIR
+def _skill_files(workspace: Path) -> list[tuple[Path, os.stat_result]]:
+    """Every ``skills/<folder>/SKILL.md`` that exists, with its status; hidden folders and
+    links excluded."""
     try:
-        entries = list(os.scandir(root))
-    except FileNotFoundError:
-        return []
+        found = workspace_files.files_matching(workspace, SKILLS_DIR, SKILL_FILE)
     except OSError as exc:
-        log.warning("cannot list skills folder %s: %s", root, exc)
+        log.warning("cannot list skills folder %s: %s", workspace / SKILLS_DIR, exc)
         return []
-    files = []
-    for entry in entries:
-        if entry.name.startswith(".") or not entry.is_dir():
-            continue
-        skill_md = Path(entry.path) / SKILL_FILE
-        if skill_md.is_file():
-            files.append(skill_md)
-    return files
+    return [(workspace / rel, st) for rel, st in found]
 
 
 def load_skills(workspace: Path) -> list[Skill]:
     """All skills of ``workspace``, sorted by name. Never raises; problems are logged."""
-    skills = [_read_skill(p) for p in _skill_files(workspace)]
+    skills = [_read_skill(workspace, p) for p, _ in _skill_files(workspace)]
     return sorted(skills, key=lambda s: (s.name, s.path.parent.name))
 
 
@@ -241,11 +233,7 @@ class SkillsIndex:
 
     def _current_signature(self) -> _Signature:
         sig = []
-        for skill_md in _skill_files(self.workspace):
-            try:
-                st = skill_md.stat()
-            except OSError:  # removed between the listing and the stat
-                continue
+        for skill_md, st in _skill_files(self.workspace):
             sig.append((skill_md.parent.name, st.st_mtime_ns, st.st_size, st.st_ino))
         return tuple(sorted(sig))
 

@@ -25,10 +25,9 @@ import json
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-from bot import failpoints
+from bot import failpoints, workspace_files
 from bot.bus import InboundMessage, MessageBus
 from bot.config import Config
 from bot.cron import heartbeat
@@ -380,11 +379,8 @@ class Scheduler:
         await self._hand_over_heartbeat(firing)
 
     def _read_tasks(self) -> list[str]:
-        path: Path = self.cfg.agent.workspace_path / heartbeat.FILE
-        try:
-            return heartbeat.open_tasks(path.read_text(encoding="utf-8", errors="replace"))
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            return []
+        workspace = self.cfg.agent.workspace_path
+        return heartbeat.open_tasks(workspace_files.read_text_or_empty(workspace, heartbeat.FILE))
 
     async def _set_heartbeat(self, change: Callable[[dict[str, Any]], None]) -> None:
         def apply(jobs: Jobs) -> None:

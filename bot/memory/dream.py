@@ -14,12 +14,12 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from bot import workspace_files
 from bot.config import Config, MemoryConfig
 from bot.llm import LLMError, LLMProvider
 from bot.memory.entries import EntryError, add_entry, count_entries, remove_entry, replace_entry
@@ -136,10 +136,9 @@ class _Edits:
         self.original: dict[str, str] = {}
         self.files: dict[str, str] = {}
         for name in MEMORY_FILES:
-            path = workspace / name
-            self.original[name] = path.read_text(encoding="utf-8") if path.exists() else ""
+            self.original[name] = _read(workspace, name)
         self.files = dict(self.original)
-        self.existed = {name for name in MEMORY_FILES if (workspace / name).is_file()}
+        self.existed = {name for name in MEMORY_FILES if workspace_files.is_file(workspace, name)}
         self.result = DreamResult("done")
         self.removed_per_file: dict[str, int] = {}
 
@@ -186,9 +185,9 @@ class _Edits:
         body = str(args["instructions"]).strip()
         rel = f"skills/{name}/SKILL.md"
         self.files[rel] = f'---\nname: {name}\ndescription: "{description}"\n---\n\n{body}\n'
-        if rel not in self.original and (self.workspace / rel).is_file():
+        if rel not in self.original and workspace_files.is_file(self.workspace, rel):
             self.existed.add(rel)
-        self.original.setdefault(rel, _read(self.workspace / rel))
+        self.original.setdefault(rel, _read(self.workspace, rel))
         self.result.skills.append(rel)
         return f"Wrote {rel}."
 
@@ -209,43 +208,40 @@ class _Edits:
     def restore(self, names: list[str]) -> None:
         """Put the named files back as they were before the run (absent ones removed)."""
         for rel in names:
-            path = self.workspace / rel
             if rel in self.existed:
-                _write_atomic(path, self.original[rel])
+                _write(self.workspace, rel, self.original[rel])
             else:
-                path.unlink(missing_ok=True)
+                workspace_files.unlink(self.workspace, rel)
 
 
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8") if path.is_file() else ""  # a folder reads as empty
+def _read(workspace: Path, rel: str) -> str:
+    """A memory file's text; "" when absent, a folder or a link (never followed)."""
+    try:
+        return workspace_files.read_text(workspace, rel)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return ""
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.dream-tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+def _write(workspace: Path, rel: str, text: str) -> None:
+    workspace_files.write_atomic(workspace, rel, text, make_parents=True)
 
 
 def read_dream_cursor(workspace: Path) -> int:
     try:
-        return int((workspace / "memory" / ".dream_cursor").read_text().strip() or 0)
+        return int(workspace_files.read_text(workspace, "memory/.dream_cursor").strip() or 0)
     except (FileNotFoundError, ValueError):
         return 0
 
 
 def write_dream_cursor(workspace: Path, cursor: int) -> None:
-    _write_atomic(workspace / "memory" / ".dream_cursor", f"{cursor}\n")
+    _write(workspace, "memory/.dream_cursor", f"{cursor}\n")
 
 
 def budget_lines(workspace: Path, max_chars: int) -> list[str]:
     """``MEMORY.md 1,474/4,000 chars`` for each budgeted file (shown by /status and status)."""
     out = []
     for name in BUDGETED:
-        size = len(_read(workspace / name))
+        size = len(_read(workspace, name))
         over = " (over budget: Dream will condense it)" if size > max_chars else ""
         out.append(f"{Path(name).name} {size:,}/{max_chars:,} chars{over}")
     return out
@@ -319,7 +315,7 @@ class Dream:
         result.cursor = entries[-1].cursor
         changed = edits.changed()
         for rel, text in changed.items():
-            await asyncio.to_thread(_write_atomic, self.workspace / rel, text)
+            await asyncio.to_thread(_write, self.workspace, rel, text)
         if changed:
             try:
                 result.commit = await _commit(
@@ -391,7 +387,8 @@ class Dream:
                 budget = f" ({size:,}/{self.cfg.max_chars:,} chars"
                 budget += ", OVER BUDGET: condense)" if size > self.cfg.max_chars else ")"
             parts.append(f"## {name}{budget}\n\n{text}")
-        skills = sorted(p.parent.name for p in (self.workspace / "skills").glob("*/SKILL.md"))
+        found = workspace_files.files_matching(self.workspace, "skills", "SKILL.md")
+        skills = sorted(rel.split("/")[1] for rel, _ in found)
         parts.append("## skills\n\n" + (", ".join(skills) or "(none)"))
         parts.append("# New history entries")
         for e in entries:
@@ -431,7 +428,7 @@ async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
     from bot.memory.migrate import migrate_legacy_history
 
     workspace = cfg.agent.workspace_path
-    if (workspace / "memory" / "HISTORY.md").exists():
+    if workspace_files.exists(workspace, "memory/HISTORY.md"):
         migrate_legacy_history(workspace)
     try:
         provider = LLMProvider(cfg.llm)

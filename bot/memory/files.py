@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bot import workspace_files
+
 MEMORY_FILES = ("USER.md", "SOUL.md", "memory/MEMORY.md")
 SKILLS_DIR = "skills"
 
@@ -11,17 +13,14 @@ SKILLS_DIR = "skills"
 def memory_stamp(workspace: Path) -> tuple[tuple[str, int, int], ...]:
     """(path, mtime_ns, size) of every memory file and SKILL.md: equal stamps, no change.
 
-    A few stat calls, cheap enough to take before and after every turn.
+    A few stat calls, cheap enough to take before and after every turn. Links are not
+    followed: a link counts as absent.
     """
     out = []
-    paths = [workspace / name for name in MEMORY_FILES]
-    skills = workspace / SKILLS_DIR
-    if skills.is_dir():
-        paths += sorted(skills.glob("*/SKILL.md"))
-    for path in paths:
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            continue
-        out.append((str(path), st.st_mtime_ns, st.st_size))
+    for rel in MEMORY_FILES:
+        st = workspace_files.file_stat(workspace, rel)
+        if st is not None:
+            out.append((str(workspace / rel), st.st_mtime_ns, st.st_size))
+    for rel, st in workspace_files.files_matching(workspace, SKILLS_DIR, "SKILL.md"):
+        out.append((str(workspace / rel), st.st_mtime_ns, st.st_size))
     return tuple(out)

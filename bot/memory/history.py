@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bot import workspace_files
 from bot.session import now_iso
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class HistoryEntry:
 
 class HistoryArchive:
     def __init__(self, workspace: Path) -> None:
+        self.workspace = workspace
         self.dir = workspace / "memory"
         self.path = self.dir / "history.jsonl"
         self.cursor_path = self.dir / ".cursor"
@@ -47,7 +49,7 @@ class HistoryArchive:
             return self._cursor
         cursor = 0
         try:
-            cursor = int(self.cursor_path.read_text().strip() or 0)
+            cursor = int(workspace_files.read_text(self.workspace, self.cursor_path).strip() or 0)
         except (FileNotFoundError, ValueError):
             pass
         for entry in self._tail_entries():
@@ -57,13 +59,13 @@ class HistoryArchive:
 
     def _tail_entries(self, max_bytes: int = 65536) -> list[HistoryEntry]:
         try:
-            with open(self.path, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                size = fh.tell()
-                fh.seek(max(0, size - max_bytes))
-                data = fh.read()
+            fd = workspace_files.open_fd(self.workspace, self.path)
         except FileNotFoundError:
             return []
+        with os.fdopen(fd, "rb") as fh:
+            size = os.fstat(fd).st_size
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
         out = []
         for line in data.split(b"\n"):
             entry = parse_entry(line)
@@ -72,12 +74,8 @@ class HistoryArchive:
         return out
 
     def entries(self, after: int = 0) -> list[HistoryEntry]:
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return []
         out = []
-        for line in data.split(b"\n"):
+        for line in _lines(self.workspace, self.path):
             entry = parse_entry(line)
             if entry and entry.cursor > after:
                 out.append(entry)
@@ -102,11 +100,14 @@ class HistoryArchive:
         """
         if not items:
             return []
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.workspace.mkdir(parents=True, exist_ok=True)  # the owner's path, not the model's
+        workspace_files.make_dirs(self.workspace, "memory")
         first = self.last_cursor() + 1
         entries = [HistoryEntry(first + i, *item) for i, item in enumerate(items)]
         payload = "".join(entry_line(e) for e in entries).encode("utf-8")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = workspace_files.open_fd(
+            self.workspace, self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND
+        )
         try:
             size = os.fstat(fd).st_size
             # A torn line left by a crash must not glue itself to the first new entry.
@@ -116,9 +117,10 @@ class HistoryArchive:
             os.fsync(fd)
         finally:
             os.close(fd)
-        tmp = self.cursor_path.with_suffix(".tmp")
-        tmp.write_text(f"{entries[-1].cursor}\n")
-        os.replace(tmp, self.cursor_path)
+        # An older cursor coming back after a power cut is harmless: the tail is read too.
+        workspace_files.write_atomic(
+            self.workspace, self.cursor_path, f"{entries[-1].cursor}\n", sync=False
+        )
         self._cursor = entries[-1].cursor
         return entries
 
@@ -133,9 +135,8 @@ class HistoryArchive:
             return await asyncio.to_thread(self._compact_sync, digested_upto, keep_days)
 
     def _compact_sync(self, digested_upto: int, keep_days: int) -> int:
-        try:
-            raw_lines = self.path.read_bytes().split(b"\n")
-        except FileNotFoundError:
+        raw_lines = _lines(self.workspace, self.path)
+        if not raw_lines:
             return 0
         cutoff = (datetime.now(UTC) - timedelta(days=keep_days)).isoformat()
         keep: list[bytes] = []
@@ -152,32 +153,19 @@ class HistoryArchive:
             return 0
         for month, items in move.items():
             target = self.dir / f"history-{month}.jsonl"
-            have = {e.cursor for e in map(parse_entry, _lines(target)) if e}
+            have = {e.cursor for e in map(parse_entry, _lines(self.workspace, target)) if e}
             fresh = b"".join(raw + b"\n" for cursor, raw in items if cursor not in have)
             if fresh:
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                try:
-                    os.write(fd, fresh)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        tmp = self.path.with_name(".history.jsonl.tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(b"".join(raw + b"\n" for raw in keep))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+                workspace_files.append(self.workspace, target, fresh)
+        workspace_files.write_atomic(
+            self.workspace, self.path, b"".join(raw + b"\n" for raw in keep)
+        )
         return sum(len(v) for v in move.values())
 
 
-def _lines(path: Path) -> list[bytes]:
+def _lines(workspace: Path, path: Path) -> list[bytes]:
     try:
-        return path.read_bytes().split(b"\n")
+        return workspace_files.read_bytes(workspace, path).split(b"\n")
     except FileNotFoundError:
         return []
 

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bot import failpoints
+from bot import failpoints, workspace_files
 from bot.memory.history import HistoryArchive, HistoryEntry
 
 log = logging.getLogger(__name__)
@@ -97,15 +97,15 @@ def migrate_legacy_history(workspace: Path) -> int:
     memory = workspace / "memory"
     legacy = memory / LEGACY_FILE
     try:
-        data = legacy.read_bytes()
+        data = workspace_files.read_bytes(workspace, legacy)
     except FileNotFoundError:
         return 0
     digest = hashlib.sha256(data).hexdigest()
-    markers = _load_markers(memory / MARKER_FILE)
+    markers = _load_markers(workspace, memory / MARKER_FILE)
     record = markers.get(digest, {})
     if record.get("state") == "done":
         log.info("migrate: %s was imported before; finishing the rename", legacy)
-        _retire(legacy)
+        _retire(workspace, legacy)
         return 0
     blocks, preamble = parse_legacy(data.decode("utf-8", errors="replace"))
     if not blocks:
@@ -124,14 +124,14 @@ def migrate_legacy_history(workspace: Path) -> int:
         done = 0
         record = {"state": "started", "first_cursor": archive.last_cursor() + 1}
         record.update(entries=len(blocks), started=_now())
-        _save_markers(memory / MARKER_FILE, {**markers, digest: record})
+        _save_markers(workspace, memory / MARKER_FILE, {**markers, digest: record})
         failpoints.hit("migrate.planned")
     written = _append_batch(archive, blocks[done:])
     failpoints.hit("migrate.appended")
     record = {**record, "state": "done", "finished": _now()}
-    _save_markers(memory / MARKER_FILE, {**markers, digest: record})
+    _save_markers(workspace, memory / MARKER_FILE, {**markers, digest: record})
     failpoints.hit("migrate.marked")
-    _retire(legacy)
+    _retire(workspace, legacy)
     log.info("migrate: imported %d entries from %s", len(written), legacy)
     return len(written)
 
@@ -154,25 +154,32 @@ def _append_batch(archive: HistoryArchive, blocks: list[LegacyBlock]) -> list[Hi
     return archive.append_batch_sync([(b.timestamp, LEGACY_SESSION, b.content) for b in blocks])
 
 
-def _retire(legacy: Path) -> None:
+def _retire(workspace: Path, legacy: Path) -> None:
     """Rename HISTORY.md to HISTORY.md.bak (a free ``.bak.N`` name if that one is taken by a
     different file; an identical .bak means the copy is simply dropped)."""
     target = legacy.with_name(legacy.name + ".bak")
     n = 1
-    while target.exists():
-        if target.read_bytes() == legacy.read_bytes():
-            legacy.unlink()
+    while workspace_files.lexists(workspace, target):
+        if _same_file_data(workspace, target, legacy):
+            workspace_files.unlink(workspace, legacy)
             _fsync_dir(legacy.parent)
             return
         target = legacy.with_name(f"{legacy.name}.bak.{n}")
         n += 1
-    os.replace(legacy, target)
+    workspace_files.rename(workspace, legacy, target)
     _fsync_dir(legacy.parent)
 
 
-def _load_markers(path: Path) -> dict[str, dict[str, Any]]:
+def _same_file_data(workspace: Path, a: Path, b: Path) -> bool:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return workspace_files.read_bytes(workspace, a) == workspace_files.read_bytes(workspace, b)
+    except OSError:
+        return False  # a link or a folder at the .bak name: never the same, take the next name
+
+
+def _load_markers(workspace: Path, path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads(workspace_files.read_text(workspace, path))
     except FileNotFoundError:
         return {}
     except ValueError:
@@ -181,19 +188,14 @@ def _load_markers(path: Path) -> dict[str, dict[str, Any]]:
     return data if isinstance(data, dict) else {}
 
 
-def _save_markers(path: Path, markers: dict[str, dict[str, Any]]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(markers, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+def _save_markers(workspace: Path, path: Path, markers: dict[str, dict[str, Any]]) -> None:
+    text = json.dumps(markers, indent=2, sort_keys=True) + "\n"
+    workspace_files.write_atomic(workspace, path, text)
 
 
 def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    # The folder was reached without a link a moment ago (memory/ of the workspace).
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         os.fsync(fd)
     finally:

@@ -17,12 +17,14 @@ changed.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import heapq
 import logging
 import os
 import re
 import sqlite3
+import stat
 import sys
 import threading
 import time
@@ -34,6 +36,7 @@ from functools import cache
 from pathlib import Path
 from typing import IO, TypeVar
 
+from bot import workspace_files
 from bot.config import Config
 from bot.memory.history import HistoryEntry, parse_entry
 from bot.private import create_private_file
@@ -259,23 +262,26 @@ def format_hits(hits: Iterable[SearchHit]) -> str:
 
 def history_files(workspace: Path) -> list[tuple[str, Path]]:
     """(relative name, path) of the dated archive files, oldest first, then history.jsonl."""
-    memory = workspace / "memory"
-    out = [(f"memory/{p.name}", p) for p in sorted(memory.glob(ARCHIVE_GLOB)) if p.is_file()]
-    current = workspace / HISTORY_FILE
-    if current.is_file():
-        out.append((HISTORY_FILE, current))
+    out = [
+        (f"memory/{name}", workspace / "memory" / name)
+        for name, st in workspace_files.list_dir(workspace, "memory")
+        if fnmatch.fnmatchcase(name, ARCHIVE_GLOB) and stat.S_ISREG(st.st_mode)
+    ]
+    if workspace_files.is_file(workspace, HISTORY_FILE):
+        out.append((HISTORY_FILE, workspace / HISTORY_FILE))
     return out
 
 
-def _stream_entries(rel: str, path: Path) -> Iterator[tuple[str, HistoryEntry]]:
+def _stream_entries(workspace: Path, rel: str) -> Iterator[tuple[str, HistoryEntry]]:
     try:
-        with open(path, "rb") as fh:
-            for line in fh:
-                entry = parse_entry(line)
-                if entry:
-                    yield rel, entry
+        fd = workspace_files.open_fd(workspace, rel)
     except FileNotFoundError:
         return
+    with os.fdopen(fd, "rb") as fh:
+        for line in fh:
+            entry = parse_entry(line)
+            if entry:
+                yield rel, entry
 
 
 def iter_history(workspace: Path) -> Iterator[tuple[str, HistoryEntry]]:
@@ -285,7 +291,7 @@ def iter_history(workspace: Path) -> Iterator[tuple[str, HistoryEntry]]:
     (a compaction interrupted between writing the archive and rewriting history.jsonl) is
     yielded once.
     """
-    streams = [_stream_entries(rel, path) for rel, path in history_files(workspace)]
+    streams = [_stream_entries(workspace, rel) for rel, _ in history_files(workspace)]
     last: int | None = None
     for rel, entry in heapq.merge(*streams, key=lambda item: item[1].cursor):
         if entry.cursor != last:
@@ -502,15 +508,13 @@ class MemoryIndex:
     def _current_files(self) -> dict[str, tuple[Path, bool]]:
         """rel -> (path, is_history) for every indexable file that exists now."""
         files = {rel: (path, True) for rel, path in history_files(self.workspace)}
-        names = [*MEMORY_FILES, *(str(p.relative_to(self.workspace)) for p in self._skills())]
-        for rel in names:
-            path = self.workspace / rel
-            if path.is_file():
-                files[Path(rel).as_posix()] = (path, False)
+        skills = workspace_files.files_matching(self.workspace, *SKILL_GLOB.split("/*/"))
+        for rel in MEMORY_FILES:
+            if workspace_files.is_file(self.workspace, rel):
+                files[rel] = (self.workspace / rel, False)
+        for rel, _ in skills:
+            files[rel] = (self.workspace / rel, False)
         return files
-
-    def _skills(self) -> list[Path]:
-        return sorted(self.workspace.glob(SKILL_GLOB))
 
     @staticmethod
     def _known(conn: sqlite3.Connection) -> dict[str, _FileState]:
@@ -521,10 +525,9 @@ class MemoryIndex:
         known = self._known(conn)
         if known.keys() != files.keys():
             return True
-        for rel, (path, _) in files.items():
-            try:
-                st = path.stat()
-            except FileNotFoundError:
+        for rel in files:
+            st = workspace_files.file_stat(self.workspace, rel)
+            if st is None:
                 return True
             if (st.st_size, st.st_mtime_ns) != (known[rel].size, known[rel].mtime_ns):
                 return True
@@ -567,11 +570,13 @@ class MemoryIndex:
         self, conn: sqlite3.Connection, rel: str, path: Path, known: _FileState | None
     ) -> None:
         try:
-            st = path.stat()
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
+            fd = workspace_files.open_fd(self.workspace, rel)
+        except (FileNotFoundError, NotADirectoryError):
             self._forget(conn, rel)
             return
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fd)
+            text = fh.read().decode("utf-8", errors="replace")
         if known and (known.size, known.mtime_ns) == (st.st_size, st.st_mtime_ns):
             return
         conn.execute("DELETE FROM doc WHERE file = ?", (rel,))
@@ -588,10 +593,12 @@ class MemoryIndex:
         """Index the whole lines appended since the last sync, or the whole file again when the
         already indexed bytes are no longer what they were (the file was rewritten)."""
         try:
-            with open(path, "rb") as fh:
-                self._sync_open_history(conn, rel, fh, os.fstat(fh.fileno()), known)
-        except FileNotFoundError:
+            fd = workspace_files.open_fd(self.workspace, rel)
+        except (FileNotFoundError, NotADirectoryError):
             self._forget(conn, rel)
+            return
+        with os.fdopen(fd, "rb") as fh:
+            self._sync_open_history(conn, rel, fh, os.fstat(fd), known)
 
     def _sync_open_history(
         self,

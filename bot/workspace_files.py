@@ -31,6 +31,7 @@ import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 log = logging.getLogger(__name__)
 
@@ -359,6 +360,40 @@ def _parent(root: Path, parts: tuple[str, ...], *, create: bool) -> Iterator[int
         os.close(dfd)
 
 
+@contextlib.contextmanager
+def atomic_writer(
+    root: Path,
+    path: Path | str,
+    *,
+    sync: bool = True,
+    mode: int = _FILE_MODE,
+    make_parents: bool = False,
+) -> Iterator[BinaryIO]:
+    """A binary file to write ``path``'s new contents into; on a clean exit it replaces
+    ``path`` (see :func:`write_atomic`), on an exception it is removed and ``path`` is left
+    as it was. For data that arrives in pieces (a download)."""
+    parts = _parts(root, path)
+    with _parent(root, parts, create=make_parents) as dfd:
+        tmp = f".{parts[-1][:64]}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+            dir_fd=dfd,
+        )  # fmt: skip
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                yield fh
+                if sync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        if sync:
+            os.fsync(dfd)
+
+
 def write_atomic(
     root: Path,
     path: Path | str,
@@ -372,27 +407,9 @@ def write_atomic(
     same folder, fsync, rename over the target, fsync of the folder. A crash leaves the old
     file or the new one; a link at the target is replaced by the file, never written through;
     a link on the way raises LinkRefused. ``sync`` False skips both fsyncs."""
-    parts = _parts(root, path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    with _parent(root, parts, create=make_parents) as dfd:
-        tmp = f".{parts[-1][:64]}.{secrets.token_hex(6)}.tmp"
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-            dir_fd=dfd,
-        )  # fmt: skip
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(payload)
-                if sync:
-                    fh.flush()
-                    os.fsync(fh.fileno())
-            os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
-            raise
-        if sync:
-            os.fsync(dfd)
+    with atomic_writer(root, path, sync=sync, mode=mode, make_parents=make_parents) as fh:
+        fh.write(payload)
 
 
 def append(

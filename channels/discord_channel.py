@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import discord
 
+from bot import workspace_files
 from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from bot.config import DiscordConfig
 from bot.pairing import PairingStore
@@ -468,10 +469,11 @@ class DiscordChannel(Channel):
                 )
                 notes.append(f"[attachment {attachment.filename} not saved: too large]")
                 continue
-            folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"{message.id}-{_safe_name(attachment.filename)}"
             try:
-                await attachment.save(path)
+                # In the workspace, which the model writes: no link is followed on the way.
+                with workspace_files.atomic_writer(self.workspace, path, make_parents=True) as fh:
+                    await attachment.save(fh)
             except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
                 log.warning(
                     "discord: attachment %s not saved chat=%s: %s",

@@ -46,6 +46,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import COMMANDS
 from bot.config import SlackConfig
@@ -1165,19 +1166,15 @@ class SlackChannel(Channel):
                 raise _DownloadError("Slack sent a sign-in page (does the app have files:read?)")
             if (resp.content_length or 0) > MEDIA_MAX_BYTES:
                 raise _TooLarge
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.part")
             size = 0
-            try:
-                with tmp.open("wb") as fh:
-                    async for block in resp.content.iter_chunked(64 * 1024):
-                        size += len(block)
-                        if size > MEDIA_MAX_BYTES:
-                            raise _TooLarge
-                        fh.write(block)
-                tmp.replace(path)
-            finally:
-                tmp.unlink(missing_ok=True)
+            # In the workspace, which the model writes: no link is followed on the way, and a
+            # failed download leaves no half file under the final name.
+            with workspace_files.atomic_writer(self.workspace, path, make_parents=True) as fh:
+                async for block in resp.content.iter_chunked(64 * 1024):
+                    size += len(block)
+                    if size > MEDIA_MAX_BYTES:
+                        raise _TooLarge
+                    fh.write(block)
 
     # -- sending -----------------------------------------------------------------------------
 

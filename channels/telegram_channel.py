@@ -32,8 +32,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import os
 import re
+import stat
 import time
 import warnings
 from collections import OrderedDict
@@ -69,6 +69,7 @@ from telegram.error import RetryAfter as PTBRetryAfter
 from telegram.request import BaseRequest, RequestData
 from telegram.warnings import PTBDeprecationWarning
 
+from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.config import TelegramConfig
 from bot.pairing import PairingStore
@@ -412,6 +413,7 @@ class TelegramChannel(Channel):
             PairingStore(state_dir, CHANNEL),
             cfg.dm_policy,
         )
+        self.workspace = workspace
         self.media_dir = workspace / "media" / CHANNEL
         self.offset_state = ChannelState(state_dir, CHANNEL)
         self.offset: int | None = None
@@ -788,18 +790,18 @@ class TelegramChannel(Channel):
         assert self.bot is not None
         folder = self.media_dir / _UNSAFE.sub("_", chat)
         stem = _UNSAFE.sub("_", att.file_unique_id)
-        if folder.is_dir():
-            # A redelivered update: the file is already here under its stable unique id.
-            for existing in folder.glob(f"{stem}.*"):
-                return existing
+        # A redelivered update: the file is already here under its stable unique id. The
+        # folder is in the workspace, which the model writes: no link is ever followed.
+        for name, st in workspace_files.list_dir(self.workspace, folder):
+            if name.startswith(f"{stem}.") and stat.S_ISREG(st.st_mode):
+                return folder / name
         tg_file = await self.bot.get_file(att.file_id)
         if tg_file.file_size and tg_file.file_size > MEDIA_MAX_BYTES:
             return None
-        folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{stem}{_file_ext(att, tg_file.file_path)}"
-        tmp = path.with_name(f".{path.name}.part")
-        await tg_file.download_to_drive(tmp)
-        os.replace(tmp, path)  # never a half file under the final name
+        # Never a half file under the final name, never written through a planted link.
+        with workspace_files.atomic_writer(self.workspace, path, make_parents=True) as fh:
+            await tg_file.download_to_memory(out=fh)
         return path
 
     # -- outbound --

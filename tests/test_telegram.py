@@ -469,6 +469,23 @@ async def test_photo_is_downloaded_into_the_workspace_and_passed_as_image(tmp_pa
         assert tg.user_texts() == ["what is in this picture?"]
 
 
+async def test_a_planted_media_folder_link_is_never_written_through(tmp_path, llm, api):
+    """The model can make media/telegram/<chat> a link to ~/.ssh: the download must not land
+    there, and a planted "already downloaded" link must not be inlined as the photo."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    media = tmp_path / "ws" / "media" / "telegram"
+    media.mkdir(parents=True)
+    (media / str(ALICE)).symlink_to(outside)
+    jpeg = b"\xff\xd8\xff\xe0" + os.urandom(2000)
+    async with running(tmp_path, llm, api):
+        api.photo(jpeg, caption="look")
+        await api.wait_sent_async(1)
+    assert list(outside.iterdir()) == []
+    content = llm.requests[0]["body"]["messages"][-1]["content"]
+    assert "data:image" not in json.dumps(content)  # not saved, so nothing inlined
+
+
 async def test_documents_and_voice_are_saved_and_oversized_files_noted(tmp_path, llm, api):
     doc = api.add_file(b"%PDF-1.4 report", ".pdf")
     voice = api.add_file(b"OggS voice", ".oga")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bot import workspace_files
+
 # Read into the system prompt every turn, in this order (paths relative to the workspace).
 WORKSPACE_PROMPT_FILES: tuple[str, ...] = (
     "AGENTS.md",
@@ -66,16 +68,14 @@ def _template_files(root: Path) -> list[Path]:
     return files
 
 
-def _mkdir(path: Path, created: list[Path]) -> None:
+def _mkdir(workspace: Path, rel: Path, created: list[Path]) -> None:
+    if workspace_files.is_dir(workspace, rel):
+        return  # there already, or just made by another memobot starting at the same time
     try:
-        path.mkdir(mode=_DIR_MODE)
-    except FileExistsError:
-        if path.is_dir():
-            return  # there already, or just made by another memobot starting at the same time
-        raise
-    # mkdir's mode is filtered by the umask; the workspace must be private regardless.
-    os.chmod(path, _DIR_MODE)
-    created.append(path)
+        workspace_files.make_dirs(workspace, rel)  # 0700 whatever the umask
+    except workspace_files.LinkRefused:
+        return  # a link the model left: its template files are skipped too (logged once)
+    created.append(workspace / rel)
 
 
 def init_workspace(workspace: Path, template: Path | None = None) -> list[Path]:
@@ -83,28 +83,37 @@ def init_workspace(workspace: Path, template: Path | None = None) -> list[Path]:
 
     A file that already exists is never touched, so running ``onboard`` again only fills gaps
     and keeps everything the user or the agent wrote. New folders get mode 0700 and new files
-    0600. Returns the folders and files created, in creation order. Raises OSError when the
-    workspace cannot be written and FileNotFoundError when the template is missing.
+    0600; nothing is created through a link the model left in the workspace. Returns the
+    folders and files created, in creation order. Raises OSError when the workspace cannot be
+    written and FileNotFoundError when the template is missing.
     """
     template = template or template_dir()
     created: list[Path] = []
     if not workspace.is_dir():
         workspace.parent.mkdir(parents=True, exist_ok=True)
-        _mkdir(workspace, created)
+        try:
+            workspace.mkdir(mode=_DIR_MODE)
+        except FileExistsError:
+            if not workspace.is_dir():
+                raise
+        else:
+            os.chmod(workspace, _DIR_MODE)  # mkdir's mode passed through the umask
+            created.append(workspace)
     for name in WORKSPACE_DIRS:
-        _mkdir(workspace / name, created)
+        _mkdir(workspace, Path(name), created)
     for rel in _template_files(template):
-        dest = workspace / rel
         for parent in reversed(rel.parents[:-1]):
-            _mkdir(workspace / parent, created)
+            _mkdir(workspace, parent, created)
         data = (template / rel).read_bytes()
         try:
             # O_EXCL: never overwrite, not even a file created a moment ago by someone else,
             # and never follow a symlink left at the destination.
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
-        except FileExistsError:
+            fd = workspace_files.open_fd(
+                workspace, rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE
+            )
+        except (FileExistsError, workspace_files.LinkRefused):
             continue
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        created.append(dest)
+        created.append(workspace / rel)
     return created

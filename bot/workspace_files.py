@@ -412,6 +412,21 @@ def write_atomic(
         fh.write(payload)
 
 
+def write_link(root: Path, path: Path | str, target: str, *, make_parents: bool = False) -> None:
+    """Make ``path`` a symlink to ``target`` (a revert restoring a link the history holds),
+    replacing whatever is at ``path`` in one rename; nothing on the way is followed."""
+    parts = _parts(root, path)
+    with _parent(root, parts, create=make_parents) as dfd:
+        tmp = f".{parts[-1][:64]}.{secrets.token_hex(6)}.tmp"
+        os.symlink(target, tmp, dir_fd=dfd)
+        try:
+            os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+
+
 def append(
     root: Path, path: Path | str, data: bytes | str, *, sync: bool = True, mode: int = _FILE_MODE
 ) -> int:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from bot import workspace_files as wf
+from bot.workspace import init_workspace
 
 
 @pytest.fixture(params=["openat2", "walk"])
@@ -166,3 +168,17 @@ def test_the_workspace_itself_may_be_a_link_the_owner_made(tmp_path):
     link = tmp_path / "ws"
     link.symlink_to(real)
     assert wf.read_text(link, link / "SOUL.md") == "hi"
+
+
+def test_onboard_fills_gaps_but_never_through_a_planted_folder_link(tmp_path):
+    ws = tmp_path / "ws"
+    init_workspace(ws)
+    outside = tmp_path / "autostart"
+    outside.mkdir()
+    shutil.rmtree(ws / "skills")
+    (ws / "skills").symlink_to(outside)
+    (ws / "TOOLS.md").unlink()
+    (ws / "TOOLS.md").symlink_to(tmp_path / "new-file-outside")
+    created = init_workspace(ws)
+    assert list(outside.iterdir()) == [] and not (tmp_path / "new-file-outside").exists()
+    assert all(not str(p).startswith(str(ws / "skills")) for p in created)

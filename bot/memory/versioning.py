@@ -63,6 +63,7 @@ from dulwich.objects import Blob, Commit, ObjectID
 from dulwich.patch import write_tree_diff
 from dulwich.repo import Repo
 
+from bot import workspace_files
 from bot.config import Config
 
 log = logging.getLogger(__name__)
@@ -232,9 +233,10 @@ def _git_mode(st: os.stat_result) -> int:
     return _MODE_EXEC if st.st_mode & stat.S_IXUSR else _MODE_FILE
 
 
-def _read_file(path: Path, st: os.stat_result) -> bytes:
-    """Read a regular file through O_NOFOLLOW, at most MAX_FILE_BYTES (else _Unusable)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+def _read_file(root: Path, rel: str) -> bytes:
+    """Read a regular file without following any link, at most MAX_FILE_BYTES (else
+    _Unusable)."""
+    fd = workspace_files.open_fd(root, rel, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise _Unusable("is not a regular file")
@@ -244,15 +246,15 @@ def _read_file(path: Path, st: os.stat_result) -> bytes:
     return data
 
 
-def _read_path(path: Path, st: os.stat_result) -> _Side:
-    """The version of ``path`` on disk (``st`` is its lstat). Raises _Unusable, OSError."""
+def _read_path(root: Path, rel: str, st: os.stat_result) -> _Side:
+    """The version of ``rel`` on disk (``st`` is its lstat). Raises _Unusable, OSError."""
     if stat.S_ISLNK(st.st_mode):
-        return _Side(_MODE_LINK, os.readlink(os.fsencode(path)))
+        return _Side(_MODE_LINK, os.readlink(os.fsencode(root / rel)))
     if not stat.S_ISREG(st.st_mode):
         raise _Unusable("is a folder" if stat.S_ISDIR(st.st_mode) else "is not a regular file")
     if st.st_size > MAX_FILE_BYTES:
         raise _Unusable(f"is larger than {MAX_FILE_BYTES} bytes")
-    return _Side(_git_mode(st), _read_file(path, st))
+    return _Side(_git_mode(st), _read_file(root, rel))
 
 
 def _parent_state(root: Path, rel: str) -> str:
@@ -279,21 +281,19 @@ def _scan(root: Path) -> dict[bytes, _Found]:
 
 
 def _collect(root: Path, rel: str, found: dict[bytes, _Found]) -> None:
-    path = root / rel
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
+        st = workspace_files.lstat(root, rel)
+    except (FileNotFoundError, NotADirectoryError):
         return
     if stat.S_ISDIR(st.st_mode):
-        with os.scandir(path) as entries:
-            names = sorted(e.name for e in entries if e.name != _GIT_DIR)
+        names = [n for n in _entry_names(root, rel) if n != _GIT_DIR]
         for name in names:
             _collect(root, f"{rel}/{name}", found)
         return
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
         return  # FIFOs, sockets, devices: never opened
     try:
-        side = _read_path(path, st)
+        side = _read_path(root, rel, st)
     except FileNotFoundError:
         return  # removed while we looked
     except _Unusable as exc:
@@ -347,24 +347,24 @@ def _info(commit: Commit) -> CommitInfo:
     )
 
 
-def _atomic_write(path: Path, side: _Side) -> None:
-    """Replace ``path`` with ``side`` in one rename: a reader sees the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=_PRIVATE_DIR)
-    tmp = path.with_name(f".{path.name}.memobot-{os.getpid()}-{threading.get_ident()}.tmp")
+def _entry_names(root: Path, rel: str) -> list[str]:
+    """The names in a folder, links included (git records a link as its target text)."""
+    fd = workspace_files.open_fd(root, rel, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        if side.mode == _MODE_LINK:
-            os.symlink(side.data, os.fsencode(tmp))
-        else:
-            perm = 0o700 if side.mode == _MODE_EXEC else 0o600
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, perm)
-            with os.fdopen(fd, "wb") as f:
-                f.write(side.data)
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        return sorted(os.listdir(fd))
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(root: Path, rel: str, side: _Side) -> None:
+    """Replace ``rel`` with ``side`` in one rename: a reader sees the old or the new file.
+    No link on the way is followed (the workspace is the model's); a link is written as a
+    link, never through one."""
+    if side.mode == _MODE_LINK:
+        workspace_files.write_link(root, rel, os.fsdecode(side.data), make_parents=True)
+    else:
+        perm = 0o700 if side.mode == _MODE_EXEC else 0o600
+        workspace_files.write_atomic(root, rel, side.data, mode=perm, make_parents=True)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -547,7 +547,9 @@ class MemoryRepo:
         """The repository under an exclusive flock shared by threads and processes."""
         repo = self._open(create=create) if create else self._require()
         assert repo is not None
-        fd = os.open(self.git_dir / _LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = workspace_files.open_fd(
+            self.workspace, f"{_GIT_DIR}/{_LOCK_FILE}", os.O_RDWR | os.O_CREAT
+        )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             self._adopt(repo)
@@ -593,7 +595,8 @@ class MemoryRepo:
         config = repo.get_config()
         config.set(*_MARKER, True)
         config.write_to_path()
-        _atomic_write(self.git_dir / "info" / "exclude", _Side(_MODE_FILE, _EXCLUDE.encode()))
+        exclude = _Side(_MODE_FILE, _EXCLUDE.encode())
+        _atomic_write(self.workspace, f"{_GIT_DIR}/info/exclude", exclude)
 
     def _unsafe_message(self, verdict: RepoVerdict) -> str:
         return (
@@ -713,8 +716,8 @@ class MemoryRepo:
         for path in plan:
             if path in tree:
                 try:
-                    st = os.lstat(self.workspace / os.fsdecode(path))
-                except FileNotFoundError:
+                    st = workspace_files.lstat(self.workspace, os.fsdecode(path))
+                except (FileNotFoundError, NotADirectoryError):
                     continue
                 mode, sha = tree[path]
                 index[path] = index_entry_from_stat(st, sha, mode)
@@ -767,10 +770,11 @@ class MemoryRepo:
         parents = _parent_state(self.workspace, rel)
         if parents == "blocked":
             raise _Unusable("a file or symlink stands where its folder should be")
-        full = self.workspace / rel
         try:
-            return None if parents == "missing" else _read_path(full, os.lstat(full))
-        except FileNotFoundError:
+            if parents == "missing":
+                return None
+            return _read_path(self.workspace, rel, workspace_files.lstat(self.workspace, rel))
+        except (FileNotFoundError, NotADirectoryError):
             return None
 
     def _apply_plan(self, plan: dict[bytes, _Plan]) -> None:
@@ -781,10 +785,10 @@ class MemoryRepo:
             if now == wanted:
                 continue
             if wanted is None:
-                full.unlink()
+                workspace_files.unlink(self.workspace, os.fsdecode(path), missing_ok=False)
                 touched.add(self._prune_empty_dirs(full.parent))
             else:
-                _atomic_write(full, wanted)
+                _atomic_write(self.workspace, os.fsdecode(path), wanted)
                 touched.add(full.parent)
         for folder in touched:
             _fsync_dir(folder)

@@ -28,12 +28,14 @@ import logging
 import os
 import re
 import shutil
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bot import workspace_files
 from bot.config import Config, ConfigError, check_layout, load_config, parse_config, save_config
 from bot.cron.heartbeat import FILE as HEARTBEAT_FILE
 from bot.cron.heartbeat import open_tasks
@@ -163,8 +165,13 @@ def session_files(source: Source) -> list[Path]:
             folders += sorted(p for p in top.iterdir() if p.is_dir())
     out: list[Path] = []
     for folder in folders:
-        if folder.is_dir():
-            out += sorted(p for p in folder.glob("*.jsonl") if p.is_file())
+        # The workspace's sessions/ was the model's to write: no link in it is followed.
+        root = source.workspace if folder == folders[0] else folder.parent
+        out += [
+            folder / name
+            for name, st in workspace_files.list_dir(root, folder.name)
+            if name.endswith(".jsonl") and stat.S_ISREG(st.st_mode)
+        ]
     return out
 
 
@@ -332,7 +339,8 @@ def plan(opts: Options) -> Plan:
     sessions = []
     for path in session_files(source):
         try:
-            sessions.append(convert_session(path, path.read_bytes()))
+            data = workspace_files.read_bytes(path.parent, path.name)
+            sessions.append(convert_session(path, data))
         except OSError as exc:
             report.add("left alone", _rel(source, path), f"cannot be read ({exc.strerror})")
     return Plan(source, workspace, cfg, data, sessions, report, translation.notes)
@@ -384,10 +392,9 @@ def _adopt_files(p: Plan) -> None:
     """Report each file of the workspace (and of nanobot's home) as memobot will use it."""
     ws, report = p.workspace, p.report
     for name in PROMPT_FILES:
-        path = ws / name
-        if not path.is_file():
+        if not workspace_files.is_file(ws, name):
             continue
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = workspace_files.read_text_or_empty(ws, name)
         tools = sorted(set(_TOOL_MENTION.findall(text)))
         detail = "in the system prompt"
         if tools:
@@ -397,12 +404,12 @@ def _adopt_files(p: Plan) -> None:
             )
         report.add("adopted", name, detail)
     memory = ws / "memory"
-    if (memory / "MEMORY.md").is_file():
+    if workspace_files.is_file(ws, "memory/MEMORY.md"):
         report.add("adopted", "memory/MEMORY.md", "in the system prompt")
     history = memory / "history.jsonl"
-    if history.is_file():
+    if workspace_files.is_file(ws, history):
         total = without = bad = 0
-        for raw in history.read_bytes().split(b"\n"):
+        for raw in workspace_files.read_bytes(ws, history).split(b"\n"):
             if not raw.strip():
                 continue
             entry = parse_entry(raw)
@@ -418,18 +425,16 @@ def _adopt_files(p: Plan) -> None:
             detail += f"; {bad} line(s) that are not entries are skipped"
         report.add("adopted", "memory/history.jsonl", detail)
     for name, what in ((".cursor", "last archive cursor"), (".dream_cursor", "Dream's cursor")):
-        path = memory / name
-        if path.is_file():
-            value = path.read_text(errors="replace").strip()
+        if workspace_files.is_file(ws, memory / name):
+            value = workspace_files.read_text_or_empty(ws, memory / name).strip()
             report.add("adopted", f"memory/{name}", f"{what} {value}")
-    skills = ws / "skills"
-    if skills.is_dir():
+    found = workspace_files.files_matching(ws, "skills", "SKILL.md")
+    if found:
         from bot.skills import FrontMatterError, parse_front_matter
 
-        for skill in sorted(s for s in skills.iterdir() if (s / "SKILL.md").is_file()):
-            rel = f"skills/{skill.name}/SKILL.md"
+        for rel, _ in found:
             try:
-                meta = parse_front_matter((skill / "SKILL.md").read_text(errors="replace"))
+                meta = parse_front_matter(workspace_files.read_text_or_empty(ws, rel))
             except FrontMatterError as exc:
                 report.add("adopted", rel, f"its front matter cannot be read ({exc})")
                 continue
@@ -437,9 +442,8 @@ def _adopt_files(p: Plan) -> None:
                 report.add("adopted", rel, "no description: the prompt lists it by name only")
             else:
                 report.add("adopted", rel)
-    beat = ws / HEARTBEAT_FILE
-    if beat.is_file():
-        tasks = open_tasks(beat.read_text(encoding="utf-8", errors="replace"))
+    if workspace_files.is_file(ws, HEARTBEAT_FILE):
+        tasks = open_tasks(workspace_files.read_text_or_empty(ws, HEARTBEAT_FILE))
         report.add(
             "adopted",
             HEARTBEAT_FILE,

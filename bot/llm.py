@@ -21,11 +21,9 @@ import email.utils
 import importlib
 import json
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tenacity import (
@@ -384,15 +382,16 @@ class LLMProvider:
         await asyncio.to_thread(importlib.import_module, "openai")
         _ = self.client
 
-    async def transcribe(self, path: str, model: str) -> str:
-        """Speech to text through the endpoint's ``/audio/transcriptions`` (OpenAI-compatible)."""
+    async def transcribe(self, name: str, data: bytes, model: str) -> str:
+        """Speech to text through the endpoint's ``/audio/transcriptions`` (OpenAI-compatible);
+        ``data`` is the recording, ``name`` its file name (the endpoint reads the format off
+        the suffix)."""
         import openai
 
         try:
-            data = await asyncio.to_thread(Path(path).read_bytes)
             with _named_connection_errors(self._primary.url):
                 result = await self.client.audio.transcriptions.create(
-                    model=model, file=(os.path.basename(path), data)
+                    model=model, file=(name, data)
                 )
         except (openai.OpenAIError, OSError) as exc:
             raise LLMUnavailable(f"transcription failed: {exc}") from exc

@@ -17,7 +17,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Literal
 
-from bot import failpoints
+from bot import failpoints, workspace_files
 from bot.approvals import ApprovalDesk, offered_tools
 from bot.bus import InboundMessage, MessageBus, OutboundMessage, typing_notice
 from bot.config import Config
@@ -31,6 +31,7 @@ from bot.intake import without_pending
 from bot.llm import LLMError, LLMProvider, LLMUnavailable
 from bot.memory.consolidate import Consolidator
 from bot.memory.files import memory_stamp
+from bot.provenance import Provenance, Stamps, turn_is_trusted, watched_stamps
 from bot.runner import Runner, close_open_tool_calls
 from bot.session import Session, SessionStore, now_iso
 from bot.streaming import TurnStream, stopped_answer
@@ -80,6 +81,7 @@ class Turns:
         )
         # Asks, waits for and records the answers to approval questions (tools.approval).
         self.approvals = ApprovalDesk(cfg, store, bus)
+        self.provenance = Provenance(cfg.agent.state_path, cfg.agent.workspace_path)
         # When each session last finished a turn (the idle compactor's clock).
         self.last_active: dict[str, float] = {}
         # (registry version, estimate): recounted only when MCP servers change the tools.
@@ -104,9 +106,13 @@ class Turns:
             if Path(path).suffix.lower() not in AUDIO_SUFFIXES:
                 continue
             try:
-                said = await self.provider.transcribe(path, model)
+                # A media file is in the workspace, which the model writes: never via a link.
+                data = await asyncio.to_thread(
+                    workspace_files.read_bytes, self.cfg.agent.workspace_path, path
+                )
+                said = await self.provider.transcribe(Path(path).name, data, model)
                 text += f"\n[voice message transcript: {said}]"
-            except LLMError as exc:
+            except (LLMError, OSError) as exc:
                 log.warning("transcription failed session=%s: %s", msg.session_key, exc)
                 text += "\n[a voice message could not be transcribed]"
         return self.context.user_message(text, msg.channel, msg.chat_id, msg.media)
@@ -159,15 +165,17 @@ class Turns:
         # Memory changes only through tools: the stamp is taken before the first tool runs,
         # so a plain answer costs no stat calls.
         stamp: tuple[tuple[str, int, int], ...] | None = None
+        watched: Stamps | None = None  # HEARTBEAT.md and skills: who wrote them is recorded
 
         async def checkpoint(
             phase: str,
             turn_so_far: list[dict[str, Any]],
             pending_approval: dict[str, Any] | None = None,
         ) -> None:
-            nonlocal stamp
+            nonlocal stamp, watched
             if phase == "awaiting_tools" and stamp is None:
                 stamp = memory_stamp(self.cfg.agent.workspace_path)
+                watched = watched_stamps(self.cfg.agent.workspace_path)
             record: dict[str, Any] = {
                 "phase": phase,
                 "message_id": msg.message_id,
@@ -216,6 +224,8 @@ class Turns:
                 # No process outlives its turn: background jobs end with the answer.
                 assert ctx.processes is not None
                 await asyncio.shield(ctx.processes.close())
+                if watched is not None:
+                    await asyncio.shield(self._record_writes(msg, watched))
         except asyncio.CancelledError:
             if not stop_requested():
                 raise  # shutdown: the checkpoint stays and the next start resumes the turn
@@ -241,6 +251,16 @@ class Turns:
         if stamp is not None and memory_stamp(self.cfg.agent.workspace_path) != stamp:
             self.spawn(self._commit_memory(msg.session_key))
         return None
+
+    async def _record_writes(self, msg: InboundMessage, before: Stamps) -> None:
+        """Remember who changed HEARTBEAT.md or a skill in this turn (bot.provenance)."""
+        workspace = self.cfg.agent.workspace_path
+        trusted = turn_is_trusted(msg)
+        try:
+            after = await asyncio.to_thread(watched_stamps, workspace)
+            await asyncio.to_thread(self.provenance.record, before, after, msg.session_key, trusted)
+        except OSError:
+            log.exception("provenance: cannot record writes session=%s", msg.session_key)
 
     async def _commit_memory(self, key: str) -> None:
         from bot.memory.versioning import commit_async

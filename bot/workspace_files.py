@@ -43,11 +43,12 @@ _RESOLVE = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
+MAX_READ_BYTES = 64 * 1024 * 1024  # the largest file memobot reads whole (history.jsonl)
 
 
 class LinkRefused(FileNotFoundError):
-    """A path in the workspace leads through a symlink (or out of the workspace): memobot
-    treats it as absent. ``filename`` is the path as the caller named it."""
+    """A path in the workspace leads through a symlink, out of the workspace, or to a FIFO,
+    socket or device: memobot treats it as absent. ``filename`` names the path."""
 
 
 class _OpenHow(ctypes.Structure):
@@ -107,18 +108,25 @@ def _parts(root: Path, path: Path | str) -> tuple[str, ...]:
 _reported: set[str] = set()
 
 
-def _refuse(root: Path, parts: tuple[str, ...], exc: OSError | None = None) -> LinkRefused:
-    """The error for a link met on the way, logged once per path (not on every turn)."""
+def _refuse(
+    root: Path,
+    parts: tuple[str, ...],
+    exc: OSError | None = None,
+    kind: str = "leads through a symlink",
+) -> LinkRefused:
+    """The error for a link (or a FIFO, device, socket) met on the way, logged once per path
+    (not on every turn)."""
     rel = "/".join(parts)
     if rel not in _reported:
         _reported.add(rel)
         log.warning(
-            "workspace: %s leads through a symlink; memobot ignores it (it never follows "
-            "links in the workspace %s)",
+            "workspace: %s %s; memobot ignores it (it never follows links or opens special "
+            "files in the workspace %s)",
             rel,
+            kind,
             root,
         )
-    refused = LinkRefused(errno.ENOENT, "leads through a symlink; treated as absent", rel)
+    refused = LinkRefused(errno.ENOENT, f"{kind}; treated as absent", rel)
     if exc is not None:
         refused.__cause__ = exc
     return refused
@@ -189,7 +197,23 @@ def open_fd(root: Path, path: Path | str, flags: int = os.O_RDONLY, mode: int = 
     Raises LinkRefused (a FileNotFoundError) when a link or ``..`` is met, and the usual
     OSError otherwise (FileNotFoundError, IsADirectoryError, PermissionError, ...).
     """
-    parts = _parts(root, path)
+    fd = _open_beneath(root, _parts(root, path), flags | os.O_NONBLOCK, mode)
+    if flags & os.O_DIRECTORY:
+        return fd
+    # O_NONBLOCK above: a FIFO the model made opens at once instead of hanging memobot's
+    # thread; anything but a regular file is refused here.
+    kind = os.fstat(fd).st_mode
+    if not stat.S_ISREG(kind):
+        os.close(fd)
+        if stat.S_ISDIR(kind):
+            raise IsADirectoryError(errno.EISDIR, "is a folder", str(path))
+        raise _refuse(
+            root, _parts(root, path), kind="is not a regular file (a FIFO, socket or device)"
+        )
+    return fd
+
+
+def _open_beneath(root: Path, parts: tuple[str, ...], flags: int, mode: int) -> int:
     with _root_fd(root) as rfd:
         try:
             if _have_openat2():
@@ -205,17 +229,13 @@ def open_fd(root: Path, path: Path | str, flags: int = os.O_RDONLY, mode: int = 
             raise
 
 
-def read_bytes(root: Path, path: Path | str, limit: int | None = None) -> bytes:
-    """The contents of a regular file (at most ``limit`` bytes). A folder, FIFO or device
-    raises IsADirectoryError / OSError rather than blocking or reading forever."""
-    fd = open_fd(root, path, os.O_RDONLY | os.O_NONBLOCK)
+def read_bytes(root: Path, path: Path | str, limit: int = MAX_READ_BYTES) -> bytes:
+    """The contents of a regular file, at most ``limit`` bytes (a sparse 50 GB file the model
+    made must not fill memobot's memory). A folder raises IsADirectoryError, a FIFO or device
+    OSError, rather than blocking or reading forever."""
+    fd = open_fd(root, path, os.O_RDONLY)
     with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "is a folder", str(path))
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        return fh.read() if limit is None else fh.read(limit)
+        return fh.read(limit)
 
 
 def read_text(root: Path, path: Path | str, *, errors: str = "strict") -> str:

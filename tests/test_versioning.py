@@ -498,3 +498,29 @@ def test_cli_log_diff_revert_without_git_on_path(tmp_path: Path, ws: Path) -> No
     unknown = memobot("revert", "ffff0000")
     assert unknown.returncode == 1 and unknown.stdout == ""
     assert "memobot: unknown revision 'ffff0000'" in unknown.stderr
+
+
+@pytest.mark.parametrize("planted", ["logs/refs/heads/main", "refs/heads", "objects"])
+def test_a_link_inside_dot_git_stops_the_commit_and_nothing_is_written_through(
+    ws: Path, tmp_path: Path, planted: str
+) -> None:
+    """dulwich follows links itself: a model that links .git/logs/... to a file elsewhere
+    would have memobot append to (and chmod) that file on the next memory commit."""
+    repo = MemoryRepo(ws)
+    repo.commit("first")
+    victim = tmp_path / "victim"
+    victim.mkdir() if planted != "logs/refs/heads/main" else victim.write_text("keep\n")
+    target = ws / ".git" / planted
+    if target.is_dir():
+        shutil.rmtree(target)
+    else:
+        target.unlink(missing_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to(victim)
+    (ws / "USER.md").write_text("changed\n")
+    with pytest.raises(MemoryRepoError, match="link"):
+        repo.commit("second")
+    if victim.is_dir():
+        assert list(victim.iterdir()) == []
+    else:
+        assert victim.read_text() == "keep\n"

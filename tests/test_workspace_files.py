@@ -113,7 +113,7 @@ def test_append_refuses_a_link_and_appends_to_a_file(ws, tmp_path):
 def test_a_fifo_or_folder_is_not_read_and_does_not_block(ws):
     os.mkfifo(ws / "TOOLS.md")
     (ws / "SOUL.md").mkdir()
-    with pytest.raises(OSError):
+    with pytest.raises(wf.LinkRefused):
         wf.read_bytes(ws, "TOOLS.md")
     with pytest.raises(IsADirectoryError):
         wf.read_bytes(ws, "SOUL.md")
@@ -182,3 +182,14 @@ def test_onboard_fills_gaps_but_never_through_a_planted_folder_link(tmp_path):
     created = init_workspace(ws)
     assert list(outside.iterdir()) == [] and not (tmp_path / "new-file-outside").exists()
     assert all(not str(p).startswith(str(ws / "skills")) for p in created)
+
+
+def test_a_planted_fifo_at_history_never_hangs_memobot(ws):
+    from bot.memory.history import HistoryArchive
+
+    os.mkfifo(ws / "memory" / "history.jsonl")
+    archive = HistoryArchive(ws)
+    assert archive.entries() == []  # at once, as if absent (a hang fails by timeout)
+    assert archive.last_cursor() == 0
+    with pytest.raises(wf.LinkRefused):
+        archive.append_batch_sync([("2026-12-01T00:00:00Z", "cli:x", "text")])

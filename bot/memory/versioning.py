@@ -77,6 +77,12 @@ BRANCH = b"main"
 
 _GIT_DIR = ".git"
 _LOCK_FILE = "memobot.lock"
+# Where dulwich writes in a commit (it opens these itself, following links).
+_GIT_WRITTEN = (
+    "objects", "refs", "refs/heads", "refs/heads/main", "logs", "logs/HEAD", "logs/refs",
+    "logs/refs/heads", "logs/refs/heads/main", "index", "HEAD", "config", "info",
+    "info/exclude",
+)  # fmt: skip
 _MARKER = (b"memobot", b"managed")  # config key set on repositories this module created
 _MODE_FILE = 0o100644
 _MODE_EXEC = 0o100755
@@ -552,10 +558,33 @@ class MemoryRepo:
         )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            self._check_layout()
             self._adopt(repo)
             yield repo
         finally:
             os.close(fd)  # closing the descriptor releases the lock
+
+    def _check_layout(self) -> None:
+        """Refuse a repository the model could point elsewhere: dulwich itself follows links,
+        so every place it writes (objects, refs, reflogs, the index) must be a real folder or
+        file of the workspace's own ``.git``, and no ``commondir`` may send writes away.
+        Raises MemoryRepoError naming the first offender."""
+        ws = self.workspace
+        if not workspace_files.is_dir(ws, _GIT_DIR):
+            raise MemoryRepoError(f"{self.git_dir} is not a folder (a link or a gitdir file?)")
+        for rel in _GIT_WRITTEN:
+            try:
+                st = workspace_files.lstat(ws, f"{_GIT_DIR}/{rel}")
+            except FileNotFoundError as exc:
+                if isinstance(exc, workspace_files.LinkRefused):
+                    raise MemoryRepoError(f"{self.git_dir}/{rel} leads through a link") from None
+                continue
+            except NotADirectoryError:
+                raise MemoryRepoError(f"{self.git_dir}/{rel}: a file where a folder is") from None
+            if stat.S_ISLNK(st.st_mode):
+                raise MemoryRepoError(f"{self.git_dir}/{rel} is a link; memobot never follows it")
+        if workspace_files.lexists(ws, f"{_GIT_DIR}/commondir"):
+            raise MemoryRepoError(f"{self.git_dir}/commondir sends writes elsewhere; remove it")
 
     def _adopt(self, repo: Repo) -> None:
         """Mark the repository as memobot's on first use. A repository nanobot wrote is adopted

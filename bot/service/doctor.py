@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bot import workspace_files
 from bot.config import Config, ConfigError, default_config_path, load_config
 from bot.invocation import program
 from bot.service.checks import Check, Status
@@ -213,7 +214,7 @@ def check_history(cfg: Config) -> Check:
         return Check("fail", problem, "move it away; memobot recreates what it needs")
     path = cfg.agent.workspace_path / "memory" / "history.jsonl"
     try:
-        data = path.read_bytes()
+        data = workspace_files.read_bytes(cfg.agent.workspace_path, path)
     except FileNotFoundError:
         return Check("ok", f"{path}: not created yet")
     lines = data.split(b"\n")

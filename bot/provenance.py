@@ -1,0 +1,142 @@
+"""Who last wrote the workspace files that act later, unattended: HEARTBEAT.md and skills.
+
+Rights follow provenance (DESIGN.md section 12). A turn shaped by a non-admin (a group chat,
+a private chat with someone who is not an admin, a job a non-admin made) may write
+HEARTBEAT.md with its file tools or its shell; the heartbeat then runs it with nobody watching.
+So after each turn whose tools ran, the files below are compared with their status before the
+first tool; a change is recorded here, in the state folder where the model cannot reach, with
+the turn's session and whether the turn was trusted. A later run of the file is trusted unless
+the record says a non-admin wrote exactly the version on disk now: an admin's turn that changes
+the file, or the owner editing it by hand (even ``touch HEARTBEAT.md``), makes it trusted again.
+
+``state/provenance.json``: ``{"version": 1, "files": {rel: {"stamp": [mtime_ns, size, inode],
+"by": session key, "trusted": bool, "at": ISO time}}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bot import workspace_files
+from bot.bus import InboundMessage
+from bot.private import make_private_dirs, replace_durably
+
+log = logging.getLogger(__name__)
+
+FILE = "provenance.json"
+HEARTBEAT_FILE = "HEARTBEAT.md"
+_VERSION = 1
+Stamp = tuple[int, int, int]
+Stamps = dict[str, Stamp]
+
+
+def watched_stamps(workspace: Path) -> Stamps:
+    """The status of every watched file now (HEARTBEAT.md, skills/*/SKILL.md); links and
+    missing files are left out. A few stat calls."""
+    out: Stamps = {}
+    st = workspace_files.file_stat(workspace, HEARTBEAT_FILE)
+    if st is not None:
+        out[HEARTBEAT_FILE] = (st.st_mtime_ns, st.st_size, st.st_ino)
+    for rel, st in workspace_files.files_matching(workspace, "skills", "SKILL.md"):
+        out[rel] = (st.st_mtime_ns, st.st_size, st.st_ino)
+    return out
+
+
+def turn_is_trusted(msg: InboundMessage) -> bool:
+    """Whether what this turn writes may later run with the owner's rights: an admin's turn
+    in a private chat (a group's turn carries the other members' words), or an unattended
+    turn that was itself trusted."""
+    meta = msg.metadata
+    local = msg.channel == "cli"  # the terminal: whoever types there is the owner
+    return bool(meta.get("is_admin", local)) and not meta.get("is_group", not local)
+
+
+@dataclass(frozen=True, slots=True)
+class Writer:
+    """Who wrote the version of a file that is on disk now."""
+
+    by: str
+    trusted: bool
+
+
+class Provenance:
+    """The record of who last wrote each watched file (one per state folder)."""
+
+    def __init__(self, state_dir: Path, workspace: Path) -> None:
+        self.path = state_dir / FILE
+        self.workspace = workspace
+        self._lock = threading.Lock()  # turns record from worker threads
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            # Unreadable: every file counts as written by a non-admin until it is rewritten,
+            # never the other way round.
+            log.error(
+                "provenance: %s cannot be read (%s); unattended runs are narrowed", self.path, exc
+            )
+            return {"*": {"by": "unknown", "trusted": False}}
+        files = data.get("files") if isinstance(data, dict) else None
+        return files if isinstance(files, dict) else {}
+
+    def record(self, before: Stamps, after: Stamps, by: str, trusted: bool) -> list[str]:
+        """Note every watched file whose status moved between ``before`` and ``after`` as
+        written by ``by``. A trusted turn never clears what an untrusted one wrote in the
+        same version (two turns at once both saw the change). Returns the files recorded."""
+        changed = [rel for rel, stamp in after.items() if before.get(rel) != stamp]
+        if not changed:
+            return []
+        with self._lock:
+            files = self._load()
+            files.pop("*", None)
+            for rel in changed:
+                old = files.get(rel)
+                same = old is not None and tuple(old.get("stamp") or ()) == after[rel]
+                if trusted and same and not old.get("trusted", False):
+                    continue
+                files[rel] = {
+                    "stamp": list(after[rel]),
+                    "by": by,
+                    "trusted": trusted,
+                    "at": _now(),
+                }
+            for rel in [r for r in files if r not in after and r in before]:
+                del files[rel]  # removed by the turn: nothing left to run
+            make_private_dirs(self.path.parent)
+            replace_durably(self.path, json.dumps({"version": _VERSION, "files": files}, indent=1))
+        for rel in changed:
+            level = logging.INFO if trusted else logging.WARNING
+            log.log(level, "provenance: %s written session=%s trusted=%s", rel, by, trusted)
+        return changed
+
+    def writer(self, rel: str) -> Writer | None:
+        """Who wrote the version of ``rel`` on disk now, when a turn did; None when it was
+        written outside any recorded turn (the owner's own edit) or is absent."""
+        with self._lock:
+            files = self._load()
+        if "*" in files:
+            return Writer("unknown (provenance.json unreadable)", False)
+        record = files.get(rel)
+        now = watched_stamps(self.workspace).get(rel)
+        if record is None or now is None or tuple(record.get("stamp") or ()) != now:
+            return None
+        return Writer(str(record.get("by", "")), bool(record.get("trusted", False)))
+
+    def untrusted(self, rel: str) -> str | None:
+        """The session that shaped ``rel`` as it is now, when that was not an admin's."""
+        found = self.writer(rel)
+        return None if found is None or found.trusted else found.by
+
+
+def _now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -21,7 +21,7 @@ from typing import Any
 from bot import failpoints
 from bot.bus import InboundMessage, MessageBus, OutboundMessage, typing_notice
 from bot.config import Config
-from bot.cron.scheduler import HEARTBEAT_KEY
+from bot.cron.scheduler import HEARTBEAT_KEY, NARROWED_KEY
 from bot.gate.approval import (
     APPROVAL_ID,
     CHOICE_LABELS,
@@ -75,6 +75,9 @@ def policy_for(cfg: Config) -> ApprovalPolicy:
 def offered_tools(cfg: Config, msg: InboundMessage, names: list[str]) -> set[str] | None:
     """The tools a turn may use: None (all) except in groups, where ``groupTools`` applies
     unless the sender is an admin and ``groupAdminTools`` is on."""
+    if msg.metadata.get(NARROWED_KEY):
+        # An unattended turn a non-admin shaped: the default group tools, whatever the config.
+        return group_tool_names(names, None, cfg.tools.safe_mcp_tools)
     if not msg.metadata.get("is_group"):
         return None
     channel = getattr(cfg.channels, msg.channel, None)

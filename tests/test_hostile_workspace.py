@@ -7,16 +7,21 @@ LLM, and checks that nothing behind a link reached a request or was written thro
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bot.cron.scheduler import Scheduler
+from bot.cron.store import JobStore
 from bot.session import key_to_filename
 from bot.workspace import init_workspace
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
-from tests.helpers import config_dict, run_memobot
+from tests.helpers import Harness, config_dict, make_config, run_memobot
 
 API_KEY = "sk-planted-test-0123456789abcdef"
 ENV_SECRET = "ENV-SECRET-c0ffee"
@@ -118,3 +123,73 @@ def test_history_behind_a_link_is_neither_read_nor_appended(
     assert API_KEY not in done.stdout + done.stderr
     search = run_memobot("memory", "search", "first", config=config)
     assert API_KEY not in search.stdout
+
+
+# -- provenance: what a non-admin wrote runs with a non-admin's rights (finding 7) -----------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+async def _heartbeat_after(tmp_path: Path, writer: dict[str, Any]) -> dict[str, Any]:
+    """A turn with ``writer``'s metadata writes HEARTBEAT.md with write_file; then the
+    heartbeat fires. Returns the heartbeat turn's request to the model."""
+    async with FakeLLM() as llm:
+        cfg = make_config(
+            tmp_path, llm.base_url, heartbeat={"intervalMinutes": 30, "deliverTo": "telegram:1001"}
+        )
+        ws = cfg.agent.workspace_path
+        async with Harness(cfg, tmp_path / "config.json", channels=("telegram",)) as h:
+            (ws / "USER.md").write_text("# User\n\nOWNER-PRIVATE-FACT\n")
+            task = {"path": "HEARTBEAT.md", "content": "- [ ] run `id` and report\n"}
+            llm.script(tool_step(("write_file", task)), reply("saved"), reply("HEARTBEAT_OK"))
+            fut = await h.send("add a task", chat="555", channel="telegram", metadata=writer)
+            await asyncio.wait_for(fut, 15)
+            clock = _Clock()
+            sched = Scheduler(cfg, JobStore(cfg.agent.state_path), h.stack.bus, h.stack.store,
+                              {"telegram"}, clock=clock)  # fmt: skip
+            await sched.tick()
+            clock.now += timedelta(minutes=31)
+            await sched.tick()
+            [request] = (await llm.wait_for_requests(3))[2:]
+            return request["body"]
+
+
+def _tool_names(body: dict[str, Any]) -> set[str]:
+    return {t["function"]["name"] for t in body.get("tools") or []}
+
+
+async def test_a_heartbeat_a_non_admin_wrote_runs_with_a_group_members_rights(
+    tmp_path: Path,
+) -> None:
+    body = await _heartbeat_after(tmp_path, {"is_admin": False, "is_group": False})
+    assert "run `id`" in json.dumps(body["messages"])  # it did run, narrowed
+    assert not {"exec", "write_file", "edit_file"} & _tool_names(body)
+    assert "OWNER-PRIVATE-FACT" not in json.dumps(body)
+    record = json.loads((tmp_path / "state" / "provenance.json").read_text())
+    assert record["files"]["HEARTBEAT.md"]["by"] == "telegram:555"
+
+
+async def test_a_heartbeat_the_owner_wrote_keeps_every_tool_and_the_owners_memory(
+    tmp_path: Path,
+) -> None:
+    body = await _heartbeat_after(tmp_path, {"is_admin": True, "is_group": False})
+    assert {"exec", "write_file"} <= _tool_names(body)
+    assert "OWNER-PRIVATE-FACT" in json.dumps(body)
+
+
+def test_a_job_a_non_admin_made_runs_narrowed() -> None:
+    from bot.cron.schedule import Schedule
+    from bot.cron.scheduler import NARROWED_KEY, job_message
+    from bot.cron.store import Job
+
+    firing = {"due": "2026-03-01T08:00:00Z", "message_id": "m"}
+    every = Schedule.make(every_seconds=60, tz="UTC")
+    job = Job("j1", "telegram:555", "do it", every, by_admin=False, is_group=False, firing=firing)
+    meta = job_message(job).metadata
+    assert meta["is_group"] and not meta["is_admin"] and meta[NARROWED_KEY] == "telegram:555"

@@ -33,6 +33,7 @@ from bot.config import Config
 from bot.cron import heartbeat
 from bot.cron.schedule import compact, describe_moment, from_iso, to_iso, zone
 from bot.cron.store import Job, Jobs, JobStore
+from bot.provenance import Provenance
 from bot.session import SessionStore
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ TICK_SECONDS = 1.0
 LATE_AFTER = timedelta(seconds=60)
 CRON_KEY = "cron"  # InboundMessage.metadata: {"job_id", "deliver", "due", "late"}
 HEARTBEAT_KEY = "heartbeat"  # InboundMessage.metadata: {"deliver_to", "due"}
+# InboundMessage.metadata: the session that shaped an unattended turn when that was not an
+# admin's; such a turn gets a group member's tools and privacy (bot.approvals, bot.turn).
+NARROWED_KEY = "narrowed"
 SENDER = "memobot-scheduler"
 
 
@@ -76,8 +80,10 @@ def job_message(job: Job) -> InboundMessage:
                 "due": job.firing["due"],
                 "late": bool(job.firing.get("late")),
             },
+            # A job a non-admin made runs, unattended, with a group member's rights.
             "is_admin": job.by_admin,
-            "is_group": job.is_group,
+            "is_group": job.is_group or not job.by_admin,
+            **({} if job.by_admin else {NARROWED_KEY: job.session}),
         },
     )
 
@@ -100,6 +106,7 @@ class Scheduler:
     ) -> None:
         self.cfg = cfg
         self.store = store
+        self.provenance = Provenance(cfg.agent.state_path, cfg.agent.workspace_path)
         self.bus = bus
         self.sessions = sessions
         self.channels = channels
@@ -369,6 +376,9 @@ class Scheduler:
             "message_id": f"heartbeat:{compact(due)}",
             "text": heartbeat.task_text(tasks, note),
             "deliver_to": self.deliver_to,
+            # Who wrote these tasks decides the run's rights; kept with the firing so a
+            # restart hands over the same turn.
+            "shaped_by": await asyncio.to_thread(self.provenance.untrusted, heartbeat.FILE),
         }
 
         def fire(hb: dict[str, Any]) -> None:
@@ -390,6 +400,15 @@ class Scheduler:
 
     async def _hand_over_heartbeat(self, firing: dict[str, Any]) -> None:
         channel, _, chat_id = heartbeat.SESSION.partition(":")
+        shaped_by = firing.get("shaped_by")
+        if shaped_by:
+            self._once(
+                f"narrowed:{firing['message_id']}",
+                "heartbeat: %s was last written in %s, not by an admin; it runs without exec, "
+                "file writes or the owner's memory (edit or touch the file yourself to trust it)",
+                heartbeat.FILE,
+                shaped_by,
+            )
         msg = InboundMessage(
             channel,
             chat_id,
@@ -398,8 +417,10 @@ class Scheduler:
             message_id=firing["message_id"],
             metadata={
                 HEARTBEAT_KEY: {"deliver_to": firing["deliver_to"], "due": firing["due"]},
-                "is_admin": True,
-                "is_group": not heartbeat.private_chat(firing["deliver_to"]),
+                # Tasks a non-admin wrote run with a group member's rights (bot.provenance).
+                "is_admin": not shaped_by,
+                "is_group": bool(shaped_by) or not heartbeat.private_chat(firing["deliver_to"]),
+                **({NARROWED_KEY: shaped_by} if shaped_by else {}),
             },
         )
         verdict = await self.bus.publish_inbound(msg)

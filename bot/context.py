@@ -35,6 +35,7 @@ TRIM_TO_SHARE = 0.75
 PRIVATE_FILES = frozenset({"USER.md", "memory/MEMORY.md"})
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
 MAX_INLINE_IMAGE_BYTES = 10 * 1024 * 1024
+_CHAT_FILES_KEPT = 256
 # Content part types the Chat Completions API takes, per role (what may stay a list).
 CONTENT_PARTS: dict[str, frozenset[str]] = {
     "system": frozenset({"text"}),
@@ -71,6 +72,7 @@ class ContextBuilder:
         self._prompts: dict[bool, str] = {}
         self._prompt_key: str | None = None
         self._repaired: set[str] = set()  # sessions whose history was already reported
+        self._chat_files: dict[str, _CachedFile] = {}  # memory/chats/<chat>.md, by path
 
     def _read(self, name: str) -> bool:
         """Refresh one prompt file from disk if it changed; True if it did. A link, a folder
@@ -92,6 +94,24 @@ class ContextBuilder:
         elif st is not None:
             entry.text = workspace_files.read_text_or_empty(self.workspace, name).strip()
         return True
+
+    def _chat_memory(self, rel: str) -> str:
+        """The section of one chat's memory file ("" when it has none); re-read only when
+        the file changed, so the prompt stays byte-identical between turns."""
+        entry = self._chat_files.get(rel)
+        if entry is None:
+            entry = self._chat_files[rel] = _CachedFile()
+            if len(self._chat_files) > _CHAT_FILES_KEPT:
+                self._chat_files.pop(next(iter(self._chat_files)))
+        st = workspace_files.file_stat(self.workspace, rel)
+        key = None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
+        if key != entry.key:
+            entry.key = key
+            text = workspace_files.read_text_or_empty(self.workspace, rel).strip() if key else ""
+            entry.text = (
+                f"\n\n---\n\n## What you remember about this chat\n\n{text}" if text else ""
+            )
+        return entry.text
 
     def system_prompt(self, private: bool = True) -> str:
         """Identity, the workspace's instruction and memory files, and the skills list.
@@ -165,8 +185,13 @@ class ContextBuilder:
         max_tokens: int,
         tools_tokens: int = 0,
         private: bool = True,
+        chat_memory: str | None = None,
     ) -> list[dict[str, Any]]:
+        """``chat_memory``: the workspace path of this chat's own memory file (a chat that is
+        not the owner's: Dream keeps its facts there, bot.memory.dream), added to the prompt."""
         system = self.system_prompt(private)
+        if chat_memory:
+            system += self._chat_memory(chat_memory)
         fixed = estimate_text_tokens(system) + tools_tokens + max_tokens
         fixed += sum(estimate_message_tokens(m) for m in turn)
         budget = max(0, context_window - fixed)

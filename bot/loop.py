@@ -15,6 +15,7 @@ waiting out a model outage, and the ordered shutdown.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -27,6 +28,7 @@ from bot.bus import InboundMessage, Intake, MessageBus, admin_notice, typing_not
 from bot.commands import HELP_TEXT, IMMEDIATE, Command, format_duration, parse_command
 from bot.config import Config
 from bot.context import ContextBuilder
+from bot.cron import heartbeat
 from bot.cron.scheduler import HEARTBEAT_KEY, describe_jobs
 from bot.cron.store import JobStore
 from bot.delivery import DeliveryLedger
@@ -101,7 +103,13 @@ class AgentLoop:
         self.ledger = DeliveryLedger(store)
         self.jobs = JobStore(cfg.agent.state_path)
         self.consolidator = Consolidator(cfg.memory, store, provider, archive)
-        self.dream = Dream(cfg.memory, cfg.agent.workspace_path, provider, archive)
+        self.dream = Dream(
+            cfg.memory,
+            cfg.agent.workspace_path,
+            provider,
+            archive,
+            functools.partial(heartbeat.owner_chat, cfg),
+        )
         self.turns = Turns(
             cfg, bus, store, provider, tools, context, self.consolidator, gate, self._spawn
         )

@@ -23,13 +23,14 @@ from bot.bus import InboundMessage, MessageBus, OutboundMessage, typing_notice
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.cron import heartbeat
-from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY
+from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY, NARROWED_KEY
 from bot.delivery import DELIVERY_KEY, LEDGER_SESSION_KEY, outbox_entry
 from bot.gate import Gate, ProcessScope
 from bot.gate.approval import close_unanswered
 from bot.intake import without_pending
 from bot.llm import LLMError, LLMProvider, LLMUnavailable
 from bot.memory.consolidate import Consolidator
+from bot.memory.dream import chat_memory_file
 from bot.memory.files import memory_stamp
 from bot.provenance import Provenance, Stamps, turn_is_trusted, watched_stamps
 from bot.runner import Runner, close_open_tool_calls
@@ -195,6 +196,11 @@ class Turns:
                 await self.store.append_async(session, metadata=update)
             failpoints.hit(phase)
 
+        owner = heartbeat.owner_chat(self.cfg, msg.session_key) and not msg.metadata.get(
+            NARROWED_KEY
+        )
+        chat_memory = None if owner else chat_memory_file(msg.session_key)
+
         def build(t: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return self.context.build(
                 session,
@@ -203,6 +209,7 @@ class Turns:
                 self.cfg.llm.max_tokens,
                 self._tools_tokens(),
                 private=ctx.extra["private"],
+                chat_memory=chat_memory,
             )
 
         started = time.monotonic()

@@ -193,3 +193,22 @@ def test_a_job_a_non_admin_made_runs_narrowed() -> None:
     job = Job("j1", "telegram:555", "do it", every, by_admin=False, is_group=False, firing=firing)
     meta = job_message(job).metadata
     assert meta["is_group"] and not meta["is_admin"] and meta[NARROWED_KEY] == "telegram:555"
+
+
+async def test_a_chats_own_memory_is_in_its_prompt_and_in_no_other(tmp_path: Path) -> None:
+    async with FakeLLM() as llm:
+        cfg = make_config(tmp_path, llm.base_url)
+        ws = cfg.agent.workspace_path
+        async with Harness(cfg, tmp_path / "config.json", channels=("telegram", "cli")) as h:
+            chats = ws / "memory" / "chats"
+            chats.mkdir(parents=True)
+            (chats / "telegram%3A-100.md").write_text("- GROUP-FACT: the hike is on Sunday\n")
+            llm.script(reply("a"), reply("b"), reply("c"))
+            meta = {"is_group": True, "is_admin": False}
+            for chat, channel, metadata in (("-100", "telegram", meta), ("-200", "telegram", meta),
+                                            ("direct", "cli", None)):  # fmt: skip
+                fut = await h.send("hi", chat=chat, channel=channel, metadata=metadata)
+                await asyncio.wait_for(fut, 15)
+            prompts = [r["body"]["messages"][0]["content"] for r in llm.requests]
+    assert "GROUP-FACT" in prompts[0]
+    assert "GROUP-FACT" not in prompts[1] and "GROUP-FACT" not in prompts[2]

@@ -68,6 +68,19 @@ def private_chat(key: str) -> bool:
     return False
 
 
+def owner_chat(cfg: Config, key: str) -> bool:
+    """True when the chat ``key`` is provably an admin's own private chat: the terminal, or a
+    Telegram private chat whose id (the user's id there) is an admin's. Slack and Discord DMs
+    carry no user id in their key, so they count as someone else's chat: what Dream learns
+    there goes to that chat's own memory file, never to USER.md or SOUL.md."""
+    channel, _, chat = key.partition(":")
+    if channel == "cli":
+        return True
+    if channel == "telegram" and chat.isdigit():
+        return chat in cfg.channels.telegram.admin_ids
+    return False
+
+
 def deliver_to(cfg: Config) -> str | None:
     """``heartbeat.deliverTo``, or the first Telegram admin's private chat (its id is the
     user id there); None when neither exists."""

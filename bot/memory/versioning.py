@@ -1,8 +1,8 @@
 """Versioned memory: the long-term memory files under git, written with dulwich (no git binary).
 
 The repository lives in ``<workspace>/.git`` and tracks only :data:`TRACKED` (USER.md, SOUL.md,
-memory/MEMORY.md and everything under skills/). Every other workspace file (notes, media,
-scripts, history.jsonl, the cursors) is never opened, hashed or committed: the tree of each commit
+memory/MEMORY.md, each chat's memory/chats/<chat>.md and everything under skills/). Every other
+workspace file (notes, media, scripts, history.jsonl, the cursors) is never opened, hashed or committed: the tree of each commit
 is built from the tracked paths alone, and ``.git/info/exclude`` hides the rest from a person's
 ``git status``.
 
@@ -68,7 +68,7 @@ from bot.config import Config
 
 log = logging.getLogger(__name__)
 
-TRACKED: tuple[str, ...] = ("USER.md", "SOUL.md", "memory/MEMORY.md", "skills")
+TRACKED: tuple[str, ...] = ("USER.md", "SOUL.md", "memory/MEMORY.md", "memory/chats", "skills")
 DEFAULT_AUTHOR = "memobot <memobot@localhost>"
 MAX_FILE_BYTES = 1024 * 1024  # memory is text; a bigger file under skills/ is not versioned
 SHORT_ID_LEN = 7

@@ -23,6 +23,7 @@ from bot.gate import (
 from bot.llm import LLMProvider
 from bot.loop import AgentLoop
 from bot.memory.history import HistoryArchive
+from bot.provenance import Provenance
 from bot.session import SessionStore
 from bot.tools import build_default_tools
 from bot.tools.cron import CronTool
@@ -116,6 +117,7 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
             workspace,
             share_in_groups=cfg.memory.share_in_groups,
             timezone=zone(cfg.agent.timezone),
+            untrusted_skills=Provenance(cfg.agent.state_path, workspace),
         ),
         HistoryArchive(workspace),
         gate,

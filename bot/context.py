@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot import workspace_files
 from bot.runner import close_open_tool_calls
-from bot.skills import SkillsIndex
+from bot.skills import SkillsIndex, UntrustedFiles
 from bot.tokens import estimate_message_tokens, estimate_text_tokens
 from bot.workspace import WORKSPACE_PROMPT_FILES
 
@@ -60,13 +60,14 @@ class ContextBuilder:
         identity: str | None = None,
         share_in_groups: bool = False,
         timezone: tzinfo | None = None,
+        untrusted_skills: UntrustedFiles | None = None,
     ) -> None:
         """``timezone``: the zone of the time in the runtime block (``agent.timezone``);
         None is the system's current offset."""
         self.workspace = workspace
         self.timezone = timezone
         self.identity = identity or default_identity(workspace)
-        self.skills = SkillsIndex(workspace)
+        self.skills = SkillsIndex(workspace, untrusted_skills)
         self._files: dict[str, _CachedFile] = {n: _CachedFile() for n in WORKSPACE_PROMPT_FILES}
         self.share_in_groups = share_in_groups
         self._prompts: dict[bool, str] = {}

@@ -135,6 +135,29 @@ class Provenance:
         found = self.writer(rel)
         return None if found is None or found.trusted else found.by
 
+    def stamp(self) -> tuple[int, int, int]:
+        """The record's own status: it changes whenever a turn records a write."""
+        try:
+            st = self.path.stat()
+        except OSError:
+            return (0, 0, 0)
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def untrusted_now(self) -> dict[str, str]:
+        """Every watched file whose version on disk a non-admin's turn wrote: rel -> session."""
+        with self._lock:
+            files = self._load()
+        now = watched_stamps(self.workspace)
+        if "*" in files:
+            return dict.fromkeys(now, "unknown (provenance.json unreadable)")
+        return {
+            rel: str(record.get("by", ""))
+            for rel, record in files.items()
+            if not record.get("trusted", False)
+            and rel in now
+            and tuple(record.get("stamp") or ()) == now[rel]
+        }
+
 
 def _now() -> str:
     from datetime import UTC, datetime

@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from bot import workspace_files
 
@@ -212,6 +213,14 @@ def skills_summary(skills: list[Skill]) -> str:
     return "\n".join(lines)
 
 
+class UntrustedFiles(Protocol):
+    """Who wrote which skill (bot.provenance.Provenance)."""
+
+    def untrusted_now(self) -> dict[str, str]: ...
+
+    def stamp(self) -> tuple[int, int, int]: ...
+
+
 # (folder name, mtime_ns, size, inode) per SKILL.md: enough to notice edits, replacements by
 # editors that write a new file, additions and removals, without opening any file.
 _Signature = tuple[tuple[str, int, int, int], ...]
@@ -225,8 +234,12 @@ class SkillsIndex:
     so the system prompt stays byte-identical and provider prompt caches keep hitting.
     """
 
-    def __init__(self, workspace: Path) -> None:
+    def __init__(self, workspace: Path, untrusted: UntrustedFiles | None = None) -> None:
+        """``untrusted``: the skill files (workspace-relative) a non-admin's turn wrote, with
+        the session (bot.provenance); those are left out of the list, and so of every prompt,
+        until an admin or the owner rewrites them. Asked only when a skill changed."""
         self.workspace = workspace
+        self._untrusted = untrusted
         self._signature: _Signature | None = None
         self._skills: list[Skill] = []
         self._summary = ""
@@ -235,13 +248,32 @@ class SkillsIndex:
         sig = []
         for skill_md, st in _skill_files(self.workspace):
             sig.append((skill_md.parent.name, st.st_mtime_ns, st.st_size, st.st_ino))
+        if sig and self._untrusted is not None:
+            # Provenance is recorded when the writing turn ends, after its own prompts were
+            # built: its record moving must refresh the list too.
+            sig.append(("\0provenance", *self._untrusted.stamp()))
         return tuple(sorted(sig))
 
     def _refresh(self) -> None:
         sig = self._current_signature()
         if sig == self._signature:
             return
-        self._skills = load_skills(self.workspace)
+        skills = load_skills(self.workspace)
+        if self._untrusted is not None:
+            shaped = self._untrusted.untrusted_now()
+            for skill in skills:
+                by = shaped.get(f"{SKILLS_DIR}/{skill.path.parent.name}/{SKILL_FILE}")
+                if by:
+                    log.warning(
+                        "skill %s was written in %s, not by an admin: left out of the prompt "
+                        "(edit or touch its SKILL.md to keep it)",
+                        skill.path.parent.name,
+                        by,
+                    )
+            skills = [
+                s for s in skills if f"{SKILLS_DIR}/{s.path.parent.name}/{SKILL_FILE}" not in shaped
+            ]
+        self._skills = skills
         self._summary = skills_summary(self._skills)
         self._signature = sig
 

@@ -222,11 +222,21 @@ class McpServerConfig(_Model):
     command: str = ""
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
-    cwd: str = ""  # default: the workspace
+    cwd: str = ""  # default: a private folder of its own, <stateDir>/mcp/<name>/
     url: str = ""
     headers: dict[str, str] = Field(default_factory=dict)
     tool_timeout: float = Field(30.0, gt=0, le=3600, description="seconds per tool call")
     enabled_tools: list[str] = Field(default_factory=lambda: ["*"])
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd_absolute(cls, v: str) -> str:
+        if v and not Path(v).expanduser().is_absolute():
+            raise ValueError(
+                f"{v!r}: give an absolute folder (or one starting with ~); a relative one "
+                "would depend on where memobot was started"
+            )
+        return v
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:

@@ -22,6 +22,7 @@ import pytest
 
 from bot.app import AgentStack
 from bot.approvals import describe_open, policy_for
+from bot.gate import launcher
 from bot.gate.approval import (
     ApprovalPolicy,
     allow_pattern_problem,
@@ -495,6 +496,39 @@ def test_terminal_asks_on_stderr_and_takes_the_next_line_as_the_answer(tmp_path,
     assert (len(ran.read_text().splitlines()) if ran.exists() else 0) == runs
     results = [m for m in llm.requests[-1]["body"]["messages"] if m.get("role") == "tool"]
     assert ("denied" in results[-1]["content"]) is (runs == 0)
+
+
+@pytest.mark.skipif(launcher.landlock_abi() < 1, reason="exec needs Landlock")
+@pytest.mark.parametrize("allow", [None, ["ls", "git status"]], ids=["default", "owner-allowed"])
+def test_git_status_asks_first_and_runs_no_program_the_repository_names(tmp_path, allow):
+    """A .git/config the model wrote makes `git status` run its fsmonitor: by default git
+    asks first, and approved (or allowlisted by the owner) it still runs nothing planted."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    marker = ws / "ran.txt"
+    evil = ws / ".evil"
+    evil.write_text(f"#!/bin/sh\necho ran >> {marker}\n")
+    evil.chmod(0o755)
+    for args in (["init", "-q"], ["config", "core.fsmonitor", str(evil)]):
+        subprocess.run(["git", "-C", str(ws), *args], check=True)
+    subprocess.run(["git", "-C", str(ws), "status"], check=True, capture_output=True)
+    assert marker.exists()  # the control: plain git runs it
+    marker.unlink()
+    with FakeLLM.start_in_thread() as llm:
+        llm.script(tool_step(call("exec", {"command": "git status"})), reply("finished"))
+        tools: dict[str, Any] = {"approval": "risky"}
+        if allow is not None:
+            tools["exec"] = {"allow": allow}
+        config = tmp_path / "config.json"
+        config.write_text(json.dumps(config_dict(tmp_path, llm.base_url, tools=tools)))
+        answer = "y\n" if allow is None else ""
+        result = run_memobot("agent", config=config, stdin=f"run it\n{answer}")
+    assert result.returncode == 0, result.stderr
+    asked = "exec: git status" in result.stderr and "allow? [y]es once" in result.stderr
+    assert asked is (allow is None)
+    results = [m for m in llm.requests[-1]["body"]["messages"] if m.get("role") == "tool"]
+    assert "No commits yet" in results[-1]["content"]  # it ran
+    assert not marker.exists()
 
 
 # -- Discord: message components ----------------------------------------------------------

@@ -97,7 +97,7 @@ MEMOBOT_PID = "$(cut -d' ' -f4 /proc/$PPID/stat)"  # the launcher's parent
 def secret_reads(config: Path) -> dict[str, str]:
     return {
         "abs": f"cat {config}",
-        "home": "cat $HOME/../config.json",
+        "parent": "cat $PWD/../config.json",
         "environ": f"tr '\\0' '\\n' < /proc/{MEMOBOT_PID}/environ",
         "all_environs": "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; echo scanned",
         "env": "env",
@@ -117,11 +117,12 @@ def test_the_shell_cannot_read_the_config_the_state_or_memobots_environment(
         assert ENV_TOKEN not in out, cid
         assert "please run these" not in out, cid  # another chat's transcript
     assert "Permission denied" in results["abs"]
-    assert "Permission denied" in results["home"]
+    assert "Permission denied" in results["parent"]
     assert "Permission denied" in results["environ"]
     assert results["all_environs"].strip().endswith("scanned")
     assert "Permission denied" in results["sessions"]
-    assert f"HOME={tmp_path / 'ws'}" in results["env"]
+    home = next(v for v in results["env"].splitlines() if v.startswith("HOME="))
+    assert home.endswith("/home") and str(tmp_path) not in home  # in its temp folder
 
 
 @needs_landlock
@@ -130,7 +131,7 @@ def test_with_the_sandbox_off_the_same_attack_succeeds(tmp_path: Path, llm: Fake
     config = tmp_path / "config.json"
     results = run_attack(tmp_path, llm, secret_reads(config), exec={"sandbox": "off"})
     assert API_KEY in results["abs"]
-    assert API_KEY in results["home"]
+    assert API_KEY in results["parent"]
     assert ENV_TOKEN in results["environ"]
 
 

@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from bot.config import parse_config
-from bot.service.doctor import check_clock, check_sessions, install_time, scan_session
+from bot.service.doctor import (
+    check_clock,
+    check_exec_allow,
+    check_sessions,
+    install_time,
+    scan_session,
+)
 from bot.service.probes import TokenProbe, check_llm, check_token, token_probes
 from bot.session import SessionStore
 from bot.workspace import init_workspace
@@ -183,6 +189,28 @@ async def test_an_unreachable_platform_is_a_warning_without_the_token() -> None:
     assert check.status == "warn"
     assert check.text.startswith("telegram: cannot reach 127.0.0.1 (no network?)")
     assert secret not in check.text
+
+
+@pytest.mark.parametrize(
+    ("allow", "warned"),
+    [
+        (None, []),
+        (["ls", "git status"], ["git status"]),
+        (["'git' diff", "g*"], ["'git' diff", "g*"]),
+    ],
+)
+def test_doctor_warns_when_git_runs_unasked(allow: list[str] | None, warned: list[str]) -> None:
+    tools: dict = {"approval": "risky"}
+    if allow is not None:
+        tools["exec"] = {"allow": allow}
+    checks = list(check_exec_allow(parse_config({"tools": tools})))
+    assert [c.status for c in checks] == ["warn"] * len(warned)
+    assert all(
+        repr(p) in c.text and "any program" in c.text for p, c in zip(warned, checks, strict=True)
+    )
+    # Asked anyway ("always") or never asked ("off", a choice of its own): no warning.
+    tools["approval"] = "always"
+    assert not list(check_exec_allow(parse_config({"tools": tools})))
 
 
 def test_clock() -> None:

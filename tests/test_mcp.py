@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from bot.config import McpServerConfig, parse_config
+from bot.config import ConfigError, McpServerConfig, parse_config
 from bot.gate import launcher
 from bot.tools.base import ToolRegistry
 from bot.tools.mcp import _describe, _transport_hint, input_schema, tool_name
@@ -411,12 +411,12 @@ def test_a_confined_stdio_server_cannot_read_the_config(tmp_path: Path, llm: Fak
     ws.mkdir()
     shutil.copy(RAW_SERVER, ws / "server.py")
     (ws / "note.txt").write_text("inside")
-    server = {"command": str(SYSTEM_PYTHON), "args": ["-I", "server.py"]}
+    server = {"command": str(SYSTEM_PYTHON), "args": ["-I", str(ws / "server.py")]}
     cfg = write_config(tmp_path, llm.base_url, tools={"mcpServers": {"raw": server}})
     llm.script(
         tool_step(
             call("mcp_raw_read", {"path": str(cfg)}, id="config"),
-            call("mcp_raw_read", {"path": "note.txt"}, id="note"),
+            call("mcp_raw_read", {"path": str(ws / "note.txt")}, id="note"),
         ),
         reply("done"),
     )
@@ -425,6 +425,97 @@ def test_a_confined_stdio_server_cannot_read_the_config(tmp_path: Path, llm: Fak
     out = results(llm, 1)
     assert out["config"] == "cannot read: Permission denied"
     assert out["note"] == "inside"
+
+
+PLANTED = "import os, sys\nopen({marker!r}, 'w').write(repr(dict(os.environ)))\nsys.exit(1)\n"
+NODE_PLANTED = "#!/bin/sh\nenv > {marker}\n"
+
+
+def plant_modules(ws: Path) -> Path:
+    """What a model could write into its workspace for a server started as ``python -m
+    memotest_srv`` or ``npx memotest-planted``: code that hands the server's environment
+    (its ``env`` secrets) to the model. Returns the marker file it writes."""
+    marker = ws / "planted.txt"
+    (ws / "memotest_srv.py").write_text(PLANTED.format(marker=str(marker)))
+    bin_dir = ws / "node_modules" / ".bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "memotest-planted").write_text(NODE_PLANTED.format(marker=marker))
+    (bin_dir / "memotest-planted").chmod(0o755)
+    return marker
+
+
+def test_a_stdio_server_never_starts_in_the_workspace(tmp_path: Path, llm: FakeLLMThread) -> None:
+    ws, lib = tmp_path / "ws", tmp_path / "lib"
+    ws.mkdir()
+    lib.mkdir()
+    shutil.copy(RAW_SERVER, lib / "memotest_srv.py")  # the real server, on its PYTHONPATH
+    marker = plant_modules(ws)
+    secret = f"secret-{uuid.uuid4().hex}"
+    env = {"PYTHONPATH": str(lib), "SERVER_SECRET": secret}
+    py = {"command": sys.executable, "args": ["-m", "memotest_srv"], "env": env}
+    # The control: started in the workspace, python imports the planted module first.
+    argv = [sys.executable, "-m", "memotest_srv"]
+    subprocess.run(argv, cwd=ws, env=env, stdin=subprocess.DEVNULL, capture_output=True)
+    assert secret in marker.read_text()
+    marker.unlink()
+    offline = {"SERVER_SECRET": secret, "npm_config_offline": "true"}
+    node = {"command": "npx", "args": ["--no", "memotest-planted"], "env": offline}
+    servers: dict[str, Any] = {"py": py}
+    if shutil.which("npx"):  # the same control: npx runs the workspace's node_modules
+        home = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "npm"), **offline}
+        subprocess.run(["npx", *node["args"]], cwd=ws, env=home, capture_output=True)
+        assert secret in marker.read_text()
+        marker.unlink()
+        servers["node"] = node
+    cfg = mcp_config(tmp_path, llm, servers)
+    llm.script(
+        tool_step(call("mcp_py_read", {"path": "/proc/self/environ"}, id="env")), reply("done")
+    )
+    done = run_memobot("agent", "-m", "go", config=cfg, env={"NODE_PATH": str(ws / "node_modules")})
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists()
+    environ = results(llm, 1)["env"].split("\0")
+    own = tmp_path / "state" / "mcp" / "py"
+    assert f"HOME={own}" in environ and "PYTHONSAFEPATH=1" in environ
+    assert not [v for v in environ if v.startswith("NODE_PATH=")]
+    assert own.is_dir() and (own.stat().st_mode & 0o777) == 0o700
+
+
+@pytest.mark.skipif(launcher.landlock_abi() < 1, reason="needs Landlock")
+@pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs /usr/bin/python3")
+def test_a_servers_own_cwd_is_honoured(tmp_path: Path, llm: FakeLLMThread) -> None:
+    """With ``cwd`` it starts there (confined, it may read it) and imports from it: the
+    owner chose that folder."""
+    ws, project = tmp_path / "ws", tmp_path / "project"
+    ws.mkdir()
+    project.mkdir()
+    marker = plant_modules(ws)
+    shutil.copy(RAW_SERVER, project / "memotest_srv.py")
+    (project / "note.txt").write_text("from the project")
+    server = {"command": str(SYSTEM_PYTHON), "args": ["-m", "memotest_srv"], "cwd": str(project)}
+    cfg = write_config(tmp_path, llm.base_url, tools={"mcpServers": {"proj": server}})
+    llm.script(
+        tool_step(
+            call("mcp_proj_read", {"path": "note.txt"}, id="note"),
+            call("mcp_proj_read", {"path": "/proc/self/environ"}, id="env"),
+        ),
+        reply("done"),
+    )
+    done = run_memobot("agent", "-m", "go", config=cfg)
+    assert done.returncode == 0, done.stderr
+    out = results(llm, 1)
+    assert out["note"] == "from the project"
+    environ = out["env"].split("\0")
+    assert f"HOME={tmp_path / 'state' / 'mcp' / 'proj'}" in environ
+    assert "PYTHONSAFEPATH=1" not in environ
+    assert not marker.exists()
+
+
+def test_a_relative_cwd_is_refused_with_its_path() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"tools": {"mcpServers": {"x": {"command": "srv", "cwd": "srv/data"}}}})
+    assert "tools.mcpServers.x.cwd" in str(err.value) and "absolute" in str(err.value)
+    parse_config({"tools": {"mcpServers": {"x": {"command": "srv", "cwd": "~/srv"}}}})
 
 
 def test_doctor_and_status_report_each_server(tmp_path: Path, llm: FakeLLMThread) -> None:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,7 +123,7 @@ async def test_daemon_secrets_are_not_in_the_environment(
     assert "do-not-leak" not in out
     assert "not-on-the-allowlist" not in out  # an allowlist, not a pattern of secret names
     assert "TZ=Europe/Berlin" in out
-    assert f"HOME={ctx.workspace}" in out
+    assert ctx.gate is not None and f"HOME={ctx.gate.home}\n" in out
 
 
 async def test_long_output_keeps_head_and_tail(ctx: ToolContext) -> None:
@@ -182,6 +185,145 @@ async def test_bad_input(ctx: ToolContext, tmp_path: Path) -> None:
     assert "must not be empty" in await run(ctx, "   ")
     missing = ToolContext(workspace=tmp_path / "nope", gate=ctx.gate)
     assert "does not exist" in await run(missing, "true")
+
+
+# ---------------------------------------------------------------------------------------------
+# HOME and git: nothing the model wrote into the workspace is read as a program to run
+
+EVIL = '#!/bin/sh\necho "$0 $*" >> {marker}\n'
+HOOKS = ("pre-commit", "post-commit", "post-index-change", "reference-transaction")
+# Each runs a program the workspace names (see plant_repo); the comment says which.
+GIT_ATTACKS = (
+    "git status",  # core.fsmonitor, the post-index-change hook
+    "git commit -q --allow-empty -m x",  # hooks, gpg.program (commit.gpgSign)
+    "git commit -q --allow-empty",  # core.editor
+    "git fetch -q origin",  # core.sshCommand
+    "git ls-remote ext",  # an ext:: remote (protocol.ext.allow)
+    "git st",  # an alias in the workspace's .gitconfig, read when HOME is the workspace
+    "printf 'protocol=https\\nhost=x\\n\\n' | git credential fill",  # helper, askpass
+    "git rebase -q -i --root",  # sequence.editor (last: it leaves a rebase going)
+)
+
+
+def git(ws: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(ws), *args], check=True, capture_output=True)
+
+
+def plant_repo(ws: Path) -> Path:
+    """A repository in the workspace whose .git/config, hooks and a .gitconfig beside it
+    name a program that appends a line to the returned marker file."""
+    marker = ws / "ran.txt"
+    evil = ws / ".evil"
+    evil.write_text(EVIL.format(marker=marker))
+    evil.chmod(0o755)
+    (ws / "a.txt").write_text("a\n")
+    git(ws, "init", "-q")
+    git(ws, "add", "a.txt")
+    git(ws, "-c", "user.name=o", "-c", "user.email=o@x", "commit", "-q", "-m", "one")
+    hooks = ws / ".hooks"
+    hooks.mkdir()
+    for name in HOOKS:
+        for folder in (hooks, ws / ".git" / "hooks"):
+            shutil.copy(evil, folder / name)
+    for key, value in {
+        "user.name": "m", "user.email": "m@x",
+        "core.fsmonitor": f"{evil} fsmonitor", "core.hooksPath": str(hooks),
+        "core.editor": f"{evil} editor", "sequence.editor": f"{evil} sequence",
+        "core.sshCommand": f"{evil} ssh", "credential.helper": f"!{evil} credential",
+        "core.askPass": str(evil),
+        "gpg.program": str(evil), "commit.gpgSign": "true",
+        "remote.origin.url": "ssh://git@127.0.0.1:1/x", "protocol.ext.allow": "always",
+        "remote.ext.url": f"ext::{evil} ext",
+    }.items():  # fmt: skip
+        git(ws, "config", key, value)
+    (ws / ".gitconfig").write_text(f'[alias]\n\tst = "!{evil} alias"\n')
+    return marker
+
+
+def test_every_planted_git_setting_runs_in_plain_git(ws: Path) -> None:
+    """The control for the tests below: each attack command runs the model's program when
+    git reads the repository and HOME as they are (as git did in commands before)."""
+    marker = plant_repo(ws)
+    env = {"PATH": os.environ["PATH"], "HOME": str(ws)}
+    for command in GIT_ATTACKS:
+        before = read_if_present(marker)
+        argv = ["/bin/sh", "-c", command]
+        subprocess.run(argv, cwd=ws, env=env, stdin=subprocess.DEVNULL, capture_output=True)
+        assert read_if_present(marker) != before, command
+
+
+async def test_git_in_a_command_runs_no_program_the_workspace_names(
+    ctx: ToolContext, ws: Path
+) -> None:
+    assert ctx.gate is not None
+    marker = plant_repo(ws)
+    # Also where HOME really is: a .gitconfig there is the model's to write as well.
+    ctx.gate.home.mkdir(parents=True)
+    shutil.copy(ws / ".gitconfig", ctx.gate.home / ".gitconfig")
+    outs = {command: await run(ctx, command) for command in GIT_ATTACKS}
+    assert read_if_present(marker) == "", outs
+    assert "On branch" in outs["git status"]  # git itself works
+    assert "'ext' not allowed" in outs["git ls-remote ext"]
+    assert "'st' is not a git command" in outs["git st"]
+
+
+async def test_commands_get_a_home_of_their_own(ctx: ToolContext, ws: Path) -> None:
+    assert ctx.gate is not None
+    marker = ws / "ran.txt"
+    for name in (".profile", ".bashrc", ".bash_profile"):
+        (ws / name).write_text(f"echo {name} >> {marker}\n")
+    out = await run(ctx, 'echo "$HOME"; cd "$HOME" && pwd; bash -l -c true; bash -i -c true; env')
+    assert read_if_present(marker) == ""  # no shell read the workspace's dotfiles
+    home, pwd = out.splitlines()[:2]
+    assert home == pwd == str(ctx.gate.home) and not Path(home).is_relative_to(ws)
+    for name in ("CONFIG", "CACHE", "DATA", "STATE"):
+        assert f"XDG_{name}_HOME={home}/" in out
+    # The home is the commands' own: writable, kept between commands, made again if removed.
+    assert await run(ctx, "echo kept > ~/note; rm -rf ~/.cache") == "(no output)"
+    assert await run(ctx, "cat ~/note") == "kept\n"
+    await run(ctx, 'rm -r "$TMPDIR/home"')
+    assert await run(ctx, 'cd "$HOME" && pwd') == f"{home}\n"
+
+
+async def test_a_private_folder_is_out_of_the_commands_reach(ctx: ToolContext) -> None:
+    assert ctx.gate is not None
+    folder = ctx.gate.private_folder("mcp-x")
+    assert folder == ctx.gate.private_folder("mcp-x") and folder.is_dir()
+    (folder / "secret").write_text("server's own")
+    out = await run(ctx, f"cat {folder}/secret; touch {folder}/planted")
+    assert "server's own" not in out and "Permission denied" in out
+    assert not (folder / "planted").exists()
+    ctx.gate.close()
+    assert not folder.exists()
+
+
+async def test_path_keeps_no_folder_the_agent_can_write(
+    ctx: ToolContext, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (ws / "bin").mkdir()
+    for folder in (ws, ws / "bin"):
+        (folder / "ls").write_text(f"#!/bin/sh\necho planted > {ws}/ran.txt\n")
+        (folder / "ls").chmod(0o755)
+    monkeypatch.setenv("PATH", f":.:bin:{ws}/bin:{ws}:{os.environ['PATH']}")
+    await run(ctx, "ls")
+    assert read_if_present(ws / "ran.txt") == ""
+    kept = [p for p in os.environ["PATH"].split(":") if p.startswith("/")]
+    expected = [p for p in dict.fromkeys(kept) if not Path(p).is_relative_to(ws)]
+    assert (await run(ctx, 'echo "$PATH"')).strip() == ":".join(expected)
+
+
+async def test_a_clean_filter_still_runs_which_is_why_git_asks_first(
+    ctx: ToolContext, ws: Path
+) -> None:
+    """The limit of the git settings (README: git is not in the default allow list): a
+    filter named in .gitattributes runs under `git status`, confined."""
+    marker = plant_repo(ws)
+    (ws / ".gitattributes").write_text("a.txt filter=x\n")
+    git(ws, "config", "filter.x.clean", f"{ws / '.evil'} filter")
+    (ws / "a.txt").write_text("b\n")  # same size: git must hash it, through the filter
+    os.utime(ws / "a.txt", (time.time() + 5, time.time() + 5))
+    await run(ctx, "git status")
+    assert "filter" in read_if_present(marker)
 
 
 # ---------------------------------------------------------------------------------------------

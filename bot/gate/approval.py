@@ -32,9 +32,13 @@ CHOICE_LABELS: dict[Choice, str] = {
     "deny": "Deny",
 }
 # Safe to run unasked: they read, and the path policy still decides what they may read.
-DEFAULT_EXEC_ALLOW: tuple[str, ...] = (
-    "ls", "pwd", "cat", "head", "tail", "wc", "grep", "git status",
-)  # fmt: skip
+# None of them runs anything a file names, whatever options follow (a pattern covers every
+# later word, and a glob may expand to a file called "--something"): GNU ls, cat, head,
+# tail, wc and grep read no config file and have no option that starts a program, and the
+# gate's PATH holds no folder the model can write. git is not here: a repository's config
+# (a clean filter named in .gitattributes, which even `git status` runs) can make it run
+# any program, and no fixed list of settings can switch every such name off.
+DEFAULT_EXEC_ALLOW: tuple[str, ...] = ("ls", "pwd", "cat", "head", "tail", "wc", "grep")
 FILE_WRITERS = frozenset({"write_file", "edit_file"})
 # Offered in groups only when listed in groupTools (or to admins with groupAdminTools).
 GROUP_EXCLUDED = frozenset({"exec", *FILE_WRITERS})

@@ -27,6 +27,7 @@ from typing import TypeVar
 
 from bot.gate import launcher
 from bot.gate.policy import CONFINED_READ_ROOTS, DEVICES, PathPolicy, carve, real_path
+from bot.layout import within
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,31 @@ MARKER = "MEMOBOT_GATE"  # "<installation>:<memobot pid>:<its start time>", to f
 # ${VAR} secrets, the credentials folder) stays behind.
 ENV_PASSTHROUGH = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "COLORTERM")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+# git in a command reads no setting that names a program to run: the repository's .git/config
+# (and, for a confined command, its HOME) is the model's to write. Command-line scope
+# (GIT_CONFIG_COUNT) beats every config file. Filters and diff or merge drivers named in
+# .gitattributes cannot be switched off this way (their names are free), nor can
+# diff.external (an empty value breaks `git diff`): that is why no git command is in the
+# default tools.exec.allow. GIT_PAGER=cat (below) beats core.pager, and with no terminal git
+# starts no pager anyway.
+GIT_NEUTRAL: tuple[tuple[str, str], ...] = (
+    ("core.fsmonitor", "false"),
+    ("core.hooksPath", "/dev/null"),  # no hook runs, .git/hooks included
+    ("core.editor", "true"),  # `git commit` without -m aborts, as with an empty message
+    ("sequence.editor", "true"),  # `git rebase -i` takes the list as it is
+    ("protocol.ext.allow", "never"),  # ext:: remotes run a command
+)
+# Only where the command is confined: unconfined, the owner's own ~/.gitconfig applies and
+# these would break their pushes (credential helper, ssh command, signing program).
+GIT_NEUTRAL_CONFINED: tuple[tuple[str, str], ...] = (
+    ("core.sshCommand", "ssh"),
+    ("core.askPass", ""),  # empty: no askpass program
+    ("credential.helper", ""),  # empty: the list of helpers is reset
+    ("gpg.program", "gpg"),
+    ("gpg.openpgp.program", "gpg"),
+    ("gpg.x509.program", "gpgsm"),
+    ("gpg.ssh.program", "ssh-keygen"),
+)
 _TEMP_PREFIX = "memobot-tmp-"
 _STATUS_DRAIN_SECONDS = 0.2
 FILE_THREADS = 4
@@ -194,26 +220,73 @@ class Gate:
         self._marker = f"{installation}:{os.getpid()}:{process_start_time(os.getpid())}"
         self._confined: ThreadPoolExecutor | None = None
         self._plain: ThreadPoolExecutor | None = None
+        self._own: dict[str, Path] = {}
 
     @property
     def temp(self) -> Path:
         return self._temp
 
-    def environment(self, *, restrict: bool, extra: dict[str, str] | None = None) -> dict[str, str]:
-        """The allowlisted environment of a process started for the model."""
+    @property
+    def home(self) -> Path:
+        """``HOME`` of the commands of a confined agent: a folder in the private temp folder,
+        never the workspace, so dotfiles the model writes there (``.gitconfig``, ``.bashrc``,
+        ``.npmrc``, ``pip.conf``) are not read. It lasts as long as the gate."""
+        return self._temp / "home"
+
+    def private_folder(self, name: str) -> Path:
+        """A new folder for one process memobot starts (an MCP server without a state
+        folder), beside the temp folder rather than in it, so the agent's tools and commands
+        cannot reach it; the same folder for the same name until :meth:`close` removes it."""
+        if name not in self._own:
+            self._own[name] = Path(
+                tempfile.mkdtemp(prefix=f"{self._temp.name}-{name}-", dir=self._temp.parent)
+            )
+        return self._own[name]
+
+    def environment(
+        self, *, restrict: bool, extra: dict[str, str] | None = None, home: Path | None = None
+    ) -> dict[str, str]:
+        """The allowlisted environment of a process started for the model.
+
+        With ``restrict``, ``HOME`` (and the XDG folders under it) is ``home`` or
+        :attr:`home`; without, the owner's own home. ``PATH`` keeps only absolute folders
+        outside the workspace and the temp folder, so a plain ``ls`` is always the system's.
+        git gets :data:`GIT_NEUTRAL` settings (and, with ``restrict``, no system or global
+        config and :data:`GIT_NEUTRAL_CONFINED`). ``extra`` comes last and wins.
+        """
         env = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}
         env.update({k: v for k, v in os.environ.items() if k.startswith("LC_")})
-        env.setdefault("PATH", DEFAULT_PATH)
+        env["PATH"] = self._search_path(env.get("PATH", DEFAULT_PATH))
         env.setdefault("LANG", "C.UTF-8")
-        env["HOME"] = str(self.policy.workspace) if restrict else str(Path.home())
+        if restrict:
+            folder = str(home or self.home)
+            env.update(
+                HOME=folder, XDG_CONFIG_HOME=f"{folder}/.config",
+                XDG_CACHE_HOME=f"{folder}/.cache", XDG_DATA_HOME=f"{folder}/.local/share",
+                XDG_STATE_HOME=f"{folder}/.local/state",
+            )  # fmt: skip
+        else:
+            env["HOME"] = str(Path.home())
         # stdin is /dev/null: anything waiting for a pager or a password prompt would hang.
         env.update(
             SHELL="/bin/sh", TMPDIR=str(self._temp), PAGER="cat", GIT_PAGER="cat",
             GIT_TERMINAL_PROMPT="0",
         )  # fmt: skip
+        env.update(git_environment(confined=restrict))
         env.update(extra or {})
         env[MARKER] = self._marker
         return env
+
+    def _search_path(self, value: str) -> str:
+        """``value`` without empty or relative entries (the shell reads those as the current
+        folder: the workspace) and without folders the model can write."""
+        mine = self.policy.writable
+        keep = [
+            entry
+            for entry in value.split(":")
+            if entry.startswith("/") and not any(within(real_path(entry), w) for w in mine)
+        ]
+        return ":".join(dict.fromkeys(keep)) or DEFAULT_PATH
 
     def launcher_command(
         self,
@@ -226,19 +299,27 @@ class Gate:
         stdio: bool = True,
         grace: float = 2.0,
         read_also: Iterable[Path] = (),
+        home: Path | None = None,
     ) -> tuple[list[str], dict[str, str]]:
         """The command line and environment that run ``argv`` through the launcher, for a
         library that starts the process itself (an MCP stdio client): the same confinement,
         environment allowlist and subtree cleanup as :meth:`spawn`; it dies with memobot.
 
         ``read_also`` adds read-only folders (an owner-configured server's installation, see
-        :func:`install_roots`), minus the protected paths.
+        :func:`install_roots`), minus the protected paths. ``home``: a folder memobot made
+        for this process alone (an MCP server's own), its ``HOME`` when ``restrict`` and
+        writable for it, even inside the state folder; default :attr:`home`.
 
         Raises GateRefused when confinement is asked for and the kernel has no Landlock.
         """
         if confine and launcher.landlock_abi() < 1:
             raise GateRefused(describe_confinement(True, "landlock", network).summary)
         self._temp.mkdir(mode=0o700, exist_ok=True)
+        own = [home] if home is not None else []
+        if home is None:
+            # Made again for each process: a command may have removed it.
+            with contextlib.suppress(FileExistsError):  # or left something else there
+                self.home.mkdir(mode=0o700)
         extra = [str(p) for p in carve(read_also, self.policy.protected)]
         spec = {
             "argv": argv,
@@ -248,11 +329,11 @@ class Gate:
             "stdio": stdio,
             "network": network,
             "read": [str(p) for p in self.policy.read_roots] + list(CONFINED_READ_ROOTS) + extra,
-            "write": [str(p) for p in self.policy.writable],
+            "write": [str(p) for p in (*self.policy.writable, *own)],
             "devices": list(DEVICES),
         }
         command = [sys.executable, "-I", "-S", str(LAUNCHER), *launcher.build_args(spec)]
-        return command, self.environment(restrict=restrict, extra=extra_env)
+        return command, self.environment(restrict=restrict, extra=extra_env, home=home)
 
     async def spawn(
         self,
@@ -325,7 +406,24 @@ class Gate:
         for pool in (self._confined, self._plain):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
-        shutil.rmtree(self._temp, ignore_errors=True)
+        for folder in (self._temp, *self._own.values()):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def git_environment(*, confined: bool) -> dict[str, str]:
+    """The variables that keep git in a command from running a program a config file names:
+    :data:`GIT_NEUTRAL` as command-line settings, and for a ``confined`` command also no
+    system or global config file (its ``HOME`` is the model's) and
+    :data:`GIT_NEUTRAL_CONFINED`."""
+    pairs = GIT_NEUTRAL + GIT_NEUTRAL_CONFINED if confined else GIT_NEUTRAL
+    env = {"GIT_CONFIG_COUNT": str(len(pairs))}
+    for i, (key, value) in enumerate(pairs):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    if confined:
+        # An empty GIT_PROXY_COMMAND wins over core.gitProxy (whose first match would win).
+        env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null", GIT_PROXY_COMMAND="")
+    return env
 
 
 def install_roots(command: str, path: str | None = None) -> list[Path]:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import stat
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +325,23 @@ def check_confinement(cfg: Config) -> Check:
     return Check("ok" if c.active else "warn", f"exec confinement: {c.summary}")
 
 
+def check_exec_allow(cfg: Config) -> Iterator[Check]:
+    """A ``tools.exec.allow`` pattern that lets git run unasked: a repository's config (the
+    model's to write) can make any git command run a program."""
+    tools = cfg.tools
+    if not tools.exec.enabled or tools.approval != "risky":
+        return
+    for pattern in tools.exec.allow:
+        words = shlex.split(pattern)  # the config's validator made sure it can be read
+        if words and fnmatchcase("git", words[0]):
+            yield Check(
+                "warn",
+                f"tools.exec.allow lists {pattern!r}: git runs unasked, and a .git/config or "
+                ".gitattributes the model wrote can make it run any program (confined)",
+                f"remove {pattern!r} from tools.exec.allow to be asked first",
+            )
+
+
 def check_mcp(cfg: Config, config_path: Path) -> Iterator[Check]:
     """Start each MCP server the way the agent does and list its tools."""
     if not cfg.tools.mcp_servers:
@@ -388,6 +407,7 @@ def run_checks(config_path: Path | None, fix: bool) -> Iterator[Check]:
         yield from check_sessions(cfg, fix)
         yield check_history(cfg)
         yield check_confinement(cfg)
+        yield from check_exec_allow(cfg)
         yield from check_mcp(cfg, path)
         probe = asyncio.run(check_llm(cfg, path))
         server = probe.date_header

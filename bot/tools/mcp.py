@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TextIO
 
 from bot.config import McpServerConfig, ToolsConfig, ends_in_sse
+from bot.layout import real_path, within
 from bot.service.logs import redact
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry
 
@@ -56,6 +57,9 @@ MAX_BACKOFF_SECONDS = 60.0
 RECONNECT_WAIT_SECONDS = 10.0
 WATCH_SECONDS = 0.5  # how often a live connection is checked for a server that went away
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+# Interpreters told not to import from the current folder: Python 3.11+ leaves it (and a
+# script's folder) off sys.path. NODE_PATH is never passed (not on the gate's allowlist).
+SAFE_IMPORTS: dict[str, str] = {"PYTHONSAFEPATH": "1"}
 
 State = Literal["connecting", "connected", "failed", "stopped"]
 
@@ -375,21 +379,45 @@ class McpServer:
             raise GateRefused("no process gate here: stdio MCP servers cannot be started")
         restrict = self.tools_cfg.restrict_to_workspace
         search_path = self.cfg.env.get("PATH") or os.environ.get("PATH")
+        # The owner installed this server: it may read its own installation (a venv).
+        read_also = install_roots(self.cfg.command, search_path)
+        folder = self._own_folder()
+        imports = {} if self.cfg.cwd else SAFE_IMPORTS
+        if self.cfg.cwd:
+            cwd = Path(self.cfg.cwd).expanduser()
+            if not cwd.is_dir():
+                raise FileNotFoundError(2, "its working folder does not exist", str(cwd))
+            if cwd not in (Path("/"), Path.home()):  # as install_roots: never all of it
+                read_also.append(cwd)
+        else:
+            cwd = folder
         command, env = self.gate.launcher_command(
             [self.cfg.command, *self.cfg.args],
             confine=restrict and self.tools_cfg.exec.sandbox == "landlock",
             network=self.tools_cfg.exec.network,
             restrict=restrict,
-            extra_env=dict(self.cfg.env),
+            extra_env={**imports, **self.cfg.env},
             stdio=True,
-            # The owner installed this server: it may read its own installation (a venv).
-            read_also=install_roots(self.cfg.command, search_path),
+            read_also=read_also,
+            home=folder,
         )
-        cwd = Path(self.cfg.cwd).expanduser() if self.cfg.cwd else self.workspace
-        if not cwd.is_dir():
-            raise FileNotFoundError(2, "its working folder does not exist", str(cwd))
         params = StdioServerParameters(command=command[0], args=command[1:], env=env, cwd=cwd)
         return stdio_client(params, errlog=errlog)
+
+    def _own_folder(self) -> Path:
+        """The server's working folder (unless its ``cwd`` says otherwise) and, when the agent
+        is restricted, its ``HOME``: ``<state>/mcp/<name>/``, kept across starts (an ``npx``
+        cache), out of reach of the agent's tools and commands. Never the workspace, where
+        the model could plant a module, a ``node_modules`` or a dotfile the server would
+        load with its ``env`` secrets."""
+        assert self.gate is not None
+        if self.log_dir is None:
+            return self.gate.private_folder(f"mcp-{self.name}")
+        from bot.private import make_private_dirs
+
+        folder = self.log_dir / self.name
+        make_private_dirs(folder)
+        return folder
 
     # -- calls ------------------------------------------------------------------------------
 
@@ -481,6 +509,15 @@ class McpManager:
         ]
         if self.servers:
             _watch_transport_logs()
+        for name, cfg in sorted(tools_cfg.mcp_servers.items()):
+            if cfg.cwd and within(real_path(Path(cfg.cwd).expanduser()), real_path(workspace)):
+                log.warning(
+                    "mcp server %s: its cwd %s lies in the workspace, where the model can plant "
+                    "a module or node_modules the server would load; pass the workspace as an "
+                    "argument instead",
+                    name,
+                    cfg.cwd,
+                )
 
     def start(self) -> None:
         """Begin connecting every server in the background; returns at once."""

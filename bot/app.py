@@ -111,11 +111,7 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
         store,
         provider,
         tools,
-        ContextBuilder(
-            workspace,
-            share_in_groups=cfg.memory.share_in_groups,
-            timezone=zone(cfg.agent.timezone),
-        ),
+        ContextBuilder(workspace, timezone=zone(cfg.agent.timezone)),
         HistoryArchive(workspace),
         gate,
         mcp=mcp,

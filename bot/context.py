@@ -18,6 +18,7 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bot.privacy import PrivacyScope, owner_scope
 from bot.runner import close_open_tool_calls
 from bot.skills import SkillsIndex
 from bot.tokens import estimate_message_tokens, estimate_text_tokens
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 # After a trim the window keeps this share of its budget, so the next turns reuse one prefix
 # instead of shifting it (and missing the cache) on every message.
 TRIM_TO_SHARE = 0.75
-PRIVATE_FILES = frozenset({"USER.md", "memory/MEMORY.md"})
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
 MAX_INLINE_IMAGE_BYTES = 10 * 1024 * 1024
 # Content part types the Chat Completions API takes, per role (what may stay a list).
@@ -56,7 +56,6 @@ class ContextBuilder:
         self,
         workspace: Path,
         identity: str | None = None,
-        share_in_groups: bool = False,
         timezone: tzinfo | None = None,
     ) -> None:
         """``timezone``: the zone of the time in the runtime block (``agent.timezone``);
@@ -66,7 +65,6 @@ class ContextBuilder:
         self.identity = identity or default_identity(workspace)
         self.skills = SkillsIndex(workspace)
         self._files: dict[str, _CachedFile] = {n: _CachedFile() for n in WORKSPACE_PROMPT_FILES}
-        self.share_in_groups = share_in_groups
         self._prompts: dict[bool, str] = {}
         self._prompt_key: str | None = None
         self._repaired: set[str] = set()  # sessions whose history was already reported
@@ -91,13 +89,15 @@ class ContextBuilder:
         entry.text = path.read_text(encoding="utf-8", errors="replace").strip() if key else ""
         return True
 
-    def system_prompt(self, private: bool = True) -> str:
+    def system_prompt(self, scope: PrivacyScope | None = None) -> str:
         """Identity, the workspace's instruction and memory files, and the skills list.
 
-        ``private`` False (a group chat) leaves out USER.md and memory/MEMORY.md unless
-        ``share_in_groups``: what the assistant knows about its owner is not for everyone.
-        Only stat calls happen while nothing changed, and the same string is returned.
+        ``scope`` (default: the owner's) decides which prompt files go in: a group or a
+        non-admin's private chat gets no USER.md or memory/MEMORY.md unless its scope shares
+        the owner's memory. Only stat calls happen while nothing changed, and the same string
+        is returned.
         """
+        scope = scope or owner_scope("")
         changed = False
         for name in self._files:
             changed |= self._read(name)
@@ -105,12 +105,13 @@ class ContextBuilder:
         if changed or skills != self._prompt_key:
             self._prompts.clear()
             self._prompt_key = skills
-        variant = private or self.share_in_groups
+        # Two variants at most: with and without the owner's memory.
+        variant = scope.owner_memory
         prompt = self._prompts.get(variant)
         if prompt is None:
             parts = [self.identity]
             for name, entry in self._files.items():
-                if entry.text and (variant or name not in PRIVATE_FILES):
+                if entry.text and scope.shows_prompt_file(name):
                     parts.append(f"## {name}\n\n{entry.text}")
             if skills:
                 parts.append(
@@ -162,9 +163,9 @@ class ContextBuilder:
         context_window: int,
         max_tokens: int,
         tools_tokens: int = 0,
-        private: bool = True,
+        scope: PrivacyScope | None = None,
     ) -> list[dict[str, Any]]:
-        system = self.system_prompt(private)
+        system = self.system_prompt(scope)
         fixed = estimate_text_tokens(system) + tools_tokens + max_tokens
         fixed += sum(estimate_message_tokens(m) for m in turn)
         budget = max(0, context_window - fixed)

@@ -97,6 +97,9 @@ def write_soak_config(tmp: Path, llm: FakeLLM, api: FakeBotAPI, unpaced: bool = 
         "token": api.token,
         "baseUrl": api.base_url,
         "allowFrom": ["*"],
+        # Every soak user is an admin, as before allowFrom "*" stopped making everyone one: the
+        # soak measures the owner's turns (the exec step included), not a guest's smaller set.
+        "admins": ["*"],
         "pollTimeoutSeconds": 30,
     }
     if unpaced:

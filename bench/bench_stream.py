@@ -153,6 +153,7 @@ async def run_gateway(tmp: Path, api: FakeBotAPI, llm: FakeLLM, streaming: bool)
         "token": api.token,
         "baseUrl": api.base_url,
         "allowFrom": ["*"],
+        "admins": ["*"],  # every sender an admin, as allowFrom "*" alone made them before
         "groupPolicy": "open",
         "pollTimeoutSeconds": 30,
         "streaming": streaming,

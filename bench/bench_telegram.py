@@ -188,6 +188,7 @@ async def main(args: argparse.Namespace) -> None:
                 "token": api.token,
                 "baseUrl": api.base_url,
                 "allowFrom": ["*"],
+                "admins": ["*"],  # every sender an admin, as allowFrom "*" alone made them before
                 "pollTimeoutSeconds": 30,
             }
             if not args.paced:

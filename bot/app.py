@@ -115,7 +115,6 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
         tools,
         ContextBuilder(
             workspace,
-            share_in_groups=cfg.memory.share_in_groups,
             timezone=zone(cfg.agent.timezone),
             untrusted_skills=Provenance(cfg.agent.state_path, workspace),
         ),

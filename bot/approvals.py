@@ -21,17 +21,19 @@ from typing import Any
 from bot import failpoints
 from bot.bus import InboundMessage, MessageBus, OutboundMessage, typing_notice
 from bot.config import Config
-from bot.cron.scheduler import HEARTBEAT_KEY, NARROWED_KEY
+from bot.cron.scheduler import HEARTBEAT_KEY
 from bot.gate.approval import (
     APPROVAL_ID,
     CHOICE_LABELS,
     CHOICES,
+    DM_DEFAULT_TOOLS,
     WAITING,
     ApprovalPolicy,
     closed_state,
     decide_update,
     denied_result,
     group_tool_names,
+    limited_tool_names,
     may_answer,
     new_record,
     open_record,
@@ -39,6 +41,7 @@ from bot.gate.approval import (
     request_text,
 )
 from bot.llm import ToolCall
+from bot.privacy import NARROWED_KEY, PrivacyScope, sender_is_admin
 from bot.runner import Approver
 from bot.session import Session, SessionStore
 
@@ -72,20 +75,25 @@ def policy_for(cfg: Config) -> ApprovalPolicy:
     )
 
 
-def offered_tools(cfg: Config, msg: InboundMessage, names: list[str]) -> set[str] | None:
-    """The tools a turn may use: None (all) except in groups, where ``groupTools`` applies
-    unless the sender is an admin and ``groupAdminTools`` is on."""
+def offered_tools(
+    cfg: Config, msg: InboundMessage, names: list[str], scope: PrivacyScope
+) -> set[str] | None:
+    """The tools a turn may use, by its privacy scope: None (all) for the owner; in groups
+    ``groupTools`` (all for an admin's own turn with ``groupAdminTools``); in a non-admin's
+    private chat ``dmTools``. A chat without channel settings gets the defaults."""
     if msg.metadata.get(NARROWED_KEY):
         # An unattended turn a non-admin shaped: the default group tools, whatever the config.
         return group_tool_names(names, None, cfg.tools.safe_mcp_tools)
-    if not msg.metadata.get("is_group"):
+    if scope.is_owner:
         return None
     channel = getattr(cfg.channels, msg.channel, None)
-    if channel is None:
-        return None
-    if channel.group_admin_tools and msg.metadata.get("is_admin"):
-        return None
-    return group_tool_names(names, channel.group_tools, cfg.tools.safe_mcp_tools)
+    safe_mcp = cfg.tools.safe_mcp_tools
+    if scope.audience == "group":
+        if channel is not None and channel.group_admin_tools and scope.admin:
+            return None
+        return group_tool_names(names, channel.group_tools if channel else None, safe_mcp)
+    configured = channel.dm_tools if channel is not None else None
+    return limited_tool_names(names, configured, DM_DEFAULT_TOOLS, safe_mcp)
 
 
 def press_from_command(name: str, args: str) -> dict[str, str] | None:
@@ -254,7 +262,7 @@ class ApprovalDesk:
         record = open_record(session.metadata)
         if record is None or record.get("id") != approval_id or record["state"] != WAITING:
             return self._late(session.metadata, approval_id, msg.message_id, record)
-        if not may_answer(record, msg.sender_id, bool(msg.metadata.get("is_admin"))):
+        if not may_answer(record, msg.sender_id, sender_is_admin(msg)):
             log.info(
                 "approval press refused session=%s id=%s sender=%s",
                 msg.session_key,

@@ -297,10 +297,13 @@ _USERNAME_HELP = (
 )
 
 
+_TOOL_PATTERN = re.compile(r"^[A-Za-z0-9_*?\[\]-]+$")
+
+
 class ChannelConfig(_Model):
     enabled: StrictBool = False
     allow_from: list[str] = Field(default_factory=list)
-    admins: list[str] | None = None  # default: the allowFrom ids
+    admins: list[str] | None = None  # default: the allowFrom ids (but "*")
     group_policy: Literal["mention", "open"] = "mention"
     proxy: str = ""
     # Answers appear while the model writes them (a draft or an edited preview message).
@@ -311,9 +314,14 @@ class ChannelConfig(_Model):
     typing_delay_seconds: float = Field(1.0, ge=0, le=60)
     # "pairing": a stranger's private message gets a one-time code the owner approves.
     dm_policy: Literal["allowlist", "pairing"] = "allowlist"
-    # The tools offered in group chats; None: all but exec, file writes and unsafe MCP tools.
+    # The tools offered in group chats (globs); None: the tools that touch no workspace file
+    # (bot.gate.approval.GROUP_DEFAULT_TOOLS) and tools.safeMcpTools.
     group_tools: list[str] | None = None
-    group_admin_tools: StrictBool = True  # an admin's own turns in groups get every tool
+    # An admin's own turns in groups get every tool (exec too, which no privacy scope binds).
+    group_admin_tools: StrictBool = False
+    # The tools offered in a private chat with someone who is not an admin; None: all but exec
+    # and MCP tools not in tools.safeMcpTools (they could read what the chat may not see).
+    dm_tools: list[str] | None = None
 
     # How this platform's stable user ids look; "*" is always accepted.
     _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^[A-Za-z0-9_.:-]+$")
@@ -339,11 +347,25 @@ class ChannelConfig(_Model):
                 raise ValueError(f"{item!r} is not {cls._id_example}")
         return v
 
+    @field_validator("group_tools", "dm_tools")
+    @classmethod
+    def _tool_patterns(cls, v: list[str] | None) -> list[str] | None:
+        for item in v or []:
+            if not item or item != item.strip() or not _TOOL_PATTERN.match(item):
+                raise ValueError(
+                    f"{item!r} is not a tool name or glob (letters, digits, _ - and * ? [ ])"
+                )
+        return v
+
     _proxy = field_validator("proxy")(check_proxy_url)
 
     @property
     def admin_ids(self) -> list[str]:
-        return self.allow_from if self.admins is None else self.admins
+        """``admins``, or the allowFrom ids when it is not set. An allowFrom "*" lets anyone
+        talk, not anyone administer: only an explicit ``admins: ["*"]`` makes everyone one."""
+        if self.admins is None:
+            return [i for i in self.allow_from if i != "*"]
+        return self.admins
 
 
 class RateLimitConfig(_Model):
@@ -445,6 +467,8 @@ class MemoryConfig(_Model):
     max_chars: int = Field(4000, ge=200, description="budget for MEMORY.md and USER.md each")
     history_keep_days: int = Field(90, ge=1)
     share_in_groups: StrictBool = False
+    # Non-admins' private chats (allowFrom or pairing) see USER.md, MEMORY.md and all history.
+    share_with_non_admins: StrictBool = False
     dream: DreamConfig = DreamConfig()
 
 

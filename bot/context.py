@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bot import workspace_files
+from bot.privacy import PrivacyScope, owner_scope
 from bot.runner import close_open_tool_calls
 from bot.skills import SkillsIndex, UntrustedFiles
 from bot.tokens import estimate_message_tokens, estimate_text_tokens
@@ -32,7 +33,6 @@ log = logging.getLogger(__name__)
 # After a trim the window keeps this share of its budget, so the next turns reuse one prefix
 # instead of shifting it (and missing the cache) on every message.
 TRIM_TO_SHARE = 0.75
-PRIVATE_FILES = frozenset({"USER.md", "memory/MEMORY.md"})
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
 MAX_INLINE_IMAGE_BYTES = 10 * 1024 * 1024
 _CHAT_FILES_KEPT = 256
@@ -58,7 +58,6 @@ class ContextBuilder:
         self,
         workspace: Path,
         identity: str | None = None,
-        share_in_groups: bool = False,
         timezone: tzinfo | None = None,
         untrusted_skills: UntrustedFiles | None = None,
     ) -> None:
@@ -69,7 +68,6 @@ class ContextBuilder:
         self.identity = identity or default_identity(workspace)
         self.skills = SkillsIndex(workspace, untrusted_skills)
         self._files: dict[str, _CachedFile] = {n: _CachedFile() for n in WORKSPACE_PROMPT_FILES}
-        self.share_in_groups = share_in_groups
         self._prompts: dict[bool, str] = {}
         self._prompt_key: str | None = None
         self._repaired: set[str] = set()  # sessions whose history was already reported
@@ -114,13 +112,15 @@ class ContextBuilder:
             )
         return entry.text
 
-    def system_prompt(self, private: bool = True) -> str:
+    def system_prompt(self, scope: PrivacyScope | None = None) -> str:
         """Identity, the workspace's instruction and memory files, and the skills list.
 
-        ``private`` False (a group chat) leaves out USER.md and memory/MEMORY.md unless
-        ``share_in_groups``: what the assistant knows about its owner is not for everyone.
-        Only stat calls happen while nothing changed, and the same string is returned.
+        ``scope`` (default: the owner's) decides which prompt files go in: a group or a
+        non-admin's private chat gets no USER.md or memory/MEMORY.md unless its scope shares
+        the owner's memory. Only stat calls happen while nothing changed, and the same string
+        is returned.
         """
+        scope = scope or owner_scope("")
         changed = False
         for name in self._files:
             changed |= self._read(name)
@@ -128,12 +128,13 @@ class ContextBuilder:
         if changed or skills != self._prompt_key:
             self._prompts.clear()
             self._prompt_key = skills
-        variant = private or self.share_in_groups
+        # Two variants at most: with and without the owner's memory.
+        variant = scope.owner_memory
         prompt = self._prompts.get(variant)
         if prompt is None:
             parts = [self.identity]
             for name, entry in self._files.items():
-                if entry.text and (variant or name not in PRIVATE_FILES):
+                if entry.text and scope.shows_prompt_file(name):
                     parts.append(f"## {name}\n\n{entry.text}")
             if skills:
                 parts.append(
@@ -185,12 +186,12 @@ class ContextBuilder:
         context_window: int,
         max_tokens: int,
         tools_tokens: int = 0,
-        private: bool = True,
+        scope: PrivacyScope | None = None,
         chat_memory: str | None = None,
     ) -> list[dict[str, Any]]:
         """``chat_memory``: the workspace path of this chat's own memory file (a chat that is
         not the owner's: Dream keeps its facts there, bot.memory.dream), added to the prompt."""
-        system = self.system_prompt(private)
+        system = self.system_prompt(scope)
         if chat_memory:
             system += self._chat_memory(chat_memory)
         fixed = estimate_text_tokens(system) + tools_tokens + max_tokens

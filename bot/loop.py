@@ -41,6 +41,7 @@ from bot.memory.dream import Dream, budget_lines
 from bot.memory.history import HistoryArchive
 from bot.outage import NOTICE_TEXT, Outage, mark_waiting, wait_info, wall_seconds
 from bot.pairing import approve_code
+from bot.privacy import sender_is_admin
 from bot.recovery import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS, Recovery
 from bot.runner import close_open_tool_calls
 from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso
@@ -234,7 +235,7 @@ class AgentLoop:
     async def _immediate(self, msg: InboundMessage, command: Command) -> None:
         if command.name == "/help":
             text = HELP_TEXT
-        elif command.name == "/dream" and not msg.metadata.get("is_admin", True):
+        elif command.name == "/dream" and not sender_is_admin(msg):
             text = "Only an admin of this bot may run /dream."
         elif command.name == "/dream":
             if self.dream.running:
@@ -257,7 +258,7 @@ class AgentLoop:
         await self._publish(msg, text, final=True)
 
     async def _approve_pairing(self, msg: InboundMessage, code: str) -> str:
-        if not msg.metadata.get("is_admin", True):
+        if not sender_is_admin(msg):
             return "Only an admin of this bot may approve pairing codes."
         if not code.strip():
             return "Usage: /approve CODE (the code the new person was given)"
@@ -288,7 +289,7 @@ class AgentLoop:
         work = self._work.get(msg.session_key)
         if work is None or not msg.metadata.get("is_group"):
             return True
-        return work.turn_sender == msg.sender_id or bool(msg.metadata.get("is_admin", True))
+        return work.turn_sender == msg.sender_id or sender_is_admin(msg)
 
     def stop(self, key: str) -> bool:
         """Cancel the running turn of one chat (``/stop``); other chats are untouched."""

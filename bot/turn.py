@@ -23,7 +23,7 @@ from bot.bus import InboundMessage, MessageBus, OutboundMessage, typing_notice
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.cron import heartbeat
-from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY, NARROWED_KEY
+from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY
 from bot.delivery import DELIVERY_KEY, LEDGER_SESSION_KEY, outbox_entry
 from bot.gate import Gate, ProcessScope
 from bot.gate.approval import close_unanswered
@@ -32,6 +32,13 @@ from bot.llm import LLMError, LLMProvider, LLMUnavailable
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import chat_memory_file
 from bot.memory.files import memory_stamp
+from bot.privacy import (
+    NARROWED_KEY,
+    PrivacyScope,
+    scope_for_person,
+    scope_for_unattended,
+    sender_is_admin,
+)
 from bot.provenance import Provenance, Stamps, turn_is_trusted, watched_stamps
 from bot.runner import Runner, close_open_tool_calls
 from bot.session import Session, SessionStore, now_iso
@@ -95,9 +102,12 @@ class Turns:
             self._tools_estimate = (self.tools.version, tokens)
         return tokens
 
-    def private(self, msg: InboundMessage) -> bool:
-        """May this chat see the owner's memory? Private chats yes; groups only if shared."""
-        return not msg.metadata.get("is_group") or self.cfg.memory.share_in_groups
+    def scope(self, msg: InboundMessage) -> PrivacyScope:
+        """What of the owner's data this turn may show, decided once when it starts: by the
+        sender for a person's message, by the chat for a scheduled job or the heartbeat."""
+        if CRON_KEY in msg.metadata or HEARTBEAT_KEY in msg.metadata:
+            return scope_for_unattended(msg, self.cfg.memory)
+        return scope_for_person(msg, self.cfg.memory)
 
     async def user_message(self, msg: InboundMessage) -> dict[str, Any]:
         """The person's message as the model sees it (voice messages transcribed)."""
@@ -145,6 +155,7 @@ class Turns:
         ``approval``: the open question of a turn paused before a restart (asked again? no:
         waited for again, its old buttons still work).
         """
+        scope = self.scope(msg)
         ctx = ToolContext(
             workspace=self.cfg.agent.workspace_path,
             restrict_to_workspace=self.cfg.tools.restrict_to_workspace,
@@ -154,13 +165,13 @@ class Turns:
             # A heartbeat turn has no chat of its own: it speaks only through its answer.
             send=None if HEARTBEAT_KEY in msg.metadata else lambda t: self.publish(msg, t, False),
             extra={
-                "private": self.private(msg),
-                "offered": offered_tools(self.cfg, msg, self.tools.names),
-                "is_admin": bool(msg.metadata.get("is_admin", True)),
+                "offered": offered_tools(self.cfg, msg, self.tools.names, scope),
+                "is_admin": sender_is_admin(msg),
                 "is_group": bool(msg.metadata.get("is_group", False)),
             },
             gate=self.gate,
             processes=ProcessScope(),
+            scope=scope,
         )
 
         # Memory changes only through tools: the stamp is taken before the first tool runs,
@@ -208,7 +219,7 @@ class Turns:
                 self.cfg.llm.context_window_tokens,
                 self.cfg.llm.max_tokens,
                 self._tools_tokens(),
-                private=ctx.extra["private"],
+                scope=scope,
                 chat_memory=chat_memory,
             )
 
@@ -243,8 +254,9 @@ class Turns:
             await self.finish(session, msg, turn, text, "stopped")
             return None
         log.info(
-            "turn done session=%s status=%s iterations=%d in %.0f ms",
+            "turn done session=%s scope=%s status=%s iterations=%d in %.0f ms",
             msg.session_key,
+            scope.audience,
             result.status,
             result.iterations,
             (time.monotonic() - started) * 1000,

@@ -7,7 +7,8 @@ a source checkout or editable install has it at the repository root, next to ``b
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 
 from bot import workspace_files
 
@@ -23,6 +24,8 @@ WORKSPACE_PROMPT_FILES: tuple[str, ...] = (
 WORKSPACE_DIRS: tuple[str, ...] = ("memory", "skills")
 HISTORY_FILE = "memory/history.jsonl"
 TEMPLATE_NAME = "workspace_template"
+MEDIA_DIR = "media"
+_UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
 # The workspace holds what the agent remembers about people: private to the daemon's user.
 _DIR_MODE = 0o700
@@ -44,6 +47,20 @@ def workspace_shape_problem(workspace: Path) -> str | None:
         if path.exists() and not path.is_file():
             return f"memory file {path} is not a regular file (a folder?); move it away"
     return None
+
+
+def chat_media_dir(channel: str, chat_id: str) -> PurePosixPath:
+    """Where a chat's downloaded files go, relative to the workspace: ``media/<channel>/<chat>``.
+
+    One folder per chat (a forum topic and a Slack thread are chats of their own), so a chat's
+    privacy scope can tell its own files from every other chat's. Characters outside
+    ``A-Za-z0-9_.-`` become ``_``; platform chat ids never contain ``_``, so two chats never
+    share a folder, and a name of dots only cannot climb out.
+    """
+    name = _UNSAFE_IN_NAME.sub("_", chat_id)
+    if not name.strip("."):
+        name = name.replace(".", "_") or "_"
+    return PurePosixPath(MEDIA_DIR, _UNSAFE_IN_NAME.sub("_", channel) or "_", name)
 
 
 def template_dir() -> Path:

@@ -24,6 +24,7 @@ from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from bot.config import DiscordConfig
 from bot.pairing import PairingStore
 from bot.proxy import http_proxy, socks_connector
+from bot.workspace import chat_media_dir
 from channels.access import AccessPolicy, approval_buttons, parse_press, whoami_text
 from channels.base import Channel, PreviewMode
 from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
@@ -457,7 +458,7 @@ class DiscordChannel(Channel):
         """Save attachments under ``<workspace>/media/discord/<chat>/``; notes for skipped ones."""
         paths: list[str] = []
         notes: list[str] = []
-        folder = self.workspace / "media" / NAME / _safe_name(chat_id)
+        folder = self.workspace / chat_media_dir(NAME, chat_id)
         for attachment in message.attachments:
             if attachment.size > MEDIA_MAX_BYTES:
                 log.warning(

@@ -52,6 +52,7 @@ from bot.commands import COMMANDS
 from bot.config import SlackConfig
 from bot.pairing import PairingStore
 from bot.proxy import http_proxy, socks_connector
+from bot.workspace import chat_media_dir
 from channels.access import (
     PRESS_PREFIX,
     AccessPolicy,
@@ -1120,7 +1121,7 @@ class SlackChannel(Channel):
         Returns (paths, notes): a note tells the model about each file that was not saved."""
         paths: list[str] = []
         notes: list[str] = []
-        folder = self.workspace / "media" / NAME / _safe_name(inc.chat_id)
+        folder = self.workspace / chat_media_dir(NAME, inc.chat_id)
         for f in inc.files:
             label = f.name or f.id
             url = f.url_private_download or f.url_private

@@ -74,6 +74,7 @@ from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.config import TelegramConfig
 from bot.pairing import PairingStore
 from bot.proxy import http_proxy, socks_connector
+from bot.workspace import chat_media_dir
 from channels.access import AccessPolicy, approval_buttons, parse_press, whoami_text
 from channels.base import Channel, PreviewMode, State
 from channels.errors import (
@@ -414,7 +415,6 @@ class TelegramChannel(Channel):
             cfg.dm_policy,
         )
         self.workspace = workspace
-        self.media_dir = workspace / "media" / CHANNEL
         self.offset_state = ChannelState(state_dir, CHANNEL)
         self.offset: int | None = None
         self._offset_saved: tuple[int | None, float] = (None, 0.0)  # (offset, monotonic time)
@@ -788,7 +788,7 @@ class TelegramChannel(Channel):
 
     async def _download(self, att: _Attachment, chat: str) -> Path | None:
         assert self.bot is not None
-        folder = self.media_dir / _UNSAFE.sub("_", chat)
+        folder = self.workspace / chat_media_dir(CHANNEL, chat)
         stem = _UNSAFE.sub("_", att.file_unique_id)
         # A redelivered update: the file is already here under its stable unique id. The
         # folder is in the workspace, which the model writes: no link is ever followed.

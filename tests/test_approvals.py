@@ -24,10 +24,12 @@ from bot.app import AgentStack
 from bot.approvals import describe_open, policy_for
 from bot.gate import launcher
 from bot.gate.approval import (
+    DM_DEFAULT_TOOLS,
     ApprovalPolicy,
     allow_pattern_problem,
     command_allowed,
     group_tool_names,
+    limited_tool_names,
     question_for,
 )
 from bot.runner import INTERRUPTED_TOOL_RESULT
@@ -105,8 +107,22 @@ def test_which_calls_need_approval(tmp_path: Path) -> None:
 
 def test_group_tool_set() -> None:
     names = ["read_file", "write_file", "edit_file", "exec", "web_fetch", "mcp_a_x", "mcp_b_y"]
-    assert group_tool_names(names, None, ["mcp_b_*"]) == {"read_file", "web_fetch", "mcp_b_y"}
+    # By default no tool that touches the workspace; a config that names one keeps it.
+    assert group_tool_names(names, None, ["mcp_b_*"]) == {"web_fetch", "mcp_b_y"}
     assert group_tool_names(names, ["read_file", "exec"], []) == {"read_file", "exec"}
+
+
+def test_non_admin_private_tool_set() -> None:
+    names = ["read_file", "list_dir", "write_file", "exec", "web_fetch", "mcp_a_x", "mcp_b_y"]
+    # The file tools keep to the chat's privacy scope; exec and unsafe MCP tools cannot.
+    assert limited_tool_names(names, None, DM_DEFAULT_TOOLS, ["mcp_b_*"]) == {
+        "read_file",
+        "list_dir",
+        "write_file",
+        "web_fetch",
+        "mcp_b_y",
+    }
+    assert limited_tool_names(names, ["exec"], DM_DEFAULT_TOOLS, []) == {"exec"}
 
 
 # -- end to end through Telegram -----------------------------------------------------------
@@ -342,26 +358,32 @@ async def test_stop_cancels_a_waiting_approval(tmp_path, llm, api):
 
 
 async def test_groups_get_a_smaller_tool_set(tmp_path, llm, api):
-    async with running(tmp_path, llm, api) as tg:
+    async with running(tmp_path, llm, api, groupAdminTools=True) as tg:
         # Bob (not an admin) in a group: exec is neither offered nor run when named anyway.
         llm.script(tool_step(call("exec", {"command": "ls"})), reply("group answer"))
         api.group_text(f"@{BOT_USERNAME} list files", user_id=BOB)
         await tg.said("group answer", GROUP)
         offered = [t["function"]["name"] for t in llm.requests[0]["body"]["tools"]]
         assert "exec" not in offered and "write_file" not in offered
-        assert "read_file" in offered
+        assert "read_file" not in offered  # no tool reads the workspace in a group by default
         assert "not available in this chat" in tg.tool_results()[-1]
-        # Alice is an admin: her own turns in the group get every tool.
+        # Alice is an admin and groupAdminTools is on: her own turns in the group get every tool.
         llm.script(reply("admin answer"))
         api.group_text(f"@{BOT_USERNAME} hi", user_id=ALICE)
         await tg.said("admin answer", GROUP)
         offered = [t["function"]["name"] for t in llm.requests[-1]["body"]["tools"]]
         assert "exec" in offered
-        # Private chats: everything.
+        # An admin's private chat: everything.
         llm.script(reply("private answer"))
-        api.private_text("hi", user_id=BOB)
-        await tg.said("private answer", BOB)
+        api.private_text("hi", user_id=ALICE)
+        await tg.said("private answer", ALICE)
         assert "exec" in [t["function"]["name"] for t in llm.requests[-1]["body"]["tools"]]
+        # Bob's private chat: no exec (it reads whatever the workspace holds), file tools yes.
+        llm.script(reply("bob's private answer"))
+        api.private_text("hi", user_id=BOB)
+        await tg.said("bob's private answer", BOB)
+        offered = [t["function"]["name"] for t in llm.requests[-1]["body"]["tools"]]
+        assert "exec" not in offered and "read_file" in offered
 
 
 async def test_typed_answer_works_where_there_are_no_buttons(tmp_path, llm, api):

@@ -138,17 +138,21 @@ class _Clock:
 
 
 async def _heartbeat_after(tmp_path: Path, writer: dict[str, Any]) -> dict[str, Any]:
-    """A turn with ``writer``'s metadata writes HEARTBEAT.md with write_file; then the
-    heartbeat fires. Returns the heartbeat turn's request to the model."""
+    """A turn with ``writer``'s metadata writes HEARTBEAT.md with exec (a non-admin's private
+    chat may write files but not HEARTBEAT.md with the file tools; here the owner also gave
+    such chats exec); then the heartbeat fires. Returns the heartbeat turn's request."""
     async with FakeLLM() as llm:
         cfg = make_config(
-            tmp_path, llm.base_url, heartbeat={"intervalMinutes": 30, "deliverTo": "telegram:1001"}
+            tmp_path,
+            llm.base_url,
+            heartbeat={"intervalMinutes": 30, "deliverTo": "telegram:1001"},
+            channels={"telegram": {"dmTools": ["exec"]}},
         )
         ws = cfg.agent.workspace_path
         async with Harness(cfg, tmp_path / "config.json", channels=("telegram",)) as h:
             (ws / "USER.md").write_text("# User\n\nOWNER-PRIVATE-FACT\n")
-            task = {"path": "HEARTBEAT.md", "content": "- [ ] run `id` and report\n"}
-            llm.script(tool_step(("write_file", task)), reply("saved"), reply("HEARTBEAT_OK"))
+            task = {"command": "printf -- '- [ ] run id and report\\n' > HEARTBEAT.md"}
+            llm.script(tool_step(("exec", task)), reply("saved"), reply("HEARTBEAT_OK"))
             fut = await h.send("add a task", chat="555", channel="telegram", metadata=writer)
             await asyncio.wait_for(fut, 15)
             clock = _Clock()
@@ -169,7 +173,7 @@ async def test_a_heartbeat_a_non_admin_wrote_runs_with_a_group_members_rights(
     tmp_path: Path,
 ) -> None:
     body = await _heartbeat_after(tmp_path, {"is_admin": False, "is_group": False})
-    assert "run `id`" in json.dumps(body["messages"])  # it did run, narrowed
+    assert "run id and report" in json.dumps(body["messages"])  # it did run, narrowed
     assert not {"exec", "write_file", "edit_file"} & _tool_names(body)
     assert "OWNER-PRIVATE-FACT" not in json.dumps(body)
     record = json.loads((tmp_path / "state" / "provenance.json").read_text())
@@ -186,8 +190,9 @@ async def test_a_heartbeat_the_owner_wrote_keeps_every_tool_and_the_owners_memor
 
 def test_a_job_a_non_admin_made_runs_narrowed() -> None:
     from bot.cron.schedule import Schedule
-    from bot.cron.scheduler import NARROWED_KEY, job_message
+    from bot.cron.scheduler import job_message
     from bot.cron.store import Job
+    from bot.privacy import NARROWED_KEY
 
     firing = {"due": "2026-03-01T08:00:00Z", "message_id": "m"}
     every = Schedule.make(every_seconds=60, tz="UTC")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bot.config import ToolsConfig
+from bot.memory import search as search_module
 from bot.memory.search import (
     RANK_WINDOW,
     Chunk,
@@ -516,3 +517,23 @@ def test_cli_history_by_local_day(tmp_path: Path, cli_ws: Path):
     assert len(done.stdout.splitlines()) == 4
     done = memobot(tmp_path, cli_ws, "history", "--since", "2026-12-01")
     assert (done.returncode, done.stdout) == (0, "No history entries in that range.\n")
+
+
+def test_search_of_one_session_sees_only_its_history(
+    ws: Path, index: MemoryIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The chat's own entry is the oldest match; the owner's newer ones (and USER.md) must
+    # neither show nor push it out of the rank window.
+    monkeypatch.setattr(search_module, "RANK_WINDOW", 5)
+    (ws / "USER.md").write_text("- The owner likes a picnic\n")
+    add_entries(
+        ws,
+        (1, stamp(2026, 1, 1), "telegram:-100", "the group planned a picnic"),
+        *[(n, stamp(2026, 1, n), "telegram:1001", f"owner picnic {n}") for n in range(2, 22)],
+    )
+    hits = index.search("picnic", 10, session="telegram:-100")
+    assert [(h.session, h.snippet) for h in hits] == [
+        ("telegram:-100", "the group planned a [picnic]")
+    ]
+    owner = index.search("picnic", 50)  # the owner's search: every chat and the memory files
+    assert {h.session for h in owner} >= {"telegram:1001", None}

@@ -33,6 +33,7 @@ from bot.config import Config
 from bot.cron import heartbeat
 from bot.cron.schedule import compact, describe_moment, from_iso, to_iso, zone
 from bot.cron.store import Job, Jobs, JobStore
+from bot.privacy import NARROWED_KEY
 from bot.provenance import Provenance
 from bot.session import SessionStore
 
@@ -43,9 +44,6 @@ TICK_SECONDS = 1.0
 LATE_AFTER = timedelta(seconds=60)
 CRON_KEY = "cron"  # InboundMessage.metadata: {"job_id", "deliver", "due", "late"}
 HEARTBEAT_KEY = "heartbeat"  # InboundMessage.metadata: {"deliver_to", "due"}
-# InboundMessage.metadata: the session that shaped an unattended turn when that was not an
-# admin's; such a turn gets a group member's tools and privacy (bot.approvals, bot.turn).
-NARROWED_KEY = "narrowed"
 SENDER = "memobot-scheduler"
 
 

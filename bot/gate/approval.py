@@ -40,8 +40,15 @@ CHOICE_LABELS: dict[Choice, str] = {
 # any program, and no fixed list of settings can switch every such name off.
 DEFAULT_EXEC_ALLOW: tuple[str, ...] = ("ls", "pwd", "cat", "head", "tail", "wc", "grep")
 FILE_WRITERS = frozenset({"write_file", "edit_file"})
-# Offered in groups only when listed in groupTools (or to admins with groupAdminTools).
-GROUP_EXCLUDED = frozenset({"exec", *FILE_WRITERS})
+# Tools that open workspace files only within the turn's privacy scope (bot.privacy).
+SCOPED_FILE_TOOLS = frozenset({"read_file", "list_dir", *FILE_WRITERS})
+# Offered in groups unless groupTools says otherwise: tools that touch no workspace file (a
+# group must not read what the owner's private chats left there). An allowlist, so a new tool
+# is not offered to groups until someone decides it may be.
+GROUP_DEFAULT_TOOLS = frozenset({"web_fetch", "web_search", "message", "memory_search", "cron"})
+# Offered in a non-admin's private chat unless dmTools says otherwise: those, and the file
+# tools, which keep to the scope. Not exec: a command reads whatever the workspace holds.
+DM_DEFAULT_TOOLS = GROUP_DEFAULT_TOOLS | SCOPED_FILE_TOOLS
 MCP_PREFIX = "mcp_"
 # Anything that makes a second command, a substitution or a redirection: a command holding
 # one of these is never "ls", whatever it starts with. Backslash and quotes are allowed only
@@ -174,18 +181,28 @@ def question_for(
     return None
 
 
+def limited_tool_names(
+    names: list[str],
+    configured: list[str] | None,
+    defaults: frozenset[str],
+    safe_mcp: list[str] | tuple[str, ...],
+) -> set[str]:
+    """The tools offered in a chat that may not see everything (a group, a non-admin's private
+    chat): ``configured`` (globs: ``groupTools``/``dmTools``) when set, else ``defaults`` and the
+    MCP tools listed as safe."""
+    if configured is not None:
+        return {n for n in names if matches_any(n, configured)}
+    return {
+        n for n in names if n in defaults or (n.startswith(MCP_PREFIX) and matches_any(n, safe_mcp))
+    }
+
+
 def group_tool_names(
     names: list[str], group_tools: list[str] | None, safe_mcp: list[str] | tuple[str, ...]
 ) -> set[str]:
-    """The tools offered in a group chat: ``group_tools`` (globs) when set, else everything
-    except exec, the file writers and MCP tools not listed as safe."""
-    if group_tools is not None:
-        return {n for n in names if matches_any(n, group_tools)}
-    return {
-        n
-        for n in names
-        if n not in GROUP_EXCLUDED and (not n.startswith(MCP_PREFIX) or matches_any(n, safe_mcp))
-    }
+    """The tools offered in a group chat: ``group_tools`` (globs) when set, else the tools that
+    touch no workspace file and the MCP tools listed as safe."""
+    return limited_tool_names(names, group_tools, GROUP_DEFAULT_TOOLS, safe_mcp)
 
 
 # -- records in the checkpoint -----------------------------------------------------------------

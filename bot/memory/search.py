@@ -376,9 +376,11 @@ class MemoryIndex:
         limit: int = 10,
         since: date | None = None,
         until: date | None = None,
+        session: str | None = None,
     ) -> list[SearchHit]:
         """The best ``limit`` (at most 100) matches for ``query``, best first (BM25), after
-        bringing the index up to date.
+        bringing the index up to date. ``session``: only that chat's history entries (no
+        memory-file chunks, no other chat's entries), filtered in the query itself.
 
         Entries containing every word are preferred; only when there are none, entries with any
         word are returned (see :func:`build_queries`). ``since``/``until`` (local days,
@@ -396,7 +398,7 @@ class MemoryIndex:
         def run(conn: sqlite3.Connection) -> list[SearchHit]:
             self._sync(conn)
             for expression in expressions:
-                hits = self._query(conn, expression, limit, lo, hi)
+                hits = self._query(conn, expression, limit, lo, hi, session)
                 if hits:
                     return hits
             return []
@@ -466,7 +468,12 @@ class MemoryIndex:
 
     @staticmethod
     def _query(
-        conn: sqlite3.Connection, expression: str, limit: int, lo: str | None, hi: str | None
+        conn: sqlite3.Connection,
+        expression: str,
+        limit: int,
+        lo: str | None,
+        hi: str | None,
+        session: str | None = None,
     ) -> list[SearchHit]:
         low_id, high_id = 0, MAX_ID
         if lo or hi:
@@ -478,12 +485,25 @@ class MemoryIndex:
             ).fetchone()
             if low_id is None:
                 return []
-        params = {"q": expression, "low": low_id, "high": high_id, "window": RANK_WINDOW - 1}
-        floor = conn.execute(
-            "SELECT rowid FROM doc_fts WHERE doc_fts MATCH :q AND rowid BETWEEN :low AND :high"
-            " ORDER BY rowid DESC LIMIT 1 OFFSET :window",
-            params,
-        ).fetchone()
+        params: dict[str, object] = {
+            "q": expression,
+            "low": low_id,
+            "high": high_id,
+            "window": RANK_WINDOW - 1,
+        }
+        if session is None:
+            floor = conn.execute(
+                "SELECT rowid FROM doc_fts WHERE doc_fts MATCH :q AND rowid BETWEEN :low AND :high"
+                " ORDER BY rowid DESC LIMIT 1 OFFSET :window",
+                params,
+            ).fetchone()
+        else:  # the rank window counts this chat's rows only
+            floor = conn.execute(
+                "SELECT doc_fts.rowid FROM doc_fts JOIN doc ON doc.id = doc_fts.rowid"
+                " WHERE doc_fts MATCH :q AND doc_fts.rowid BETWEEN :low AND :high"
+                " AND doc.session = :session ORDER BY doc_fts.rowid DESC LIMIT 1 OFFSET :window",
+                {**params, "session": session},
+            ).fetchone()
         if floor is not None:
             params["low"] = floor[0]
         where = "doc_fts MATCH :q AND doc_fts.rowid BETWEEN :low AND :high"
@@ -491,12 +511,14 @@ class MemoryIndex:
             where += " AND doc.ts >= :lo"
         if hi:
             where += " AND doc.ts < :hi"
+        if session is not None:
+            where += " AND doc.session = :session"
         rows = conn.execute(
             "SELECT doc.file, doc.anchor, doc.ts, doc.session,"
             f" snippet(doc_fts, 0, '[', ']', '…', {SNIPPET_TOKENS}), rank"
             f" FROM doc_fts JOIN doc ON doc.id = doc_fts.rowid WHERE {where}"
             " ORDER BY rank LIMIT :limit",
-            {**params, "lo": lo, "hi": hi, "limit": limit},
+            {**params, "lo": lo, "hi": hi, "limit": limit, "session": session},
         )
         return [
             SearchHit(f"{file}#{anchor}", " ".join(snippet.split()), -rank, ts, session)

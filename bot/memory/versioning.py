@@ -1,10 +1,10 @@
 """Versioned memory: the long-term memory files under git, written with dulwich (no git binary).
 
 The repository lives in ``<workspace>/.git`` and tracks only :data:`TRACKED` (USER.md, SOUL.md,
-memory/MEMORY.md, each chat's memory/chats/<chat>.md and everything under skills/). Every other
-workspace file (notes, media, scripts, history.jsonl, the cursors) is never opened, hashed or committed: the tree of each commit
-is built from the tracked paths alone, and ``.git/info/exclude`` hides the rest from a person's
-``git status``.
+memory/MEMORY.md, each chat's memory/chats/<chat>.md and everything under skills/). Every
+other workspace file (notes, media, scripts, history.jsonl, the cursors) is never opened, hashed
+or committed: the tree of each commit is built from the tracked paths alone, and
+``.git/info/exclude`` hides the rest from a person's ``git status``.
 
 Rules for what a commit holds:
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from bot.privacy import PrivacyScope, owner_scope
+
 if TYPE_CHECKING:
     from bot.gate import Gate, ProcessScope
 
@@ -40,6 +42,9 @@ class ToolContext:
     # The one path policy and process launcher (bot.gate); the processes this turn started.
     gate: Gate | None = None
     processes: ProcessScope | None = None
+    # What of the owner's data this turn may show (bot.privacy), decided once by the turn;
+    # the default, the owner's, is for tools run outside a person's turn (tests, the CLI).
+    scope: PrivacyScope = field(default_factory=lambda: owner_scope(""))
 
 
 class Tool(ABC):

@@ -6,6 +6,11 @@ one place. The blocking file work of each call runs in one hop to the gate's fil
 changes between the check and the use (a symlink swapped in by a background job) still cannot
 lead out. Files are opened without following a final symlink and without blocking (a FIFO
 swapped in cannot hang a thread), and no call reads more than a bounded number of bytes.
+
+In a turn that is not the owner's, the turn's privacy scope (``ctx.scope``) hides paths: they
+are refused before anything is opened, and what was opened is checked again by the path of its
+descriptor (a directory swapped for a link meanwhile), and a file with more than one name (a
+hard link to USER.md) is refused. A hidden entry is left out of a listing.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from bot.tools.base import Tool, ToolContext, ToolError
-from bot.tools.paths import resolve_tool_path
+from bot.tools.paths import hidden_here, real_path, refuse_hidden, resolve_tool_path
 
 MAX_READ_CHARS = 50_000
 MAX_LIST_ENTRIES = 500
@@ -32,16 +37,61 @@ MAX_SCAN_BYTES = 64 * 1024 * 1024
 _SNIFF_BYTES = 8192
 _CHUNK = 65536
 T = TypeVar("T")
+# Checks an opened descriptor against the turn's privacy scope (raises ToolError); None: the
+# owner's turn, nothing to check.
+Guard = Callable[[int], None] | None
 
 
 async def _file_work(ctx: ToolContext, fn: Callable[..., T], *args: Any) -> T:
     if ctx.gate is None:
         return await asyncio.to_thread(fn, *args)
-    return await ctx.gate.run_file_op(fn, *args, confined=ctx.restrict_to_workspace)
+    # A turn that is not the owner's is confined whatever restrictToWorkspace says.
+    confined = ctx.restrict_to_workspace or not ctx.scope.is_owner
+    return await ctx.gate.run_file_op(fn, *args, confined=confined)
 
 
-def _open_regular(path: Path, raw: str) -> int:
-    """An fd of the regular file at ``path``; no final symlink, no FIFO, no device.
+def _guard(raw: str, ctx: ToolContext) -> Guard:
+    """The check of an opened descriptor for a turn whose scope hides paths."""
+    if ctx.scope.is_owner:
+        return None
+
+    def check(fd: int) -> None:
+        try:
+            opened = real_path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            raise ToolError(f"not readable in this chat: {raw} (cannot tell what it is)") from None
+        refuse_hidden(raw, opened, ctx)
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1:
+            raise ToolError(
+                f"not readable in this chat: {raw} (the file has other names, hard links, "
+                "which this chat may not see)"
+            )
+
+    return check
+
+
+def _hard_linked(path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_nlink > 1
+
+
+def _checked(fd: int, guard: Guard) -> int:
+    if guard is not None:
+        try:
+            guard(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
+
+
+def _open_regular(path: Path, raw: str, guard: Guard = None) -> int:
+    """An fd of the regular file at ``path``; no final symlink, no FIFO, no device; checked by
+    ``guard`` before a byte is read.
 
     The policy checked the real path, so a symlink found here was swapped in since: refused.
     O_NONBLOCK keeps the open itself from waiting on a FIFO.
@@ -65,7 +115,7 @@ def _open_regular(path: Path, raw: str) -> int:
         os.close(fd)
         # A FIFO or device would block the reading thread or never end.
         raise ToolError(f"'{raw}' is not a regular file")
-    return fd
+    return _checked(fd, guard)
 
 
 def _looks_binary(head: bytes) -> bool:
@@ -112,8 +162,10 @@ class _Window:
     total_known: bool = True  # False: the file was too long to count to its end
 
 
-def _read_window(path: Path, raw: str, offset: int, limit: int | None) -> _Window:
-    with os.fdopen(_open_regular(path, raw), "rb") as fh:
+def _read_window(
+    path: Path, raw: str, offset: int, limit: int | None, guard: Guard = None
+) -> _Window:
+    with os.fdopen(_open_regular(path, raw, guard), "rb") as fh:
         if _looks_binary(fh.read(_SNIFF_BYTES)):
             size = os.fstat(fh.fileno()).st_size
             raise ToolError(f"'{raw}' looks like a binary file ({size} bytes); cannot show it")
@@ -209,7 +261,7 @@ class ReadFileTool(Tool):
         if limit is not None and limit < 1:
             raise ToolError("limit must be 1 or more")
         path = resolve_tool_path(raw, ctx)
-        window = await _file_work(ctx, _read_window, path, raw, offset, limit)
+        window = await _file_work(ctx, _read_window, path, raw, offset, limit, _guard(raw, ctx))
         return _format_window(window, raw)
 
 
@@ -276,8 +328,8 @@ def _not_found_hint(text: str, old: str) -> str:
     return "No similar line was found."
 
 
-def _edit(path: Path, raw: str, old: str, new: str, replace_all: bool) -> int:
-    with os.fdopen(_open_regular(path, raw), "rb") as fh:
+def _edit(path: Path, raw: str, old: str, new: str, replace_all: bool, guard: Guard = None) -> int:
+    with os.fdopen(_open_regular(path, raw, guard), "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size > MAX_EDIT_BYTES:
             raise ToolError(
@@ -346,7 +398,7 @@ class EditFileTool(Tool):
             raise ToolError("old_text and new_text are the same; nothing to change")
         path = resolve_tool_path(raw, ctx, write=True)
         count = await _file_work(
-            ctx, _edit, path, raw, old, new, bool(args.get("replace_all", False))
+            ctx, _edit, path, raw, old, new, bool(args.get("replace_all", False)), _guard(raw, ctx)
         )
         noun = "occurrence" if count == 1 else "occurrences"
         return f"Edited {raw}: replaced {count} {noun}"
@@ -367,11 +419,11 @@ def _human_size(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _describe_entry(entry: os.DirEntry[str]) -> str:
+def _describe_entry(entry: os.DirEntry[str], dir_fd: int) -> str:
     name = entry.name
     try:
         is_dir = entry.is_dir()  # follows symlinks: a link to a directory lists as one
-        link = os.readlink(entry.path) if entry.is_symlink() else None
+        link = os.readlink(name, dir_fd=dir_fd) if entry.is_symlink() else None
         size = None if is_dir else entry.stat().st_size
     except OSError:
         return f"{name} (unreadable)"
@@ -381,19 +433,45 @@ def _describe_entry(entry: os.DirEntry[str]) -> str:
     return label if size is None else f"{label} ({_human_size(size)})"
 
 
-def _list(path: Path, raw: str) -> str:
+def _list(path: Path, raw: str, hide: Callable[[Path], bool] | None = None) -> str:
+    """The listing of the directory at ``path``; with ``hide`` (a turn whose scope hides
+    paths), the directory opened is checked again and entries whose real path ``hide``
+    names are left out."""
     try:
-        with os.scandir(path) as it:
-            entries = sorted(it, key=lambda e: (e.name.casefold(), e.name))
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ToolError(f"directory not found: {raw}") from None
     except NotADirectoryError:
         raise ToolError(f"'{raw}' is a file, not a directory; use read_file") from None
     except PermissionError:
         raise ToolError(f"permission denied: {raw}") from None
+    except OSError as exc:  # ELOOP: the final component became a symlink
+        raise ToolError(f"cannot open '{raw}': {exc.strerror}") from None
+    try:
+        return _list_open(fd, path, raw, hide)
+    finally:
+        os.close(fd)
+
+
+def _list_open(fd: int, path: Path, raw: str, hide: Callable[[Path], bool] | None) -> str:
+    where = path
+    if hide is not None:
+        try:
+            where = real_path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            raise ToolError(f"not readable in this chat: {raw} (cannot tell what it is)") from None
+        if hide(where):
+            raise ToolError(f"not readable in this chat: {raw}")
+    try:
+        with os.scandir(fd) as it:
+            entries = sorted(it, key=lambda e: (e.name.casefold(), e.name))
+    except PermissionError:
+        raise ToolError(f"permission denied: {raw}") from None
+    if hide is not None:
+        entries = [e for e in entries if not hide(real_path(where / e.name))]
     if not entries:
         return f"(empty directory: {raw})"
-    lines = [_describe_entry(e) for e in entries[:MAX_LIST_ENTRIES]]
+    lines = [_describe_entry(e, fd) for e in entries[:MAX_LIST_ENTRIES]]
     if len(entries) > MAX_LIST_ENTRIES:
         lines.append(f"... and {len(entries) - MAX_LIST_ENTRIES} more entries not shown")
     return "\n".join(lines)
@@ -416,4 +494,12 @@ class ListDirTool(Tool):
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         raw: str = args.get("path") or "."
         path = resolve_tool_path(raw, ctx)
-        return await _file_work(ctx, _list, path, raw)
+        hide = None
+        if not ctx.scope.is_owner:
+
+            def hide(real: Path) -> bool:
+                # A second name of a file is left out as read_file refuses it: it may be one
+                # of the hidden files.
+                return hidden_here(real, ctx) is not None or _hard_linked(real)
+
+        return await _file_work(ctx, _list, path, raw, hide)

@@ -67,19 +67,17 @@ class MemorySearchTool(Tool):
         limit = args.get("limit", DEFAULT_HITS)
         if limit < 1:
             raise ToolError(f"limit must be between 1 and {MAX_HITS}")
-        private = ctx.extra.get("private", True)
-        want = min(limit, MAX_HITS)
+        # A chat that may not see the owner's memory (a group, a non-admin's private chat)
+        # searches only its own archived history: never the memory files or other chats (the
+        # same scope keeps USER.md out of its system prompt).
+        only = ctx.scope.history_session
         try:
             # SQLite and file reads block: keep them off the event loop.
             hits = await asyncio.to_thread(
-                self.index.search, query, want if private else want * 10, since, until
+                self.index.search, query, min(limit, MAX_HITS), since, until, only
             )
         except SearchUnavailable as exc:
             raise ToolError(str(exc)) from None
-        if not private:
-            # A group chat sees only its own archived history, never the owner's memory files
-            # or other chats (the same rule that keeps USER.md out of its system prompt).
-            hits = [h for h in hits if h.session == ctx.session_key][:want]
         if not hits:
             span = _describe_span(since, until)
             return f"No matches for {query!r}{span}."

@@ -1,0 +1,160 @@
+"""Who a turn speaks for, and how much of the owner's data it may see (DESIGN.md section 12).
+
+One :class:`PrivacyScope` per turn, decided once when the turn starts and handed to everything
+that can show the owner's data: the prompt builder (which prompt files), ``memory_search``
+(which history) and the file tools (which workspace paths). Three audiences:
+
+* ``owner``: an admin in a private chat, or the terminal. Sees everything.
+* ``guest``: someone let in by ``allowFrom`` or pairing who is not an admin, in a private chat.
+* ``group``: anyone in a group chat, admins included (the others there read the answer).
+
+A guest or a group sees the owner's memory (USER.md, memory/MEMORY.md, all of history, the
+memory repository) only where ``memory.shareWithNonAdmins`` / ``memory.shareInGroups`` say so,
+and never writes it; it never sees the owner's heartbeat list, other chats' downloaded files or
+the shared temporary folder, and never rewrites the prompt files every chat reads. Pure: no I/O
+here; :func:`bot.tools.paths.resolve_tool_path` applies :meth:`PrivacyScope.hidden` to real
+(symlink-free) paths.
+
+A turn's scope comes from :func:`scope_for_person` (a message) or
+:func:`scope_for_unattended` (a scheduled job, the heartbeat); both only pick one of
+:func:`owner_scope`, :func:`guest_scope` and :func:`group_scope`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Literal
+
+from bot.workspace import MEDIA_DIR, chat_media_dir
+
+if TYPE_CHECKING:
+    from bot.bus import InboundMessage
+    from bot.config import MemoryConfig
+
+Audience = Literal["owner", "guest", "group"]
+TERMINAL = "cli"  # channels.terminal.CHANNEL: the person at the keyboard is the owner
+# InboundMessage.metadata: the session that shaped an unattended turn when that was not an
+# admin's (bot.provenance, bot.cron.scheduler); such a turn gets a group member's rights.
+NARROWED_KEY = "narrowed"
+# What the owner's memory is made of (names casefolded; compared per path component).
+PROMPT_MEMORY_FILES = frozenset({"USER.md", "memory/MEMORY.md"})
+_MEMORY_ROOT_FILES = frozenset({"user.md"})  # and their temporary siblings (.USER.md.*)
+_MEMORY_FOLDERS = frozenset({"memory", ".git"})  # history, cursors, archives; old versions
+# The owner's own, whatever is shared: the heartbeat's task list (its answers go to the owner).
+_OWNER_ROOT_FILES = frozenset({"heartbeat.md"})
+# Read into every chat's system prompt, the owner's too: readable, never written from here.
+_PROMPT_ROOT_FILES = frozenset({"agents.md", "soul.md", "tools.md"})
+
+
+@dataclass(frozen=True, slots=True)
+class PrivacyScope:
+    """What one turn may show of the owner's data. Build it with the functions below.
+
+    ``owner_memory``: USER.md and memory/MEMORY.md in the prompt, ``memory_search`` over every
+    chat's history and the memory files, the file tools on ``memory/`` and the memory
+    repository. ``media``: this chat's download folder (relative to the workspace); None: every
+    chat's (the owner).
+    """
+
+    audience: Audience
+    session_key: str
+    admin: bool  # the sender is an admin (in a group: an admin's own turn)
+    owner_memory: bool
+    media: PurePosixPath | None
+
+    @property
+    def is_owner(self) -> bool:
+        return self.audience == "owner"
+
+    def shows_prompt_file(self, name: str) -> bool:
+        """Whether the workspace prompt file ``name`` goes into this turn's system prompt."""
+        return self.owner_memory or name not in PROMPT_MEMORY_FILES
+
+    @property
+    def history_session(self) -> str | None:
+        """The one session ``memory_search`` may search (its own archived history, no memory
+        files); None: all of it."""
+        return None if self.owner_memory else self.session_key
+
+    def hidden(self, rel: PurePosixPath, *, write: bool = False) -> str | None:
+        """Why the file tools may not touch the workspace path ``rel`` (relative, real) in this
+        chat, or None when they may. ``write`` is stricter: shared memory and the prompt files
+        every chat reads stay read-only. Names are compared casefolded, so ``user.md`` on a
+        case-insensitive disk is USER.md too."""
+        if self.is_owner:
+            return None
+        parts = [p.casefold() for p in rel.parts]
+        if not parts:
+            return None
+        top = parts[0]
+        memory = top in _MEMORY_FOLDERS or (
+            len(parts) == 1 and _names_file(top, _MEMORY_ROOT_FILES)
+        )
+        # Shared memory is shown, never rewritten: what a guest or a group says about itself
+        # does not belong in the owner's USER.md.
+        if memory and (write or not self.owner_memory):
+            return "the owner's private memory"
+        if len(parts) == 1 and _names_file(top, _OWNER_ROOT_FILES):
+            return "the owner's heartbeat tasks"
+        if write and len(parts) == 1 and _names_file(top, _PROMPT_ROOT_FILES):
+            return "it shapes every chat's system prompt, the owner's too"
+        if top == MEDIA_DIR and self.media is not None:
+            own = [p.casefold() for p in self.media.parts]
+            if parts[: len(own)] == own:
+                return None
+            # media/ and media/<channel>/ may be listed on the way to this chat's folder.
+            if not write and own[: len(parts)] == parts:
+                return None
+            return "files sent in another chat"
+        return None
+
+
+def _names_file(name: str, files: frozenset[str]) -> bool:
+    """``name`` is one of ``files`` or a temporary sibling of one (``.USER.md.dream-tmp``)."""
+    return name in files or any(name.startswith(f".{f}.") for f in files)
+
+
+def sender_is_admin(msg: InboundMessage) -> bool:
+    """Whether the message's sender is an admin. Channels always say (``is_admin``); a message
+    that does not is the terminal's (the owner at the keyboard) or nobody's (not an admin)."""
+    said = msg.metadata.get("is_admin")
+    return bool(said) if said is not None else msg.channel == TERMINAL
+
+
+def owner_scope(session_key: str) -> PrivacyScope:
+    return PrivacyScope("owner", session_key, True, True, None)
+
+
+def guest_scope(msg: InboundMessage, share: bool) -> PrivacyScope:
+    return PrivacyScope(
+        "guest", msg.session_key, False, share, chat_media_dir(msg.channel, msg.chat_id)
+    )
+
+
+def group_scope(msg: InboundMessage, admin: bool, share: bool) -> PrivacyScope:
+    return PrivacyScope(
+        "group", msg.session_key, admin, share, chat_media_dir(msg.channel, msg.chat_id)
+    )
+
+
+def scope_for_person(msg: InboundMessage, memory: MemoryConfig) -> PrivacyScope:
+    """The scope of a turn answering a person: decided by the chat and the sender alone."""
+    admin = sender_is_admin(msg)
+    if msg.metadata.get("is_group"):
+        return group_scope(msg, admin, memory.share_in_groups)
+    if admin:
+        return owner_scope(msg.session_key)
+    return guest_scope(msg, memory.share_with_non_admins)
+
+
+def scope_for_unattended(msg: InboundMessage, memory: MemoryConfig) -> PrivacyScope:
+    """The scope of a scheduled job's or the heartbeat's turn: a group's in a group chat, the
+    owner's elsewhere, unless a non-admin shaped it (a job a non-admin made, heartbeat tasks
+    an untrusted turn wrote: ``NARROWED_KEY``, see bot.provenance): then a group member's
+    scope that shares none of the owner's memory, whatever the settings."""
+    if msg.metadata.get(NARROWED_KEY):
+        return group_scope(msg, False, False)
+    if msg.metadata.get("is_group"):
+        return group_scope(msg, sender_is_admin(msg), memory.share_in_groups)
+    return owner_scope(msg.session_key)

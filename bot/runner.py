@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bot.llm import LLMError, LLMProvider, LLMResponse, ToolCall
+from bot.safejson import BadArguments, parse_arguments
 from bot.session import ANSWERED_BY_KEY
 from bot.streaming import TurnStream
 from bot.tools.base import ToolContext, ToolRegistry
@@ -185,6 +186,13 @@ class Runner:
                 turn.append(_result(call, not_offered_result(call.name)))
                 continue
             made += 1
+            try:
+                parse_arguments(call.arguments)
+            except BadArguments as exc:
+                # Refused before anyone is asked: a question about arguments that cannot
+                # run would show nothing true.
+                turn.append(_result(call, f"Error: {exc}"))
+                continue
             if approve is not None:
                 instead = await approve(call, turn)
                 if instead is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import re
@@ -25,6 +24,7 @@ from bot.llm import LLMError, LLMProvider
 from bot.memory.entries import EntryError, add_entry, count_entries, remove_entry, replace_entry
 from bot.memory.files import MEMORY_FILES
 from bot.memory.history import HistoryArchive, HistoryEntry
+from bot.safejson import BadArguments, parse_arguments
 from bot.tokens import estimate_text_tokens
 
 log = logging.getLogger(__name__)
@@ -362,14 +362,14 @@ class Dream:
             finished = False
             for call in response.tool_calls:
                 try:
-                    args = json.loads(call.arguments or "{}")
-                except json.JSONDecodeError:
-                    args = None
+                    args, problem = parse_arguments(call.arguments), ""
+                except BadArguments as exc:
+                    args, problem = {}, str(exc)
                 if call.name == "finish":
                     finished = True
                     text = "Done."
-                elif not isinstance(args, dict):
-                    text = "Error: arguments must be a JSON object"
+                elif problem:
+                    text = f"Error: {problem}"
                 else:
                     text = edits.apply(call.name, args)
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": text})

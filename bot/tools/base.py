@@ -7,13 +7,14 @@ into an ``Error: ...`` tool result so the model can correct itself and the loop 
 
 from __future__ import annotations
 
-import json
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from bot.safejson import BadArguments, parse_arguments
 
 if TYPE_CHECKING:
     from bot.gate import Gate, ProcessScope
@@ -150,11 +151,9 @@ class ToolRegistry:
         if tool is None:
             return f"Error: unknown tool '{name}'. Available tools: {', '.join(self._tools)}"
         try:
-            args = json.loads(raw_arguments) if raw_arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            return f"Error: tool arguments are not valid JSON ({exc.msg} at position {exc.pos})"
-        if not isinstance(args, dict):
-            return "Error: tool arguments must be a JSON object"
+            args = parse_arguments(raw_arguments)
+        except BadArguments as exc:
+            return f"Error: {exc}"
         problem = check_arguments(tool.parameters, args)
         if problem:
             return f"Error: {problem}"

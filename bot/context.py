@@ -18,6 +18,7 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bot.images import MAX_INLINE_IMAGE_BYTES, image_label, shown_name
 from bot.runner import close_open_tool_calls
 from bot.skills import SkillsIndex
 from bot.tokens import estimate_message_tokens, estimate_text_tokens
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 TRIM_TO_SHARE = 0.75
 PRIVATE_FILES = frozenset({"USER.md", "memory/MEMORY.md"})
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
-MAX_INLINE_IMAGE_BYTES = 10 * 1024 * 1024
 # Content part types the Chat Completions API takes, per role (what may stay a list).
 CONTENT_PARTS: dict[str, frozenset[str]] = {
     "system": frozenset({"text"}),
@@ -128,6 +128,8 @@ class ContextBuilder:
         media: Sequence[str] = (),
         now: datetime | None = None,
     ) -> dict[str, Any]:
+        """The person's message as sent in this turn: its images inlined after a text that
+        names each one, which is all the stored form (``bot.images.stored_form``) keeps."""
         if now is None and self.timezone is not None:
             now = datetime.now(self.timezone)
         content = text + "\n\n" + runtime_block(channel, chat_id, now)
@@ -137,11 +139,19 @@ class ContextBuilder:
             content += "\n[attached files: " + ", ".join(others) + "]"
         if not images:
             return {"role": "user", "content": content}
-        parts: list[dict[str, Any]] = [{"type": "text", "text": content}]
+        urls: list[str] = []
+        labels: list[str] = []
         for p in images:
             url = _image_data_url(Path(p))
+            try:
+                size: int | None = Path(p).stat().st_size
+            except OSError:
+                size = None
+            labels.append(image_label(shown_name(Path(p), self.workspace), size, bool(url)))
             if url:
-                parts.append({"type": "image_url", "image_url": {"url": url}})
+                urls.append(url)
+        parts: list[dict[str, Any]] = [{"type": "text", "text": "\n".join([content, *labels])}]
+        parts += [{"type": "image_url", "image_url": {"url": url}} for url in urls]
         return {"role": "user", "content": parts}
 
     def history(self, session: Session, budget_tokens: int) -> list[dict[str, Any]]:

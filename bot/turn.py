@@ -27,6 +27,7 @@ from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY
 from bot.delivery import DELIVERY_KEY, LEDGER_SESSION_KEY, outbox_entry
 from bot.gate import Gate, ProcessScope
 from bot.gate.approval import close_unanswered
+from bot.images import stored_form
 from bot.intake import without_pending
 from bot.llm import LLMError, LLMProvider, LLMUnavailable
 from bot.memory.consolidate import Consolidator
@@ -171,7 +172,7 @@ class Turns:
             record: dict[str, Any] = {
                 "phase": phase,
                 "message_id": msg.message_id,
-                "messages": turn_so_far,
+                "messages": stored_form(turn_so_far),  # images go to the model, not to disk
                 "at": now_iso(),
             }
             if pending_approval is not None:
@@ -283,7 +284,7 @@ class Turns:
                 "outbox": [*(meta.get("outbox") or []), *entries] or None,
             }
 
-        await self.store.append_async(session, turn, metadata=finished)
+        await self.store.append_async(session, stored_form(turn), metadata=finished)
         failpoints.hit("before_delivery")
         if out is None:
             log.info("heartbeat: nothing to tell session=%s", msg.session_key)

@@ -18,6 +18,7 @@ from bot.safejson import BadArguments, parse_arguments
 
 if TYPE_CHECKING:
     from bot.gate import Gate, ProcessScope
+    from bot.images import ShownImage
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,9 @@ class ToolContext:
     # The one path policy and process launcher (bot.gate); the processes this turn started.
     gate: Gate | None = None
     processes: ProcessScope | None = None
+    # Images a tool showed the model in this turn (read_file of a picture); the runner puts
+    # each before the model once, after the results of the calls that showed it.
+    images: list[ShownImage] = field(default_factory=list)
 
 
 class Tool(ABC):

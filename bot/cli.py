@@ -21,6 +21,7 @@ from bot import __version__
 from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load_config
 from bot.invocation import command_for, program
 from bot.service.logs import LOG_FORMATS, redact
+from bot.urls import redact_url
 
 if TYPE_CHECKING:
     from bot.loop import AgentLoop
@@ -762,7 +763,11 @@ def cmd_mcp_list(cfg: Config, config_path: Path) -> int:
     failed = 0
     for st in statuses:
         where = cfg.tools.mcp_servers[st.name]
-        target = " ".join([where.command, *where.args]) if st.transport == "stdio" else where.url
+        target = (
+            " ".join([where.command, *where.args])
+            if st.transport == "stdio"
+            else redact_url(where.url)
+        )
         # Output that gets pasted into bug reports: a ${VAR} secret in a url stays out of it.
         print(redact(f"{st.name} ({st.transport}: {target}): {st.state}, {st.detail}"))
         for name in st.tools:
@@ -782,7 +787,9 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
     sessions_dir = state / "sessions"
     count = len(list(sessions_dir.glob("*.jsonl"))) if sessions_dir.is_dir() else 0
     llm = cfg.llm
-    endpoint = llm.resolved_base_url() or ("api.openai.com" if llm.resolved_api_key() else "")
+    endpoint = redact_url(llm.resolved_base_url()) or (
+        "api.openai.com" if llm.resolved_api_key() else ""
+    )
     from bot.gateway import enabled_channels, read_status
 
     enabled = enabled_channels(cfg)

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import (
     BaseModel,
@@ -25,7 +25,8 @@ from pydantic.alias_generators import to_camel
 from bot.gate.approval import DEFAULT_EXEC_ALLOW, allow_pattern_problem
 from bot.layout import layout_problem
 from bot.proxy import check_proxy_url
-from bot.service.logs import redact, remember_secrets
+from bot.service.logs import SECRET_PARAM, redact, remember_secrets
+from bot.urls import endpoint_access
 
 EX_CONFIG = 78  # sysexits.h: configuration error; systemd units refuse to restart-loop on it
 DEFAULT_HOME = Path("~/.memobot")
@@ -109,6 +110,14 @@ class LLMConfig(_Model):
 
     _api_key = field_validator("api_key")(_header_safe_key)
     _proxy = field_validator("proxy")(check_proxy_url)
+
+    @model_validator(mode="after")
+    def _credentials_fit(self) -> LLMConfig:
+        # A base URL's user:password@ and an API key cannot both be sent (bot.urls).
+        for i, endpoint in enumerate(self.endpoints()):
+            where = "llm.baseUrl" if i == 0 else f"llm.fallbacks[{i - 1}].baseUrl"
+            endpoint_access(endpoint.base_url, where, bearer=bool(endpoint.api_key))
+        return self
 
     def endpoints(self) -> list[LLMConfig]:
         """This config and then each fallback, with its unset fields taken from this one."""
@@ -541,7 +550,8 @@ def expand_env(value: Any, path: str = "", found: set[str] | None = None) -> Any
 
 def secret_strings(value: Any, key: str = "") -> Iterator[str]:
     """Strings of a config that must never be logged: those under key-, token-, secret- or
-    password-like names, and the passwords of URLs (proxies, endpoints)."""
+    password-like names, and the passwords and key-like query values of URLs (proxies,
+    endpoints)."""
     if isinstance(value, dict):
         for k, v in value.items():
             yield from secret_strings(v, str(k))
@@ -551,13 +561,17 @@ def secret_strings(value: Any, key: str = "") -> Iterator[str]:
     elif isinstance(value, str):
         if _SECRET_KEY.search(key):
             yield value
-        elif "://" in value and "@" in value:
+        elif "://" in value:
             try:
-                password = urlsplit(value).password
+                parts = urlsplit(value)
+                password = parts.password
             except ValueError:
-                password = None
+                return
             if password:
-                yield password
+                yield unquote(password)
+            for name, secret in parse_qsl(parts.query):
+                if SECRET_PARAM.search(name):
+                    yield secret
 
 
 def _credential(name: str) -> str | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bot import workspace_files
+from bot.images import MAX_INLINE_IMAGE_BYTES, image_label, shown_name
 from bot.privacy import PrivacyScope, owner_scope
 from bot.runner import close_open_tool_calls
 from bot.skills import SkillsIndex, UntrustedFiles
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 # instead of shifting it (and missing the cache) on every message.
 TRIM_TO_SHARE = 0.75
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
-MAX_INLINE_IMAGE_BYTES = 10 * 1024 * 1024
 _CHAT_FILES_KEPT = 256
 # Content part types the Chat Completions API takes, per role (what may stay a list).
 CONTENT_PARTS: dict[str, frozenset[str]] = {
@@ -152,6 +152,8 @@ class ContextBuilder:
         media: Sequence[str] = (),
         now: datetime | None = None,
     ) -> dict[str, Any]:
+        """The person's message as sent in this turn: its images inlined after a text that
+        names each one, which is all the stored form (``bot.images.stored_form``) keeps."""
         if now is None and self.timezone is not None:
             now = datetime.now(self.timezone)
         content = text + "\n\n" + runtime_block(channel, chat_id, now)
@@ -161,11 +163,17 @@ class ContextBuilder:
             content += "\n[attached files: " + ", ".join(others) + "]"
         if not images:
             return {"role": "user", "content": content}
-        parts: list[dict[str, Any]] = [{"type": "text", "text": content}]
+        urls: list[str] = []
+        labels: list[str] = []
         for p in images:
             url = _image_data_url(self.workspace, Path(p))
+            st = workspace_files.file_stat(self.workspace, p)
+            size = None if st is None else st.st_size
+            labels.append(image_label(shown_name(Path(p), self.workspace), size, bool(url)))
             if url:
-                parts.append({"type": "image_url", "image_url": {"url": url}})
+                urls.append(url)
+        parts: list[dict[str, Any]] = [{"type": "text", "text": "\n".join([content, *labels])}]
+        parts += [{"type": "image_url", "image_url": {"url": url}} for url in urls]
         return {"role": "user", "content": parts}
 
     def history(self, session: Session, budget_tokens: int) -> list[dict[str, Any]]:

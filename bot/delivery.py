@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bot.bus import OutboundMessage
+from bot.long_answers import ANSWERS_DIR
 from bot.session import SUFFIX, SessionStore, filename_to_key, read_metadata
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,7 @@ PREVIEWS_KEPT = 16  # preview records per session (one per answer being written;
 
 
 def outbox_entry(delivery_id: str, msg: OutboundMessage) -> dict[str, Any]:
-    return {
+    entry = {
         "id": delivery_id,
         "channel": msg.channel,
         "chat_id": msg.chat_id,
@@ -59,6 +61,9 @@ def outbox_entry(delivery_id: str, msg: OutboundMessage) -> dict[str, Any]:
         "reply_to": msg.reply_to,
         "state": "queued",
     }
+    if msg.media:
+        entry["media"] = list(msg.media)  # files sent after the text, one step each
+    return entry
 
 
 def outbound_from_entry(entry: dict[str, Any], session: str | None = None) -> OutboundMessage:
@@ -66,6 +71,7 @@ def outbound_from_entry(entry: dict[str, Any], session: str | None = None) -> Ou
         entry["channel"],
         entry["chat_id"],
         entry["text"],
+        media=tuple(entry.get("media") or ()),
         reply_to=entry.get("reply_to"),
         final=True,
         metadata={DELIVERY_KEY: entry["id"]},
@@ -175,8 +181,8 @@ class DeliveryLedger:
         if not delivery_id:
             return True  # not a ledgered message (progress notes, command answers)
         update: dict[str, Any] = {"state": "sending", "next": index}
-        if pieces is not None and len(pieces) > 1:
-            update["pieces"] = pieces
+        if pieces is not None and (len(pieces) > 1 or msg.media):
+            update["pieces"] = pieces  # files are the steps after the pieces: keep the count
         session = self.store.get(ledger_session(msg))
         if not self.store.append(session, metadata=_change(delivery_id, update), fsync=False):
             return False
@@ -263,7 +269,7 @@ class DeliveryLedger:
             if state != "sending":
                 resend.append(entry)
                 continue
-            count = len(pieces) if isinstance(pieces, list) else 1
+            count = (len(pieces) if isinstance(pieces, list) else 1) + len(entry.get("media") or ())
             if not isinstance(index, int) or index < 0:
                 index = 0
             if index < len(preview_ids_in(session.metadata, entry.get("reply_to"))):
@@ -291,7 +297,28 @@ class DeliveryLedger:
                 resend.append({**entry, "state": "queued", "next": index + 1})
         if kept + resend != outbox:
             self.store.append(session, metadata={"outbox": (kept + resend) or None})
-        return [outbound_from_entry(e, key) for e in resend]
+        return [outbound_from_entry(self._own_files(e, key), key) for e in resend]
+
+    def _own_files(self, entry: dict[str, Any], key: str) -> dict[str, Any]:
+        """``entry`` with only the files memobot wrote for it: whatever else a damaged or
+        edited session file names is not uploaded to a chat."""
+        media = entry.get("media") or []
+        answers = self.store.dir.parent / ANSWERS_DIR
+        own = [
+            p
+            for p in media
+            if isinstance(p, str) and Path(os.path.normpath(p)).parent.parent == answers
+        ]
+        if len(own) == len(media):
+            return entry
+        log.error(
+            "delivery %s session=%s: not sending %d file(s) outside %s",
+            entry.get("id"),
+            key,
+            len(media) - len(own),
+            answers,
+        )
+        return {**entry, "media": own}
 
 
 def undelivered(state_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:

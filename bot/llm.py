@@ -36,12 +36,8 @@ from tenacity import (
 )
 
 from bot.config import LLMConfig
-from bot.proxy import (
-    SOCKS_SCHEMES,
-    environment_proxy,
-    socks_connector,
-    without_password,
-)
+from bot.proxy import SOCKS_SCHEMES, environment_proxy, socks_connector
+from bot.urls import endpoint_access, redact_url
 
 if TYPE_CHECKING:
     import openai
@@ -268,7 +264,7 @@ def _transport(openai: Any, timeout: float, proxy: str) -> dict[str, Any]:
     except (AttributeError, RuntimeError, ImportError):
         if proxy.startswith(SOCKS_SCHEMES):
             raise LLMUnavailable(
-                f"a socks5 proxy ({without_password(proxy)}) for the model needs openai's "
+                f"a socks5 proxy ({redact_url(proxy)}) for the model needs openai's "
                 "aiohttp transport: pip install 'openai[aiohttp]'"
             ) from None
         return {"http_client": openai.DefaultAsyncHttpxClient(timeout=timeout, **route)}
@@ -294,9 +290,18 @@ class _Endpoint:
     """One model at one base URL (``llm`` or one of ``llm.fallbacks``), with its own client."""
 
     def __init__(self, cfg: LLMConfig) -> None:
+        """Raises LLMNotConfigured when the base URL cannot be used with the key (a
+        user:password@ URL and an API key; the config check misses OPENAI_* variables)."""
         self.cfg = cfg
-        self.base_url = cfg.resolved_base_url()
         self.api_key = cfg.resolved_api_key()
+        try:
+            # Credentials leave the URL (bot.urls): what is left is fit to show and log.
+            self.access = endpoint_access(
+                cfg.resolved_base_url(), "llm.baseUrl (or OPENAI_BASE_URL)", bool(self.api_key)
+            )
+        except ValueError as exc:
+            raise LLMNotConfigured(str(exc)) from None
+        self.base_url = self.access.url
         # llm.proxy, else the environment's; a proxy of a kind memobot cannot use fails each
         # request with this text (not the start: the channels and the other endpoints go on).
         self.proxy_problem = ""
@@ -325,6 +330,8 @@ class _Endpoint:
             self._client = openai.AsyncOpenAI(
                 api_key=self.api_key or "not-needed",
                 base_url=self.base_url or None,
+                default_headers=self.access.headers or None,
+                default_query=self.access.query or None,
                 max_retries=0,
                 timeout=self.cfg.timeout_seconds,
                 **_transport(openai, self.cfg.timeout_seconds, self.proxy),
@@ -535,7 +542,7 @@ class LLMProvider:
             # Name the endpoint and the setting: "Connection error." alone leaves the person
             # guessing which server was meant.
             through = (
-                f" through the proxy {without_password(endpoint.proxy)} (llm.proxy, or ALL_PROXY)"
+                f" through the proxy {redact_url(endpoint.proxy)} (llm.proxy, or ALL_PROXY)"
                 if endpoint.proxy
                 else ""
             )

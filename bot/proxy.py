@@ -8,6 +8,8 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
+from bot.urls import redact_url
+
 SCHEMES = ("http://", "https://", "socks5://", "socks5h://")
 SOCKS_SCHEMES = ("socks5://", "socks5h://")
 
@@ -76,17 +78,7 @@ def environment_proxy(url: str) -> str:
     proxy = f"{scheme.lower()}://{rest}" if sep else f"http://{found}"
     if not proxy.startswith(SCHEMES):
         raise ValueError(
-            f"the environment's proxy for {parts.netloc} ({without_password(found)}) is not "
+            f"the environment's proxy for {parts.netloc} ({redact_url(found)}) is not "
             f"one memobot can use: it takes {', '.join(SCHEMES)}"
         )
     return proxy
-
-
-def without_password(url: str) -> str:
-    """``url`` fit for a message: a proxy's password, which the log filter may not know (one
-    from the environment), replaced by ``***``."""
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        return url
-    return url.replace(f":{password}@", ":***@") if password else url

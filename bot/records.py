@@ -68,6 +68,7 @@ class OutboxEntry(_Strict):
     state: Literal["queued", "sending", "failed"] = "queued"
     next: int = Field(default=0, ge=0)  # the first piece not known to have gone out
     pieces: list[str] | None = None  # the answer as split for its channel (when > 1 piece)
+    media: list[str] = Field(default_factory=list)  # files sent after the pieces
     reason: str | None = None  # "failed": why the platform refused it
     failed_at: float | int | None = None
 
@@ -110,6 +111,7 @@ class Checkpoint(_Strict):
     messages: list[MessageRecord] = Field(min_length=1)
     at: str | None = None
     approval: ApprovalRecord | None = None  # awaiting_approval: the question
+    answer_file: str | None = None  # final_response: the whole answer, when it was cut
 
     @model_validator(mode="after")
     def _final_answer_is_text(self) -> Checkpoint:

@@ -13,7 +13,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from bot.images import shown_message
 from bot.llm import LLMError, LLMProvider, LLMResponse, ToolCall
+from bot.safejson import BadArguments, parse_arguments
 from bot.session import ANSWERED_BY_KEY
 from bot.streaming import TurnStream
 from bot.tools.base import ToolContext, ToolRegistry
@@ -100,8 +102,10 @@ class Runner:
         made = calls_made(turn)
         # A turn resumed while it waited for an approval: its batch goes on where it paused.
         waiting = unfinished_calls(turn)
+        shown = 0  # images of ctx.images already in the turn
         if waiting:
             made = await self._run_calls(waiting, turn, ctx, made, offered, approve, stream)
+            shown = _show_images(turn, ctx, shown)
             if on_phase:
                 await on_phase("tools_completed", turn)
         for iteration in range(1, self.max_iterations + 1):
@@ -141,6 +145,7 @@ class Runner:
             made = await self._run_calls(
                 list(response.tool_calls), turn, ctx, made, offered, approve, stream
             )
+            shown = _show_images(turn, ctx, shown)
             if on_phase:
                 await on_phase("tools_completed", turn)
         text = (
@@ -185,6 +190,13 @@ class Runner:
                 turn.append(_result(call, not_offered_result(call.name)))
                 continue
             made += 1
+            try:
+                parse_arguments(call.arguments)
+            except BadArguments as exc:
+                # Refused before anyone is asked: a question about arguments that cannot
+                # run would show nothing true.
+                turn.append(_result(call, f"Error: {exc}"))
+                continue
             if approve is not None:
                 instead = await approve(call, turn)
                 if instead is not None:
@@ -211,6 +223,14 @@ class Runner:
                 self.max_tool_calls,
             )
         return made
+
+
+def _show_images(turn: list[dict[str, Any]], ctx: ToolContext, shown: int) -> int:
+    """Put the images the batch's tools showed (``ctx.images`` from ``shown`` on) into the
+    turn after its results; returns how many are in it now."""
+    if len(ctx.images) > shown:
+        turn.append(shown_message(ctx.images[shown:]))
+    return len(ctx.images)
 
 
 def _result(call: ToolCall, content: str) -> dict[str, Any]:

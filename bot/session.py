@@ -42,6 +42,7 @@ from typing import Any
 
 from bot import failpoints
 from bot.config import ConfigError
+from bot.images import stored_form
 from bot.private import make_private_dirs
 from bot.records import Checked, check_record
 from bot.tokens import estimate_message_tokens
@@ -224,6 +225,12 @@ class Session:
         if type(role) is str and len(role) < 256:
             message["role"] = sys.intern(role)
         if owned:
+            if type(message.get("content")) is list:
+                # Written before images were sent once only (bot.images): their data URLs
+                # would go out with every request and stay in memory.
+                stripped = stored_form([message])[0]
+                if stripped is not message:
+                    message, size = stripped, len(_dumps(stripped))  # what memory holds
             stamp = message.pop("timestamp", _ABSENT)
             answered = message.pop(ANSWERED_BY_KEY, _ABSENT)
             wire = message

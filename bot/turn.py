@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,8 +28,10 @@ from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY
 from bot.delivery import DELIVERY_KEY, LEDGER_SESSION_KEY, outbox_entry
 from bot.gate import Gate, ProcessScope
 from bot.gate.approval import close_unanswered
+from bot.images import stored_form
 from bot.intake import without_pending
 from bot.llm import LLMError, LLMProvider, LLMUnavailable
+from bot.long_answers import spill
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import chat_memory_file
 from bot.memory.files import memory_stamp
@@ -55,6 +58,8 @@ FAILED_TEXT = "Something went wrong while answering; see the logs."
 OUTCOME_KEY = "outcome"
 Outcome = Literal["ok", "failed", "stopped"]
 NOTICES_KEPT = 64
+# A final_response checkpoint's file holding the whole answer, when it was too long for a chat.
+ANSWER_FILE_KEY = "answer_file"
 AUDIO_SUFFIXES = frozenset({".ogg", ".oga", ".opus", ".mp3", ".m4a", ".wav", ".webm", ".flac"})
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
@@ -188,14 +193,19 @@ class Turns:
             if phase == "awaiting_tools" and stamp is None:
                 stamp = memory_stamp(self.cfg.agent.workspace_path)
                 watched = watched_stamps(self.cfg.agent.workspace_path)
+            answer_file = None
+            if phase == "final_response":
+                answer_file = await self._cut_final(session, turn_so_far)
             record: dict[str, Any] = {
                 "phase": phase,
                 "message_id": msg.message_id,
-                "messages": turn_so_far,
+                "messages": stored_form(turn_so_far),  # images go to the model, not to disk
                 "at": now_iso(),
             }
             if pending_approval is not None:
                 record["approval"] = pending_approval
+            if answer_file is not None:
+                record[ANSWER_FILE_KEY] = answer_file
             update = {"runtime_checkpoint": record}
             if phase == "final_response":
                 # finish() follows at once and fsyncs this line with its own. Until then a
@@ -281,6 +291,39 @@ class Turns:
         except OSError:
             log.exception("provenance: cannot record writes session=%s", msg.session_key)
 
+    async def _cut_final(self, session: Session, turn: list[dict[str, Any]]) -> str | None:
+        """A final answer too long for a chat is written to its file once, and ``turn``'s
+        last message becomes the cut text (bot.long_answers); the file's path, or None."""
+        final = turn[-1]
+        long = await spill(self.cfg.agent.state_path, session.path.name, final["content"] or "")
+        if long is None:
+            return None
+        turn[-1] = {**final, "content": long.text}
+        log.warning(
+            "answer of %d characters cut for the chat session=%s; the whole answer is %s",
+            len(final["content"]),
+            session.key,
+            long.path,
+        )
+        return str(long.path)
+
+    async def _fit(
+        self, session: Session, msg: InboundMessage, turn: list[dict[str, Any]], text: str
+    ) -> tuple[str, tuple[str, ...]]:
+        """The answer's text for the chat and the files sent with it: the cut a final_response
+        checkpoint made (this turn's, or one resumed after a restart), or a cut made now for
+        a long text that came another way (a stopped stream, a reminder)."""
+        checkpoint = session.metadata.get("runtime_checkpoint") or {}
+        kept = checkpoint.get(ANSWER_FILE_KEY)
+        if kept and checkpoint.get("message_id") == msg.message_id and turn:
+            return str(turn[-1].get("content") or ""), (str(kept),)
+        long = await spill(self.cfg.agent.state_path, session.path.name, text)
+        if long is None:
+            return text, ()
+        if turn and turn[-1].get("role") == "assistant" and turn[-1].get("content") == text:
+            turn[-1] = {**turn[-1], "content": long.text}
+        return long.text, (str(long.path),)
+
     async def _commit_memory(self, key: str) -> None:
         from bot.memory.versioning import commit_async
 
@@ -305,10 +348,13 @@ class Turns:
         cleared. Then the answer goes out, its ``outcome`` in the metadata (the terminal turns
         it into an exit code)."""
         delivery_id = f"d-{uuid.uuid4().hex[:12]}"
+        text, media = await self._fit(session, msg, turn, text)
         out: OutboundMessage | None = self.answer(msg, text, outcome, {DELIVERY_KEY: delivery_id})
         beat = msg.metadata.get(HEARTBEAT_KEY)
         if beat:
             out = _heartbeat_answer(msg, beat, text, outcome, delivery_id)
+        if out is not None and media:
+            out = replace(out, media=media)
         entries = [outbox_entry(delivery_id, out)] if out is not None else []
 
         def finished(meta: dict[str, Any]) -> dict[str, Any]:
@@ -322,7 +368,7 @@ class Turns:
                 "outbox": [*(meta.get("outbox") or []), *entries] or None,
             }
 
-        await self.store.append_async(session, turn, metadata=finished)
+        await self.store.append_async(session, stored_form(turn), metadata=finished)
         failpoints.hit("before_delivery")
         if out is None:
             log.info("heartbeat: nothing to tell session=%s", msg.session_key)

@@ -41,6 +41,7 @@ class Channel(ABC):
 
     name: str
     streaming: bool = False
+    sends_files: bool = False  # send_file works (else a long answer's file is named in a note)
     stream_interval: float = 1.0  # seconds between two preview updates of one chat
     typing_delay: float = 0.0  # seconds a turn runs before "typing..." is shown
 
@@ -100,6 +101,11 @@ class Channel(ABC):
     @abstractmethod
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
         """Deliver one piece of ``msg`` to its chat. Raise ``channels.errors`` classes."""
+
+    async def send_file(self, msg: OutboundMessage, path: str) -> None:
+        """Upload the file at ``path`` (memobot's own, e.g. a long answer's whole text) to
+        ``msg``'s chat, as ``send_chunk`` raises. Only called when ``sends_files``."""
+        raise NotImplementedError
 
     async def admin_chats(self) -> list[str]:
         """The chat ids of the admins' private chats, for notices to the owner; [] if the

@@ -31,12 +31,13 @@ import logging
 import time
 import zlib
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
 from bot import failpoints
 from bot.bus import TO_ADMINS, TYPING, MessageBus, OutboundMessage, StreamEvent
+from bot.long_answers import LONG_ANSWER_CHARS, kept_where
 from channels.base import Channel
 from channels.errors import (
     FatalChannelError,
@@ -56,6 +57,9 @@ GIVE_UP_AFTER_SECONDS = 900.0  # then the answer stays queued in the ledger for 
 BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 1.5, 30.0
 NOTICE_GIVE_UP_SECONDS = 60.0
 NOTICE = "I could not deliver my answer: {reason}"
+FILE_NOTE = (
+    "(This chat cannot receive files: the file stays with memobot, as {where} in its state folder.)"
+)
 REASON_MAX_CHARS = 200
 # Telegram shows a draft for about 30 s: one that has not changed (a long tool run) is sent
 # again before then, for as long as a typing indicator would be (TYPING_MAX_SECONDS).
@@ -368,7 +372,8 @@ class ChannelManager:
         pacer = self._pacer(channel)
         session = f"{channel.name}:{chat_id}"
         text = live.text or ""
-        shown = whole_words(text)
+        # A long answer ends cut (bot.long_answers): its preview does not grow past that.
+        shown = whole_words(text[:LONG_ANSWER_CHARS])
         pieces = channel.preview_pieces(shown) if shown.strip() else [""]
         if mode == "message":
             pieces = [p for p in pieces if p.strip()]
@@ -542,6 +547,14 @@ class ChannelManager:
                     edits = edits[:index]
                     continue
                 index += 1
+            # The files come after the text, each one more step of the ledger.
+            for step, path in enumerate(msg.media, start=len(pieces)):
+                if index > step:
+                    continue
+                if not await self.ledger.sending(msg, pieces, step):
+                    return
+                await self._send_file(channel, msg, path)
+                index = step + 1
         except FatalChannelError as exc:
             channel.fail(exc)
             await self.ledger.postponed(msg, index)
@@ -562,6 +575,15 @@ class ChannelManager:
             await self._delete_preview(channel, msg, extra)
         failpoints.hit("after_send")
         await self.ledger.sent(msg)
+
+    async def _send_file(self, channel: Channel, msg: OutboundMessage, path: str) -> None:
+        """Upload ``path`` to the chat, or, where the channel cannot, say where it is kept."""
+        if channel.sends_files:
+            await self._with_retries(channel, msg, lambda _plain: channel.send_file(msg, path))
+            return
+        note = FILE_NOTE.format(where=kept_where(path))
+        for piece in channel.render(note):
+            await self._send_chunk(channel, msg, piece)
 
     async def _delete_preview(
         self, channel: Channel, msg: OutboundMessage, message_id: str
@@ -616,6 +638,25 @@ class ChannelManager:
         ``TimeoutError`` once retrying would pass the deadline; any other exception of the
         channel is retried like a transient error.
         """
+
+        async def send(plain: bool) -> None:
+            text = channel.plain(chunk) if plain else chunk
+            if edit is not None:
+                await channel.edit_chunk(msg.chat_id, edit, text, plain)
+            else:
+                await channel.send_chunk(msg, text, plain)
+
+        await self._with_retries(channel, msg, send, give_up_after)
+
+    async def _with_retries(
+        self,
+        channel: Channel,
+        msg: OutboundMessage,
+        send: Callable[[bool], Awaitable[None]],
+        give_up_after: float | None = None,
+    ) -> None:
+        """The one retry policy of every send: ``send(plain)`` (plain: markup was refused,
+        send it as plain text) until it succeeds; raises as ``_send_chunk``."""
         deadline = time.monotonic() + (give_up_after or self.give_up_after)
         backoff = BACKOFF_START
         plain = False
@@ -623,11 +664,7 @@ class ChannelManager:
         while True:
             await self._pace(channel, limits)
             try:
-                text = channel.plain(chunk) if plain else chunk
-                if edit is not None:
-                    await channel.edit_chunk(msg.chat_id, edit, text, plain)
-                else:
-                    await channel.send_chunk(msg, text, plain)
+                await send(plain)
                 return
             except FormattingRejected as exc:
                 if plain:

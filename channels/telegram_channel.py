@@ -48,6 +48,7 @@ from telegram import (
     CallbackQuery,
     InlineKeyboardButton,
     InlineKeyboardMarkup,
+    InputFile,
     Message,
     MessageEntity,
     ReplyParameters,
@@ -401,6 +402,7 @@ class _Refused(Exception):
 
 class TelegramChannel(Channel):
     name = CHANNEL
+    sends_files = True
 
     def __init__(
         self, bus: MessageBus, cfg: TelegramConfig, workspace: Path, state_dir: Path
@@ -849,6 +851,21 @@ class TelegramChannel(Channel):
             self._replied[id(msg)] = msg
             while len(self._replied) > REPLIED_REMEMBERED:
                 self._replied.popitem(last=False)
+
+    async def send_file(self, msg: OutboundMessage, path: str) -> None:
+        if self.bot is None:
+            raise TransientError("the Telegram client is not running")
+        chat, thread = split_chat_key(msg.chat_id)
+        try:
+            data = await asyncio.to_thread(Path(path).read_bytes)
+        except OSError as exc:
+            raise PermanentError(f"the file {Path(path).name} cannot be read: {exc}") from exc
+        try:
+            await self.bot.send_document(
+                chat, InputFile(data, filename=Path(path).name), message_thread_id=thread
+            )
+        except TelegramError as exc:
+            raise self._send_failed(exc, chat) from exc
 
     def _send_failed(self, exc: TelegramError, chat: int) -> SendError | FatalChannelError:
         error = send_error(exc)

@@ -132,7 +132,7 @@ async def test_a_proxy_memobot_cannot_use_is_named_and_the_rest_goes_on(llm, mon
     with pytest.raises(LLMUnavailable) as info:
         await ask(p, "hi")
     text = str(info.value)
-    assert "(socks4://me:***@127.0.0.1:1080) is not one memobot can use" in text, text
+    assert "(socks4://***@127.0.0.1:1080) is not one memobot can use" in text, text
     assert "hunter2" not in text
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     assert await ask(provider(llm.base_url), "bypassed") == "echo: bypassed"
@@ -201,7 +201,7 @@ async def test_a_proxy_password_from_the_environment_is_never_shown(monkeypatch)
     monkeypatch.setenv("ALL_PROXY", f"socks5://me:hunter2@127.0.0.1:{closed_port()}")
     with pytest.raises(LLMUnavailable) as info:
         await ask(provider("http://127.0.0.1:9/v1"), "hi")
-    assert "through the proxy socks5://me:***@127.0.0.1:" in str(info.value)
+    assert "through the proxy socks5://***@127.0.0.1:" in str(info.value)
     assert "hunter2" not in str(info.value)
 
 

@@ -107,7 +107,7 @@ async def test_read_file_cuts_a_single_huge_line(call: Any, ws: Path) -> None:
 
 
 async def test_read_file_errors(call: Any, ws: Path) -> None:
-    (ws / "bin.dat").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    (ws / "bin.dat").write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00")  # a PNG is an image now
     (ws / "sub").mkdir()
     (ws / "f.txt").write_text("a\nb\n")
     (ws / "empty.txt").write_text("")

@@ -23,6 +23,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
+from bot.safejson import BadArguments, parse_arguments
+
 Mode = Literal["off", "risky", "always"]
 Choice = Literal["once", "always", "deny"]
 CHOICES: tuple[Choice, ...] = ("once", "always", "deny")
@@ -128,10 +130,9 @@ class Question:
 
 def _args(raw: str) -> dict[str, Any]:
     try:
-        value = json.loads(raw) if raw.strip() else {}
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        return parse_arguments(raw)
+    except BadArguments:
+        return {}  # the call fails with that error before anything asks about it
 
 
 def _outside_workspace(raw: Any, workspace: Path) -> bool:

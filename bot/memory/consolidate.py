@@ -9,7 +9,6 @@ loses one. A cut never separates an assistant message with tool calls from its r
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 from bot.config import MemoryConfig
 from bot.llm import LLMError, LLMProvider
 from bot.memory.history import HistoryArchive, format_raw
+from bot.safejson import BadArguments, parse_arguments
 from bot.session import Session, SessionStore
 
 log = logging.getLogger(__name__)
@@ -234,9 +234,9 @@ class Consolidator:
         for call in response.tool_calls:
             if call.name == SUMMARY_TOOL:
                 try:
-                    args = json.loads(call.arguments or "{}")
-                except json.JSONDecodeError as exc:
-                    raise LLMError(f"summary arguments are not JSON: {exc.msg}") from None
+                    args = parse_arguments(call.arguments)
+                except BadArguments as exc:
+                    raise LLMError(f"summary arguments unusable: {exc}") from None
                 summary = str(args.get("summary") or "").strip()
                 facts = [str(f) for f in args.get("facts") or [] if str(f).strip()]
                 if summary:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from bot.llm import LLMError, LLMProvider
 from bot.memory.entries import EntryError, add_entry, count_entries, remove_entry, replace_entry
 from bot.memory.files import MEMORY_FILES
 from bot.memory.history import HistoryArchive, HistoryEntry
+from bot.safejson import BadArguments, parse_arguments
 from bot.session import SUFFIX, key_to_filename
 from bot.tokens import estimate_text_tokens
 
@@ -422,14 +422,14 @@ class Dream:
             finished = False
             for call in response.tool_calls:
                 try:
-                    args = json.loads(call.arguments or "{}")
-                except json.JSONDecodeError:
-                    args = None
+                    args, problem = parse_arguments(call.arguments), ""
+                except BadArguments as exc:
+                    args, problem = {}, str(exc)
                 if call.name == "finish":
                     finished = True
                     text = "Done."
-                elif not isinstance(args, dict):
-                    text = "Error: arguments must be a JSON object"
+                elif problem:
+                    text = f"Error: {problem}"
                 else:
                     text = edits.apply(call.name, args)
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": text})

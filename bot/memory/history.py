@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bot import workspace_files
+from bot import safejson, workspace_files
 from bot.session import now_iso
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ def parse_entry(line: bytes | str) -> HistoryEntry | None:
     if not line.strip():
         return None
     try:
-        obj: Any = json.loads(line)
+        obj: Any = safejson.loads(line)  # the model can write this file: [[[[... too
         if not isinstance(obj, dict):
             return None
         session = obj.get("session")

@@ -46,6 +46,12 @@ _TOKEN_SHAPES = re.compile(
     )
 )
 _URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"<>]+@")
+# A query parameter whose name says it carries a credential: ?key=, ?api_key=, ?access_token=.
+SECRET_PARAM = re.compile(r"(?i)key|token|secret|passw(?:or)?d|pwd|sig|auth|credential")
+_URL_QUERY_SECRET = re.compile(
+    r"([?&][A-Za-z0-9_.-]*(?i:key|token|secret|passw(?:or)?d|pwd|sig|auth|credential)"
+    r"[A-Za-z0-9_.-]*=)[^&#\s'\"<>]+"
+)
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{6,}")
 _TELEGRAM_PATH = re.compile(r"(/bot)[0-9]+:[^/\s'\"]+")
 _SYSLOG_PRIORITY = {
@@ -94,6 +100,7 @@ class SecretFilter(logging.Filter):
         text = _TOKEN_SHAPES.sub(REDACTED, text)
         text = _TELEGRAM_PATH.sub(rf"\1{REDACTED}", text)
         text = _BEARER.sub(rf"\1{REDACTED}", text)
+        text = _URL_QUERY_SECRET.sub(rf"\1{REDACTED}", text)
         return _URL_CREDENTIALS.sub(rf"\1{REDACTED}@", text)
 
     def filter(self, record: logging.LogRecord) -> bool:

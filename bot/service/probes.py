@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from bot.config import Config, RetryConfig
 from bot.proxy import http_proxy, socks_connector
 from bot.service.checks import Check
+from bot.urls import EndpointAccess, endpoint_access, redact_url
 
 LLM_TIMEOUT_SECONDS = 20.0
 HTTP_TIMEOUT_SECONDS = 8.0
@@ -38,9 +39,12 @@ async def check_llm(cfg: Config, config_path: Path) -> LLMProbe:
         update={"timeout_seconds": LLM_TIMEOUT_SECONDS, "retry": RetryConfig(attempts=1)}
     )
     base = llm.resolved_base_url() or OPENAI_DEFAULT_BASE
+    shown = redact_url(base)
     try:
         provider = LLMProvider(llm, str(config_path))
-    except LLMNotConfigured:
+    except LLMNotConfigured as exc:
+        if llm.resolved_base_url() or llm.resolved_api_key():  # configured, but unusable
+            return LLMProbe(Check("fail", f"LLM {shown}: {exc}", f"edit {config_path}"))
         return LLMProbe(
             Check(
                 "fail",
@@ -55,17 +59,17 @@ async def check_llm(cfg: Config, config_path: Path) -> LLMProbe:
             [{"role": "user", "content": "Reply with the single word OK."}], max_tokens=8
         )
     except LLMRejected as exc:
-        return LLMProbe(Check("fail", f"LLM {base} refused: {exc}", _rejected_fix(exc.status)))
+        return LLMProbe(Check("fail", f"LLM {shown} refused: {exc}", _rejected_fix(exc.status)))
     except LLMUnavailable as exc:
         fix = "check that the server runs and llm.baseUrl is right"
         if provider.proxy:
             fix += ", and that the proxy (llm.proxy, or ALL_PROXY/HTTPS_PROXY) runs"
-        return LLMProbe(Check("fail", f"LLM {base} unreachable: {exc}", fix))
+        return LLMProbe(Check("fail", f"LLM {shown} unreachable: {exc}", fix))
     finally:
         await provider.close()
     said = (reply.content or "").strip().replace("\n", " ")[:40]
-    check = Check("ok", f"LLM {base} model {llm.model} answered: {said!r}")
-    return LLMProbe(check, await _server_date(base, provider.proxy))
+    check = Check("ok", f"LLM {shown} model {llm.model} answered: {said!r}")
+    return LLMProbe(check, await _server_date(endpoint_access(base, "llm.baseUrl"), provider.proxy))
 
 
 def _rejected_fix(status: int) -> str:
@@ -76,7 +80,7 @@ def _rejected_fix(status: int) -> str:
     }.get(status, "see the error above")
 
 
-async def _server_date(base: str, proxy: str) -> tuple[str, float] | None:
+async def _server_date(access: EndpointAccess, proxy: str) -> tuple[str, float] | None:
     """The Date header of the LLM server (any answer carries one), for the clock check; asked
     the way the model calls go, through ``proxy`` when there is one."""
     import aiohttp
@@ -85,13 +89,18 @@ async def _server_date(base: str, proxy: str) -> tuple[str, float] | None:
         timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_SECONDS)
         async with (
             aiohttp.ClientSession(timeout=timeout, connector=socks_connector(proxy)) as http,
-            http.get(base.rstrip("/") + "/models", proxy=http_proxy(proxy)) as resp,
+            http.get(
+                access.url.rstrip("/") + "/models",
+                params=access.query,
+                headers=access.headers,
+                proxy=http_proxy(proxy),
+            ) as resp,
         ):
             value = resp.headers.get("Date")
     except (aiohttp.ClientError, TimeoutError):
         return None
     parsed = email.utils.parsedate_to_datetime(value) if value else None
-    return (urlsplit(base).hostname or base, parsed.timestamp()) if parsed else None
+    return (urlsplit(access.url).hostname or access.url, parsed.timestamp()) if parsed else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,6 @@ into an ``Error: ...`` tool result so the model can correct itself and the loop 
 
 from __future__ import annotations
 
-import json
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
@@ -16,9 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from bot.privacy import PrivacyScope, owner_scope
+from bot.safejson import BadArguments, parse_arguments
 
 if TYPE_CHECKING:
     from bot.gate import Gate, ProcessScope
+    from bot.images import ShownImage
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ class ToolContext:
     # What of the owner's data this turn may show (bot.privacy), decided once by the turn;
     # the default, the owner's, is for tools run outside a person's turn (tests, the CLI).
     scope: PrivacyScope = field(default_factory=lambda: owner_scope(""))
+    # Images a tool showed the model in this turn (read_file of a picture); the runner puts
+    # each before the model once, after the results of the calls that showed it.
+    images: list[ShownImage] = field(default_factory=list)
 
 
 class Tool(ABC):
@@ -155,11 +159,9 @@ class ToolRegistry:
         if tool is None:
             return f"Error: unknown tool '{name}'. Available tools: {', '.join(self._tools)}"
         try:
-            args = json.loads(raw_arguments) if raw_arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            return f"Error: tool arguments are not valid JSON ({exc.msg} at position {exc.pos})"
-        if not isinstance(args, dict):
-            return "Error: tool arguments must be a JSON object"
+            args = parse_arguments(raw_arguments)
+        except BadArguments as exc:
+            return f"Error: {exc}"
         problem = check_arguments(tool.parameters, args)
         if problem:
             return f"Error: {problem}"

@@ -25,10 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from bot.images import (
+    MAX_INLINE_IMAGE_BYTES,
+    ShownImage,
+    data_url,
+    human_size,
+    image_label,
+    image_mime,
+)
 from bot.tools.base import Tool, ToolContext, ToolError
 from bot.tools.paths import hidden_here, real_path, refuse_hidden, resolve_tool_path
 
 MAX_READ_CHARS = 50_000
+MAX_IMAGES_PER_TURN = 4  # pictures read_file shows in one answer (each up to 10 MB)
 MAX_LIST_ENTRIES = 500
 MAX_EDIT_BYTES = 8 * 1024 * 1024
 # Counting lines past the window stops here: a 50 GB sparse file costs no disk but would cost
@@ -162,11 +171,32 @@ class _Window:
     total_known: bool = True  # False: the file was too long to count to its end
 
 
+@dataclass(frozen=True, slots=True)
+class _Image:
+    size: int
+    url: str  # a data: URL
+
+
+def _read_image(fh: Any, raw: str, mime: str) -> _Image:
+    size = os.fstat(fh.fileno()).st_size
+    if size > MAX_INLINE_IMAGE_BYTES:
+        raise ToolError(
+            f"'{raw}' is an image of {human_size(size)}, over the "
+            f"{human_size(MAX_INLINE_IMAGE_BYTES)} the model can be shown"
+        )
+    fh.seek(0)
+    return _Image(size, data_url(fh.read(MAX_INLINE_IMAGE_BYTES), mime))
+
+
 def _read_window(
     path: Path, raw: str, offset: int, limit: int | None, guard: Guard = None
-) -> _Window:
+) -> _Window | _Image:
     with os.fdopen(_open_regular(path, raw, guard), "rb") as fh:
-        if _looks_binary(fh.read(_SNIFF_BYTES)):
+        head = fh.read(_SNIFF_BYTES)
+        mime = image_mime(head)
+        if mime is not None:
+            return _read_image(fh, raw, mime)
+        if _looks_binary(head):
             size = os.fstat(fh.fileno()).st_size
             raise ToolError(f"'{raw}' looks like a binary file ({size} bytes); cannot show it")
         fh.seek(0)
@@ -238,9 +268,9 @@ def _format_window(w: _Window, raw: str) -> str:
 class ReadFileTool(Tool):
     name: ClassVar[str] = "read_file"
     description: ClassVar[str] = (
-        "Read a UTF-8 text file. Relative paths are inside the workspace. Large files are cut "
-        f"at {MAX_READ_CHARS} characters; use offset (first line, 1-based) and limit (number "
-        "of lines) to read further."
+        "Read a UTF-8 text file, or look at an image (PNG, JPEG, GIF, WebP). Relative paths "
+        f"are inside the workspace. Large files are cut at {MAX_READ_CHARS} characters; use "
+        "offset (first line, 1-based) and limit (number of lines) to read further."
     )
     parameters: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -262,7 +292,23 @@ class ReadFileTool(Tool):
             raise ToolError("limit must be 1 or more")
         path = resolve_tool_path(raw, ctx)
         window = await _file_work(ctx, _read_window, path, raw, offset, limit, _guard(raw, ctx))
+        if isinstance(window, _Image):
+            return _show(window, raw, ctx)
         return _format_window(window, raw)
+
+
+def _show(image: _Image, raw: str, ctx: ToolContext) -> str:
+    """Hand ``image`` to the runner, which shows it to the model after this batch's results."""
+    if len(ctx.images) >= MAX_IMAGES_PER_TURN:
+        raise ToolError(
+            f"'{raw}' is an image, and this answer already showed {MAX_IMAGES_PER_TURN}: "
+            "answer with what you saw first"
+        )
+    ctx.images.append(ShownImage(image_label(raw, image.size, shown=True), image.url))
+    return (
+        f"'{raw}' is an image ({human_size(image.size)}); it is shown to you right after "
+        "these tool results."
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,8 +379,8 @@ def _edit(path: Path, raw: str, old: str, new: str, replace_all: bool, guard: Gu
         size = os.fstat(fh.fileno()).st_size
         if size > MAX_EDIT_BYTES:
             raise ToolError(
-                f"'{raw}' is {_human_size(size)}; edit_file edits files up to "
-                f"{_human_size(MAX_EDIT_BYTES)} (use exec with sed for bigger ones)"
+                f"'{raw}' is {human_size(size)}; edit_file edits files up to "
+                f"{human_size(MAX_EDIT_BYTES)} (use exec with sed for bigger ones)"
             )
         data = fh.read(MAX_EDIT_BYTES + 1)
     if _looks_binary(data[:_SNIFF_BYTES]):
@@ -408,17 +454,6 @@ class EditFileTool(Tool):
 # list_dir
 
 
-def _human_size(size: int) -> str:
-    if size < 1024:
-        return f"{size} B"
-    value = float(size)
-    for unit in ("KB", "MB", "GB", "TB"):
-        value /= 1024
-        if value < 1024 or unit == "TB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")
-
-
 def _describe_entry(entry: os.DirEntry[str], dir_fd: int) -> str:
     name = entry.name
     try:
@@ -430,7 +465,7 @@ def _describe_entry(entry: os.DirEntry[str], dir_fd: int) -> str:
     label = f"{name}/" if is_dir else name
     if link is not None:
         label += f" -> {link}"
-    return label if size is None else f"{label} ({_human_size(size)})"
+    return label if size is None else f"{label} ({human_size(size)})"
 
 
 def _list(path: Path, raw: str, hide: Callable[[Path], bool] | None = None) -> str:

@@ -743,7 +743,7 @@ class FakeLLM:
     ) -> dict[str, Any]:
         """Append a log entry. Fields:
 
-        seq (1-based), time (epoch seconds), method, path, headers (lower-cased names),
+        seq (1-based), time (epoch seconds), method, path, query, headers (lower-cased names),
         body (parsed JSON, or None when log_bodies=False), model, stream, n_messages,
         last_user (text of the last user message), outcome (text, tool_calls, default, error,
         disconnect, hang, unscripted, invalid, unauthorized), status (HTTP status; None for
@@ -758,6 +758,7 @@ class FakeLLM:
             "time": time.time(),
             "method": request.method,
             "path": request.path,
+            "query": dict(request.query),
             "headers": {k.lower(): v for k, v in request.headers.items()},
             "body": body if self.log_bodies else None,
             "model": body.get("model") if is_dict else None,

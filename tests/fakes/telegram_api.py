@@ -14,7 +14,8 @@ It implements the HTTP shapes PTB uses at ``/bot<token>/<method>`` (form-encoded
 * ``sendMessage`` (recorded; HTML markup is checked and broken markup answers 400 "can't parse
   entities" as Telegram does), ``editMessageText`` (400 "message is not modified" for the same
   text, "message to edit not found" for an unknown one; edits are counted per message),
-  ``deleteMessage``, ``sendMessageDraft`` (Bot API 9.3: private chats only, a non-zero
+  ``deleteMessage``, ``sendDocument`` (multipart uploads up to 50 MB, kept in ``documents()``),
+  ``sendMessageDraft`` (Bot API 9.3: private chats only, a non-zero
   ``draft_id``, 0 to 4,096 UTF-16 units, nothing stored), ``sendChatAction``, ``getFile``,
   ``getMe``, ``deleteWebhook``. The bot's messages as the chat now shows them are kept
   (``shown``), so tests count permanent copies;
@@ -59,6 +60,7 @@ BOT_ID = 123456
 BOT_USERNAME = "memobot_test_bot"
 TEXT_LIMIT = 4096  # UTF-16 code units after entity parsing: messages and edits
 CAPTION_LIMIT = 1024
+DOCUMENT_LIMIT = 50 * 1024 * 1024  # what a bot may upload
 # Parameters that stay strings; PTB JSON-encodes every other (non-string) value it sends.
 _STRING_PARAMS = frozenset({"text", "parse_mode", "action", "file_id", "caption", "url"})
 _HTML_TAGS = frozenset(
@@ -214,6 +216,7 @@ class FakeBotAPI:
         self._chats: dict[int, dict[str, Any]] = {}
         # (chat id, message id) -> the bot's message as the chat shows it now
         self._shown: dict[tuple[int | str, int], dict[str, Any]] = {}
+        self._documents: list[dict[str, Any]] = []  # sendDocument uploads, in order
         self.edits: dict[tuple[int | str, int], int] = {}  # edits accepted, per message
         self._queries: set[str] = set()  # callback_query ids handed out by ``press``
         self._runner: web.AppRunner | None = None
@@ -555,7 +558,7 @@ class FakeBotAPI:
         self._loop = asyncio.get_running_loop()
         self._new_update = asyncio.Event()
         self._stopping = asyncio.Event()
-        app = web.Application()
+        app = web.Application(client_max_size=DOCUMENT_LIMIT + 1024 * 1024)
         app.router.add_route("*", "/bot{token}/{method}", self._handle_method)
         app.router.add_get("/file/bot{token}/{path:.+}", self._handle_file)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -778,6 +781,39 @@ class FakeBotAPI:
         if isinstance(params.get("reply_markup"), dict):
             msg["reply_markup"] = params["reply_markup"]
         return msg
+
+    async def _m_senddocument(self, request: web.Request, params: Params) -> web.Response:
+        """A multipart upload (PTB's InputFile); file_id/URL strings are not supported here."""
+        form = await request.post()  # aiohttp keeps the parsed form: read again, files too
+        document = form.get("document")
+        if not isinstance(document, web.FileField):
+            return self._answer(request, 400, "Bad Request: there is no document in the request")
+        data = document.file.read()
+        if len(data) > DOCUMENT_LIMIT:
+            return self._answer(request, 413, "Request Entity Too Large")
+        caption = str(params.get("caption") or "")
+        if utf16_len(caption) > CAPTION_LIMIT:
+            return self._answer(request, 400, "Bad Request: message caption is too long")
+        if _chat_id(params.get("chat_id")) not in self._chats:
+            return self._answer(request, 400, "Bad Request: chat not found")
+        said = self._bot_said(params, "")
+        del said["text"]
+        said["document"] = {
+            "file_id": f"doc-{said['message_id']}",
+            "file_unique_id": f"docu{said['message_id']}",
+            "file_name": document.filename,
+            "file_size": len(data),
+        }
+        with self._lock:
+            self._documents.append(
+                {"chat_id": params.get("chat_id"), "file_name": document.filename, "data": data}
+            )
+        return self._answer(request, 200, said)
+
+    def documents(self) -> list[dict[str, Any]]:
+        """Every document sent (chat_id, file_name, data), oldest first."""
+        with self._lock:
+            return list(self._documents)
 
     async def _m_editmessagetext(self, request: web.Request, params: Params) -> web.Response:
         text = str(params.get("text") or "")

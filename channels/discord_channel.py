@@ -21,9 +21,16 @@ import discord
 
 from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from bot.config import DiscordConfig
+from bot.gate.question import QuestionView, fit_question
 from bot.pairing import PairingStore
 from bot.proxy import http_proxy, socks_connector
-from channels.access import AccessPolicy, approval_buttons, parse_press, whoami_text
+from channels.access import (
+    AccessPolicy,
+    approval_buttons,
+    parse_press,
+    question_view,
+    whoami_text,
+)
 from channels.base import Channel, PreviewMode
 from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
 from channels.formatting import DISCORD_LIMIT, markdown_to_discord, render_chunks, strip_markdown
@@ -115,7 +122,8 @@ def approval_view(msg: OutboundMessage) -> discord.ui.View | None:
     """The buttons of an approval request as message components. The view is stopped before
     it is sent, so discord.py keeps no callbacks for it: every press, also one made on a
     message sent before a restart, arrives as an ``on_interaction`` event."""
-    buttons = approval_buttons(msg)
+    question = question_view(msg)
+    buttons = approval_buttons(msg, cut=question is not None and discord_question(question)[1])
     if not buttons:
         return None
     view = discord.ui.View(timeout=None)
@@ -125,6 +133,12 @@ def approval_view(msg: OutboundMessage) -> discord.ui.View | None:
         view.add_item(discord.ui.Button(label=label, custom_id=data, style=style))
     view.stop()
     return view
+
+
+@functools.lru_cache(maxsize=16)
+def discord_question(view: QuestionView) -> tuple[str, bool]:
+    """An approval question as one message's content, and whether its text was cut."""
+    return fit_question(view, markdown_to_discord, len, DISCORD_LIMIT)
 
 
 @functools.lru_cache(maxsize=64)
@@ -496,6 +510,9 @@ class DiscordChannel(Channel):
     def render(self, text: str) -> list[str]:
         return render_chunks(text, DISCORD_LIMIT, markdown_to_discord)
 
+    def render_question(self, view: QuestionView) -> tuple[str, bool]:
+        return discord_question(view)
+
     def plain(self, chunk: str) -> str:
         return strip_markdown(chunk)
 
@@ -504,7 +521,9 @@ class DiscordChannel(Channel):
         return [Limit.of(f"channel:{chat_id}", self.cfg.rate_limits.channel)]
 
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
-        await self._send(msg, chunk, first=chunk in _first_forms(msg.text))
+        # A question is one piece: it replies to the message that led to it.
+        first = question_view(msg) is not None or chunk in _first_forms(msg.text)
+        await self._send(msg, chunk, first=first)
 
     async def _send(self, msg: OutboundMessage, chunk: str, first: bool) -> discord.Message:
         channel = await self._messageable(msg.chat_id)

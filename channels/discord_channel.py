@@ -216,6 +216,7 @@ class DiscordChannel(Channel):
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._channels: dict[str, Any] = {}  # chat id -> discord.py messageable
+        self._admin_dms: dict[str, str] = {}  # admin's user id -> their DM channel's id
         self._intake_locks: dict[str, asyncio.Lock] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -610,6 +611,27 @@ class DiscordChannel(Channel):
             getattr(channel, "guild", None) is not None
             or getattr(channel, "guild_id", None) is not None
         )
+
+    async def admin_chats(self) -> list[str]:
+        """The admins' direct-message channels. Discord names a DM by a channel id of its
+        own, which only the API gives (Create DM, the same channel each time): opened once
+        per admin, then remembered."""
+        client = self.client
+        if client is None or not self._logged_in:
+            return []
+        chats = []
+        for admin in sorted(a for a in self.policy.admins if a.isdigit()):
+            chat = self._admin_dms.get(admin)
+            if chat is None:
+                try:
+                    dm = await client.create_dm(discord.Object(int(admin)))
+                except discord.HTTPException as exc:
+                    log.warning("discord: cannot open a DM with admin %s: %s", admin, exc)
+                    continue
+                chat = self._admin_dms[admin] = str(dm.id)
+                self._channels[chat] = dm
+            chats.append(chat)
+        return chats
 
     async def _messageable(self, chat_id: str) -> Any:
         """The discord.py channel for ``chat_id``: seen in intake, cached, or fetched once."""

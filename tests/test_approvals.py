@@ -680,6 +680,58 @@ async def test_a_scheduled_jobs_question_reaches_the_owner_and_her_press_runs_it
         assert not tg.tool_results()[-1].startswith("Error")
 
 
+async def test_on_discord_a_jobs_question_goes_to_the_admins_direct_messages(tmp_path, llm):
+    from bot.cron.schedule import Schedule
+    from bot.cron.scheduler import Scheduler
+    from bot.cron.store import JobStore, new_job
+    from tests.fakes.discord_api import TEXT_CHANNEL_ID, FakeDiscord
+    from tests.test_cron import T0, Clock
+    from tests.test_discord import ALICE as D_ALICE
+    from tests.test_discord import running as discord_running
+
+    async with FakeDiscord() as server:
+        with server.patch():
+            async with discord_running(tmp_path, llm, server) as bot:
+                cfg = bot.harness.cfg
+                cfg.tools.approval = "risky"
+                bot.harness.stack.loop.approvals.policy = policy_for(cfg)
+                store = JobStore(cfg.agent.state_path)
+                store.update(
+                    lambda jobs: new_job(
+                        jobs,
+                        session=f"discord:{TEXT_CHANNEL_ID}",
+                        message="run the thing",
+                        schedule=Schedule.make(every_seconds=3600, tz="UTC"),
+                        now=T0,
+                        by_admin=True,
+                    )
+                )
+                stack = bot.harness.stack
+                clock = Clock(T0)
+                sched = Scheduler(cfg, store, stack.bus, stack.store, {"discord"}, clock=clock)
+                llm.script(tool_step(call("exec", {"command": RISKY})), reply("job done"))
+                await sched.tick()
+                clock.now = T0 + timedelta(hours=1)
+                await sched.tick()
+                await server.wait_for(lambda: any(server.buttons(p) for p in server.posts()), WAIT)
+                post = next(p for p in server.posts() if server.buttons(p))
+                # Opened by the API (Create DM), not the job's channel.
+                dm = server.dm_channels[post.channel_id]
+                assert [r["id"] for r in dm["recipients"]] == [D_ALICE["id"]]
+                once = next(
+                    b["custom_id"] for b in server.buttons(post) if "once" in b["custom_id"]
+                )
+                await server.press(post, once, D_ALICE)
+                await server.wait_for(
+                    lambda: any(
+                        "job done" in (p.body.get("content") or "")
+                        for p in server.posts(TEXT_CHANNEL_ID)
+                    ),
+                    WAIT,
+                )
+                assert (tmp_path / "ws" / "ran.txt").read_text() == "ran\n"
+
+
 async def test_the_heartbeats_question_reaches_the_owner(tmp_path, llm, api):
     from bot.cron.scheduler import Scheduler
     from bot.cron.store import JobStore

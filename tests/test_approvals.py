@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from bot.app import AgentStack
-from bot.approvals import describe_open, policy_for
+from bot.approvals import EXPIRED, describe_open, policy_for
 from bot.gate.approval import (
     MAX_REVIEW_CHARS,
     ApprovalPolicy,
@@ -678,6 +678,81 @@ async def test_a_scheduled_jobs_question_reaches_the_owner_and_her_press_runs_it
         await tg.said("job done", job_chat)
         assert tg.ran == 1
         assert not tg.tool_results()[-1].startswith("Error")
+
+
+async def test_a_jobs_question_survives_a_restart_and_its_old_button_still_works(
+    tmp_path, llm, api
+):
+    from bot.cron.schedule import Schedule
+    from bot.cron.scheduler import Scheduler
+    from bot.cron.store import JobStore, new_job
+    from tests.test_cron import T0, Clock
+
+    async with running(tmp_path, llm, api, groupTools=["*"]) as tg:
+        for chat in (ALICE, GROUP):
+            await _known_chat(tg, chat)
+        cfg = tg.stack.loop.cfg
+        store = JobStore(cfg.agent.state_path)
+        schedule = Schedule.make(every_seconds=3600, tz="UTC")
+        store.update(
+            lambda jobs: new_job(
+                jobs, session=f"telegram:{GROUP}", message="run", schedule=schedule, now=T0
+            )
+        )
+        clock = Clock(T0)
+        sched = Scheduler(cfg, store, tg.stack.bus, tg.stack.store, {"telegram"}, clock=clock)
+        llm.script(tool_step(call("exec", {"command": RISKY})), reply("done after restart"))
+        await sched.tick()
+        clock.now = T0 + timedelta(hours=1)
+        await sched.tick()
+        request = await tg.request(ALICE)
+    # Stopped while the question waits: the pause stays in the group's checkpoint.
+    async with running(tmp_path, llm, api, groupTools=["*"]) as tg:
+        api.press(request, _data(request, "once"))  # Alice's old button, in her chat
+        await tg.said("done after restart", GROUP)
+        assert tg.ran == 1
+        assert sum(bool(api.markup(c)) for c in api.sent()) == 1  # not asked again
+
+
+async def test_an_admins_press_finds_a_jobs_question_on_disk_after_a_restart(tmp_path):
+    """Pressed in the admin's chat before the resumed turn waits again: the desk has not seen
+    the question in this process, and finds the session that waits for it on disk."""
+    from bot.approvals import ApprovalDesk
+    from bot.bus import InboundMessage, MessageBus
+    from bot.gate.approval import describe_call, new_record, open_record
+
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", tools={"approval": "risky"})
+    store = SessionStore(cfg.agent.state_path)
+    arguments = json.dumps({"command": RISKY})
+    question = describe_call("exec", arguments)
+    owners = [("telegram", str(ALICE))]
+    record = new_record("c1", "exec", question, "memobot-scheduler", True, 60, owner_chats=owners)
+    assistant = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "function": {"name": "exec", "arguments": arguments}}],
+    }
+    checkpoint = {"phase": "awaiting_approval", "messages": [assistant], "approval": record}
+    store.append(store.get(f"telegram:{GROUP}"), metadata={"runtime_checkpoint": checkpoint})
+    desk = ApprovalDesk(cfg, SessionStore(cfg.agent.state_path), MessageBus())  # a new process
+
+    def press(sender: int, choice: str, admin: bool) -> InboundMessage:
+        return InboundMessage(
+            "telegram",
+            str(ALICE),
+            str(sender),
+            "",
+            message_id=f"p-{sender}-{choice}",
+            metadata={"approval": {"id": record["id"], "choice": choice}, "is_admin": admin},
+        )
+
+    # Not an admin: the desk does not even look (an unknown id, as far as Bob can tell).
+    assert await desk.press(press(BOB, "once", False)) == EXPIRED
+    shown = await desk.press(press(ALICE, "show", True))
+    assert shown is not None and f"\n{RISKY}\n" in shown
+    assert await desk.press(press(ALICE, "once", True)) == "Allowed once."
+    meta = SessionStore(cfg.agent.state_path).get(f"telegram:{GROUP}").metadata
+    assert (open_record(meta) or {}).get("state") == "once"
 
 
 async def test_on_discord_a_jobs_question_goes_to_the_admins_direct_messages(tmp_path, llm):

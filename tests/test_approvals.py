@@ -567,7 +567,8 @@ def _mcp(tmp_path: Path) -> dict[str, Any]:
 async def test_a_long_argument_is_cut_visibly_and_shown_whole_on_request(tmp_path, llm, api):
     hidden = "./" * 2500 + "HIDDEN-END"  # 5,010 characters; what matters is at the end
     llm.script(tool_step(call("mcp_raw_read", {"path": hidden})), reply("read it"))
-    async with running(tmp_path, llm, api, tools=_mcp(tmp_path)) as tg:
+    fast = {"chat": {"messages": 20, "perSeconds": 1, "burst": 10}}  # the pieces, at once
+    async with running(tmp_path, llm, api, tools=_mcp(tmp_path), rateLimits=fast) as tg:
         tg.stack.mcp.start()
         await tg.stack.mcp.wait_ready(15)
         api.private_text("read it")

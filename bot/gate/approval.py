@@ -3,7 +3,9 @@
 Pure functions over plain data. ``tools.approval`` is "off" (nothing asks), "always" (every
 call asks) or "risky" (the default): ``exec`` of a command that no ``tools.exec.allow`` pattern
 matches, ``write_file``/``edit_file`` outside the workspace when the agent is not restricted to
-it, and every MCP tool not listed in ``tools.safeMcpTools``.
+it, and every MCP tool not listed in ``tools.safeMcpTools``. A question names the whole call
+(:class:`Question`; how it is shown: :mod:`bot.gate.question`), and "Always allow" remembers
+exactly that call, never a tool whatever its arguments.
 
 A pending approval is a record in the turn's checkpoint (phase ``awaiting_approval``); the
 helpers at the end change such records under the session's lock, so a button press, the

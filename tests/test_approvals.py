@@ -139,6 +139,9 @@ def test_always_remembers_the_exact_arguments_of_a_call(tmp_path: Path) -> None:
 def test_visible_shows_every_character_and_counts_padding() -> None:
     shown = visible("a\u202eb\u200bc\u00a0d\u27e8x\u27e9\x1b[31m\r").shown
     assert shown == "a⟨U+202E⟩b⟨U+200B⟩c⟨U+00A0⟩d⟨U+27E8⟩x⟨U+27E9⟩⟨U+001B⟩[31m⟨U+000D⟩"
+    assert visible("ệ" + "e\u0301\u0302\u0323" + "x" + "\u0301" * 5).shown == (
+        "ệe\u0301\u0302\u0323x" + "\u0301" * 3 + "⟨U+0301⟩⟨U+0301⟩"
+    )  # accents stay; a pile that would draw over other lines does not
     script = "if x:\n        y()\n\n\nz"  # indentation and two blank lines stay as they are
     assert visible(script).shown == script
     assert visible("a" + " \t" * 10 + "b").shown == "a⟨20 spaces and tabs⟩b"

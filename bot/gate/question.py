@@ -4,8 +4,9 @@ The model writes the command or the arguments, so it writes most of the question
 writes may read as memobot's own words, push what runs out of view, or hide behind a cut:
 
 * **Visible.** Characters that show as nothing or as something else (controls, zero-width and
-  bidi marks, odd spaces, lone surrogates, variation selectors) are shown by their code point,
-  ``⟨U+202E⟩``; a run of more than ``SPACE_RUN`` spaces or tabs is shown as its count
+  bidi marks, odd spaces, lone surrogates, variation selectors, a pile of more than
+  ``COMBINING_RUN`` combining marks that would draw over the lines around) are shown by their
+  code point, ``⟨U+202E⟩``; a run of more than ``SPACE_RUN`` spaces or tabs is shown as its count
   (``⟨5,000 spaces⟩``), and so is a run of more than ``BLANK_LINES`` blank lines. The marker
   brackets themselves are shown by code point when the text has them, so a marker is always
   memobot's.
@@ -26,11 +27,13 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
 SPACE_RUN = 16  # a longer run of spaces/tabs is shown as its count (indentation stays)
 BLANK_LINES = 2  # more blank lines in a row are shown as their count
+COMBINING_RUN = 3  # more combining marks on one character are shown by code point
 OPEN, CLOSE = "\u27e8", "\u27e9"  # ⟨ ⟩
 SHOW_ALL = "Show all"
 GUTTER = "  \u2502 "  # "  │ ": starts every line of the text in plain renderings
@@ -98,9 +101,11 @@ def visible(text: str) -> Visible:
         ends.append((size, text_end))
 
     def plain(start: int, stop: int) -> None:
+        marks = 0  # combining marks in a row: a pile of them draws over the lines around
         for i in range(start, stop):
             ch = text[i]
-            add(_code_point(ch) if _marked(ch) else ch, i + 1)
+            marks = marks + 1 if unicodedata.combining(ch) else 0
+            add(_code_point(ch) if marks > COMBINING_RUN or _marked(ch) else ch, i + 1)
 
     at = 0
     for m in _RUNS.finditer(text):

@@ -606,7 +606,8 @@ async def test_always_for_an_mcp_call_allows_those_arguments_only(tmp_path, llm,
     def questions() -> int:
         return sum(bool(api.markup(c)) for c in api.sent(ALICE))
 
-    async with running(tmp_path, llm, api, tools=_mcp(tmp_path)) as tg:
+    fast = {"chat": {"messages": 20, "perSeconds": 1, "burst": 10}}
+    async with running(tmp_path, llm, api, tools=_mcp(tmp_path), rateLimits=fast) as tg:
         tg.stack.mcp.start()
         await tg.stack.mcp.wait_ready(15)
         llm.script(tool_step(call("mcp_raw_read", {"path": first})), reply("one"))

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,25 +22,33 @@ from typing import Any
 from bot import failpoints
 from bot.bus import InboundMessage, MessageBus, OutboundMessage, typing_notice
 from bot.config import Config
-from bot.cron.scheduler import HEARTBEAT_KEY
+from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY
 from bot.gate.approval import (
     APPROVAL_ID,
-    CHOICE_LABELS,
     CHOICES,
     DM_DEFAULT_TOOLS,
+    MAX_REVIEW_CHARS,
+    SHOW,
     WAITING,
     ApprovalPolicy,
+    Question,
+    answer_hint,
+    asked_call,
     closed_state,
     decide_update,
     denied_result,
+    describe_call,
     group_tool_names,
+    legacy_keys,
     limited_tool_names,
     may_answer,
     new_record,
+    no_owner_result,
     open_record,
     question_for,
-    request_text,
+    too_long_result,
 )
+from bot.gate.question import QuestionView, full_text, one_line, question_markdown
 from bot.llm import ToolCall
 from bot.privacy import NARROWED_KEY, PrivacyScope, sender_is_admin
 from bot.runner import Approver
@@ -55,9 +64,10 @@ Checkpoint = Callable[[str, list[dict[str, Any]], dict[str, Any] | None], Awaita
 
 PRESS_REPLIES = {
     "once": "Allowed once.",
-    "always": "Allowed. This command will run without asking again in this chat.",
+    "always": "Allowed. This exact call will run without asking again in {where}.",
     "deny": "Denied.",
 }
+WHERE_KEPT = 256  # approval id -> session, for presses from another chat (unattended turns)
 EXPIRED = "This approval has expired; nothing was run."
 STOPPED = "This approval was cancelled (/stop); nothing was run."
 ANSWERED = "This approval was already answered."
@@ -105,6 +115,28 @@ def press_from_command(name: str, args: str) -> dict[str, str] | None:
     return {"id": approval_id, "choice": choice}
 
 
+def unattended(msg: InboundMessage) -> bool:
+    """A turn nobody is there to watch: a scheduled job's or the heartbeat's."""
+    return CRON_KEY in msg.metadata or HEARTBEAT_KEY in msg.metadata
+
+
+def owner_channel(msg: InboundMessage) -> tuple[str, str]:
+    """(channel, chat) an unattended turn belongs to: where its owner is looked for first."""
+    beat = msg.metadata.get(HEARTBEAT_KEY)
+    if isinstance(beat, dict):
+        channel, _, chat = str(beat.get("deliver_to") or "").partition(":")
+        return channel, chat
+    return msg.channel, msg.chat_id
+
+
+def question_view(
+    record: dict[str, Any], question: Question, timeout_minutes: float
+) -> QuestionView:
+    return QuestionView(
+        record["id"], question.intro, question.subject, answer_hint(record["id"], timeout_minutes)
+    )
+
+
 class ApprovalDesk:
     """Asks, waits for and records the answers of one agent loop's paused turns."""
 
@@ -114,6 +146,9 @@ class ApprovalDesk:
         self.store = store
         self.bus = bus
         self._waiting: dict[str, asyncio.Future[str]] = {}
+        # The session of each recent approval: an unattended turn's question is answered in
+        # an admin's private chat, not in the session that waits.
+        self._where: OrderedDict[str, str] = OrderedDict()
         # The loop's turn slots (agent.maxConcurrentTurns), set by the loop: a question may
         # wait for half an hour, and its slot is better used by other chats meanwhile.
         self.slots: asyncio.Semaphore | None = None
@@ -137,6 +172,24 @@ class ApprovalDesk:
                 question = question_for(self.policy, call.name, call.arguments, allowed_here)
                 if question is None:
                     return None
+                await self._forget_legacy(session, allowed_here)
+                if len(question.subject) > MAX_REVIEW_CHARS:
+                    log.warning(
+                        "approval refused session=%s tool=%s: %d characters, too long to review",
+                        msg.session_key,
+                        call.name,
+                        len(question.subject),
+                    )
+                    return too_long_result(len(question.subject))
+                owners = await self._owner_chats(msg) if unattended(msg) else None
+                if owners == []:
+                    log.warning(
+                        "approval refused session=%s tool=%s: an unattended turn, and no "
+                        "admin's private chat to ask in",
+                        msg.session_key,
+                        call.name,
+                    )
+                    return no_owner_result()
                 record = new_record(
                     call.id,
                     call.name,
@@ -144,22 +197,25 @@ class ApprovalDesk:
                     msg.sender_id,
                     bool(msg.metadata.get("is_group")),
                     self.policy.timeout_seconds,
+                    owner_chats=owners,
                 )
                 await checkpoint("awaiting_approval", turn, record)
                 log.info(
-                    "approval asked session=%s id=%s tool=%s",
+                    "approval asked session=%s id=%s tool=%s%s",
                     msg.session_key,
                     record["id"],
                     call.name,
+                    f" in {len(owners)} admin chat(s)" if owners else "",
                 )
                 ask = True
             else:
+                question = describe_call(call.name, call.arguments)
                 # A terminal's question dies with its process: ask again. Platforms keep
                 # the old buttons, which still work; asking there again would only repeat.
                 ask = msg.channel == TERMINAL
             await self._typing(msg, on=False)  # waiting for the person is not working
             if ask:
-                await self._ask(msg, record)
+                await self._ask(msg, record, question)
             outcome = await self._wait(session, msg, record)
             log.info("approval %s session=%s id=%s", outcome, msg.session_key, record["id"])
             if outcome != "stopped":  # the turn goes on (a stopped one is ending)
@@ -171,37 +227,87 @@ class ApprovalDesk:
 
         return approve
 
+    async def _forget_legacy(self, session: Session, allowed_here: list[str]) -> None:
+        """Drop "always" entries of an older memobot that allowed a tool whatever its
+        arguments (``tool:<name>``): they allow nothing now, and are removed once, logged."""
+        old = legacy_keys(allowed_here)
+        if not old:
+            return
+        log.warning(
+            "approvals: ignoring and removing %d old 'always allow' entr%s of session=%s that "
+            "allowed a whole tool whatever its arguments (%s); such calls are asked again",
+            len(old),
+            "y" if len(old) == 1 else "ies",
+            session.key,
+            ", ".join(k.removeprefix("tool:") for k in old),
+        )
+        await self.store.append_async(
+            session,
+            metadata=lambda meta: {
+                "approved_calls": [
+                    k for k in meta.get("approved_calls") or [] if not k.startswith("tool:")
+                ]
+            },
+        )
+
+    async def _owner_chats(self, msg: InboundMessage) -> list[tuple[str, str]]:
+        channel, chat = owner_channel(msg)
+        try:
+            return await self.bus.owner_chats(channel, chat)
+        except Exception:
+            log.exception("cannot find the admins' chats session=%s", msg.session_key)
+            return []
+
     async def _typing(self, msg: InboundMessage, on: bool) -> None:
         if HEARTBEAT_KEY not in msg.metadata:  # a heartbeat's turn never shows typing
             await self.bus.publish_outbound(
                 typing_notice(msg.channel, msg.chat_id, msg.message_id, on=on)
             )
 
-    async def _ask(self, msg: InboundMessage, record: dict[str, Any]) -> None:
-        """The question, shown once: an ephemeral message with the buttons' choices."""
-        text = request_text(record, self.timeout_minutes)
-        text += (
-            f"\n(or reply /allow {record['id']}, /always {record['id']} or /deny {record['id']})"
-        )
-        await self.bus.publish_outbound(
-            OutboundMessage(
-                msg.channel,
-                msg.chat_id,
-                text,
-                reply_to=msg.message_id,
-                metadata={
-                    APPROVAL_KEY: {
-                        "id": record["id"],
-                        "choices": {c: CHOICE_LABELS[c] for c in CHOICES},
-                    }
-                },
+    def _chats(
+        self, msg: InboundMessage, record: dict[str, Any]
+    ) -> list[tuple[str, str, str | None]]:
+        """Where the question is shown: (channel, chat, the message it replies to)."""
+        if not record.get("owner"):
+            return [(msg.channel, msg.chat_id, msg.message_id)]
+        chats = []
+        for channel, chat_id in record.get("asked_in") or []:
+            here = (channel, chat_id) == (msg.channel, msg.chat_id)
+            chats.append((str(channel), str(chat_id), msg.message_id if here else None))
+        return chats
+
+    async def _ask(self, msg: InboundMessage, record: dict[str, Any], question: Question) -> None:
+        """The question, shown once: an ephemeral message with the buttons' choices. The
+        text is the whole question in Markdown; a channel with a length limit fits it into
+        one message from ``APPROVAL_KEY`` (``bot.gate.question.fit_question``)."""
+        view = question_view(record, question, self.timeout_minutes)
+        text, _ = question_markdown(view)
+        request = {
+            "id": record["id"],
+            "choices": {"once": "Allow once", "always": question.always_label, "deny": "Deny"},
+            "intro": view.intro,
+            "subject": view.subject,
+            "outro": view.outro,
+        }
+        for channel, chat_id, reply_to in self._chats(msg, record):
+            await self.bus.publish_outbound(
+                OutboundMessage(
+                    channel, chat_id, text, reply_to=reply_to, metadata={APPROVAL_KEY: request}
+                )
             )
-        )
+
+    def _remember(self, approval_id: str, key: str) -> None:
+        self._where[approval_id] = key
+        self._where.move_to_end(approval_id)
+        while len(self._where) > WHERE_KEPT:
+            self._where.popitem(last=False)
 
     async def _wait(self, session: Session, msg: InboundMessage, record: dict[str, Any]) -> str:
         approval_id = record["id"]
         answered: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiting[approval_id] = answered
+        if record.get("owner"):  # answered in an admin's chat, not in this session
+            self._remember(approval_id, session.key)
         try:
             # Registered first, read second: a press recorded before this wait (after a
             # restart, before the resumed turn got here) is seen here, a later one resolves
@@ -223,14 +329,15 @@ class ApprovalDesk:
             if not timed_out:  # a press won the race
                 current = open_record(session.metadata) or {}
                 return str(current.get("state", "stopped"))
-            await self.bus.publish_outbound(
-                OutboundMessage(
-                    msg.channel,
-                    msg.chat_id,
-                    f"No answer within {self.timeout_minutes:g} min: not run.",
-                    reply_to=msg.message_id,
+            for channel, chat_id, reply_to in self._chats(msg, record):
+                await self.bus.publish_outbound(
+                    OutboundMessage(
+                        channel,
+                        chat_id,
+                        f"No answer within {self.timeout_minutes:g} min: not run.",
+                        reply_to=reply_to,
+                    )
                 )
-            )
             return "timeout"
         finally:
             self._waiting.pop(approval_id, None)
@@ -251,15 +358,36 @@ class ApprovalDesk:
         finally:
             await asyncio.shield(slots.acquire())
 
+    async def _locate(self, approval_id: str, msg: InboundMessage) -> Session:
+        """The session whose approval ``approval_id`` is: the press's own chat, or (for an
+        unattended turn's question, answered by an admin elsewhere) the one the desk saw it
+        wait in; after a restart, before the turn waits again, found on disk."""
+        key = self._where.get(approval_id)
+        if key is not None:
+            return self.store.get(key)
+        own = self.store.get(msg.session_key)
+        record = open_record(own.metadata)
+        if (record is not None and record.get("id") == approval_id) or not msg.metadata.get(
+            "is_admin"
+        ):
+            return own
+        for key, record in await asyncio.to_thread(open_approvals, self.store):
+            if record.get("id") == approval_id and record.get("owner"):
+                return self.store.get(key)
+        return own
+
     async def press(self, msg: InboundMessage) -> str | None:
         """Record one press (a button or a typed answer); the reply for the chat, None when
-        it is a redelivery of a press already recorded."""
+        it is a redelivery of a press already recorded. "show" asks for the whole text of
+        the question: the reply is that text."""
         info = msg.metadata.get(APPROVAL_KEY) or {}
         approval_id, choice = str(info.get("id", "")), str(info.get("choice", ""))
-        if choice not in CHOICES:
+        if choice not in CHOICES and choice != SHOW:
             return "That is not an answer to an approval."
-        session = self.store.get(msg.session_key)
+        session = await self._locate(approval_id, msg)
         record = open_record(session.metadata)
+        if record is not None and session.key != msg.session_key and not record.get("owner"):
+            record = None  # a person's question is answered in its own chat
         if record is None or record.get("id") != approval_id or record["state"] != WAITING:
             return self._late(session.metadata, approval_id, msg.message_id, record)
         if not may_answer(record, msg.sender_id, sender_is_admin(msg)):
@@ -269,8 +397,12 @@ class ApprovalDesk:
                 approval_id,
                 msg.sender_id,
             )
+            if record.get("owner"):
+                return "Only an admin of this bot may answer this approval."
             who = "the person who asked" + (", or an admin," if record.get("is_group") else "")
             return f"Only {who} may answer this approval."
+        if choice == SHOW:
+            return self._whole_text(session, record)
         if time.time() >= float(record["deadline"]):
             outcome = "timeout"
         else:
@@ -286,7 +418,19 @@ class ApprovalDesk:
         waiter = self._waiting.get(approval_id)
         if waiter is not None and not waiter.done():
             waiter.set_result(outcome)
-        return EXPIRED if outcome == "timeout" else PRESS_REPLIES[outcome]
+        if outcome == "timeout":
+            return EXPIRED
+        where = "this chat" if session.key == msg.session_key else f"{session.key}'s turns"
+        return PRESS_REPLIES[outcome].format(where=where)
+
+    def _whole_text(self, session: Session, record: dict[str, Any]) -> str:
+        """The "Show all" answer, rebuilt from the call in the checkpoint (the record keeps
+        no copy of what may be 100,000 characters)."""
+        found = asked_call(session.metadata, record)
+        if found is None:
+            return "I cannot find the text of this approval any more."
+        log.info("approval whole text shown session=%s id=%s", session.key, record["id"])
+        return full_text(record["id"], describe_call(*found).subject)
 
     def _late(
         self,
@@ -332,5 +476,6 @@ def describe_open(state_dir: Path) -> list[str]:
     for key, record in open_approvals(SessionStore(state_dir)):
         left = float(record.get("deadline", now)) - now
         when = f"{left / 60:.0f} min left" if left > 0 else "expired, not yet closed"
-        lines.append(f"{key} {record['id']}: {record.get('summary', '')[:80]} ({when})")
+        summary = one_line(str(record.get("summary", "")), 80)
+        lines.append(f"{key} {record['id']}: {summary} ({when})")
     return lines

@@ -12,6 +12,8 @@ from typing import Any, Literal
 Intake = Literal["accepted", "duplicate", "refused"]
 IntakeHook = Callable[["InboundMessage"], Awaitable[Intake]]
 StreamListener = Callable[["StreamEvent"], None]
+# (channel, chat) preferred -> the owner's private chats as (channel, chat id) pairs.
+OwnerChats = Callable[[str, str], Awaitable[list[tuple[str, str]]]]
 
 
 def session_key(channel: str, chat_id: str) -> str:
@@ -113,6 +115,7 @@ class MessageBus:
         self.outbound: asyncio.Queue[OutboundMessage] = asyncio.Queue()
         self._intake: IntakeHook | None = None
         self._stream: StreamListener | None = None
+        self._owner_chats: OwnerChats | None = None
         # Channels (by name) that show answers as they are written: their turns stream.
         self.streaming: set[str] = set()
         self.accepting = True
@@ -142,6 +145,19 @@ class MessageBus:
     def on_stream(self, listener: StreamListener | None) -> None:
         """Who receives stream events (the channel manager); without one they are dropped."""
         self._stream = listener
+
+    def on_owner_chats(self, finder: OwnerChats | None) -> None:
+        """Who knows where the owner can be asked (the channel manager: the channels know
+        their admins' private chats; the core does not)."""
+        self._owner_chats = finder
+
+    async def owner_chats(self, channel: str, chat_id: str) -> list[tuple[str, str]]:
+        """The admins' private chats to ask an unattended turn's question in, preferring
+        ``channel`` (and the chat ``chat_id`` itself when it is one of them); [] when there
+        is none, or nobody to ask (no channels)."""
+        if self._owner_chats is None:
+            return []
+        return await self._owner_chats(channel, chat_id)
 
     def publish_stream(self, event: StreamEvent) -> None:
         """Hand a stream event over at once, never waiting: no queue, so a slow platform can

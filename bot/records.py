@@ -83,6 +83,8 @@ class ApprovalRecord(_Strict):
     key: str
     asked_by: str
     is_group: bool = False
+    owner: bool = False  # an unattended turn's question: an admin answers it
+    asked_in: list[list[str]] | None = None  # owner: the admins' chats it was asked in
     asked_at: float | int
     deadline: float | int
     state: Literal["waiting", "once", "always", "deny", "timeout", "stopped"]

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterable
 
 from bot.bus import OutboundMessage
+from bot.gate.question import SHOW_ALL, QuestionView
 from bot.pairing import PairingStore, code_text
 
 log = logging.getLogger(__name__)
@@ -98,15 +99,30 @@ class AccessPolicy:
 PRESS_PREFIX = "ap"
 
 
-def approval_buttons(msg: OutboundMessage) -> list[tuple[str, str]]:
+def approval_buttons(msg: OutboundMessage, cut: bool = False) -> list[tuple[str, str]]:
     """``(data, label)`` of each button an approval request carries (empty for any other
-    message). ``ap:<id>:<choice>`` fits Telegram's 64-byte callback data and Discord's and
-    Slack's limits."""
+    message); ``cut``: its text was cut to fit, so "Show all" comes first.
+    ``ap:<id>:<choice>`` fits Telegram's 64-byte callback data and Discord's and Slack's
+    limits."""
     request = msg.metadata.get("approval")
     if not isinstance(request, dict):
         return []
-    choices: dict[str, str] = request.get("choices") or {}
+    choices: dict[str, str] = {**({"show": SHOW_ALL} if cut else {}), **request.get("choices", {})}
     return [(f"{PRESS_PREFIX}:{request['id']}:{c}", label) for c, label in choices.items()]
+
+
+def question_view(msg: OutboundMessage) -> QuestionView | None:
+    """The parts of an approval question (``bot.approvals``), None for any other message or
+    one without them (a question asked by an older memobot: its text is shown as it is)."""
+    request = msg.metadata.get("approval")
+    if not isinstance(request, dict) or not isinstance(request.get("subject"), str):
+        return None
+    return QuestionView(
+        str(request.get("id", "")),
+        str(request.get("intro", "")),
+        request["subject"],
+        str(request.get("outro", "")),
+    )
 
 
 def parse_press(data: str) -> dict[str, str] | None:

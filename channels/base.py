@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from bot.bus import MessageBus, OutboundMessage, StreamEvent
+from bot.gate.question import QuestionView, question_markdown
+from channels.access import question_view
 from channels.errors import FatalChannelError
 from channels.pacing import Limit
 
@@ -83,6 +85,21 @@ class Channel(ABC):
     def render(self, text: str) -> list[str]:
         """Split and format an answer into the pieces ``send_chunk`` takes (default: as is)."""
         return [text]
+
+    def render_message(self, msg: OutboundMessage) -> list[str]:
+        """The pieces of ``msg``: ``render(msg.text)``, but an approval question is always
+        one piece, the one that carries its buttons (``render_question``)."""
+        view = question_view(msg)
+        if view is None:
+            return self.render(msg.text)
+        return [self.render_question(view)[0]]
+
+    def render_question(self, view: QuestionView) -> tuple[str, bool]:
+        """An approval question as one message, and whether its text had to be cut to fit
+        (the message then carries a "Show all" button). Default, for a channel without a
+        length limit: the whole question, rendered."""
+        text, _ = question_markdown(view)
+        return "\n".join(self.render(text)), False
 
     def plain(self, chunk: str) -> str:
         """The chunk without markup, for the retry after the platform rejected the markup."""

@@ -22,10 +22,17 @@ import discord
 from bot import workspace_files
 from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from bot.config import DiscordConfig
+from bot.gate.question import QuestionView, fit_question
 from bot.pairing import PairingStore
 from bot.proxy import http_proxy, socks_connector
 from bot.workspace import chat_media_dir
-from channels.access import AccessPolicy, approval_buttons, parse_press, whoami_text
+from channels.access import (
+    AccessPolicy,
+    approval_buttons,
+    parse_press,
+    question_view,
+    whoami_text,
+)
 from channels.base import Channel, PreviewMode
 from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
 from channels.formatting import DISCORD_LIMIT, markdown_to_discord, render_chunks, strip_markdown
@@ -117,7 +124,8 @@ def approval_view(msg: OutboundMessage) -> discord.ui.View | None:
     """The buttons of an approval request as message components. The view is stopped before
     it is sent, so discord.py keeps no callbacks for it: every press, also one made on a
     message sent before a restart, arrives as an ``on_interaction`` event."""
-    buttons = approval_buttons(msg)
+    question = question_view(msg)
+    buttons = approval_buttons(msg, cut=question is not None and discord_question(question)[1])
     if not buttons:
         return None
     view = discord.ui.View(timeout=None)
@@ -127,6 +135,12 @@ def approval_view(msg: OutboundMessage) -> discord.ui.View | None:
         view.add_item(discord.ui.Button(label=label, custom_id=data, style=style))
     view.stop()
     return view
+
+
+@functools.lru_cache(maxsize=16)
+def discord_question(view: QuestionView) -> tuple[str, bool]:
+    """An approval question as one message's content, and whether its text was cut."""
+    return fit_question(view, markdown_to_discord, len, DISCORD_LIMIT)
 
 
 @functools.lru_cache(maxsize=64)
@@ -204,6 +218,7 @@ class DiscordChannel(Channel):
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._channels: dict[str, Any] = {}  # chat id -> discord.py messageable
+        self._admin_dms: dict[str, str] = {}  # admin's user id -> their DM channel's id
         self._intake_locks: dict[str, asyncio.Lock] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -499,6 +514,9 @@ class DiscordChannel(Channel):
     def render(self, text: str) -> list[str]:
         return render_chunks(text, DISCORD_LIMIT, markdown_to_discord)
 
+    def render_question(self, view: QuestionView) -> tuple[str, bool]:
+        return discord_question(view)
+
     def plain(self, chunk: str) -> str:
         return strip_markdown(chunk)
 
@@ -507,7 +525,9 @@ class DiscordChannel(Channel):
         return [Limit.of(f"channel:{chat_id}", self.cfg.rate_limits.channel)]
 
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
-        await self._send(msg, chunk, first=chunk in _first_forms(msg.text))
+        # A question is one piece: it replies to the message that led to it.
+        first = question_view(msg) is not None or chunk in _first_forms(msg.text)
+        await self._send(msg, chunk, first=first)
 
     async def _send(self, msg: OutboundMessage, chunk: str, first: bool) -> discord.Message:
         channel = await self._messageable(msg.chat_id)
@@ -594,6 +614,27 @@ class DiscordChannel(Channel):
             getattr(channel, "guild", None) is not None
             or getattr(channel, "guild_id", None) is not None
         )
+
+    async def admin_chats(self) -> list[str]:
+        """The admins' direct-message channels. Discord names a DM by a channel id of its
+        own, which only the API gives (Create DM, the same channel each time): opened once
+        per admin, then remembered."""
+        client = self.client
+        if client is None or not self._logged_in:
+            return []
+        chats = []
+        for admin in sorted(a for a in self.policy.admins if a.isdigit()):
+            chat = self._admin_dms.get(admin)
+            if chat is None:
+                try:
+                    dm = await client.create_dm(discord.Object(int(admin)))
+                except discord.HTTPException as exc:
+                    log.warning("discord: cannot open a DM with admin %s: %s", admin, exc)
+                    continue
+                chat = self._admin_dms[admin] = str(dm.id)
+                self._channels[chat] = dm
+            chats.append(chat)
+        return chats
 
     async def _messageable(self, chat_id: str) -> Any:
         """The discord.py channel for ``chat_id``: seen in intake, cached, or fetched once."""

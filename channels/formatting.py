@@ -31,11 +31,13 @@ TELEGRAM_LIMIT = 4096  # sendMessage and editMessageText text
 TELEGRAM_CAPTION_LIMIT = 1024  # captions of photos, documents, audio, video, voice, animations
 DISCORD_LIMIT = 2000  # message content
 SLACK_LIMIT = 3900  # Slack advises at most 4000 characters of message text; keep a margin
+SLACK_SECTION_LIMIT = 3000  # the text of one Block Kit section block
 
 __all__ = [
     "DISCORD_LIMIT",
     "SGR_RESET",
     "SLACK_LIMIT",
+    "SLACK_SECTION_LIMIT",
     "TELEGRAM_CAPTION_LIMIT",
     "TELEGRAM_LIMIT",
     "AnsiMarkdown",
@@ -947,6 +949,18 @@ def split_telegram_html(html_text: str, limit: int) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # Slack mrkdwn
 
+_BACKTICK_RUN_RE = re.compile(r"`{3,}")
+
+
+def unclosable(code: str) -> str:
+    """``code`` with a zero-width space between the backticks of every run of three or more.
+    Slack's and Discord's code blocks end at the first three backticks, whatever opened
+    them; the space keeps the text as it reads while no run can end the block (an approval
+    question shows a zero-width space of its own text as ``⟨U+200B⟩``, so the two never look
+    alike)."""
+    return _BACKTICK_RUN_RE.sub(lambda m: "\u200b".join(m.group()), code)
+
+
 _SLACK_MARKS = {"b": "*", "i": "_", "s": "~"}
 _SLACK_SCHEMES = ("http://", "https://", "mailto:")
 
@@ -1002,7 +1016,7 @@ def markdown_to_slack_mrkdwn(md: str) -> str:
     out: list[str] = []
     for block in _blocks(md):
         if isinstance(block, _Fenced):
-            out.append("```\n" + _esc("\n".join(block.lines)) + "\n```")
+            out.append("```\n" + unclosable(_esc("\n".join(block.lines))) + "\n```")
         elif isinstance(block, _Table):
             out.append("```\n" + _esc(_aligned_table(block)) + "\n```")
         else:
@@ -1016,6 +1030,19 @@ def markdown_to_slack_mrkdwn(md: str) -> str:
 _MASS_MENTION_RE = re.compile(r"@(everyone|here)")
 
 
+def _discord_fenced(block: _Fenced) -> list[str]:
+    """A fenced block as Discord reads it. Discord knows only three-backtick fences, and its
+    blocks end at the first three backticks, whatever opened them: a block holding such a
+    run, or opened by a longer fence (CommonMark lets a fence outgrow its content's runs), is
+    written again with three and its runs made ``unclosable``; any other stays as written."""
+    opened = _fence_open(block.raw[0])
+    inner = "\n".join(block.lines)
+    longer = opened is not None and opened.fence[0] == "`" and opened.fence != "```"
+    if longer or "```" in inner:
+        return [f"```{block.lang}", unclosable(inner), "```"]
+    return list(block.raw)
+
+
 def markdown_to_discord(md: str) -> str:
     """Markdown for Discord, which renders most of it itself.
 
@@ -1026,7 +1053,7 @@ def markdown_to_discord(md: str) -> str:
     out: list[str] = []
     for block in _blocks(md):
         if isinstance(block, _Fenced):
-            out.extend(block.raw)
+            out.extend(_discord_fenced(block))
         elif isinstance(block, _Table):
             out.append("```\n" + _aligned_table(block) + "\n```")
         elif (m := _HEADING_RE.match(block.line)) is not None and len(m[1]) > 3:

@@ -166,6 +166,7 @@ class ChannelManager:
             if channel.streaming:
                 bus.streaming.add(channel.name)
         bus.on_stream(self._on_stream)
+        bus.on_owner_chats(self.owner_chats)
         self._background: set[asyncio.Task[None]] = set()
 
     @property
@@ -452,6 +453,28 @@ class ChannelManager:
                     replace(notice, channel=channel.name, chat_id=chat_id, metadata={})
                 )
 
+    async def owner_chats(self, channel_name: str, chat_id: str) -> list[tuple[str, str]]:
+        """Where an unattended turn's approval question goes: the chat ``chat_id`` itself
+        when it is an admin's private chat on ``channel_name``; else every admin's private
+        chat on that channel; else on the first running channel that has any. [] when no
+        running channel knows an admin's chat."""
+        preferred = self.channels.get(channel_name)
+        order = [preferred] if preferred is not None else []
+        order += [c for c in self.channels.values() if c is not preferred]
+        for channel in order:
+            if channel.fatal is not None:
+                continue
+            try:
+                chats = await channel.admin_chats()
+            except Exception as exc:
+                log.warning("cannot find the admins' chats channel=%s: %s", channel.name, exc)
+                continue
+            if channel is preferred and chat_id in chats:
+                return [(channel.name, chat_id)]
+            if chats:
+                return [(channel.name, chat) for chat in chats]
+        return []
+
     def _start_typing(self, msg: OutboundMessage) -> None:
         channel = self.channels.get(msg.channel)
         if channel is None:
@@ -508,7 +531,7 @@ class ChannelManager:
         unused: list[str] = []  # previews that could not be edited
         try:
             if pieces is None:
-                pieces = channel.render(msg.text)
+                pieces = channel.render_message(msg)
             while index < len(pieces):
                 if index:
                     failpoints.hit("between_pieces")

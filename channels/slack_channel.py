@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
@@ -50,6 +51,7 @@ from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import COMMANDS
 from bot.config import SlackConfig
+from bot.gate.question import QuestionView, fit_question
 from bot.pairing import PairingStore
 from bot.proxy import http_proxy, socks_connector
 from bot.workspace import chat_media_dir
@@ -58,6 +60,7 @@ from channels.access import (
     AccessPolicy,
     approval_buttons,
     parse_press,
+    question_view,
     whoami_text,
 )
 from channels.base import Channel, PreviewMode
@@ -71,6 +74,7 @@ from channels.errors import (
 )
 from channels.formatting import (
     SLACK_LIMIT,
+    SLACK_SECTION_LIMIT,
     markdown_to_slack_mrkdwn,
     render_chunks,
     split_markdown,
@@ -324,10 +328,19 @@ def is_whoami(text: str) -> bool:
     return bool(head) and head[0].split("@", 1)[0].lower() == "/whoami"
 
 
+@functools.lru_cache(maxsize=16)
+def slack_question(view: QuestionView) -> tuple[str, bool]:
+    """An approval question as the mrkdwn of one section block, and whether its text was
+    cut (a section holds at most 3,000 characters)."""
+    return fit_question(view, markdown_to_slack_mrkdwn, len, SLACK_SECTION_LIMIT)
+
+
 def approval_blocks(msg: OutboundMessage, chunk: str, plain: bool) -> dict[str, Any]:
-    """``blocks`` for an approval request: its text, then a row of buttons (Block Kit);
-    {} for any other message. ``text`` stays as the notification fallback."""
-    buttons = approval_buttons(msg)
+    """``blocks`` for an approval request: its text (``slack_question``, fitted to one
+    section), then a row of buttons (Block Kit); {} for any other message. ``text`` stays as
+    the notification fallback."""
+    view = question_view(msg)
+    buttons = approval_buttons(msg, cut=view is not None and slack_question(view)[1])
     if not buttons:
         return {}
     elements = [
@@ -345,7 +358,7 @@ def approval_blocks(msg: OutboundMessage, chunk: str, plain: bool) -> dict[str, 
         "blocks": [
             {
                 "type": "section",
-                "text": {"type": "plain_text" if plain else "mrkdwn", "text": chunk[:3000]},
+                "text": {"type": "plain_text" if plain else "mrkdwn", "text": chunk},
             },
             {"type": "actions", "block_id": "approval", "elements": elements},
         ]
@@ -1181,6 +1194,9 @@ class SlackChannel(Channel):
 
     def render(self, text: str) -> list[str]:
         return render_chunks(text, SLACK_LIMIT, markdown_to_slack_mrkdwn)
+
+    def render_question(self, view: QuestionView) -> tuple[str, bool]:
+        return slack_question(view)
 
     def plain(self, chunk: str) -> str:
         return strip_markdown(chunk)

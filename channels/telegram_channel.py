@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import re
 import stat
@@ -73,10 +74,17 @@ from telegram.warnings import PTBDeprecationWarning
 from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.config import TelegramConfig
+from bot.gate.question import QuestionView, fit_question
 from bot.pairing import PairingStore
 from bot.proxy import http_proxy, socks_connector
 from bot.workspace import chat_media_dir
-from channels.access import AccessPolicy, approval_buttons, parse_press, whoami_text
+from channels.access import (
+    AccessPolicy,
+    approval_buttons,
+    parse_press,
+    question_view,
+    whoami_text,
+)
 from channels.base import Channel, PreviewMode, State
 from channels.errors import (
     FatalChannelError,
@@ -814,6 +822,9 @@ class TelegramChannel(Channel):
             text, TELEGRAM_LIMIT, markdown_to_telegram_html, measure=telegram_length
         )
 
+    def render_question(self, view: QuestionView) -> tuple[str, bool]:
+        return telegram_question(view)
+
     def plain(self, chunk: str) -> str:
         return strip_telegram_html(chunk)
 
@@ -836,6 +847,11 @@ class TelegramChannel(Channel):
             raise TransientError("the Telegram client is not running")
         chat, thread = split_chat_key(msg.chat_id)
         reply = self._reply_parameters(msg, chat)
+        cut = False
+        if (view := question_view(msg)) is not None:
+            fitted, cut = telegram_question(view, plain)
+            if plain:  # without markup too, the model's text stays apart (a gutter)
+                chunk = fitted
         try:
             await self.bot.send_message(
                 chat,
@@ -843,7 +859,7 @@ class TelegramChannel(Channel):
                 parse_mode=None if plain else ParseMode.HTML,
                 message_thread_id=thread,
                 reply_parameters=reply,
-                reply_markup=approval_keyboard(msg),
+                reply_markup=approval_keyboard(msg, cut),
             )
         except TelegramError as exc:
             raise self._send_failed(exc, chat) from exc
@@ -1012,9 +1028,20 @@ def _as_is(text: str) -> str:
     return text
 
 
-def approval_keyboard(msg: OutboundMessage) -> InlineKeyboardMarkup | None:
-    """The buttons of an approval request: one row per choice."""
-    buttons = approval_buttons(msg)
+@functools.lru_cache(maxsize=16)
+def telegram_question(view: QuestionView, plain: bool = False) -> tuple[str, bool]:
+    """An approval question as one message's HTML (the text Telegram counts within its
+    limit; the keyboard does not count), or its plain form for the retry without markup
+    (the text behind a gutter), and whether its text was cut."""
+    if plain:
+        return fit_question(view, None, utf16_len, TELEGRAM_LIMIT)
+    return fit_question(view, markdown_to_telegram_html, telegram_length, TELEGRAM_LIMIT)
+
+
+def approval_keyboard(msg: OutboundMessage, cut: bool = False) -> InlineKeyboardMarkup | None:
+    """The buttons of an approval request: one row per choice ("Show all" first when its
+    text was cut to fit)."""
+    buttons = approval_buttons(msg, cut)
     if not buttons:
         return None
     return InlineKeyboardMarkup(

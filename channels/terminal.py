@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TextIO
 
 from bot.bus import InboundMessage, MessageBus, OutboundMessage, StreamEvent
+from bot.gate.question import QuestionView, question_plain
 from channels.base import Channel, PreviewMode
 from channels.errors import PermanentError
 from channels.formatting import markdown_to_ansi, strip_controls
@@ -224,6 +225,10 @@ class TerminalChannel(Channel):
             stream.write(text.rstrip("\n") + "\n")
         self._mid_line = False
         stream.flush()
+
+    def render_question(self, view: QuestionView) -> tuple[str, bool]:
+        # No length limit here: the whole text, every line of it behind the gutter.
+        return question_plain(view)
 
     async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
         if msg.chat_id != self.chat_id:

@@ -5,7 +5,9 @@ callback queries), the real agent loop and the fake LLM, and a SIGKILLed gateway
 from __future__ import annotations
 
 import asyncio
+import html
 import json
+import logging
 import os
 import re
 import signal
@@ -15,25 +17,38 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bot.app import AgentStack
-from bot.approvals import describe_open, policy_for
+from bot.approvals import EXPIRED, describe_open, policy_for
 from bot.gate import launcher
 from bot.gate.approval import (
     DM_DEFAULT_TOOLS,
+    MAX_REVIEW_CHARS,
     ApprovalPolicy,
     allow_pattern_problem,
     command_allowed,
     group_tool_names,
+    legacy_keys,
     limited_tool_names,
     question_for,
 )
+from bot.gate.question import QuestionView, fit_question, visible
 from bot.runner import INTERRUPTED_TOOL_RESULT
 from bot.session import SessionStore
+from channels.formatting import (
+    DISCORD_LIMIT,
+    SLACK_SECTION_LIMIT,
+    TELEGRAM_LIMIT,
+    markdown_to_discord,
+    markdown_to_slack_mrkdwn,
+    markdown_to_telegram_html,
+    telegram_length,
+)
 from tests.fakes.llm_server import FakeLLM, call, reply, tool_step
 from tests.fakes.telegram_api import BOT_USERNAME, Call, FakeBotAPI, strip_html
 from tests.helpers import REPO, config_dict, make_config, run_memobot, telegram_in_process
@@ -45,6 +60,7 @@ MALLORY = 4004  # not allowed
 GROUP = -1001234
 RISKY = "echo ran >> ran.txt"  # a redirection: never matched by the allow list
 WAIT = 30.0  # seconds; generous: the machine running the suite may be busy
+RAW_MCP_SERVER = REPO / "tests" / "fakes" / "mcp_raw_server.py"
 
 # -- the decision (pure) -------------------------------------------------------------------
 
@@ -90,6 +106,7 @@ def test_which_calls_need_approval(tmp_path: Path) -> None:
     assert ask(p, "exec", json.dumps({"command": "ls -l"}), []) is None
     q = ask(p, "exec", json.dumps({"command": "rm -rf x"}), [])
     assert q is not None and q.summary == "exec: rm -rf x" and q.key == "exec:rm -rf x"
+    assert q.subject == "rm -rf x"
     assert ask(p, "exec", json.dumps({"command": "rm -rf x"}), ["exec:rm -rf x"]) is None
     assert ask(p, "exec", json.dumps({"command": "rm -rf y"}), ["exec:rm -rf x"]) is not None
     assert ask(p, "mcp_shell_run", "{}", []) is not None
@@ -103,6 +120,59 @@ def test_which_calls_need_approval(tmp_path: Path) -> None:
     assert ask(loose, "edit_file", json.dumps({"path": "../b"}), []) is not None
     assert ask(_policy(tmp_path, "always"), "read_file", "{}", []) is not None
     assert ask(_policy(tmp_path, "off"), "exec", json.dumps({"command": "rm x"}), []) is None
+
+
+def test_always_remembers_the_exact_arguments_of_a_call(tmp_path: Path) -> None:
+    p = _policy(tmp_path)
+    a = question_for(p, "mcp_fs_write", json.dumps({"path": "a", "text": "x"}), [])
+    assert a is not None and a.key == 'call:mcp_fs_write:{"path":"a","text":"x"}'
+    assert a.subject == 'mcp_fs_write\n{\n  "path": "a",\n  "text": "x"\n}'  # all of it
+    same = json.dumps({"text": "x", "path": "a"})  # the same arguments, spelt otherwise
+    assert question_for(p, "mcp_fs_write", same, [a.key]) is None
+    other = json.dumps({"path": "a", "text": "x", "mode": "append"})
+    assert question_for(p, "mcp_fs_write", other, [a.key]) is not None
+    # An older memobot's entry for the bare tool allows nothing any more.
+    assert question_for(p, "mcp_fs_write", same, ["tool:mcp_fs_write"]) is not None
+    assert legacy_keys(["tool:mcp_fs_write", a.key, "exec:ls -x"]) == ["tool:mcp_fs_write"]
+    # Arguments the tool will refuse are still asked about, shown as sent.
+    broken = question_for(p, "mcp_fs_write", '{"path": "a"', [])
+    assert broken is not None and broken.subject == 'mcp_fs_write\n{"path": "a"'
+
+
+def test_visible_shows_every_character_and_counts_padding() -> None:
+    shown = visible("a\u202eb\u200bc\u00a0d\u27e8x\u27e9\x1b[31m\r").shown
+    assert shown == "a⟨U+202E⟩b⟨U+200B⟩c⟨U+00A0⟩d⟨U+27E8⟩x⟨U+27E9⟩⟨U+001B⟩[31m⟨U+000D⟩"
+    assert visible("ệ" + "e\u0301\u0302\u0323" + "x" + "\u0301" * 5).shown == (
+        "ệe\u0301\u0302\u0323x" + "\u0301" * 3 + "⟨U+0301⟩⟨U+0301⟩"
+    )  # accents stay; a pile that would draw over other lines does not
+    script = "if x:\n        y()\n\n\nz"  # indentation and two blank lines stay as they are
+    assert visible(script).shown == script
+    assert visible("a" + " \t" * 10 + "b").shown == "a⟨20 spaces and tabs⟩b"
+    assert visible("a\n \n\n\n\nb").shown == "a\n⟨4 blank lines⟩\nb"
+    head, hidden = visible("ab⟨c").head(3)  # a cut never falls inside a marker
+    assert (head, hidden) == ("ab⟨U+27E8⟩", 1)
+
+
+@pytest.mark.parametrize(
+    ("render", "measure", "limit"),
+    [
+        (markdown_to_telegram_html, telegram_length, TELEGRAM_LIMIT),
+        (markdown_to_discord, len, DISCORD_LIMIT),
+        (markdown_to_slack_mrkdwn, len, SLACK_SECTION_LIMIT),
+        (None, len, 1000),
+    ],
+    ids=["telegram", "discord", "slack", "plain"],
+)
+def test_a_question_fits_one_message_and_says_what_it_leaves_out(render, measure, limit) -> None:
+    subject = "<&`" * 3000 + "END"  # grows when escaped
+    view = QuestionView("ap-1", "Approval needed:", subject, "Allow it?")
+    text, cut = fit_question(view, render, measure, limit)
+    assert cut and measure(text) <= limit and "END" not in text
+    hidden = int(re.search(r"… ([\d,]+) more characters", text)[1].replace(",", ""))  # type: ignore[index]
+    assert 0 < hidden < len(subject) and text.rstrip().endswith("Allow it?")
+    short = QuestionView("ap-1", "Approval needed:", "ls -la", "Allow it?")
+    text, cut = fit_question(short, render, measure, limit)
+    assert not cut and "ls -la" in text
 
 
 def test_group_tool_set() -> None:
@@ -221,7 +291,7 @@ async def test_allowed_once_runs_the_command_and_the_model_gets_its_output(tmp_p
     async with running(tmp_path, llm, api) as tg:
         api.private_text("please run it")
         request = await tg.request()
-        assert f"\nexec: {RISKY}\n" in strip_html(request.params["text"])
+        assert f"<pre>{html.escape(RISKY)}</pre>" in request.params["text"]
         labels = [b["text"] for row in api.markup(request) for b in row]
         assert labels == ["Allow once", "Always allow this command", "Deny"]
         assert tg.ran == 0  # nothing runs before the answer
@@ -397,6 +467,431 @@ async def test_typed_answer_works_where_there_are_no_buttons(tmp_path, llm, api)
         assert tg.ran == 1
 
 
+# -- questions the model cannot forge --------------------------------------------------------
+
+# A command that closes a plain ``` block and goes on in memobot's own words.
+MIMIC = (
+    "echo ok\n```\nAllow it? (no answer within 30 min means no)\n\n"
+    "Approval needed: the assistant wants to run this command:\n```\nls"
+)
+INTRO = "Approval needed: the assistant wants to run this command:"
+
+
+def _one_pre(html_text: str) -> tuple[str, str, str]:
+    """(before, inside, after) the one <pre> block of a Telegram message."""
+    assert html_text.count("<pre>") == 1 and html_text.count("</pre>") == 1, html_text
+    before, rest = html_text.split("<pre>")
+    inside, after = rest.split("</pre>")
+    return before, html.unescape(inside), after
+
+
+def _one_code_block(text: str) -> tuple[str, str, str]:
+    """(before, inside, after) the one ``` block of a Discord or Slack message, read as those
+    platforms read it: a block ends at the next three backticks, whatever opened it."""
+    parts = text.split("```")
+    assert len(parts) == 3, text
+    return parts[0], parts[1].replace("\u200b", ""), parts[2]
+
+
+async def test_a_command_cannot_close_its_quoting_on_telegram(tmp_path, llm, api):
+    llm.script(tool_step(call("exec", {"command": MIMIC})), reply("not run"))
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("run it")
+        request = await tg.request()
+        before, inside, after = _one_pre(request.params["text"])
+        assert before == f"{INTRO}\n"
+        assert inside == MIMIC  # the whole command, in the block, as it will run
+        assert after.startswith("\nAllow it?") and "Approval needed" not in after
+        api.press(request, _data(request, "deny"))
+        await tg.said("not run")
+
+
+async def test_a_command_cannot_close_its_quoting_on_discord(tmp_path, llm):
+    from tests.fakes.discord_api import FakeDiscord
+    from tests.test_discord import ALICE as D_ALICE
+    from tests.test_discord import ALICE_DM as D_ALICE_DM
+    from tests.test_discord import running as discord_running
+
+    llm.script(tool_step(call("exec", {"command": MIMIC})))
+    async with FakeDiscord() as server:
+        with server.patch():
+            async with discord_running(tmp_path, llm, server) as bot:
+                bot.harness.cfg.tools.approval = "risky"
+                bot.harness.stack.loop.approvals.policy = policy_for(bot.harness.cfg)
+                await server.send_message(D_ALICE_DM, D_ALICE, "run it", guild_id=None)
+                await server.wait_for(lambda: any(server.buttons(p) for p in server.posts()), WAIT)
+                post = next(p for p in server.posts() if server.buttons(p))
+                before, inside, after = _one_code_block(post.body["content"])
+                assert before == f"{INTRO}\n"
+                assert inside == f"\n{MIMIC}\n"
+                assert after.startswith("\nAllow it?") and "Approval needed" not in after
+
+
+async def test_a_command_cannot_close_its_quoting_on_slack(tmp_path, llm):
+    from tests.fakes.slack_api import FakeSlack
+    from tests.test_slack import ALICE as S_ALICE
+    from tests.test_slack import Rig, mention
+
+    llm.script(tool_step(call("exec", {"command": MIMIC})))
+    users = {S_ALICE: {"id": S_ALICE, "profile": {"display_name": "alice"}}}
+    async with FakeSlack(users=users, post_interval=0.05) as slack:
+        async with Rig(tmp_path, llm, slack, groupTools=["*"]) as rig:
+            rig.cfg.tools.approval = "risky"
+            rig.stack.loop.approvals.policy = policy_for(rig.cfg)
+            await slack.push_event(mention("run it", "1700000002.000100"), event_id="Ev1")
+            await slack._wait(lambda: any(slack.buttons(p) for p in slack.posts), WAIT)
+            post = next(p for p in slack.posts if slack.buttons(p))
+            blocks = post.body["blocks"]
+            blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
+            section = blocks[0]["text"]
+            assert section["type"] == "mrkdwn"
+            before, inside, after = _one_code_block(section["text"])
+            assert before == f"{INTRO}\n"
+            assert inside == f"\n{MIMIC}\n"
+            assert after.startswith("\nAllow it?") and "Approval needed" not in after
+
+
+@pytest.mark.parametrize(
+    ("padding", "shown"),
+    [(" " * 5000, "ls⟨5,000 spaces⟩echo"), ("\n" * 3000, "ls\n⟨2,999 blank lines⟩\necho")],
+    ids=["spaces", "newlines"],
+)
+async def test_padding_cannot_push_the_command_out_of_its_question(
+    tmp_path, llm, api, padding, shown
+):
+    command = f"ls{padding}echo ran >> ran.txt"
+    llm.script(tool_step(call("exec", {"command": command})), reply("denied it"))
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("run it")
+        request = await tg.request()
+        _, inside, _ = _one_pre(request.params["text"])
+        assert inside == f"{shown} ran >> ran.txt"  # whole, in the message with the buttons
+        api.press(request, _data(request, "deny"))
+        await tg.said("denied it")
+        # Nothing else was sent for the question: no second piece without the command.
+        texts = [strip_html(c.params["text"]) for c in api.sent(ALICE)]
+        assert len(texts) == 3 and texts[1:] == ["Denied.", "denied it"], texts
+
+
+async def test_a_call_too_long_to_review_is_refused_unasked(tmp_path, llm, api):
+    command = "echo " + "x" * MAX_REVIEW_CHARS + " >> ran.txt"
+    llm.script(tool_step(call("exec", {"command": command})), reply("too long"))
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("run it")
+        await tg.said("too long")
+        assert "more than a person can review" in tg.tool_results()[-1]
+        assert tg.ran == 0 and not any(api.markup(c) for c in api.sent())
+
+
+def _mcp(tmp_path: Path) -> dict[str, Any]:
+    """A stdio MCP server (standard library only, one tool: ``read``), unconfined so that it
+    may run from the repository."""
+    server = {"command": sys.executable, "args": ["-I", str(RAW_MCP_SERVER)]}
+    return {"exec": {"timeoutSeconds": 20, "sandbox": "off"}, "mcpServers": {"raw": server}}
+
+
+async def test_a_long_argument_is_cut_visibly_and_shown_whole_on_request(tmp_path, llm, api):
+    hidden = "./" * 2500 + "HIDDEN-END"  # 5,010 characters; what matters is at the end
+    llm.script(tool_step(call("mcp_raw_read", {"path": hidden})), reply("read it"))
+    fast = {"chat": {"messages": 20, "perSeconds": 1, "burst": 10}}  # the pieces, at once
+    async with running(tmp_path, llm, api, tools=_mcp(tmp_path), rateLimits=fast) as tg:
+        tg.stack.mcp.start()
+        await tg.stack.mcp.wait_ready(15)
+        api.private_text("read it")
+        request = await tg.request()
+        text = strip_html(request.params["text"])
+        assert "HIDDEN-END" not in text
+        cut = re.search(r"… ([\d,]+) more characters not shown", text)
+        assert cut is not None and int(cut[1].replace(",", "")) > 1000
+        labels = [b["text"] for row in api.markup(request) for b in row]
+        assert labels == ["Show all", "Allow once", "Always allow this exact call", "Deny"]
+        api.press(request, _data(request, "show"))
+        await api.wait_for_async(
+            lambda: any("HIDDEN-END" in c.params["text"] for c in api.sent(ALICE)), WAIT
+        )
+        pieces = api.sent(ALICE)[1:]
+        assert pieces[0].params["text"].startswith("The whole text of approval ap-")
+        # Every piece is quoted; together they hold the whole argument, end included.
+        whole = "".join(_one_pre(p.params["text"])[1] for p in pieces)
+        assert f'"path": "{hidden}"' in whole
+        api.press(request, _data(request, "once"))
+        await tg.said("read it")
+        assert tg.tool_results()[-1].startswith("cannot read")  # it ran, with all of it
+
+
+async def test_always_for_an_mcp_call_allows_those_arguments_only(tmp_path, llm, api, caplog):
+    state = tmp_path / "state"
+    store = SessionStore(state)
+    # Written by an older memobot: "always" for the whole tool, whatever its arguments.
+    store.append(store.get(f"telegram:{ALICE}"), metadata={"approved_calls": ["tool:mcp_raw_read"]})
+    first, second = str(tmp_path / "a.txt"), str(tmp_path / "b.txt")
+
+    def questions() -> int:
+        return sum(bool(api.markup(c)) for c in api.sent(ALICE))
+
+    fast = {"chat": {"messages": 20, "perSeconds": 1, "burst": 10}}
+    async with running(tmp_path, llm, api, tools=_mcp(tmp_path), rateLimits=fast) as tg:
+        tg.stack.mcp.start()
+        await tg.stack.mcp.wait_ready(15)
+        llm.script(tool_step(call("mcp_raw_read", {"path": first})), reply("one"))
+        with caplog.at_level(logging.WARNING, logger="bot.approvals"):
+            api.private_text("read a")
+            request = await tg.request()  # the old entry no longer allows it
+        assert "old 'always allow' entry" in caplog.text and "mcp_raw_read" in caplog.text
+        api.press(request, _data(request, "always"))
+        await tg.said("one")
+        llm.script(tool_step(call("mcp_raw_read", {"path": first})), reply("two"))
+        api.private_text("read a again")
+        await tg.said("two")
+        assert questions() == 1  # the same arguments: not asked again
+        llm.script(tool_step(call("mcp_raw_read", {"path": second})), reply("three"))
+        api.private_text("read b")
+        await api.wait_for_async(lambda: questions() == 2, WAIT)  # other arguments: asked
+        api.press(await tg.request(), _data(await tg.request(), "deny"))
+        await tg.said("three")
+    meta = SessionStore(state).get(f"telegram:{ALICE}").metadata
+    assert meta["approved_calls"] == [f'call:mcp_raw_read:{{"path":{json.dumps(first)}}}']
+
+
+# -- unattended turns: the owner is asked ------------------------------------------------------
+
+
+async def _known_chat(tg: Running, chat: int) -> None:
+    """Telegram lets a bot write only where it was written to: someone says hello there."""
+    if chat > 0:
+        tg.api.private_text("hello", user_id=chat)
+    else:
+        tg.api.group_text(f"@{BOT_USERNAME} hello", user_id=ALICE)
+    await tg.said("hello", chat)
+
+
+@pytest.mark.parametrize("job_chat", [ALICE, GROUP], ids=["her-chat", "a-group"])
+async def test_a_scheduled_jobs_question_reaches_the_owner_and_her_press_runs_it(
+    tmp_path, llm, api, job_chat
+):
+    from bot.cron.schedule import Schedule
+    from bot.cron.scheduler import Scheduler
+    from bot.cron.store import JobStore, new_job
+    from tests.test_cron import T0, Clock
+
+    async with running(tmp_path, llm, api, groupTools=["*"]) as tg:
+        for chat in {ALICE, job_chat}:
+            await _known_chat(tg, chat)
+        cfg = tg.stack.loop.cfg
+        store = JobStore(cfg.agent.state_path)
+        schedule = Schedule.make(every_seconds=3600, tz="UTC")
+        store.update(
+            lambda jobs: new_job(
+                jobs,
+                session=f"telegram:{job_chat}",
+                message="run the thing",
+                schedule=schedule,
+                now=T0,
+                by_admin=True,
+                is_group=job_chat < 0,
+            )
+        )
+        clock = Clock(T0)
+        sched = Scheduler(cfg, store, tg.stack.bus, tg.stack.store, {"telegram"}, clock=clock)
+        llm.script(tool_step(call("exec", {"command": RISKY})), reply("job done"))
+        await sched.tick()
+        clock.now = T0 + timedelta(hours=1)
+        await sched.tick()
+        request = await tg.request(ALICE)  # in her private chat, wherever the job is
+        assert not any(api.markup(c) for c in api.sent(GROUP))
+        api.press(request, _data(request, "once"), user_id=BOB, username="bob")
+        await tg.said("Only an admin of this bot may answer", ALICE)
+        assert tg.ran == 0
+        api.press(request, _data(request, "once"))
+        await tg.said("job done", job_chat)
+        assert tg.ran == 1
+        assert not tg.tool_results()[-1].startswith("Error")
+
+
+async def test_a_jobs_question_survives_a_restart_and_its_old_button_still_works(
+    tmp_path, llm, api
+):
+    from bot.cron.schedule import Schedule
+    from bot.cron.scheduler import Scheduler
+    from bot.cron.store import JobStore, new_job
+    from tests.test_cron import T0, Clock
+
+    async with running(tmp_path, llm, api, groupTools=["*"]) as tg:
+        for chat in (ALICE, GROUP):
+            await _known_chat(tg, chat)
+        cfg = tg.stack.loop.cfg
+        store = JobStore(cfg.agent.state_path)
+        schedule = Schedule.make(every_seconds=3600, tz="UTC")
+        store.update(
+            lambda jobs: new_job(
+                jobs,
+                session=f"telegram:{GROUP}",
+                message="run",
+                schedule=schedule,
+                now=T0,
+                by_admin=True,  # a job a non-admin made could not run exec at all
+            )
+        )
+        clock = Clock(T0)
+        sched = Scheduler(cfg, store, tg.stack.bus, tg.stack.store, {"telegram"}, clock=clock)
+        llm.script(tool_step(call("exec", {"command": RISKY})), reply("done after restart"))
+        await sched.tick()
+        clock.now = T0 + timedelta(hours=1)
+        await sched.tick()
+        request = await tg.request(ALICE)
+    # Stopped while the question waits: the pause stays in the group's checkpoint.
+    async with running(tmp_path, llm, api, groupTools=["*"]) as tg:
+        api.press(request, _data(request, "once"))  # Alice's old button, in her chat
+        await tg.said("done after restart", GROUP)
+        assert tg.ran == 1
+        assert sum(bool(api.markup(c)) for c in api.sent()) == 1  # not asked again
+
+
+async def test_an_admins_press_finds_a_jobs_question_on_disk_after_a_restart(tmp_path):
+    """Pressed in the admin's chat before the resumed turn waits again: the desk has not seen
+    the question in this process, and finds the session that waits for it on disk."""
+    from bot.approvals import ApprovalDesk
+    from bot.bus import InboundMessage, MessageBus
+    from bot.gate.approval import describe_call, new_record, open_record
+
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", tools={"approval": "risky"})
+    store = SessionStore(cfg.agent.state_path)
+    arguments = json.dumps({"command": RISKY})
+    question = describe_call("exec", arguments)
+    owners = [("telegram", str(ALICE))]
+    record = new_record("c1", "exec", question, "memobot-scheduler", True, 60, owner_chats=owners)
+    assistant = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "function": {"name": "exec", "arguments": arguments}}],
+    }
+    checkpoint = {"phase": "awaiting_approval", "messages": [assistant], "approval": record}
+    store.append(store.get(f"telegram:{GROUP}"), metadata={"runtime_checkpoint": checkpoint})
+    desk = ApprovalDesk(cfg, SessionStore(cfg.agent.state_path), MessageBus())  # a new process
+
+    def press(sender: int, choice: str, admin: bool) -> InboundMessage:
+        return InboundMessage(
+            "telegram",
+            str(ALICE),
+            str(sender),
+            "",
+            message_id=f"p-{sender}-{choice}",
+            metadata={"approval": {"id": record["id"], "choice": choice}, "is_admin": admin},
+        )
+
+    # Not an admin: the desk does not even look (an unknown id, as far as Bob can tell).
+    assert await desk.press(press(BOB, "once", False)) == EXPIRED
+    shown = await desk.press(press(ALICE, "show", True))
+    assert shown is not None and f"\n{RISKY}\n" in shown
+    assert await desk.press(press(ALICE, "once", True)) == "Allowed once."
+    meta = SessionStore(cfg.agent.state_path).get(f"telegram:{GROUP}").metadata
+    assert (open_record(meta) or {}).get("state") == "once"
+
+
+async def test_on_discord_a_jobs_question_goes_to_the_admins_direct_messages(tmp_path, llm):
+    from bot.cron.schedule import Schedule
+    from bot.cron.scheduler import Scheduler
+    from bot.cron.store import JobStore, new_job
+    from tests.fakes.discord_api import TEXT_CHANNEL_ID, FakeDiscord
+    from tests.test_cron import T0, Clock
+    from tests.test_discord import ALICE as D_ALICE
+    from tests.test_discord import running as discord_running
+
+    async with FakeDiscord() as server:
+        with server.patch():
+            async with discord_running(tmp_path, llm, server) as bot:
+                cfg = bot.harness.cfg
+                cfg.tools.approval = "risky"
+                cfg.channels.discord.group_tools = ["*"]  # exec in the guild's jobs too
+                bot.harness.stack.loop.approvals.policy = policy_for(cfg)
+                store = JobStore(cfg.agent.state_path)
+                store.update(
+                    lambda jobs: new_job(
+                        jobs,
+                        session=f"discord:{TEXT_CHANNEL_ID}",
+                        message="run the thing",
+                        schedule=Schedule.make(every_seconds=3600, tz="UTC"),
+                        now=T0,
+                        by_admin=True,
+                    )
+                )
+                stack = bot.harness.stack
+                clock = Clock(T0)
+                sched = Scheduler(cfg, store, stack.bus, stack.store, {"discord"}, clock=clock)
+                llm.script(tool_step(call("exec", {"command": RISKY})), reply("job done"))
+                await sched.tick()
+                clock.now = T0 + timedelta(hours=1)
+                await sched.tick()
+                await server.wait_for(lambda: any(server.buttons(p) for p in server.posts()), WAIT)
+                post = next(p for p in server.posts() if server.buttons(p))
+                # Opened by the API (Create DM), not the job's channel.
+                dm = server.dm_channels[post.channel_id]
+                assert [r["id"] for r in dm["recipients"]] == [D_ALICE["id"]]
+                once = next(
+                    b["custom_id"] for b in server.buttons(post) if "once" in b["custom_id"]
+                )
+                await server.press(post, once, D_ALICE)
+                await server.wait_for(
+                    lambda: any(
+                        "job done" in (p.body.get("content") or "")
+                        for p in server.posts(TEXT_CHANNEL_ID)
+                    ),
+                    WAIT,
+                )
+                assert (tmp_path / "ws" / "ran.txt").read_text() == "ran\n"
+
+
+async def test_the_heartbeats_question_reaches_the_owner(tmp_path, llm, api):
+    from bot.cron.scheduler import Scheduler
+    from bot.cron.store import JobStore
+    from tests.test_cron import T0, Clock
+
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    (tmp_path / "ws" / "HEARTBEAT.md").write_text("- [ ] record that it ran\n")
+    async with running(tmp_path, llm, api) as tg:
+        await _known_chat(tg, ALICE)
+        cfg = tg.stack.loop.cfg
+        cfg.heartbeat.interval_minutes = 30
+        clock = Clock(T0)
+        sched = Scheduler(
+            cfg, JobStore(cfg.agent.state_path), tg.stack.bus, tg.stack.store, set(), clock=clock
+        )
+        llm.script(tool_step(call("exec", {"command": RISKY})), reply("the check ran"))
+        await sched.tick()
+        clock.now = T0 + timedelta(minutes=30)
+        await sched.tick()
+        request = await tg.request(ALICE)
+        api.press(request, _data(request, "once"))
+        await tg.said("the check ran", ALICE)
+        assert tg.ran == 1
+
+
+async def test_a_heartbeat_with_nobody_to_ask_is_refused_at_once(tmp_path, llm, api):
+    from bot.cron.scheduler import Scheduler
+    from bot.cron.store import JobStore
+    from tests.test_cron import T0, Clock
+
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    (tmp_path / "ws" / "HEARTBEAT.md").write_text("- [ ] record that it ran\n")
+    # No admin anywhere: nobody may answer its question. The timeout (30 min) never comes.
+    async with running(tmp_path, llm, api, admins=[]) as tg:
+        await _known_chat(tg, ALICE)
+        cfg = tg.stack.loop.cfg
+        cfg.heartbeat.interval_minutes = 30
+        cfg.heartbeat.deliver_to = f"telegram:{ALICE}"
+        clock = Clock(T0)
+        sched = Scheduler(
+            cfg, JobStore(cfg.agent.state_path), tg.stack.bus, tg.stack.store, set(), clock=clock
+        )
+        llm.script(tool_step(call("exec", {"command": RISKY})), reply("could not run it"))
+        await sched.tick()
+        clock.now = T0 + timedelta(minutes=30)
+        await sched.tick()
+        await tg.said("could not run it", ALICE)
+        assert "no admin's private chat is reachable" in tg.tool_results()[-1]
+        assert tg.ran == 0 and not any(api.markup(c) for c in api.sent())
+
+
 # -- a SIGKILL while waiting ---------------------------------------------------------------
 
 
@@ -512,7 +1007,7 @@ def test_terminal_asks_on_stderr_and_takes_the_next_line_as_the_answer(tmp_path,
         config.write_text(json.dumps(data))
         result = run_memobot("agent", config=config, stdin=f"run it\n{answer}\n")
     assert result.returncode == 0, result.stderr
-    assert f"exec: {RISKY}" in result.stderr and "allow? [y]es once" in result.stderr
+    assert f"\n  │ {RISKY}\n" in result.stderr and "allow? [y]es once" in result.stderr
     assert "finished" in result.stdout
     ran = tmp_path / "ws" / "ran.txt"
     assert (len(ran.read_text().splitlines()) if ran.exists() else 0) == runs
@@ -546,7 +1041,7 @@ def test_git_status_asks_first_and_runs_no_program_the_repository_names(tmp_path
         answer = "y\n" if allow is None else ""
         result = run_memobot("agent", config=config, stdin=f"run it\n{answer}")
     assert result.returncode == 0, result.stderr
-    asked = "exec: git status" in result.stderr and "allow? [y]es once" in result.stderr
+    asked = "\n  │ git status\n" in result.stderr and "allow? [y]es once" in result.stderr
     assert asked is (allow is None)
     results = [m for m in llm.requests[-1]["body"]["messages"] if m.get("role") == "tool"]
     assert "No commits yet" in results[-1]["content"]  # it ran

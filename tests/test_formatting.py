@@ -561,6 +561,19 @@ def test_discord_keeps_markdown_but_fixes_deep_headings_and_tables():
     assert out == "```\na | b\n--+---\n1 | 22\n```"
 
 
+@pytest.mark.parametrize("render", [markdown_to_discord, markdown_to_slack_mrkdwn])
+def test_backticks_inside_a_code_block_cannot_end_it_on_discord_or_slack(render):
+    # CommonMark lets a longer fence hold ``` lines; Discord and Slack end a block at the
+    # first three backticks whatever opened it, so those runs get a zero-width space.
+    inner = "a ``` b\n```\nnot code?\n```x"
+    out = render(f"before\n````\n{inner}\n````\nafter")
+    before, code, after = out.split("```")
+    assert (before, after) == ("before\n", "\nafter")
+    assert code.replace("\u200b", "") == f"\n{inner}\n"
+    # A plain block without such runs is left as written.
+    assert render("```py\nx = 1\n```").endswith("x = 1\n```")
+
+
 def test_other_dialects_on_random_input():
     rnd = random.Random(11)
     tokens = ["*", "**", "_", "~~", "`", "```\n", "[a](http://b?c=1&d=2)", "<", "&", "@", "here"]

@@ -3,7 +3,9 @@
 Pure functions over plain data. ``tools.approval`` is "off" (nothing asks), "always" (every
 call asks) or "risky" (the default): ``exec`` of a command that no ``tools.exec.allow`` pattern
 matches, ``write_file``/``edit_file`` outside the workspace when the agent is not restricted to
-it, and every MCP tool not listed in ``tools.safeMcpTools``.
+it, and every MCP tool not listed in ``tools.safeMcpTools``. A question names the whole call
+(:class:`Question`; how it is shown: :mod:`bot.gate.question`), and "Always allow" remembers
+exactly that call, never a tool whatever its arguments.
 
 A pending approval is a record in the turn's checkpoint (phase ``awaiting_approval``); the
 helpers at the end change such records under the session's lock, so a button press, the
@@ -18,21 +20,18 @@ import re
 import secrets
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
+from bot.gate.question import one_line
 from bot.safejson import BadArguments, parse_arguments
 
 Mode = Literal["off", "risky", "always"]
 Choice = Literal["once", "always", "deny"]
 CHOICES: tuple[Choice, ...] = ("once", "always", "deny")
-CHOICE_LABELS: dict[Choice, str] = {
-    "once": "Allow once",
-    "always": "Always allow this command",
-    "deny": "Deny",
-}
+SHOW = "show"  # a press that asks for the whole text of a question, not an answer
 # Safe to run unasked: they read, and the path policy still decides what they may read.
 # None of them runs anything a file names, whatever options follow (a pattern covers every
 # later word, and a glob may expand to a file called "--something"): GNU ls, cat, head,
@@ -59,6 +58,9 @@ _SHELL_SYNTAX = re.compile(r"[;&|`$<>\n\r()\\{}]")
 APPROVAL_ID = re.compile(r"^ap-[0-9a-f]{12}$")
 CLOSED_KEPT = 64  # decided approvals remembered per session (a late press is told why)
 WAITING = "waiting"
+# A call longer than this is not asked about but refused: nobody reviews 100,000 characters,
+# and the whole text must reach the person ("Show all") in a bearable number of messages.
+MAX_REVIEW_CHARS = 100_000
 
 Outcome = Literal["waiting", "once", "always", "deny", "timeout", "stopped"]
 
@@ -122,17 +124,46 @@ class ApprovalPolicy:
 
 @dataclass(frozen=True, slots=True)
 class Question:
-    """What a person is asked about one call."""
+    """What a person is asked about one call.
 
-    summary: str  # what would run, shown in the chat
-    key: str  # what "always allow" remembers for this chat: "exec:<command>" or "tool:<name>"
+    ``subject`` is the whole of what would run, exactly: the command, or the tool's name and
+    its arguments (all of them, as JSON). ``key`` is what "Always allow" remembers for the
+    chat: ``exec:<command>`` or ``call:<tool>:<canonical JSON of the arguments>``, so an
+    allowed call never allows the same tool with other arguments.
+    """
+
+    tool: str
+    subject: str
+    key: str
+    outside: bool = False  # a file write outside the workspace
+
+    @property
+    def summary(self) -> str:
+        """One short visible line, for ``memobot status`` and the logs."""
+        head = f"exec: {self.subject}" if self.tool == "exec" else self.subject
+        return one_line(head)
+
+    @property
+    def intro(self) -> str:
+        if self.tool == "exec":
+            return "Approval needed: the assistant wants to run this command:"
+        if self.outside:
+            return "Approval needed: the assistant wants to write outside the workspace:"
+        return "Approval needed: the assistant wants to call this tool with these arguments:"
+
+    @property
+    def always_label(self) -> str:
+        if self.tool == "exec":
+            return "Always allow this command"
+        return "Always allow this exact call"
 
 
-def _args(raw: str) -> dict[str, Any]:
+def _args(raw: str) -> dict[str, Any] | None:
+    """The arguments object, or None when ``raw`` is not one (the tool will refuse it)."""
     try:
         return parse_arguments(raw)
     except BadArguments:
-        return {}  # the call fails with that error before anything asks about it
+        return None  # the call fails with that error before anything asks about it
 
 
 def _outside_workspace(raw: Any, workspace: Path) -> bool:
@@ -145,6 +176,33 @@ def _outside_workspace(raw: Any, workspace: Path) -> bool:
     return not (real == home or real.is_relative_to(home))
 
 
+def canonical(args: dict[str, Any]) -> str:
+    """One spelling per arguments object: sorted keys, no spaces, ASCII (stored as is)."""
+    return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def describe_call(name: str, raw_arguments: str) -> Question:
+    """The question about one call, whatever the policy says about asking it."""
+    args = _args(raw_arguments)
+    if args is None:  # shown as sent; the tool refuses it anyway
+        return Question(name, f"{name}\n{raw_arguments}", f"call:{name}:raw:{raw_arguments}")
+    if name == "exec":
+        command = str(args.get("command", "")).strip()
+        return Question(name, command, f"exec:{command}")
+    try:
+        shown = json.dumps(args, ensure_ascii=False, indent=2)
+        key = f"call:{name}:{canonical(args)}"
+    except (RecursionError, ValueError):
+        return Question(name, f"{name}\n{raw_arguments}", f"call:{name}:raw:{raw_arguments}")
+    return Question(name, f"{name}\n{shown}", key)
+
+
+def legacy_keys(allowed_here: list[str]) -> list[str]:
+    """Entries of ``approved_calls`` written before "always" remembered the arguments:
+    ``tool:<name>`` allowed every later call of that tool. They allow nothing any more."""
+    return [k for k in allowed_here if k.startswith("tool:")]
+
+
 def question_for(
     policy: ApprovalPolicy, name: str, raw_arguments: str, allowed_here: list[str]
 ) -> Question | None:
@@ -154,28 +212,22 @@ def question_for(
     """
     if policy.mode == "off":
         return None
-    args = _args(raw_arguments)
+    question = describe_call(name, raw_arguments)
+    if question.key in allowed_here:
+        return None
     if name == "exec":
-        command = str(args.get("command", "")).strip()
-        key = f"exec:{command}"
-        question = Question(f"exec: {command}", key)
-        if key in allowed_here:
-            return None
+        command = question.subject
         if policy.mode == "always" or not command_allowed(command, policy.exec_allow):
             return question
         return None
-    key = f"tool:{name}"
-    if key in allowed_here:
-        return None
-    shown = json.dumps(args, ensure_ascii=False)
-    question = Question(f"{name} {shown[:600]}", key)
     if policy.mode == "always":
         return question
     if name in FILE_WRITERS:
+        args = _args(raw_arguments) or {}
         if not policy.restrict_to_workspace and _outside_workspace(
             args.get("path"), policy.workspace
         ):
-            return Question(f"{name} outside the workspace: {args.get('path')}", key)
+            return replace(question, outside=True)
         return None
     if name.startswith(MCP_PREFIX) and not matches_any(name, policy.safe_mcp):
         return question
@@ -217,9 +269,13 @@ def new_record(
     is_group: bool,
     timeout_seconds: float,
     now: float | None = None,
+    owner_chats: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
+    """The approval record kept in the checkpoint. ``owner_chats``: an unattended turn's
+    question (a scheduled job, the heartbeat), asked in those admins' private chats; any
+    admin's press answers it."""
     now = time.time() if now is None else now
-    return {
+    record: dict[str, Any] = {
         "id": new_approval_id(),
         "call_id": call_id,
         "tool": tool,
@@ -231,6 +287,10 @@ def new_record(
         "deadline": now + timeout_seconds,
         "state": WAITING,
     }
+    if owner_chats is not None:
+        record["owner"] = True
+        record["asked_in"] = [list(chat) for chat in owner_chats]
+    return record
 
 
 def open_record(meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -243,7 +303,10 @@ def open_record(meta: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def may_answer(record: dict[str, Any], sender_id: str, is_admin: bool) -> bool:
-    """The person who asked may answer; in a group an admin may too."""
+    """The person who asked may answer; in a group an admin may too. An unattended turn's
+    question (``owner``) has nobody who asked: an admin answers it."""
+    if record.get("owner"):
+        return is_admin
     if sender_id == record.get("asked_by"):
         return True
     return bool(record.get("is_group")) and is_admin
@@ -318,9 +381,38 @@ def denied_result(outcome: str, timeout_minutes: float) -> str:
     )
 
 
-def request_text(record: dict[str, Any], timeout_minutes: float) -> str:
-    """The approval request as shown in the chat (buttons or a prompt come with it)."""
+def answer_hint(approval_id: str, timeout_minutes: float) -> str:
+    """memobot's words after the quoted text: the timeout and the typed answers."""
     return (
-        f"Approval needed: the assistant wants to run\n```\n{record['summary']}\n```\n"
-        f"Allow it? (no answer within {timeout_minutes:g} min means no)"
+        f"Allow it? (no answer within {timeout_minutes:g} min means no)\n"
+        f"(or reply /allow {approval_id}, /always {approval_id} or /deny {approval_id})"
     )
+
+
+def too_long_result(size: int) -> str:
+    """The tool result of a call too long for a person to read in an approval question."""
+    return (
+        f"Error: not run: this call is {size:,} characters long, more than a person can review "
+        f"in an approval question ({MAX_REVIEW_CHARS:,}). Do the work in smaller steps."
+    )
+
+
+def no_owner_result() -> str:
+    """The tool result of an unattended turn's call when no admin can be asked."""
+    return (
+        "Error: not run: this call needs an admin's approval, and no admin's private chat is "
+        "reachable to ask in (channels.<name>.admins of a running channel). Do not retry it; "
+        "report what you wanted to do in your answer."
+    )
+
+
+def asked_call(meta: dict[str, Any], record: dict[str, Any]) -> tuple[str, str] | None:
+    """(tool, raw arguments) of the call ``record`` asks about, from the checkpoint's
+    messages; None when the checkpoint does not hold it."""
+    checkpoint = meta.get("runtime_checkpoint") or {}
+    for message in reversed(checkpoint.get("messages") or []):
+        for tool_call in message.get("tool_calls") or []:
+            if tool_call.get("id") == record.get("call_id"):
+                function = tool_call.get("function") or {}
+                return str(function.get("name", "")), str(function.get("arguments", ""))
+    return None

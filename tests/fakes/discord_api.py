@@ -254,6 +254,7 @@ class FakeDiscord:
         app.router.add_get(f"{API_PREFIX}/gateway", self._gateway_info)
         app.router.add_get(f"{API_PREFIX}/gateway/bot", self._gateway_info)
         app.router.add_get(f"{API_PREFIX}/channels/{{channel_id}}", self._get_channel)
+        app.router.add_post(f"{API_PREFIX}/users/@me/channels", self._open_dm)
         app.router.add_post(f"{API_PREFIX}/channels/{{channel_id}}/messages", self._post_message)
         app.router.add_patch(
             f"{API_PREFIX}/channels/{{channel_id}}/messages/{{message_id}}", self._edit_message
@@ -690,6 +691,19 @@ class FakeDiscord:
                 if c["id"] == channel_id:
                     return _json({**c, "guild_id": g["id"]})
         return _json({"message": "Unknown Channel", "code": 10003}, status=404)
+
+    async def _open_dm(self, request: web.Request) -> web.Response:
+        """Create DM: the bot's direct-message channel with a user (the same one each time)."""
+        if not self._authorized(request):
+            return self._unauthorized()
+        recipient = str((await request.json()).get("recipient_id", ""))
+        await self._record(request, {"recipient_id": recipient})
+        for channel in self.dm_channels.values():
+            if [r.get("id") for r in channel.get("recipients", [])] == [recipient]:
+                return _json(channel)
+        channel = {"id": snowflake(), "type": 1, "recipients": [user(recipient, "someone")]}
+        self.dm_channels[channel["id"]] = channel
+        return _json(channel)
 
     async def _record(self, request: web.Request, body: Any) -> Call:
         call = Call(

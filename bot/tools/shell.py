@@ -379,6 +379,8 @@ class ExecTool(Tool):
                 confine=confine,
                 network=self.cfg.network,
                 restrict=ctx.restrict_to_workspace,
+                max_tasks=self.cfg.max_processes,
+                max_file_bytes=self.cfg.max_file_bytes,
             )
         except GateRefused as exc:
             raise ToolError(f"exec refused: {exc}") from None
@@ -398,4 +400,6 @@ class ExecTool(Tool):
             # Cancellation (/stop) or a bug: never leave the command running behind us.
             await asyncio.shield(proc.stop(self.kill_grace_seconds))
             raise
+        finally:
+            ctx.gate.after_command()
         return _format_result(capture.text(), code)

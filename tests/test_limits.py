@@ -372,18 +372,25 @@ def fake_v2(tmp_path: Path, controllers: str) -> Path:
     return own
 
 
-def test_root_uses_a_cgroup_v2_only_where_it_was_delegated(tmp_path: Path) -> None:
+def test_a_cgroup_v2_is_used_only_where_it_was_delegated(tmp_path: Path) -> None:
     """Decisions only: this machine's v2 hierarchy has no pids controller to try for real."""
     own = fake_v2(tmp_path, "cpu memory pids\n")
     places = limits.CgroupPlaces(own, "/system.slice/memobot.service", None)
     assert limits.probe(places, 0).kind == "none"  # root in a cgroup nobody delegated
     assert "not delegated" in limits.probe(places, 0).why
-    assert limits.probe(places, 1000) == limits.TaskCap("cgroup2", own)  # the unit's user
+    assert limits.probe(places, 1000).kind == "rlimit"  # not its folder
+    os.chown(own, 1000, 1000)  # systemd's delegation to the unit's user
+    assert limits.probe(places, 1000) == limits.TaskCap("cgroup2", own)
+    os.chown(tmp_path, 1000, 1000)  # a user manager's subtree: every folder is the user's
+    assert limits.probe(places, 1000).kind == "rlimit"
+    at_root = limits.CgroupPlaces(own, "/", None)  # a container's own cgroup namespace
+    assert limits.probe(at_root, 0) == limits.TaskCap("cgroup2", own)
     try:
         os.setxattr(own, "user.delegate", b"1")
     except OSError as exc:
         pytest.skip(f"no user xattrs on {tmp_path}: {exc}")
     assert limits.probe(places, 0) == limits.TaskCap("cgroup2", own)
+    assert limits.probe(places, 1000) == limits.TaskCap("cgroup2", own)
     (own / "cgroup.controllers").write_text("cpu memory\n")
     assert limits.probe(places, 1000).kind == "rlimit"
     assert "no pids controller" in limits.probe(places, 0).why
@@ -514,10 +521,54 @@ def test_status_and_doctor_say_which_limits_hold(tmp_path: Path, llm: FakeLLMThr
     assert "! workspace size: 1.5 MB, past agent.workspaceWarnBytes" in doctor, doctor
 
 
+def test_doctor_shows_the_running_gateways_limits_and_warns_when_none_hold(
+    tmp_path: Path,
+) -> None:
+    """Under systemd the gateway's cgroup is delegated while the shell's is not."""
+    from bot.service.doctor import check_limits
+
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg.agent.state_path.mkdir(parents=True)
+    line = limits.TaskCap("none", why="no pids cgroup is mounted").summary(1024)
+    status = {"pid": os.getpid(), "channels": {}, "exec_limits": line}
+    (cfg.agent.state_path / "gateway.json").write_text(json.dumps(status))
+    check = check_limits(cfg)
+    assert check.status == "warn", check
+    assert check.text == f"exec limits: {line} (in the running gateway)"
+    assert "Delegate=pids" in check.fix
+
+
 def test_the_size_line_says_where_the_warning_starts() -> None:
     assert describe(12_300_000, True, 2_000_000_000) == "12.3 MB (warns above 2 GB)"
     assert describe(3_000_000_000, False, 2_000_000_000).startswith("over 2 GB, past")
     assert "no size warning" in describe(5, True, 0)
+
+
+async def test_a_reload_changes_the_limits_of_the_next_command(tmp_path: Path) -> None:
+    from bot.app import build_agent
+    from bot.service.reload import apply_config
+
+    live = make_config(tmp_path, "http://127.0.0.1:9/v1")
+    stack = build_agent(live, tmp_path / "config.json")
+    try:
+        new = make_config(
+            tmp_path,
+            "http://127.0.0.1:9/v1",
+            agent={"workspaceWarnBytes": 5_000_000},
+            tools=exec_section(maxProcesses=64, maxFileBytes=2_000_000),
+        )
+        result = apply_config(live, new, stack, channels=[])
+        assert sorted(result.applied) == [
+            "agent.workspaceWarnBytes",
+            "tools.exec.maxFileBytes",
+            "tools.exec.maxProcesses",
+        ]
+        exec_tool = stack.loop.runner.tools.get("exec")
+        assert isinstance(exec_tool, ExecTool)
+        assert (exec_tool.cfg.max_processes, exec_tool.cfg.max_file_bytes) == (64, 2_000_000)
+        assert stack.gate.usage.warn_bytes == 5_000_000
+    finally:
+        await stack.close()
 
 
 def test_config_limits_have_defaults_and_bounds(tmp_path: Path) -> None:

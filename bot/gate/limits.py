@@ -122,27 +122,32 @@ def _read(path: Path) -> str:
 
 
 def _delegated(own: Path, path: str, euid: int) -> bool:
-    """Whether memobot may manage the cgroup v2 subtree at ``own``.
+    """Whether memobot may manage the cgroup v2 subtree at ``own``: it can write it, and the
+    cgroup was handed to it, not merely writable.
 
-    Not root: it can write the folder only when someone delegated it (systemd chowns a
-    delegated cgroup to the unit's user). Root can write anywhere, so it needs a sign:
-    systemd's delegate xattr, or being at the root of its cgroup namespace (a container's own
-    tree, or a machine where nothing manages cgroups).
+    The signs: systemd's delegate xattr; the root of a cgroup namespace (a container's own tree,
+    ProtectControlGroups=private, or a machine where nothing manages cgroups); for a user other
+    than root, a folder of its own below one that is not (systemd chowns a delegated cgroup to
+    the unit's user). Not a sign: a user's whole user-manager subtree is writable to that user,
+    but its terminal's scope is the user manager's, not memobot's.
     """
     writable = all(
         os.access(p, os.W_OK) for p in (own, own / "cgroup.procs", own / "cgroup.subtree_control")
     )
     if not writable:
         return False
-    if euid != 0:
-        return True
     if path == "/":
         return True
     for name in ("trusted.delegate", "user.delegate"):
         with contextlib.suppress(OSError):
             if os.getxattr(own, name) == b"1":
                 return True
-    return False
+    if euid == 0:
+        return False
+    try:
+        return own.stat().st_uid == euid and own.parent.stat().st_uid != euid
+    except OSError:
+        return False
 
 
 def probe(places: CgroupPlaces, euid: int) -> TaskCap:

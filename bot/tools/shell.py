@@ -306,7 +306,8 @@ class ExecTool(Tool):
 
     With ``tools.restrictToWorkspace`` and ``tools.exec.sandbox: "landlock"`` the command and
     all its children run under the kernel's confinement; without a kernel that can confine,
-    the call is refused. On timeout or cancellation (``/stop``) the command's whole subtree
+    the call is refused. Every command runs within ``maxProcesses`` and ``maxFileBytes``
+    (:mod:`bot.gate.limits`). On timeout or cancellation (``/stop``) the command's whole subtree
     gets SIGTERM, then SIGKILL after a short grace; cancellation is re-raised. Background jobs
     live until the turn ends (the turn's process scope).
     """

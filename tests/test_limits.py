@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 import uuid
@@ -338,6 +339,30 @@ def test_stale_command_cgroups_go_and_live_ones_stay() -> None:
         for path in (dead, live):
             with contextlib.suppress(FileNotFoundError):
                 path.rmdir()
+
+
+@needs_pids_cgroup
+def test_a_launcher_with_a_reused_pid_gets_a_cgroup_of_its_own() -> None:
+    """A killed launcher's cgroup, with its processes still in it, under the pid we now have."""
+    assert CAP.parent is not None
+    taken = CAP.parent / f"{launcher.CGROUP_PREFIX}{os.getpid()}"
+    taken.mkdir()
+    sleeper = subprocess.Popen(["sleep", "30"])
+    made = ""
+    try:
+        (taken / "cgroup.procs").write_text(str(sleeper.pid))
+        made = launcher.make_cgroup(str(CAP.parent), 12)
+        assert made != str(taken) and os.path.basename(made).startswith(taken.name + "-")
+        assert (Path(made) / "pids.max").read_text().strip() == "12"
+        assert str(sleeper.pid) in (taken / "cgroup.procs").read_text()  # left alone
+        limits.remove_stale(CAP.parent)  # its pid is alive (ours): both stay
+        assert taken.exists() and Path(made).exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for path in (made, str(taken)):
+            if path:
+                launcher.remove_cgroup(path)
 
 
 HYBRID_CGROUP = "9:name=systemd:/\n8:pids:/\n4:memory:/x\n0::/\n"

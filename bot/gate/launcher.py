@@ -437,7 +437,10 @@ def make_cgroup(parent: str, max_tasks: int) -> str:
     try:
         os.mkdir(path, 0o755)
     except FileExistsError:  # left by a killed launcher whose pid we now have
-        os.rmdir(path)
+        try:
+            os.rmdir(path)
+        except OSError:  # its processes still run (killed at memobot's next start)
+            path = f"{path}-{time.monotonic_ns()}"
         os.mkdir(path, 0o755)
     try:
         with open(os.path.join(path, "pids.max"), "w") as fh:

@@ -202,7 +202,7 @@ def remove_stale(parent: Path) -> None:
     except OSError:
         return
     for entry in entries:
-        pid = entry.name.removeprefix(launcher.CGROUP_PREFIX)
+        pid = entry.name.removeprefix(launcher.CGROUP_PREFIX).split("-")[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             with contextlib.suppress(OSError):
                 os.rmdir(entry.path)  # refused while processes remain: the next start

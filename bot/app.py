@@ -84,7 +84,24 @@ def build_gate(cfg: Config, config_path: Path) -> Gate:
     if config_path.resolve().parent.parent == Path("/etc"):
         # A folder of its own (/etc/memobot) also holds the secrets file (EnvironmentFile=).
         protected.append(config_path.resolve().parent)
-    return Gate(cfg.agent.workspace_path, protected=protected, installation=installation)
+    gate = Gate(
+        cfg.agent.workspace_path,
+        protected=protected,
+        installation=installation,
+        workspace_warn_bytes=cfg.agent.workspace_warn_bytes,
+    )
+    if tools.exec.enabled:
+        line = exec_limits_line(cfg, gate)
+        (log.info if gate.task_cap.holds else log.warning)("exec limits: %s", line)
+    return gate
+
+
+def exec_limits_line(cfg: Config, gate: Gate | None = None) -> str:
+    """The limits of the agent's commands: this gate's, or what this process would get."""
+    from bot.gate.limits import describe_limits
+
+    ex = cfg.tools.exec
+    return describe_limits(ex.max_processes, ex.max_file_bytes, gate.task_cap if gate else None)
 
 
 def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) -> AgentStack:

@@ -739,6 +739,28 @@ def _exec_line(cfg: Config) -> str:
     ).summary
 
 
+def _limits_line(cfg: Config, live: dict[str, Any] | None) -> str:
+    """The running gateway's limits (its cgroup may differ from this shell's), else ours."""
+    from bot.app import exec_limits_line
+
+    if not cfg.tools.exec.enabled:
+        return "exec disabled"
+    shown = (live or {}).get("exec_limits")
+    if isinstance(shown, str):
+        return f"{shown} (in the running gateway)"
+    return f"{exec_limits_line(cfg)} (for a gateway started from here)"
+
+
+def _workspace_line(cfg: Config) -> str:
+    from bot.gate.usage import describe, measure
+
+    path = cfg.agent.workspace_path
+    if not path.is_dir():
+        return str(path)
+    warn = cfg.agent.workspace_warn_bytes
+    return f"{path} ({describe(*measure(path), warn)})"
+
+
 def _mcp_line(cfg: Config, live: dict[str, Any] | None) -> str:
     servers = cfg.tools.mcp_servers
     if not servers:
@@ -810,7 +832,7 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
     )
     rows = [
         ("config", f"{config_path}{exists}"),
-        ("workspace", str(cfg.agent.workspace_path)),
+        ("workspace", _workspace_line(cfg)),
         ("state", str(state)),
         ("model", f"{llm.model} @ {endpoint}" if endpoint else f"{llm.model} (no LLM configured)"),
         ("sessions", str(count)),
@@ -818,6 +840,7 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
         ("dream", f"digested up to history cursor {read_dream_cursor(cfg.agent.workspace_path)}"),
         ("channels", "; ".join(enabled) if enabled else "none enabled"),
         ("exec", _exec_line(cfg)),
+        ("limits", _limits_line(cfg, live)),
         ("mcp", _mcp_line(cfg, live)),
         ("gateway", f"running (pid {live['pid']})" if live else "not running"),
         ("outage", _outage_line(live)),

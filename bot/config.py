@@ -142,6 +142,8 @@ class AgentConfig(_Model):
     max_concurrent_turns: int = Field(64, ge=1, le=1000)  # model calls are I/O: ~1 core at 300 ms
     # Calls beyond this many in one turn are answered with an error result and not run.
     max_tool_calls_per_turn: int = Field(50, ge=1, le=10000)
+    # A warning (log, doctor, status) once the workspace takes more disk than this; 0: never.
+    workspace_warn_bytes: int = Field(2_000_000_000, ge=0)
     # IANA zone for scheduled jobs and the time the model sees; "" is the system's zone.
     timezone: str = ""
 
@@ -177,6 +179,10 @@ class ExecConfig(_Model):
     # confinement (refused where the kernel cannot confine). "off": no kernel confinement.
     sandbox: Literal["landlock", "off"] = "landlock"
     network: StrictBool = True  # false: confined commands may not open or accept TCP connections
+    # Processes and threads one command may have at once (a pids cgroup where one is
+    # writable, which binds root too; else RLIMIT_NPROC), and the largest file it may write.
+    max_processes: int = Field(1024, ge=8, le=4_194_304)
+    max_file_bytes: int = Field(100_000_000, ge=1_000_000)
     # Commands that run without asking under tools.approval "risky" (bot.gate.approval).
     allow: list[str] = Field(default_factory=lambda: list(DEFAULT_EXEC_ALLOW))
 

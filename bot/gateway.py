@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bot.app import build_agent
+from bot.app import build_agent, exec_limits_line
 from bot.config import EX_CONFIG, Config
 from bot.cron import heartbeat
 from bot.cron.scheduler import Scheduler
@@ -109,6 +109,8 @@ class Gateway:
                 st.name: {"state": st.state, "detail": st.detail, "tools": len(st.tools)}
                 for st in self.stack.mcp.statuses()
             },
+            # What holds in this process (its cgroup is the service's, not the shell's).
+            "exec_limits": exec_limits_line(self.cfg, self.stack.gate),
         }
 
     def _every_channel_failed(self, channels: list[Any]) -> None:

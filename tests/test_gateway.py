@@ -58,6 +58,8 @@ def test_single_instance_and_graceful_stop(tmp_path: Path, llm: FakeLLMThread) -
             timeout=30,
         )
         assert f"running (pid {first.pid})" in status.stdout
+        assert "processes per command" in status.stdout
+        assert "(in the running gateway)" in status.stdout  # its cgroup, not this shell's
         first.send_signal(signal.SIGTERM)
         _, err = first.communicate(timeout=30)
         assert first.returncode == 0, err

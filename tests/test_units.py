@@ -61,6 +61,22 @@ def test_units_have_the_service_lifecycle(name: str) -> None:
         assert wanted in lines, f"{name} lacks {wanted}"
 
 
+@pytest.mark.parametrize("name", ["memobot.service", "memobot-user.service"])
+def test_units_limit_memobot_and_its_commands(name: str) -> None:
+    lines = directives((SYSTEMD_DIR / name).read_text())
+    for wanted in (
+        "TasksMax=4096",
+        "MemoryHigh=60%",
+        "MemoryMax=75%",
+        "CPUQuota=200%",
+        "OOMPolicy=continue",
+        "Delegate=pids",
+    ):
+        assert wanted in lines, f"{name} lacks {wanted}"
+    # Delegation needs a writable cgroup: ProtectControlGroups=yes mounts it read-only.
+    assert not [line for line in lines if line.startswith("ProtectControlGroups=")]
+
+
 def test_system_unit_paths_and_secrets() -> None:
     lines = directives((SYSTEMD_DIR / "memobot.service").read_text())
     for wanted in (

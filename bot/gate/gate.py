@@ -3,9 +3,11 @@
 Every process goes through :mod:`bot.gate.launcher` (a subreaper that kills what the command
 left behind), gets the environment allowlist below instead of memobot's own environment, and,
 when the agent is restricted to its workspace, runs under Landlock with the lists of the
-:class:`~bot.gate.policy.PathPolicy`. Each process belongs to a :class:`ProcessScope` (a turn);
-closing the scope kills whatever is still running. A process that outlived a crashed memobot
-is found by its marker variable and killed at the next start.
+:class:`~bot.gate.policy.PathPolicy` and a seccomp filter that denies Unix sockets, and runs
+within the limits of :mod:`bot.gate.limits` (processes, file size). Each process belongs to
+a :class:`ProcessScope` (a turn); closing the scope kills whatever is still running. A
+process that outlived a crashed memobot is found by its marker variable and killed at the
+next start.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from bot.gate import launcher
+from bot.gate import launcher, limits
 from bot.gate.policy import CONFINED_READ_ROOTS, DEVICES, PathPolicy, carve, real_path
+from bot.gate.usage import WorkspaceUsage
 from bot.layout import within
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,7 @@ class Confinement:
     active: bool  # processes run under the kernel's confinement
     refused: bool  # exec is refused (confinement wanted, kernel cannot)
     summary: str
+    gaps: bool = False  # active, but a way out stays open (e.g. Unix sockets)
 
 
 def process_start_time(pid: int) -> int | None:
@@ -105,7 +109,14 @@ def describe_confinement(restrict: bool, sandbox: str, network: bool) -> Confine
     if not network:
         parts.append("no TCP" if abi >= 4 else "network NOT blocked (needs Landlock ABI 4)")
     parts.append("signals scoped" if abi >= 6 else "signals NOT scoped (needs Landlock ABI 6)")
-    return Confinement(True, False, ", ".join(parts))
+    if launcher.seccomp_available():
+        parts.append("Unix sockets blocked (seccomp)")
+        return Confinement(True, False, ", ".join(parts))
+    parts.append(
+        f"Unix sockets NOT blocked (no seccomp filter for {os.uname().machine} on this "
+        "kernel): a command can reach socket files such as a tmux server or docker.sock"
+    )
+    return Confinement(True, False, ", ".join(parts), gaps=True)
 
 
 class GateProcess:
@@ -211,6 +222,7 @@ class Gate:
         protected: Iterable[Path] = (),
         temp_root: Path | None = None,
         installation: str = "",
+        workspace_warn_bytes: int = 0,
     ) -> None:
         self.workspace = workspace
         self._temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir=temp_root))
@@ -221,6 +233,8 @@ class Gate:
         self._confined: ThreadPoolExecutor | None = None
         self._plain: ThreadPoolExecutor | None = None
         self._own: dict[str, Path] = {}
+        self.task_cap = limits.task_cap()
+        self.usage = WorkspaceUsage(workspace, workspace_warn_bytes)
 
     @property
     def temp(self) -> Path:
@@ -300,6 +314,8 @@ class Gate:
         grace: float = 2.0,
         read_also: Iterable[Path] = (),
         home: Path | None = None,
+        max_tasks: int = launcher.MAX_NEW_TASKS,
+        max_file_bytes: int | None = None,
     ) -> tuple[list[str], dict[str, str]]:
         """The command line and environment that run ``argv`` through the launcher, for a
         library that starts the process itself (an MCP stdio client): the same confinement,
@@ -308,7 +324,9 @@ class Gate:
         ``read_also`` adds read-only folders (an owner-configured server's installation, see
         :func:`install_roots`), minus the protected paths. ``home``: a folder memobot made
         for this process alone (an MCP server's own), its ``HOME`` when ``restrict`` and
-        writable for it, even inside the state folder; default :attr:`home`.
+        writable for it, even inside the state folder; default :attr:`home`. ``max_tasks``
+        caps the processes and threads (in a pids cgroup of its own where :attr:`task_cap` has
+        one), ``max_file_bytes`` the size of a file it writes. Confined, it gets no Unix sockets.
 
         Raises GateRefused when confinement is asked for and the kernel has no Landlock.
         """
@@ -328,6 +346,11 @@ class Gate:
             "confine": confine,
             "stdio": stdio,
             "network": network,
+            # Where the kernel cannot take the filter, describe_confinement says so.
+            "unix_sockets": not (confine and launcher.seccomp_available()),
+            "max_tasks": max_tasks,
+            "max_file_bytes": max_file_bytes,
+            "cgroup": str(self.task_cap.parent) if self.task_cap.parent else None,
             "read": [str(p) for p in self.policy.read_roots] + list(CONFINED_READ_ROOTS) + extra,
             "write": [str(p) for p in (*self.policy.writable, *own)],
             "devices": list(DEVICES),
@@ -345,8 +368,11 @@ class Gate:
         network: bool = True,
         extra_env: dict[str, str] | None = None,
         restrict: bool = True,
+        max_tasks: int = launcher.MAX_NEW_TASKS,
+        max_file_bytes: int | None = None,
     ) -> GateProcess:
-        """Start ``argv`` through the launcher, confined when ``confine`` is true.
+        """Start ``argv`` through the launcher, confined when ``confine`` is true, within the
+        limits (see :meth:`launcher_command`).
 
         Raises GateRefused when confinement is asked for and the kernel has no Landlock.
         """
@@ -358,6 +384,8 @@ class Gate:
             extra_env=extra_env,
             stdio=False,
             grace=scope.grace,
+            max_tasks=max_tasks,
+            max_file_bytes=max_file_bytes,
         )
         proc = await asyncio.create_subprocess_exec(
             *command,
@@ -402,7 +430,13 @@ class Gate:
             self._plain = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="memobot-files")
         return self._plain
 
+    def after_command(self) -> None:
+        """A command of the agent ended: the workspace may have grown (measured at most once
+        a minute, in a thread)."""
+        self.usage.poke()
+
     def close(self) -> None:
+        self.usage.cancel()
         for pool in (self._confined, self._plain):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)

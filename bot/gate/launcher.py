@@ -14,10 +14,14 @@ packages (fast to start), never importing memobot. The launcher:
   kills every process left in its subtree and reaps it, then exits with the command's status.
 
 OPTIONS (see :func:`parse_args`): ``--ppid N`` (memobot's pid), ``--grace S`` (seconds between
-SIGTERM and SIGKILL), ``--confine``, ``--no-network``, ``--stdio`` (a server speaking a
-protocol on stdin/stdout: its stderr stays apart and no status line is written), and repeated
-``-r PATH`` (read), ``-w PATH`` (write), ``-d PATH`` (device) for the confinement. Exit 125 with a
-``memobot-sandbox:`` line on stderr means the command was never started.
+SIGTERM and SIGKILL), ``--confine``, ``--no-network``, ``--no-unix-sockets``, ``--stdio`` (a
+server speaking a protocol on stdin/stdout: its stderr stays apart and no status line is
+written), repeated ``-r PATH`` (read), ``-w PATH`` (write), ``-d PATH`` (device) for the
+confinement, and the limits: ``--max-tasks N`` (processes and threads of the command),
+``--cgroup DIR`` (a pids cgroup folder to hold the command's own cgroup, which enforces
+``--max-tasks`` also for root; without it RLIMIT_NPROC does, which root ignores) and
+``--max-file-bytes N`` (RLIMIT_FSIZE). Exit 125 with a ``memobot-sandbox:`` line on stderr means
+the command was never started.
 """
 
 from __future__ import annotations
@@ -222,15 +226,162 @@ def _has_capabilities() -> bool:
         return True
 
 
+# --- Unix sockets (seccomp) -----------------------------------------------------------------
+
+# Landlock (up to ABI 7) does not govern connect() to a socket file, and the sockaddr connect()
+# takes is a pointer a seccomp filter cannot read; socket()'s domain is a plain argument it can.
+# So the filter refuses socket(AF_UNIX, ...) outright: no Unix socket file can be reached (a
+# tmux server, D-Bus, docker.sock, an ssh-agent), also none inside the workspace. A
+# socketpair() is a connected pair inside the command (asyncio and libuv need one); only its
+# datagram kind is refused, as sendto() on it could still address a socket file.
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000
+_RET_KILL_PROCESS = 0x80000000
+_AF_UNIX = 1
+_SOCK_DGRAM = 2
+_SOCK_TYPE_MASK = 0xF
+_X32_SYSCALL_BIT = 0x40000000
+_IO_URING = (425, 426, 427)  # setup, enter, register: the unified numbers on every arch
+# machine: (AUDIT_ARCH_*, socket, socketpair, x32 ABI beside it). All little-endian.
+_ARCHES = {
+    "x86_64": (0xC000003E, 41, 53, True),
+    "aarch64": (0xC00000B7, 198, 199, False),
+    "riscv64": (0xC00000F3, 198, 199, False),
+}
+# classic BPF opcodes
+_LD_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
+_JEQ = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
+_JGE = 0x35  # BPF_JMP | BPF_JGE | BPF_K
+_AND = 0x54  # BPF_ALU | BPF_AND | BPF_K
+_RET = 0x06  # BPF_RET | BPF_K
+_NR, _ARCH, _ARG0, _ARG1 = 0, 4, 16, 24  # offsets in struct seccomp_data (low words, LE)
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = (
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    )
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter)))
+
+
+def unix_socket_filter(machine: str | None = None) -> list[tuple[int, int, int, int]] | None:
+    """The seccomp program (``(code, jt, jf, k)`` rows) that denies Unix sockets on this
+    machine, or None where it cannot be built (another architecture, a 32-bit Python).
+
+    Denied with EACCES: socket(AF_UNIX) and socketpair(AF_UNIX, SOCK_DGRAM). Denied with ENOSYS:
+    io_uring, whose IORING_OP_SOCKET and IORING_OP_CONNECT would go around the filter (programs
+    fall back to plain system calls). A system call of another ABI (i386 or x32 on x86_64,
+    arm32 on aarch64) kills the process: their socket entry points (socketcall) cannot be
+    checked, and confined commands are native programs anyway.
+    """
+    arch = _ARCHES.get(machine or os.uname().machine)
+    if arch is None or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return None
+    audit, socket_nr, pair_nr, x32 = arch
+    deny_unix = _RET_ERRNO | errno.EACCES
+    deny_nosys = _RET_ERRNO | errno.ENOSYS
+    rows: list[tuple[int, int, int, int]] = []
+    labels: dict[str, int] = {}
+    jumps: list[tuple[int, str, str]] = []  # (row, label if true, label if false)
+
+    def op(code: int, k: int) -> None:
+        rows.append((code, 0, 0, k))
+
+    def jump(code: int, k: int, true: str, false: str) -> None:
+        jumps.append((len(rows), true, false))
+        rows.append((code, 0, 0, k))
+
+    def label(name: str) -> None:
+        labels[name] = len(rows)
+
+    op(_LD_ABS, _ARCH)
+    jump(_JEQ, audit, "native", "foreign")
+    label("native")
+    op(_LD_ABS, _NR)
+    if x32:
+        jump(_JGE, _X32_SYSCALL_BIT, "foreign", "syscall")
+    label("syscall")
+    jump(_JEQ, socket_nr, "socket", "not_socket")
+    label("not_socket")
+    jump(_JEQ, pair_nr, "pair", "not_pair")
+    label("not_pair")
+    for i, nr in enumerate(_IO_URING):
+        jump(_JEQ, nr, "nosys", f"uring{i}")
+        label(f"uring{i}")
+    op(_RET, _RET_ALLOW)
+    label("socket")
+    op(_LD_ABS, _ARG0)
+    jump(_JEQ, _AF_UNIX, "deny", "allow")
+    label("pair")
+    op(_LD_ABS, _ARG0)
+    jump(_JEQ, _AF_UNIX, "pair_unix", "allow")
+    label("pair_unix")
+    op(_LD_ABS, _ARG1)
+    op(_AND, _SOCK_TYPE_MASK)
+    jump(_JEQ, _SOCK_DGRAM, "deny", "allow")
+    label("allow")
+    op(_RET, _RET_ALLOW)
+    label("deny")
+    op(_RET, deny_unix)
+    label("nosys")
+    op(_RET, deny_nosys)
+    label("foreign")
+    op(_RET, _RET_KILL_PROCESS)
+    for at, true, false in jumps:  # BPF jumps are forward offsets from the next row
+        code, _, _, k = rows[at]
+        rows[at] = (code, labels[true] - at - 1, labels[false] - at - 1, k)
+    return rows
+
+
+@functools.cache
+def seccomp_available() -> bool:
+    """Whether this kernel takes seccomp filters that answer with an errno (asked once)."""
+    try:
+        with open("/proc/sys/kernel/seccomp/actions_avail") as fh:
+            actions = fh.read().split()
+    except OSError:
+        return False
+    return {"errno", "kill_process", "allow"} <= set(actions) and unix_socket_filter() is not None
+
+
+def forbid_unix_sockets() -> None:
+    """Install :func:`unix_socket_filter` on the calling thread and whatever it executes.
+
+    Sets no_new_privs first (the kernel requires it of a process without CAP_SYS_ADMIN).
+    Raises OSError when the filter cannot be built or the kernel refuses it.
+    """
+    rows = unix_socket_filter()
+    if rows is None:
+        raise OSError(errno.ENOSYS, f"no Unix socket filter for {os.uname().machine}")
+    program = (_SockFilter * len(rows))(*(_SockFilter(*row) for row in rows))
+    fprog = _SockFprog(len(rows), program)
+    _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot install the Unix socket filter: {os.strerror(err)}")
+
+
+# --- Limits ---------------------------------------------------------------------------------
+
 MAX_NEW_TASKS = 1024
+CGROUP_PREFIX = "memobot-cmd-"
 
 
-def _limit_tasks() -> None:
-    """Cap the tasks a confined command can add, so a fork bomb the guard did not recognise
-    stops at about MAX_NEW_TASKS instead of exhausting the machine's pids.
+def _limit_tasks(max_tasks: int) -> None:
+    """Cap the tasks a command can add with RLIMIT_NPROC (the fallback where no pids cgroup
+    is writable), so a fork bomb stops at about ``max_tasks`` instead of exhausting the
+    machine's pids. The kernel ignores RLIMIT_NPROC for root: there only a cgroup holds.
 
     RLIMIT_NPROC counts every task of the user, memobot's included; the system-wide count in
-    /proc/loadavg is an upper bound of that, so the command always gets its MAX_NEW_TASKS.
+    /proc/loadavg is an upper bound of that, so the command always gets its ``max_tasks``.
     """
     import resource
 
@@ -240,11 +391,94 @@ def _limit_tasks() -> None:
     except (OSError, IndexError, ValueError):
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
-    limit = total + MAX_NEW_TASKS
+    limit = total + max_tasks
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     if soft == resource.RLIM_INFINITY or limit < soft:
         resource.setrlimit(resource.RLIMIT_NPROC, (limit, hard))
+
+
+def _limit_file_size(max_bytes: int) -> None:
+    """RLIMIT_FSIZE, soft and hard (a command cannot raise it again; root without
+    CAP_SYS_RESOURCE cannot either). A longer write fails with EFBIG: SIGXFSZ is ignored
+    (by Python already; set here so it stays true), so the program reports "File too large"
+    instead of dying without a word."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if hard != resource.RLIM_INFINITY:
+        max_bytes = min(max_bytes, hard)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+
+
+OOM_SCORE_ADJ = 500
+
+
+def _prefer_for_oom() -> None:
+    """Make the command the OOM killer's first choice over memobot (raising one's own score
+    needs no privilege): at the service's MemoryMax a fork bomb of small processes would
+    otherwise get memobot, the largest process, killed."""
+    try:
+        with open("/proc/self/oom_score_adj", "r+") as fh:
+            if int(fh.read() or 0) < OOM_SCORE_ADJ:
+                fh.seek(0)
+                fh.write(str(OOM_SCORE_ADJ))
+    except (OSError, ValueError):
+        pass  # no /proc: the limits still hold, only the choice of victim is the kernel's
+
+
+def make_cgroup(parent: str, max_tasks: int) -> str:
+    """Create this launcher's pids cgroup under ``parent`` with ``pids.max`` = ``max_tasks``;
+    returns its path. The command joins it before execve (:func:`join_cgroup`): pids.max binds
+    root too, and the command cannot leave (the cgroup files are outside its Landlock rules).
+    Raises OSError."""
+    path = os.path.join(parent, f"{CGROUP_PREFIX}{os.getpid()}")
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:  # left by a killed launcher whose pid we now have
+        try:
+            os.rmdir(path)
+        except OSError:  # its processes still run (killed at memobot's next start)
+            path = f"{path}-{time.monotonic_ns()}"
+        os.mkdir(path, 0o755)
+    try:
+        with open(os.path.join(path, "pids.max"), "w") as fh:
+            fh.write(str(max_tasks))
+    except OSError:
+        os.rmdir(path)
+        raise
+    return path
+
+
+def join_cgroup(path: str) -> None:
+    with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+        fh.write(str(os.getpid()))
+
+
+def cgroup_pids(path: str) -> list[int]:
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as fh:
+            return [int(line) for line in fh if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def remove_cgroup(path: str) -> None:
+    """Kill whatever is still in the cgroup (nothing, once the subtree is reaped) and remove
+    it; the kernel refuses rmdir for a moment after the last task was reaped."""
+    for _ in range(200):
+        pids = cgroup_pids(path)
+        _signal_all(pids, signal.SIGKILL)
+        if pids:
+            _reap()
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.005)
 
 
 # --- The subtree ----------------------------------------------------------------------------
@@ -387,8 +621,20 @@ def _fail(message: str) -> None:
     os._exit(125)
 
 
+def _find_program(name: str, path: str) -> str:
+    """The file ``execvp`` would run for ``name``: itself when it holds a slash, else the
+    first executable regular file of that name in ``path``; raises FileNotFoundError."""
+    if "/" in name:
+        return name
+    for folder in path.split(os.pathsep):
+        candidate = os.path.join(folder or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError(errno.ENOENT, f"{name}: command not found in PATH")
+
+
 def _child(spec: dict, report_w: int) -> None:
-    """In the forked child: own session, confinement, then exec. Never returns."""
+    """In the forked child: own session, limits, confinement, then exec. Never returns."""
     try:
         os.setsid()  # its own process group: a terminal's ^C or a group kill stays inside
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -396,12 +642,23 @@ def _child(spec: dict, report_w: int) -> None:
             signal.signal(sig, signal.SIG_DFL)
         if not spec.get("stdio"):
             os.dup2(1, 2)  # one stream keeps the interleaving of output and errors readable
+        # Before the capabilities go: joining a cgroup needs write access to its files.
+        if spec.get("cgroup_path"):
+            join_cgroup(spec["cgroup_path"])
+        elif spec.get("max_tasks"):
+            _limit_tasks(spec["max_tasks"])
+        if spec.get("max_file_bytes"):
+            _limit_file_size(spec["max_file_bytes"])
+        _prefer_for_oom()
+        # Looked up before the confinement: os.execvpe's own search imports a module, which
+        # Landlock may no longer let this interpreter read.
+        program = _find_program(spec["argv"][0], os.environ.get("PATH", os.defpath))
         if spec.get("confine"):
-            _limit_tasks()
             drop_capabilities()
             confine(spec["read"], spec["write"], spec.get("devices", []), spec["network"])
-        argv = spec["argv"]
-        os.execvpe(argv[0], argv, os.environ)
+            if not spec.get("unix_sockets", True):
+                forbid_unix_sockets()  # last: nothing of ours runs after it but execve
+        os.execve(program, spec["argv"], os.environ)
     except BaseException as exc:  # reported through the pipe; the parent prints it
         os.write(report_w, f"{type(exc).__name__}: {exc}".encode()[:4000])
         os._exit(125)
@@ -409,8 +666,12 @@ def _child(spec: dict, report_w: int) -> None:
 
 def parse_args(args: list[str]) -> dict:
     """The launcher's options (module docstring) as a dict; raises ValueError when malformed."""
-    spec: dict = {"confine": False, "network": True, "read": [], "write": [], "devices": []}
+    spec: dict = {
+        "confine": False, "network": True, "unix_sockets": True, "read": [], "write": [],
+        "devices": [],
+    }  # fmt: skip
     lists = {"-r": "read", "-w": "write", "-d": "devices"}
+    numbers = {"--ppid": int, "--grace": float, "--max-tasks": int, "--max-file-bytes": int}
     i = 0
     while i < len(args):
         arg = args[i]
@@ -423,9 +684,14 @@ def parse_args(args: list[str]) -> dict:
             spec["stdio"] = True
         elif arg == "--no-network":
             spec["network"] = False
-        elif arg in ("--ppid", "--grace") and i + 1 < len(args):
+        elif arg == "--no-unix-sockets":
+            spec["unix_sockets"] = False
+        elif arg in numbers and i + 1 < len(args):
             i += 1
-            spec[arg[2:]] = int(args[i]) if arg == "--ppid" else float(args[i])
+            spec[arg[2:].replace("-", "_")] = numbers[arg](args[i])
+        elif arg == "--cgroup" and i + 1 < len(args):
+            i += 1
+            spec["cgroup"] = args[i]
         elif arg in lists and i + 1 < len(args):
             i += 1
             spec[lists[arg]].append(args[i])
@@ -434,6 +700,8 @@ def parse_args(args: list[str]) -> dict:
         i += 1
     if not spec.get("argv") or "ppid" not in spec:
         raise ValueError("the launcher needs --ppid and a command after --")
+    if spec.get("cgroup") and not spec.get("max_tasks"):
+        raise ValueError("--cgroup needs --max-tasks")
     return spec
 
 
@@ -446,6 +714,13 @@ def build_args(spec: dict) -> list[str]:
         args.append("--stdio")
     if not spec.get("network", True):
         args.append("--no-network")
+    if not spec.get("unix_sockets", True):
+        args.append("--no-unix-sockets")
+    for flag, key in (("--max-tasks", "max_tasks"), ("--max-file-bytes", "max_file_bytes")):
+        if spec.get(key):
+            args += [flag, str(spec[key])]
+    if spec.get("cgroup"):
+        args += ["--cgroup", spec["cgroup"]]
     for flag, key in (("-r", "read"), ("-w", "write"), ("-d", "devices")):
         for path in spec.get(key, ()):
             args += [flag, path]
@@ -470,6 +745,11 @@ def main(args: list[str]) -> None:
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_stop)
+    if spec.get("cgroup"):
+        try:
+            spec["cgroup_path"] = make_cgroup(spec["cgroup"], spec["max_tasks"])
+        except OSError as exc:
+            _fail(f"cannot create the command's pids cgroup under {spec['cgroup']}: {exc}")
     report_r, report_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
@@ -482,6 +762,8 @@ def main(args: list[str]) -> None:
     os.close(report_r)
     if problem:
         os.waitpid(pid, 0)
+        if spec.get("cgroup_path"):
+            remove_cgroup(spec["cgroup_path"])
         _fail(f"the command could not start: {problem.decode(errors='replace')}")
     # Our copy of stdout would keep memobot's pipe open after the command's own end.
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -494,6 +776,8 @@ def main(args: list[str]) -> None:
     if status is not None:
         _wait(None)  # background jobs: they may run until memobot ends the turn
     kill_subtree(float(spec.get("grace", 2.0)) if _stop_signal else 0.0)
+    if spec.get("cgroup_path"):
+        remove_cgroup(spec["cgroup_path"])
     os._exit(0)
 
 

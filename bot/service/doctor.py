@@ -322,7 +322,40 @@ def check_confinement(cfg: Config) -> Check:
     c = describe_confinement(tools.restrict_to_workspace, tools.exec.sandbox, tools.exec.network)
     if c.refused:
         return Check("fail", f"exec confinement: {c.summary}", 'tools.exec.sandbox: "off"')
-    return Check("ok" if c.active else "warn", f"exec confinement: {c.summary}")
+    return Check("ok" if c.active and not c.gaps else "warn", f"exec confinement: {c.summary}")
+
+
+def check_limits(cfg: Config) -> Check:
+    """The process and file size caps of the agent's commands; the running gateway's when it
+    runs (under systemd its cgroup is not this shell's)."""
+    from bot.app import exec_limits_line
+    from bot.gateway import read_status
+
+    if not cfg.tools.exec.enabled:
+        return Check("info", "exec limits: exec is disabled")
+    live = (read_status(cfg.agent.state_path) or {}).get("exec_limits")
+    line = f"{live} (in the running gateway)" if isinstance(live, str) else exec_limits_line(cfg)
+    if line.startswith("NO process cap"):
+        return Check(
+            "warn",
+            f"exec limits: {line}",
+            "run memobot as the systemd service (Delegate=pids), or start it with "
+            "`systemd-run --scope -p Delegate=pids memobot gateway`, or as a user other than "
+            "root",
+        )
+    return Check("ok", f"exec limits: {line}")
+
+
+def check_workspace_size(cfg: Config) -> Check:
+    from bot.gate.usage import describe, measure
+
+    path = cfg.agent.workspace_path
+    warn = cfg.agent.workspace_warn_bytes
+    size, complete = measure(path)
+    text = f"workspace size: {describe(size, complete, warn)}"
+    if warn and size > warn:
+        return Check("warn", text, f"free space in {path}, or raise agent.workspaceWarnBytes")
+    return Check("ok", text)
 
 
 def check_exec_allow(cfg: Config) -> Iterator[Check]:
@@ -408,6 +441,9 @@ def run_checks(config_path: Path | None, fix: bool) -> Iterator[Check]:
         yield check_history(cfg)
         yield check_confinement(cfg)
         yield from check_exec_allow(cfg)
+        yield check_limits(cfg)
+        if cfg.agent.workspace_path.is_dir():
+            yield check_workspace_size(cfg)
         yield from check_mcp(cfg, path)
         probe = asyncio.run(check_llm(cfg, path))
         server = probe.date_header

@@ -35,9 +35,12 @@ LIVE = (
     "llm.retry.*",
     "agent.maxToolIterations",
     "agent.maxToolCallsPerTurn",
+    "agent.workspaceWarnBytes",
     "tools.restrictToWorkspace",
     "tools.exec.timeoutSeconds",
     "tools.exec.maxOutputChars",
+    "tools.exec.maxProcesses",
+    "tools.exec.maxFileBytes",
     "tools.web.timeoutSeconds",
     "tools.web.maxBytes",
     "tools.web.maxChars",
@@ -132,6 +135,7 @@ def refresh_copies(cfg: Config, stack: AgentStack, channels: list[Channel]) -> N
     stack.provider.model = cfg.llm.model
     stack.loop.runner.max_iterations = cfg.agent.max_tool_iterations
     stack.loop.runner.max_tool_calls = cfg.agent.max_tool_calls_per_turn
+    stack.gate.usage.warn_bytes = cfg.agent.workspace_warn_bytes
     for channel in channels:
         section = getattr(cfg.channels, channel.name, None)
         if section is not None and isinstance(getattr(channel, "policy", None), AccessPolicy):

@@ -71,15 +71,36 @@ TimeoutStartSec=120
 TimeoutStopSec={timeout_stop}
 KillMode=mixed
 UMask=0077
+{resources}"""
+
+# Limits for memobot and everything it runs, together; each command also has its own caps
+# (tools.exec.maxProcesses, tools.exec.maxFileBytes). Delegate=pids hands memobot its cgroup's
+# pids controller, so a command's process cap is a pids cgroup of its own, which holds even
+# for root; memobot moves itself into a leaf ("memobot") below the service's cgroup for that.
+# OOMPolicy=continue: a command killed at MemoryMax is that command's failure, not the
+# service's (commands are the OOM killer's first choice: oom_score_adj 500).
+_RESOURCES = """# Resource limits; change them in a drop-in: systemctl [--user] edit memobot
+TasksMax={tasks_max}
+MemoryHigh={memory_high}
+MemoryMax={memory_max}
+CPUQuota={cpu_quota}
+OOMPolicy=continue
+Delegate=pids
 """
+TASKS_MAX = 4096
+MEMORY_HIGH = "60%"  # of the machine's memory: reclaimed hard above it
+MEMORY_MAX = "75%"  # killed above it: the rest of the machine keeps a quarter
+CPU_QUOTA = "200%"  # two cores' worth
 
 _SYSTEM_HARDENING = """\
-# Sandbox: `systemd-analyze security --offline=yes` rates it 1.4 ("OK"). memobot keeps what it
+# Sandbox: `systemd-analyze security --offline=yes` rates it 1.6 ("OK"). memobot keeps what it
 # needs: outbound IPv4/IPv6 (LLM, chat platforms), AF_UNIX (DNS through nss, the notify socket),
-# write access to its state directory, and fork/exec, so the exec tool runs ordinary commands in
-# the workspace. Those commands inherit every restriction here: no setuid (sudo fails), no
-# writable+executable memory (JIT runtimes such as node or java fail; remove
-# MemoryDenyWriteExecute=yes if the agent must run them), denied system calls fail with EPERM.
+# write access to its state directory and to its own cgroup (Delegate=pids; hence no
+# ProtectControlGroups=, which would make /sys/fs/cgroup read-only), and fork/exec, so the exec
+# tool runs ordinary commands in the workspace. Those commands inherit every restriction here:
+# no setuid (sudo fails), no writable+executable memory (JIT runtimes such as node or java
+# fail; remove MemoryDenyWriteExecute=yes if the agent must run them), denied system calls
+# fail with EPERM.
 NoNewPrivileges=yes
 CapabilityBoundingSet=
 AmbientCapabilities=
@@ -90,7 +111,6 @@ PrivateDevices=yes
 ProtectKernelTunables=yes
 ProtectKernelModules=yes
 ProtectKernelLogs=yes
-ProtectControlGroups=yes
 ProtectClock=yes
 ProtectHostname=yes
 ProtectProc=invisible
@@ -189,10 +209,14 @@ def _exec_start(inst: Installation) -> str:
 
 
 def _common(inst: Installation) -> str:
+    resources = _RESOURCES.format(
+        tasks_max=TASKS_MAX, memory_high=MEMORY_HIGH, memory_max=MEMORY_MAX, cpu_quota=CPU_QUOTA
+    )
     return _SERVICE_COMMON.format(
         exec_start=_exec_start(inst),
         drain=inst.drain_seconds,
         timeout_stop=math.ceil(stop_budget(inst.drain_seconds)),
+        resources=resources,
     )
 
 

@@ -306,7 +306,8 @@ class ExecTool(Tool):
 
     With ``tools.restrictToWorkspace`` and ``tools.exec.sandbox: "landlock"`` the command and
     all its children run under the kernel's confinement; without a kernel that can confine,
-    the call is refused. On timeout or cancellation (``/stop``) the command's whole subtree
+    the call is refused. Every command runs within ``maxProcesses`` and ``maxFileBytes``
+    (:mod:`bot.gate.limits`). On timeout or cancellation (``/stop``) the command's whole subtree
     gets SIGTERM, then SIGKILL after a short grace; cancellation is re-raised. Background jobs
     live until the turn ends (the turn's process scope).
     """
@@ -379,6 +380,8 @@ class ExecTool(Tool):
                 confine=confine,
                 network=self.cfg.network,
                 restrict=ctx.restrict_to_workspace,
+                max_tasks=self.cfg.max_processes,
+                max_file_bytes=self.cfg.max_file_bytes,
             )
         except GateRefused as exc:
             raise ToolError(f"exec refused: {exc}") from None
@@ -398,4 +401,6 @@ class ExecTool(Tool):
             # Cancellation (/stop) or a bug: never leave the command running behind us.
             await asyncio.shield(proc.stop(self.kill_grace_seconds))
             raise
+        finally:
+            ctx.gate.after_command()
         return _format_result(capture.text(), code)

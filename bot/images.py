@@ -73,7 +73,7 @@ def shown_name(path: Path, workspace: Path) -> str:
 
 def image_label(name: str, size: int | None, shown: bool) -> str:
     """The text that stands for an image in the history, from the turn it arrived on."""
-    if size is None:
+    if size is None or (not shown and size <= MAX_INLINE_IMAGE_BYTES):
         return f"[image: {name}, could not be read]"
     if not shown:
         return (

@@ -1214,7 +1214,7 @@ def _json_line(raw: bytes) -> Any:
     """The line's JSON value, or ``_NOT_JSON`` (a torn or garbled write)."""
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # [[[[... too
         return _NOT_JSON
 
 
@@ -1225,7 +1225,7 @@ def _json_lines(lines: list[bytes]) -> list[Any] | None:
     filled = [i for i, raw in enumerate(lines) if raw.strip()]
     try:
         values = json.loads(b"[" + b",".join([lines[i] for i in filled]) + b"]")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if len(values) != len(filled):
         return None

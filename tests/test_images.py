@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from bot.context import ContextBuilder
+from bot.images import MAX_INLINE_IMAGE_BYTES
 from bot.session import SessionStore
 from tests.fakes.llm_server import FakeLLM, call, hang, reply, tool_step
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import make_config, request_messages, telegram_in_process
+from tests.helpers import Harness, make_config, request_messages, telegram_in_process
 
 ALICE = 1001
 KEY = f"telegram:{ALICE}"
@@ -137,8 +139,6 @@ async def test_checkpoints_of_a_photo_turn_do_not_hold_the_photo(tmp_path, llm, 
 
 
 async def test_a_photo_stored_by_an_older_version_is_not_sent_again(tmp_path, llm) -> None:
-    from tests.helpers import Harness
-
     old = SessionStore(tmp_path / "state")
     parts = [
         {"type": "text", "text": "look\n[runtime context: metadata, not an instruction]"},
@@ -152,3 +152,15 @@ async def test_a_photo_stored_by_an_older_version_is_not_sent_again(tmp_path, ll
     [request] = llm.requests
     assert B64 not in body_text(request)
     assert request_messages(request)[1]["content"].startswith("look\n[runtime context")
+
+
+def test_a_photo_too_large_to_show_is_named_not_sent(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    big = ws / "media" / "telegram" / "1" / "big.jpg"
+    big.parent.mkdir(parents=True)
+    big.write_bytes(b"\xff\xd8\xff" + b"\0" * (MAX_INLINE_IMAGE_BYTES + 1024 * 1024))
+    msg = ContextBuilder(ws).user_message("see", "telegram", "1", media=[str(big)])
+    [part] = msg["content"]
+    assert part["text"].endswith(
+        "[image: media/telegram/1/big.jpg, 11.0 MB: too large to show (the limit is 10.0 MB)]"
+    )

@@ -86,3 +86,15 @@ async def test_a_nested_line_in_history_jsonl_is_skipped(tmp_path: Path, llm: Fa
         assert await h.ask("when is the deploy?") == "Friday."
     [found] = tool_results(llm.requests[1])
     assert "The [deploy] is on Friday." in found["content"]
+
+
+def test_a_nested_line_in_a_session_file_is_set_aside(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / "state")
+    session = store.get("cli:t")
+    store.append(session, [{"role": "user", "content": "kept"}])
+    with open(session.path, "ab") as fh:
+        fh.write(('{"role": "user", "content": ' + DEEP + "}\n").encode())
+        fh.write(b'{"_type": "metadata", "changes": {}}\n')
+    reloaded = SessionStore(tmp_path / "state").get("cli:t")
+    assert [m["content"] for m in reloaded.messages] == ["kept"]
+    assert list(session.path.parent.glob("*.corrupt-*"))  # the damaged file was copied aside

@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from bot.config import WebConfig
+from bot.service.logs import redact
 from bot.session import SessionStore
+from bot.tools.base import ToolContext, ToolRegistry
+from bot.tools.search import WebSearchTool
 from bot.workspace import init_workspace
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread
 from tests.helpers import REPO, closed_port, config_dict, run_memobot
@@ -128,11 +132,19 @@ def test_credentials_from_the_environment_and_a_key_are_refused(tmp_path: Path) 
 
 
 def test_log_lines_hide_key_like_query_values_and_url_passwords() -> None:
-    from bot.service.logs import redact
-
     line = redact(
         "POST https://h/v1/x?api-version=2024-02-01&key=abc123456&access_token=zz9 "
         "via http://bob:hunter2@proxy:3128 failed"
     )
     assert "abc123456" not in line and "zz9" not in line and "hunter2" not in line
     assert "api-version=2024-02-01" in line and "key=***" in line and "http://***@proxy" in line
+
+
+async def test_web_search_errors_to_the_model_hide_the_credentials() -> None:
+    base = f"http://alice:{PASSWORD}@127.0.0.1:{closed_port()}?key={QUERY_KEY}"
+    cfg = WebConfig.model_validate({"search": {"provider": "searxng", "baseUrl": base}})
+    registry = ToolRegistry()
+    registry.register(WebSearchTool(cfg))
+    out = await registry.execute("web_search", '{"query": "q"}', ToolContext(workspace=Path(".")))
+    assert out.startswith("Error: web_search (searxng) could not reach http://***@127.0.0.1:")
+    assert_hidden(out)

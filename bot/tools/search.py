@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 from bot.config import MAX_SEARCH_RESULTS, WebConfig
+from bot.service.logs import redact
 from bot.tools.base import Tool, ToolContext, ToolError
 from bot.tools.web import decode, read_capped
+from bot.urls import redact_url
 
 if TYPE_CHECKING:
     import aiohttp
@@ -233,8 +235,9 @@ class WebSearchTool(Tool):
                     return parse_results(await self._body(resp, json=True))
             except aiohttp.ClientError as exc:
                 raise SearchFailed(
-                    f"web_search ({provider}) could not reach {self.base_url}: "
-                    f"{type(exc).__name__}: {exc}"
+                    # The model reads this: a private instance's user:password@ stays out.
+                    f"web_search ({provider}) could not reach {redact_url(self.base_url)}: "
+                    f"{type(exc).__name__}: {redact(str(exc))}"
                 ) from None
 
     async def _body(self, resp: aiohttp.ClientResponse, json: bool) -> Any:

@@ -40,7 +40,8 @@ NARROWED_KEY = "narrowed"
 # What the owner's memory is made of (names casefolded; compared per path component).
 PROMPT_MEMORY_FILES = frozenset({"USER.md", "memory/MEMORY.md"})
 _MEMORY_ROOT_FILES = frozenset({"user.md"})  # and their temporary siblings (.USER.md.*)
-_MEMORY_FOLDERS = frozenset({"memory", ".git"})  # history, cursors, archives; old versions
+# History, cursors, archives; old versions; the owner's journal (the daily-notes skill).
+_MEMORY_FOLDERS = frozenset({"memory", ".git", "notes"})
 # The owner's own, whatever is shared: the heartbeat's task list (its answers go to the owner).
 _OWNER_ROOT_FILES = frozenset({"heartbeat.md"})
 # Read into every chat's system prompt, the owner's too: readable, never written from here.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 FILE = "provenance.json"
 HEARTBEAT_FILE = "HEARTBEAT.md"
 _VERSION = 1
-Stamp = tuple[int, int, int]
+Stamp = tuple[int, int, int, int]
 Stamps = dict[str, Stamp]
 
 
@@ -42,10 +43,16 @@ def watched_stamps(workspace: Path) -> Stamps:
     out: Stamps = {}
     st = workspace_files.file_stat(workspace, HEARTBEAT_FILE)
     if st is not None:
-        out[HEARTBEAT_FILE] = (st.st_mtime_ns, st.st_size, st.st_ino)
+        out[HEARTBEAT_FILE] = _stamp(st)
     for rel, st in workspace_files.files_matching(workspace, "skills", "SKILL.md"):
-        out[rel] = (st.st_mtime_ns, st.st_size, st.st_ino)
+        out[rel] = _stamp(st)
     return out
+
+
+def _stamp(st: os.stat_result) -> Stamp:
+    # The writer sets mtime (touch -d), size and, writing in place, keeps the inode; nobody
+    # sets ctime, and any write or touch moves it (so the owner's touch trusts a file).
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
 
 
 def turn_is_trusted(msg: InboundMessage) -> bool:
@@ -71,31 +78,64 @@ class Provenance:
         self.path = state_dir / FILE
         self.workspace = workspace
         self._lock = threading.Lock()  # turns record from worker threads
+        self._open_sessions: set[str] | None = None
 
-    def _load(self) -> dict[str, dict[str, Any]]:
+    def _read(self) -> dict[str, Any]:
+        """The whole record; {"*": ...} in ``files`` when it cannot be read (fail closed)."""
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            return {}
+            return {"files": {}, "open": {}}
         except (OSError, ValueError) as exc:
-            # Unreadable: every file counts as written by a non-admin until it is rewritten,
-            # never the other way round.
             log.error(
                 "provenance: %s cannot be read (%s); unattended runs are narrowed", self.path, exc
             )
-            return {"*": {"by": "unknown", "trusted": False}}
-        files = data.get("files") if isinstance(data, dict) else None
-        return files if isinstance(files, dict) else {}
+            return {"files": {"*": {"by": "unknown", "trusted": False}}, "open": {}}
+        if not isinstance(data, dict):
+            return {"files": {"*": {"by": "unknown", "trusted": False}}, "open": {}}
+        files = data.get("files") if isinstance(data.get("files"), dict) else {}
+        opened = data.get("open") if isinstance(data.get("open"), dict) else {}
+        return {"files": files, "open": opened}
+
+    def _write(self, files: dict[str, Any], opened: dict[str, Any]) -> None:
+        make_private_dirs(self.path.parent)
+        data = {"version": _VERSION, "files": files, "open": opened}
+        replace_durably(self.path, json.dumps(data, indent=1))
+
+    def has_open(self, by: str) -> bool:
+        """Whether ``by`` has a turn opened and not yet recorded (asked when a turn ends
+        without a tool phase: a turn resumed after a crash); read from disk once."""
+        if self._open_sessions is None:
+            with self._lock:
+                self._open_sessions = set(self._read()["open"])
+        return by in self._open_sessions
+
+    def open_turn(self, before: Stamps, by: str) -> None:
+        """Before the first tool of an untrusted turn runs: until that turn's :meth:`record`,
+        every watched file that differs from ``before`` counts as ``by``'s (also for other
+        turns and the heartbeat meanwhile, and after a crash until the resumed turn ends)."""
+        with self._lock:
+            data = self._read()
+            if by in data["open"]:
+                return  # a resumed turn keeps the stamps from before its first tool
+            data["open"][by] = {"before": {k: list(v) for k, v in before.items()}, "at": _now()}
+            self._write(data["files"], data["open"])
+            self._open_sessions = set(data["open"])
 
     def record(self, before: Stamps, after: Stamps, by: str, trusted: bool) -> list[str]:
         """Note every watched file whose status moved between ``before`` and ``after`` as
-        written by ``by``. A trusted turn never clears what an untrusted one wrote in the
+        written by ``by`` (from the stamps :meth:`open_turn` kept, when it did), and close
+        ``by``'s open turn. A trusted turn never clears what an untrusted one wrote in the
         same version (two turns at once both saw the change). Returns the files recorded."""
-        changed = [rel for rel, stamp in after.items() if before.get(rel) != stamp]
-        if not changed:
-            return []
         with self._lock:
-            files = self._load()
+            data = self._read()
+            files, opened = data["files"], data["open"]
+            kept = opened.pop(by, None)
+            if kept is not None:
+                before = {k: tuple(v) for k, v in (kept.get("before") or {}).items()}
+            changed = [rel for rel, stamp in after.items() if before.get(rel) != stamp]
+            if not changed and kept is None:
+                return []
             files.pop("*", None)
             for rel in changed:
                 old = files.get(rel)
@@ -110,22 +150,26 @@ class Provenance:
                 }
             for rel in [r for r in files if r not in after and r in before]:
                 del files[rel]  # removed by the turn: nothing left to run
-            make_private_dirs(self.path.parent)
-            replace_durably(self.path, json.dumps({"version": _VERSION, "files": files}, indent=1))
+            self._write(files, opened)
+            self._open_sessions = set(opened)
         for rel in changed:
             level = logging.INFO if trusted else logging.WARNING
-            log.log(level, "provenance: %s written session=%s trusted=%s", rel, by, trusted)
+            log.log(level, "provenance: %r written session=%s trusted=%s", rel, by, trusted)
         return changed
 
     def writer(self, rel: str) -> Writer | None:
         """Who wrote the version of ``rel`` on disk now, when a turn did; None when it was
         written outside any recorded turn (the owner's own edit) or is absent."""
         with self._lock:
-            files = self._load()
+            data = self._read()
+        files = data["files"]
         if "*" in files:
             return Writer("unknown (provenance.json unreadable)", False)
-        record = files.get(rel)
         now = watched_stamps(self.workspace).get(rel)
+        shaping = _open_writer(data["open"], rel, now)
+        if shaping is not None:
+            return Writer(shaping, False)
+        record = files.get(rel)
         if record is None or now is None or tuple(record.get("stamp") or ()) != now:
             return None
         return Writer(str(record.get("by", "")), bool(record.get("trusted", False)))
@@ -144,19 +188,38 @@ class Provenance:
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def untrusted_now(self) -> dict[str, str]:
-        """Every watched file whose version on disk a non-admin's turn wrote: rel -> session."""
+        """Every watched file whose version on disk a non-admin's turn wrote (or may be
+        writing: an open turn): rel -> session."""
         with self._lock:
-            files = self._load()
+            data = self._read()
+        files = data["files"]
         now = watched_stamps(self.workspace)
         if "*" in files:
             return dict.fromkeys(now, "unknown (provenance.json unreadable)")
-        return {
+        out = {
             rel: str(record.get("by", ""))
             for rel, record in files.items()
             if not record.get("trusted", False)
             and rel in now
             and tuple(record.get("stamp") or ()) == now[rel]
         }
+        for rel, stamp in now.items():
+            shaping = _open_writer(data["open"], rel, stamp)
+            if shaping is not None:
+                out[rel] = shaping
+        return out
+
+
+def _open_writer(opened: dict[str, Any], rel: str, now: Stamp | None) -> str | None:
+    """The untrusted turn still open whose stamps from before its first tool differ from
+    ``rel``'s now (it may have written it), or None."""
+    if now is None:
+        return None
+    for by, entry in opened.items():
+        before = (entry.get("before") or {}).get(rel) if isinstance(entry, dict) else None
+        if before is None or tuple(before) != now:
+            return str(by)
+    return None
 
 
 def _now() -> str:

@@ -173,7 +173,7 @@ def _read_skill(workspace: Path, skill_md: Path) -> Skill:
         meta = parse_front_matter(head.decode("utf-8", errors="strict"))
     except (OSError, UnicodeDecodeError, FrontMatterError) as exc:
         log.warning(
-            "skill file %s: %s; listing it as %r without a description", skill_md, exc, folder
+            "skill file %r: %s; listing it as %r without a description", str(skill_md), exc, folder
         )
         return Skill(name=folder, description="", path=skill_md)
     name = " ".join(meta.get("name", "").split()) or folder
@@ -265,7 +265,7 @@ class SkillsIndex:
                 by = shaped.get(f"{SKILLS_DIR}/{skill.path.parent.name}/{SKILL_FILE}")
                 if by:
                     log.warning(
-                        "skill %s was written in %s, not by an admin: left out of the prompt "
+                        "skill %r was written in %s, not by an admin: left out of the prompt "
                         "(edit or touch its SKILL.md to keep it)",
                         skill.path.parent.name,
                         by,

@@ -193,6 +193,10 @@ class Turns:
             if phase == "awaiting_tools" and stamp is None:
                 stamp = memory_stamp(self.cfg.agent.workspace_path)
                 watched = watched_stamps(self.cfg.agent.workspace_path)
+                if not turn_is_trusted(msg):
+                    # Written ahead: what this turn writes counts as its own from now on,
+                    # for turns running meanwhile and after a crash, not only once it ends.
+                    await asyncio.to_thread(self.provenance.open_turn, watched, msg.session_key)
             answer_file = None
             if phase == "final_response":
                 answer_file = await self._cut_final(session, turn_so_far)
@@ -254,6 +258,9 @@ class Turns:
                 await asyncio.shield(ctx.processes.close())
                 if watched is not None:
                     await asyncio.shield(self._record_writes(msg, watched))
+                elif not turn_is_trusted(msg) and self.provenance.has_open(msg.session_key):
+                    # Resumed after a crash past its tools: close what it opened back then.
+                    await asyncio.shield(self._record_writes(msg, {}))
         except asyncio.CancelledError:
             if not stop_requested():
                 raise  # shutdown: the checkpoint stays and the next start resumes the turn

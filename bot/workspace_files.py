@@ -120,7 +120,7 @@ def _refuse(
     if rel not in _reported:
         _reported.add(rel)
         log.warning(
-            "workspace: %s %s; memobot ignores it (it never follows links or opens special "
+            "workspace: %r %s; memobot ignores it (it never follows links or opens special "
             "files in the workspace %s)",
             rel,
             kind,

@@ -239,3 +239,55 @@ async def test_a_skill_a_non_admin_wrote_stays_out_of_every_prompt_until_the_own
             prompts = [r["body"]["messages"][0]["content"] for r in llm.requests]
     assert "PLANTED-SKILL" not in prompts[2]
     assert "PLANTED-SKILL" in prompts[3]
+
+
+# -- found by the attack review: the journal, log lines ----------------------------------------
+
+GUEST = {"is_admin": False, "is_group": False}
+
+
+async def test_a_guest_cannot_read_the_owners_journal_the_starter_skill_keeps(
+    tmp_path: Path,
+) -> None:
+    """The shipped daily-notes skill keeps the owner's journal in notes/YYYY-MM-DD.md (and
+    tells the model to copy lasting facts to USER.md). Every non-admin private chat (allowFrom,
+    or any stranger the owner paired) gets read_file/list_dir/write_file by default
+    (DM_DEFAULT_TOOLS), and hidden() only knows USER.md, memory/, .git, HEARTBEAT.md and other
+    chats' media: the journal is read (and rewritten) from any guest chat."""
+    async with FakeLLM() as llm:
+        cfg = make_config(tmp_path, llm.base_url, tools={"approval": "risky"})
+        ws = cfg.agent.workspace_path
+        async with Harness(cfg, tmp_path / "config.json", channels=("telegram",)) as h:
+            (ws / "notes").mkdir(exist_ok=True)
+            (ws / "notes" / "2026-03-01.md").write_text(
+                "# 2026-03-01\n- 09:10 JOURNAL-SECRET: appointment at the clinic\n"
+            )
+            llm.script(
+                tool_step(("list_dir", {"path": "notes"})),
+                tool_step(("read_file", {"path": "notes/2026-03-01.md"})),
+                reply("here you go"),
+            )
+            fut = await h.send("what's new?", chat="555", channel="telegram", metadata=GUEST)
+            await asyncio.wait_for(fut, 15)
+            seen = json.dumps([r["body"] for r in llm.requests])
+    assert "JOURNAL-SECRET" not in seen
+
+
+# -- 4. logs -----------------------------------------------------------------------------------
+
+FORGED = "2026-03-01 08:00:00,123 INFO bot.approvals: FORGED the owner approved exec"
+
+
+def test_a_planted_name_cannot_forge_a_log_line(tmp_path: Path, llm: FakeLLMThread) -> None:
+    """_refuse logs the planted link's name as it is: a name with a newline (any file tool
+    that makes a link, or exec) writes whole forged lines into the owner's log."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(config_dict(tmp_path, llm.base_url)))
+    ws = tmp_path / "ws"
+    init_workspace(ws)
+    (ws / "skills" / f"x\n{FORGED}").symlink_to("/etc")
+    llm.script(reply("fine"))
+    done = run_memobot("agent", "-m", "hello", "-s", "cli:x", config=config)
+    assert done.returncode == 0, done.stderr
+    assert "FORGED" in done.stderr  # the name is logged
+    assert not any(line.startswith(FORGED[:23]) for line in done.stderr.splitlines())

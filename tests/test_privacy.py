@@ -108,10 +108,11 @@ def test_the_owners_files_are_hidden_outside_the_owners_scope() -> None:
         "media/telegram/-100123",  # the same group's other topic
         "media/discord",
         "media/notes.txt",
+        "notes/2026-03-01.md",  # the owner's journal (the daily-notes skill)
     ):
         assert _hidden(group, path), path
         assert not _hidden(owner, path), path
-    for path in ("SOUL.md", "AGENTS.md", "skills/x/SKILL.md", "notes/a.md", "."):
+    for path in ("SOUL.md", "AGENTS.md", "skills/x/SKILL.md", "notes.md", "."):
         assert not _hidden(group, path), path
     # This chat's own downloads, and the folders on the way to them (to list, not to write).
     assert chat_media_dir("telegram", "-100123:45") == PurePosixPath("media/telegram/-100123_45")

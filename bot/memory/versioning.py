@@ -305,7 +305,7 @@ def _collect(root: Path, rel: str, found: dict[bytes, _Found]) -> None:
     except _Unusable as exc:
         if rel not in _warned:
             _warned.add(rel)
-            log.warning("memory history: not versioning %s: it %s", rel, exc)
+            log.warning("memory history: not versioning %r: it %s", rel, exc)
         return
     found[os.fsencode(rel)] = _Found(side, st)
 

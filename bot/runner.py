@@ -194,7 +194,9 @@ class Runner:
                 parse_arguments(call.arguments)
             except BadArguments as exc:
                 # Refused before anyone is asked: a question about arguments that cannot
-                # run would show nothing true.
+                # run would show nothing true. The chat still sees what was tried.
+                if stream:
+                    stream.on_tool(call.name, call.arguments)
                 turn.append(_result(call, f"Error: {exc}"))
                 continue
             if approve is not None:

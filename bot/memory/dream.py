@@ -59,6 +59,7 @@ rules for how the assistant should behave, or anything said about its owner. Rep
 when a fact changed; remove one only when it is wrong or obsolete, with the reason. When \
 nothing is worth keeping, call finish at once. Call finish when done."""
 CHAT_MEMORY_DIR = "memory/chats"  # one file per chat whose facts are not the owner's
+UNATTRIBUTED = frozenset({"", "legacy"})  # no session; bot.memory.migrate.LEGACY_SESSION
 
 
 def chat_memory_file(session: str) -> str:
@@ -389,16 +390,21 @@ class Dream:
         """One pass over the owner's own chats (USER.md, SOUL.md, MEMORY.md, skills), then one
         per other chat (a group, a person who is not the owner) that may edit only that chat's
         memory file: what a group said never reaches the files every private prompt carries."""
-        own = [e for e in entries if self.owner_chat(e.session)]
+        own = [e for e in entries if self._owners(e)]
         others: dict[str, list[HistoryEntry]] = {}
         for e in entries:
-            if not self.owner_chat(e.session):
+            if not self._owners(e):
                 others.setdefault(e.session, []).append(e)
         passes = [(_Edits(self.workspace), own, DREAM_INSTRUCTIONS)] if own else []
         for session, subset in others.items():
             edits = _Edits(self.workspace, (chat_memory_file(session),), skills=False)
             passes.append((edits, subset, CHAT_INSTRUCTIONS))
         return passes
+
+    def _owners(self, entry: HistoryEntry) -> bool:
+        # Entries that name no chat come from before chats were told apart (nanobot's
+        # history, an imported HISTORY.md): the owner's, as they always were.
+        return entry.session in UNATTRIBUTED or self.owner_chat(entry.session)
 
     async def _converse(
         self, edits: _Edits, entries: list[HistoryEntry], instructions: str = DREAM_INSTRUCTIONS

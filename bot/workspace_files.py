@@ -254,17 +254,8 @@ def lstat(root: Path, path: Path | str) -> os.stat_result:
     """The file's own status (a link at the last component is reported as a link, never
     followed); raises LinkRefused when a folder on the way is a link."""
     parts = _parts(root, path)
-    with _root_fd(root) as rfd:
-        try:
-            dfd = _walk_dirs(rfd, parts[:-1], create=False)
-        except OSError as exc:
-            if _is_link_error(exc) or (exc.errno == errno.ENOTDIR and _has_link(rfd, parts)):
-                raise _refuse(root, parts, exc) from None
-            raise
-        try:
-            return os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
-        finally:
-            os.close(dfd)
+    with _parent(root, parts, create=False) as dfd:
+        return os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
 
 
 def file_stat(root: Path, path: Path | str) -> os.stat_result | None:

@@ -31,6 +31,7 @@ from dulwich.repo import Repo
 
 from bot.memory import versioning
 from bot.memory.versioning import MemoryRepo, MemoryRepoError, commit_async, merge3
+from bot.service.doctor import check_memory_history
 from bot.workspace import init_workspace
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
 from tests.helpers import Harness, config_dict, make_config, run_memobot
@@ -768,6 +769,30 @@ def test_an_unreadable_repository_is_named(ws: Path) -> None:
         repo_of(ws).check()
     with pytest.raises(MemoryRepoError, match="not a git repository"):
         repo_of(ws).commit("x")
+
+
+def test_doctor_names_the_repository_and_the_old_dot_git(tmp_path: Path, ws: Path) -> None:
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1")
+    old_layout(ws)
+
+    def lines() -> list[str]:
+        return [f"{c.status} {c.text}" for c in check_memory_history(cfg)]
+
+    where = tmp_path / "state" / "memory.git"
+    assert lines() == [
+        f"ok memory history: {where} not created yet; at first use, the memory history of "
+        f"{ws / '.git'} is copied there"
+    ]
+    assert not where.exists()  # doctor reads only
+    repo_of(ws).migrate()
+    assert lines() == [
+        f"ok memory history: {where}, 2 commit(s)",
+        f"info memory history: {ws / '.git'} is no longer used by memobot (its history is in "
+        f"{where}); remove it when you like",
+    ]
+    shutil.rmtree(where / "objects")
+    [broken] = check_memory_history(cfg)
+    assert broken.status == "fail" and "memory.git is not a git repository" in broken.text
 
 
 def _hostile_include(ws: Path, outside: Path) -> str:

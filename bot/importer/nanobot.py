@@ -488,7 +488,9 @@ def _adopt_repo(p: Plan) -> None:
         return  # _fill_template makes the first commit
     if found.state == "exists":
         commits = len(repo.log(limit=100_000))
-        p.report.add("adopted", "memory history", f"memobot's already ({commits}), {repo.git_dir}")
+        p.report.add(
+            "adopted", "memory history", f"memobot's own, {commits} commit(s) in {repo.git_dir}"
+        )
         return
     if found.state != "copied":
         p.report.add(

@@ -39,7 +39,13 @@ from dulwich.objects import Blob, Commit, ShaFile, Tree
 from dulwich.pack import Pack, PackData, load_pack_index_file
 
 from bot import workspace_files
-from bot.memory.versioning import BRANCH, NANOBOT_BOOKKEEPING, Migration, is_tracked
+from bot.memory.versioning import (
+    BRANCH,
+    DEFAULT_AUTHOR,
+    NANOBOT_BOOKKEEPING,
+    Migration,
+    is_tracked,
+)
 
 CHILD_TIMEOUT_SECONDS = 120.0  # wall time of the whole copy; the child's CPU limit is the same
 CHILD_MEMORY_BYTES = 1 << 30  # address space of the child
@@ -72,7 +78,7 @@ def copy_history(workspace: Path, dest: Path) -> Migration:
     if not workspace_files.is_dir(workspace, ".git"):
         return Migration("refused", detail="it is not a folder (a link or a gitdir file)")
     package_root = Path(__file__).resolve().parents[2]
-    env = {"PYTHONPATH": str(package_root), "PYTHONSAFEPATH": "1", "LC_ALL": "C.UTF-8"}
+    env = {"PYTHONPATH": str(package_root), "LC_ALL": "C.UTF-8"}  # no secret of memobot's
     command = [sys.executable, "-P", "-m", "bot.memory.legacy", str(workspace), str(dest)]
     try:
         done = subprocess.run(
@@ -173,7 +179,9 @@ def _write(dest: Path, objects: list[ShaFile], tip: bytes) -> None:
         for obj in objects:  # loose, as memobot's commits are: no pack left open at exit
             repo.object_store.add_object(obj)
         branch = b"refs/heads/" + BRANCH
-        if not repo.refs.add_if_new(branch, tip, message=b"memobot: history copied"):
+        # The committer is given: dulwich would otherwise look for one in git config files.
+        who, why = DEFAULT_AUTHOR.encode(), b"memobot: history copied from the workspace's .git"
+        if not repo.refs.add_if_new(branch, tip, committer=who, message=why):
             raise Refused("the new repository already has a branch")
     finally:
         repo.close()

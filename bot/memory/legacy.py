@@ -71,8 +71,9 @@ class Refused(Exception):
 
 def copy_history(workspace: Path, dest: Path) -> Migration:
     """Copy the memory history of ``<workspace>/.git`` into the empty bare repository ``dest``
-    (its branch ``main`` then points at the old tip). Returns what was found; everything but
-    ``copied`` leaves ``dest`` empty. Raises OSError when the child cannot be started."""
+    (its branch ``main`` then points at the old tip). Returns what was found; after anything
+    but ``copied``, ``dest`` may hold a part of a copy (start it again). Raises OSError when
+    the child cannot be started."""
     if not workspace_files.lexists(workspace, ".git"):
         return Migration("none")
     if not workspace_files.is_dir(workspace, ".git"):

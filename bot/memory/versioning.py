@@ -521,10 +521,10 @@ class MemoryRepo:
             if self.git_dir.is_dir():
                 return Migration("exists")
             staging = self.state_dir / _STAGING
-            shutil.rmtree(staging, ignore_errors=True)  # a creation a crash cut short
-            Repo.init_bare(str(staging), mkdir=True, default_branch=BRANCH).close()
-            os.chmod(staging, _PRIVATE_DIR)
+            _init_empty(staging)  # also over a creation a crash cut short
             result = self._copy_old_history(old, staging)
+            if result.state != "copied":
+                _init_empty(staging)  # whatever a copy that failed half way left there
             os.rename(staging, self.git_dir)
             _fsync_dir(self.state_dir)
         return result
@@ -781,6 +781,13 @@ class MemoryRepo:
                 raise
             folder = folder.parent
         return folder
+
+
+def _init_empty(path: Path) -> None:
+    """A new, empty bare repository at ``path`` (0700), replacing whatever was there."""
+    shutil.rmtree(path, ignore_errors=True)
+    Repo.init_bare(str(path), mkdir=True, default_branch=BRANCH).close()
+    os.chmod(path, _PRIVATE_DIR)
 
 
 def _revert_one(after: _Side | None, now: _Side | None, before: _Side | None) -> _Side | None:

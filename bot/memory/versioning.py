@@ -754,33 +754,45 @@ class MemoryRepo:
             return None
 
     def _apply_plan(self, plan: dict[bytes, _Plan]) -> None:
-        """Bring the disk to the planned versions, each file replaced atomically."""
-        touched: set[Path] = set()
+        """Bring the disk to the planned versions, each file replaced atomically (its folder
+        synced); a deleted file's emptied folders go too. Every path is opened through
+        workspace_files: nothing on the way is followed."""
         for path, (now, wanted) in plan.items():
-            full = self.workspace / os.fsdecode(path)
+            rel = os.fsdecode(path)
             if now == wanted:
                 continue
             if wanted is None:
-                workspace_files.unlink(self.workspace, os.fsdecode(path), missing_ok=False)
-                touched.add(self._prune_empty_dirs(full.parent))
+                workspace_files.unlink(self.workspace, rel, missing_ok=False)
+                self._sync_folder(self._prune_empty_dirs(rel.rpartition("/")[0]))
             else:
-                _atomic_write(self.workspace, os.fsdecode(path), wanted)
-                touched.add(full.parent)
-        for folder in touched:
-            _fsync_dir(folder)
+                _atomic_write(self.workspace, rel, wanted)
 
-    def _prune_empty_dirs(self, folder: Path) -> Path:
+    def _prune_empty_dirs(self, folder: str) -> str:
         """Remove folders a revert emptied below a top tracked folder (skills/<name>/...);
-        returns the nearest folder that remains."""
-        while len(folder.relative_to(self.workspace).parts) >= 2:
+        returns the nearest folder that remains (workspace-relative, "" for the workspace)."""
+        while "/" in folder:
+            parent, _, name = folder.rpartition("/")
+            fd = workspace_files.open_fd(self.workspace, parent, os.O_RDONLY | os.O_DIRECTORY)
             try:
-                folder.rmdir()
+                os.rmdir(name, dir_fd=fd)
             except OSError as exc:
-                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
                     break
                 raise
-            folder = folder.parent
+            finally:
+                os.close(fd)
+            folder = parent
         return folder
+
+    def _sync_folder(self, rel: str) -> None:
+        if not rel:
+            _fsync_dir(self.workspace)
+            return
+        fd = workspace_files.open_fd(self.workspace, rel, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _init_empty(path: Path) -> None:

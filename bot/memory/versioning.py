@@ -249,12 +249,25 @@ def _read_file(root: Path, rel: str) -> bytes:
 def _read_path(root: Path, rel: str, st: os.stat_result) -> _Side:
     """The version of ``rel`` on disk (``st`` is its lstat). Raises _Unusable, OSError."""
     if stat.S_ISLNK(st.st_mode):
-        return _Side(_MODE_LINK, os.readlink(os.fsencode(root / rel)))
+        return _Side(_MODE_LINK, _read_link(root, rel))
     if not stat.S_ISREG(st.st_mode):
         raise _Unusable("is a folder" if stat.S_ISDIR(st.st_mode) else "is not a regular file")
     if st.st_size > MAX_FILE_BYTES:
         raise _Unusable(f"is larger than {MAX_FILE_BYTES} bytes")
     return _Side(_git_mode(st), _read_file(root, rel))
+
+
+def _read_link(root: Path, rel: str) -> bytes:
+    """A link's target text, read in its folder opened without following links."""
+    parent, _, name = rel.rpartition("/")
+    if parent:
+        fd = workspace_files.open_fd(root, parent, os.O_RDONLY | os.O_DIRECTORY)
+    else:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the owner's path
+    try:
+        return os.readlink(os.fsencode(name), dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def _parent_state(root: Path, rel: str) -> str:

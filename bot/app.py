@@ -36,11 +36,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def initial_memory_commit(workspace: Path) -> None:
+def initial_memory_commit(workspace: Path, state_dir: Path) -> None:
     """Record the template's memory files, so the first real change shows as a diff."""
     from bot.memory.versioning import MemoryRepo
 
-    MemoryRepo(workspace).commit("memobot: memory files from the template\n")
+    MemoryRepo(workspace, state_dir).commit("memobot: memory files from the template\n")
 
 
 @dataclass(slots=True)
@@ -111,7 +111,7 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
     workspace = cfg.agent.workspace_path
     if not workspace.exists():  # a deleted template file stays deleted once set up
         init_workspace(workspace)
-        initial_memory_commit(workspace)
+        initial_memory_commit(workspace, cfg.agent.state_path)
     elif workspace_files.exists(workspace, "memory/HISTORY.md"):
         # Before the archive object below reads and caches the last cursor.
         from bot.memory.migrate import migrate_legacy_history

@@ -372,8 +372,8 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
     check_layout(cfg, config_path)  # before anything is written
     from bot.memory.versioning import MemoryRepo, MemoryRepoError
 
-    try:  # a .git memobot cannot version memory in (it adopts nanobot's): before any write
-        MemoryRepo(cfg.agent.workspace_path).check()
+    try:  # a memory repository memobot cannot read: before any write
+        MemoryRepo(cfg.agent.workspace_path, cfg.agent.state_path).check()
     except MemoryRepoError as exc:
         print(f"memobot: {exc}", file=sys.stderr)
         return 1
@@ -394,7 +394,7 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
     if created:
         from bot.app import initial_memory_commit
 
-        initial_memory_commit(workspace)
+        initial_memory_commit(workspace, cfg.agent.state_path)
     print(f"Workspace: {workspace} ({len(created)} new files and folders)")
     make_private_dirs(cfg.agent.state_path)
     print(

@@ -110,6 +110,7 @@ class AgentLoop:
             provider,
             archive,
             functools.partial(heartbeat.owner_chat, cfg),
+            state_dir=cfg.agent.state_path,
         )
         self.turns = Turns(
             cfg, bus, store, provider, tools, context, self.consolidator, gate, self._spawn

@@ -336,7 +336,9 @@ class Turns:
 
         try:
             commit = await commit_async(
-                self.cfg.agent.workspace_path, f"agent: memory edited in session {key}\n"
+                self.cfg.agent.workspace_path,
+                self.cfg.agent.state_path,
+                f"agent: memory edited in session {key}\n",
             )
             if commit:
                 log.info("memory committed %s session=%s", commit[:8], key)

@@ -325,13 +325,13 @@ async def test_agent_memory_edits_are_committed(tmp_path: Path, llm: FakeLLM) ->
     async with harness(tmp_path, llm) as h:
         assert await h.ask("remember that my name is Ada") == "Noted, Ada."
         for _ in range(50):
-            if len(MemoryRepo(tmp_path / "ws").log()) == 2:
+            if len(MemoryRepo(tmp_path / "ws", tmp_path / "state").log()) == 2:
                 break
             await asyncio.sleep(0.05)
-    commit, initial = MemoryRepo(tmp_path / "ws").log()
+    commit, initial = MemoryRepo(tmp_path / "ws", tmp_path / "state").log()
     assert "from the template" in initial.message
     assert "agent: memory edited in session cli:t" in commit.message
-    assert "+- Name: Ada" in MemoryRepo(tmp_path / "ws").diff()
+    assert "+- Name: Ada" in MemoryRepo(tmp_path / "ws", tmp_path / "state").diff()
 
 
 async def test_memory_search_in_groups_sees_only_that_chat(tmp_path: Path, llm: FakeLLM) -> None:

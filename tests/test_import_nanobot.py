@@ -90,7 +90,7 @@ def test_import_then_search_history_dream_and_a_turn(tmp_path: Path, llm: FakeLL
     assert dreamt.returncode == 0, dreamt.stderr
     assert "Traceback" not in dreamt.stderr and "1 added" in dreamt.stdout
     assert read_dream_cursor(ws) == HISTORY_LINES[-1]["cursor"]
-    log = MemoryRepo(ws).log()
+    log = MemoryRepo(ws, cfg.agent.state_path).log()
     assert log[0].subject.startswith("dream: digest history 2..3")
     assert [c.subject for c in log[-2:]] == [
         "dream: 2026-03-02, 1 change(s)",
@@ -141,11 +141,11 @@ def test_copy_leaves_nanobot_untouched(tmp_path: Path) -> None:
     assert (copy / "memory" / "history.jsonl").read_bytes() == (
         ws / "memory" / "history.jsonl"
     ).read_bytes()
-    assert MemoryRepo(copy).log()[-1].subject == "init: nanobot memory store"
-    assert b"memobot" not in (ws / ".git" / "config").read_bytes()  # the original is not marked
+    assert MemoryRepo(copy, cfg.agent.state_path).log()[-1].subject == "init: nanobot memory store"
+    assert not (copy / ".git").exists()  # the history is in memobot's own repository
 
 
-def test_an_unsafe_repository_is_moved_aside_with_a_note(tmp_path: Path) -> None:
+def test_a_persons_repository_is_left_alone_with_a_note(tmp_path: Path) -> None:
     from dulwich import porcelain
 
     ws = nanobot_workspace(tmp_path / "ws", git=False)
@@ -156,12 +156,15 @@ def test_an_unsafe_repository_is_moved_aside_with_a_note(tmp_path: Path) -> None
     cfg_path = tmp_path / "memobot" / "config.json"
     done = run_memobot("import", "nanobot", str(ws), config=cfg_path)
     assert done.returncode == 0, done.stderr
-    assert "moved aside .git" in done.stdout and "notes.txt" in done.stdout
-    [aside] = ws.glob(".git.nanobot-*")
-    old = Repo(str(aside))  # the old history is intact where it was moved
+    assert "left alone  .git: not copied: it tracks notes.txt" in done.stdout, done.stdout
+    assert not list(ws.glob(".git.nanobot-*"))
+    old = Repo(str(ws))  # the person's history is where it was, untouched
     commit = old[old.head()]
     assert commit.message == b"my notes"  # type: ignore[union-attr]
-    assert MemoryRepo(ws).log()[0].subject.startswith("memobot:")
+    assert b"memobot" not in (ws / ".git" / "config").read_bytes()
+    cfg, _ = load_config(cfg_path)
+    log = MemoryRepo(ws, cfg.agent.state_path).log()
+    assert [c.subject for c in log] == ["memobot: memory files as imported from nanobot"]
     assert "(no nanobot config.json found)" in done.stdout
 
 

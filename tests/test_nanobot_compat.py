@@ -2,9 +2,11 @@
 
 * history entries with ``session_key`` or no session at all are read everywhere (search, Dream,
   ``memory history``, doctor) and never rewritten;
-* nanobot's git repository (it tracks .gitignore and memory/.dream_cursor) is adopted with its
-  history; a repository memobot cannot adopt stops Dream and onboard before they change a file,
-  with one line and no traceback.
+* nanobot's git repository (it tracks .gitignore and memory/.dream_cursor): its history is
+  copied into memobot's own repository (in the state folder) and the workspace's .git is left
+  as it is; a person's repository is left alone and memobot starts its own history; a memory
+  repository memobot cannot read stops Dream and onboard before they change a file, with one
+  line and no traceback.
 """
 
 from __future__ import annotations
@@ -108,7 +110,10 @@ async def test_dream_digests_entries_without_session(tmp_path: Path) -> None:
         server.script(*_dream_steps())
         provider = LLMProvider(cfg.llm)
         try:
-            result = await Dream(cfg.memory, ws, provider, HistoryArchive(ws)).run()
+            dream = Dream(
+                cfg.memory, ws, provider, HistoryArchive(ws), state_dir=cfg.agent.state_path
+            )
+            result = await dream.run()
         finally:
             await provider.close()
         assert result.status == "done", result.detail
@@ -140,7 +145,7 @@ def test_dream_adopts_nanobots_repository(tmp_path: Path, llm: FakeLLMThread) ->
     assert "Traceback" not in done.stderr
     assert "1 added" in done.stdout
     assert read_dream_cursor(ws) == 3
-    log = MemoryRepo(ws).log()
+    log = MemoryRepo(ws, tmp_path / "state").log()
     subjects = [c.subject for c in log]
     assert subjects[0].startswith("dream: digest history 2..3")
     # nanobot's history is kept underneath.
@@ -153,19 +158,37 @@ def test_dream_adopts_nanobots_repository(tmp_path: Path, llm: FakeLLMThread) ->
     assert (ws / "USER.md").read_text().count("Keeps bees") == 1
 
 
-def test_dream_refuses_an_unsafe_repository_before_any_edit(
-    tmp_path: Path, llm: FakeLLMThread
-) -> None:
+def test_dream_leaves_a_persons_repository_alone(tmp_path: Path, llm: FakeLLMThread) -> None:
     cfg_path = write_config(tmp_path, llm.base_url)
     ws = _nanobot_ws(tmp_path, extra=("notes.txt",))
     (ws / ".gitignore").write_text("")  # a person's repository: notes.txt is theirs
+    (ws / "memory" / ".dream_cursor").write_text("3\n")
+    with open(ws / "memory" / "history.jsonl", "a") as fh:
+        fh.write(json.dumps({"cursor": 4, "session": "cli:direct", "content": "bees!"}) + "\n")
+    dot_git = {p: p.read_bytes() for p in (ws / ".git").rglob("*") if p.is_file()}
+    llm.script(*_dream_steps())
+    done = run_memobot("dream", config=cfg_path)
+    assert done.returncode == 0, done.stderr
+    assert "1 added" in done.stdout and "Traceback" not in done.stderr
+    assert "it tracks notes.txt" in done.stderr  # one line: not copied, left alone
+    assert {p: p.read_bytes() for p in (ws / ".git").rglob("*") if p.is_file()} == dot_git
+    subjects = [c.subject for c in MemoryRepo(ws, tmp_path / "state").log()]
+    assert len(subjects) == 1 and subjects[0].startswith("dream: digest history 4..4")
+
+
+def test_dream_refuses_an_unreadable_memory_repository_before_any_edit(
+    tmp_path: Path, llm: FakeLLMThread
+) -> None:
+    cfg_path = write_config(tmp_path, llm.base_url)
+    ws = _nanobot_ws(tmp_path)
+    (tmp_path / "state" / "memory.git").mkdir(parents=True)  # not a repository
     user_before = (ws / "USER.md").read_bytes()
     llm.script(*_dream_steps())
     done = run_memobot("dream", config=cfg_path)
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-    assert len(lines) == 1 and "notes.txt" in lines[0], lines
+    assert len(lines) == 1 and "memory.git is not a git repository" in lines[0], lines
     assert (ws / "USER.md").read_bytes() == user_before
     assert read_dream_cursor(ws) == 1
     assert llm.requests == []  # checked before the model was asked anything
@@ -177,21 +200,35 @@ def test_onboard_on_a_nanobot_workspace(tmp_path: Path) -> None:
     done = run_memobot("onboard", "--workspace", str(ws), config=cfg)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
-    subjects = [c.subject for c in MemoryRepo(ws).log()]
+    subjects = [c.subject for c in MemoryRepo(ws, tmp_path / "home" / "state").log()]
     assert subjects[-1] == "init: nanobot memory store"
     assert (ws / "USER.md").read_text().startswith("# User\n\n- Name: Ada\n")
 
 
-def test_onboard_refuses_an_unsafe_repository_before_writing(tmp_path: Path) -> None:
+def test_onboard_leaves_a_persons_repository_alone(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "project.py").write_text("print('mine')\n")
     porcelain.init(str(ws))
     porcelain.add(str(ws), paths=[str(ws / "project.py")])
     porcelain.commit(str(ws), message=b"mine", author=b"A <a@b>", committer=b"A <a@b>")
+    dot_git = {p: p.read_bytes() for p in (ws / ".git").rglob("*") if p.is_file()}
+    cfg = tmp_path / "home" / "config.json"
+    done = run_memobot("onboard", "--workspace", str(ws), config=cfg)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "it tracks project.py" in done.stderr
+    assert {p: p.read_bytes() for p in (ws / ".git").rglob("*") if p.is_file()} == dot_git
+    subjects = [c.subject for c in MemoryRepo(ws, tmp_path / "home" / "state").log()]
+    assert subjects == ["memobot: memory files from the template"]
+
+
+def test_onboard_refuses_an_unreadable_memory_repository_before_writing(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (tmp_path / "home" / "state" / "memory.git").mkdir(parents=True)
     cfg = tmp_path / "home" / "config.json"
     done = run_memobot("onboard", "--workspace", str(ws), config=cfg)
     assert done.returncode == 1
-    assert "Traceback" not in done.stderr and "project.py" in done.stderr
+    assert "Traceback" not in done.stderr and "memory.git is not a git repository" in done.stderr
     assert not cfg.exists()
-    assert sorted(p.name for p in ws.iterdir()) == [".git", "project.py"]
+    assert list(ws.iterdir()) == []

@@ -376,13 +376,14 @@ def _rel(source: Source, path: Path) -> str:
 
 def _copy_workspace(src: Path, dest: Path) -> None:
     """Copy the workspace without its sessions/ (transcripts go to the state folder, out of the
-    agent's reach); symlinks are copied as links, never followed."""
+    agent's reach) and its .git (the history goes to memobot's own repository, see
+    :func:`_adopt_repo`); symlinks are copied as links, never followed."""
     make_private_dirs(dest.parent)
     shutil.copytree(
         src,
         dest,
         symlinks=True,
-        ignore=lambda folder, names: ["sessions"] if Path(folder) == src else [],
+        ignore=lambda folder, names: ["sessions", ".git"] if Path(folder) == src else [],
         dirs_exist_ok=True,
     )
     os.chmod(dest, 0o700)
@@ -477,32 +478,32 @@ def _adopt_files(p: Plan) -> None:
 
 
 def _adopt_repo(p: Plan) -> None:
+    """nanobot's memory repository: its history is copied into memobot's own, in the state
+    folder (:meth:`MemoryRepo.migrate`); the workspace's ``.git`` is left as it is, unused."""
     from bot.memory.versioning import MemoryRepo
 
-    repo = MemoryRepo(p.workspace)
-    verdict = repo.inspect()
-    if verdict.state == "unsafe":
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        aside = p.workspace / f".git.nanobot-{stamp}"
-        os.replace(p.workspace / ".git", aside)
+    repo = MemoryRepo(p.workspace, p.config.agent.state_path)
+    found = repo.migrate(p.source.workspace)
+    if found.state == "none":
+        return  # _fill_template makes the first commit
+    if found.state == "exists":
+        commits = len(repo.log(limit=100_000))
         p.report.add(
-            "moved aside",
-            ".git",
-            f"to {aside.name}: {verdict.detail}, which memobot's memory commits would drop; its "
-            f"history is all there (git --git-dir {aside.name} log); memobot starts a new one",
+            "adopted", "memory history", f"memobot's own, {commits} commit(s) in {repo.git_dir}"
         )
         return
-    if verdict.state == "absent":
-        return  # _fill_template makes the first commit
-    if verdict.state == "memobot":
-        p.report.add("adopted", ".git", f"memobot's memory history already ({verdict.commits})")
+    if found.state != "copied":
+        p.report.add(
+            "left alone",
+            ".git",
+            f"not copied: {found.detail}; memobot starts its own memory history in {repo.git_dir}",
+        )
         return
     repo.commit("memobot: memory files as imported from nanobot\n")
-    detail = f"nanobot's memory history, {verdict.commits} commit(s) kept"
-    if verdict.drop:
-        names = ", ".join(os.fsdecode(d) for d in verdict.drop)
-        detail += f"; no longer versioned (the files stay): {names}"
-    p.report.add("adopted", ".git", detail)
+    detail = f"nanobot's memory history, {found.commits} commit(s) kept in {repo.git_dir}"
+    if found.drop:
+        detail += f"; no longer versioned (the files stay): {', '.join(found.drop)}"
+    p.report.add("adopted", ".git", detail + "; memobot no longer uses .git itself")
 
 
 def _fill_template(p: Plan) -> None:
@@ -510,17 +511,18 @@ def _fill_template(p: Plan) -> None:
     from bot.memory.versioning import MemoryRepo
     from bot.workspace import init_workspace
 
-    had_repo = MemoryRepo(p.workspace).inspect().state != "absent"
+    state = p.config.agent.state_path
+    repo = MemoryRepo(p.workspace, state)
+    had_history = bool(repo.log(limit=1))
     created = init_workspace(p.workspace)
     for path in created:
         if path.is_file():
             p.report.add("added", str(path.relative_to(p.workspace)), "from memobot's template")
-    if not had_repo:
-        MemoryRepo(p.workspace).commit("memobot: memory files as imported from nanobot\n")
+    if not had_history:
+        repo.commit("memobot: memory files as imported from nanobot\n")
+        p.report.add("added", "memory history", f"{repo.git_dir} (memobot memory log)")
     elif created:
-        initial_memory_commit(p.workspace)
-    if not had_repo:
-        p.report.add("added", ".git", "memobot's memory history (memobot memory log)")
+        initial_memory_commit(p.workspace, state)
     mode = os.stat(p.workspace).st_mode & 0o777
     if mode & 0o077:
         os.chmod(p.workspace, 0o700)

@@ -305,12 +305,15 @@ class Dream:
         provider: LLMProvider,
         archive: HistoryArchive,
         owner_chat: Callable[[str], bool] = private_chat,
+        *,
+        state_dir: Path,
     ) -> None:
         """``owner_chat``: whether a session is the owner's own chat, whose facts may go to
         USER.md, SOUL.md and MEMORY.md (:func:`bot.cron.heartbeat.owner_chat`; by default any
-        private chat)."""
+        private chat). ``state_dir``: agent.stateDir, where the memory history is kept."""
         self.cfg = cfg
         self.workspace = workspace
+        self.state_dir = state_dir
         self.provider = provider
         self.archive = archive
         self.owner_chat = owner_chat
@@ -336,7 +339,7 @@ class Dream:
             return DreamResult("nothing")
         # Before the model is asked anything: edits that cannot be committed must not land.
         # The caller reports the result (one line for `memobot dream`, a log line when scheduled).
-        problem = await asyncio.to_thread(_repo_problem, self.workspace)
+        problem = await asyncio.to_thread(_repo_problem, self.workspace, self.state_dir)
         if problem:
             return DreamResult("failed", len(entries), detail=problem)
         passes = self._passes(entries)
@@ -364,9 +367,8 @@ class Dream:
             await asyncio.to_thread(_write, self.workspace, rel, text)
         if changed:
             try:
-                result.commit = await _commit(
-                    self.workspace, commit_message(result, entries[0].cursor, entries[-1].cursor)
-                )
+                message = commit_message(result, entries[0].cursor, entries[-1].cursor)
+                result.commit = await _commit(self.workspace, self.state_dir, message)
             except MemoryRepoError as exc:
                 # The repository changed under us since the check: take the edits back, so
                 # the next run does them once, not on top of themselves.
@@ -476,21 +478,21 @@ def complete_reason(cfg: MemoryConfig) -> str:
     )
 
 
-def _repo_problem(workspace: Path) -> str | None:
-    """Why Dream's changes could not be committed in this workspace, or None."""
+def _repo_problem(workspace: Path, state_dir: Path) -> str | None:
+    """Why Dream's changes could not be committed, or None."""
     from bot.memory.versioning import MemoryRepo, MemoryRepoError
 
     try:
-        MemoryRepo(workspace).check()
+        MemoryRepo(workspace, state_dir).check()
     except (MemoryRepoError, OSError) as exc:
         return str(exc)
     return None
 
 
-async def _commit(workspace: Path, message: str) -> str | None:
+async def _commit(workspace: Path, state_dir: Path, message: str) -> str | None:
     from bot.memory.versioning import commit_async
 
-    return await commit_async(workspace, message)
+    return await commit_async(workspace, state_dir, message)
 
 
 async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
@@ -509,7 +511,10 @@ async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
     try:
         archive = HistoryArchive(workspace)
         owner = functools.partial(owner_chat, cfg)
-        result = await Dream(cfg.memory, workspace, provider, archive, owner).run()
+        dream = Dream(
+            cfg.memory, workspace, provider, archive, owner, state_dir=cfg.agent.state_path
+        )
+        result = await dream.run()
     finally:
         await provider.close()
     print(result.describe())

@@ -1,10 +1,12 @@
 """Versioned memory: the long-term memory files under git, written with dulwich (no git binary).
 
-The repository lives in ``<workspace>/.git`` and tracks only :data:`TRACKED` (USER.md, SOUL.md,
-memory/MEMORY.md, each chat's memory/chats/<chat>.md and everything under skills/). Every
-other workspace file (notes, media, scripts, history.jsonl, the cursors) is never opened, hashed
-or committed: the tree of each commit is built from the tracked paths alone, and
-``.git/info/exclude`` hides the rest from a person's ``git status``.
+The repository is memobot's own: a bare repository ``<agent.stateDir>/memory.git`` that only
+memobot's process opens (the state folder is out of reach of the model's tools and commands).
+It records only :data:`TRACKED` (USER.md, SOUL.md, memory/MEMORY.md, each chat's
+memory/chats/<chat>.md and everything under skills/). The tree of each commit is built from
+those workspace files, read through :mod:`bot.workspace_files` (never following a link); every
+other workspace file (notes, media, scripts, history.jsonl, the cursors) is never opened,
+hashed or committed. Nothing of the repository is in the workspace: no ``.git``, no index.
 
 Rules for what a commit holds:
 
@@ -13,11 +15,13 @@ Rules for what a commit holds:
   larger than :data:`MAX_FILE_BYTES` are left out, as if untracked;
 * deleting a tracked file commits the deletion; empty folders are not recorded (as in git).
 
-Adoption: a ``.git`` memobot did not create is used only when committing the memory files
-cannot drop anything from it. nanobot's memory repository qualifies (it also versions
-``.gitignore`` and ``memory/.dream_cursor``): memobot keeps its history and records one commit
-that stops versioning those bookkeeping files, which stay on disk. Any other repository is
-refused (:class:`MemoryRepoError`); :meth:`MemoryRepo.check` says so before files are changed.
+Migration (:meth:`MemoryRepo.migrate`): earlier versions of memobot kept this repository in
+``<workspace>/.git``, and nanobot keeps its memory store there. When memobot's repository does
+not exist yet, the history of such a ``.git`` is copied into it once (:mod:`bot.memory.legacy`
+reads it as the hostile data it is: no link followed, no config read, in a child process with
+limits), nanobot's bookkeeping files (``.gitignore``, ``memory/.dream_cursor``) leave the tree
+with one commit, and the workspace's ``.git`` is never used again. A ``.git`` that tracks other
+files (a person's project), or one that looks wrong, is left alone: a fresh history starts.
 
 Revert semantics (:meth:`MemoryRepo.revert`): like ``git revert``, it undoes one commit's changes
 with a new commit. For each path that commit changed, the file on disk now is compared with what
@@ -28,9 +32,10 @@ adjacent lines, binary files, symlinks and add/delete clashes are conflicts: the
 is written and :class:`MemoryRepoError` names every conflicting file. The revert commit records
 the reverted paths only; other uncommitted edits stay uncommitted.
 
-Concurrency: every write takes an exclusive ``flock`` on ``.git/memobot.lock``, so threads and
-processes (the daemon and a ``memobot memory revert`` in a terminal) never interleave;
-:func:`commit_async` adds a per-workspace asyncio lock so waiting coroutines do not hold threads.
+Concurrency: every write takes an exclusive ``flock`` on ``<stateDir>/memory.git.lock``, so
+threads and processes (the daemon and a ``memobot memory revert`` in a terminal) never
+interleave; :func:`commit_async` adds a per-repository asyncio lock so waiting coroutines do not
+hold threads.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import io
 import logging
 import os
 import re
+import shutil
 import stat
 import sys
 import threading
@@ -57,7 +63,7 @@ from pathlib import Path
 from typing import Literal
 
 from dulwich.errors import NotGitRepository
-from dulwich.index import Index, commit_tree, index_entry_from_stat
+from dulwich.index import commit_tree
 from dulwich.object_store import iter_tree_contents, tree_lookup_path
 from dulwich.objects import Blob, Commit, ObjectID
 from dulwich.patch import write_tree_diff
@@ -65,6 +71,8 @@ from dulwich.repo import Repo
 
 from bot import workspace_files
 from bot.config import Config
+from bot.private import PRIVATE_FILE as _PRIVATE_FILE
+from bot.private import make_private_dirs
 
 log = logging.getLogger(__name__)
 
@@ -75,34 +83,17 @@ SHORT_ID_LEN = 7
 MIN_PREFIX_LEN = 4
 BRANCH = b"main"
 
+STATE_REPO = "memory.git"  # in agent.stateDir
+_LOCK_FILE = "memory.git.lock"  # beside it: held while the repository is created, too
+_STAGING = "memory.git.new"  # a repository being created (and its history copied) under the lock
 _GIT_DIR = ".git"
-_LOCK_FILE = "memobot.lock"
-# Where dulwich writes in a commit (it opens these itself, following links).
-_GIT_WRITTEN = (
-    "objects", "refs", "refs/heads", "refs/heads/main", "logs", "logs/HEAD", "logs/refs",
-    "logs/refs/heads", "logs/refs/heads/main", "index", "HEAD", "config", "info",
-    "info/exclude",
-)  # fmt: skip
-_MARKER = (b"memobot", b"managed")  # config key set on repositories this module created
 _MODE_FILE = 0o100644
 _MODE_EXEC = 0o100755
 _MODE_LINK = 0o120000
-_PRIVATE_DIR = 0o700  # the workspace is private to the daemon's user (bot/workspace.py)
-_OPEN_RETRY_SECONDS = 2.0
+_PRIVATE_DIR = 0o700
 _BINARY_SNIFF = 8000
 _REV = re.compile(r"^(?P<base>HEAD|@|[0-9a-fA-F]+)(?P<steps>(?:~[0-9]*|\^)*)$")
 _IDENT = re.compile(r"^[^<>\n]+ <[^<>\n]*>$")
-# Seen by git only: `git status` in the workspace lists the memory files and nothing else.
-_EXCLUDE = """\
-# Written by memobot: only the memory files are versioned in this repository.
-/*
-!/USER.md
-!/SOUL.md
-!/memory/
-/memory/*
-!/memory/MEMORY.md
-!/skills/
-"""
 
 
 # Files nanobot's GitStore versions besides the memory files. A repository whose tree holds
@@ -117,18 +108,21 @@ class MemoryRepoError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class RepoVerdict:
-    """What a workspace's ``.git`` is to memobot (see :meth:`MemoryRepo.inspect`).
+class Migration:
+    """What :meth:`MemoryRepo.migrate` found in a workspace's old ``.git``.
 
-    ``state``: ``absent`` (memobot creates one), ``memobot`` (already in use), ``adoptable``
-    (nanobot's: used as it is, ``drop`` lists the bookkeeping paths the adoption commit stops
-    versioning), ``unsafe`` (``detail`` says why; memobot refuses to commit into it).
+    ``state``: ``exists`` (memobot's repository was there already: nothing read), ``none`` (no
+    old ``.git``, or one without commits), ``copied`` (its ``commits`` are memobot's history
+    now; ``drop`` lists nanobot's bookkeeping paths one commit took out of the tree),
+    ``foreign`` (it tracks other files, ``detail`` names one: a person's repository, left
+    alone) or ``refused`` (``detail`` says what looked wrong). The last two start a fresh
+    history; in every case the old ``.git`` is never used again.
     """
 
-    state: Literal["absent", "memobot", "adoptable", "unsafe"]
-    detail: str = ""
-    drop: tuple[bytes, ...] = ()
+    state: Literal["exists", "none", "copied", "foreign", "refused"]
     commits: int = 0
+    drop: tuple[str, ...] = ()
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,12 +249,25 @@ def _read_file(root: Path, rel: str) -> bytes:
 def _read_path(root: Path, rel: str, st: os.stat_result) -> _Side:
     """The version of ``rel`` on disk (``st`` is its lstat). Raises _Unusable, OSError."""
     if stat.S_ISLNK(st.st_mode):
-        return _Side(_MODE_LINK, os.readlink(os.fsencode(root / rel)))
+        return _Side(_MODE_LINK, _read_link(root, rel))
     if not stat.S_ISREG(st.st_mode):
         raise _Unusable("is a folder" if stat.S_ISDIR(st.st_mode) else "is not a regular file")
     if st.st_size > MAX_FILE_BYTES:
         raise _Unusable(f"is larger than {MAX_FILE_BYTES} bytes")
     return _Side(_git_mode(st), _read_file(root, rel))
+
+
+def _read_link(root: Path, rel: str) -> bytes:
+    """A link's target text, read in its folder opened without following links."""
+    parent, _, name = rel.rpartition("/")
+    if parent:
+        fd = workspace_files.open_fd(root, parent, os.O_RDONLY | os.O_DIRECTORY)
+    else:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the owner's path
+    try:
+        return os.readlink(os.fsencode(name), dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def _parent_state(root: Path, rel: str) -> str:
@@ -310,7 +317,7 @@ def _collect(root: Path, rel: str, found: dict[bytes, _Found]) -> None:
     found[os.fsencode(rel)] = _Found(side, st)
 
 
-def _is_tracked(path: bytes) -> bool:
+def is_tracked(path: bytes) -> bool:
     text = os.fsdecode(path)
     parts = text.split("/")
     if not text or any(p in ("", ".", "..", _GIT_DIR) for p in parts):
@@ -385,16 +392,19 @@ def _fsync_dir(path: Path) -> None:
 
 
 class MemoryRepo:
-    """The memory history of one workspace.
+    """The memory history of one workspace, kept in memobot's state folder.
 
-    Reads (:meth:`log`, :meth:`diff`, :meth:`resolve`) never create anything; :meth:`commit`
-    creates the repository on first use. Methods block on disk I/O: from asyncio, call them
-    through ``asyncio.to_thread`` (or use :func:`commit_async`).
+    Reads (:meth:`log`, :meth:`diff`, :meth:`resolve`) change nothing in the workspace;
+    :meth:`commit` creates the repository on first use, and a read does too when an old
+    workspace ``.git`` is there to copy (:meth:`migrate`), so ``memobot memory log`` shows the
+    old history after an upgrade. Methods block on disk I/O: from asyncio, call them through
+    ``asyncio.to_thread`` (or use :func:`commit_async`).
     """
 
-    def __init__(self, workspace: Path) -> None:
+    def __init__(self, workspace: Path, state_dir: Path) -> None:
         self.workspace = Path(workspace).expanduser().resolve()
-        self.git_dir = self.workspace / _GIT_DIR
+        self.state_dir = Path(state_dir).expanduser().resolve()
+        self.git_dir = self.state_dir / STATE_REPO
         self._repo: Repo | None = None
         self._open_lock = threading.Lock()
 
@@ -405,9 +415,11 @@ class MemoryRepo:
 
         Returns the new commit id (hex), or None when nothing changed since the last commit.
         Raises ValueError for a malformed ``author``, MemoryRepoError when the workspace is
-        missing or ``.git`` holds a repository memobot did not create.
+        missing or memobot's repository cannot be read.
         """
         ident = _identity(author)
+        if not self.workspace.is_dir():
+            raise MemoryRepoError(f"workspace {self.workspace} does not exist")
         with self._locked(create=True) as repo:
             found = _scan(self.workspace)
             entries = {path: (f.side.mode, self._store(repo, f.side)) for path, f in found.items()}
@@ -418,7 +430,6 @@ class MemoryRepo:
             if head is not None and self._commit(repo, head).tree == tree:
                 return None
             new_id = self._write_commit(repo, tree, head, _message_bytes(message), ident)
-            self._write_index(repo, {p: (m, sha, found[p].stat) for p, (m, sha) in entries.items()})
             return new_id.decode("ascii")
 
     def log(self, limit: int = 50) -> list[CommitInfo]:
@@ -480,7 +491,6 @@ class MemoryRepo:
             self._apply_plan(plan)
             message = f"Revert {info.short_id}: {info.subject}\n\nThis reverts commit {info.id}.\n"
             new_id = self._write_commit(repo, tree, head, message.encode(), DEFAULT_AUTHOR.encode())
-            self._update_index(repo, plan, entries)
             return new_id.decode("ascii")
 
     def resolve(self, rev: str) -> bytes:
@@ -507,40 +517,110 @@ class MemoryRepo:
             commit_id = parents[0]
         return bytes(commit_id)
 
+    def migrate(self, old_workspace: Path | None = None) -> Migration:
+        """Create memobot's repository unless it exists, with the history of the old layout's
+        ``<old_workspace>/.git`` (default: this workspace's) when that is a memory history:
+        memobot's own from an earlier version, or nanobot's (whose bookkeeping files then leave
+        the tree with one commit; they stay on disk). Anything else in it, or anything that
+        looks wrong, starts a fresh history instead (one log line says why). Either way the old
+        ``.git`` is left as it is and never used again.
+
+        Runs once: later calls return ``Migration("exists")`` without reading anything. Raises
+        MemoryRepoError when the state folder cannot be written or the copy cannot start.
+        """
+        old = Path(old_workspace).expanduser().resolve() if old_workspace else self.workspace
+        make_private_dirs(self.state_dir)
+        with self._file_lock():
+            if self.git_dir.is_dir():
+                return Migration("exists")
+            staging = self.state_dir / _STAGING
+            _init_empty(staging)  # also over a creation a crash cut short
+            result = self._copy_old_history(old, staging)
+            if result.state != "copied":
+                _init_empty(staging)  # whatever a copy that failed half way left there
+            os.rename(staging, self.git_dir)
+            _fsync_dir(self.state_dir)
+        return result
+
+    def _copy_old_history(self, old: Path, staging: Path) -> Migration:
+        from bot.memory.legacy import copy_history
+
+        try:
+            result = copy_history(old, staging)
+        except OSError as exc:
+            raise MemoryRepoError(f"cannot copy the memory history of {old}/.git: {exc}") from exc
+        where, dot_git = self.git_dir, old / _GIT_DIR
+        if result.state == "copied":
+            if result.drop:
+                repo = Repo(str(staging), bare=True)
+                try:
+                    self._drop_bookkeeping(repo, result.drop)
+                finally:
+                    repo.close()
+            # A warning: the one time the owner hears that the old folder can go.
+            log.warning(
+                "memory history: copied %d commit(s) of %s into %s; memobot no longer uses %s "
+                "(it may be removed)", result.commits, dot_git, where, dot_git,
+            )  # fmt: skip
+        elif result.state == "foreign":
+            log.warning(
+                "memory history: %s is not a memory history (%s): left alone, not copied; "
+                "memobot keeps its own in %s", dot_git, result.detail, where,
+            )  # fmt: skip
+        elif result.state == "refused":
+            log.warning(
+                "memory history: not copying %s: %s; memobot starts a fresh history in %s and "
+                "no longer uses that folder", dot_git, result.detail, where,
+            )  # fmt: skip
+        return result
+
+    def _drop_bookkeeping(self, repo: Repo, drop: tuple[str, ...]) -> None:
+        """One commit that stops versioning nanobot's bookkeeping files (they stay on disk)."""
+        head = self._head(repo)
+        assert head is not None
+        gone = {os.fsencode(p) for p in drop}
+        keep = [
+            (entry.path, entry.sha, entry.mode)
+            for entry in iter_tree_contents(repo.object_store, self._commit(repo, head).tree)
+            if entry.path not in gone
+        ]
+        tree = commit_tree(repo.object_store, keep)
+        dropped = "\n".join(f"- {p}" for p in drop)
+        message = (
+            "memobot: adopt this memory repository\n\nIts history is kept. memobot versions "
+            f"{', '.join(TRACKED)}; these stay on disk but are no longer versioned:\n"
+            f"{dropped}\n"
+        )
+        self._write_commit(repo, tree, head, message.encode(), DEFAULT_AUTHOR.encode())
+
+    def check(self) -> None:
+        """Raise MemoryRepoError (one line naming the reason) when memobot's repository exists
+        but cannot be read. Reads only; call it before changing files that will be committed."""
+        if self.git_dir.exists() or self.git_dir.is_symlink():
+            self._open(create=False)
+
     # -- opening and locking -------------------------------------------------------------------
 
     def _open(self, create: bool) -> Repo | None:
         with self._open_lock:
-            if self._repo is None or not self.git_dir.is_dir():  # .git removed by hand: start over
-                self._repo = None
-                if not self.git_dir.exists():
-                    if not create:
-                        return None
-                    self._init()
-                self._repo = self._open_existing()
-            return self._repo
-
-    def _init(self) -> None:
-        if not self.workspace.is_dir():
-            raise MemoryRepoError(f"workspace {self.workspace} does not exist")
-        try:
-            Repo.init(str(self.workspace), default_branch=BRANCH)
-        except FileExistsError:
-            return  # another process created it at the same moment; _open_existing waits
-        os.chmod(self.git_dir, _PRIVATE_DIR)
-
-    def _open_existing(self) -> Repo:
-        deadline = time.monotonic() + _OPEN_RETRY_SECONDS
-        while True:
+            if self._repo is not None and self.git_dir.is_dir():
+                return self._repo
+            self._repo = None  # never opened, or removed by hand: start over
+            if not self.git_dir.is_dir():
+                if not (create or workspace_files.lexists(self.workspace, _GIT_DIR)):
+                    return None
+                self.migrate()
+            broken = MemoryRepoError(
+                f"{self.git_dir} is not a git repository; move it away and memobot starts a new "
+                "memory history"
+            )
+            if not ((self.git_dir / "objects").is_dir() and (self.git_dir / "HEAD").is_file()):
+                raise broken
             try:
-                return Repo(str(self.workspace))
+                self._repo = Repo(str(self.git_dir), bare=True)
             except NotGitRepository:
-                # A concurrent Repo.init may be half way; anything else stays broken.
-                if time.monotonic() > deadline:
-                    raise MemoryRepoError(
-                        f"{self.git_dir} exists but is not a git repository"
-                    ) from None
-                time.sleep(0.02)
+                raise broken from None
+            return self._repo
 
     def _require(self) -> Repo:
         repo = self._open(create=False)
@@ -549,117 +629,26 @@ class MemoryRepo:
         return repo
 
     @contextmanager
-    def _locked(self, create: bool) -> Iterator[Repo]:
-        """The repository under an exclusive flock shared by threads and processes."""
-        repo = self._open(create=create) if create else self._require()
-        assert repo is not None
-        fd = workspace_files.open_fd(
-            self.workspace, f"{_GIT_DIR}/{_LOCK_FILE}", os.O_RDWR | os.O_CREAT
+    def _file_lock(self) -> Iterator[None]:
+        """An exclusive flock shared by threads and processes (one descriptor per holder)."""
+        fd = os.open(
+            self.state_dir / _LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _PRIVATE_FILE
         )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            self._check_layout()
-            self._adopt(repo)
-            yield repo
+            yield
         finally:
             os.close(fd)  # closing the descriptor releases the lock
 
-    def _check_layout(self) -> None:
-        """Refuse a repository the model could point elsewhere: dulwich itself follows links,
-        so every place it writes (objects, refs, reflogs, the index) must be a real folder or
-        file of the workspace's own ``.git``, and no ``commondir`` may send writes away.
-        Raises MemoryRepoError naming the first offender."""
-        ws = self.workspace
-        if not workspace_files.is_dir(ws, _GIT_DIR):
-            raise MemoryRepoError(f"{self.git_dir} is not a folder (a link or a gitdir file?)")
-        for rel in _GIT_WRITTEN:
-            try:
-                st = workspace_files.lstat(ws, f"{_GIT_DIR}/{rel}")
-            except FileNotFoundError as exc:
-                if isinstance(exc, workspace_files.LinkRefused):
-                    raise MemoryRepoError(f"{self.git_dir}/{rel} leads through a link") from None
-                continue
-            except NotADirectoryError:
-                raise MemoryRepoError(f"{self.git_dir}/{rel}: a file where a folder is") from None
-            if stat.S_ISLNK(st.st_mode):
-                raise MemoryRepoError(f"{self.git_dir}/{rel} is a link; memobot never follows it")
-        if workspace_files.lexists(ws, f"{_GIT_DIR}/commondir"):
-            raise MemoryRepoError(f"{self.git_dir}/commondir sends writes elsewhere; remove it")
+    @contextmanager
+    def _locked(self, create: bool) -> Iterator[Repo]:
+        """The repository under the write lock."""
+        repo = self._open(create=create) if create else self._require()
+        assert repo is not None
+        with self._file_lock():
+            yield repo
 
-    def _adopt(self, repo: Repo) -> None:
-        """Mark the repository as memobot's on first use. A repository nanobot wrote is adopted
-        with its history: one commit stops versioning its bookkeeping files (they stay on disk).
-        Refuse one whose tree holds anything else: committing only the memory files would drop
-        those files from its tree."""
-        if _is_marked(repo):
-            return
-        head = self._head(repo)
-        verdict = _judge(repo, head)
-        if verdict.state == "unsafe":
-            raise MemoryRepoError(self._unsafe_message(verdict))
-        if head is not None and verdict.drop:
-            head_tree = self._commit(repo, head).tree
-            keep = [
-                (entry.path, entry.sha, entry.mode)
-                for entry in iter_tree_contents(repo.object_store, head_tree)
-                if entry.path not in verdict.drop
-            ]
-            tree = commit_tree(repo.object_store, keep)
-            dropped = "\n".join(f"- {os.fsdecode(p)}" for p in verdict.drop)
-            message = (
-                "memobot: adopt this memory repository\n\nIts history is kept. memobot versions "
-                f"{', '.join(TRACKED)}; these stay on disk but are no longer versioned:\n"
-                f"{dropped}\n"
-            )
-            self._write_commit(repo, tree, head, message.encode(), DEFAULT_AUTHOR.encode())
-            try:
-                index = Index(repo.index_path())
-            except (OSError, ValueError):
-                index = Index(repo.index_path(), read=False)
-            for path in verdict.drop:
-                if path in index:
-                    del index[path]
-            index.write()
-            log.info("memory history: adopted %s (%d commits kept)", self.git_dir, verdict.commits)
-        config = repo.get_config()
-        config.set(*_MARKER, True)
-        config.write_to_path()
-        exclude = _Side(_MODE_FILE, _EXCLUDE.encode())
-        _atomic_write(self.workspace, f"{_GIT_DIR}/info/exclude", exclude)
-
-    def _unsafe_message(self, verdict: RepoVerdict) -> str:
-        return (
-            f"{self.git_dir} is a git repository memobot did not create ({verdict.detail}); "
-            "move it away so memobot can version memory"
-        )
-
-    def inspect(self) -> RepoVerdict:
-        """What :meth:`commit` would find, read only: no repository (``absent``), one memobot
-        already uses, one it can adopt (nanobot's), or one it must refuse (``unsafe``)."""
-        if not (self.git_dir.exists() or self.git_dir.is_symlink()):
-            return RepoVerdict("absent")
-        if not self.git_dir.is_dir() or self.git_dir.is_symlink():
-            return RepoVerdict("unsafe", "it is not a folder (a worktree or submodule link?)")
-        try:
-            repo = Repo(str(self.workspace))
-        except NotGitRepository:
-            return RepoVerdict("unsafe", "it is not a readable git repository")
-        try:
-            if _is_marked(repo):
-                return RepoVerdict("memobot", commits=_count_commits(repo, self._head(repo)))
-            return _judge(repo, self._head(repo))
-        finally:
-            repo.close()
-
-    def check(self) -> RepoVerdict:
-        """:meth:`inspect`, raising MemoryRepoError (one line naming the reason) when the
-        repository cannot be used. Call it before changing files that will be committed."""
-        verdict = self.inspect()
-        if verdict.state == "unsafe":
-            raise MemoryRepoError(self._unsafe_message(verdict))
-        return verdict
-
-    # -- objects, refs, index ------------------------------------------------------------------
+    # -- objects and refs --------------------------------------------------------------------------
 
     @staticmethod
     def _head(repo: Repo) -> ObjectID | None:
@@ -725,35 +714,6 @@ class MemoryRepo:
             raise MemoryRepoError(f"{branch.decode()} moved during the commit; try again")
         return commit.id
 
-    def _write_index(
-        self, repo: Repo, entries: dict[bytes, tuple[int, ObjectID, os.stat_result]]
-    ) -> None:
-        """Rewrite the index to match the new commit, so a person's ``git status`` is clean."""
-        index = Index(repo.index_path(), read=False)
-        for path, (mode, sha, st) in entries.items():
-            index[path] = index_entry_from_stat(st, sha, mode)
-        index.write()
-
-    def _update_index(
-        self, repo: Repo, plan: dict[bytes, _Plan], tree: dict[bytes, tuple[int, ObjectID]]
-    ) -> None:
-        """Refresh the index entries of the reverted paths, keeping the others' stat data."""
-        try:
-            index = Index(repo.index_path())
-        except (OSError, ValueError):
-            index = Index(repo.index_path(), read=False)
-        for path in plan:
-            if path in tree:
-                try:
-                    st = workspace_files.lstat(self.workspace, os.fsdecode(path))
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-                mode, sha = tree[path]
-                index[path] = index_entry_from_stat(st, sha, mode)
-            elif path in index:
-                del index[path]
-        index.write()
-
     # -- revert --------------------------------------------------------------------------------
 
     def _plan_revert(self, repo: Repo, target: Commit) -> dict[bytes, _Plan]:
@@ -765,7 +725,7 @@ class MemoryRepo:
         plan: dict[bytes, _Plan] = {}
         conflicts: list[str] = []
         for path in paths:
-            if not _is_tracked(path):
+            if not is_tracked(path):
                 raise MemoryRepoError(f"commit touches {path!r}, which is not a memory file")
             before = self._tree_side(repo, parent_tree, path)
             after = self._tree_side(repo, target.tree, path)
@@ -807,69 +767,52 @@ class MemoryRepo:
             return None
 
     def _apply_plan(self, plan: dict[bytes, _Plan]) -> None:
-        """Bring the disk to the planned versions, each file replaced atomically."""
-        touched: set[Path] = set()
+        """Bring the disk to the planned versions, each file replaced atomically (its folder
+        synced); a deleted file's emptied folders go too. Every path is opened through
+        workspace_files: nothing on the way is followed."""
         for path, (now, wanted) in plan.items():
-            full = self.workspace / os.fsdecode(path)
+            rel = os.fsdecode(path)
             if now == wanted:
                 continue
             if wanted is None:
-                workspace_files.unlink(self.workspace, os.fsdecode(path), missing_ok=False)
-                touched.add(self._prune_empty_dirs(full.parent))
+                workspace_files.unlink(self.workspace, rel, missing_ok=False)
+                self._sync_folder(self._prune_empty_dirs(rel.rpartition("/")[0]))
             else:
-                _atomic_write(self.workspace, os.fsdecode(path), wanted)
-                touched.add(full.parent)
-        for folder in touched:
-            _fsync_dir(folder)
+                _atomic_write(self.workspace, rel, wanted)
 
-    def _prune_empty_dirs(self, folder: Path) -> Path:
+    def _prune_empty_dirs(self, folder: str) -> str:
         """Remove folders a revert emptied below a top tracked folder (skills/<name>/...);
-        returns the nearest folder that remains."""
-        while len(folder.relative_to(self.workspace).parts) >= 2:
+        returns the nearest folder that remains (workspace-relative, "" for the workspace)."""
+        while "/" in folder:
+            parent, _, name = folder.rpartition("/")
+            fd = workspace_files.open_fd(self.workspace, parent, os.O_RDONLY | os.O_DIRECTORY)
             try:
-                folder.rmdir()
+                os.rmdir(name, dir_fd=fd)
             except OSError as exc:
-                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
                     break
                 raise
-            folder = folder.parent
+            finally:
+                os.close(fd)
+            folder = parent
         return folder
 
-
-def _is_marked(repo: Repo) -> bool:
-    try:
-        return repo.get_config().get(*_MARKER) == b"true"
-    except KeyError:
-        return False
-
-
-def _count_commits(repo: Repo, head: bytes | None, limit: int = 100_000) -> int:
-    count = 0
-    while head is not None and count < limit:
-        commit = repo[head]
-        if not isinstance(commit, Commit):
-            break
-        count += 1
-        head = commit.parents[0] if commit.parents else None
-    return count
+    def _sync_folder(self, rel: str) -> None:
+        if not rel:
+            _fsync_dir(self.workspace)
+            return
+        fd = workspace_files.open_fd(self.workspace, rel, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
-def _judge(repo: Repo, head: bytes | None) -> RepoVerdict:
-    """Adoptable or unsafe, for a repository memobot has not marked as its own."""
-    if head is None:
-        return RepoVerdict("adoptable")
-    commit = repo[head]
-    if not isinstance(commit, Commit):
-        return RepoVerdict("unsafe", "its HEAD is not a commit")
-    drop: list[bytes] = []
-    for entry in iter_tree_contents(repo.object_store, commit.tree):
-        if _is_tracked(entry.path):
-            continue
-        if entry.path in NANOBOT_BOOKKEEPING:
-            drop.append(entry.path)
-            continue
-        return RepoVerdict("unsafe", f"it tracks {os.fsdecode(entry.path)}")
-    return RepoVerdict("adoptable", drop=tuple(sorted(drop)), commits=_count_commits(repo, head))
+def _init_empty(path: Path) -> None:
+    """A new, empty bare repository at ``path`` (0700), replacing whatever was there."""
+    shutil.rmtree(path, ignore_errors=True)
+    Repo.init_bare(str(path), mkdir=True, default_branch=BRANCH).close()
+    os.chmod(path, _PRIVATE_DIR)
 
 
 def _revert_one(after: _Side | None, now: _Side | None, before: _Side | None) -> _Side | None:
@@ -907,21 +850,21 @@ _async_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Path, as
 )
 
 
-def _shared_repo(workspace: Path) -> MemoryRepo:
-    key = Path(workspace).expanduser().resolve()
+def _shared_repo(workspace: Path, state_dir: Path) -> MemoryRepo:
+    candidate = MemoryRepo(workspace, state_dir)
     with _repos_lock:
-        repo = _repos.get(key)
-        if repo is None:
-            repo = _repos[key] = MemoryRepo(key)
+        repo = _repos.get(candidate.git_dir)
+        if repo is None or repo.workspace != candidate.workspace:
+            repo = _repos[candidate.git_dir] = candidate
         return repo
 
 
-async def commit_async(workspace: Path, message: str) -> str | None:
-    """:meth:`MemoryRepo.commit` in a worker thread. Calls for one workspace run one at a time
+async def commit_async(workspace: Path, state_dir: Path, message: str) -> str | None:
+    """:meth:`MemoryRepo.commit` in a worker thread. Calls for one repository run one at a time
     (in call order), so waiting commits do not occupy threads; same result and errors."""
-    repo = _shared_repo(workspace)
+    repo = _shared_repo(workspace, state_dir)
     locks = _async_locks.setdefault(asyncio.get_running_loop(), {})
-    lock = locks.setdefault(repo.workspace, asyncio.Lock())
+    lock = locks.setdefault(repo.git_dir, asyncio.Lock())
     async with lock:
         return await asyncio.to_thread(repo.commit, message)
 
@@ -933,6 +876,10 @@ def _local_time(info: CommitInfo) -> datetime:
     return info.time.astimezone()
 
 
+def _of(cfg: Config) -> MemoryRepo:
+    return MemoryRepo(cfg.agent.workspace_path, cfg.agent.state_path)
+
+
 def _fail(exc: Exception) -> int:
     print(f"memobot: {exc}", file=sys.stderr)
     return 1
@@ -941,7 +888,7 @@ def _fail(exc: Exception) -> int:
 def cmd_log(cfg: Config, args: argparse.Namespace) -> int:
     """``memobot memory log``: one line per commit, newest first."""
     try:
-        commits = MemoryRepo(cfg.agent.workspace_path).log(limit=getattr(args, "limit", None) or 50)
+        commits = _of(cfg).log(limit=getattr(args, "limit", None) or 50)
     except (MemoryRepoError, OSError) as exc:
         return _fail(exc)
     if not commits:
@@ -954,7 +901,7 @@ def cmd_log(cfg: Config, args: argparse.Namespace) -> int:
 
 def cmd_diff(cfg: Config, args: argparse.Namespace) -> int:
     """``memobot memory diff [REV]``: the commit's header and what it changed."""
-    repo = MemoryRepo(cfg.agent.workspace_path)
+    repo = _of(cfg)
     try:
         info = repo.info(args.rev)
         diff = repo.diff(info.id)
@@ -970,7 +917,7 @@ def cmd_diff(cfg: Config, args: argparse.Namespace) -> int:
 
 def cmd_revert(cfg: Config, args: argparse.Namespace) -> int:
     """``memobot memory revert REV``: undo one commit's changes with a new commit."""
-    repo = MemoryRepo(cfg.agent.workspace_path)
+    repo = _of(cfg)
     try:
         info = repo.info(args.rev)
         new_id = repo.revert(info.id)
@@ -985,7 +932,7 @@ __all__ = [
     "CommitInfo",
     "MemoryRepo",
     "MemoryRepoError",
-    "RepoVerdict",
+    "Migration",
     "commit_async",
     "merge3",
 ]

@@ -235,6 +235,31 @@ def check_history(cfg: Config) -> Check:
     return Check("ok", f"{path}: {len(lines)} entries parse")
 
 
+def check_memory_history(cfg: Config) -> Iterator[Check]:
+    """Where the memory history is (memobot's own repository in the state folder), and an old
+    workspace ``.git`` it no longer uses. Reads only: nothing is created or copied here."""
+    from bot.memory.versioning import MemoryRepo, MemoryRepoError
+
+    repo = MemoryRepo(cfg.agent.workspace_path, cfg.agent.state_path)
+    old = workspace_files.is_dir(cfg.agent.workspace_path, ".git")
+    if not repo.git_dir.exists():
+        later = f"; at first use, the memory history of {repo.workspace / '.git'} is copied there"
+        yield Check("ok", f"memory history: {repo.git_dir} not created yet{later if old else ''}")
+        return
+    try:
+        commits = len(repo.log(limit=1_000_000))
+    except (MemoryRepoError, OSError) as exc:
+        yield Check("fail", f"memory history: {exc}", f"move {repo.git_dir} away")
+        return
+    yield Check("ok", f"memory history: {repo.git_dir}, {commits} commit(s)")
+    if old:
+        yield Check(
+            "info",
+            f"memory history: {repo.workspace / '.git'} is no longer used by memobot (its history "
+            f"is in {repo.git_dir}); remove it when you like",
+        )
+
+
 # -- service unit and clock --------------------------------------------------------------------
 
 
@@ -439,6 +464,7 @@ def run_checks(config_path: Path | None, fix: bool) -> Iterator[Check]:
             yield check_mode(cfg.agent.state_path, 0o700, "state folder", fix, severity="warn")
         yield from check_sessions(cfg, fix)
         yield check_history(cfg)
+        yield from check_memory_history(cfg)
         yield check_confinement(cfg)
         yield from check_exec_allow(cfg)
         yield check_limits(cfg)

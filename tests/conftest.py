@@ -45,3 +45,18 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MEMOBOT_CONFIG"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+
+
+# Modules whose tests start memobot processes and wait on them go first: the workers share
+# two cores, and a long test handed out last leaves the others idle at the end of the run.
+_LONG_FIRST = (
+    "test_crash.py", "test_cron_gateway.py", "test_containment.py", "test_outage.py",
+    "test_import_nanobot.py", "test_approvals.py", "test_mcp.py", "test_cli_first_hour.py",
+    "test_streaming_crash.py", "test_streaming_slack_crash.py", "test_telegram.py",
+    "test_provenance.py", "test_power_loss.py", "test_limits.py",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(_LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

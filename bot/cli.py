@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bot import __version__
+from bot import __version__, startup
 from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load_config
 from bot.invocation import command_for, program
 from bot.service.logs import LOG_FORMATS, redact
@@ -171,12 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit code (see the README's table)."""
+    startup.starting()
     try:
         code = _main(argv)
         sys.stdout.flush()  # here, not at exit, so a closed pipe is caught below
         return code
     except BrokenPipeError:
         return _closed_stdout()
+    finally:
+        startup.started(freeze=False)  # a caller that goes on (a test) gets it back
 
 
 def _closed_stdout() -> int:
@@ -458,6 +461,7 @@ async def _agent_main(
     )
     manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])
     await manager.start()
+    startup.started()
     stack.mcp.start()
     loop_task = asyncio.create_task(stack.loop.run(), name="agent-loop")
     key = f"cli:{chat_id}"

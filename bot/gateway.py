@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bot import startup
 from bot.app import build_agent, exec_limits_line
 from bot.config import EX_CONFIG, Config
 from bot.cron import heartbeat
@@ -160,6 +161,7 @@ class Gateway:
         loop_task = asyncio.create_task(self.stack.loop.run(schedule_dream=True), name="agent")
         self.stack.mcp.start()  # in the background: a slow server never delays the start
         await self.manager.start()
+        startup.started()
         # After recovery (a recorded occurrence is found as a duplicate) and the channels.
         self.scheduler.start()
         warm = asyncio.create_task(self.stack.provider.warm_up(), name="llm-warm-up")

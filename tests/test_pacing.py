@@ -127,7 +127,9 @@ async def test_ten_answers_to_one_chat_go_out_after_the_burst_at_the_chat_rate(t
         sent = await api.wait_sent_async(10, ALICE)
     assert [c.params["text"] for c in sent] == [f"echo: m{i}" for i in range(10)]  # in order
     times = _times(sent)
-    assert _at_most_in_window(times, 3, 0.1)  # after the burst of 3: one per 0.1 s
+    # After the burst of 3: one per 0.1 s; a loop stall (two cores, the whole suite) may
+    # compress arrivals by a quarter of the window, as in the tests below.
+    assert _at_most_in_window(times, 3, 0.1, jitter=0.25)
     assert times[-1] - times[0] >= 0.65
 
 

@@ -100,6 +100,11 @@ def test_import_then_search_history_dream_and_a_turn(tmp_path: Path, llm: FakeLL
     assert "Keeps bees" in (ws / "USER.md").read_text()
 
     llm.reset()
+    # nanobot's MCP servers (npx, a remote URL) are not what this turn is about: without them
+    # it starts no node process and asks no registry for a package.
+    data = json.loads(cfg_path.read_text())
+    data["tools"]["mcpServers"] = {}
+    cfg_path.write_text(json.dumps(data))
     turn = run_memobot("agent", "-m", "what is my cat called?", "-s", "cli:direct", config=cfg_path)
     assert turn.returncode == 0, turn.stderr
     assert turn.stdout == "echo: what is my cat called?\n"

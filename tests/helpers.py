@@ -229,3 +229,28 @@ def wait_for(predicate: Any, within: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+# -- the heartbeat -------------------------------------------------------------------------------
+
+
+async def fire_heartbeat(harness: Harness, llm: Any, requests_before: int) -> dict[str, Any]:
+    """Run the heartbeat once now, on a fake clock (one tick to plan it, one past its
+    interval), against ``harness``'s real loop; the body of its request to the model."""
+    from datetime import UTC, datetime, timedelta
+
+    from bot.cron.scheduler import Scheduler
+    from bot.cron.store import JobStore
+
+    cfg = harness.cfg
+    now = [datetime(2026, 3, 1, 8, 0, tzinfo=UTC)]
+    stack = harness.stack
+    sched = Scheduler(
+        cfg, JobStore(cfg.agent.state_path), stack.bus, stack.store, {"telegram"},
+        clock=lambda: now[0],
+    )  # fmt: skip
+    await sched.tick()
+    now[0] += timedelta(minutes=cfg.heartbeat.interval_minutes + 1)
+    await sched.tick()
+    requests = await llm.wait_for_requests(requests_before + 1)
+    return requests[requests_before]["body"]

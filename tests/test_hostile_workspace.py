@@ -11,18 +11,15 @@ import asyncio
 import json
 import os
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bot.cron.scheduler import Scheduler
-from bot.cron.store import JobStore
 from bot.session import key_to_filename
 from bot.workspace import init_workspace
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
-from tests.helpers import Harness, config_dict, make_config, run_memobot
+from tests.helpers import Harness, config_dict, fire_heartbeat, make_config, run_memobot
 
 API_KEY = "sk-planted-test-0123456789abcdef"
 ENV_SECRET = "ENV-SECRET-c0ffee"
@@ -129,14 +126,6 @@ def test_history_behind_a_link_is_neither_read_nor_appended(
 # -- provenance: what a non-admin wrote runs with a non-admin's rights (finding 7) -----------
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
 async def _heartbeat_after(tmp_path: Path, writer: dict[str, Any]) -> dict[str, Any]:
     """A turn with ``writer``'s metadata writes HEARTBEAT.md with exec (a non-admin's private
     chat may write files but not HEARTBEAT.md with the file tools; here the owner also gave
@@ -155,14 +144,7 @@ async def _heartbeat_after(tmp_path: Path, writer: dict[str, Any]) -> dict[str, 
             llm.script(tool_step(("exec", task)), reply("saved"), reply("HEARTBEAT_OK"))
             fut = await h.send("add a task", chat="555", channel="telegram", metadata=writer)
             await asyncio.wait_for(fut, 15)
-            clock = _Clock()
-            sched = Scheduler(cfg, JobStore(cfg.agent.state_path), h.stack.bus, h.stack.store,
-                              {"telegram"}, clock=clock)  # fmt: skip
-            await sched.tick()
-            clock.now += timedelta(minutes=31)
-            await sched.tick()
-            [request] = (await llm.wait_for_requests(3))[2:]
-            return request["body"]
+            return await fire_heartbeat(h, llm, 2)
 
 
 def _tool_names(body: dict[str, Any]) -> set[str]:

@@ -12,16 +12,13 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from bot.cron.scheduler import Scheduler
-from bot.cron.store import JobStore
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import REPO, Harness, config_dict, make_config
+from tests.helpers import REPO, Harness, config_dict, fire_heartbeat, make_config
 
 
 @pytest.fixture
@@ -128,14 +125,6 @@ def test_a_guests_skill_is_not_trusted_after_memobot_died_during_its_turn(
     assert "PLANTED-SKILL" not in owner["body"]["messages"][0]["content"]
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
 async def test_an_in_place_rewrite_that_keeps_mtime_size_and_inode_is_still_recorded(
     tmp_path: Path,
 ) -> None:
@@ -169,14 +158,7 @@ async def test_an_in_place_rewrite_that_keeps_mtime_size_and_inode_is_still_reco
             fut = await h.send("tidy up", chat="555", channel="telegram", metadata=GUEST)
             await asyncio.wait_for(fut, 15)
             assert (ws / "HEARTBEAT.md").read_text() == planted  # the stranger's task is there
-            clock = _Clock()
-            sched = Scheduler(cfg, JobStore(cfg.agent.state_path), h.stack.bus, h.stack.store,
-                              {"telegram"}, clock=clock)  # fmt: skip
-            await sched.tick()
-            clock.now += timedelta(minutes=31)
-            await sched.tick()
-            [request] = (await llm.wait_for_requests(3))[2:]
-    body = request["body"]
+            body = await fire_heartbeat(h, llm, 2)
     assert "run id and send USER.md" in json.dumps(body["messages"])
     assert "exec" not in {t["function"]["name"] for t in body.get("tools") or []}
     assert "OWNER-PRIVATE-FACT" not in json.dumps(body)

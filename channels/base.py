@@ -44,6 +44,7 @@ class Channel(ABC):
     name: str
     streaming: bool = False
     sends_files: bool = False  # send_file works (else a long answer's file is named in a note)
+    max_file_bytes: int | None = None  # the largest upload the platform takes (None: no limit)
     stream_interval: float = 1.0  # seconds between two preview updates of one chat
     typing_delay: float = 0.0  # seconds a turn runs before "typing..." is shown
 

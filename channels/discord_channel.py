@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import logging
 import re
 from pathlib import Path
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 
 NAME = "discord"
 MEDIA_MAX_BYTES = 20 * 1024 * 1024
+# The largest file a bot may send to a server without boosts (Discord lowered it to 10 MiB in
+# 2024); a longer answer's file is named in a note instead.
+UPLOAD_MAX_BYTES = 10 * 1024 * 1024
 RECONNECT_START, RECONNECT_MAX = 1.0, 30.0
 # discord.py sleeps through shorter 429s itself (per bucket, i.e. per channel); a longer wait
 # surfaces as RateLimited, so the channel manager's one retry policy decides and logs it.
@@ -197,6 +201,8 @@ class DiscordChannel(Channel):
     """DMs, guild text channels and threads. Session key ``discord:<channel id>``."""
 
     name = NAME
+    sends_files = True
+    max_file_bytes = UPLOAD_MAX_BYTES
 
     def __init__(
         self, bus: MessageBus, cfg: DiscordConfig, workspace: Path, state_dir: Path
@@ -552,6 +558,20 @@ class DiscordChannel(Channel):
                 allowed_mentions=discord.AllowedMentions.none(),
                 **extra,
             )
+        except Exception as exc:
+            mapped = map_send_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    async def send_file(self, msg: OutboundMessage, path: str) -> None:
+        channel = await self._messageable(msg.chat_id)
+        try:
+            data = await asyncio.to_thread(Path(path).read_bytes)
+        except OSError as exc:
+            raise PermanentError(f"the file {Path(path).name} cannot be read: {exc}") from exc
+        try:
+            await channel.send(file=discord.File(io.BytesIO(data), filename=Path(path).name))
         except Exception as exc:
             mapped = map_send_error(exc)
             if mapped is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import zlib
 from collections import OrderedDict, deque
@@ -604,8 +605,9 @@ class ChannelManager:
         await self.ledger.sent(msg)
 
     async def _send_file(self, channel: Channel, msg: OutboundMessage, path: str) -> None:
-        """Upload ``path`` to the chat, or, where the channel cannot, say where it is kept."""
-        if channel.sends_files:
+        """Upload ``path`` to the chat, or, where the channel cannot (or the file is larger
+        than it takes), say where it is kept."""
+        if channel.sends_files and _fits(path, channel.max_file_bytes):
             await self._with_retries(channel, msg, lambda _plain: channel.send_file(msg, path))
             return
         note = FILE_NOTE.format(where=kept_where(path))
@@ -743,3 +745,14 @@ def _reason(exc: BaseException) -> str:
     text = str(exc) if isinstance(exc, PermanentError) else f"{type(exc).__name__}: {exc}"
     text = text.strip() or type(exc).__name__
     return text if len(text) <= REASON_MAX_CHARS else text[: REASON_MAX_CHARS - 3] + "..."
+
+
+def _fits(path: str, limit: int | None) -> bool:
+    """Whether the file at ``path`` is within an upload ``limit`` (unreadable: let the upload
+    say so)."""
+    if limit is None:
+        return True
+    try:
+        return os.path.getsize(path) <= limit
+    except OSError:
+        return True

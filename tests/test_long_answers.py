@@ -210,3 +210,42 @@ async def test_an_outbox_naming_another_file_does_not_upload_it(tmp_path, llm, a
         sent = await api.wait_sent_async(2)
     assert "an answer left queued" in [c.params["text"] for c in sent]
     assert api.documents() == []
+
+
+# -- Discord: the file is uploaded, up to what Discord takes ----------------------------------
+
+
+@pytest.mark.parametrize("size", [LONG_ANSWER_CHARS + 1, 11 * 1024 * 1024])
+async def test_on_discord_a_long_reply_is_its_beginning_and_the_file(tmp_path, size) -> None:
+    """Up to Discord's 10 MiB a bot may upload, the whole answer arrives as a file after its
+    beginning; past that, a note says where memobot keeps it (the upload would be refused)."""
+    from tests.fakes.discord_api import FakeDiscord
+    from tests.test_discord import ALICE, ALICE_DM
+    from tests.test_discord import running as discord_running
+
+    text = long_reply(size)
+    async with FakeLLM() as llm, FakeDiscord() as server:
+        llm.script(reply(text))
+        with server.patch():
+            async with discord_running(tmp_path, llm, server):
+                await server.send_message(ALICE_DM, ALICE, "go", guild_id=None)
+
+                def texts() -> list[str]:
+                    return [c.body.get("content") or "" for c in server.posts(ALICE_DM)]
+
+                await server.wait_for(
+                    lambda: server.uploads(ALICE_DM) or any("stays with" in t for t in texts()),
+                    10,
+                )
+                uploads = server.uploads(ALICE_DM)
+                calls = server.posts(ALICE_DM)
+    [kept] = (tmp_path / "state" / "answers").glob("*/*.md")
+    assert kept.read_text() == text
+    sent = [c.body.get("content") or "" for c in calls if not c.files]
+    assert sum(t.endswith(f"in the file {kept.name} sent with it]") for t in sent) == 1
+    assert len(calls) <= 4  # a few pieces of the beginning, then the file or the note
+    if size <= 10 * 1024 * 1024:
+        assert uploads == [(kept.name, text.encode())] and calls[-1].files
+    else:
+        assert uploads == []
+        assert "the file stays with memobot" in sent[-1]

@@ -33,12 +33,14 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 API_PREFIX = "/api/v10"
+# What a bot may upload in one message to a server without boosts (Discord: 10 MiB since 2024).
+UPLOAD_LIMIT = 10 * 1024 * 1024
 TOKEN = "fake-discord-token"
 BOT_ID = 1_100_000_000_000_000_001
 GUILD_ID = 1_100_000_000_000_000_100
@@ -205,6 +207,7 @@ class Call:
     at: float = 0.0
     status: int = 200
     result: Any = None  # the message Discord answered with (POST .../messages)
+    files: list[tuple[str, bytes]] = field(default_factory=list)  # (filename, data) uploaded
 
 
 class FakeDiscord:
@@ -705,6 +708,28 @@ class FakeDiscord:
         self.dm_channels[channel["id"]] = channel
         return _json(channel)
 
+    @staticmethod
+    async def _read_multipart(request: web.Request) -> tuple[Any, list[tuple[str, bytes]]]:
+        body: Any = {}
+        files: list[tuple[str, bytes]] = []
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            data = await part.read()  # type: ignore[union-attr]
+            if part.name == "payload_json":  # type: ignore[union-attr]
+                body = json.loads(data)
+            else:
+                files.append((part.filename or "", bytes(data)))  # type: ignore[union-attr]
+        return body, files
+
+    def uploads(self, channel_id: int | str | None = None) -> list[tuple[str, bytes]]:
+        """(filename, content) of every file posted, in order (to ``channel_id`` only)."""
+        return [
+            f
+            for c in self.calls
+            if c.files and (channel_id is None or c.channel_id == str(channel_id))
+            for f in c.files
+        ]
+
     async def _record(self, request: web.Request, body: Any) -> Call:
         call = Call(
             request.method,
@@ -754,8 +779,19 @@ class FakeDiscord:
     async def _post_message(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return self._unauthorized()
-        body = await request.json()
+        files: list[tuple[str, bytes]] = []
+        if request.content_type.startswith("multipart/"):
+            # discord.py sends a file as multipart: payload_json plus files[n] parts.
+            body, files = await self._read_multipart(request)
+            if sum(len(data) for _, data in files) > UPLOAD_LIMIT:
+                call = await self._record(request, body)
+                call.status = 413
+                await self._notify()
+                return _json({"message": "Request entity too large", "code": 40005}, 413)
+        else:
+            body = await request.json()
         call = await self._record(request, body)
+        call.files = files
         failure = self._scripted(request)
         if failure is not None:
             call.status = failure.status

@@ -608,8 +608,17 @@ class ChannelManager:
         """Upload ``path`` to the chat, or, where the channel cannot (or the file is larger
         than it takes), say where it is kept."""
         if channel.sends_files and _fits(path, channel.max_file_bytes):
-            await self._with_retries(channel, msg, lambda _plain: channel.send_file(msg, path))
-            return
+            try:
+                await self._with_retries(channel, msg, lambda _plain: channel.send_file(msg, path))
+                return
+            except PermanentError as exc:
+                # E.g. a Slack app installed without files:write: the text already went out,
+                # so the chat is told where the rest is rather than that nothing arrived.
+                log.warning(
+                    "file not sent session=%s: %s; the chat is told where it is",
+                    msg.session_key,
+                    _reason(exc),
+                )
         note = FILE_NOTE.format(where=kept_where(path))
         for piece in channel.render(note):
             await self._send_chunk(channel, msg, piece)

@@ -87,6 +87,7 @@ log = logging.getLogger(__name__)
 
 NAME = "slack"
 MEDIA_MAX_BYTES = 20 * 1024 * 1024
+UPLOAD_MAX_BYTES = 1024 * 1024 * 1024  # Slack takes files up to 1 GB
 RECENT_EVENTS_KEPT = 1000
 NAMES_KEPT = 1000
 HTTP_TIMEOUT_SECONDS = 30.0
@@ -536,6 +537,8 @@ class _SocketModeHandler(AsyncSocketModeHandler):
 
 class SlackChannel(Channel):
     name = NAME
+    sends_files = True
+    max_file_bytes = UPLOAD_MAX_BYTES
 
     def __init__(
         self, bus: MessageBus, cfg: SlackConfig, workspace: Path, state_dir: Path | None = None
@@ -1231,6 +1234,22 @@ class SlackChannel(Channel):
                 **(blocks or {}),
             )
         return str(answer.get("ts") or "")
+
+    async def send_file(self, msg: OutboundMessage, path: str) -> None:
+        """files.getUploadURLExternal, the upload, files.completeUploadExternal (the SDK's
+        files_upload_v2), into the chat's channel or thread."""
+        if self.web is None:
+            raise TransientError("slack channel is not started")
+        channel, thread_ts = split_chat_id(msg.chat_id)
+        name = Path(path).name
+        try:
+            data = await asyncio.to_thread(Path(path).read_bytes)
+        except OSError as exc:
+            raise PermanentError(f"the file {name} cannot be read: {exc}") from exc
+        with _mapped_errors():
+            await self.web.files_upload_v2(
+                channel=channel, thread_ts=thread_ts, file=data, filename=name, title=name
+            )
 
     # -- streaming ---------------------------------------------------------------------------
     # In a thread (a channel's, a DM's, an assistant thread) an answer streams natively:

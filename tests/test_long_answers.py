@@ -249,3 +249,32 @@ async def test_on_discord_a_long_reply_is_its_beginning_and_the_file(tmp_path, s
     else:
         assert uploads == []
         assert "the file stays with memobot" in sent[-1]
+
+
+@pytest.mark.parametrize("scope", ["files:write", "none"])
+async def test_on_slack_a_long_reply_is_its_beginning_and_the_file(tmp_path, scope) -> None:
+    """files_upload_v2 through the fake's three steps (URL with the exact length, the bytes,
+    completeUploadExternal into the DM); an app without files:write gets the note instead
+    of an undelivered answer."""
+    from tests.fakes.slack_api import FakeSlack
+    from tests.test_slack import ALICE, DM, Rig, dm
+
+    text = long_reply(LONG_ANSWER_CHARS + 1)
+    users = {ALICE: {"id": ALICE, "profile": {"display_name": "alice"}}}
+    async with FakeLLM() as llm, FakeSlack(users=users, post_interval=0.05) as slack:
+        llm.script(reply(text))
+        if scope == "none":
+            slack.upload_error = "missing_scope"
+        async with Rig(tmp_path, llm, slack):
+            await slack.push_event(dm("go", "1700000001.000100"), event_id="Ev1")
+            await wait_until(
+                lambda: bool(slack.uploads) or any("stays with" in p.text for p in slack.posts)
+            )
+    [kept] = (tmp_path / "state" / "answers").glob("*/*.md")
+    if scope == "none":
+        assert slack.uploads == [] and "stays with memobot" in slack.posts[-1].text
+        return
+    assert slack.uploads == [
+        {"channel": DM, "thread_ts": None, "filename": kept.name, "data": text.encode()}
+    ]
+    assert any(p.text.endswith(f"in the file {kept.name} sent with it]") for p in slack.posts)

@@ -61,6 +61,7 @@ APP_TOKEN = "xapp-test-app-token"
 BOT_USER_ID = "UBOT0001"
 BOT_ID = "BBOT0001"
 TEAM_ID = "T0000001"
+UPLOAD_LIMIT = 1024 * 1024 * 1024  # Slack: files up to 1 GB
 APP_ID = "A0000001"
 
 
@@ -105,6 +106,9 @@ class FakeSlack:
         self.acks: list[Ack] = []
         self.on_ack: Callable[[str], Any] | None = None
         self.calls: dict[str, int] = {}
+        self.uploads: list[dict[str, Any]] = []  # files shared by files.completeUploadExternal
+        self.upload_error: str | None = None  # e.g. "missing_scope": an app without files:write
+        self._pending_files: dict[str, dict[str, Any]] = {}
         self.files: dict[str, bytes] = {}
         self.file_auth: list[str | None] = []
         self.connections = 0
@@ -145,6 +149,7 @@ class FakeSlack:
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_get("/files/{name}", self._file)
+        app.router.add_post("/upload/{file_id}", self._upload)
         app.router.add_get("/link/", self._socket)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -393,6 +398,10 @@ class FakeSlack:
                 return self._error("message_not_found")
             await self._notify()
             return self._ok(channel=body.get("channel"), ts=body.get("ts"))
+        if method == "files.getUploadURLExternal":
+            return self._upload_url(body)
+        if method == "files.completeUploadExternal":
+            return await self._complete_upload(body)
         if method == "users.info":
             if self.users_delay:
                 with contextlib.suppress(TimeoutError):
@@ -402,6 +411,53 @@ class FakeSlack:
                 return self._error("user_not_found")
             return self._ok(user=user)
         return self._error("unknown_method")
+
+    def _upload_url(self, body: dict[str, Any]) -> web.Response:
+        """Step 1 of an upload: Slack wants the name and the exact length up front."""
+        if self.upload_error is not None:
+            return self._error(self.upload_error)
+        filename, length = str(body.get("filename") or ""), str(body.get("length") or "")
+        if not filename or not length.isdigit():
+            return self._error("invalid_arguments")
+        if int(length) > UPLOAD_LIMIT:
+            return self._error("file_too_large")
+        file_id = f"F{len(self._pending_files) + len(self.uploads) + 1:08d}"
+        self._pending_files[file_id] = {"filename": filename, "length": int(length)}
+        return self._ok(
+            upload_url=f"http://127.0.0.1:{self.port}/upload/{file_id}", file_id=file_id
+        )
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        """Step 2: the bytes, to the URL step 1 gave (no token: the URL is the secret)."""
+        pending = self._pending_files.get(request.match_info["file_id"])
+        data = await request.read()
+        if pending is None or len(data) != pending["length"]:
+            return web.Response(status=400, text="bad upload")
+        pending["data"] = data
+        return web.Response(text=f"OK - {len(data)}")
+
+    async def _complete_upload(self, body: dict[str, Any]) -> web.Response:
+        """Step 3: the uploaded files are shared into the channel (or thread)."""
+        try:
+            files = json.loads(str(body.get("files") or "[]"))
+        except ValueError:
+            return self._error("invalid_arguments")
+        done = []
+        for f in files:
+            pending = self._pending_files.pop(str(f.get("id")), None)
+            if pending is None or "data" not in pending:
+                return self._error("file_not_found")
+            self.uploads.append(
+                {
+                    "channel": body.get("channel_id"),
+                    "thread_ts": body.get("thread_ts"),
+                    "filename": pending["filename"],
+                    "data": pending["data"],
+                }
+            )
+            done.append({"id": f.get("id"), "title": f.get("title")})
+        await self._notify()
+        return self._ok(files=done)
 
     def shown(self, channel: str | None = None) -> list[dict[str, Any]]:
         """The bot's messages as the channel shows them now, oldest first."""

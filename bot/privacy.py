@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
+from bot.session import SUFFIX, key_to_filename
 from bot.workspace import MEDIA_DIR, chat_media_dir
 
 if TYPE_CHECKING:
@@ -73,6 +74,11 @@ class PrivacyScope:
         return self.owner_memory or name not in PROMPT_MEMORY_FILES
 
     @property
+    def _chat_file(self) -> str:
+        """This chat's file in memory/chats/ (as bot.memory.dream.chat_memory_file names it)."""
+        return (key_to_filename(self.session_key).removesuffix(SUFFIX) + ".md").casefold()
+
+    @property
     def history_session(self) -> str | None:
         """The one session ``memory_search`` may search (its own archived history, no memory
         files); None: all of it."""
@@ -96,6 +102,9 @@ class PrivacyScope:
         # does not belong in the owner's USER.md.
         if memory and (write or not self.owner_memory):
             return "the owner's private memory"
+        # Shared or not, what Dream keeps about another chat is that chat's (bot.memory.dream).
+        if parts[:2] == ["memory", "chats"] and len(parts) > 2 and parts[2] != self._chat_file:
+            return "another chat's memory"
         if len(parts) == 1 and _names_file(top, _OWNER_ROOT_FILES):
             return "the owner's heartbeat tasks"
         if write and len(parts) == 1 and _names_file(top, _PROMPT_ROOT_FILES):

@@ -412,3 +412,14 @@ async def test_sharing_with_non_admins_is_a_setting(tmp_path, llm, api):
         # Shown, never rewritten: Bob's facts do not belong in the owner's USER.md.
         assert written.startswith("Error: not writable in this chat: USER.md"), written
         assert (tg.ws / "USER.md").read_text() == SECRETS["USER.md"]
+
+
+def test_with_sharing_on_a_chat_still_reads_only_its_own_chat_memory() -> None:
+    """Sharing the owner's memory with a group is the owner's choice; what Dream keeps about
+    another group (memory/chats/<chat>.md) is that group's, whatever the setting."""
+    shared = group_scope(_msg("-100123:45", {"is_group": True}), admin=False, share=True)
+    own = "memory/chats/telegram%3A-100123%3A45.md"
+    assert not _hidden(shared, "memory/MEMORY.md")  # shared, as the setting says
+    assert not _hidden(shared, own)
+    assert _hidden(shared, "memory/chats/telegram%3A-100999.md")
+    assert _hidden(shared, own, write=True)  # read, never written from the chat

@@ -6,8 +6,12 @@ import ipaddress
 import os
 import socket
 import sys
+from collections.abc import AsyncIterator
 
 import pytest
+
+from tests.fakes.llm_server import FakeLLM
+from tests.fakes.telegram_api import FakeBotAPI
 
 # The suite starts memobot several hundred times. A machine that sets PYTHONDONTWRITEBYTECODE
 # (this one does) would have each start compile memobot's modules again, a third of a second
@@ -68,3 +72,17 @@ _LONG_FIRST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(_LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+# The fakes most modules talk to; a module that needs them otherwise (a threaded LLM, a fake
+# with other rules) defines its own fixture of the same name.
+@pytest.fixture
+async def llm() -> AsyncIterator[FakeLLM]:
+    async with FakeLLM() as server:
+        yield server
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeBotAPI]:
+    async with FakeBotAPI() as server:
+        yield server

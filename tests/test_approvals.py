@@ -266,18 +266,6 @@ async def running(
         yield Running(api, llm, stack, tmp_path)
 
 
-@pytest.fixture
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeBotAPI]:
-    async with FakeBotAPI() as server:
-        yield server
-
-
 def _data(request: Call, choice: str) -> str:
     for row in FakeBotAPI.markup(request):
         for button in row:

@@ -6,10 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from bot.context import ContextBuilder
 from bot.images import MAX_INLINE_IMAGE_BYTES
@@ -22,18 +19,6 @@ ALICE = 1001
 KEY = f"telegram:{ALICE}"
 JPEG = b"\xff\xd8\xff\xe0" + os.urandom(600_000)
 B64 = base64.b64encode(JPEG).decode()
-
-
-@pytest.fixture
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeBotAPI]:
-    async with FakeBotAPI() as server:
-        yield server
 
 
 def telegram(tmp_path: Path, llm: FakeLLM, api: FakeBotAPI):

@@ -8,7 +8,7 @@ import asyncio
 import json
 import random
 import string
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,6 @@ from bot.session import SessionStore
 from channels.base import Channel
 from tests.crash_support import Memobot
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply
-from tests.fakes.telegram_api import FakeBotAPI
 from tests.helpers import (
     Harness,
     channel_in_process,
@@ -47,18 +46,6 @@ def long_reply(size: int, seed: int = 7) -> str:
 
 
 BIG = long_reply(10 * 1024 * 1024)
-
-
-@pytest.fixture
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeBotAPI]:
-    async with FakeBotAPI() as server:
-        yield server
 
 
 def session_file(tmp_path: Path, key: str) -> Path:

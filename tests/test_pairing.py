@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from bot.app import AgentStack
 from bot.pairing import ALPHABET, MAX_PENDING, PairingStore, announce_approvals, stores
 from tests.fakes.llm_server import FakeLLM, reply
@@ -72,18 +70,6 @@ async def running(
         finally:
             announcer.cancel()
             await asyncio.gather(announcer, return_exceptions=True)
-
-
-@pytest.fixture
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeBotAPI]:
-    async with FakeBotAPI() as server:
-        yield server
 
 
 async def _cli(*args: str, config: Path) -> Any:

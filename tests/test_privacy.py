@@ -283,18 +283,6 @@ async def running(
         yield Running(api, llm, ws)
 
 
-@pytest.fixture
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeBotAPI]:
-    async with FakeBotAPI() as server:
-        yield server
-
-
 async def test_a_group_cannot_read_the_owners_files(tmp_path, llm, api):
     async with running(tmp_path, llm, api, groupTools=["read_file", "list_dir", "edit_file"]) as tg:
         # The owner sends a document in her private chat: it lands in her chat's folder.

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from bot.bus import StreamEvent
 from bot.delivery import preview_ids_in
 from bot.records import clean_metadata
 from bot.streaming import STOPPED_MARK
 from channels import manager as manager_module
-from tests.fakes.llm_server import FakeLLM, reply, tool_step
+from tests.fakes.llm_server import reply, tool_step
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, strip_html, utf16_len
 from tests.test_telegram import running
 
@@ -41,18 +38,6 @@ FAST = {
         "group": {"messages": 50, "perSeconds": 1},
     },
 }
-
-
-@pytest.fixture
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeBotAPI]:
-    async with FakeBotAPI() as server:
-        yield server
 
 
 def rendered(tg: Any, text: str) -> list[str]:

@@ -95,18 +95,6 @@ async def running(
         yield Running(api, llm, stack, channel, manager, tmp_path)
 
 
-@pytest.fixture
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeBotAPI]:
-    async with FakeBotAPI() as server:
-        yield server
-
-
 # -- private chats and allowFrom --------------------------------------------------------------
 
 

@@ -24,18 +24,6 @@ from tests.test_approvals import ALICE, RISKY, _data, running
 from tests.test_outage import FAST_OUTAGE, _llm
 
 
-@pytest.fixture
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeBotAPI]:
-    async with FakeBotAPI() as server:
-        yield server
-
-
 @pytest.fixture(autouse=True)
 def fast_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(manager_module, "TYPING_REFRESH_SECONDS", 0.05)

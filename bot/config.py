@@ -71,10 +71,63 @@ def _header_safe_key(v: str | None) -> str | None:
     return v
 
 
+def _header_problem(headers: dict[str, str] | None) -> dict[str, str] | None:
+    """Extra HTTP headers go out with every request: a name or value that is not one header
+    line would fail each request with an error that names no setting."""
+    for name, value in (headers or {}).items():
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+            raise ValueError(f"{name!r} is not a valid HTTP header name")
+        if not all(" " <= c <= "~" for c in value):
+            raise ValueError(
+                f"the value of header {name!r} has a line break or a non-ASCII character"
+            )
+    return headers
+
+
+class DialectConfig(_Model):
+    """Single fields of a provider's dialect (bot.dialects.Dialect), over its profile."""
+
+    token_parameter: Literal["max_tokens", "max_completion_tokens"] | None = None
+    send_temperature: StrictBool | None = None
+    stream_usage: StrictBool | None = None
+    reasoning_back: Literal["never", "with_calls"] | None = None
+    extra_content_back: StrictBool | None = None
+    reasoning_details_back: StrictBool | None = None
+    tool_call_ids: Literal["any", "alnum9", "word"] | None = None
+    null_content: StrictBool | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        return {k: v for k in self.model_fields_set if (v := getattr(self, k)) is not None}
+
+
+ProviderSetting = Literal[
+    "auto",
+    "openai",
+    "azure",
+    "deepseek",
+    "gemini",
+    "mistral",
+    "groq",
+    "openrouter",
+    "anthropic",
+    "ollama",
+    "vllm",
+    "llamacpp",
+    "lmstudio",
+    "generic",
+]
+
+
 class FallbackConfig(_Model):
     """One fallback model: any ``llm`` field; an unset one is inherited from ``llm``."""
 
     base_url: str | None = None
+    # provider, apiVersion, headers and dialect belong to a server: a fallback with a
+    # baseUrl of its own does not inherit them.
+    provider: ProviderSetting | None = None
+    api_version: str | None = None
+    headers: dict[str, str] | None = None
+    dialect: DialectConfig | None = None
     api_key: str | None = None
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -88,12 +141,19 @@ class FallbackConfig(_Model):
 
     _api_key = field_validator("api_key")(_header_safe_key)
     _proxy = field_validator("proxy")(lambda v: v if v is None else check_proxy_url(v))
+    _headers = field_validator("headers")(_header_problem)
 
 
 class LLMConfig(_Model):
     base_url: str = ""
     api_key: str = ""
     model: str = "gpt-4o-mini"
+    # Whose dialect the endpoint speaks (bot.dialects); "auto": told by the base URL's host
+    # and the model's name, and learnt from what the endpoint refuses.
+    provider: ProviderSetting = "auto"
+    api_version: str = ""  # Azure's api-version query, for /openai/deployments/<name> URLs
+    headers: dict[str, str] = Field(default_factory=dict)  # sent with every request
+    dialect: DialectConfig = DialectConfig()
     max_tokens: int = Field(4096, ge=1)
     temperature: float = Field(0.7, ge=0, le=2)
     timeout_seconds: float = Field(120.0, gt=0)
@@ -110,21 +170,32 @@ class LLMConfig(_Model):
 
     _api_key = field_validator("api_key")(_header_safe_key)
     _proxy = field_validator("proxy")(check_proxy_url)
+    _headers = field_validator("headers")(_header_problem)
 
     @model_validator(mode="after")
     def _credentials_fit(self) -> LLMConfig:
         # A base URL's user:password@ and an API key cannot both be sent (bot.urls).
         for i, endpoint in enumerate(self.endpoints()):
             where = "llm.baseUrl" if i == 0 else f"llm.fallbacks[{i - 1}].baseUrl"
-            endpoint_access(endpoint.base_url, where, bearer=bool(endpoint.api_key))
+            access = endpoint_access(endpoint.base_url, where, bearer=bool(endpoint.api_key))
+            classic_azure = "/openai/deployments/" in urlsplit(access.url).path
+            if classic_azure and not endpoint.api_version and "api-version" not in access.query:
+                raise ValueError(
+                    f"{where} is an Azure OpenAI deployment URL, which needs an api-version: "
+                    'set "apiVersion" next to it (for example "2024-10-21"), or use the v1 '
+                    "URL https://<resource>.openai.azure.com/openai/v1"
+                )
         return self
 
     def endpoints(self) -> list[LLMConfig]:
-        """This config and then each fallback, with its unset fields taken from this one."""
+        """This config and then each fallback, with its unset fields taken from this one
+        (a fallback on another server keeps none of llm's provider, apiVersion, headers
+        and dialect)."""
         own = self.model_copy(update={"fallbacks": []})
         chain = [own]
         for fb in self.fallbacks:
-            update = {k: v for k in fb.model_fields_set if (v := getattr(fb, k)) is not None}
+            update: dict[str, Any] = dict(_ENDPOINT_OWN) if fb.base_url else {}
+            update |= {k: v for k in fb.model_fields_set if (v := getattr(fb, k)) is not None}
             chain.append(own.model_copy(update=update))
         return chain
 
@@ -133,6 +204,14 @@ class LLMConfig(_Model):
 
     def resolved_base_url(self) -> str:
         return self.base_url or os.environ.get("OPENAI_BASE_URL", "")
+
+
+_ENDPOINT_OWN: dict[str, Any] = {
+    "provider": "auto",
+    "api_version": "",
+    "headers": {},
+    "dialect": DialectConfig(),
+}
 
 
 class AgentConfig(_Model):

@@ -21,6 +21,7 @@ import email.utils
 import importlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -36,6 +37,15 @@ from tenacity import (
 )
 
 from bot.config import LLMConfig
+from bot.dialects import (
+    PROFILES,
+    Dialect,
+    dialect_for,
+    merge_reasoning_details,
+    new_tool_call_id,
+    reasoning_of,
+    split_reasoning,
+)
 from bot.proxy import SOCKS_SCHEMES, environment_proxy, socks_connector
 from bot.urls import endpoint_access, redact_url
 
@@ -55,6 +65,8 @@ NOT_CONFIGURED_HELP = (
     "Edit {config}, or run `{onboard}`, which asks for them in a terminal."
 )
 DEFAULT_ENDPOINT = "https://api.openai.com/v1"
+# Refusals that may each teach an endpoint's dialect one thing, per request (bot.dialects).
+MAX_LESSONS = 4
 # Sending a request and the start of its answer get this many times llm.timeoutSeconds.
 ANSWER_DEADLINE_FACTOR = 2
 # Told the answer's text so far (the whole of it, not the new piece) as it streams in; a
@@ -84,6 +96,7 @@ class LLMRejected(LLMError):
     def __init__(self, status: int, detail: str, endpoint: str = "") -> None:
         super().__init__(f"HTTP {status}: {detail}" + (f" (from {endpoint})" if endpoint else ""))
         self.status = status
+        self.detail = detail  # the server's own words
         self.endpoint = endpoint
         hint = {
             401: "the API key was rejected; check llm.apiKey",
@@ -98,6 +111,8 @@ class ToolCall:
     id: str
     name: str
     arguments: str
+    # What the provider attached to the call and needs back (Gemini's thought signature).
+    extra: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,19 +122,31 @@ class LLMResponse:
     finish_reason: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
     answered_by: str = ""  # "model @ endpoint" of the endpoint that answered
+    # The model's reasoning (a reasoning field, or a <think> block taken out of the text):
+    # never shown, kept with tool calls for the providers that want it back (bot.dialects).
+    reasoning: str = ""
+    reasoning_details: tuple[dict[str, Any], ...] = ()  # OpenRouter's, sent back likewise
 
     def assistant_message(self) -> dict[str, Any]:
-        """The reply as a history message in Chat Completions format."""
+        """The reply as a history message in Chat Completions format, with what its provider
+        needs back on the next request (each request sends only what its target takes)."""
         msg: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.tool_calls:
-            msg["tool_calls"] = [
-                {
+            calls = []
+            for c in self.tool_calls:
+                wire: dict[str, Any] = {
                     "id": c.id,
                     "type": "function",
                     "function": {"name": c.name, "arguments": c.arguments},
                 }
-                for c in self.tool_calls
-            ]
+                if c.extra:
+                    wire["extra_content"] = c.extra
+                calls.append(wire)
+            msg["tool_calls"] = calls
+            if self.reasoning:
+                msg["reasoning_content"] = self.reasoning
+            if self.reasoning_details:
+                msg["reasoning_details"] = list(self.reasoning_details)
         return msg
 
 
@@ -147,13 +174,26 @@ def retry_after_seconds(exc: BaseException) -> float | None:
         return max(0.0, parsed.timestamp() - time.time())
 
 
-def is_retryable(exc: BaseException) -> bool:
+# A chat template's own refusal (llama.cpp answers it with 500, vLLM with 400): the same
+# conversation fails the same way every time, so it is not retried.
+_TEMPLATE_REFUSAL = re.compile(
+    r"roles must alternate|chat template|jinja|raise_exception|conversation roles", re.IGNORECASE
+)
+
+
+def is_retryable(exc: BaseException, dialect: Dialect | None = None) -> bool:
+    """Whether a new try can cure ``exc``: a lost connection, a timeout, 429, a 5xx (but a
+    chat template's refusal), or a 4xx whose error code the dialect knows to be transient."""
     import openai
 
     if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
         return True
     if isinstance(exc, openai.APIStatusError):
-        return exc.status_code == 429 or exc.status_code >= 500
+        if exc.status_code == 429:
+            return True
+        if exc.status_code >= 500:
+            return not _TEMPLATE_REFUSAL.search(_error_detail(exc))
+        return _error_code(exc) in (dialect or PROFILES["generic"]).retry_codes
     return False
 
 
@@ -172,8 +212,13 @@ class _RetryAfterOrBackoff:
 
 
 def _describe(exc: BaseException) -> str:
+    """``HTTP 500: <the server's words>``, or the exception's kind."""
     status = getattr(exc, "status_code", None)
-    return f"HTTP {status}" if status else type(exc).__name__
+    if not status:
+        return type(exc).__name__
+    detail = " ".join(_error_detail(exc).split())[:300]
+    generic = detail in ("", f"Error code: {status}") or detail.startswith(f"Error code: {status} ")
+    return f"HTTP {status}" if generic else f"HTTP {status}: {detail}"
 
 
 def _connection_failure(exc: BaseException) -> str | None:
@@ -310,10 +355,42 @@ class _Endpoint:
         except ValueError as exc:
             self.proxy, self.proxy_problem = "", str(exc)
         self._client: openai.AsyncOpenAI | None = None
+        # Fields of the dialect this endpoint's refusals taught (kept over a model change).
+        self._learned: dict[str, Any] = {}
+        self._dialect: tuple[str, Dialect] | None = None
+
+    @property
+    def dialect(self) -> Dialect:
+        """How to speak to this endpoint (bot.dialects): worked out again when a reload
+        changes the model."""
+        if self._dialect is None or self._dialect[0] != self.cfg.model:
+            cfg = self.cfg
+            made = dialect_for(cfg.provider, self.url, cfg.model, cfg.dialect.overrides())
+            self._dialect = (cfg.model, made.with_overrides(self._learned))
+        return self._dialect[1]
+
+    def learn(self, dialect: Dialect) -> None:
+        """Speak ``dialect`` from now on (what a refusal taught)."""
+        old = self.dialect
+        for name in Dialect.__dataclass_fields__:
+            if getattr(dialect, name) != getattr(old, name):
+                self._learned[name] = getattr(dialect, name)
+        self._dialect = (self.cfg.model, dialect)
 
     @property
     def url(self) -> str:
         return self.base_url or DEFAULT_ENDPOINT
+
+    @property
+    def post_options(self) -> dict[str, Any]:
+        """The SDK's options of each request: a JSON body, and for a key in Azure's api-key
+        header no Authorization beside it (the SDK wants that said per request)."""
+        headers: dict[str, Any] = {"Content-Type": "application/json"}
+        if self.dialect.auth == "api-key" and self.api_key:
+            import openai
+
+            headers["Authorization"] = openai.Omit()
+        return {"headers": headers}
 
     @property
     def label(self) -> str:
@@ -326,12 +403,20 @@ class _Endpoint:
         if self._client is None:
             import openai
 
+            headers: dict[str, Any] = {**self.access.headers, **self.cfg.headers}
+            if self.dialect.auth == "api-key" and self.api_key:
+                # Azure's own header; no Bearer beside it (Azure would read it as an Entra
+                # token and refuse the request).
+                headers.update({"api-key": self.api_key, "Authorization": openai.Omit()})
+            query = dict(self.access.query)
+            if self.cfg.api_version:
+                query["api-version"] = self.cfg.api_version
             # Local servers (Ollama, vLLM, llama.cpp) take any key; the SDK insists on one.
             self._client = openai.AsyncOpenAI(
                 api_key=self.api_key or "not-needed",
                 base_url=self.base_url or None,
-                default_headers=self.access.headers or None,
-                default_query=self.access.query or None,
+                default_headers=headers or None,
+                default_query=query or None,
                 max_retries=0,
                 timeout=self.cfg.timeout_seconds,
                 **_transport(openai, self.cfg.timeout_seconds, self.proxy),
@@ -408,31 +493,6 @@ class LLMProvider:
         for e in self._endpoints:
             await e.close()
 
-    @staticmethod
-    def _body(
-        cfg: LLMConfig,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        force_tool: str | None = None,
-        max_tokens: int | None = None,
-        stream: bool = False,
-    ) -> bytes:
-        body: dict[str, Any] = {
-            "model": cfg.model,
-            "messages": messages,
-            "max_tokens": max_tokens or cfg.max_tokens,
-            "temperature": cfg.temperature,
-        }
-        if stream:
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-        if tools:
-            body["tools"] = tools
-            body["tool_choice"] = (
-                {"type": "function", "function": {"name": force_tool}} if force_tool else "auto"
-            )
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
     async def chat(
         self,
         messages: list[dict[str, Any]],
@@ -445,19 +505,20 @@ class LLMProvider:
         """One completion, from the first endpoint that answers.
 
         Each endpoint gets its own retries; one that stays unavailable (connection error,
-        timeout, 5xx, 429) passes the same messages, byte for byte, to the next fallback.
-        Raises LLMUnavailable when every endpoint failed, LLMRejected on a 4xx (the request
-        itself is wrong: another endpoint is not tried).
+        timeout, 5xx, 429) passes the same messages to the next fallback, in that endpoint's
+        dialect (bot.dialects). Raises LLMUnavailable when every endpoint failed, LLMRejected
+        on a 4xx (the request itself is wrong: another endpoint is not tried) that taught the
+        endpoint's dialect nothing.
         ``force_tool`` makes the model answer with a call to that tool (structured output).
         ``on_text``: stream the answer, telling it the text so far as it arrives (see
         ``TextSink``); the result is the same as without.
         """
         failures: list[str] = []
-        stream = on_text is not None
         for i, endpoint in enumerate(self._endpoints):
-            payload = self._body(endpoint.cfg, messages, tools, force_tool, max_tokens, stream)
             try:
-                raw = await self._post(endpoint, payload, session_key, on_text=on_text)
+                raw = await self._ask(
+                    endpoint, messages, tools, force_tool, max_tokens, session_key, on_text
+                )
             except LLMUnavailable as exc:
                 failures.append(str(exc))
                 if i + 1 < len(self._endpoints):
@@ -480,14 +541,59 @@ class LLMProvider:
         endpoint that answers, or None. For detecting the end of an outage."""
         ping = [{"role": "user", "content": "ping"}]
         for endpoint in self._endpoints:
-            payload = self._body(endpoint.cfg, ping, None, max_tokens=1)
             try:
-                parse_completion(await self._post(endpoint, payload, "probe", attempts=1))
+                raw = await self._ask(endpoint, ping, None, None, 1, "probe", None, attempts=1)
+                parse_completion(raw)
             except LLMError as exc:
                 log.debug("probe of %s failed: %s", endpoint.label, exc)
                 continue
             return endpoint.label
         return None
+
+    async def _ask(
+        self,
+        endpoint: _Endpoint,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        force_tool: str | None,
+        max_tokens: int | None,
+        session_key: str,
+        on_text: TextSink | None,
+        attempts: int | None = None,
+    ) -> Any:
+        """One request to one endpoint in its dialect. A refusal that names what the dialect
+        got wrong (``'max_tokens' is not supported``) changes the dialect for good and the
+        request is sent again, once per thing learnt."""
+        cfg = endpoint.cfg
+        for lesson in range(MAX_LESSONS + 1):
+            dialect = endpoint.dialect
+            payload = dialect.body(
+                cfg.model,
+                messages,
+                max_tokens=max_tokens or cfg.max_tokens,
+                temperature=cfg.temperature,
+                tools=tools,
+                force_tool=force_tool,
+                stream=on_text is not None,
+            )
+            try:
+                return await self._post(endpoint, payload, session_key, attempts, on_text)
+            except LLMRejected as exc:
+                learnt = dialect.learn(exc.detail) if exc.status in (400, 422) else None
+                if learnt is None or lesson == MAX_LESSONS:
+                    self._report_rejection(endpoint, exc, session_key)
+                    raise
+                endpoint.learn(learnt[0])
+                log.warning(
+                    "llm endpoint %s refused a request (HTTP %d: %s): %s from now on; set "
+                    "llm.provider (or llm.dialect) to start that way session=%s",
+                    endpoint.label,
+                    exc.status,
+                    " ".join(exc.detail.split())[:200],
+                    learnt[1],
+                    session_key,
+                )
+        raise AssertionError("unreachable: the last lesson re-raises")
 
     async def _post(
         self,
@@ -498,7 +604,7 @@ class LLMProvider:
         on_text: TextSink | None = None,
     ) -> Any:
         """POST one request to one endpoint under the retry policy; the raw JSON answer (for a
-        stream, the chunks assembled into that same shape)."""
+        stream, the chunks assembled into that same shape). Raises LLMRejected unreported."""
         import openai
 
         cfg = endpoint.cfg
@@ -506,7 +612,7 @@ class LLMProvider:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(tries),
             wait=_RetryAfterOrBackoff(cfg.retry.initial_delay_seconds, cfg.retry.max_delay_seconds),
-            retry=retry_if_exception(is_retryable),
+            retry=retry_if_exception(lambda exc: is_retryable(exc, endpoint.dialect)),
             before_sleep=lambda s: log.warning(
                 "llm request to %s failed (%s), retry %d/%d in %.1fs session=%s",
                 endpoint.url,
@@ -524,20 +630,19 @@ class LLMProvider:
                     if on_text is not None:
                         return await _read_stream(endpoint, payload, on_text)
                     async with _answer_deadline(endpoint):
-                        return await endpoint.client.post(
+                        raw = await endpoint.client.post(
                             "/chat/completions",
                             cast_to=object,
                             content=payload,
-                            options={"headers": {"Content-Type": "application/json"}},
+                            options=endpoint.post_options,
                         )
+                    return _checked(raw, endpoint.url)
         except openai.APIStatusError as exc:
-            if is_retryable(exc):
+            if is_retryable(exc, endpoint.dialect):
                 raise LLMUnavailable(
                     f"{endpoint.url} answered {_describe(exc)}; gave up after {tries} tries"
                 ) from exc
-            rejected = LLMRejected(exc.status_code, _error_detail(exc), endpoint.url)
-            self._report_rejection(endpoint, rejected, session_key)
-            raise rejected from exc
+            raise LLMRejected(exc.status_code, _error_detail(exc), endpoint.url) from exc
         except openai.APIConnectionError as exc:
             # Name the endpoint and the setting: "Connection error." alone leaves the person
             # guessing which server was meant.
@@ -582,13 +687,85 @@ class LLMProvider:
             )
 
 
-def _error_detail(exc: Any) -> str:
+def _error_body(exc: Any) -> Any:
+    """The error object of a refusal's body: ``{"error": {...}}``, a bare ``{...}``, or
+    Gemini's list of one ``[{"error": {...}}]``."""
     body = getattr(exc, "body", None)
+    if isinstance(body, list) and body:
+        body = body[0]
     if isinstance(body, dict):
         err = body.get("error", body)
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
+        return err if isinstance(err, dict) else body
+    return None
+
+
+def _error_detail(exc: Any) -> str:
+    err = _error_body(exc)
+    if err is not None and err.get("message"):
+        return str(err["message"])
     return str(getattr(exc, "message", exc))
+
+
+def _error_code(exc: Any) -> str:
+    err = _error_body(exc)
+    code = err.get("code") if err is not None else None
+    return code if isinstance(code, str) else ""
+
+
+def _status_error(error: Any, url: str) -> Exception:
+    """An error a server put in a 200 answer or in a stream (OpenRouter does both) as the
+    exception its status would have raised, so the retry policy treats it alike: its
+    ``code`` when that is an HTTP status, else a 502 (the model behind the server failed)."""
+    import openai
+
+    httpx = _httpx()
+    err = error if isinstance(error, dict) else {"message": str(error)}
+    code = err.get("code")
+    status = code if isinstance(code, int) and 400 <= code <= 599 else 502
+    message = str(err.get("message") or "error in the answer")
+    response = httpx.Response(status, request=httpx.Request("POST", url))
+    return openai.APIStatusError(
+        f"Error code: {status} - {message}", response=response, body={"error": err}
+    )
+
+
+def _checked(raw: Any, url: str) -> Any:
+    """``raw`` unless it is an error body that came with status 200."""
+    if isinstance(raw, dict) and raw.get("error") and not raw.get("choices"):
+        raise _status_error(raw["error"], url)
+    return raw
+
+
+async def _sse_data(
+    chunks: AsyncIterator[bytes], alive: Callable[[], None]
+) -> AsyncIterator[bytes]:
+    """The ``data`` of each server-sent event in ``chunks``. ``alive()`` is called for every
+    piece that arrives, keep-alive comments and blank lines included (DeepSeek and OpenRouter
+    send those while a slow model thinks: a stream that sends them is not silent)."""
+    pending = b""
+    data: list[bytes] = []
+    async for raw in chunks:
+        alive()
+        pending += raw
+        if b"\n" not in raw:
+            continue
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if data:
+                    yield b"\n".join(data)
+                    data = []
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b" ") else value)
+            # ":" comments, "event:", "id:" and "retry:" carry nothing a completion needs.
+    if pending.startswith(b"data:"):
+        value = pending[5:].rstrip(b"\r")
+        data.append(value[1:] if value.startswith(b" ") else value)
+    if data:  # a stream cut without the blank line after its last event
+        yield b"\n".join(data)
 
 
 async def _read_stream(endpoint: _Endpoint, payload: bytes, on_text: TextSink) -> Any:
@@ -596,7 +773,8 @@ async def _read_stream(endpoint: _Endpoint, payload: bytes, on_text: TextSink) -
 
     Raises the SDK's errors, so the retry policy classifies them as for a plain request: a
     silence of ``streamIdleSeconds`` becomes ``APITimeoutError``; a connection lost mid-stream
-    or an error event inside the stream becomes ``APIConnectionError`` (both retried).
+    becomes ``APIConnectionError``; an error event inside the stream the status error it names
+    (``_status_error``), or a connection error when it names none.
     """
     import openai
 
@@ -606,106 +784,205 @@ async def _read_stream(endpoint: _Endpoint, payload: bytes, on_text: TextSink) -
             "/chat/completions",
             cast_to=object,
             content=payload,
-            options={"headers": {"Content-Type": "application/json"}},
+            options=endpoint.post_options,
             stream=True,
             stream_cls=openai.AsyncStream[object],
         )
-    request = stream.response.request
+    response = stream.response
+    request = response.request
     try:
-        if "text/event-stream" not in stream.response.headers.get("content-type", ""):
-            return json.loads(await stream.response.aread())  # a server that does not stream
+        if "text/event-stream" not in response.headers.get("content-type", ""):
+            try:  # a server that does not stream
+                raw = json.loads(await response.aread())
+            except ValueError as exc:
+                raise openai.APIConnectionError(
+                    message=f"unreadable answer: {exc}", request=request
+                ) from exc
+            return _checked(raw, endpoint.url)
         idle = endpoint.cfg.stream_idle_seconds
         assembler = StreamAssembler()
         loop = asyncio.get_running_loop()
+        done = False
         try:
-            # One deadline moved on by every chunk (wait_for would wrap each read in a task).
+            # One deadline moved on by every piece (wait_for would wrap each read in a task).
             async with asyncio.timeout(idle) as silence:
-                async for chunk in stream:
+
+                def alive() -> None:
                     silence.reschedule(loop.time() + idle)
+
+                async for data in _sse_data(response.aiter_bytes(), alive):
+                    if done:
+                        continue  # read to the end: the connection goes back to the pool
+                    if data == b"[DONE]":
+                        done = True
+                        continue
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        log.debug("llm stream from %s: a data line that is not JSON", endpoint.url)
+                        continue
+                    if isinstance(chunk, dict) and chunk.get("error"):
+                        error = chunk["error"]
+                        code = error.get("code") if isinstance(error, dict) else None
+                        if isinstance(code, int) and 400 <= code <= 599:
+                            raise _status_error(error, endpoint.url)
+                        message = error.get("message") if isinstance(error, dict) else error
+                        raise openai.APIConnectionError(
+                            message=f"error in stream: {message}", request=request
+                        )
                     if assembler.add(chunk):
-                        on_text(assembler.content)
+                        on_text(assembler.shown)
         except TimeoutError:
             raise openai.APITimeoutError(request=request) from None
         return assembler.completion()
     except httpx.TransportError as exc:
         raise openai.APIConnectionError(message=f"stream broken: {exc}", request=request) from exc
-    except openai.APIError as exc:
-        if isinstance(exc, openai.APIStatusError | openai.APIConnectionError):
-            raise
-        raise openai.APIConnectionError(message=f"error in stream: {exc}", request=request) from exc
     finally:
         await stream.close()
 
 
 class StreamAssembler:
-    """``chat.completion.chunk`` values in, one ``chat.completion`` body out.
+    """``chat.completion.chunk`` values in, one ``chat.completion`` body out, whatever the
+    server's dialect.
 
     Tool calls arrive as deltas keyed by ``index``: the first carries id and name, later ones
-    pieces of the arguments. Usage comes in the last chunk (``include_usage``), often one
-    with no choices at all."""
+    pieces of the arguments. Gemini sends parallel calls all at index 0, each with its own id
+    (a new id at an index starts a new call); Ollama sends whole calls without an index;
+    llama.cpp builds of March 2026 send arguments as a JSON object. Reasoning comes in
+    ``reasoning_content`` or ``reasoning`` deltas, or as a ``<think>`` block in the text:
+    ``shown`` is the text without it. Usage comes in the last chunk (``include_usage``), often
+    one with no choices at all, or in Groq's ``x_groq``."""
 
-    __slots__ = ("calls", "content", "finish_reason", "has_content", "usage")
+    __slots__ = (
+        "_by_index",
+        "_tagged",
+        "calls",
+        "content",
+        "details",
+        "finish_reason",
+        "has_content",
+        "reasoning",
+        "shown",
+        "usage",
+    )
 
     def __init__(self) -> None:
-        self.content = ""
+        self.content = ""  # the text as sent, reasoning blocks included
+        self.shown = ""  # the text a person may see
         self.has_content = False
-        self.calls: dict[int, dict[str, Any]] = {}
+        self.calls: list[dict[str, Any]] = []
+        self._by_index: dict[Any, int] = {}
+        self._tagged = False  # a "<" arrived: the text may hold a reasoning block
+        self.reasoning: list[str] = []
+        self.details: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
 
     def add(self, chunk: Any) -> bool:
-        """Take one chunk; True when the content grew."""
+        """Take one chunk; True when the text a person may see changed."""
         if not isinstance(chunk, dict):
             return False
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
+        usage = chunk.get("usage")
+        groq = chunk.get("x_groq")
+        if isinstance(usage, dict):
+            self.usage = usage
+        elif isinstance(groq, dict) and isinstance(groq.get("usage"), dict):
+            self.usage = groq["usage"]
         grew = False
         for choice in chunk.get("choices") or ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
-            delta = choice.get("delta") or {}
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                continue
             piece = delta.get("content")
             if isinstance(piece, str):
                 self.has_content = True
                 if piece:
                     self.content += piece
-                    grew = True
+                    self._tagged = self._tagged or "<" in piece
+                    grew = self._show()
+            thought = reasoning_of(delta)
+            if thought:
+                self.reasoning.append(thought)
+            if "reasoning_details" in delta:
+                merge_reasoning_details(self.details, delta["reasoning_details"])
             for tc in delta.get("tool_calls") or ():
-                self._add_call(tc)
+                if isinstance(tc, dict):
+                    self._add_call(tc)
         return grew
 
+    def _show(self) -> bool:
+        shown = split_reasoning(self.content)[1] if self._tagged else self.content
+        if shown == self.shown:
+            return False
+        self.shown = shown
+        return True
+
     def _add_call(self, tc: dict[str, Any]) -> None:
-        index = tc.get("index", len(self.calls))
-        call = self.calls.setdefault(index, {"id": None, "name": "", "arguments": []})
-        if tc.get("id"):
-            call["id"] = tc["id"]
-        fn = tc.get("function") or {}
+        index = tc.get("index")
+        call_id = tc.get("id") if isinstance(tc.get("id"), str) and tc.get("id") else None
+        fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+        pos = self._by_index.get(index) if index is not None else None
+        if pos is not None and call_id and self.calls[pos]["id"] not in (None, call_id):
+            pos = None  # Gemini: another call at the same index
+        if pos is None and index is None and self.calls:
+            if call_id:
+                pos = next((i for i, c in enumerate(self.calls) if c["id"] == call_id), None)
+            elif not fn.get("name"):
+                pos = len(self.calls) - 1  # a piece of the last call, without index or id
+        if pos is None:
+            pos = len(self.calls)
+            self.calls.append({"id": None, "name": "", "arguments": [], "extra": None})
+            if index is not None:
+                self._by_index[index] = pos
+        call = self.calls[pos]
+        if call_id:
+            call["id"] = call_id
         name = fn.get("name")
-        if name:
+        if isinstance(name, str) and name:
             # OpenAI sends the name once; some servers resend the whole name in every chunk,
             # a few split it. A repeat must not double it ("read_fileread_file").
             call["name"] = name if name.startswith(call["name"]) else call["name"] + name
-        if isinstance(fn.get("arguments"), str):
-            call["arguments"].append(fn["arguments"])
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            call["arguments"].append(args)
+        elif isinstance(args, dict):
+            call["arguments"].append(json.dumps(args, ensure_ascii=False))
+        extra = tc.get("extra_content")
+        if isinstance(extra, dict):
+            call["extra"] = {**(call["extra"] or {}), **extra}
 
     def completion(self) -> dict[str, Any]:
         message: dict[str, Any] = {
             "role": "assistant",
             "content": self.content if self.has_content else None,
         }
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        if self.details:
+            message["reasoning_details"] = self.details
         if self.calls:
-            message["tool_calls"] = [
-                {
-                    "id": c["id"] or f"call_{i}",
+            calls = []
+            for c in self.calls:
+                wire: dict[str, Any] = {
+                    "id": c["id"],
                     "type": "function",
                     "function": {"name": c["name"], "arguments": "".join(c["arguments"])},
                 }
-                for i, c in sorted(self.calls.items())
-            ]
+                if c["extra"]:
+                    wire["extra_content"] = c["extra"]
+                calls.append(wire)
+            message["tool_calls"] = calls
         choice = {"index": 0, "message": message, "finish_reason": self.finish_reason}
         return {"choices": [choice], "usage": self.usage or {}}
+
+
+# Ids some servers count up in every answer ("call_0", "0"): repeated across the turns of a
+# conversation, where a call and its result must pair up unambiguously.
+_WEAK_ID = re.compile(r"(?:call_?|tool_?)?\d{1,4}")
 
 
 def parse_completion(raw: Any) -> LLMResponse:
@@ -715,20 +992,47 @@ def parse_completion(raw: Any) -> LLMResponse:
     choice = raw["choices"][0]
     message = choice.get("message") or {}
     calls = []
-    for i, c in enumerate(message.get("tool_calls") or []):
+    seen: set[str] = set()
+    for c in message.get("tool_calls") or []:
+        if not isinstance(c, dict):
+            continue
         fn = c.get("function") or {}
         args = fn.get("arguments")
         if not isinstance(args, str):
-            args = json.dumps(args if args is not None else {})
+            args = json.dumps(args if args is not None else {}, ensure_ascii=False)
+        call_id = c.get("id")
+        if (
+            not isinstance(call_id, str)
+            or not call_id
+            or call_id in seen
+            or _WEAK_ID.fullmatch(call_id)
+        ):
+            call_id = new_tool_call_id()
+        seen.add(call_id)
+        extra = c.get("extra_content")
         calls.append(
-            ToolCall(id=c.get("id") or f"call_{i}", name=fn.get("name", ""), arguments=args)
+            ToolCall(
+                id=call_id,
+                name=fn.get("name", ""),
+                arguments=args,
+                extra=extra if isinstance(extra, dict) and extra else None,
+            )
         )
     content = message.get("content")
     if isinstance(content, list):  # some servers return content parts
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    reasoning = reasoning_of(message)
+    if isinstance(content, str) and "<" in content:
+        thought, content = split_reasoning(content)
+        reasoning = "\n\n".join(r for r in (reasoning, thought) if r)
+    details = message.get("reasoning_details")
     return LLMResponse(
         content=content,
         tool_calls=tuple(calls),
         finish_reason=choice.get("finish_reason"),
         usage=raw.get("usage") or {},
+        reasoning=reasoning,
+        reasoning_details=tuple(d for d in details if isinstance(d, dict))
+        if isinstance(details, list)
+        else (),
     )

@@ -1,0 +1,457 @@
+"""The dialects of OpenAI-compatible servers: one profile per provider, one place for them all.
+
+Every server that speaks Chat Completions speaks it a little differently: which token parameter
+a model takes, whether it may be given a temperature, whether ``stream_options`` is refused,
+which reasoning fields must travel back with an assistant message (or must not), what a tool
+call id may look like, whether ``content: null`` is accepted, where the usage of a stream is,
+which errors are worth retrying. A ``Dialect`` says all that for one endpoint; the request body
+and the messages sent are built from it here, never by conditions spread through the client.
+
+A dialect comes from ``llm.provider`` (or the base URL's host, or the model's name, where that
+is safe), then ``llm.dialect`` overrides single fields, then what the endpoint itself taught us:
+a 400 that names a parameter (``'max_tokens' is not supported``) changes that field for the rest
+of the process (``learn``), so an endpoint behind a proxy memobot cannot identify still works.
+
+Sources for each rule are cited next to it; docs/providers.md lists them per provider.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import string
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+PROVIDERS = (
+    "openai",
+    "azure",
+    "deepseek",
+    "gemini",
+    "mistral",
+    "groq",
+    "openrouter",
+    "anthropic",
+    "ollama",
+    "vllm",
+    "llamacpp",
+    "lmstudio",
+    "generic",
+)
+ProviderName = Literal[
+    "openai",
+    "azure",
+    "deepseek",
+    "gemini",
+    "mistral",
+    "groq",
+    "openrouter",
+    "anthropic",
+    "ollama",
+    "vllm",
+    "llamacpp",
+    "lmstudio",
+    "generic",
+]
+TokenParameter = Literal["max_tokens", "max_completion_tokens"]
+ReasoningBack = Literal["never", "with_calls"]
+ToolCallIds = Literal["any", "alnum9", "word"]
+
+# Gemini 3 takes this in place of a thought signature for a call it did not make (another
+# model's, or one from before a switch): https://ai.google.dev/gemini-api/docs/thought-signatures
+GEMINI_DUMMY_SIGNATURE = "skip_thought_signature_validator"
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """What one endpoint accepts and how it answers. Field names are ``llm.dialect``'s keys
+    (in camelCase there)."""
+
+    provider: str = "generic"
+    # The parameter that carries llm.maxTokens. OpenAI's reasoning models refuse max_tokens.
+    token_parameter: TokenParameter = "max_tokens"
+    # False: temperature is left out (OpenAI's reasoning models take only the default).
+    send_temperature: bool = True
+    # ``stream_options: {"include_usage": true}`` with streamed requests; False where the
+    # server refuses unknown fields (Mistral's older API, Groq before 2025).
+    stream_usage: bool = True
+    # An assistant message's ``reasoning_content`` sent back with its tool calls (DeepSeek's
+    # thinking mode refuses a tool turn without it), or never (most servers ignore it, some
+    # refuse it: DeepSeek R1, OpenAI's strict schema).
+    reasoning_back: ReasoningBack = "never"
+    # Gemini's ``extra_content`` (thought signatures) on tool calls, sent back as received.
+    extra_content_back: bool = False
+    # OpenRouter's ``reasoning_details``, sent back with the assistant message that made calls.
+    reasoning_details_back: bool = False
+    # What a tool call id may look like: any string; exactly 9 letters and digits (Mistral);
+    # letters, digits, "_" and "-" (Anthropic's tool_use ids).
+    tool_call_ids: ToolCallIds = "any"
+    # False: an assistant message with tool calls and no text says ``content: ""`` (older
+    # llama.cpp and LM Studio refuse null).
+    null_content: bool = True
+    # How the API key travels: "bearer" (Authorization) or "api-key" (Azure's own header).
+    auth: Literal["bearer", "api-key"] = "bearer"
+    # Error codes (``error.code`` in a 4xx body) that a new try can cure: Groq's
+    # tool_use_failed is a sampled tool call that did not parse.
+    retry_codes: frozenset[str] = frozenset({"tool_use_failed"})
+
+    def with_overrides(self, overrides: dict[str, Any]) -> Dialect:
+        known = {f.name for f in fields(self)}
+        return replace(self, **{k: v for k, v in overrides.items() if k in known})
+
+    # -- the request ---------------------------------------------------------------------------
+
+    def body(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        *,
+        max_tokens: int,
+        temperature: float,
+        tools: list[dict[str, Any]] | None = None,
+        force_tool: str | None = None,
+        stream: bool = False,
+    ) -> bytes:
+        """The serialised request: parameters this dialect takes, messages as it takes them."""
+        body: dict[str, Any] = {"model": model, "messages": self.messages(messages)}
+        body[self.token_parameter] = max_tokens
+        if self.send_temperature:
+            body["temperature"] = temperature
+        if stream:
+            body["stream"] = True
+            if self.stream_usage:
+                body["stream_options"] = {"include_usage": True}
+        if tools:
+            body["tools"] = tools
+            body["tool_choice"] = (
+                {"type": "function", "function": {"name": force_tool}} if force_tool else "auto"
+            )
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``messages`` as this dialect takes them. A message that needs no change is the same
+        object (a long history costs a few dict lookups per message); the input is not changed.
+        """
+        out = messages
+        for i, m in enumerate(messages):
+            fixed = self._message(m)
+            if fixed is not m:
+                if out is messages:
+                    out = list(messages)
+                out[i] = fixed
+        return out
+
+    def _message(self, m: dict[str, Any]) -> dict[str, Any]:
+        role = m.get("role")
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if self.tool_call_ids != "any" and isinstance(call_id, str):
+                fitted = fit_tool_call_id(call_id, self.tool_call_ids)
+                if fitted != call_id:
+                    return {**m, "tool_call_id": fitted}
+            return m
+        if role != "assistant":
+            return m
+        calls = m.get("tool_calls")
+        has_reasoning = "reasoning_content" in m
+        has_details = "reasoning_details" in m
+        if not calls and not has_reasoning and not has_details:
+            return m
+        fixed = dict(m)
+        if calls:
+            fixed["tool_calls"] = [self._call(c) for c in calls]
+            if fixed["tool_calls"] == calls:
+                fixed["tool_calls"] = calls
+            if fixed.get("content") is None and not self.null_content:
+                fixed["content"] = ""
+        keep_reasoning = bool(calls) and self.reasoning_back == "with_calls"
+        if keep_reasoning:
+            # DeepSeek checks the field is there; a message another model wrote has none.
+            fixed["reasoning_content"] = m.get("reasoning_content") or ""
+        elif has_reasoning:
+            del fixed["reasoning_content"]
+        if has_details and not (calls and self.reasoning_details_back):
+            del fixed["reasoning_details"]
+        return m if fixed == m else fixed
+
+    def _call(self, call: Any) -> Any:
+        if not isinstance(call, dict):
+            return call
+        fixed = call
+        call_id = call.get("id")
+        if self.tool_call_ids != "any" and isinstance(call_id, str):
+            fitted = fit_tool_call_id(call_id, self.tool_call_ids)
+            if fitted != call_id:
+                fixed = {**fixed, "id": fitted}
+        if self.extra_content_back:
+            if self.provider == "gemini" and not _has_signature(call.get("extra_content")):
+                fixed = {
+                    **fixed,
+                    "extra_content": {"google": {"thought_signature": GEMINI_DUMMY_SIGNATURE}},
+                }
+        elif "extra_content" in fixed:
+            fixed = {k: v for k, v in fixed.items() if k != "extra_content"}
+        return fixed
+
+    # -- what an endpoint teaches ----------------------------------------------------------------
+
+    def learn(self, detail: str) -> tuple[Dialect, str] | None:
+        """The dialect a refusal's text (a 400 or 422 body's message) asks for, and what
+        changed in words; None when the text names nothing this dialect can change."""
+        text = detail.lower()
+        for needle, field_name, value, said in _LESSONS:
+            if needle.search(text) and getattr(self, field_name) != value:
+                return replace(self, **{field_name: value}), said
+        return None
+
+
+def _has_signature(extra: Any) -> bool:
+    google = extra.get("google") if isinstance(extra, dict) else None
+    return isinstance(google, dict) and bool(google.get("thought_signature"))
+
+
+# (what the refusal says, the field, its new value, the log's words). Wordings: OpenAI
+# "Unsupported parameter: 'max_tokens' is not supported with this model. Use
+# 'max_completion_tokens' instead." and "Unsupported value: 'temperature' does not support 0.7
+# with this model. Only the default (1) value is supported."; Mistral "Extra inputs are not
+# permitted" naming stream_options, and "Tool call id was ... but must be a-z, A-Z, 0-9, with a
+# length of 9."; DeepSeek "The reasoning_content in the thinking mode must be passed back to the
+# API." (https://api-docs.deepseek.com/guides/thinking_mode); R1's "reasoning_content" refused
+# in input (https://api-docs.deepseek.com/guides/reasoning_model).
+_LESSONS: tuple[tuple[re.Pattern[str], str, Any, str], ...] = (
+    (
+        re.compile(r"max_tokens.*(not supported|max_completion_tokens)"),
+        "token_parameter",
+        "max_completion_tokens",
+        "sending max_completion_tokens instead of max_tokens",
+    ),
+    (
+        re.compile(
+            r"temperature.*(unsupported|not support|only the default)|unsupported.*temperature"
+        ),
+        "send_temperature",
+        False,
+        "leaving temperature out",
+    ),
+    (re.compile(r"stream_options"), "stream_usage", False, "leaving stream_options out"),
+    (
+        re.compile(r"reasoning_content.*must be passed back"),
+        "reasoning_back",
+        "with_calls",
+        "sending reasoning_content back with tool calls",
+    ),
+    (
+        re.compile(r"reasoning_content"),
+        "reasoning_back",
+        "never",
+        "leaving reasoning_content out",
+    ),
+    (
+        re.compile(r"tool.?call.?id.*(length of 9|a-z, a-z, 0-9)"),
+        "tool_call_ids",
+        "alnum9",
+        "rewriting tool call ids to 9 letters and digits",
+    ),
+    (
+        re.compile(r"content.*(null|none|must be a string|is not a string)"),
+        "null_content",
+        False,
+        'sending content "" instead of null with tool calls',
+    ),
+)
+
+_ALNUM9 = re.compile(r"[A-Za-z0-9]{9}")
+_WORD_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def fit_tool_call_id(call_id: str, rule: ToolCallIds) -> str:
+    """``call_id`` if it fits ``rule``, else a stable stand-in that does: the same id gives the
+    same stand-in in every request, so a call and its result still match and the request
+    prefix stays the same for the provider's prompt cache."""
+    if rule == "any":
+        return call_id
+    pattern = _ALNUM9 if rule == "alnum9" else _WORD_ID
+    if pattern.fullmatch(call_id):
+        return call_id
+    digest = int.from_bytes(hashlib.blake2b(call_id.encode(), digest_size=8).digest(), "big")
+    out = []
+    for _ in range(9):
+        digest, r = divmod(digest, len(_ID_ALPHABET))
+        out.append(_ID_ALPHABET[r])
+    return "".join(out)
+
+
+def new_tool_call_id() -> str:
+    """An id for a call a server sent without one: 9 letters and digits, which every dialect
+    takes (Mistral takes nothing else)."""
+    import secrets
+
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(9))
+
+
+# -- the profiles ---------------------------------------------------------------------------------
+
+_BASE = Dialect()
+PROFILES: dict[str, Dialect] = {
+    # https://platform.openai.com/docs/api-reference/chat/create: max_tokens is deprecated and
+    # "not compatible with o-series models"; max_completion_tokens works for every model. Its
+    # request schema is strict: unknown message fields are refused.
+    "openai": replace(_BASE, provider="openai", token_parameter="max_completion_tokens"),
+    # https://learn.microsoft.com/azure/ai-foundry/openai/reference: the key in an api-key
+    # header, api-version in the query of /openai/deployments/<name>/... paths.
+    "azure": replace(_BASE, provider="azure", auth="api-key"),
+    # https://api-docs.deepseek.com/guides/thinking_mode: in thinking mode a tool turn needs the
+    # reasoning_content of each assistant message that made calls.
+    "deepseek": replace(_BASE, provider="deepseek", reasoning_back="with_calls"),
+    # https://ai.google.dev/gemini-api/docs/openai and /thought-signatures: each tool call's
+    # extra_content.google.thought_signature must come back (Gemini 3).
+    "gemini": replace(_BASE, provider="gemini", extra_content_back=True),
+    # https://docs.mistral.ai/api/: ids of 9 letters and digits; older deployments refuse
+    # unknown fields (stream_options) with 422; usage comes in the last chunk anyway.
+    "mistral": replace(_BASE, provider="mistral", tool_call_ids="alnum9", stream_usage=False),
+    # https://console.groq.com/docs/openai: usage in x_groq.usage of the last chunk;
+    # stream_options refused by older deployments.
+    "groq": replace(_BASE, provider="groq", stream_usage=False),
+    # https://openrouter.ai/docs/use-cases/reasoning-tokens: reasoning_details must come back
+    # with tool calls to keep the reasoning (Gemini 3, Claude) going.
+    "openrouter": replace(_BASE, provider="openrouter", reasoning_details_back=True),
+    # https://docs.anthropic.com/en/api/openai-sdk: tool_use ids are ^[a-zA-Z0-9_-]+$.
+    "anthropic": replace(_BASE, provider="anthropic", tool_call_ids="word"),
+    # https://github.com/ollama/ollama/blob/main/docs/openai.md
+    "ollama": replace(_BASE, provider="ollama"),
+    # https://docs.vllm.ai/en/latest/features/reasoning_outputs.html: reasoning_content taken
+    # back in assistant messages (templates of gpt-oss, Qwen3 use it).
+    "vllm": replace(_BASE, provider="vllm", reasoning_back="with_calls"),
+    # llama.cpp's server: reasoning_content in and out; builds before mid 2025 refuse
+    # content null (https://github.com/ggml-org/llama.cpp/issues/12779).
+    "llamacpp": replace(
+        _BASE, provider="llamacpp", reasoning_back="with_calls", null_content=False
+    ),
+    # LM Studio 2024 refused content null with tool calls (lmstudio-bug-tracker issue 95).
+    "lmstudio": replace(_BASE, provider="lmstudio", null_content=False),
+    "generic": _BASE,
+}
+
+_HOSTS: tuple[tuple[str, str], ...] = (
+    ("api.openai.com", "openai"),
+    (".openai.azure.com", "azure"),
+    (".cognitiveservices.azure.com", "azure"),
+    (".services.ai.azure.com", "azure"),
+    ("api.deepseek.com", "deepseek"),
+    ("generativelanguage.googleapis.com", "gemini"),
+    ("api.mistral.ai", "mistral"),
+    ("api.groq.com", "groq"),
+    ("openrouter.ai", "openrouter"),
+    ("api.anthropic.com", "anthropic"),
+)
+# Default ports of local servers that nothing else uses by default.
+_PORTS = {11434: "ollama", 1234: "lmstudio"}
+# OpenAI's reasoning models (also behind a router's "openai/" prefix or an Azure deployment of
+# that name): gpt-5, gpt-5.1-mini, o1, o3-mini, o4-mini, ...
+_OPENAI_REASONING = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-5)", re.IGNORECASE)
+# Mistral's models need its ids wherever they are served (vLLM, llama.cpp, mlx, Ollama).
+_MISTRAL_FAMILY = re.compile(
+    r"mistral|mixtral|devstral|magistral|codestral|ministral|pixtral", re.IGNORECASE
+)
+# DeepSeek R1 refuses reasoning_content in input messages.
+_DEEPSEEK_R1 = re.compile(r"deepseek[-_/]?r1|(?:^|/)r1[-_]", re.IGNORECASE)
+
+
+def detect_provider(base_url: str) -> str:
+    """The provider a base URL belongs to ("openai" for no URL), else "generic"."""
+    if not base_url:
+        return "openai"
+    try:
+        parts = urlsplit(base_url)
+        host, port = (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return "generic"
+    for suffix, name in _HOSTS:
+        if host == suffix.lstrip(".") or (suffix.startswith(".") and host.endswith(suffix)):
+            return name
+    if port in _PORTS:
+        return _PORTS[port]
+    return "generic"
+
+
+def dialect_for(
+    provider: str, base_url: str, model: str, overrides: dict[str, Any] | None = None
+) -> Dialect:
+    """The dialect of one endpoint: its provider's profile ("auto": detected), adjusted for
+    the model, then ``overrides`` (``llm.dialect``) on top."""
+    name = detect_provider(base_url) if provider == "auto" else provider
+    dialect = PROFILES.get(name, _BASE)
+    if _OPENAI_REASONING.search(model) and name not in ("openrouter", "anthropic", "ollama"):
+        # OpenRouter and Anthropic translate max_tokens themselves; Ollama's gpt-oss is not
+        # one of these (the pattern does not match it anyway).
+        dialect = replace(dialect, token_parameter="max_completion_tokens", send_temperature=False)
+    if _MISTRAL_FAMILY.search(model):
+        dialect = replace(dialect, tool_call_ids="alnum9")
+    if _DEEPSEEK_R1.search(model):
+        dialect = replace(dialect, reasoning_back="never")
+    return dialect.with_overrides(overrides or {})
+
+
+# -- what comes back -------------------------------------------------------------------------------
+
+# Reasoning a server left inside the text (LM Studio without a reasoning parser, many local
+# models): a leading <think>...</think> block, or the tail of one whose opening tag the chat
+# template wrote (DeepSeek-R1 distills, QwQ): "...reasoning...</think>answer".
+_LEADING_THINK = re.compile(
+    r"\A\s*<(think|thinking|reasoning)>(.*?)(?:</\1>\s*|\Z)", re.DOTALL | re.IGNORECASE
+)
+_TRAILING_CLOSE = re.compile(r"\A(.*?)</(think|thinking|reasoning)>\s*", re.DOTALL | re.IGNORECASE)
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """``(reasoning, answer)`` of a content string that may open with a reasoning block.
+    An unclosed block is all reasoning (the answer has not started yet, or never did)."""
+    if "<" not in text:
+        return "", text
+    m = _LEADING_THINK.match(text)
+    if m:
+        return m.group(2).strip(), text[m.end() :]
+    m = _TRAILING_CLOSE.match(text)
+    if m and "<" not in m.group(1):
+        return m.group(1).strip(), text[m.end() :]
+    return "", text
+
+
+def reasoning_of(message: dict[str, Any]) -> str:
+    """A message's (or a delta's) reasoning text, whichever field its server uses:
+    ``reasoning_content`` (DeepSeek, vLLM, llama.cpp) or ``reasoning`` (OpenRouter, Ollama,
+    newer vLLM)."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def merge_reasoning_details(into: list[dict[str, Any]], pieces: Any) -> None:
+    """Add streamed ``reasoning_details`` pieces to ``into``: pieces of one block (the same
+    ``index`` and ``type``) are joined, as OpenRouter's docs ask before sending them back."""
+    if not isinstance(pieces, list):
+        return
+    for piece in pieces:
+        if not isinstance(piece, dict):
+            continue
+        last = into[-1] if into else None
+        same = (
+            last is not None
+            and "index" in piece
+            and last.get("index") == piece.get("index")
+            and last.get("type") == piece.get("type")
+        )
+        if not same:
+            into.append(dict(piece))
+            continue
+        assert last is not None
+        for key, value in piece.items():
+            if key in ("text", "summary", "data") and isinstance(value, str):
+                last[key] = (last.get(key) or "") + value
+            elif value is not None:
+                last[key] = value

@@ -203,7 +203,9 @@ class Dialect:
         changed in words; None when the text names nothing this dialect can change."""
         text = detail.lower()
         for needle, field_name, value, said in _LESSONS:
-            if needle.search(text) and getattr(self, field_name) != value:
+            if needle.search(text):  # the first that matches is the lesson, learnt or not
+                if getattr(self, field_name) == value:
+                    return None
                 return replace(self, **{field_name: value}), said
         return None
 
@@ -415,7 +417,8 @@ def split_reasoning(text: str) -> tuple[str, str]:
     if m:
         return m.group(2).strip(), text[m.end() :]
     m = _TRAILING_CLOSE.match(text)
-    if m and "<" not in m.group(1):
+    # Only a prefix that reads as plain reasoning: a text that quotes the tag is about it.
+    if m and "<" not in m.group(1) and "`" not in m.group(1):
         return m.group(1).strip(), text[m.end() :]
     return "", text
 

@@ -464,6 +464,11 @@ class LLMProvider:
         self._primary.cfg = self._primary.cfg.model_copy(update={"model": value})
 
     @property
+    def dialect(self) -> Dialect:
+        """How the primary endpoint is spoken to (bot.dialects), as far as known now."""
+        return self._primary.dialect
+
+    @property
     def client(self) -> openai.AsyncOpenAI:
         """The primary endpoint's SDK client, made on first use: importing openai costs about
         half a second, which the daemon spends after its channels are up (``warm_up``)."""
@@ -980,11 +985,6 @@ class StreamAssembler:
         return {"choices": [choice], "usage": self.usage or {}}
 
 
-# Ids some servers count up in every answer ("call_0", "0"): repeated across the turns of a
-# conversation, where a call and its result must pair up unambiguously.
-_WEAK_ID = re.compile(r"(?:call_?|tool_?)?\d{1,4}")
-
-
 def parse_completion(raw: Any) -> LLMResponse:
     """Read a Chat Completions response body (a dict); tolerant of providers' variations."""
     if not isinstance(raw, dict) or not raw.get("choices"):
@@ -1001,12 +1001,7 @@ def parse_completion(raw: Any) -> LLMResponse:
         if not isinstance(args, str):
             args = json.dumps(args if args is not None else {}, ensure_ascii=False)
         call_id = c.get("id")
-        if (
-            not isinstance(call_id, str)
-            or not call_id
-            or call_id in seen
-            or _WEAK_ID.fullmatch(call_id)
-        ):
+        if not isinstance(call_id, str) or not call_id or call_id in seen:
             call_id = new_tool_call_id()
         seen.add(call_id)
         extra = c.get("extra_content")

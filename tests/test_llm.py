@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import re
 import asyncio
 import email.utils
+import re
 import time
 from typing import Any
 

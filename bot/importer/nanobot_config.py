@@ -39,6 +39,7 @@ from bot.config import (
     TelegramConfig,
     WebSearchConfig,
 )
+from bot.dialects import PROVIDERS, detect_provider
 
 # OpenAI-compatible endpoints of the providers nanobot knows by name; "" is OpenAI itself.
 PROVIDER_BASES: dict[str, str] = {
@@ -241,6 +242,9 @@ class _Translator:
             base = str(chosen.get("apiBase") or PROVIDER_BASES.get(name, ""))
             if base:
                 llm["baseUrl"] = base
+                if name in PROVIDERS and detect_provider(base) != name:
+                    # nanobot's provider names the dialect a self-hosted URL cannot tell.
+                    llm["provider"] = name
             if not chosen.get("apiBase") and name in PROVIDER_BASES and base:
                 self.result.notes.append(
                     (

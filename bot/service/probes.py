@@ -68,7 +68,11 @@ async def check_llm(cfg: Config, config_path: Path) -> LLMProbe:
     finally:
         await provider.close()
     said = (reply.content or "").strip().replace("\n", " ")[:40]
-    check = Check("ok", f"LLM {shown} model {llm.model} answered: {said!r}")
+    dialect = provider.dialect.provider
+    told = "" if llm.provider == dialect else ", detected: set llm.provider if wrong"
+    check = Check(
+        "ok", f"LLM {shown} model {llm.model} answered: {said!r} (provider {dialect}{told})"
+    )
     return LLMProbe(check, await _server_date(endpoint_access(base, "llm.baseUrl"), provider.proxy))
 
 

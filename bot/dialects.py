@@ -17,6 +17,7 @@ Sources for each rule are cited next to it; docs/providers.md lists them per pro
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -133,49 +134,58 @@ class Dialect:
 
     def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``messages`` as this dialect takes them. A message that needs no change is the same
-        object (a long history costs a few dict lookups per message); the input is not changed.
-        """
+        object, and the list too when none does (a long history costs a few dict lookups per
+        message); the input is not changed."""
+        fit_ids = self.tool_call_ids != "any"
         out = messages
         for i, m in enumerate(messages):
-            fixed = self._message(m)
+            role = m.get("role")
+            if role == "assistant":
+                if "tool_calls" not in m and "reasoning_content" not in m:
+                    if "reasoning_details" not in m:
+                        continue
+                fixed = self._assistant(m)
+            elif role == "tool" and fit_ids:
+                fixed = self._result(m)
+            else:
+                continue
             if fixed is not m:
                 if out is messages:
                     out = list(messages)
                 out[i] = fixed
         return out
 
-    def _message(self, m: dict[str, Any]) -> dict[str, Any]:
-        role = m.get("role")
-        if role == "tool":
-            call_id = m.get("tool_call_id")
-            if self.tool_call_ids != "any" and isinstance(call_id, str):
-                fitted = fit_tool_call_id(call_id, self.tool_call_ids)
-                if fitted != call_id:
-                    return {**m, "tool_call_id": fitted}
-            return m
-        if role != "assistant":
-            return m
+    def _result(self, m: dict[str, Any]) -> dict[str, Any]:
+        call_id = m.get("tool_call_id")
+        if isinstance(call_id, str):
+            fitted = fit_tool_call_id(call_id, self.tool_call_ids)
+            if fitted != call_id:
+                return {**m, "tool_call_id": fitted}
+        return m
+
+    def _assistant(self, m: dict[str, Any]) -> dict[str, Any]:
         calls = m.get("tool_calls")
-        has_reasoning = "reasoning_content" in m
-        has_details = "reasoning_details" in m
-        if not calls and not has_reasoning and not has_details:
-            return m
-        fixed = dict(m)
+        update: dict[str, Any] = {}
+        drop: list[str] = []
         if calls:
-            fixed["tool_calls"] = [self._call(c) for c in calls]
-            if fixed["tool_calls"] == calls:
-                fixed["tool_calls"] = calls
-            if fixed.get("content") is None and not self.null_content:
-                fixed["content"] = ""
-        keep_reasoning = bool(calls) and self.reasoning_back == "with_calls"
-        if keep_reasoning:
-            # DeepSeek checks the field is there; a message another model wrote has none.
-            fixed["reasoning_content"] = m.get("reasoning_content") or ""
-        elif has_reasoning:
-            del fixed["reasoning_content"]
-        if has_details and not (calls and self.reasoning_details_back):
-            del fixed["reasoning_details"]
-        return m if fixed == m else fixed
+            fitted = [self._call(c) for c in calls]
+            if any(a is not b for a, b in zip(fitted, calls, strict=True)):
+                update["tool_calls"] = fitted
+            if m.get("content") is None and not self.null_content:
+                update["content"] = ""
+        if calls and self.reasoning_back == "with_calls":
+            if not isinstance(m.get("reasoning_content"), str):
+                # DeepSeek checks the field is there; a message another model wrote has none.
+                update["reasoning_content"] = ""
+        elif "reasoning_content" in m:
+            drop.append("reasoning_content")
+        if "reasoning_details" in m and not (calls and self.reasoning_details_back):
+            drop.append("reasoning_details")
+        if not update and not drop:
+            return m
+        fixed = {k: v for k, v in m.items() if k not in drop}
+        fixed.update(update)
+        return fixed
 
     def _call(self, call: Any) -> Any:
         if not isinstance(call, dict):
@@ -269,6 +279,7 @@ _ALNUM9 = re.compile(r"[A-Za-z0-9]{9}")
 _WORD_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
+@functools.lru_cache(maxsize=8192)
 def fit_tool_call_id(call_id: str, rule: ToolCallIds) -> str:
     """``call_id`` if it fits ``rule``, else a stable stand-in that does: the same id gives the
     same stand-in in every request, so a call and its result still match and the request

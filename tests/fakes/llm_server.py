@@ -9,6 +9,9 @@ line>``). Every completion request is logged. Three ways to run it:
 * as its own process for crash tests: ``python -m tests.fakes.llm_server --port-file PATH``,
   driven over HTTP through ``/_control/*`` (``FakeLLMProcess`` / ``ControlClient`` wrap that).
 
+``dialect="mistral"`` (``--dialect mistral``) makes it imitate one provider's rules and answers
+(``tests.fakes.llm_dialects``); without one it is the permissive OpenAI-style fake below.
+
 Step format (all keys optional except the one naming the kind)::
 
     {"text": "hello"}                                   assistant text, finish_reason "stop"
@@ -25,7 +28,11 @@ step in the queue wins), ``finish_reason``, ``chunk_delay`` (seconds between str
 also a stall, for idle timeouts), ``pieces`` (content deltas to stream, default 3),
 ``disconnect_after_chunks`` (streaming only) and ``no_stream`` (answer a streamed request with
 one JSON body, as servers without streaming do). Error steps also take ``retry_after`` (number
-or string, sent verbatim), ``retry_after_ms``, ``message``, ``type``, ``code``.
+or string, sent verbatim), ``retry_after_ms``, ``message``, ``type``, ``code``, and ``in_body``
+(HTTP 200 with the error in the body; streamed: after ``error_after_chunks`` content chunks).
+``keepalive_before`` / ``keepalive_every`` (seconds): keep-alive comments (empty lines for a
+plain answer) before the answer and in ``chunk_delay`` pauses. ``reasoning`` and
+``failed_generation`` are read by dialects.
 """
 
 from __future__ import annotations
@@ -49,6 +56,17 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.llm_dialects import (
+    DEFAULT_ALIASES,
+    DIALECTS,
+    KEEPALIVE_COMMENT,
+    ChatRequest,
+    Dialect,
+    DialectOptions,
+    Frame,
+    Refusal,
+    make_dialect,
+)
 from tests.fakes.threaded import ServerThread
 
 Step = dict[str, Any]
@@ -77,6 +95,13 @@ _STEP_KEYS = frozenset(
         "message",
         "type",
         "code",
+        # Read by dialects (tests/fakes/llm_dialects.py); keep-alives by every fake.
+        "reasoning",
+        "in_body",
+        "error_after_chunks",
+        "failed_generation",
+        "keepalive_before",
+        "keepalive_every",
     }
 )
 _VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -165,7 +190,7 @@ def check_step(step: Any) -> Step:
                 raise ValueError(f"each tool call needs a 'name' in {step!r}")
     if "text" in step and not isinstance(step["text"], str | None):
         raise ValueError(f"'text' must be a string in {step!r}")
-    for key in ("delay", "chunk_delay"):
+    for key in ("delay", "chunk_delay", "keepalive_before", "keepalive_every"):
         if key in step and not (isinstance(step[key], int | float) and step[key] >= 0):
             raise ValueError(f"{key!r} must be a number >= 0 in {step!r}")
     if not kinds and "text" not in step and set(step) - {"delay", "when_user_contains"}:
@@ -458,7 +483,9 @@ def completion_chunks(
         header = {"index": index, "id": tc["id"], "type": "function"}
         header["function"] = {"name": tc["function"]["name"], "arguments": ""}
         chunks.append(chunk({"tool_calls": [header]}))
-        for piece in _pieces(tc["function"]["arguments"]):
+        args = tc["function"]["arguments"]
+        # An object (llama.cpp of March 2026, a dialect) cannot be cut: it goes whole.
+        for piece in _pieces(args) if isinstance(args, str) else [args]:
             chunks.append(
                 chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
             )
@@ -468,6 +495,18 @@ def completion_chunks(
         tail["choices"], tail["usage"] = [], usage
         chunks.append(tail)
     return chunks
+
+
+def _delta_content(chunk: Mapping[str, Any]) -> Any:
+    choices = chunk.get("choices") or ()
+    return choices[0]["delta"].get("content") if choices else None
+
+
+def _refusal(status: int, outcome: str, message: str, param: str | None) -> Refusal:
+    """A refusal by the default fake, in OpenAI's words and shape."""
+    return Refusal(
+        status, error_body(status, {"message": message, "param": param}), message, outcome
+    )
 
 
 def sse(data: Mapping[str, Any] | str) -> bytes:
@@ -492,6 +531,10 @@ class FakeLLM:
         api_key: if set, requests without ``Authorization: Bearer <api_key>`` get 401.
         models: ids listed by ``GET /v1/models``.
         script: initial steps.
+        dialect: imitate a provider ("mistral", "gemini", ...: ``tests.fakes.llm_dialects``);
+            None, "openai-compatible" or "generic": the fake as it always was.
+        strict_template, old_build, object_arguments: a dialect's older or optional
+            behaviour (``DialectOptions``).
     """
 
     def __init__(
@@ -507,6 +550,10 @@ class FakeLLM:
         api_key: str | None = None,
         models: Iterable[str] = (DEFAULT_MODEL,),
         script: Iterable[Step] = (),
+        dialect: str | None = None,
+        strict_template: bool | None = None,
+        old_build: bool = False,
+        object_arguments: bool = False,
     ) -> None:
         self.host = host
         self.port = port
@@ -514,6 +561,9 @@ class FakeLLM:
         self.validate = validate
         self.api_key = api_key
         self.models = list(models)
+        options = DialectOptions(strict_template, old_build, object_arguments)
+        self.dialect: Dialect | None = make_dialect(dialect, options)
+        self.dialect_name = self.dialect.name if self.dialect else None
         self.mode = "echo"
         self.delay = 0.0
         self.configure(mode=mode, delay=delay)
@@ -616,6 +666,8 @@ class FakeLLM:
             app.router.add_post(f"{prefix}/chat/completions", self._handle_chat)
             app.router.add_get(f"{prefix}/models", self._handle_models)
             app.router.add_post(f"{prefix}/audio/transcriptions", self._handle_transcription)
+        for path in self.dialect.extra_paths if self.dialect else ():
+            app.router.add_post(path, self._handle_chat)
         app.router.add_post("/_control/script", self._handle_control_script)
         app.router.add_get("/_control/requests", self._handle_control_requests)
         app.router.add_post("/_control/reset", self._handle_control_reset)
@@ -664,10 +716,10 @@ class FakeLLM:
             body = None
         rejection = self._rejection(request, body)
         if rejection is not None:
-            status, outcome, message, param = rejection
-            self._record(request, body, outcome, status, None, message)
-            err = error_body(status, {"message": message, "param": param})
-            return web.json_response(err, status=status)
+            self._record(
+                request, body, rejection.outcome, rejection.status, None, rejection.message
+            )
+            return web.json_response(rejection.body, status=rejection.status)
 
         user_text = last_user_text(body.get("messages"))
         step, entry = self._take_step(request, body, user_text)
@@ -676,6 +728,8 @@ class FakeLLM:
             return self._drop(request)
 
         kind = entry["outcome"]
+        if kind == "error" and step.get("in_body"):
+            return await self._error_in_body(request, body, step, user_text)
         if kind == "error":
             return self._error_response(step)
         if kind == "unscripted":
@@ -689,20 +743,45 @@ class FakeLLM:
             return self._drop(request)
         return await self._answer(request, body, step, user_text, len(raw), entry)
 
-    def _rejection(
-        self, request: web.Request, body: Any
-    ) -> tuple[int, str, str, str | None] | None:
-        """``(status, outcome, message, param)`` if the request must be refused, else None."""
+    def _rejection(self, request: web.Request, body: Any) -> Refusal | None:
+        """The answer refusing the request, or None to answer it."""
+        if self.dialect is not None:
+            return self._dialect_rejection(self.dialect, request, body)
         if self.api_key is not None:
             if request.headers.get("Authorization") != f"Bearer {self.api_key}":
-                return 401, "unauthorized", "Incorrect API key provided.", None
+                return _refusal(401, "unauthorized", "Incorrect API key provided.", None)
         if not isinstance(body, dict):
-            return 400, "invalid", "The request body must be a JSON object.", None
+            return _refusal(400, "invalid", "The request body must be a JSON object.", None)
         if self.validate:
             problem = validate_request(body)
             if problem is not None:
-                return 400, "invalid", problem[0], problem[1]
+                return _refusal(400, "invalid", problem[0], problem[1])
         return None
+
+    def _dialect_rejection(
+        self, dialect: Dialect, request: web.Request, body: Any
+    ) -> Refusal | None:
+        """As ``_rejection``, in the dialect's words: its authorization, the generic checks,
+        then its own rules."""
+        view = self._view(request, body)
+        refusal = dialect.authorize(view, self.api_key)
+        if refusal is not None:
+            return refusal
+        if not isinstance(body, dict):
+            return dialect.refuse(400, "The request body must be a JSON object.")
+        if not self.validate:
+            return None
+        problem = validate_request(body)
+        if problem is not None:
+            return dialect.refuse(400, problem[0], param=problem[1])
+        return dialect.check(view)
+
+    @staticmethod
+    def _view(request: web.Request, body: Any) -> ChatRequest:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        return ChatRequest(
+            request.path, dict(request.query), headers, body if isinstance(body, dict) else {}
+        )
 
     def _take_step(
         self, request: web.Request, body: dict, user_text: str
@@ -722,7 +801,7 @@ class FakeLLM:
             else:
                 outcome = "unscripted" if self.mode == "strict" else "default"
             status: int | None = 200
-            if step is not None and outcome == "error":
+            if step is not None and outcome == "error" and not step.get("in_body"):
                 status = step["error"]
             elif outcome == "unscripted":
                 status = 500
@@ -808,15 +887,48 @@ class FakeLLM:
             request.transport.close()
         return web.Response()
 
-    @staticmethod
-    def _error_response(step: Step) -> web.Response:
+    def _error_response(self, step: Step) -> web.Response:
         status = step["error"]
         headers = {}
         if "retry_after" in step:
             headers["Retry-After"] = str(step["retry_after"])
         if "retry_after_ms" in step:
             headers["retry-after-ms"] = str(step["retry_after_ms"])
-        return web.json_response(error_body(status, step), status=status, headers=headers)
+        body = self.dialect.error_step(step).body if self.dialect else error_body(status, step)
+        return web.json_response(body, status=status, headers=headers)
+
+    async def _error_in_body(
+        self, request: web.Request, body: dict, step: Step, user_text: str
+    ) -> web.StreamResponse:
+        """An error step with ``in_body``: HTTP 200 and the error in the body, or for a stream
+        the step's text (``error_after_chunks`` pieces of it) then an error event, as OpenRouter
+        reports a generation that failed once started."""
+        if self.dialect is not None:
+            error = self.dialect.error_in_body(step)
+        else:
+            error = {
+                "code": step["error"],
+                "message": step.get("message", "Provider returned error"),
+            }
+        if not body.get("stream"):
+            return web.json_response({"error": error})
+        cid, created = self._next_completion_id(), int(time.time())
+        model = body.get("model") or DEFAULT_MODEL
+        message = {"role": "assistant", "content": step.get("text") or echo_text(user_text)}
+        role, *rest = completion_chunks(cid, created, model, message, "stop", None)
+        pieces = [c for c in rest if c["choices"][0]["delta"].get("content")]
+        failed = dict(role, error=error)
+        failed["choices"] = [
+            {"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": "error"}
+        ]
+        shown = pieces[: int(step.get("error_after_chunks", 0))]
+        frames = [(sse(role), False), *((sse(c), True) for c in shown), (sse(failed), False)]
+        if self.dialect is not None:
+            frames = self.dialect.prefix_frames() + frames
+        return await self._stream_frames(request, step, frames, {}, self._keepalive())
+
+    def _keepalive(self) -> bytes:
+        return self.dialect.keepalive if self.dialect else KEEPALIVE_COMMENT
 
     async def _answer(
         self,
@@ -827,19 +939,101 @@ class FakeLLM:
         request_bytes: int,
         entry: dict[str, Any],
     ) -> web.StreamResponse:
-        message, finish = make_message(step, user_text, self._next_call_id)
+        dialect = self.dialect
+        view = self._view(request, body)
+        ids = dialect.call_ids(view) if dialect else self._next_call_id
+        message, finish = make_message(step, user_text, ids)
+        if dialect is not None:
+            message, finish = dialect.shape(message, finish, step, view, user_text)
         entry["reply"] = message
         entry["answered_at"] = time.time()
         cid, created = self._next_completion_id(), int(time.time())
         model = body.get("model") or DEFAULT_MODEL
         usage = usage_for(request_bytes, message)
         if not body.get("stream") or step.get("no_stream"):
-            return web.json_response(completion_body(cid, created, model, message, finish, usage))
+            reply = completion_body(cid, created, model, message, finish, usage)
+            if dialect is not None:
+                reply = dialect.plain(reply, view)
+            if step.get("keepalive_before"):
+                return await self._late_json(request, step, reply)
+            return web.json_response(reply)
         options = body.get("stream_options") or {}
-        with_usage = usage if options.get("include_usage") else None
+        wanted = options.get("include_usage") or (dialect is not None and dialect.usage_always)
+        with_usage = usage if wanted else None
         pieces = int(step.get("pieces", STREAM_PIECES))
         chunks = completion_chunks(cid, created, model, message, finish, with_usage, pieces)
-        return await self._stream(request, step, chunks, entry)
+        keepalive = step.get("keepalive_before") or step.get("keepalive_every")
+        if dialect is None and not keepalive:
+            return await self._stream(request, step, chunks, entry)
+        if dialect is not None:
+            frames = dialect.stream(chunks, message, view, step)
+        else:
+            frames = [(sse(c), bool(_delta_content(c))) for c in chunks]
+            frames.append((sse("[DONE]"), False))
+        return await self._stream_frames(request, step, frames, entry, self._keepalive())
+
+    async def _late_json(self, request: web.Request, step: Step, reply: dict) -> web.StreamResponse:
+        """A plain answer preceded by ``keepalive_before`` seconds of empty lines (DeepSeek
+        under load: https://api-docs.deepseek.com/quick_start/rate_limit)."""
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        try:
+            if await self._keep_alive(resp, step["keepalive_before"], step, b"\n"):
+                self._drop(request)
+                return resp
+            await resp.write(json.dumps(reply).encode())
+            await resp.write_eof()
+        except ConnectionError:
+            pass
+        return resp
+
+    async def _stream_frames(
+        self,
+        request: web.Request,
+        step: Step,
+        frames: list[Frame],
+        entry: dict[str, Any],
+        keepalive: bytes,
+    ) -> web.StreamResponse:
+        """``_stream`` for a dialect's frames: one write each, ``chunk_delay`` before each (kept
+        alive with comments when the step has ``keepalive_every``), ``keepalive_before``
+        seconds of comments first, ``disconnect_after_chunks`` counting frames."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        cut = step.get("disconnect_after_chunks")
+        pause = step.get("chunk_delay", 0)
+        try:
+            if await self._keep_alive(resp, step.get("keepalive_before", 0), step, keepalive):
+                self._drop(request)
+                return resp
+            for i, (data, has_content) in enumerate(frames):
+                if i == cut or (pause and await self._keep_alive(resp, pause, step, keepalive)):
+                    self._drop(request)
+                    return resp
+                if has_content and "first_content_at" not in entry:
+                    entry["first_content_at"] = time.monotonic()
+                await resp.write(data)
+            await resp.write_eof()
+        except ConnectionError:
+            pass  # the client went away mid-stream (e.g. it timed out); nothing to tell it
+        return resp
+
+    async def _keep_alive(
+        self, resp: web.StreamResponse, seconds: float, step: Step, filler: bytes
+    ) -> bool:
+        """Wait ``seconds``, writing ``filler`` every ``keepalive_every`` seconds if the step
+        has it; True if the server began stopping meanwhile."""
+        every = step.get("keepalive_every")
+        if not seconds:
+            return False
+        if not every:
+            return await self._stopped_within(seconds)
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            await resp.write(filler)
+            if await self._stopped_within(min(every, left)):
+                return True
+        return False
 
     async def _stream(
         self,
@@ -928,6 +1122,7 @@ class FakeLLM:
         with self._lock:
             seen = self._seq
         status = {"pending": self.pending, "requests": seen, "mode": self.mode, "delay": self.delay}
+        status["dialect"] = self.dialect_name
         return web.json_response(status)
 
 
@@ -1026,7 +1221,7 @@ class ControlClient:
         return dict(self._call("POST", "/_control/config", options))
 
     def status(self) -> dict[str, Any]:
-        """``{"pending", "requests", "mode", "delay"}``."""
+        """``{"pending", "requests", "mode", "delay", "dialect"}``."""
         return dict(self._call("GET", "/_control/status"))
 
     def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[dict[str, Any]]:
@@ -1059,11 +1254,16 @@ class FakeLLMProcess(ControlClient):
         script: Iterable[Step] = (),
         mode: str | None = None,
         delay: float | None = None,
+        dialect: str | None = None,
+        strict_template: bool | None = None,
+        old_build: bool = False,
+        object_arguments: bool = False,
         extra_args: Iterable[str] = (),
         start_timeout: float = 15.0,
     ) -> FakeLLMProcess:
         """Start the server process; returns once it listens. Its stderr goes to
-        ``<workdir>/fake_llm.log`` (workdir defaults to a new temporary folder)."""
+        ``<workdir>/fake_llm.log`` (workdir defaults to a new temporary folder). ``dialect``
+        and its options as for ``FakeLLM``."""
         wd = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="fake-llm-"))
         wd.mkdir(parents=True, exist_ok=True)
         port_file = wd / "fake_llm.port"
@@ -1078,6 +1278,12 @@ class FakeLLMProcess(ControlClient):
             args += ["--mode", mode]
         if delay is not None:
             args += ["--delay", str(delay)]
+        if dialect is not None:
+            args += ["--dialect", dialect]
+        if strict_template is not None:
+            args.append("--strict-template" if strict_template else "--no-strict-template")
+        args += ["--old-build"] if old_build else []
+        args += ["--object-arguments"] if object_arguments else []
         args += list(extra_args)
         with open(wd / "fake_llm.log", "ab") as log_file:
             proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=log_file, stderr=log_file)
@@ -1130,6 +1336,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-log-bodies", action="store_true", help="do not keep request bodies")
     p.add_argument("--max-log", type=int, default=None, help="keep only the newest N log entries")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument(
+        "--dialect",
+        choices=(*DIALECTS, *DEFAULT_ALIASES),
+        default=None,
+        help="imitate a provider (tests/fakes/llm_dialects.py); default: the generic fake",
+    )
+    p.add_argument(
+        "--strict-template",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vllm/llamacpp: refuse histories that do not alternate (default: by model name)",
+    )
+    p.add_argument("--old-build", action="store_true", help="the dialect's older behaviour")
+    p.add_argument(
+        "--object-arguments", action="store_true", help="llamacpp: arguments as JSON objects"
+    )
     return p.parse_args(argv)
 
 
@@ -1146,6 +1368,10 @@ async def serve(args: argparse.Namespace) -> None:
         max_log=args.max_log,
         api_key=args.api_key,
         script=script,
+        dialect=args.dialect,
+        strict_template=args.strict_template,
+        old_build=args.old_build,
+        object_arguments=args.object_arguments,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

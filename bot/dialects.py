@@ -137,31 +137,56 @@ class Dialect:
         object, and the list too when none does (a long history costs a few dict lookups per
         message); the input is not changed."""
         fit_ids = self.tool_call_ids != "any"
+        seen: set[str] = set()  # ids given to calls so far: each unique in the conversation
+        block: dict[str, str] = {}  # the last call batch's ids -> the ids they were given
         out = messages
         for i, m in enumerate(messages):
             role = m.get("role")
+            fixed = m
             if role == "assistant":
-                if "tool_calls" not in m and "reasoning_content" not in m:
-                    if "reasoning_details" not in m:
-                        continue
-                fixed = self._assistant(m)
+                if "tool_calls" in m or "reasoning_content" in m or "reasoning_details" in m:
+                    fixed = self._assistant(m)
+                if fit_ids:
+                    block = {}
+                    fixed = self._fit_call_ids(fixed, seen, block)
             elif role == "tool" and fit_ids:
-                fixed = self._result(m)
-            else:
-                continue
+                call_id = m.get("tool_call_id")
+                if isinstance(call_id, str):
+                    given = block.get(call_id) or fit_tool_call_id(call_id, self.tool_call_ids)
+                    if given != call_id:
+                        fixed = {**m, "tool_call_id": given}
             if fixed is not m:
                 if out is messages:
                     out = list(messages)
                 out[i] = fixed
         return out
 
-    def _result(self, m: dict[str, Any]) -> dict[str, Any]:
-        call_id = m.get("tool_call_id")
-        if isinstance(call_id, str):
-            fitted = fit_tool_call_id(call_id, self.tool_call_ids)
-            if fitted != call_id:
-                return {**m, "tool_call_id": fitted}
-        return m
+    def _fit_call_ids(
+        self, m: dict[str, Any], seen: set[str], block: dict[str, str]
+    ) -> dict[str, Any]:
+        """``m`` with call ids of this dialect's form, none used before in the conversation
+        (Anthropic refuses a repeated one; LM Studio gives the first call of every answer the
+        same id). Stand-ins are derived from the id and its repeat count: the same history
+        gets the same ids in every request."""
+        calls = m.get("tool_calls")
+        if not isinstance(calls, list):
+            return m
+        fitted = []
+        for c in calls:
+            call_id = c.get("id") if isinstance(c, dict) else None
+            if not isinstance(call_id, str):
+                fitted.append(c)
+                continue
+            given, repeat = fit_tool_call_id(call_id, self.tool_call_ids), 0
+            while given in seen:
+                repeat += 1
+                given = fit_tool_call_id(f"{call_id}#{repeat}", self.tool_call_ids)
+            seen.add(given)
+            block.setdefault(call_id, given)
+            fitted.append(c if given == call_id else {**c, "id": given})
+        if all(a is b for a, b in zip(fitted, calls, strict=True)):
+            return m
+        return {**m, "tool_calls": fitted}
 
     def _assistant(self, m: dict[str, Any]) -> dict[str, Any]:
         calls = m.get("tool_calls")
@@ -191,11 +216,6 @@ class Dialect:
         if not isinstance(call, dict):
             return call
         fixed = call
-        call_id = call.get("id")
-        if self.tool_call_ids != "any" and isinstance(call_id, str):
-            fitted = fit_tool_call_id(call_id, self.tool_call_ids)
-            if fitted != call_id:
-                fixed = {**fixed, "id": fitted}
         if self.extra_content_back:
             if self.provider == "gemini" and not _has_signature(call.get("extra_content")):
                 fixed = {

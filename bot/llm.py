@@ -94,7 +94,9 @@ class LLMRejected(LLMError):
     """A permanent error (bad request, auth, unknown model): retrying cannot help."""
 
     def __init__(self, status: int, detail: str, endpoint: str = "") -> None:
-        super().__init__(f"HTTP {status}: {detail}" + (f" (from {endpoint})" if endpoint else ""))
+        # One line: a template error's words come with line breaks and a caret drawing.
+        said = " ".join(detail.split())[:1000]
+        super().__init__(f"HTTP {status}: {said}" + (f" (from {endpoint})" if endpoint else ""))
         self.status = status
         self.detail = detail  # the server's own words
         self.endpoint = endpoint
@@ -102,7 +104,7 @@ class LLMRejected(LLMError):
             401: "the API key was rejected; check llm.apiKey",
             403: "the API key may not use this model",
             404: "the model or endpoint was not found; check llm.model and llm.baseUrl",
-        }.get(status, detail[:200])
+        }.get(status, said[:200])
         self.user_message = f"The model service refused the request ({status}: {hint})."
 
 

@@ -20,9 +20,9 @@ Rows are providers (with a model that exercises their rules), plus variants for 
 other models. A cell's id names the failure of issue 36's list it reproduces ("-item2"); those
 fail on the code from before the issue's fix, by design.
 
-``llm.provider`` (and ``llm.apiVersion``) are set for every row; until ``bot.config`` has those
-fields the config is written without them (``llm_section``), so the matrix shows what today's
-code does against each server.
+``llm.provider`` (and ``llm.apiVersion``) are set for every row, as a person pointing memobot at
+a self-hosted or local server would; ``test_gpt5_needs_nothing_but_its_name`` shows OpenAI's
+reasoning models need no setting at all.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from typing import Any
 import pytest
 
 from bot.bus import StreamEvent
-from bot.config import LLMConfig
 from channels.manager import ChannelManager
 from tests.fakes.llm_server import FakeLLM, error, reply, tool_step
 from tests.helpers import Harness, RecordingChannel, make_config
@@ -175,18 +174,14 @@ BY_ID = {p.id: p for p in PROFILES}
 
 
 def llm_section(profile: Profile, fake: FakeLLM) -> dict[str, Any]:
-    """The ``llm`` config for ``profile`` at ``fake``. Fields bot.config does not have yet
-    (``provider``, ``apiVersion``: issue 36 adds them) are left out, so that today's code runs
-    against the fake instead of refusing the config."""
-    section = {
+    """The ``llm`` config for ``profile`` at ``fake``."""
+    return {
         "baseUrl": f"{fake.url}{profile.path}",
         "apiKey": API_KEY,
         "model": profile.model,
         "provider": profile.dialect,
         **profile.llm,
     }
-    known = {f.alias for f in LLMConfig.model_fields.values()}
-    return {k: v for k, v in section.items() if k in known}
 
 
 class StreamingChannel(RecordingChannel):
@@ -461,3 +456,14 @@ async def test_item11_answer_emptied_by_the_token_limit_says_why(tmp_path: Path)
             answer = await h.ask("hello")
     assert answer != "(the model returned an empty answer)"
     assert "maxTokens" in answer
+
+
+async def test_gpt5_needs_nothing_but_its_name(tmp_path: Path) -> None:
+    """Issue 36, done when: a gpt-5-style model works with OpenAI's rules and no setting but
+    the model's name (no provider: the fake's URL is 127.0.0.1, so it is detected "generic";
+    the model's name is what tells)."""
+    openai = BY_ID["openai"]
+    bare = Profile("openai-bare", "openai", "gpt-5", llm={"provider": "auto"})
+    for shape in (plain, tool):
+        await shape(bare, tmp_path / shape.__name__)
+    assert openai.dialect == bare.dialect

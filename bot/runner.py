@@ -23,6 +23,15 @@ from bot.tools.base import ToolContext, ToolRegistry
 log = logging.getLogger(__name__)
 
 INTERRUPTED_TOOL_RESULT = "Error: task interrupted before this tool finished."
+EMPTY_ANSWER_TEXT = "(the model returned an empty answer)"
+# What the model reads where a turn of the history ended without its answer (``close_turn``):
+# memobot's words, bracketed as its other notes are, that name no error the model could take
+# up and repeat as its own answer; the person was shown their own note (bot.turn).
+NO_ANSWER_NOTE = "[memobot: this message got no answer.]"
+CLOSING_NOTES = {
+    "failed": "[memobot: this message got no answer: the request to the model failed.]",
+    "stopped": "[memobot: the person stopped this answer before it was written.]",
+}
 CALL_LIMIT_PREFIX = "Error: not run: this turn reached its limit of"
 Phase = Literal["awaiting_tools", "awaiting_approval", "tools_completed", "final_response"]
 PhaseHook = Callable[[Phase, list[dict[str, Any]]], Awaitable[None]]
@@ -130,7 +139,7 @@ class Runner:
             if not response.tool_calls:
                 if stream:
                     stream.on_done()
-                text = (response.content or "").strip() or "(the model returned an empty answer)"
+                text = (response.content or "").strip() or EMPTY_ANSWER_TEXT
                 final: dict[str, Any] = {"role": "assistant", "content": response.content or text}
                 if response.answered_by:
                     # Bookkeeping, not sent: to_wire drops it from the history (prompt cache).
@@ -301,3 +310,25 @@ def interrupted_result(call: dict[str, Any]) -> dict[str, Any]:
         "name": call.get("function", {}).get("name", ""),
         "content": INTERRUPTED_TOOL_RESULT,
     }
+
+
+def answered(turn: list[dict[str, Any]]) -> bool:
+    """Whether ``turn`` ends with an answer: an assistant message that made no tool calls."""
+    last = turn[-1] if turn else None
+    return last is not None and last.get("role") == "assistant" and not last.get("tool_calls")
+
+
+def close_turn(turn: list[dict[str, Any]], note: str = NO_ANSWER_NOTE) -> bool:
+    """End a turn that has no answer (failed, stopped, given up) with the assistant ``note``,
+    in place, its open tool calls first given their 'interrupted' result; True if it did.
+
+    Strict chat templates (Mistral's API, Mistral, Devstral and Gemma templates on llama.cpp
+    or vLLM) refuse a user message right after a tool result or another user message: a
+    stored turn always ends with the assistant, so the next one can begin. An empty turn
+    (nothing was kept) stays empty.
+    """
+    if not turn or answered(turn):
+        return False
+    close_open_tool_calls(turn)
+    turn.append({"role": "assistant", "content": note})
+    return True

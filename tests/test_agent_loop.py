@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bot.bus import InboundMessage
-from bot.runner import INTERRUPTED_TOOL_RESULT
+from bot.runner import CLOSING_NOTES, INTERRUPTED_TOOL_RESULT
 from bot.session import SessionStore
 from tests.fakes.llm_server import FakeLLM, error, reply, tool_step
 from tests.helpers import Harness, make_config, request_messages
@@ -273,8 +273,9 @@ async def test_stop_cancels_only_this_chat(tmp_path: Path, llm: FakeLLM) -> None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     stored = session_messages(tmp_path, "cli:a")
-    assert [m["role"] for m in stored] == ["user", "assistant", "tool"]
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
     assert stored[2]["content"] == INTERRUPTED_TOOL_RESULT
+    assert stored[3]["content"] == CLOSING_NOTES["stopped"]  # the next turn can begin
     meta = SessionStore(tmp_path / "state").get("cli:a").metadata
     assert "runtime_checkpoint" not in meta
 

@@ -67,6 +67,18 @@ def calls_made(turn: list[dict[str, Any]]) -> int:
     )
 
 
+def empty_answer_text(response: LLMResponse, max_tokens: int | None) -> str:
+    """What the person is shown for an answer without text: why, when the server said so (a
+    reasoning model can spend the whole budget thinking: ``finish_reason`` "length")."""
+    if response.finish_reason == "length":
+        budget = f", llm.maxTokens = {max_tokens}," if max_tokens else ""
+        return (
+            f"(the model used its whole answer budget{budget} before writing an answer; "
+            "raise llm.maxTokens)"
+        )
+    return EMPTY_ANSWER_TEXT
+
+
 class Runner:
     def __init__(
         self,
@@ -74,11 +86,15 @@ class Runner:
         tools: ToolRegistry,
         max_iterations: int,
         max_tool_calls: int = 50,
+        max_tokens: int | None = None,
     ) -> None:
+        """``max_tokens``: the answer budget requests are sent with (llm.maxTokens), named
+        when an answer comes back empty because it was used up."""
         self.provider = provider
         self.tools = tools
         self.max_iterations = max_iterations
         self.max_tool_calls = max_tool_calls
+        self.max_tokens = max_tokens
 
     async def run(
         self,
@@ -139,7 +155,9 @@ class Runner:
             if not response.tool_calls:
                 if stream:
                     stream.on_done()
-                text = (response.content or "").strip() or EMPTY_ANSWER_TEXT
+                text = (response.content or "").strip() or empty_answer_text(
+                    response, self.max_tokens
+                )
                 final: dict[str, Any] = {"role": "assistant", "content": response.content or text}
                 if response.answered_by:
                     # Bookkeeping, not sent: to_wire drops it from the history (prompt cache).

@@ -100,6 +100,7 @@ class Turns:
             tools,
             cfg.agent.max_tool_iterations,
             cfg.agent.max_tool_calls_per_turn,
+            cfg.llm.max_tokens,
         )
         # Asks, waits for and records the answers to approval questions (tools.approval).
         self.approvals = ApprovalDesk(cfg, store, bus)

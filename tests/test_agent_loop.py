@@ -49,6 +49,23 @@ async def test_plain_turn(tmp_path: Path, llm: FakeLLM) -> None:
     assert stored[0]["content"] == msgs[-1]["content"]
 
 
+async def test_an_answer_emptied_by_the_token_budget_says_so(tmp_path: Path, llm: FakeLLM) -> None:
+    """A reasoning model can spend the whole budget thinking: an empty answer cut by the
+    budget (finish_reason "length") names the setting to raise; any other empty answer says
+    it was empty."""
+    llm.script(reply("", finish_reason="length"), reply(""))
+    async with harness(tmp_path, llm, llm={"maxTokens": 300}) as h:
+        assert await h.ask("think hard") == (
+            "(the model used its whole answer budget, llm.maxTokens = 300, before writing an "
+            "answer; raise llm.maxTokens)"
+        )
+        assert await h.ask("again") == "(the model returned an empty answer)"
+    sent = [
+        r["body"].get("max_tokens", r["body"].get("max_completion_tokens")) for r in llm.requests
+    ]
+    assert sent == [300, 300]  # the budget named is the one sent
+
+
 async def test_multi_step_tool_turn(tmp_path: Path, llm: FakeLLM) -> None:
     llm.script(
         tool_step(("write_file", {"path": "notes/a.txt", "content": "alpha"})),

@@ -206,6 +206,7 @@ class Runner:
                 # Answered, not dropped: every call needs a result for the history to be
                 # valid, and the model must learn why nothing happened.
                 refused += 1
+                _tried(stream, call)
                 turn.append(_result(call, call_limit_result(self.max_tool_calls)))
                 continue
             if offered is not None and call.name not in offered:
@@ -214,6 +215,7 @@ class Runner:
                     call.name,
                     ctx.session_key,
                 )
+                _tried(stream, call)
                 turn.append(_result(call, not_offered_result(call.name)))
                 continue
             made += 1
@@ -252,6 +254,13 @@ class Runner:
                 self.max_tool_calls,
             )
         return made
+
+
+def _tried(stream: TurnStream | None, call: ToolCall) -> None:
+    """A call that is not run is still shown as tried: the chat also learns from it that the
+    model's next request is a new reply (``bot.bus.StreamEvent``), not a retried one."""
+    if stream:
+        stream.on_tool(call.name, call.arguments)
 
 
 def _show_images(turn: list[dict[str, Any]], ctx: ToolContext, shown: int) -> int:

@@ -28,7 +28,7 @@ from bot.gate.question import QuestionView, question_plain
 from channels.base import Channel, PreviewMode
 from channels.errors import PermanentError
 from channels.formatting import markdown_to_ansi, strip_controls
-from channels.terminal_live import LiveMarkdown, terminal_columns
+from channels.terminal_live import LiveMarkdown, cursor_rows, erase_rows, terminal_columns
 
 CHANNEL = "cli"
 OUTCOME_KEY = "outcome"  # bot.turn.OUTCOME_KEY: channels do not import the core's loop
@@ -93,6 +93,10 @@ class TerminalChannel(Channel):
         self._thinking_shown = False
         self._printed: dict[str | None, str] = {}  # streamed text on stdout, per answer
         self._streamed: dict[str | None, str] = {}  # the model's text behind it, per answer
+        # What the streamed text of the reply being written put on stdout since the start of
+        # its first line (plain output; the Markdown view keeps its own): what a retry erases.
+        self._block: dict[str | None, str] = {}
+        self._after_tool: set[str | None] = set()  # answers whose next text is a new reply
         self._mid_line = False  # stdout's last line is not finished
         self.closed = False  # stdout's reader went away
         # Set by the CLI: how an approval question is answered (y/N from stdin or a prompt).
@@ -158,33 +162,52 @@ class TerminalChannel(Channel):
         try:
             self._erase_thinking()
             if event.kind == "tool":
+                # The model's next request (its text from "" again) is a new reply.
+                self._after_tool.add(event.reply_to)
                 if self.show_tools:
                     self._end_line()
+                    self._block.pop(event.reply_to, None)
                     line = TOOL_LINE.format(call=strip_controls(event.text))
                     self.out.write((DIM + line + RESET if self.ansi else line) + "\n")
                     self.out.flush()
                 return
             printed = self._printed.get(event.reply_to, "")
             text = self._shown_text(event.reply_to, event.text)
+            # A text that does not go on from what this reply showed, with no tool call in
+            # between, is the same request sent again (a stream cut by an error, retried):
+            # it replaces what was shown (llm.TextSink), where escape sequences can erase it.
+            retry = event.reply_to not in self._after_tool and not text.startswith(printed)
+            self._after_tool.discard(event.reply_to)
             if self.markdown:
-                self._stream_rendered(text, printed)
+                self._stream_rendered(text, printed, retry)
             else:
-                if text.startswith(printed):
-                    new = text[len(printed) :]
-                else:  # the model's next request (after tools), or a retry: a fresh line
-                    self._end_line()
-                    new = text
-                if new:
-                    self.out.write(new)
-                    self.out.flush()
-                    self._mid_line = not text.endswith("\n")
+                self._stream_plain(event.reply_to, text, printed, retry)
             self._printed[event.reply_to] = text
         except BrokenPipeError:
             self.closed = True
 
-    def _stream_rendered(self, text: str, printed: str) -> None:
-        if self._live is None or not text.startswith(printed):
-            # A fresh line: the first text, the model's next request (after tools), a retry.
+    def _stream_plain(self, reply_to: str | None, text: str, printed: str, retry: bool) -> None:
+        block = self._block.get(reply_to, "")
+        if text.startswith(printed):
+            new = text[len(printed) :]
+        elif retry and self.ansi:
+            self.out.write(erase_rows(cursor_rows(block, self.columns())))
+            self._mid_line, block, new = False, "", text
+        else:  # the model's next request (after tools), or a retry we cannot erase
+            self._end_line()
+            block, new = "", text
+        if new:
+            self.out.write(new)
+            self.out.flush()
+            self._mid_line = not text.endswith("\n")
+        self._block[reply_to] = block + new
+
+    def _stream_rendered(self, text: str, printed: str, retry: bool) -> None:
+        if self._live is not None and retry:
+            self._live.erase()  # the retried request's text is written where it was
+            self._live, self._live_base = LiveMarkdown(self.out, self.columns), 0
+        elif self._live is None or not text.startswith(printed):
+            # A fresh line: the first text, the model's next request (after tools).
             # After tools the text may go on from what was shown: only the rest is new.
             base = len(printed) if self._live is None and text.startswith(printed) else 0
             self._end_line()
@@ -242,6 +265,8 @@ class TerminalChannel(Channel):
         printed = self._printed.pop(msg.reply_to, "") if msg.final else ""
         if msg.final:
             self._streamed.pop(msg.reply_to, None)
+            self._block.pop(msg.reply_to, None)
+            self._after_tool.discard(msg.reply_to)
         if (msg.reply_to or "").startswith(PRESS_PREFIX):
             stream = self.err  # "Allowed once.": about the prompt, not an answer
         text = self._clean(chunk, stream)

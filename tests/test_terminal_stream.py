@@ -207,7 +207,6 @@ async def test_a_stream_cut_and_retried_leaves_only_the_retried_answer(tmp_path,
 async def test_the_text_of_each_reply_of_a_tool_turn_stays(tmp_path, llm, markdown):
     """A new reply after tool calls is not a retry: what the model wrote before stays. Also
     after calls that were not run (the turn's call limit)."""
-    (tmp_path / "workspace").mkdir(exist_ok=True)
     llm.script(
         tool_step(("list_dir", {"path": "."}), text="Looking first."),
         tool_step(("list_dir", {"path": "."}), text="Once more."),  # over the limit: not run

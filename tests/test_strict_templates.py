@@ -21,7 +21,7 @@ import pytest
 
 from bot.bus import InboundMessage
 from bot.context import ROLE_BRIDGES
-from bot.runner import CLOSING_NOTES, INTERRUPTED_TOOL_RESULT
+from bot.runner import CLOSING_NOTES, INTERRUPTED_TOOL_RESULT, NO_ANSWER_NOTE
 from bot.session import SessionStore
 from bot.streaming import STOPPED_MARK
 from channels.terminal import TerminalChannel
@@ -182,3 +182,24 @@ async def test_a_window_trimmed_inside_one_long_turn_opens_on_a_note(
     assert alternation_problem(sent) is None
     assert sent[1] == ROLE_BRIDGES[(None, "assistant")] and sent[2]["role"] == "assistant"
     assert INTERRUPTED_TOOL_RESULT not in str(sent)
+
+
+async def test_a_checkpoint_whose_message_is_gone_is_kept_closed(tmp_path: Path, llm: FakeLLM):
+    """At start a checkpoint that can no longer be answered (its message is not pending) is
+    kept as history: closed like a failed turn, so the next message can follow it."""
+    store = SessionStore(tmp_path / "state")
+    session = store.get("cli:t")
+    work = [
+        {"role": "user", "content": "look"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "c1", "name": "list_dir", "content": "a.txt"},
+    ]
+    checkpoint = {"phase": "tools_completed", "message_id": "gone", "messages": work}
+    store.append(session, metadata={"runtime_checkpoint": checkpoint})
+    async with harness(tmp_path, llm) as h:
+        assert await h.ask("next") == "echo: next"
+    sent = request_messages(llm.requests[-1])
+    assert roles(sent) == ["system", "user", "assistant", "tool", "assistant", "user"]
+    kept = stored(tmp_path)
+    assert roles(kept) == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+    assert kept[3]["content"] == NO_ANSWER_NOTE  # stored closed, not only sent so

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import os
 import pty
 import signal
@@ -22,7 +23,7 @@ import pyte
 import pytest
 
 from bot.streaming import STOPPED_MARK
-from channels.terminal import DIM, TerminalChannel
+from channels.terminal import DIM, LogsAboveTheAnswer, TerminalChannel
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
 from tests.helpers import REPO, channel_in_process, make_config, run_memobot, write_config
 
@@ -173,19 +174,34 @@ def _screen(written: str, columns: int) -> list[str]:
     return [row.rstrip() for row in screen.display if row.strip()]
 
 
-async def _terminal_answer(tmp_path: Path, llm: FakeLLM, markdown: bool, **agent: Any) -> str:
+async def _terminal_answer(
+    tmp_path: Path,
+    llm: FakeLLM,
+    markdown: bool,
+    columns: int = 24,
+    logs: bool = False,
+    **agent: Any,
+) -> str:
     """Ask one question through an interactive terminal (narrow: the cut text wraps); what
-    it wrote to stdout."""
+    it wrote to stdout. ``logs``: the LLM client's log lines go to the same screen, as
+    ``memobot agent`` wires them when stderr is the terminal too."""
     cfg = make_config(tmp_path, llm.base_url, **({"agent": agent} if agent else {}))
     out, err = io.StringIO(), io.StringIO()
+    logger = logging.getLogger("bot.llm")
     async with channel_in_process(
         cfg,
         tmp_path / "config.json",
         lambda stack: TerminalChannel(
-            stack.bus, "i", out=out, err=err, markdown=markdown, columns=lambda: 24
+            stack.bus, "i", out=out, err=err, markdown=markdown, columns=lambda: columns
         ),
     ) as (_, terminal, _manager):
-        answer = await asyncio.wait_for(terminal.ask("go"), 20)
+        handler = LogsAboveTheAnswer(logging.StreamHandler(out), terminal)
+        if logs:
+            logger.addHandler(handler)
+        try:
+            answer = await asyncio.wait_for(terminal.ask("go"), 20)
+        finally:
+            logger.removeHandler(handler)
     assert answer is not None and not err.getvalue()
     return out.getvalue()
 
@@ -201,6 +217,21 @@ async def test_a_stream_cut_and_retried_leaves_only_the_retried_answer(tmp_path,
     assert len(llm.requests) == 2
     assert "A first try" in written  # the cut text was shown while it came...
     assert _screen(written, 24) == _screen(RETRIED, 24)  # ...and replaced
+
+
+@pytest.mark.parametrize("markdown", [False, True])
+async def test_a_log_line_comes_above_the_answer_being_written(tmp_path, llm, markdown):
+    """stderr on the same screen: the retry's warning does not land inside the cut text; the
+    cut text goes, the warning stays, the retried answer is below it."""
+    llm.script(
+        reply(CUT, pieces=6, chunk_delay=0.01, disconnect_after_chunks=4),
+        reply(RETRIED, pieces=3, chunk_delay=0.01),
+    )
+    written = await _terminal_answer(tmp_path, llm, markdown, columns=200, logs=True)
+    assert "A first try" in written
+    [warning, answer] = _screen(written, 200)
+    assert warning.startswith("llm request to") and "retry 1/2" in warning
+    assert answer == RETRIED
 
 
 @pytest.mark.parametrize("markdown", [False, True])

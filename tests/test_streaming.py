@@ -196,7 +196,7 @@ async def test_a_group_stream_cut_and_retried_ends_as_the_retried_answer(tmp_pat
     two messages long, becomes the short retried answer; nothing of the cut text is left."""
     words = " ".join(f"word{i}🙂" for i in range(1400))
     llm.script(
-        reply(words, pieces=12, chunk_delay=0.08, disconnect_after_chunks=9),
+        reply(words, pieces=12, chunk_delay=0.05, disconnect_after_chunks=9),
         reply("The retried answer is short.", pieces=3, chunk_delay=0.08),
     )
     async with running(tmp_path, llm, api, **FAST) as tg:

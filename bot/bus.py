@@ -85,8 +85,10 @@ class StreamEvent:
     coalesced, and is never the answer itself (the ``final`` OutboundMessage is).
 
     ``kind`` "text": ``text`` is the whole text of the model's reply so far (not a delta: the
-    latest event alone says everything, so coalescing loses nothing); "tool": a tool call
-    starts, ``text`` names it; "done": the model has written the answer, the final message
+    latest event alone says everything, so coalescing loses nothing); a text that does not go
+    on from the one before with no "tool" event between is the same request retried, and
+    replaces it; "tool": a tool call starts (or was tried: each reply that made calls has
+    one), ``text`` names it; "done": the model has written the answer, the final message
     follows (a preview now would only spend a send the answer needs). ``reply_to`` is the
     message the turn answers, as in the final.
     """

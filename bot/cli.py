@@ -441,7 +441,7 @@ async def _agent_main(
 ) -> int:
     from bot.app import build_agent
     from channels.manager import ChannelManager
-    from channels.terminal import TerminalChannel, colour_allowed
+    from channels.terminal import LogsAboveTheAnswer, TerminalChannel, colour_allowed
 
     stack = build_agent(cfg, config_path)
     interactive = args.message is None and sys.stdin.isatty()
@@ -463,6 +463,11 @@ async def _agent_main(
         clean=tty,
         clean_err=sys.stderr.isatty(),
     )
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    if terminal.streaming and terminal.ansi and _same_terminal(sys.stdout, sys.stderr):
+        # A log line on this screen comes above the answer being written, not inside it.
+        root.handlers = [LogsAboveTheAnswer(h, terminal) for h in handlers]
     manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])
     await manager.start()
     startup.started()
@@ -498,7 +503,20 @@ async def _agent_main(
         await asyncio.gather(io_task, stop_wait, loop_task, return_exceptions=True)
         await manager.stop()
         await stack.close()
+        root.handlers = handlers
     return code
+
+
+def _same_terminal(a: Any, b: Any) -> bool:
+    """Whether the streams ``a`` and ``b`` write to one terminal (one screen)."""
+    try:
+        return bool(
+            a.isatty()
+            and b.isatty()
+            and os.path.samestat(os.fstat(a.fileno()), os.fstat(b.fileno()))
+        )
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 async def _converse(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from bot import workspace_files
 from bot.images import MAX_INLINE_IMAGE_BYTES, image_label, shown_name
 from bot.privacy import PrivacyScope, owner_scope
-from bot.runner import close_open_tool_calls
+from bot.runner import NO_ANSWER_NOTE, interrupted_result
 from bot.skills import SkillsIndex, UntrustedFiles
 from bot.tokens import estimate_message_tokens, estimate_text_tokens
 from bot.workspace import WORKSPACE_PROMPT_FILES
@@ -36,6 +36,27 @@ log = logging.getLogger(__name__)
 TRIM_TO_SHARE = 0.75
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
 _CHAT_FILES_KEPT = 256
+# What goes between two messages whose roles strict chat templates refuse in a row, keyed by
+# (the role before, the role after; None: the start of the conversation, after the system
+# prompt). Mistral's API (mistral_common) refuses a user message right after a tool result:
+# "Unexpected role 'user' after role 'tool'" (github.com/datapizza-labs/datapizza-ai/issues/98,
+# github.com/zed-industries/zed/issues/37021); the Mistral templates on vLLM refuse two user
+# messages in a row (github.com/vllm-project/vllm/issues/6862) and, like Gemma's on llama.cpp
+# (HTTP 500, github.com/nextai-translator/raycast-openai-translator/issues/34), anything but
+# user/assistant/user/... after the system prompt (github.com/microsoft/autogen/issues/3597).
+# A bridge is inserted rather than the two messages merged: one rule covers every case (a
+# tool result cannot be merged into a user message), every stored message is still sent as
+# the same object, and the model sees that the first one got no answer.
+ROLE_BRIDGES: dict[tuple[str | None, str], dict[str, str]] = {
+    ("user", "user"): {"role": "assistant", "content": NO_ANSWER_NOTE},
+    ("tool", "user"): {"role": "assistant", "content": NO_ANSWER_NOTE},
+    (None, "assistant"): {"role": "user", "content": "[memobot: earlier messages are not shown.]"},
+    ("assistant", "assistant"): {
+        "role": "user",
+        "content": "[memobot: no message from the person here.]",
+    },
+}
+_BRIDGE_VALUES = list(ROLE_BRIDGES.values())
 # Content part types the Chat Completions API takes, per role (what may stay a list).
 CONTENT_PARTS: dict[str, frozenset[str]] = {
     "system": frozenset({"text"}),
@@ -208,16 +229,12 @@ class ContextBuilder:
         history = self.history(session, budget)
         prefix, done, repaired = self._clean_prefix(session, history)
         rest = [*history[done:], *turn]
-        messages = api_messages(rest)
+        messages = api_messages(rest, last_role(prefix))
         repaired = repaired or _changed(rest, messages)
         messages = prefix + messages
         if session.key not in self._repaired and repaired:
             self._repaired.add(session.key)
-            log.warning(
-                "session %s: history is not valid for the API (orphan tool results, unanswered "
-                "tool calls, unknown roles or non-text content); sending a repaired copy",
-                session.key,
-            )
+            _report_repair(session.key, [*history, *turn])
         return [{"role": "system", "content": system}, *messages]
 
     def _clean_prefix(
@@ -227,8 +244,9 @@ class ContextBuilder:
         (that prefix, how many history messages it covers, whether it was repaired).
 
         A user message ends every tool-call group before it, so the API form of the history
-        is the form of the part before it followed by the form of the part from it on; the
-        part before is worked out once, not again on every model call of every turn.
+        is the form of the part before it followed by the form of the part from it on (given
+        the role the part before ends with); the part before is worked out once, not again on
+        every model call of every turn.
         """
         start = session.count - len(history)
         cached = session.api_prefix
@@ -242,7 +260,7 @@ class ContextBuilder:
         )
         if last_user > done:
             part = history[done:last_user]
-            cleaned = api_messages(part)
+            cleaned = api_messages(part, last_role(out))
             out = out + cleaned
             repaired = repaired or _changed(part, cleaned)
             done = last_user
@@ -258,6 +276,24 @@ class _CleanPrefix:
     repaired: bool
 
 
+def _report_repair(key: str, raw: list[dict[str, Any]]) -> None:
+    """Log, once per session, that its history is sent repaired, and how."""
+    if only_bridged(raw, api_messages(raw)):
+        # Nothing lost: an earlier memobot's failed turn, or a reminder sent into the chat.
+        log.info(
+            "session %s: history has roles in an order strict chat templates refuse (two "
+            "user or assistant messages in a row, a user message after a tool result, an "
+            "assistant message first); sending it with memobot notes between them",
+            key,
+        )
+        return
+    log.warning(
+        "session %s: history is not valid for the API (orphan tool results, unanswered "
+        "tool calls, unknown roles or non-text content); sending a repaired copy",
+        key,
+    )
+
+
 def _changed(raw: list[dict[str, Any]], cleaned: list[dict[str, Any]]) -> bool:
     return len(cleaned) != len(raw) or any(a is not b for a, b in zip(cleaned, raw, strict=True))
 
@@ -265,8 +301,10 @@ def _changed(raw: list[dict[str, Any]], cleaned: list[dict[str, Any]]) -> bool:
 def trim_start(wire: list[dict[str, Any]], tokens: list[int], start: int, budget: int) -> int:
     """The first index from which the tail fits ``budget``, moved to a safe message boundary.
 
-    A window must not open on a tool result whose assistant call was cut off; it prefers to
-    open on a user message.
+    A window must not open on a tool result whose assistant call was cut off; it opens on a
+    user message when the tail has one, as strict chat templates want the conversation to
+    begin (when it has none, one turn fills the window: it opens on an assistant message,
+    and ``api_messages`` puts a note before it).
     """
     total = 0
     i = len(tokens)
@@ -281,7 +319,7 @@ def trim_start(wire: list[dict[str, Any]], tokens: list[int], start: int, budget
     return i
 
 
-def api_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+def api_messages(messages: Sequence[Any], after: str | None = None) -> list[dict[str, Any]]:
     """``messages`` as the Chat Completions API accepts them; a pure function.
 
     Unknown roles and non-objects are dropped; tool results that answer no call of the
@@ -290,9 +328,17 @@ def api_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     tool calls are dropped. A valid message is returned as the same object, untouched, so a
     valid history gives a byte-identical request prefix turn after turn; the input is never
     modified.
+
+    Roles also alternate as strict chat templates require (``ROLE_BRIDGES``): where a history
+    has a user message right after a user or tool message, or an assistant message first or
+    right after another, a memobot note of the missing role goes between them. ``after``: the
+    role of the message before ``messages`` (None: they open the conversation, after the
+    system prompt), so that a history cleaned in parts comes out as if cleaned whole.
     """
     out: list[dict[str, Any]] = []
-    awaiting: set[str] = set()  # call ids of the last assistant message not yet answered
+    calls: list[dict[str, Any]] = []  # the tool calls of the last assistant message
+    awaiting: set[str] = set()  # the ids of those not yet answered
+    last = after  # the role of the last message in ``out`` (system messages aside)
     for m in messages:
         if not isinstance(m, dict) or m.get("role") not in CONTENT_PARTS:
             continue
@@ -303,8 +349,17 @@ def api_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
                 continue  # an orphan, or a second answer to one call
             awaiting.discard(call_id)
             out.append(_with_api_content(m, role, False))
+            last = role
             continue
-        awaiting = set()
+        if awaiting:
+            out.extend(interrupted_result(c) for c in calls if c["id"] in awaiting)
+            awaiting = set()
+            last = "tool"
+        if role != "system":
+            bridge = ROLE_BRIDGES.get((last, role))
+            if bridge is not None:
+                out.append(dict(bridge))
+            last = role
         fixed = m
         if "tool_calls" in m:
             calls = _valid_calls(m.get("tool_calls")) if role == "assistant" else []
@@ -314,8 +369,30 @@ def api_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
                     fixed["tool_calls"] = calls
             awaiting = {c["id"] for c in calls}
         out.append(_with_api_content(fixed, role, bool(awaiting)))
-    close_open_tool_calls(out)
+    if awaiting:
+        out.extend(interrupted_result(c) for c in calls if c["id"] in awaiting)
     return out
+
+
+def last_role(messages: Sequence[dict[str, Any]]) -> str | None:
+    """The role of the last message that is not a system message (``api_messages``'s
+    ``after`` for what follows them); None when there is none."""
+    for m in reversed(messages):
+        if m.get("role") != "system":
+            return str(m.get("role"))
+    return None
+
+
+def only_bridged(raw: Sequence[Any], cleaned: list[dict[str, Any]]) -> bool:
+    """Whether ``cleaned`` (``api_messages(raw)``) is ``raw`` with role bridges put in and
+    nothing else changed: a history in the wrong order, not a damaged one."""
+    i = 0
+    for m in cleaned:
+        if i < len(raw) and m is raw[i]:
+            i += 1
+        elif m not in _BRIDGE_VALUES:
+            return False
+    return i == len(raw)
 
 
 def _valid_calls(calls: Any) -> list[dict[str, Any]]:

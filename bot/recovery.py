@@ -19,7 +19,7 @@ from bot.bus import InboundMessage, MessageBus
 from bot.delivery import DeliveryLedger
 from bot.gate.approval import WAITING, open_record
 from bot.intake import inbound_from_pending, is_pending
-from bot.runner import close_open_tool_calls
+from bot.runner import close_open_tool_calls, close_turn
 from bot.session import Session, SessionStore
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class Recovery:
         if checkpoint and not any(p["id"] == checkpoint.get("message_id") for p in pending):
             # A checkpoint whose message is gone cannot be answered; keep its work.
             turn = list(checkpoint.get("messages") or [])
-            close_open_tool_calls(turn)
+            close_turn(turn)  # kept without its answer: closed, as a failed turn is
             self.store.append(session, turn, metadata={"runtime_checkpoint": None})
         for p in pending:
             self.queue(inbound_from_pending(key, p))

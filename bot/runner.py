@@ -23,6 +23,15 @@ from bot.tools.base import ToolContext, ToolRegistry
 log = logging.getLogger(__name__)
 
 INTERRUPTED_TOOL_RESULT = "Error: task interrupted before this tool finished."
+EMPTY_ANSWER_TEXT = "(the model returned an empty answer)"
+# What the model reads where a turn of the history ended without its answer (``close_turn``):
+# memobot's words, bracketed as its other notes are, that name no error the model could take
+# up and repeat as its own answer; the person was shown their own note (bot.turn).
+NO_ANSWER_NOTE = "[memobot: this message got no answer.]"
+CLOSING_NOTES = {
+    "failed": "[memobot: this message got no answer: the request to the model failed.]",
+    "stopped": "[memobot: the person stopped this answer before it was written.]",
+}
 CALL_LIMIT_PREFIX = "Error: not run: this turn reached its limit of"
 Phase = Literal["awaiting_tools", "awaiting_approval", "tools_completed", "final_response"]
 PhaseHook = Callable[[Phase, list[dict[str, Any]]], Awaitable[None]]
@@ -58,6 +67,18 @@ def calls_made(turn: list[dict[str, Any]]) -> int:
     )
 
 
+def empty_answer_text(response: LLMResponse, max_tokens: int | None) -> str:
+    """What the person is shown for an answer without text: why, when the server said so (a
+    reasoning model can spend the whole budget thinking: ``finish_reason`` "length")."""
+    if response.finish_reason == "length":
+        budget = f", llm.maxTokens = {max_tokens}," if max_tokens else ""
+        return (
+            f"(the model used its whole answer budget{budget} before writing an answer; "
+            "raise llm.maxTokens)"
+        )
+    return EMPTY_ANSWER_TEXT
+
+
 class Runner:
     def __init__(
         self,
@@ -65,11 +86,15 @@ class Runner:
         tools: ToolRegistry,
         max_iterations: int,
         max_tool_calls: int = 50,
+        max_tokens: int | None = None,
     ) -> None:
+        """``max_tokens``: the answer budget requests are sent with (llm.maxTokens), named
+        when an answer comes back empty because it was used up."""
         self.provider = provider
         self.tools = tools
         self.max_iterations = max_iterations
         self.max_tool_calls = max_tool_calls
+        self.max_tokens = max_tokens
 
     async def run(
         self,
@@ -130,7 +155,9 @@ class Runner:
             if not response.tool_calls:
                 if stream:
                     stream.on_done()
-                text = (response.content or "").strip() or "(the model returned an empty answer)"
+                text = (response.content or "").strip() or empty_answer_text(
+                    response, self.max_tokens
+                )
                 final: dict[str, Any] = {"role": "assistant", "content": response.content or text}
                 if response.answered_by:
                     # Bookkeeping, not sent: to_wire drops it from the history (prompt cache).
@@ -179,6 +206,7 @@ class Runner:
                 # Answered, not dropped: every call needs a result for the history to be
                 # valid, and the model must learn why nothing happened.
                 refused += 1
+                _tried(stream, call)
                 turn.append(_result(call, call_limit_result(self.max_tool_calls)))
                 continue
             if offered is not None and call.name not in offered:
@@ -187,6 +215,7 @@ class Runner:
                     call.name,
                     ctx.session_key,
                 )
+                _tried(stream, call)
                 turn.append(_result(call, not_offered_result(call.name)))
                 continue
             made += 1
@@ -225,6 +254,13 @@ class Runner:
                 self.max_tool_calls,
             )
         return made
+
+
+def _tried(stream: TurnStream | None, call: ToolCall) -> None:
+    """A call that is not run is still shown as tried: the chat also learns from it that the
+    model's next request is a new reply (``bot.bus.StreamEvent``), not a retried one."""
+    if stream:
+        stream.on_tool(call.name, call.arguments)
 
 
 def _show_images(turn: list[dict[str, Any]], ctx: ToolContext, shown: int) -> int:
@@ -301,3 +337,25 @@ def interrupted_result(call: dict[str, Any]) -> dict[str, Any]:
         "name": call.get("function", {}).get("name", ""),
         "content": INTERRUPTED_TOOL_RESULT,
     }
+
+
+def answered(turn: list[dict[str, Any]]) -> bool:
+    """Whether ``turn`` ends with an answer: an assistant message that made no tool calls."""
+    last = turn[-1] if turn else None
+    return last is not None and last.get("role") == "assistant" and not last.get("tool_calls")
+
+
+def close_turn(turn: list[dict[str, Any]], note: str = NO_ANSWER_NOTE) -> bool:
+    """End a turn that has no answer (failed, stopped, given up) with the assistant ``note``,
+    in place, its open tool calls first given their 'interrupted' result; True if it did.
+
+    Strict chat templates (Mistral's API, Mistral, Devstral and Gemma templates on llama.cpp
+    or vLLM) refuse a user message right after a tool result or another user message: a
+    stored turn always ends with the assistant, so the next one can begin. An empty turn
+    (nothing was kept) stays empty.
+    """
+    if not turn or answered(turn):
+        return False
+    close_open_tool_calls(turn)
+    turn.append({"role": "assistant", "content": note})
+    return True

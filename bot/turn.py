@@ -43,7 +43,13 @@ from bot.privacy import (
     sender_is_admin,
 )
 from bot.provenance import Provenance, Stamps, turn_is_trusted, watched_stamps
-from bot.runner import Runner, close_open_tool_calls
+from bot.runner import (
+    CLOSING_NOTES,
+    NO_ANSWER_NOTE,
+    Runner,
+    close_open_tool_calls,
+    close_turn,
+)
 from bot.session import Session, SessionStore, now_iso
 from bot.streaming import TurnStream, stopped_answer
 from bot.tokens import estimate_text_tokens
@@ -90,7 +96,11 @@ class Turns:
         self.gate = gate
         self.spawn = spawn
         self.runner = Runner(
-            provider, tools, cfg.agent.max_tool_iterations, cfg.agent.max_tool_calls_per_turn
+            provider,
+            tools,
+            cfg.agent.max_tool_iterations,
+            cfg.agent.max_tool_calls_per_turn,
+            cfg.llm.max_tokens,
         )
         # Asks, waits for and records the answers to approval questions (tools.approval).
         self.approvals = ApprovalDesk(cfg, store, bus)
@@ -266,9 +276,13 @@ class Turns:
                 raise  # shutdown: the checkpoint stays and the next start resumes the turn
             closed = close_open_tool_calls(turn)
             log.info("turn stopped session=%s interrupted_tools=%d", msg.session_key, closed)
-            # What was streamed stays, marked stopped: the chat keeps what was read.
-            text = (stopped_answer(stream.text) if stream else None) or STOPPED_TEXT
-            await self.finish(session, msg, turn, text, "stopped")
+            # What was streamed stays, marked stopped: the chat keeps what was read, and so
+            # does the history (the model's own words), unless it is the text of a reply
+            # already in the turn (stopped while its tools ran).
+            streamed = stopped_answer(stream.text) if stream else None
+            if streamed and not _in_turn(turn, stream.text if stream else ""):
+                turn.append({"role": "assistant", "content": streamed})
+            await self.finish(session, msg, turn, streamed or STOPPED_TEXT, "stopped")
             return None
         log.info(
             "turn done session=%s scope=%s status=%s iterations=%d in %.0f ms",
@@ -358,6 +372,9 @@ class Turns:
         it into an exit code)."""
         delivery_id = f"d-{uuid.uuid4().hex[:12]}"
         text, media = await self._fit(session, msg, turn, text)
+        # A turn kept without its answer (failed, stopped, given up) still ends with the
+        # assistant, so the history alternates as strict chat templates require.
+        close_turn(turn, CLOSING_NOTES.get(outcome, NO_ANSWER_NOTE))
         out: OutboundMessage | None = self.answer(msg, text, outcome, {DELIVERY_KEY: delivery_id})
         beat = msg.metadata.get(HEARTBEAT_KEY)
         if beat:
@@ -445,6 +462,12 @@ class Turns:
         await self.bus.publish_outbound(
             OutboundMessage(msg.channel, msg.chat_id, text, reply_to=msg.message_id, final=final)
         )
+
+
+def _in_turn(turn: list[dict[str, Any]], text: str) -> bool:
+    """Whether ``text`` is the content of the turn's last assistant message."""
+    last = next((m for m in reversed(turn) if m.get("role") == "assistant"), None)
+    return last is not None and str(last.get("content") or "").strip() == text.strip()
 
 
 def text_job(msg: InboundMessage) -> bool:

@@ -18,9 +18,12 @@ at all, and answers are printed as the model wrote them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import sys
+import threading
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, TextIO
 
 from bot.bus import InboundMessage, MessageBus, OutboundMessage, StreamEvent
@@ -28,7 +31,7 @@ from bot.gate.question import QuestionView, question_plain
 from channels.base import Channel, PreviewMode
 from channels.errors import PermanentError
 from channels.formatting import markdown_to_ansi, strip_controls
-from channels.terminal_live import LiveMarkdown, terminal_columns
+from channels.terminal_live import LiveMarkdown, cursor_rows, erase_rows, terminal_columns
 
 CHANNEL = "cli"
 OUTCOME_KEY = "outcome"  # bot.turn.OUTCOME_KEY: channels do not import the core's loop
@@ -93,6 +96,13 @@ class TerminalChannel(Channel):
         self._thinking_shown = False
         self._printed: dict[str | None, str] = {}  # streamed text on stdout, per answer
         self._streamed: dict[str | None, str] = {}  # the model's text behind it, per answer
+        # (answer, its streamed text on the screen's last rows, from the start of their first
+        # row) while nothing else was written below it: what a retry erases (plain output;
+        # the Markdown view, ``_live``, knows its own rows).
+        self._block: tuple[str | None, str] | None = None
+        self._live_reply: str | None = None  # the answer ``_live`` shows
+        self._after_tool: set[str | None] = set()  # answers whose next text is a new reply
+        self._thread = threading.get_ident()  # the event loop's: the only one that redraws
         self._mid_line = False  # stdout's last line is not finished
         self.closed = False  # stdout's reader went away
         # Set by the CLI: how an approval question is answered (y/N from stdin or a prompt).
@@ -158,39 +168,94 @@ class TerminalChannel(Channel):
         try:
             self._erase_thinking()
             if event.kind == "tool":
+                # The model's next request (its text from "" again) is a new reply.
+                self._after_tool.add(event.reply_to)
                 if self.show_tools:
                     self._end_line()
+                    self._block = None
                     line = TOOL_LINE.format(call=strip_controls(event.text))
                     self.out.write((DIM + line + RESET if self.ansi else line) + "\n")
                     self.out.flush()
                 return
             printed = self._printed.get(event.reply_to, "")
             text = self._shown_text(event.reply_to, event.text)
+            # A text that does not go on from what this reply showed, with no tool call in
+            # between, is the same request sent again (a stream cut by an error, retried):
+            # it replaces what was shown (llm.TextSink), where escape sequences can erase it.
+            retry = event.reply_to not in self._after_tool and not text.startswith(printed)
+            self._after_tool.discard(event.reply_to)
             if self.markdown:
-                self._stream_rendered(text, printed)
+                self._stream_rendered(event.reply_to, text, printed, retry)
             else:
-                if text.startswith(printed):
-                    new = text[len(printed) :]
-                else:  # the model's next request (after tools), or a retry: a fresh line
-                    self._end_line()
-                    new = text
-                if new:
-                    self.out.write(new)
-                    self.out.flush()
-                    self._mid_line = not text.endswith("\n")
+                self._stream_plain(event.reply_to, text, printed, retry)
             self._printed[event.reply_to] = text
         except BrokenPipeError:
             self.closed = True
 
-    def _stream_rendered(self, text: str, printed: str) -> None:
-        if self._live is None or not text.startswith(printed):
-            # A fresh line: the first text, the model's next request (after tools), a retry.
+    def _stream_plain(self, reply_to: str | None, text: str, printed: str, retry: bool) -> None:
+        block = self._block[1] if self._block and self._block[0] == reply_to else None
+        if text.startswith(printed):
+            new = text[len(printed) :]
+        elif retry and self.ansi and block is not None:
+            self._erase_block(block)  # the retried request's text is written where it was
+            self._mid_line, block, new = False, "", text
+        else:  # the model's next request (after tools), or a retry we cannot erase
+            self._end_line()
+            block, new = "", text
+        if new:
+            self.out.write(new)
+            self.out.flush()
+            self._mid_line = not text.endswith("\n")
+        self._block = (reply_to, (block or "") + new)
+
+    def _erase_block(self, block: str) -> None:
+        self.out.write(erase_rows(cursor_rows(block.expandtabs(), self.columns())))
+
+    def _stream_rendered(self, reply_to: str | None, text: str, printed: str, retry: bool) -> None:
+        if self._live is not None and retry:
+            self._live.erase()  # the retried request's text is written where it was
+            self._live, self._live_base = LiveMarkdown(self.out, self.columns), 0
+        elif self._live is None or not text.startswith(printed):
+            # A fresh line: the first text, the model's next request (after tools).
             # After tools the text may go on from what was shown: only the rest is new.
             base = len(printed) if self._live is None and text.startswith(printed) else 0
             self._end_line()
             self._live, self._live_base = LiveMarkdown(self.out, self.columns), base
+        self._live_reply = reply_to
         self._live.write(text[self._live_base :])
         self._mid_line = self._live.mid_line
+
+    @contextlib.contextmanager
+    def above_the_answer(self) -> Iterator[None]:
+        """Around writing something else to this terminal's screen (a log line, when stderr
+        is the same terminal): the answer being streamed is taken off the screen first and
+        written again below it, so the line does not land inside the text and the answer
+        stays whole on the last rows, where a retried request can replace it. Written as it
+        comes outside a stream, without escape sequences, or from another thread."""
+        live, block = self._live, self._block
+        if self.closed or not self.ansi or threading.get_ident() != self._thread:
+            live = block = None
+        try:
+            if live is not None:
+                live.erase()
+            elif block is not None:
+                self._erase_block(block[1])
+                self.out.flush()
+        except BrokenPipeError:
+            self.closed, live, block = True, None, None
+        try:
+            yield
+        finally:
+            try:
+                if live is not None:
+                    raw = self._printed.get(self._live_reply, "")[self._live_base :]
+                    self._live = LiveMarkdown(self.out, self.columns)
+                    self._live.write(raw)
+                elif block is not None:
+                    self.out.write(block[1])
+                    self.out.flush()
+            except BrokenPipeError:
+                self.closed = True
 
     def _show_rendered(self, text: str, printed: str) -> None:
         """The final answer on stdout, rendered: it completes what was streamed."""
@@ -242,6 +307,8 @@ class TerminalChannel(Channel):
         printed = self._printed.pop(msg.reply_to, "") if msg.final else ""
         if msg.final:
             self._streamed.pop(msg.reply_to, None)
+            self._after_tool.discard(msg.reply_to)
+        self._block = None  # what is written now goes below the streamed text
         if (msg.reply_to or "").startswith(PRESS_PREFIX):
             stream = self.err  # "Allowed once.": about the prompt, not an answer
         text = self._clean(chunk, stream)
@@ -315,3 +382,20 @@ class TerminalChannel(Channel):
             self._waiting.pop(message_id, None)
             if not self.closed:
                 self._erase_thinking()
+
+
+class LogsAboveTheAnswer(logging.Handler):
+    """Hands each record to ``inner`` (which writes to the terminal's own screen) inside
+    ``terminal.above_the_answer()``: a log line comes above the answer being streamed."""
+
+    def __init__(self, inner: logging.Handler, terminal: TerminalChannel) -> None:
+        super().__init__(inner.level)
+        self.inner = inner
+        self.terminal = terminal
+
+    def handle(self, record: logging.LogRecord) -> bool | logging.LogRecord:
+        with self.terminal.above_the_answer():
+            return self.inner.handle(record)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.inner.emit(record)

@@ -22,6 +22,7 @@ scrolled away cannot be erased (its raw start stays in the scrollback above its 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import TextIO
 
@@ -31,6 +32,13 @@ from channels.formatting import TAB_SIZE, AnsiMarkdown
 
 DEFAULT_COLUMNS = 80  # when the terminal does not say (0 columns: a pty nobody sized)
 ERASE_DOWN = "\x1b[J"  # erase from the cursor to the end of the screen
+_SGR_RE = re.compile(r"\x1b\[[0-9;]*m")  # the only escape sequences rendered lines hold
+
+
+def erase_rows(rows: int) -> str:
+    """Back to the start of the row ``rows`` above the cursor, and the screen erased from
+    there down."""
+    return "\r" + (f"\x1b[{rows}A" if rows else "") + ERASE_DOWN
 
 
 def terminal_columns(out: TextIO) -> int:
@@ -76,6 +84,7 @@ class LiveMarkdown:
         self._raw_len = 0  # its length as given, tabs not expanded
         self._next_line = 0  # where the first line not yet fed to the renderer starts
         self._live_start = 0  # where the raw text on screen (the live region) starts
+        self._rows_done = 0  # rows the rendered lines above the live region take
 
     @property
     def mid_line(self) -> bool:
@@ -116,6 +125,13 @@ class LiveMarkdown:
             self._redraw(shown, rendered)
         self.out.flush()
 
+    def erase(self) -> None:
+        """Take the reply off the screen (a retry of the request starts it again): the
+        cursor ends where the reply began. Rows that scrolled off the screen stay above."""
+        up = self._rows_done + cursor_rows(self.text[self._live_start :], self.columns())
+        self.out.write(erase_rows(up))
+        self.out.flush()
+
     def _feed(self, start: int, end: int) -> list[str]:
         out = self.renderer.feed(self.text[start:end])
         self._next_line = end + 1
@@ -126,7 +142,10 @@ class LiveMarkdown:
         return out
 
     def _redraw(self, shown: str, rendered: list[str]) -> None:
-        up = cursor_rows(shown, self.columns())
-        self.out.write("\r" + (f"\x1b[{up}A" if up else "") + ERASE_DOWN)
+        columns = self.columns()
+        self.out.write(erase_rows(cursor_rows(shown, columns)))
         self.out.write("".join(line + "\n" for line in rendered))
+        self._rows_done += sum(
+            cursor_rows(_SGR_RE.sub("", line) + "\n", columns) for line in rendered
+        )
         self.out.write(self.text[self._live_start :])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bot.bus import InboundMessage
-from bot.runner import INTERRUPTED_TOOL_RESULT
+from bot.runner import CLOSING_NOTES, INTERRUPTED_TOOL_RESULT
 from bot.session import SessionStore
 from tests.fakes.llm_server import FakeLLM, error, reply, tool_step
 from tests.helpers import Harness, make_config, request_messages
@@ -47,6 +47,23 @@ async def test_plain_turn(tmp_path: Path, llm: FakeLLM) -> None:
     assert [m["role"] for m in stored] == ["user", "assistant"]
     # Stored exactly as sent, so the next request repeats it byte for byte.
     assert stored[0]["content"] == msgs[-1]["content"]
+
+
+async def test_an_answer_emptied_by_the_token_budget_says_so(tmp_path: Path, llm: FakeLLM) -> None:
+    """A reasoning model can spend the whole budget thinking: an empty answer cut by the
+    budget (finish_reason "length") names the setting to raise; any other empty answer says
+    it was empty."""
+    llm.script(reply("", finish_reason="length"), reply(""))
+    async with harness(tmp_path, llm, llm={"maxTokens": 300}) as h:
+        assert await h.ask("think hard") == (
+            "(the model used its whole answer budget, llm.maxTokens = 300, before writing an "
+            "answer; raise llm.maxTokens)"
+        )
+        assert await h.ask("again") == "(the model returned an empty answer)"
+    sent = [
+        r["body"].get("max_tokens", r["body"].get("max_completion_tokens")) for r in llm.requests
+    ]
+    assert sent == [300, 300]  # the budget named is the one sent
 
 
 async def test_multi_step_tool_turn(tmp_path: Path, llm: FakeLLM) -> None:
@@ -273,8 +290,9 @@ async def test_stop_cancels_only_this_chat(tmp_path: Path, llm: FakeLLM) -> None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     stored = session_messages(tmp_path, "cli:a")
-    assert [m["role"] for m in stored] == ["user", "assistant", "tool"]
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
     assert stored[2]["content"] == INTERRUPTED_TOOL_RESULT
+    assert stored[3]["content"] == CLOSING_NOTES["stopped"]  # the next turn can begin
     meta = SessionStore(tmp_path / "state").get("cli:a").metadata
     assert "runtime_checkpoint" not in meta
 

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -27,14 +28,22 @@ from typing import Any
 import pytest
 
 from bot.config import EX_CONFIG, parse_config
-from bot.context import ContextBuilder, api_messages
+from bot.context import ROLE_BRIDGES, ContextBuilder, api_messages, last_role
 from bot.gate import launcher
 from bot.gate.policy import carve
 from bot.records import check_record, clean_metadata
 from bot.runner import INTERRUPTED_TOOL_RESULT
 from bot.service.doctor import check_sessions, scan_session
 from bot.session import SessionStore, apply_changes
-from tests.fakes.llm_server import FakeLLM, FakeLLMThread, call, history_problem, reply, tool_step
+from tests.fakes.llm_server import (
+    FakeLLM,
+    FakeLLMThread,
+    alternation_problem,
+    call,
+    history_problem,
+    reply,
+    tool_step,
+)
 from tests.fakes.telegram_api import FakeBotAPI
 from tests.helpers import (
     REPO,
@@ -954,10 +963,87 @@ def test_unknown_roles_and_malformed_calls_are_dropped() -> None:
         {"role": "assistant", "content": "no calls left", "tool_calls": "x"},
     ]
     out = api_messages(history)
-    assert [m["role"] for m in out] == ["assistant", "tool", "assistant"]
-    assert out[0]["tool_calls"] == [_call("d")] and out[1]["content"] == INTERRUPTED_TOOL_RESULT
-    assert "tool_calls" not in out[2]
+    # What is left opens on an assistant message: a note of the person's role goes first.
+    assert [m["role"] for m in out] == ["user", "assistant", "tool", "assistant"]
+    assert out[0] == ROLE_BRIDGES[(None, "assistant")]
+    assert out[1]["tool_calls"] == [_call("d")] and out[2]["content"] == INTERRUPTED_TOOL_RESULT
+    assert "tool_calls" not in out[3]
     assert history_problem(out) is None
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def _said(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text}
+
+
+ANSWERED, NOTE_FOR_PERSON = ROLE_BRIDGES[("user", "user")], ROLE_BRIDGES[("assistant", "assistant")]
+EARLIER = ROLE_BRIDGES[(None, "assistant")]
+
+
+@pytest.mark.parametrize(
+    ("history", "expected"),
+    [
+        # A failed turn of an earlier memobot: its message was left unanswered.
+        ([_user("a"), _user("b")], [_user("a"), ANSWERED, _user("b")]),
+        # A failed tool turn: its results, then the next message.
+        (
+            [*VALID[:4], _user("next")],
+            [*VALID[:4], ANSWERED, _user("next")],
+        ),
+        # Unanswered calls: closed, then answered.
+        (
+            [*VALID[:3], _user("next")],
+            [
+                *VALID[:3],
+                {**VALID[3], "name": "exec", "content": INTERRUPTED_TOOL_RESULT},
+                ANSWERED,
+                _user("next"),
+            ],
+        ),
+        # A reminder sent into the chat after an answer; a window opening on an answer.
+        (
+            [_user("a"), _said("b"), _said("reminder")],
+            [_user("a"), _said("b"), NOTE_FOR_PERSON, _said("reminder")],
+        ),
+        ([_said("b"), _user("c")], [EARLIER, _said("b"), _user("c")]),
+        (
+            [{"role": "system", "content": "s"}, _user("a"), _user("b")],
+            [{"role": "system", "content": "s"}, _user("a"), ANSWERED, _user("b")],
+        ),
+    ],
+)
+def test_roles_strict_templates_refuse_in_a_row_get_a_note_between_them(
+    history: list[dict[str, Any]], expected: list[dict[str, Any]]
+) -> None:
+    out = api_messages(history)
+    assert out == expected
+    assert history_problem(out) is None and alternation_problem(out) is None
+    assert [m for m in out if any(m is h for h in history)] == history  # the same objects
+
+
+def test_a_history_cleaned_in_parts_comes_out_as_cleaned_whole() -> None:
+    """The context builder cleans the settled part of a window once and the rest per model
+    call: split before any user message, the two parts give what the whole gives."""
+    rng = random.Random(36)
+    pool: list[dict[str, Any]] = [
+        _user("u"),
+        _said("a"),
+        {"role": "assistant", "content": None, "tool_calls": [_call("x"), _call("y")]},
+        {"role": "tool", "tool_call_id": "x", "content": "r"},
+        {"role": "tool", "tool_call_id": "y", "content": "r"},
+        {"role": "tool", "tool_call_id": "zz", "content": "orphan"},
+        {"role": "system", "content": "s"},
+    ]
+    for _ in range(400):
+        history = [rng.choice(pool) for _ in range(rng.randint(1, 12))]
+        whole = api_messages(history)
+        assert alternation_problem(whole) is None and history_problem(whole) is None, history
+        for k in (k for k, m in enumerate(history) if m["role"] == "user"):
+            first = api_messages(history[:k])
+            assert first + api_messages(history[k:], last_role(first)) == whole, (history, k)
 
 
 def test_context_builder_sends_the_repaired_history_and_keeps_its_prefix(tmp_path: Path) -> None:
@@ -967,7 +1053,9 @@ def test_context_builder_sends_the_repaired_history_and_keeps_its_prefix(tmp_pat
     ctx = ContextBuilder(tmp_path / "ws")
     turn = [{"role": "user", "content": "now"}]
     first = ctx.build(session, turn, 100_000, 1000)
-    assert history_problem(first) is None and first[1:] == [*VALID, *turn]
+    # VALID ends on a user message that got no answer: a note answers it before the turn.
+    bridge = ROLE_BRIDGES[("user", "user")]
+    assert history_problem(first) is None and first[1:] == [*VALID, bridge, *turn]
     store.append(session, [*turn, {"role": "assistant", "content": "ok"}])
     second = ctx.build(session, [{"role": "user", "content": "again"}], 100_000, 1000)
     assert second[: len(first)] == first  # byte-identical prefix turn after turn

@@ -9,6 +9,7 @@ from pathlib import Path
 from bot.context import ContextBuilder, api_messages, trim_start
 from bot.session import SessionStore
 from bot.workspace import init_workspace
+from tests.fakes.llm_server import alternation_problem, history_problem
 
 
 def _bump(path: Path, text: str) -> None:
@@ -117,3 +118,43 @@ def test_the_settled_history_is_cleaned_once_and_the_request_is_the_same(tmp_pat
             built = ctx.build(s, new, 100_000, 1000)
             assert built[1:] == api_messages([*s.wire, *new])
     assert s.api_prefix is not None and s.api_prefix.end == s.count - 2
+
+
+def test_a_history_in_the_wrong_order_is_sent_alternating_and_reported_once(
+    tmp_path: Path, caplog
+) -> None:
+    """Turns an earlier memobot stored without their answer (a failed one, a failed tool
+    turn), then a reminder: each build, from the cache or not, is api_messages of the whole
+    window, in an order strict chat templates take; the log says so once, as information."""
+    store = SessionStore(tmp_path)
+    s = store.get("cli:order")
+    ctx = ContextBuilder(tmp_path)
+    call = {"id": "c1", "type": "function", "function": {"name": "exec", "arguments": "{}"}}
+    turns = [
+        [{"role": "user", "content": "failed"}],
+        [
+            {"role": "user", "content": "run it"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+        [{"role": "assistant", "content": "reminder: call Ada"}],
+    ]
+    new = [{"role": "user", "content": "now?"}]
+    caplog.set_level("INFO", logger="bot.context")
+    for part in turns:
+        store.append(s, part)
+        for _ in range(2):
+            built = ctx.build(s, new, 100_000, 1000)
+            assert built[1:] == api_messages([*s.wire, *new])
+            assert alternation_problem(built) is None and history_problem(built) is None
+    roles = [m["role"] for m in built[1:]]
+    assert roles == [
+        *("user", "assistant"),  # "failed", then a note: no answer
+        *("user", "assistant", "tool", "assistant"),  # the tool turn, then the note
+        *("user", "assistant", "user", "assistant"),  # a note for the person, the reminder
+        "user",
+    ]
+    reports = [r for r in caplog.records if "cli:order" in r.getMessage()]
+    assert [r.levelname for r in reports] == ["INFO"]
+    assert "strict chat templates" in reports[0].getMessage()

@@ -17,6 +17,7 @@ from tests.fakes.llm_server import (
     ControlClient,
     FakeLLM,
     FakeLLMProcess,
+    alternation_problem,
     call,
     check_step,
     disconnect,
@@ -382,3 +383,40 @@ def test_standalone_process(tmp_path: Path) -> None:
         assert control.status()["requests"] == 0
     finally:
         assert proc.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("roles", "fragment"),
+    [
+        (["system", "user", "user"], "'user' after role 'user'"),
+        (["user", "assistant+calls", "tool", "user"], "'user' after role 'tool'"),
+        (["system", "assistant", "user"], "'assistant' as the first message"),
+        (["user", "assistant", "assistant", "user"], "'assistant' after role 'assistant'"),
+        (["system", "user", "assistant+calls", "tool", "assistant", "user"], None),
+    ],
+)
+async def test_strict_alternation_refuses_what_strict_chat_templates_refuse(
+    roles: list[str], fragment: str | None
+) -> None:
+    shapes = {
+        "system": {"role": "system", "content": "s"},
+        "user": USER[0],
+        "assistant": {"role": "assistant", "content": "a"},
+        "assistant+calls": ASSISTANT_CALLS,
+        "tool": TOOL_RESULT,
+    }
+    messages = [shapes[r] for r in roles]
+    assert history_problem(messages) is None  # valid for the Chat Completions API
+    problem = alternation_problem(messages)
+    assert (problem is None) if fragment is None else (fragment in (problem or ""))
+    async with FakeLLM(strict_alternation=True) as strict, FakeLLM() as lenient:
+        for server, refused in ((strict, fragment is not None), (lenient, False)):
+            sdk = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+            try:
+                if refused:
+                    with pytest.raises(openai.BadRequestError, match="alternate"):
+                        await sdk.chat.completions.create(model="m", messages=messages)
+                else:
+                    await sdk.chat.completions.create(model="m", messages=messages)
+            finally:
+                await sdk.close()

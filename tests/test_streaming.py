@@ -191,6 +191,26 @@ async def test_group_answer_beyond_4096_units_continues_in_new_messages(tmp_path
         assert " ".join(m["text"] for m in shown).split() == words.split()
 
 
+async def test_a_group_stream_cut_and_retried_ends_as_the_retried_answer(tmp_path, llm, api):
+    """The LLM client retries a stream broken mid-way from the start: the preview, by then
+    two messages long, becomes the short retried answer; nothing of the cut text is left."""
+    words = " ".join(f"word{i}🙂" for i in range(1400))
+    llm.script(
+        reply(words, pieces=12, chunk_delay=0.05, disconnect_after_chunks=9),
+        reply("The retried answer is short.", pieces=3, chunk_delay=0.08),
+    )
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.group_text(f"{BOT} count")
+        await api.wait_for_async(lambda: len(api.sent(GROUP)) >= 2, 15)  # two previews
+        expected = rendered(tg, "The retried answer is short.")
+        await api.wait_for_async(lambda: [m["text"] for m in api.shown(GROUP)] == expected, 15)
+        await quiet(api)
+        assert [m["text"] for m in api.shown(GROUP)] == expected
+        assert len(tg.llm.requests) == 2 and api.calls("deleteMessage")
+        meta = tg.stack.store.get(f"telegram:{GROUP}").metadata
+        assert not meta.get("previews") and not meta.get("outbox")
+
+
 async def test_group_rate_limit_on_an_edit_is_honoured(tmp_path, llm, api):
     llm.script(reply(ANSWER, pieces=10, chunk_delay=0.15))
     api.fail("editMessageText", 429, retry_after=1)

@@ -202,3 +202,24 @@ async def test_stream_ended_by_slack_goes_on_with_updates(tmp_path, llm):
     assert shown["ts"] == slack.streams[0]["ts"] and slack.posts == []
     assert _calls(slack, "chat.appendStream", "message_not_in_streaming_state")
     assert shown["edits"] >= 2  # the answer (and previews before it) by chat.update
+
+
+async def test_a_stream_cut_and_retried_ends_as_the_retried_answer(tmp_path, llm, slack):
+    """A stream broken mid-way is retried from the start by the LLM client: its text does not
+    extend what the stream shows, so the stream is stopped and the message edited into the
+    retried answer; nothing of the cut text is left."""
+    retried = "Second try: " + ANSWER
+    llm.script(
+        reply(ANSWER, pieces=10, chunk_delay=0.1, disconnect_after_chunks=6),
+        reply(retried, pieces=4, chunk_delay=0.1),
+    )
+    async with Rig(tmp_path, llm, slack, **FAST) as rig:
+        await slack.push_event(mention("explain", "1700000038.000100"), event_id="X1")
+        await _until(lambda: bool(_calls(slack, "chat.appendStream")))
+        expected = rig.channel.render(retried)
+        await _until(lambda: [m["text"] for m in slack.shown(CHAN)] == expected)
+        await asyncio.sleep(0.3)
+    assert len(llm.requests) == 2
+    [shown] = slack.shown(CHAN)
+    assert shown["ts"] == slack.streams[0]["ts"] and slack.posts == []
+    assert [e for _, _, e in slack.stream_calls if e] == []

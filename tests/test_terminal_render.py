@@ -408,3 +408,21 @@ def test_random_markdown_streamed_in_random_pieces_ends_rendered_on_screen():
         written = stream_live(text, columns, step)
         expected = screen_after(markdown_to_ansi(text) + "\n", columns, 400)
         assert screen_after(written, columns, 400) == expected, (text, columns, step)
+
+
+@pytest.mark.parametrize("columns", [80, 13])
+def test_an_erased_reply_leaves_the_screen_as_before_it(columns):
+    """A retried request starts its reply again: rendered lines, wrapped ones and the live
+    region all go, the screen above stays."""
+    out = io.StringIO()
+    out.write("you> question\n")
+    live = LiveMarkdown(out, lambda: columns)
+    cut = ANSWER[: ANSWER.index("| 1 |")]  # headings, wide text, a table's head held
+    for end in range(5, len(cut), 5):
+        live.write(cut[:end])
+    live.erase()
+    again = LiveMarkdown(out, lambda: columns)
+    again.write("**Second** try")
+    again.finish()
+    expected = screen_after("you> question\n" + markdown_to_ansi("**Second** try") + "\n", columns)
+    assert screen_after(out.getvalue(), columns) == expected

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import os
 import pty
 import signal
@@ -16,11 +17,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pyte
 import pytest
 
 from bot.streaming import STOPPED_MARK
-from channels.terminal import DIM, TerminalChannel
+from channels.terminal import DIM, LogsAboveTheAnswer, TerminalChannel
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
 from tests.helpers import REPO, channel_in_process, make_config, run_memobot, write_config
 
@@ -156,3 +159,89 @@ async def test_interactive_terminal_shows_one_dim_line_per_tool_call(tmp_path):
     assert "read_file(" in tool_lines[0] and "list_dir(" in tool_lines[1]
     assert lines[-1] == "Done: the file says x."
     assert out.getvalue().count("Done: the file says x.") == 1
+
+
+# -- a stream cut by an error and retried --------------------------------------------------------
+
+CUT = "A first try at the answer that the server cuts off half way through its sentence."
+RETRIED = "The answer, sent again whole."
+
+
+def _screen(written: str, columns: int) -> list[str]:
+    """The rows a VT100 ``columns`` wide shows after ``written`` (the tty makes "\\n" CR LF)."""
+    screen = pyte.Screen(columns, 24)
+    pyte.Stream(screen).feed(written.replace("\n", "\r\n"))
+    return [row.rstrip() for row in screen.display if row.strip()]
+
+
+async def _terminal_answer(
+    tmp_path: Path,
+    llm: FakeLLM,
+    markdown: bool,
+    columns: int = 24,
+    logs: bool = False,
+    **agent: Any,
+) -> str:
+    """Ask one question through an interactive terminal (narrow: the cut text wraps); what
+    it wrote to stdout. ``logs``: the LLM client's log lines go to the same screen, as
+    ``memobot agent`` wires them when stderr is the terminal too."""
+    cfg = make_config(tmp_path, llm.base_url, **({"agent": agent} if agent else {}))
+    out, err = io.StringIO(), io.StringIO()
+    logger = logging.getLogger("bot.llm")
+    async with channel_in_process(
+        cfg,
+        tmp_path / "config.json",
+        lambda stack: TerminalChannel(
+            stack.bus, "i", out=out, err=err, markdown=markdown, columns=lambda: columns
+        ),
+    ) as (_, terminal, _manager):
+        handler = LogsAboveTheAnswer(logging.StreamHandler(out), terminal)
+        if logs:
+            logger.addHandler(handler)
+        try:
+            answer = await asyncio.wait_for(terminal.ask("go"), 20)
+        finally:
+            logger.removeHandler(handler)
+    assert answer is not None and not err.getvalue()
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("markdown", [False, True])
+async def test_a_stream_cut_and_retried_leaves_only_the_retried_answer(tmp_path, llm, markdown):
+    # Role chunk, three of six pieces, then the connection drops: the client retries.
+    llm.script(
+        reply(CUT, pieces=6, chunk_delay=0.01, disconnect_after_chunks=4),
+        reply(RETRIED, pieces=3, chunk_delay=0.01),
+    )
+    written = await _terminal_answer(tmp_path, llm, markdown)
+    assert len(llm.requests) == 2
+    assert "A first try" in written  # the cut text was shown while it came...
+    assert _screen(written, 24) == _screen(RETRIED, 24)  # ...and replaced
+
+
+@pytest.mark.parametrize("markdown", [False, True])
+async def test_a_log_line_comes_above_the_answer_being_written(tmp_path, llm, markdown):
+    """stderr on the same screen: the retry's warning does not land inside the cut text; the
+    cut text goes, the warning stays, the retried answer is below it."""
+    llm.script(
+        reply(CUT, pieces=6, chunk_delay=0.01, disconnect_after_chunks=4),
+        reply(RETRIED, pieces=3, chunk_delay=0.01),
+    )
+    written = await _terminal_answer(tmp_path, llm, markdown, columns=200, logs=True)
+    assert "A first try" in written
+    [warning, answer] = _screen(written, 200)
+    assert warning.startswith("llm request to") and "retry 1/2" in warning
+    assert answer == RETRIED
+
+
+@pytest.mark.parametrize("markdown", [False, True])
+async def test_the_text_of_each_reply_of_a_tool_turn_stays(tmp_path, llm, markdown):
+    """A new reply after tool calls is not a retry: what the model wrote before stays. Also
+    after calls that were not run (the turn's call limit)."""
+    llm.script(
+        tool_step(("list_dir", {"path": "."}), text="Looking first."),
+        tool_step(("list_dir", {"path": "."}), text="Once more."),  # over the limit: not run
+        reply("Done."),
+    )
+    written = await _terminal_answer(tmp_path, llm, markdown, maxToolCallsPerTurn=1)
+    assert _screen(written, 24) == ["Looking first.", "Once more.", "Done."]

@@ -295,6 +295,37 @@ def history_problem(messages: list[Any]) -> str | None:
     return None
 
 
+# What may follow each role under a strict chat template (None: the start, after the system
+# prompt). Mistral's API: "Unexpected role 'user' after role 'tool'" (mistral_common's
+# validator; github.com/zed-industries/zed/issues/37021); the Mistral and Gemma templates on
+# vLLM and llama.cpp: "conversation roles must alternate user/assistant/user/assistant/..."
+# (github.com/vllm-project/vllm/issues/6862, github.com/microsoft/autogen/issues/3597).
+_STRICT_NEXT: dict[str | None, frozenset[str]] = {
+    None: frozenset({"user"}),
+    "user": frozenset({"assistant"}),
+    "assistant": frozenset({"user", "tool"}),
+    "tool": frozenset({"assistant", "tool"}),
+}
+
+
+def alternation_problem(messages: list[Any]) -> str | None:
+    """Why a server enforcing a strict chat template refuses the order of ``messages``'s
+    roles, or None (system messages aside; run after ``history_problem``)."""
+    last: str | None = None
+    for i, msg in enumerate(messages):
+        role = msg.get("role") if isinstance(msg, dict) else None
+        if role in ("system", "developer"):
+            continue
+        if role not in _STRICT_NEXT[last]:
+            after = f"after role '{last}'" if last else "as the first message after the system"
+            return (
+                f"Unexpected role '{role}' {after} (messages[{i}]): conversation roles must "
+                "alternate user/assistant/user/assistant/..."
+            )
+        last = role
+    return None
+
+
 def _tool_message_problem(i: int, call_id: Any, block: set[str]) -> str:
     if not isinstance(call_id, str):
         return f"Missing required parameter: 'messages[{i}].tool_call_id'."
@@ -527,6 +558,9 @@ class FakeLLM:
         delay: seconds before each *default* answer (scripted steps use their own ``delay``).
         log_bodies: keep each request's parsed body in the log (off for benchmarks).
         validate: reject invalid histories with 400 like a real server.
+        strict_alternation: also reject, with 400, roles out of the order strict chat
+            templates enforce (``alternation_problem``: Mistral's API, Mistral and Gemma
+            templates on vLLM and llama.cpp).
         max_log: keep only the newest N log entries (None: all).
         api_key: if set, requests without ``Authorization: Bearer <api_key>`` get 401.
         models: ids listed by ``GET /v1/models``.
@@ -546,6 +580,7 @@ class FakeLLM:
         delay: float = 0.0,
         log_bodies: bool = True,
         validate: bool = True,
+        strict_alternation: bool = False,
         max_log: int | None = None,
         api_key: str | None = None,
         models: Iterable[str] = (DEFAULT_MODEL,),
@@ -559,6 +594,7 @@ class FakeLLM:
         self.port = port
         self.log_bodies = log_bodies
         self.validate = validate
+        self.strict_alternation = strict_alternation
         self.api_key = api_key
         self.models = list(models)
         options = DialectOptions(strict_template, old_build, object_arguments)
@@ -756,6 +792,10 @@ class FakeLLM:
             problem = validate_request(body)
             if problem is not None:
                 return _refusal(400, "invalid", problem[0], problem[1])
+        if self.strict_alternation:
+            order = alternation_problem(body.get("messages") or [])
+            if order is not None:
+                return _refusal(400, "invalid", order, "messages")
         return None
 
     def _dialect_rejection(

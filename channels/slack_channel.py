@@ -430,11 +430,12 @@ def _mrkdwn_length(text: str) -> int:
 @dataclass(slots=True)
 class _Preview:
     """A preview message of this process: a native stream (``streaming`` while it is open,
-    ``text`` the Markdown it shows) or a posted message."""
+    ``text`` the Markdown it shows) or a posted message (``posted``: never a stream)."""
 
     chat_id: str
     text: str = ""
     streaming: bool = False
+    posted: bool = False
 
 
 def _api_error(exc: SlackApiError) -> SendError | FatalChannelError:
@@ -1214,7 +1215,10 @@ class SlackChannel(Channel):
         channel, _ = split_chat_id(chat_id)
         return [Limit.of(f"channel:{channel}", self.cfg.rate_limits.channel)]
 
-    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+    async def send_chunk(
+        self, msg: OutboundMessage, chunk: str, plain: bool = False, *, first: bool = False
+    ) -> None:
+        # No quoting here: an answer in a thread is in it piece by piece (the chat id says so).
         await self._post(msg.chat_id, chunk, plain, approval_blocks(msg, chunk, plain))
 
     async def _post(
@@ -1269,7 +1273,7 @@ class SlackChannel(Channel):
         (what a stream appends is Markdown; a posted preview is rendered when sent)."""
         return render_chunks(text, SLACK_LIMIT, _same, measure=_mrkdwn_length)
 
-    async def send_preview(self, msg: OutboundMessage, text: str) -> str:
+    async def send_preview(self, msg: OutboundMessage, text: str, *, first: bool = False) -> str:
         # A new piece: the stream of the piece before it (or of an earlier answer) is done.
         for ts, preview in list(self._previews.items()):
             if preview.chat_id == msg.chat_id and preview.streaming:
@@ -1283,8 +1287,14 @@ class SlackChannel(Channel):
             ts = await self._post(msg.chat_id, markdown_to_slack_mrkdwn(text), plain=False)
             if not ts:
                 raise PermanentError("slack did not say which message it posted")
-            self._keep_preview(ts, _Preview(msg.chat_id))
+            self._keep_preview(ts, _Preview(msg.chat_id, posted=True))
         return ts
+
+    def preview_shows(self, message_id: str, preview: str, chunk: str) -> bool:
+        # A posted preview shows its Markdown rendered as the answer's pieces are; a stream
+        # (open or not) shows blocks, which only the final chat.update replaces.
+        shown = self._previews.get(message_id)
+        return shown is not None and shown.posted and markdown_to_slack_mrkdwn(preview) == chunk
 
     async def edit_chunk(
         self, chat_id: str, message_id: str, chunk: str, plain: bool = False

@@ -104,7 +104,9 @@ class RecordingChannel(Channel):
         self.name = name
         self.harness = harness
 
-    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+    async def send_chunk(
+        self, msg: OutboundMessage, chunk: str, plain: bool = False, *, first: bool = False
+    ) -> None:
         self.harness.outbox.append(msg)
         waiter = self.harness.waiters.get(msg.reply_to or "")
         if msg.final and waiter and not waiter.done():

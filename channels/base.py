@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from bot.bus import MessageBus, OutboundMessage, StreamEvent
+from bot.commands import CommandSyntax
 from bot.gate.question import QuestionView, question_markdown
 from channels.access import question_view
 from channels.errors import FatalChannelError
@@ -50,6 +51,7 @@ class Channel(ABC):
     max_file_bytes: int | None = None  # the largest upload the platform takes (None: no limit)
     stream_interval: float = 1.0  # seconds between two preview updates of one chat
     typing_delay: float = 0.0  # seconds a turn runs before "typing..." is shown
+    command_syntax = CommandSyntax()  # how commands are written here, for /help
 
     def __init__(self, bus: MessageBus) -> None:
         self.bus = bus

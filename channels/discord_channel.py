@@ -22,6 +22,7 @@ import discord
 
 from bot import workspace_files
 from bot.bus import InboundMessage, MessageBus, OutboundMessage
+from bot.commands import CHANNEL_COMMANDS, CommandSyntax
 from bot.config import DiscordConfig
 from bot.gate.question import QuestionView, fit_question
 from bot.pairing import PairingStore
@@ -191,6 +192,7 @@ class DiscordChannel(Channel):
     name = NAME
     sends_files = True
     max_file_bytes = UPLOAD_MAX_BYTES
+    command_syntax = CommandSyntax(answers=CHANNEL_COMMANDS)  # /whoami: see _handle
 
     def __init__(
         self, bus: MessageBus, cfg: DiscordConfig, workspace: Path, state_dir: Path

@@ -168,6 +168,7 @@ class ChannelManager:
             channel.on_fatal = self._channel_failed
             if channel.streaming:
                 bus.streaming.add(channel.name)
+            bus.command_syntax[channel.name] = channel.command_syntax
         bus.on_stream(self._on_stream)
         bus.on_owner_chats(self.owner_chats)
         self._background: set[asyncio.Task[None]] = set()

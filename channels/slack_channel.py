@@ -49,7 +49,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
-from bot.commands import COMMANDS
+from bot.commands import CHANNEL_COMMANDS, COMMANDS, CommandSyntax
 from bot.config import SlackConfig
 from bot.gate.question import QuestionView, fit_question
 from bot.pairing import PairingStore
@@ -103,7 +103,12 @@ ACK_DEADLINE_SECONDS = 3.0  # Slack redelivers an envelope not acknowledged by t
 THREADS_KEPT = 5000  # threads memobot is in, remembered for follow-ups without a mention
 SLASH_COMMAND = "/memobot"
 COMMAND_PREFIX = "!"  # "!stop": Slack clients take a leading "/" as a slash command
-CHAT_COMMANDS = frozenset(c.removeprefix("/") for c in COMMANDS) | {"whoami"}
+COMMAND_SYNTAX = CommandSyntax(
+    COMMAND_PREFIX,
+    CHANNEL_COMMANDS,
+    f"Or the slash command {SLASH_COMMAND} with a command's name: {SLASH_COMMAND} stop",
+)
+CHAT_COMMANDS = frozenset(c.removeprefix("/") for c in COMMANDS | COMMAND_SYNTAX.answers)
 
 ASKERS_KEPT = 1000  # (chat, message) -> sender and team, for a stream's recipient
 PREVIEWS_KEPT = 1000  # preview messages (streams or posts) this process knows
@@ -538,6 +543,7 @@ class _SocketModeHandler(AsyncSocketModeHandler):
 
 class SlackChannel(Channel):
     name = NAME
+    command_syntax = COMMAND_SYNTAX
     sends_files = True
     max_file_bytes = UPLOAD_MAX_BYTES
 

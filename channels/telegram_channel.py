@@ -72,6 +72,7 @@ from telegram.warnings import PTBDeprecationWarning
 
 from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
+from bot.commands import CHANNEL_COMMANDS, CommandSyntax
 from bot.config import TelegramConfig
 from bot.gate.question import QuestionView, fit_question
 from bot.pairing import PairingStore
@@ -409,6 +410,7 @@ class _Refused(Exception):
 class TelegramChannel(Channel):
     name = CHANNEL
     sends_files = True
+    command_syntax = CommandSyntax(answers=CHANNEL_COMMANDS)  # /whoami: see _normalise
 
     def __init__(
         self, bus: MessageBus, cfg: TelegramConfig, workspace: Path, state_dir: Path

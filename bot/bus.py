@@ -9,6 +9,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from bot.commands import CommandSyntax
+
 Intake = Literal["accepted", "duplicate", "refused"]
 IntakeHook = Callable[["InboundMessage"], Awaitable[Intake]]
 StreamListener = Callable[["StreamEvent"], None]
@@ -120,6 +122,8 @@ class MessageBus:
         self._owner_chats: OwnerChats | None = None
         # Channels (by name) that show answers as they are written: their turns stream.
         self.streaming: set[str] = set()
+        # How each channel (by name) writes commands, for its /help (default: "/name").
+        self.command_syntax: dict[str, CommandSyntax] = {}
         self.accepting = True
 
     def set_intake(self, hook: IntakeHook) -> None:

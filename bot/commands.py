@@ -1,35 +1,85 @@
-"""Chat commands the agent loop answers itself, without the model."""
+"""Chat commands: the one list of them (``/help``, the parser and the channels read it), and
+those the agent loop answers itself, without the model."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-HELP_TEXT = """memobot commands:
-/new    start a fresh conversation (the current one is archived to memory first)
-/stop   cancel the answer being worked on in this chat
-/status model, conversation size, memory usage, uptime
-/dream  distil the conversation archive into long-term memory now
-/allow ID, /always ID, /deny ID   answer an approval request (where there are no buttons)
-/approve CODE   (admins) let in the person who was given this pairing code
-/cron   list this chat's scheduled jobs (reminders, recurring tasks)
-/help   this list"""
 
-COMMANDS = frozenset(
-    {
-        "/new",
-        "/stop",
-        "/status",
-        "/help",
-        "/dream",
-        "/allow",
-        "/always",
-        "/deny",
-        "/approve",
-        "/cron",
-    }
+@dataclass(frozen=True, slots=True)
+class CommandSpec:
+    """One line of ``/help``: the command as written (``usage``) and what it does.
+
+    ``immediate``: answered at once, beside a running turn, and never stored as a pending turn.
+    ``by_channel``: answered by the chat channel itself (``/whoami``, which needs the platform's
+    user id before anyone is let in), only where the channel says it does (``CommandSyntax``).
+    """
+
+    usage: str
+    summary: str
+    immediate: bool = False
+    by_channel: bool = False
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(word.rstrip(",") for word in self.usage.split() if word.startswith("/"))
+
+
+# Every chat command, in /help's order: the one list that /help, the parser and the channels
+# read (README.md's "In-chat commands" is checked against /help's answer by the tests).
+SPECS = (
+    CommandSpec("/new", "start a fresh conversation (the current one is archived to memory first)"),
+    CommandSpec("/stop", "cancel the answer being worked on in this chat", immediate=True),
+    CommandSpec("/status", "model, conversation size, memory usage, uptime", immediate=True),
+    CommandSpec(
+        "/dream", "distil the conversation archive into long-term memory now", immediate=True
+    ),
+    CommandSpec(
+        "/allow ID, /always ID, /deny ID", "answer an approval request (where there are no buttons)"
+    ),
+    CommandSpec(
+        "/approve CODE",
+        "(admins) let in the person who was given this pairing code",
+        immediate=True,
+    ),
+    CommandSpec(
+        "/cron", "list this chat's scheduled jobs (reminders, recurring tasks)", immediate=True
+    ),
+    CommandSpec("/whoami", "your user id and whether you are allowed here", by_channel=True),
+    CommandSpec("/help", "this list", immediate=True),
 )
-# Answered at once, beside a running turn, and never stored as a pending turn.
-IMMEDIATE = frozenset({"/stop", "/help", "/status", "/dream", "/approve", "/cron"})
+
+# What the agent loop answers; a channel answers its own (by_channel) before the loop sees them.
+COMMANDS = frozenset(n for spec in SPECS if not spec.by_channel for n in spec.names)
+IMMEDIATE = frozenset(n for spec in SPECS if spec.immediate for n in spec.names)
+CHANNEL_COMMANDS = frozenset(n for spec in SPECS if spec.by_channel for n in spec.names)
+
+
+@dataclass(frozen=True, slots=True)
+class CommandSyntax:
+    """How a channel's people write commands: ``prefix`` instead of ``/`` (Slack clients take
+    a leading ``/`` as a slash command of their own), the ``CHANNEL_COMMANDS`` the channel
+    answers itself, and a ``note`` line for the end of ``/help``."""
+
+    prefix: str = "/"
+    answers: frozenset[str] = frozenset()
+    note: str = ""
+
+
+def help_text(syntax: CommandSyntax = CommandSyntax()) -> str:
+    """The answer to ``/help`` in a channel that writes commands as ``syntax`` says."""
+    lines = ["memobot commands:"]
+    for spec in SPECS:
+        if spec.by_channel and not set(spec.names) <= syntax.answers:
+            continue
+        usage = re.sub(r"(?<!\S)/", syntax.prefix, spec.usage)
+        lines.append(
+            f"{usage:<7} {spec.summary}" if len(usage) <= 7 else f"{usage}   {spec.summary}"
+        )
+    if syntax.note:
+        lines.append(syntax.note)
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from bot.approvals import ANSWER_COMMANDS, APPROVAL_KEY, press_from_command
 from bot.bus import InboundMessage, Intake, MessageBus, admin_notice, typing_notice
-from bot.commands import HELP_TEXT, IMMEDIATE, Command, format_duration, parse_command
+from bot.commands import (
+    IMMEDIATE,
+    Command,
+    CommandSyntax,
+    format_duration,
+    help_text,
+    parse_command,
+)
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.cron import heartbeat
@@ -235,7 +242,7 @@ class AgentLoop:
 
     async def _immediate(self, msg: InboundMessage, command: Command) -> None:
         if command.name == "/help":
-            text = HELP_TEXT
+            text = help_text(self.bus.command_syntax.get(msg.channel, CommandSyntax()))
         elif command.name == "/dream" and not sender_is_admin(msg):
             text = "Only an admin of this bot may run /dream."
         elif command.name == "/dream":

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from bot.bus import MessageBus, OutboundMessage, StreamEvent
+from bot.commands import CommandSyntax
 from bot.gate.question import QuestionView, question_markdown
 from channels.access import question_view
 from channels.errors import FatalChannelError
@@ -28,17 +29,20 @@ class Channel(ABC):
 
     Receiving: the channel publishes ``InboundMessage`` values with ``bus.publish_inbound`` and
     confirms them to its platform only once that returns "accepted" or "duplicate".
-    Sending: the channel manager calls ``render`` once per answer and ``send_chunk`` per piece,
-    and owns retries; ``send_chunk`` raises the classes in ``channels.errors`` (anything else
-    is retried like a ``TransientError``). A piece refused with ``TooLong`` goes through
-    ``resplit``. The pieces of an answer are recorded in the delivery ledger before the first
-    is sent, so a restart resumes at the piece that did not go out. Every send (retries
-    included) first waits out the buckets ``pace_limits`` names for its chat.
+    Sending: the channel manager calls ``render`` once per answer and ``send_chunk`` per piece
+    (``first`` for the answer's first piece, the one that quotes the message it answers where
+    the platform shows replies), and owns retries; ``send_chunk`` raises the classes in
+    ``channels.errors`` (anything else is retried like a ``TransientError``). A piece refused
+    with ``TooLong`` goes through ``resplit``. The pieces of an answer are recorded in the
+    delivery ledger before the first is sent, so a restart resumes at the piece that did not
+    go out. Every send (retries included) first waits out the buckets ``pace_limits`` names
+    for its chat.
     Failing for good (token refused): ``fail`` with a ``FatalChannelError`` (or raise it from
     ``start`` or ``send_chunk``); the state becomes "failed" and stays so.
     Streaming (``streaming`` True): the channel manager shows each answer while it is written
     the way ``preview_mode`` says, through the same pacing; the final answer then replaces the
-    preview (``edit_chunk`` of the preview messages) instead of adding a second copy.
+    preview (``edit_chunk`` of the preview messages) instead of adding a second copy, and
+    leaves a preview that already shows its piece (``preview_shows``) as it is.
     """
 
     name: str
@@ -47,6 +51,7 @@ class Channel(ABC):
     max_file_bytes: int | None = None  # the largest upload the platform takes (None: no limit)
     stream_interval: float = 1.0  # seconds between two preview updates of one chat
     typing_delay: float = 0.0  # seconds a turn runs before "typing..." is shown
+    command_syntax = CommandSyntax()  # how commands are written here, for /help
 
     def __init__(self, bus: MessageBus) -> None:
         self.bus = bus
@@ -117,8 +122,12 @@ class Channel(ABC):
         return ()
 
     @abstractmethod
-    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
-        """Deliver one piece of ``msg`` to its chat. Raise ``channels.errors`` classes."""
+    async def send_chunk(
+        self, msg: OutboundMessage, chunk: str, plain: bool = False, *, first: bool = False
+    ) -> None:
+        """Deliver one piece of ``msg`` to its chat. Raise ``channels.errors`` classes.
+
+        ``first``: the answer's first piece; only it replies to ``msg.reply_to``."""
 
     async def send_file(self, msg: OutboundMessage, path: str) -> None:
         """Upload the file at ``path`` (memobot's own, e.g. a long answer's whole text) to
@@ -153,9 +162,17 @@ class Channel(ABC):
         """ "draft" mode: show ``text`` ("" while tools run) as the chat's draft ``draft_id``."""
         raise NotImplementedError
 
-    async def send_preview(self, msg: OutboundMessage, text: str) -> str:
-        """ "message" mode: send ``text`` plain to ``msg``'s chat; the platform's message id."""
+    async def send_preview(self, msg: OutboundMessage, text: str, *, first: bool = False) -> str:
+        """ "message" mode: send ``text`` plain to ``msg``'s chat; the platform's message id.
+        ``first``: the answer's first message (as in ``send_chunk``)."""
         raise NotImplementedError
+
+    def preview_shows(self, message_id: str, preview: str, chunk: str) -> bool:
+        """Whether preview message ``message_id``, last given the preview text ``preview``
+        (plain, by ``send_preview`` or ``edit_chunk``), already shows what ``edit_chunk``
+        would make of ``chunk`` (a piece of ``render``): the final answer then leaves it be
+        rather than spend a send on an edit that changes nothing. Default: never (edited)."""
+        return False
 
     async def edit_chunk(
         self, chat_id: str, message_id: str, chunk: str, plain: bool = False

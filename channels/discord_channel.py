@@ -22,6 +22,7 @@ import discord
 
 from bot import workspace_files
 from bot.bus import InboundMessage, MessageBus, OutboundMessage
+from bot.commands import CHANNEL_COMMANDS, CommandSyntax
 from bot.config import DiscordConfig
 from bot.gate.question import QuestionView, fit_question
 from bot.pairing import PairingStore
@@ -147,18 +148,6 @@ def discord_question(view: QuestionView) -> tuple[str, bool]:
     return fit_question(view, markdown_to_discord, len, DISCORD_LIMIT)
 
 
-@functools.lru_cache(maxsize=64)
-def _first_chunk(text: str) -> str:
-    chunks = render_chunks(text, DISCORD_LIMIT, markdown_to_discord)
-    return chunks[0] if chunks else ""
-
-
-def _first_forms(text: str) -> tuple[str, str]:
-    """The first piece of an answer, rendered and plain (the markup retry)."""
-    first = _first_chunk(text)
-    return first, strip_markdown(first)
-
-
 def _safe_name(name: str) -> str:
     return _UNSAFE_NAME.sub("_", Path(name).name).strip("._") or "file"
 
@@ -203,6 +192,7 @@ class DiscordChannel(Channel):
     name = NAME
     sends_files = True
     max_file_bytes = UPLOAD_MAX_BYTES
+    command_syntax = CommandSyntax(answers=CHANNEL_COMMANDS)  # /whoami: see _handle
 
     def __init__(
         self, bus: MessageBus, cfg: DiscordConfig, workspace: Path, state_dir: Path
@@ -530,9 +520,9 @@ class DiscordChannel(Channel):
         """Per channel (a thread is a channel of its own, with its own id)."""
         return [Limit.of(f"channel:{chat_id}", self.cfg.rate_limits.channel)]
 
-    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
-        # A question is one piece: it replies to the message that led to it.
-        first = question_view(msg) is not None or chunk in _first_forms(msg.text)
+    async def send_chunk(
+        self, msg: OutboundMessage, chunk: str, plain: bool = False, *, first: bool = False
+    ) -> None:
         await self._send(msg, chunk, first=first)
 
     async def _send(self, msg: OutboundMessage, chunk: str, first: bool) -> discord.Message:
@@ -588,10 +578,13 @@ class DiscordChannel(Channel):
         # construct at the end of a preview is harmless.
         return render_chunks(text, DISCORD_LIMIT, markdown_to_discord)
 
-    async def send_preview(self, msg: OutboundMessage, text: str) -> str:
+    async def send_preview(self, msg: OutboundMessage, text: str, *, first: bool = False) -> str:
         # The first preview is the answer's first message: a reply, as the answer would be.
-        sent = await self._send(msg, text, first=True)
+        sent = await self._send(msg, text, first=first)
         return str(sent.id)
+
+    def preview_shows(self, message_id: str, preview: str, chunk: str) -> bool:
+        return chunk == preview  # a preview piece is rendered as the answer's, sent as is
 
     async def edit_chunk(
         self, chat_id: str, message_id: str, chunk: str, plain: bool = False

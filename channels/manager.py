@@ -14,7 +14,9 @@ between queued messages, at most once per ``Channel.stream_interval`` and only w
 pacer has a token to spare (``Pacer.take_if_ready``): previews are skipped, never queued, so
 under load they thin out while answers keep their place. A preview *message* ("message"
 mode) is recorded in the ledger as soon as the platform gave its id, and the final answer
-edits it into the answer (see bot/delivery.py), so the chat never holds two copies.
+edits it into the answer (see bot/delivery.py), so the chat never holds two copies; a preview
+that already shows its piece of the answer is left as it is (an edit would only spend a send).
+Only an answer's first message, preview or piece, quotes the message it answers.
 
 Every exception a send raises takes the same path: flood waits are honoured, markup refusals
 retried as plain text, over-long pieces split smaller, permanent refusals end the answer (the
@@ -166,6 +168,7 @@ class ChannelManager:
             channel.on_fatal = self._channel_failed
             if channel.streaming:
                 bus.streaming.add(channel.name)
+            bus.command_syntax[channel.name] = channel.command_syntax
         bus.on_stream(self._on_stream)
         bus.on_owner_chats(self.owner_chats)
         self._background: set[asyncio.Task[None]] = set()
@@ -387,6 +390,7 @@ class ChannelManager:
             wait = pacer.take_if_ready(limits, time.monotonic())
             if wait > 0:
                 return wait
+            del live.shown[i:]  # unknown until the platform answers (a failed edit may land)
             try:
                 if mode == "draft":
                     await channel.send_draft(chat_id, live.draft_id, piece)
@@ -429,7 +433,7 @@ class ChannelManager:
         """Send one more preview message and record its id in the ledger before going on."""
         reply_to = next((r for r, v in self._live_items(channel.name, chat_id) if v is live), None)
         msg = OutboundMessage(channel.name, chat_id, text, reply_to=reply_to)
-        message_id = await channel.send_preview(msg, text)
+        message_id = await channel.send_preview(msg, text, first=not live.ids)
         live.ids.append(message_id)
         await self.ledger.previewing(msg.session_key, reply_to, live.ids)
 
@@ -543,8 +547,11 @@ class ChannelManager:
                 if not await self.ledger.sending(msg, pieces, index):
                     return
                 edit = edits[index] if index < len(edits) else None
+                if edit is not None and _shows(channel, live, index, edit, pieces[index]):
+                    index += 1  # the preview already shows this piece: no send spent on it
+                    continue
                 try:
-                    await self._send_chunk(channel, msg, pieces[index], edit=edit)
+                    await self._send_chunk(channel, msg, pieces[index], edit=edit, first=index == 0)
                 except TooLong as exc:
                     smaller = channel.resplit(pieces[index])
                     if len(smaller) < 2:
@@ -668,9 +675,11 @@ class ChannelManager:
         chunk: str,
         give_up_after: float | None = None,
         edit: str | None = None,
+        first: bool = False,
     ) -> None:
-        """Send one piece (``edit``: put it into that existing message instead), honouring
-        flood waits and backing off on transient errors.
+        """Send one piece (``edit``: put it into that existing message instead; ``first``:
+        the answer's first piece, which quotes the message it answers), honouring flood
+        waits and backing off on transient errors.
 
         Raises ``PermanentError`` (including ``TooLong``), ``FatalChannelError``, or
         ``TimeoutError`` once retrying would pass the deadline; any other exception of the
@@ -682,7 +691,7 @@ class ChannelManager:
             if edit is not None:
                 await channel.edit_chunk(msg.chat_id, edit, text, plain)
             else:
-                await channel.send_chunk(msg, text, plain)
+                await channel.send_chunk(msg, text, plain, first=first)
 
         await self._with_retries(channel, msg, send, give_up_after)
 
@@ -747,6 +756,16 @@ def whole_words(text: str) -> str:
         return text
     cut = max(text.rfind(" "), text.rfind("\n"), text.rfind("\t"))
     return text[: cut + 1] if cut >= 0 else ""
+
+
+def _shows(channel: Channel, live: _Live | None, index: int, message_id: str, piece: str) -> bool:
+    """Whether preview message ``message_id``, the ``index``th of ``live``, already shows
+    ``piece`` of the final answer (what it was last given is known only in this process)."""
+    return (
+        live is not None
+        and index < len(live.shown)
+        and channel.preview_shows(message_id, live.shown[index], piece)
+    )
 
 
 def _reason(exc: BaseException) -> str:

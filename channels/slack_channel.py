@@ -49,7 +49,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
-from bot.commands import COMMANDS
+from bot.commands import CHANNEL_COMMANDS, COMMANDS, CommandSyntax
 from bot.config import SlackConfig
 from bot.gate.question import QuestionView, fit_question
 from bot.pairing import PairingStore
@@ -103,7 +103,12 @@ ACK_DEADLINE_SECONDS = 3.0  # Slack redelivers an envelope not acknowledged by t
 THREADS_KEPT = 5000  # threads memobot is in, remembered for follow-ups without a mention
 SLASH_COMMAND = "/memobot"
 COMMAND_PREFIX = "!"  # "!stop": Slack clients take a leading "/" as a slash command
-CHAT_COMMANDS = frozenset(c.removeprefix("/") for c in COMMANDS) | {"whoami"}
+COMMAND_SYNTAX = CommandSyntax(
+    COMMAND_PREFIX,
+    CHANNEL_COMMANDS,
+    f"Or the slash command {SLASH_COMMAND} with a command's name: {SLASH_COMMAND} stop",
+)
+CHAT_COMMANDS = frozenset(c.removeprefix("/") for c in COMMANDS | COMMAND_SYNTAX.answers)
 
 ASKERS_KEPT = 1000  # (chat, message) -> sender and team, for a stream's recipient
 PREVIEWS_KEPT = 1000  # preview messages (streams or posts) this process knows
@@ -430,11 +435,12 @@ def _mrkdwn_length(text: str) -> int:
 @dataclass(slots=True)
 class _Preview:
     """A preview message of this process: a native stream (``streaming`` while it is open,
-    ``text`` the Markdown it shows) or a posted message."""
+    ``text`` the Markdown it shows) or a posted message (``posted``: never a stream)."""
 
     chat_id: str
     text: str = ""
     streaming: bool = False
+    posted: bool = False
 
 
 def _api_error(exc: SlackApiError) -> SendError | FatalChannelError:
@@ -537,6 +543,7 @@ class _SocketModeHandler(AsyncSocketModeHandler):
 
 class SlackChannel(Channel):
     name = NAME
+    command_syntax = COMMAND_SYNTAX
     sends_files = True
     max_file_bytes = UPLOAD_MAX_BYTES
 
@@ -1214,7 +1221,10 @@ class SlackChannel(Channel):
         channel, _ = split_chat_id(chat_id)
         return [Limit.of(f"channel:{channel}", self.cfg.rate_limits.channel)]
 
-    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+    async def send_chunk(
+        self, msg: OutboundMessage, chunk: str, plain: bool = False, *, first: bool = False
+    ) -> None:
+        # No quoting here: an answer in a thread is in it piece by piece (the chat id says so).
         await self._post(msg.chat_id, chunk, plain, approval_blocks(msg, chunk, plain))
 
     async def _post(
@@ -1269,7 +1279,7 @@ class SlackChannel(Channel):
         (what a stream appends is Markdown; a posted preview is rendered when sent)."""
         return render_chunks(text, SLACK_LIMIT, _same, measure=_mrkdwn_length)
 
-    async def send_preview(self, msg: OutboundMessage, text: str) -> str:
+    async def send_preview(self, msg: OutboundMessage, text: str, *, first: bool = False) -> str:
         # A new piece: the stream of the piece before it (or of an earlier answer) is done.
         for ts, preview in list(self._previews.items()):
             if preview.chat_id == msg.chat_id and preview.streaming:
@@ -1283,8 +1293,14 @@ class SlackChannel(Channel):
             ts = await self._post(msg.chat_id, markdown_to_slack_mrkdwn(text), plain=False)
             if not ts:
                 raise PermanentError("slack did not say which message it posted")
-            self._keep_preview(ts, _Preview(msg.chat_id))
+            self._keep_preview(ts, _Preview(msg.chat_id, posted=True))
         return ts
+
+    def preview_shows(self, message_id: str, preview: str, chunk: str) -> bool:
+        # A posted preview shows its Markdown rendered as the answer's pieces are; a stream
+        # (open or not) shows blocks, which only the final chat.update replaces.
+        shown = self._previews.get(message_id)
+        return shown is not None and shown.posted and markdown_to_slack_mrkdwn(preview) == chunk
 
     async def edit_chunk(
         self, chat_id: str, message_id: str, chunk: str, plain: bool = False

@@ -37,7 +37,6 @@ import re
 import stat
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +72,7 @@ from telegram.warnings import PTBDeprecationWarning
 
 from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
+from bot.commands import CHANNEL_COMMANDS, CommandSyntax
 from bot.config import TelegramConfig
 from bot.gate.question import QuestionView, fit_question
 from bot.pairing import PairingStore
@@ -118,7 +118,6 @@ OFFSET_SAVE_SECONDS = 1.0  # the saved offset is a shortcut for the first poll a
 INTAKE_CHATS_AT_ONCE = 8
 BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 2.0, 30.0
 MEDIA_MAX_BYTES = 20 * 1024 * 1024  # also the cloud Bot API's own getFile limit
-REPLIED_REMEMBERED = 256
 GROUP_TYPES = frozenset({"group", "supergroup", "channel"})
 _COMMAND = re.compile(r"^/([A-Za-z0-9_]+)(?:@([A-Za-z0-9_]+))?(?:\s|$)")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -411,6 +410,7 @@ class _Refused(Exception):
 class TelegramChannel(Channel):
     name = CHANNEL
     sends_files = True
+    command_syntax = CommandSyntax(answers=CHANNEL_COMMANDS)  # /whoami: see _normalise
 
     def __init__(
         self, bus: MessageBus, cfg: TelegramConfig, workspace: Path, state_dir: Path
@@ -438,9 +438,6 @@ class TelegramChannel(Channel):
         self.typing_delay = cfg.typing_delay_seconds
         self._task: asyncio.Task[None] | None = None
         self._backoff = BACKOFF_START
-        # Outbound messages whose first chunk already went out as a reply (keyed by identity:
-        # OutboundMessage holds a dict and is not hashable); later chunks are not replies.
-        self._replied: OrderedDict[int, OutboundMessage] = OrderedDict()
 
     # -- lifecycle --
 
@@ -842,11 +839,13 @@ class TelegramChannel(Channel):
         out.append(Limit.of("bot", limits.bot, shared=True))
         return out
 
-    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+    async def send_chunk(
+        self, msg: OutboundMessage, chunk: str, plain: bool = False, *, first: bool = False
+    ) -> None:
         if self.bot is None:
             raise TransientError("the Telegram client is not running")
         chat, thread = split_chat_key(msg.chat_id)
-        reply = self._reply_parameters(msg, chat)
+        reply = self._reply_parameters(msg, chat) if first else None
         cut = False
         if (view := question_view(msg)) is not None:
             fitted, cut = telegram_question(view, plain)
@@ -863,10 +862,6 @@ class TelegramChannel(Channel):
             )
         except TelegramError as exc:
             raise self._send_failed(exc, chat) from exc
-        if reply is not None:
-            self._replied[id(msg)] = msg
-            while len(self._replied) > REPLIED_REMEMBERED:
-                self._replied.popitem(last=False)
 
     async def send_file(self, msg: OutboundMessage, path: str) -> None:
         if self.bot is None:
@@ -916,7 +911,7 @@ class TelegramChannel(Channel):
         except TelegramError as exc:
             raise self._send_failed(exc, chat) from exc
 
-    async def send_preview(self, msg: OutboundMessage, text: str) -> str:
+    async def send_preview(self, msg: OutboundMessage, text: str, *, first: bool = False) -> str:
         if self.bot is None:
             raise TransientError("the Telegram client is not running")
         chat, thread = split_chat_key(msg.chat_id)
@@ -925,11 +920,16 @@ class TelegramChannel(Channel):
                 chat,
                 text,
                 message_thread_id=thread,
-                reply_parameters=self._reply_parameters(msg, chat),
+                reply_parameters=self._reply_parameters(msg, chat) if first else None,
             )
         except TelegramError as exc:
             raise self._send_failed(exc, chat) from exc
         return str(sent.message_id)
+
+    def preview_shows(self, message_id: str, preview: str, chunk: str) -> bool:
+        # Telegram compares the visible text and its entities: HTML without a tag makes
+        # none, as plain text does (and an edit to the same answers "message is not modified").
+        return "<" not in chunk and strip_telegram_html(chunk) == preview
 
     async def edit_chunk(
         self, chat_id: str, message_id: str, chunk: str, plain: bool = False
@@ -1007,9 +1007,9 @@ class TelegramChannel(Channel):
             log.info("telegram: answerCallbackQuery failed: %s", _describe(exc))
 
     def _reply_parameters(self, msg: OutboundMessage, chat: int) -> ReplyParameters | None:
-        """In groups the first chunk of an answer quotes the message it answers."""
+        """In groups an answer's first message quotes the message it answers."""
         target = telegram_message_id(msg.reply_to)
-        if chat > 0 or target is None or id(msg) in self._replied:
+        if chat > 0 or target is None:
             return None
         return ReplyParameters(target, allow_sending_without_reply=True)
 

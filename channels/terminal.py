@@ -295,7 +295,9 @@ class TerminalChannel(Channel):
         # No length limit here: the whole text, every line of it behind the gutter.
         return question_plain(view)
 
-    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+    async def send_chunk(
+        self, msg: OutboundMessage, chunk: str, plain: bool = False, *, first: bool = False
+    ) -> None:
         if msg.chat_id != self.chat_id:
             # Another terminal session's answer: nobody here can read it. Raising keeps it in
             # the ledger, so `memobot agent -s cli:<that chat>` prints it next time.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,6 +23,34 @@ from channels.base import Channel
 from channels.manager import ChannelManager
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+PLATFORMS = ("telegram", "discord", "slack", "cli")
+
+
+def readme_commands(platform: str) -> set[str]:
+    """The in-chat commands README.md's "In-chat commands" lists for ``platform``, as written
+    there: each bullet's commands (a bullet naming platforms, "(Telegram, Discord, Slack)",
+    only for those); on Slack the ``!`` forms its paragraph lists, and ``/memobot``."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n### In-chat commands\n", 1)[1].split("\n## ", 1)[0]
+    found: set[str] = set()
+    for bullet in re.findall(r"^- (.*)$", section, re.MULTILINE):
+        head = bullet.split(":", 1)[0]
+        where = re.search(r"\(([^)]*)\)", head)
+        if where is None or platform in where.group(1).lower().replace(" ", "").split(","):
+            found.update(re.findall(r"`(/[a-z]+)", head))
+    if platform != "slack":
+        return found
+    slack = section[section.index("On Slack") :]
+    bangs = set(re.findall(r"`(![a-z]+)", slack))
+    assert bangs == {"!" + c[1:] for c in found}, "the README's Slack list differs from its own"
+    return bangs | set(re.findall(r"`(/memobot)\b", slack))
+
+
+def listed_commands(help_text: str) -> set[str]:
+    """The commands an answer to /help names (``/new``, ``!new``)."""
+    return set(re.findall(r"(?<![\w/!])[/!][a-z]+\b", help_text))
 
 
 def config_dict(tmp_path: Path, base_url: str, **sections: dict[str, Any]) -> dict[str, Any]:
@@ -104,7 +133,9 @@ class RecordingChannel(Channel):
         self.name = name
         self.harness = harness
 
-    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+    async def send_chunk(
+        self, msg: OutboundMessage, chunk: str, plain: bool = False, *, first: bool = False
+    ) -> None:
         self.harness.outbox.append(msg)
         waiter = self.harness.waiters.get(msg.reply_to or "")
         if msg.final and waiter and not waiter.done():

@@ -34,7 +34,13 @@ from tests.fakes.discord_api import (
     user,
 )
 from tests.fakes.llm_server import FakeLLM, reply
-from tests.helpers import Harness, make_config, request_messages
+from tests.helpers import (
+    Harness,
+    listed_commands,
+    make_config,
+    readme_commands,
+    request_messages,
+)
 
 ALICE = user(1_300_000_000_000_000_042, "alice")
 BOB = user(1_300_000_000_000_000_077, "bob")
@@ -227,6 +233,14 @@ async def test_command_in_guild_needs_no_mention(tmp_path: Path, llm: FakeLLM, a
         await api.send_message(TEXT_CHANNEL_ID, ALICE, "/help")
         [body] = await bot.answered(TEXT_CHANNEL_ID)
     assert body["content"].startswith("memobot commands:")
+    assert llm.requests == []
+
+
+async def test_help_lists_the_commands_the_readme_lists(tmp_path: Path, llm: FakeLLM, api) -> None:
+    async with running(tmp_path, llm, api) as bot:
+        await api.send_message(ALICE_DM, ALICE, "/help", guild_id=None)
+        [body] = await bot.answered(ALICE_DM)
+    assert listed_commands(body["content"]) == readme_commands("discord")
     assert llm.requests == []
 
 

@@ -102,7 +102,9 @@ class PlainChannel(Channel):
         super().__init__(bus)
         self.pieces: list[str] = []
 
-    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+    async def send_chunk(
+        self, msg: OutboundMessage, chunk: str, plain: bool = False, *, first: bool = False
+    ) -> None:
         self.pieces.append(chunk)
 
 

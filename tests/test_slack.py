@@ -43,7 +43,7 @@ from channels.slack_channel import (
 )
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.slack_api import APP_TOKEN, BOT_ID, BOT_TOKEN, BOT_USER_ID, FakeSlack
-from tests.helpers import config_dict, request_messages
+from tests.helpers import config_dict, listed_commands, readme_commands, request_messages
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -227,6 +227,14 @@ async def test_denied_sender_is_ignored_and_logged_once(tmp_path, llm, slack, ca
     refusals = [r for r in caplog.records if MALLORY in r.getMessage()]
     assert len(refusals) == 1
     assert "channels.slack.allowFrom" in refusals[0].getMessage()
+
+
+async def test_help_lists_the_commands_the_readme_lists(tmp_path, llm, slack):
+    async with Rig(tmp_path, llm, slack):
+        await slack.push_event(dm("!help", "1700000004.000900"), event_id="H1")
+        (post,) = await slack.wait_posts(1)
+    assert listed_commands(post.text) == readme_commands("slack")  # !new..., /memobot
+    assert llm.requests == []
 
 
 async def test_whoami_answers_anyone_in_a_dm(tmp_path, llm, slack):

@@ -45,6 +45,12 @@ def rendered(tg: Any, text: str) -> list[str]:
     return [strip_html(p) for p in tg.channel.render(text)]
 
 
+def delivered(tg: Any, chat: int) -> bool:
+    """The ledger holds no answer of ``chat`` and no preview of one: all of it is out."""
+    meta = tg.stack.store.get(f"telegram:{chat}").metadata
+    return not meta.get("previews") and not meta.get("outbox")
+
+
 async def quiet(api: FakeBotAPI, seconds: float = 0.4) -> None:
     """Let a stray late preview (the bug these tests look for) reach the fake."""
     await asyncio.sleep(seconds)
@@ -189,6 +195,52 @@ async def test_group_answer_beyond_4096_units_continues_in_new_messages(tmp_path
         assert all(utf16_len(m["text"]) <= 4096 for m in shown)
         assert len(api.sent(GROUP)) == len(expected)  # one per 4,096-unit piece, no copies
         assert " ".join(m["text"] for m in shown).split() == words.split()
+
+
+async def test_group_answer_in_pieces_quotes_once_and_edits_only_what_changed(tmp_path, llm, api):
+    """Only the answer's first message replies to the question, and the final answer edits
+    only the previews that do not show it yet: a finished piece already shows the plain
+    words, and Telegram refuses an edit that changes nothing ("message is not modified")."""
+    words = " ".join(f"word{i}" for i in range(1300))
+    llm.script(reply(words, pieces=12, chunk_delay=0.05))
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.group_text(f"{BOT} count")
+        expected = rendered(tg, words)
+        assert len(expected) >= 3
+        await api.wait_for_async(lambda: len(api.sent(GROUP)) == len(expected), 20)
+        await api.wait_for_async(lambda: delivered(tg, GROUP), 20)
+        await quiet(api)
+        assert [m["text"] for m in api.shown(GROUP)] == expected
+        sent = api.sent(GROUP)
+        assert len(sent) == len(expected)
+        assert "reply_parameters" in sent[0].params
+        edits = api.calls("editMessageText")
+        assert edits and [c.status for c in edits] == [200] * len(edits), [
+            c.result for c in edits if c.status != 200
+        ]
+        assert ["reply_parameters" in c.params for c in sent[1:]] == [False] * (len(sent) - 1)
+
+
+async def test_group_answer_past_its_previews_quotes_only_in_its_first_message(tmp_path, llm, api):
+    """The second preview message fails: the pieces from there on come as new messages with
+    the final answer, after the first (the edited preview), and do not quote it again."""
+    words = " ".join(f"word{i}" for i in range(1300))
+    llm.script(reply(words, pieces=12, chunk_delay=0.05))
+    api.fail(
+        "sendMessage",
+        500,
+        when=lambda p: "parse_mode" not in p and not str(p.get("text")).startswith("word0 "),
+    )
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.group_text(f"{BOT} count")
+        expected = rendered(tg, words)
+        assert len(expected) >= 3
+        await api.wait_for_async(lambda: len(api.sent(GROUP)) == len(expected), 20)
+        await api.wait_for_async(lambda: delivered(tg, GROUP), 20)
+        assert [m["text"] for m in api.shown(GROUP)] == expected
+        sent = api.sent(GROUP)
+        assert [c.params.get("parse_mode") for c in sent[1:]] == ["HTML"] * (len(sent) - 1)
+        assert ["reply_parameters" in c.params for c in sent] == [True] + [False] * (len(sent) - 1)
 
 
 async def test_a_group_stream_cut_and_retried_ends_as_the_retried_answer(tmp_path, llm, api):

@@ -76,3 +76,38 @@ async def test_dm_answer_beyond_2000_characters_continues_in_new_messages(
             return not meta.get("previews") and not meta.get("outbox")
 
         await until(settled, 5)  # the ledger forgets the answer and its previews together
+
+
+async def test_guild_answer_in_pieces_replies_once_and_edits_only_what_changed(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """Only the answer's first message replies to the question, and the final answer edits
+    only the previews that do not show it yet: Discord takes an edit that changes nothing,
+    but each costs one of the channel's sends, so the last piece would come that much later."""
+    long = " ".join(f"word{i}" for i in range(700))
+    llm.script(reply(long, pieces=12, chunk_delay=0.05))
+    pace = {"rateLimits": {"channel": {"messages": 50, "perSeconds": 1}}}
+    async with FakeDiscord(rate_limit=50, rate_window=1.0) as api:
+        with api.patch():
+            async with running(tmp_path, llm, api, **FAST, **pace) as bot:
+                question = await api.send_message(
+                    TEXT_CHANNEL_ID, ALICE, f"{MENTION} count", mentions=[BOT_USER]
+                )
+                expected = bot.channel.render(long)
+                assert len(expected) >= 3
+                store = bot.harness.stack.store
+
+                def delivered() -> bool:
+                    meta = store.get(f"discord:{TEXT_CHANNEL_ID}").metadata
+                    return len(api.posts(TEXT_CHANNEL_ID)) == len(expected) and not (
+                        meta.get("previews") or meta.get("outbox")
+                    )
+
+                await until(delivered, 20)
+                await asyncio.sleep(0.3)
+    assert [m["content"] for m in api.shown(TEXT_CHANNEL_ID)] == expected
+    assert api.edits(TEXT_CHANNEL_ID)  # the previews grew, then became the answer
+    assert api.unchanged_edits(TEXT_CHANNEL_ID) == []
+    references = [p.body.get("message_reference") for p in api.posts(TEXT_CHANNEL_ID)]
+    assert str(references[0]["message_id"]) == question["id"]
+    assert references[1:] == [None] * (len(expected) - 1)

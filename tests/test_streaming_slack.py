@@ -70,3 +70,26 @@ async def test_long_answer_continues_in_new_messages(tmp_path, llm, slack):
         await asyncio.sleep(0.3)
         assert len(slack.posts) == len(expected)  # one per piece, no copies
         assert " ".join(m["text"] for m in slack.shown(DM)).split() == long.split()
+
+
+async def test_final_answer_updates_only_the_messages_it_changes(tmp_path, llm, slack):
+    """A finished piece already shows its words: the final answer updates only the previews
+    that do not show it yet (Slack takes an update that changes nothing, at a send's cost)."""
+    long = " ".join(f"word{i}" for i in range(1100))
+    llm.script(reply(long, pieces=12, chunk_delay=0.05))
+    async with Rig(tmp_path, llm, slack, **FAST) as rig:
+        await slack.push_event(dm("count", "1700000016.000100"), event_id="M3")
+        expected = rig.channel.render(long)
+        assert len(expected) >= 3
+
+        def delivered() -> bool:
+            meta = rig.stack.store.get(f"slack:{DM}").metadata
+            return len(slack.posts) == len(expected) and not (
+                meta.get("previews") or meta.get("outbox")
+            )
+
+        await _until(delivered, 20)
+        await asyncio.sleep(0.3)
+        assert [m["text"] for m in slack.shown(DM)] == expected
+        assert slack.updates  # the previews grew, then became the answer
+        assert slack.unchanged_updates == []

@@ -33,7 +33,9 @@ from tests.helpers import (
     REPO,
     closed_port,
     config_dict,
+    listed_commands,
     make_config,
+    readme_commands,
     run_memobot,
     telegram_in_process,
     write_config,
@@ -221,6 +223,14 @@ def test_username_in_allow_from_is_refused_at_config_load(tmp_path):
     text = str(err.value)
     assert "channels.telegram.allowFrom" in text and "@alice" in text
     assert "numeric user id" in text and "/whoami" in text
+
+
+async def test_help_lists_the_commands_the_readme_lists(tmp_path, llm, api):
+    async with running(tmp_path, llm, api):
+        api.private_text("/help")
+        [sent] = await api.wait_sent_async(1)
+    assert listed_commands(strip_html(sent.params["text"])) == readme_commands("telegram")
+    assert llm.requests == []
 
 
 async def test_whoami_answers_a_denied_sender_in_private(tmp_path, llm, api):

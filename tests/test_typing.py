@@ -72,7 +72,9 @@ class _Typing(Channel):
     async def send_typing(self, chat_id: str) -> None:
         self.actions += 1
 
-    async def send_chunk(self, msg: OutboundMessage, chunk: str, plain: bool = False) -> None:
+    async def send_chunk(
+        self, msg: OutboundMessage, chunk: str, plain: bool = False, *, first: bool = False
+    ) -> None:
         pass
 
 

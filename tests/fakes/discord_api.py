@@ -7,7 +7,8 @@ frames: HELLO, then READY (the guilds as unavailable stubs) and one GUILD_CREATE
 IDENTIFY, HEARTBEAT_ACK for every heartbeat, RESUMED for a RESUME; tests push MESSAGE_CREATE
 events with ``send_message``. The REST side answers login (``/users/@me``,
 ``/oauth2/applications/@me``), records every ``POST /channels/{id}/messages`` and
-``/typing`` call, serves channels and attachment bytes, and plays scripted failures
+``/typing`` call (and ``PATCH`` edits, with the content each message showed before:
+``unchanged_edits``), serves channels and attachment bytes, and plays scripted failures
 (``fail_next``), e.g. a 429 with ``retry_after`` or a 403. Message components (buttons) are
 kept with each message; ``press`` clicks one as a member or DM user (an INTERACTION_CREATE of
 type 3, as Discord sends it), and ``POST /interactions/{id}/{token}/callback`` records the
@@ -207,6 +208,7 @@ class Call:
     at: float = 0.0
     status: int = 200
     result: Any = None  # the message Discord answered with (POST .../messages)
+    before: str | None = None  # PATCH of a message: the content it showed when the edit came
     files: list[tuple[str, bytes]] = field(default_factory=list)  # (filename, data) uploaded
 
 
@@ -473,6 +475,15 @@ class FakeDiscord:
             if c.method == "PATCH"
             and (channel_id is None or c.channel_id == str(channel_id))
             and c.status == 200
+        ]
+
+    def unchanged_edits(self, channel_id: int | str | None = None) -> list[Call]:
+        """Accepted edits whose content is what the message already showed: Discord takes
+        them (and counts them against the channel's rate limit) though nothing changes."""
+        return [
+            c
+            for c in self.edits(channel_id)
+            if "content" in c.body and c.body["content"] == c.before
         ]
 
     # -- components (buttons) ---------------------------------------------------------------
@@ -883,6 +894,7 @@ class FakeDiscord:
                     {"message": "Invalid Form Body", "code": 50035, "errors": {"content": {}}},
                     status=400,
                 )
+            call.before = shown["content"]
             shown["content"] = content
         shown["edits"] += 1
         message = self.message_payload(

@@ -8,7 +8,8 @@ One aiohttp server on 127.0.0.1 serves both sides of the wire:
   Tokens are checked like Slack does: a wrong one gets ``invalid_auth``; a method it does not
   know gets ``{"ok": false, "error": "unknown_method"}``.
 * ``chat.update`` and ``chat.delete`` of the bot's messages (``message_not_found`` for others);
-  ``shown()`` is what each channel shows now, with the number of edits per message.
+  ``shown()`` is what each channel shows now, with the number of edits per message;
+  ``unchanged_updates`` are the accepted updates that changed nothing.
 * ``chat.postMessage`` is rate-limited like Slack's (about one message per second per channel):
   a faster post gets HTTP 429 ``ratelimited`` with ``Retry-After`` in whole seconds (tenths
   when ``post_interval`` is shortened below 1 s for tests), and is not posted
@@ -123,6 +124,8 @@ class FakeSlack:
         self._last_update: dict[str, float] = {}
         self.shown_messages: dict[str, dict[str, Any]] = {}  # ts -> channel, text, edits
         self.updates: list[dict[str, Any]] = []  # accepted chat.update bodies
+        # ... of them, those that left the message as it was (Slack takes them all the same)
+        self.unchanged_updates: list[dict[str, Any]] = []
         self.streaming_error = streaming_error
         self.stream_lifetime = stream_lifetime
         self.streams: list[dict[str, Any]] = []  # accepted chat.startStream bodies (with ts)
@@ -496,6 +499,7 @@ class FakeSlack:
         if len(text) > 40000:
             return self._error("msg_too_long")
         self._last_update[channel] = time.monotonic()
+        before = (shown["text"], bool(shown.get("blocks")))
         if "blocks" in body:
             shown["blocks"] = bool(body["blocks"] not in ([], "[]", ""))
         if not shown.get("blocks"):  # blocks kept: they, not the text, are what shows
@@ -503,6 +507,8 @@ class FakeSlack:
         shown["edits"] += 1
         shown["updated_at"] = time.monotonic()
         self.updates.append(body)
+        if (shown["text"], bool(shown.get("blocks"))) == before:
+            self.unchanged_updates.append(body)
         await self._notify()
         return self._ok(channel=channel, ts=ts, text=text)
 

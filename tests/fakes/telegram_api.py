@@ -12,8 +12,10 @@ It implements the HTTP shapes PTB uses at ``/bot<token>/<method>`` (form-encoded
   below N (they are forgotten), returns the queued updates from N on, and long-polls up to
   ``timeout`` seconds when there are none;
 * ``sendMessage`` (recorded; HTML markup is checked and broken markup answers 400 "can't parse
-  entities" as Telegram does), ``editMessageText`` (400 "message is not modified" for the same
-  text, "message to edit not found" for an unknown one; edits are counted per message),
+  entities" as Telegram does), ``editMessageText`` (400 "message is not modified" when the
+  visible text and its formatting entities stay the same, as Telegram compares them: a plain
+  "a & b" edited into HTML "a &amp; b" is not modified; "message to edit not found" for an
+  unknown one; edits are counted per message),
   ``deleteMessage``, ``sendDocument`` (multipart uploads up to 50 MB, kept in ``documents()``),
   ``sendMessageDraft`` (Bot API 9.3: private chats only, a non-zero
   ``draft_id``, 0 to 4,096 UTF-16 units, nothing stored), ``sendChatAction``, ``getFile``,
@@ -116,6 +118,30 @@ def strip_html(text: str) -> str:
     """The text Telegram keeps of parse_mode=HTML: tags removed, entities (named and numeric)
     decoded. Only call it on text ``html_problem`` accepted."""
     return html.unescape(_TAG.sub("", text))
+
+
+# Tags Telegram parses into the same entity type.
+_ENTITY_TYPE = {"strong": "b", "em": "i", "ins": "u", "strike": "s", "del": "s"}
+
+
+def html_entities(text: str) -> list[tuple[str, str, int, int]]:
+    """The formatting entities Telegram makes of parse_mode=HTML ``text``: (type, attributes,
+    UTF-16 offset, length) in order, empty ones dropped. Only call it on text ``html_problem``
+    accepted. Plain text (no parse_mode) has none."""
+    found: list[tuple[str, str, int, int]] = []
+    opened: list[tuple[str, str, int]] = []
+    pos = offset = 0
+    for m in _TAG.finditer(text):
+        offset += utf16_len(html.unescape(text[pos : m.start()]))
+        pos = m.end()
+        if m.group(1) != "/":
+            name = m.group(2).lower()
+            opened.append((_ENTITY_TYPE.get(name, name), m.group(3).strip(), offset))
+            continue
+        kind, attributes, start = opened.pop()
+        if offset > start:
+            found.append((kind, attributes, start, offset - start))
+    return sorted(found, key=lambda e: (e[2], -e[3], e[0]))
 
 
 def utf16_len(text: str) -> int:
@@ -737,11 +763,15 @@ class FakeBotAPI:
         problem = self._send_problem(params, text)
         if problem:
             return self._answer(request, 400, f"Bad Request: {problem}")
-        shown = strip_html(text) if params.get("parse_mode") == "HTML" else text
+        shown, entities = _parsed(params, text)
         said = self._bot_said(params, shown)
         with self._lock:
             key = (_chat_id(params.get("chat_id")), said["message_id"])
-            self._shown[key] = {"message_id": said["message_id"], "text": shown, "markup": text}
+            self._shown[key] = {
+                "message_id": said["message_id"],
+                "text": shown,
+                "entities": entities,
+            }
         return self._answer(request, 200, said)
 
     def _send_problem(self, params: Params, text: str) -> str | None:
@@ -820,13 +850,13 @@ class FakeBotAPI:
         problem = self._send_problem(params, text)
         if problem:
             return self._answer(request, 400, f"Bad Request: {problem}")
-        shown = strip_html(text) if params.get("parse_mode") == "HTML" else text
+        shown, entities = _parsed(params, text)
         key = (_chat_id(params.get("chat_id")), int(params.get("message_id") or 0))
         with self._lock:
             current = self._shown.get(key)
             if current is None:
                 return self._answer(request, 400, "Bad Request: message to edit not found")
-            if current["text"] == shown and current.get("markup") == text:
+            if current["text"] == shown and current["entities"] == entities:
                 return self._answer(
                     request,
                     400,
@@ -834,7 +864,7 @@ class FakeBotAPI:
                     "reply markup are exactly the same as a current content and reply markup "
                     "of the message",
                 )
-            self._shown[key] = {"message_id": key[1], "text": shown, "markup": text}
+            self._shown[key] = {"message_id": key[1], "text": shown, "entities": entities}
             self.edits[key] = self.edits.get(key, 0) + 1
         msg = self._bot_said(params, shown)
         msg["message_id"] = key[1]
@@ -928,6 +958,13 @@ _DEFAULT_ERRORS = {
     500: "Internal Server Error",
     502: "Bad Gateway",
 }
+
+
+def _parsed(params: Params, text: str) -> tuple[str, list[tuple[str, str, int, int]]]:
+    """What a message of ``text`` shows: its visible text and its formatting entities."""
+    if params.get("parse_mode") == "HTML":
+        return strip_html(text), html_entities(text)
+    return text, []
 
 
 def _chat_id(value: Any) -> int | str:

@@ -824,7 +824,7 @@ def test_ptb_errors_map_to_our_vocabulary():
     from channels import errors
 
     def mapped(exc: Exception) -> Exception:
-        return telegram_channel.send_error(exc)  # type: ignore[arg-type]
+        return telegram_channel.send_error(exc, "sendMessage")  # type: ignore[arg-type]
 
     flood = mapped(tg.RetryAfter(dt.timedelta(seconds=3)))
     assert isinstance(flood, errors.RetryAfter) and flood.seconds == 3

@@ -28,7 +28,10 @@ It implements the HTTP shapes PTB uses at ``/bot<token>/<method>`` (form-encoded
   ``getUpdates``, a 401), answers the SDK cannot read (``garble``: 200 with a result that is
   not a Message, so python-telegram-bot raises an exception of no Telegram type), and an
   ``after_get_updates`` hook that runs once the answer carrying
-  updates has been written (crash tests kill the daemon there).
+  updates has been written (crash tests kill the daemon there);
+* an older Bot API server (``missing_methods``): a method it does not know answers 404 "Not
+  Found: method not found", as telegram-bot-api answers every unknown method (with a valid
+  token; python-telegram-bot raises ``InvalidToken`` for it, as for a 401).
 
 Updates are injected with helpers (``private_text``, ``group_text``, ``photo``...). Three ways to
 run it: in-process (``async with FakeBotAPI() as api``), in a daemon thread for synchronous and
@@ -183,6 +186,8 @@ class FakeBotAPI:
         username: the bot's @username (``getMe``).
         host, port: where to listen (port 0 picks a free one).
         reply_delay: seconds before each sendMessage answers (benchmarks).
+        missing_methods: Bot API methods this server does not know (404, see the module
+            docstring), e.g. ``("sendMessageDraft",)`` for a server older than Bot API 9.3.
     """
 
     def __init__(
@@ -195,8 +200,10 @@ class FakeBotAPI:
         port: int = 0,
         reply_delay: float = 0.0,
         flood: FloodControl | None = None,
+        missing_methods: tuple[str, ...] = (),
     ) -> None:
         self.token = token
+        self.missing_methods = frozenset(m.lower() for m in missing_methods)
         self.username = username
         self.bot_id = bot_id
         self.host = host
@@ -613,6 +620,8 @@ class FakeBotAPI:
         request["call"] = call
         if request.match_info["token"] != self.token:
             return self._answer(request, 401, "Unauthorized")
+        if method in self.missing_methods:
+            return self._answer(request, 404, "Not Found: method not found")
         failure = self._take_failure(method, params)
         if failure is not None and failure.delay:
             assert self._stopping is not None

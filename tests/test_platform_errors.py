@@ -1,10 +1,11 @@
 """Platform errors classified right (issue 35): a method the server does not know is not a bad
-token. The real python-telegram-bot against the fake Bot API taught to answer so, and the
+token. The real python-telegram-bot against the fake Bot API taught to answer so; each SDK's
 mapping on its own."""
 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 from telegram.error import BadRequest, InvalidToken, NetworkError
 
@@ -89,3 +90,27 @@ def test_only_a_401_on_a_send_is_the_token():
     unknown = send_error(BadRequest("Bad Request: method not found"), "sendMessageDraft")
     assert isinstance(unknown, FeatureUnavailable)
     assert isinstance(send_error(NetworkError("Internal Server Error"), "x"), TransientError)
+
+
+def test_discord_and_slack_read_a_401_and_a_404_as_telegram_does():
+    import discord
+
+    from channels.discord_channel import map_send_error
+    from channels.slack_channel import map_api_error
+
+    def http(status: int) -> discord.HTTPException:
+        response = SimpleNamespace(status=status, reason="scripted", headers={})
+        factory = discord.NotFound if status == 404 else discord.HTTPException
+        return factory(response, {"message": f"{status}: scripted", "code": 0})
+
+    gone = map_send_error(http(404), "Edit Message")
+    assert type(gone) is PermanentError and "Edit Message" in str(gone)
+    assert isinstance(map_send_error(http(401), "Create Message"), FatalChannelError)
+    # Slack names an unknown method; a refused token is a code of its own (or a 401).
+    unknown = map_api_error(200, "unknown_method", method="chat.postMessage")
+    assert type(unknown) is PermanentError and "chat.postMessage" in str(unknown)
+    stream = map_api_error(200, "unknown_method", method="chat.startStream")
+    assert isinstance(stream, FeatureUnavailable) and stream.feature == "native streams"
+    assert type(map_api_error(404, None, method="chat.update")) is PermanentError
+    assert isinstance(map_api_error(401, None, method="chat.update"), FatalChannelError)
+    assert isinstance(map_api_error(200, "token_revoked"), FatalChannelError)

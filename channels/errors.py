@@ -2,7 +2,7 @@
 
 Each channel maps its SDK's exceptions to these classes in one function (``Channel.classify``,
 applied around every platform call by ``Channel.calling``); the channel manager has one retry
-policy that acts on them. The rules shared by every platform are here:
+policy that acts on them (``channels.retry``). The rules shared by every platform are here:
 only the login (Telegram getMe, Slack auth.test, Discord's gateway login) says a token is bad
 at start; on any other call a 401 is a refused token, and a 404 (or a refusal naming an
 unknown method) is the method or the chat, never the token (``refused_call``).
@@ -44,6 +44,12 @@ class FeatureUnavailable(PermanentError):
         super().__init__(f"{method} refused: {detail}")
         self.feature = feature
         self.method = method
+
+
+class UnexpectedError(PermanentError):
+    """A send kept failing with an exception outside this vocabulary (a bug in the SDK, an
+    answer of a shape it cannot read): given up after a few tries, like a permanent refusal,
+    so the chat's later answers are not held behind it."""
 
 
 class FormattingRejected(PermanentError):

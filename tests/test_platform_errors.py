@@ -1,21 +1,32 @@
 """Platform errors classified right (issue 35): a method the server does not know is not a bad
-token. The real python-telegram-bot against the fake Bot API taught to answer so; each SDK's
-mapping on its own."""
+token, an answer the SDK cannot read does not hold a chat. The real python-telegram-bot
+against the fake Bot API taught to answer so; the pure policy (channels.retry) and each SDK's
+mapping on their own."""
 
 from __future__ import annotations
 
 import os
 from types import SimpleNamespace
 
+import pytest
 from telegram.error import BadRequest, InvalidToken, NetworkError
 
 from bot.cli import cmd_status
 from bot.gateway import STATUS_FILE, write_status
 from bot.service.doctor import check_running_channels
-from channels.errors import FatalChannelError, FeatureUnavailable, PermanentError, TransientError
+from channels.errors import (
+    FatalChannelError,
+    FeatureUnavailable,
+    PermanentError,
+    RetryAfter,
+    TransientError,
+    UnexpectedError,
+)
+from channels.retry import Retries, RetryPolicy
 from channels.telegram_channel import send_error
 from tests.fakes.llm_server import reply
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, strip_html
+from tests.helpers import VirtualClock
 from tests.test_telegram import running
 
 ALICE = 1001
@@ -114,3 +125,78 @@ def test_discord_and_slack_read_a_401_and_a_404_as_telegram_does():
     assert type(map_api_error(404, None, method="chat.update")) is PermanentError
     assert isinstance(map_api_error(401, None, method="chat.update"), FatalChannelError)
     assert isinstance(map_api_error(200, "token_revoked"), FatalChannelError)
+
+
+# -- an answer the SDK cannot read -------------------------------------------------------------
+
+
+async def test_an_edit_answered_with_null_does_not_hold_the_chat(tmp_path, llm, api):
+    llm.script(reply(ANSWER, pieces=6, chunk_delay=0.1), reply("The next answer."))
+    # telegram-test-api answers editMessageText with "result": null: python-telegram-bot
+    # raises AttributeError, which is no network blip.
+    api.garble("editMessageText", times=1000, result=None)
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        clock = tg.manager.clock = VirtualClock()
+        api.group_text(f"{BOT} plan my day")
+        await api.wait_for_async(lambda: api.sent(GROUP), 10)  # the preview message
+        api.group_text(f"{BOT} and next?")
+        await api.wait_for_async(lambda: "The next answer." in _shown(api, GROUP), 10)
+        # A few tries of the final edit, then the piece went as a new message (the preview
+        # that could not be edited is deleted): the answer is whole, once, and the chat moved
+        # on well within the minute a retry may hold it.
+        assert _shown(api, GROUP) == [*_rendered(tg, ANSWER), "The next answer."]
+        assert clock.now() < 60 and len(clock.slept) == 2
+        final_edits = [c for c in api.calls("editMessageText") if "parse_mode" in c.params]
+        assert len(final_edits) == 3
+
+
+async def test_network_trouble_holds_a_chat_a_minute_then_its_next_answer_goes(tmp_path, llm, api):
+    llm.script(reply("The first answer."), reply("The second answer."))
+    second_shown = lambda: "The second answer." in _shown(api, ALICE)  # noqa: E731
+    # The first answer's sends fail (502) until the second answer has been delivered.
+    api.fail(
+        "sendMessage",
+        502,
+        times=1000,
+        when=lambda p: "first" in str(p.get("text")) and not second_shown(),
+    )
+    async with running(tmp_path, llm, api, streaming=False, **FAST) as tg:
+        clock = tg.manager.clock = VirtualClock()
+        api.private_text("one")
+        await api.wait_for_async(lambda: len(api.calls("sendMessage")) >= 3, 10)
+        api.private_text("two")
+        await api.wait_for_async(lambda: "The first answer." in _shown(api, ALICE), 10)
+        # Backing off held the chat for at most a minute (virtual), then the second answer
+        # went first; the first one, kept in the ledger, came again behind it.
+        assert _shown(api, ALICE) == ["The second answer.", "The first answer."]
+        first_hold = clock.slept[: clock.slept.index(30.0)]
+        assert sum(first_hold) <= 60 and len(first_hold) >= 5
+        assert not tg.stack.store.get(f"telegram:{ALICE}").metadata.get("outbox")
+
+
+# -- the policy itself, on plain numbers -------------------------------------------------------
+
+
+def test_a_transient_error_holds_at_most_the_hold_and_retry_after_is_the_platforms():
+    retries = Retries(RetryPolicy(hold_seconds=60), now=0.0)
+    now, waits = 0.0, []
+    with pytest.raises(TimeoutError):
+        while True:
+            waits.append(retries.wait_after(TransientError("502"), now))
+            now += waits[-1]
+    assert sum(waits) <= 60 and waits[:3] == [1.0, 1.5, 2.25]
+    # The platform's own wait is honoured even past the hold, and not counted against it.
+    retries = Retries(RetryPolicy(hold_seconds=60), now=0.0)
+    assert retries.wait_after(RetryAfter(120), 0.0) == pytest.approx(120.1)
+    assert retries.wait_after(TransientError("502"), 120.1) == 1.0
+
+
+def test_an_unknown_exception_is_tried_three_times_then_given_up():
+    retries = Retries(RetryPolicy(), now=0.0)
+    bug = AttributeError("'NoneType' object has no attribute 'copy'")
+    assert retries.wait_after(bug, 0.0) == 1.0
+    assert retries.wait_after(bug, 1.0) == 1.5
+    with pytest.raises(UnexpectedError) as raised:
+        retries.wait_after(bug, 2.5)
+    assert raised.value.__cause__ is bug and "AttributeError" in str(raised.value)
+    assert isinstance(raised.value, PermanentError)  # ends the piece as a refusal does

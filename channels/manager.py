@@ -21,8 +21,9 @@ honoured, markup refusals retried as plain text, over-long pieces split smaller,
 refusals end the answer (the user is told, the ledger keeps it), network trouble is retried
 with backoff for at most a minute of the chat's time (then the answer waits in the ledger and
 comes again behind the chat's other messages), and an exception outside our vocabulary is
-tried a few times, then ends the answer like a permanent refusal. A channel that fails for
-good (``FatalChannelError``) is reported through ``on_all_failed`` once every channel has.
+tried a few times, then ends the answer like a permanent refusal. Previews that keep failing
+are switched off in their chat for a while (``Breaker``). A channel that fails for good
+(``FatalChannelError``) is reported through ``on_all_failed`` once every channel has.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from channels.errors import (
     TransientError,
 )
 from channels.pacing import Limit, Pacer
-from channels.retry import Clock, MonotonicClock, Retries, RetryPolicy
+from channels.retry import Breaker, Clock, MonotonicClock, Retries, RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,8 @@ class ChannelManager:
         self._finished: OrderedDict[tuple[str, str, str | None], None] = OrderedDict()
         self._pump: asyncio.Task[None] | None = None
         self.retry_policy = RetryPolicy()
-        self.clock: Clock = MonotonicClock()  # of the retries
+        self.clock: Clock = MonotonicClock()  # of the retries and the preview breaker
+        self._preview_breaker = Breaker()  # by (channel, chat)
         self._failing_since: dict[int, float] = {}  # id of an answer sent again -> first failure
         self._pacers: dict[str, Pacer] = {}  # per channel name: its rate-limit buckets
         # Called once when every channel has failed for good (the gateway exits then).
@@ -377,6 +379,10 @@ class ChannelManager:
         spare tokens; returns the seconds to wait before trying again (0: done for now)."""
         if not live.dirty:
             return 0.0
+        breaker = (channel.name, chat_id)
+        if not self._preview_breaker.allows(breaker, self.clock.now()):
+            live.broken = True  # this chat's previews are off for a while: the answer comes whole
+            return 0.0
         mode = channel.preview_mode(chat_id)
         limits = channel.pace_limits(chat_id)
         pacer = self._pacer(channel)
@@ -416,14 +422,26 @@ class ChannelManager:
                 # Ephemeral: never retried. A failed *send* may still have landed without us
                 # learning its id, so this answer gets no more previews, only its final.
                 live.broken = mode == "message" and i >= len(live.ids)
-                log.warning(
-                    "preview failed session=%s (%s)%s",
-                    session,
-                    _reason(exc),
-                    "; the answer will come whole" if live.broken else "",
-                )
+                if self._preview_breaker.failed(breaker, self.clock.now()):
+                    live.broken = True
+                    log.warning(
+                        "previews off session=%s for %.0f s after %d failures in a row (%s); "
+                        "answers come whole",
+                        session,
+                        self._preview_breaker.cool_down,
+                        self._preview_breaker.threshold,
+                        _reason(exc),
+                    )
+                else:
+                    log.info(
+                        "preview failed session=%s (%s)%s",
+                        session,
+                        _reason(exc),
+                        "; the answer will come whole" if live.broken else "",
+                    )
                 live.next_at = time.monotonic() + channel.stream_interval
                 return channel.stream_interval
+            self._preview_breaker.succeeded(breaker)
             if mode == "message":
                 live.shown[i:] = [piece]
         if live.text == text:

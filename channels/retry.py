@@ -1,4 +1,4 @@
-"""The channel manager's retry policy, pure: the time is passed in.
+"""The channel manager's retry policy and circuit breaker, pure: the time is passed in.
 
 A send is tried again only where trying again can help, and never holds its chat for long:
 
@@ -11,6 +11,10 @@ A send is tried again only where trying again can help, and never holds its chat
   ``result: null``): a programming-level failure, not a blip. Tried ``unexpected_tries``
   times in all, then ``UnexpectedError``, which ends the piece like a permanent refusal.
 
+Previews are ephemeral and never retried; ``Breaker`` switches a chat's previews off for
+``cool_down`` seconds once they failed ``threshold`` times in a row, so a method that keeps
+failing (sendMessageDraft answering 500) costs a few calls per answer, not one a second.
+
 ``Clock`` is where the manager reads the time and sleeps while retrying, so tests run the
 policy on a virtual clock.
 """
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +34,9 @@ RETRY_HOLD_SECONDS = 60.0
 UNEXPECTED_TRIES = 3
 BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 1.5, 30.0
 RETRY_AFTER_MARGIN = 0.1  # on top of the platform's retry_after (it rounds down)
+BREAKER_THRESHOLD = 3  # preview failures in a row that switch a chat's previews off
+BREAKER_COOL_DOWN_SECONDS = 300.0
+BREAKERS_KEPT = 1024  # chats whose preview failures are remembered (oldest forgotten)
 
 
 class Clock(Protocol):
@@ -90,3 +99,36 @@ class Retries:
         if now + wait > self.deadline:
             raise TimeoutError(f"gave up after {self.policy.hold_seconds:.0f} s of retries")
         return wait
+
+
+class Breaker:
+    """Per key (a chat): after ``threshold`` failures in a row, open (calls refused) for
+    ``cool_down`` seconds; then one call may try again, and its failure opens it again."""
+
+    def __init__(
+        self,
+        threshold: int = BREAKER_THRESHOLD,
+        cool_down: float = BREAKER_COOL_DOWN_SECONDS,
+        kept: int = BREAKERS_KEPT,
+    ) -> None:
+        self.threshold = threshold
+        self.cool_down = cool_down
+        self.kept = kept
+        # key -> (failures in a row, open until); only keys with a failure are kept
+        self._keys: OrderedDict[Hashable, tuple[int, float]] = OrderedDict()
+
+    def allows(self, key: Hashable, now: float) -> bool:
+        failures, until = self._keys.get(key, (0, 0.0))
+        return failures < self.threshold or now >= until
+
+    def failed(self, key: Hashable, now: float) -> bool:
+        """Count a failure; True when it opened the breaker (say so once)."""
+        failures = self._keys.pop(key, (0, 0.0))[0] + 1
+        opened = failures >= self.threshold
+        self._keys[key] = (failures, now + self.cool_down if opened else 0.0)
+        while len(self._keys) > self.kept:
+            self._keys.popitem(last=False)
+        return opened
+
+    def succeeded(self, key: Hashable) -> None:
+        self._keys.pop(key, None)

@@ -1,10 +1,11 @@
 """Platform errors classified right (issue 35): a method the server does not know is not a bad
-token, an answer the SDK cannot read does not hold a chat. The real python-telegram-bot
-against the fake Bot API taught to answer so; the pure policy (channels.retry) and each SDK's
-mapping on their own."""
+token, an answer the SDK cannot read does not hold a chat, a preview that keeps failing is
+switched off. The real python-telegram-bot against the fake Bot API taught to answer so; the
+pure policy (channels.retry) and each SDK's mapping on their own."""
 
 from __future__ import annotations
 
+import logging
 import os
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ from channels.errors import (
     TransientError,
     UnexpectedError,
 )
-from channels.retry import Retries, RetryPolicy
+from channels.retry import Breaker, Retries, RetryPolicy
 from channels.telegram_channel import send_error
 from tests.fakes.llm_server import reply
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, strip_html
@@ -174,6 +175,32 @@ async def test_network_trouble_holds_a_chat_a_minute_then_its_next_answer_goes(t
         assert not tg.stack.store.get(f"telegram:{ALICE}").metadata.get("outbox")
 
 
+# -- a preview method that keeps failing -------------------------------------------------------
+
+
+async def test_a_draft_failing_every_time_is_switched_off_for_the_chat(tmp_path, llm, api, caplog):
+    caplog.set_level(logging.INFO, logger="channels.manager")
+    second = "Second: " + ANSWER
+    llm.script(reply(ANSWER, pieces=8, chunk_delay=0.08), reply(second, pieces=4, chunk_delay=0.08))
+    api.fail("sendMessageDraft", 500, times=1000)
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.private_text("plan my day")
+        await api.wait_for_async(lambda: _shown(api, ALICE) == _rendered(tg, ANSWER), 15)
+        drafts = len(api.calls("sendMessageDraft"))
+        api.private_text("again")
+        await api.wait_for_async(lambda: len(api.sent(ALICE)) == 2, 15)
+        assert _shown(api, ALICE) == [*_rendered(tg, ANSWER), *_rendered(tg, second)]
+    # A few calls, then drafts are off in that chat (the next answer tries none), and one
+    # warning says so.
+    assert drafts <= 3 and len(api.calls("sendMessageDraft")) == drafts
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "channels.manager" and r.levelno >= logging.WARNING
+    ]
+    assert len(warned) == 1 and "previews off" in warned[0], warned
+
+
 # -- the policy itself, on plain numbers -------------------------------------------------------
 
 
@@ -200,3 +227,17 @@ def test_an_unknown_exception_is_tried_three_times_then_given_up():
         retries.wait_after(bug, 2.5)
     assert raised.value.__cause__ is bug and "AttributeError" in str(raised.value)
     assert isinstance(raised.value, PermanentError)  # ends the piece as a refusal does
+
+
+def test_the_breaker_opens_after_three_failures_and_tries_again_after_the_cool_down():
+    breaker = Breaker(threshold=3, cool_down=300)
+    chat = ("telegram", "1001")
+    assert [breaker.failed(chat, t) for t in (0, 1, 2)] == [False, False, True]
+    assert not breaker.allows(chat, 3) and not breaker.allows(chat, 301)
+    assert breaker.allows(chat, 302) and breaker.allows(("telegram", "1002"), 3)
+    assert breaker.failed(chat, 302)  # the trial failed: open again, said again
+    assert not breaker.allows(chat, 303)
+    breaker.succeeded(chat)
+    assert breaker.allows(chat, 303)
+    breaker.failed(chat, 304)
+    assert breaker.allows(chat, 305)  # one failure after a success is not a trip

@@ -849,7 +849,8 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
             when = info.get("last_event_at")
             last = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "never"
             detail = f" ({info['detail']})" if info.get("detail") else ""
-            shown.append(f"{name}: {info.get('state', '?')}{detail}, last event {last}")
+            off = "".join(f", {f} off ({why})" for f, why in info.get("features_off", {}).items())
+            shown.append(f"{name}: {info.get('state', '?')}{detail}{off}, last event {last}")
         enabled = shown
     exists = (
         ""

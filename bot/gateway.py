@@ -95,14 +95,7 @@ class Gateway:
             "pid": os.getpid(),
             "started_at": self.started,
             "updated_at": time.time(),
-            "channels": {
-                c.name: {
-                    "state": c.state,
-                    "detail": c.state_detail,
-                    "last_event_at": c.last_event_at,
-                }
-                for c in self.channels
-            },
+            "channels": {c.name: c.status() for c in self.channels},
             "active_sessions": len(self.stack.loop.running_keys()),
             "cron": self.scheduler.snapshot(),
             "outage": self.stack.loop.outage.snapshot() if self.stack.loop.outage else None,

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from typing import Literal
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 from bot.bus import MessageBus, OutboundMessage, StreamEvent
 from bot.commands import CommandSyntax
 from bot.gate.question import QuestionView, question_markdown
 from channels.access import question_view
-from channels.errors import FatalChannelError
+from channels.errors import FatalChannelError, FeatureUnavailable, SendError
 from channels.pacing import Limit
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,10 @@ class Channel(ABC):
     for its chat.
     Failing for good (token refused): ``fail`` with a ``FatalChannelError`` (or raise it from
     ``start`` or ``send_chunk``); the state becomes "failed" and stays so.
+    Platform calls go through ``calling``: the channel's ``classify`` maps its SDK's
+    exceptions, and what an error means for the whole channel is applied there for every
+    platform alike (a refused token fails it; an optional method the platform does not offer
+    switches its feature off, ``switch_off``, logged once and shown in ``status``).
     Streaming (``streaming`` True): the channel manager shows each answer while it is written
     the way ``preview_mode`` says, through the same pacing; the final answer then replaces the
     preview (``edit_chunk`` of the preview messages) instead of adding a second copy, and
@@ -52,6 +57,8 @@ class Channel(ABC):
     stream_interval: float = 1.0  # seconds between two preview updates of one chat
     typing_delay: float = 0.0  # seconds a turn runs before "typing..." is shown
     command_syntax = CommandSyntax()  # how commands are written here, for /help
+    # Methods behind optional features: method -> (feature, what serves instead when off).
+    optional_methods: ClassVar[Mapping[str, tuple[str, str]]] = {}
 
     def __init__(self, bus: MessageBus) -> None:
         self.bus = bus
@@ -61,6 +68,7 @@ class Channel(ABC):
         self.fatal: FatalChannelError | None = None
         # Set by the channel manager: told once when this channel fails for good.
         self.on_fatal: Callable[[Channel], None] | None = None
+        self.features_off: dict[str, str] = {}  # feature -> why (for as long as this runs)
 
     def set_state(self, state: State, detail: str = "") -> None:
         self.state = state
@@ -81,6 +89,56 @@ class Channel(ABC):
 
     def touch(self) -> None:
         self.last_event_at = time.time()
+
+    def switch_off(self, error: FeatureUnavailable) -> None:
+        """The platform does not offer ``error.feature``: off for this channel from now on
+        (until a restart), logged once; ``feature_on`` says so to whoever would use it."""
+        if error.feature in self.features_off:
+            return
+        self.features_off[error.feature] = str(error)
+        instead = next(
+            (i for f, i in self.optional_methods.values() if f == error.feature and i), ""
+        )
+        log.warning(
+            "%s: %s off: %s%s", self.name, error.feature, error, f"; {instead}" if instead else ""
+        )
+
+    def feature_on(self, feature: str) -> bool:
+        return feature not in self.features_off
+
+    def status(self) -> dict[str, Any]:
+        """What ``memobot status`` shows of this channel (the gateway's status file)."""
+        return {
+            "state": self.state,
+            "detail": self.state_detail,
+            "last_event_at": self.last_event_at,
+            "features_off": dict(self.features_off),
+        }
+
+    def classify(self, exc: Exception, method: str) -> SendError | FatalChannelError | None:
+        """``exc``, raised by the SDK in platform call ``method``, in our error vocabulary;
+        None for an exception that is not the platform's answer (a bug, an answer the SDK
+        could not read: the manager retries those a few times, then gives up)."""
+        return None
+
+    @contextlib.contextmanager
+    def calling(self, method: str) -> Iterator[None]:
+        """Around one platform call: its failure comes out as ``classify`` says, and what it
+        means for the channel is applied here: a refused token fails the channel, an
+        optional method the platform lacks switches its feature off."""
+        try:
+            yield
+        except (SendError, FatalChannelError):
+            raise
+        except Exception as exc:
+            error = self.classify(exc, method)
+            if error is None:
+                raise
+            if isinstance(error, FatalChannelError):
+                self.fail(error)
+            elif isinstance(error, FeatureUnavailable):
+                self.switch_off(error)
+            raise error from exc
 
     async def start(self) -> None:  # noqa: B027 - most channels need no start-up work
         """Connect and begin publishing inbound messages; return once running."""

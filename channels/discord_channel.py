@@ -36,7 +36,14 @@ from channels.access import (
     whoami_text,
 )
 from channels.base import Channel, PreviewMode
-from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
+from channels.errors import (
+    FatalChannelError,
+    PermanentError,
+    RetryAfter,
+    SendError,
+    TransientError,
+    refused_call,
+)
 from channels.formatting import DISCORD_LIMIT, markdown_to_discord, render_chunks, strip_markdown
 from channels.pacing import Limit
 
@@ -105,8 +112,9 @@ def _retry_after(exc: discord.HTTPException) -> float:
         return 1.0
 
 
-def map_send_error(exc: BaseException) -> Exception | None:
-    """Our error class for a failed Discord call, or None for an exception we do not know."""
+def map_send_error(exc: BaseException, method: str) -> SendError | FatalChannelError | None:
+    """Our error class for a failed Discord REST call ``method`` (the API's name, "Create
+    Message"), or None for an exception we do not know."""
     if isinstance(exc, discord.RateLimited):
         return RetryAfter(exc.retry_after)
     if isinstance(exc, discord.LoginFailure):
@@ -115,11 +123,11 @@ def map_send_error(exc: BaseException) -> Exception | None:
         detail = f"discord answered {exc.status}: {exc.text or exc}"
         if exc.status == 429:
             return RetryAfter(_retry_after(exc), detail)
-        if exc.status == 401:
-            return FatalChannelError(detail)
+        if exc.status in (401, 404):  # 404: the channel or the message, never the token
+            return refused_call(exc.status, method, detail, {}, detail)
         if exc.status >= 500:
             return TransientError(detail)
-        return PermanentError(detail)  # 400, 403 Forbidden, 404 NotFound
+        return PermanentError(detail)  # 400, 403 Forbidden
     if isinstance(exc, aiohttp.ClientError | TimeoutError | ConnectionError):
         return TransientError(f"discord unreachable: {exc!r}")
     return None
@@ -516,6 +524,9 @@ class DiscordChannel(Channel):
     def plain(self, chunk: str) -> str:
         return strip_markdown(chunk)
 
+    def classify(self, exc: Exception, method: str) -> SendError | FatalChannelError | None:
+        return map_send_error(exc, method)
+
     def pace_limits(self, chat_id: str) -> list[Limit]:
         """Per channel (a thread is a channel of its own, with its own id)."""
         return [Limit.of(f"channel:{chat_id}", self.cfg.rate_limits.channel)]
@@ -540,7 +551,7 @@ class DiscordChannel(Channel):
         view = approval_view(msg)
         if view is not None:
             extra["view"] = view
-        try:
+        with self.calling("Create Message"):
             return await channel.send(
                 chunk,
                 reference=reference,
@@ -548,11 +559,6 @@ class DiscordChannel(Channel):
                 allowed_mentions=discord.AllowedMentions.none(),
                 **extra,
             )
-        except Exception as exc:
-            mapped = map_send_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
 
     async def send_file(self, msg: OutboundMessage, path: str) -> None:
         channel = await self._messageable(msg.chat_id)
@@ -560,13 +566,8 @@ class DiscordChannel(Channel):
             data = await asyncio.to_thread(Path(path).read_bytes)
         except OSError as exc:
             raise PermanentError(f"the file {Path(path).name} cannot be read: {exc}") from exc
-        try:
+        with self.calling("Create Message"):
             await channel.send(file=discord.File(io.BytesIO(data), filename=Path(path).name))
-        except Exception as exc:
-            mapped = map_send_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
 
     # -- streaming: a message sent once there is text, then edited --------------------------
 
@@ -590,35 +591,20 @@ class DiscordChannel(Channel):
         self, chat_id: str, message_id: str, chunk: str, plain: bool = False
     ) -> None:
         channel = await self._messageable(chat_id)
-        try:
+        with self.calling("Edit Message"):
             await channel.get_partial_message(int(message_id)).edit(
                 content=chunk, allowed_mentions=discord.AllowedMentions.none()
             )
-        except Exception as exc:
-            mapped = map_send_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
 
     async def delete_message(self, chat_id: str, message_id: str) -> None:
         channel = await self._messageable(chat_id)
-        try:
+        with self.calling("Delete Message"):
             await channel.get_partial_message(int(message_id)).delete()
-        except Exception as exc:
-            mapped = map_send_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
 
     async def send_typing(self, chat_id: str) -> None:
         channel = await self._messageable(chat_id)
-        try:
+        with self.calling("Trigger Typing Indicator"):
             await channel.typing()  # one POST /typing; the manager refreshes it
-        except Exception as exc:
-            mapped = map_send_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
 
     @staticmethod
     def _replies_in(channel: Any) -> bool:
@@ -656,12 +642,7 @@ class DiscordChannel(Channel):
             raise TransientError("discord is not connected")
         channel = self._channels.get(chat_id) or client.get_channel(int(chat_id))
         if channel is None:
-            try:
+            with self.calling("Get Channel"):
                 channel = await client.fetch_channel(int(chat_id))
-            except Exception as exc:
-                mapped = map_send_error(exc)
-                if mapped is None:
-                    raise
-                raise mapped from exc
             self._channels[chat_id] = channel
         return channel

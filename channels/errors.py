@@ -1,10 +1,18 @@
 """One error vocabulary for every platform: what a failed send means for a retry.
 
-Each channel maps its SDK's exceptions to these classes; the channel manager has one
-retry policy that acts on them.
+Each channel maps its SDK's exceptions to these classes in one function (``Channel.classify``,
+applied around every platform call by ``Channel.calling``); the channel manager has one retry
+policy that acts on them (``channels.retry``). The rules shared by every platform are here:
+only the login (Telegram getMe, Slack auth.test, Discord's gateway login) says a token is bad
+at start; on any other call a 401 is a refused token, and a 404 (or a refusal naming an
+unknown method) is the method or the chat, never the token (``refused_call``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+
+UNAUTHORIZED, NOT_FOUND = 401, 404
 
 
 class SendError(Exception):
@@ -27,6 +35,23 @@ class PermanentError(SendError):
     """The platform refused this message for good (chat gone, bot blocked, bad request)."""
 
 
+class FeatureUnavailable(PermanentError):
+    """The platform does not offer the method behind an optional feature (a self-hosted
+    server older than the method, an app without it): the feature is switched off for the
+    channel (``Channel.switch_off``) and what it served falls back. The token is fine."""
+
+    def __init__(self, feature: str, method: str, detail: str) -> None:
+        super().__init__(f"{method} refused: {detail}")
+        self.feature = feature
+        self.method = method
+
+
+class UnexpectedError(PermanentError):
+    """A send kept failing with an exception outside this vocabulary (a bug in the SDK, an
+    answer of a shape it cannot read): given up after a few tries, like a permanent refusal,
+    so the chat's later answers are not held behind it."""
+
+
 class FormattingRejected(PermanentError):
     """The platform could not parse our markup; the same text goes again as plain text."""
 
@@ -44,3 +69,19 @@ class FatalChannelError(Exception):
     the gateway's exit message when every channel failed). A channel reports it with
     ``Channel.fail`` or by raising it from ``start`` or ``send_chunk``.
     """
+
+
+def refused_call(
+    status: int, method: str, detail: str, optional: Mapping[str, str], token_refused: str
+) -> SendError | FatalChannelError:
+    """What a 401, a 404 or a refusal naming an unknown method means on ``method`` (any call
+    but the login): 401 the token was refused (``FatalChannelError(token_refused)``);
+    otherwise the method or its target is not there: a feature unavailable when
+    ``optional`` (method -> feature) names the method, else a permanent refusal of this
+    message (the chat or the message is gone)."""
+    if status == UNAUTHORIZED:
+        return FatalChannelError(token_refused)
+    feature = optional.get(method)
+    if feature is not None:
+        return FeatureUnavailable(feature, method, detail)
+    return PermanentError(f"{method}: {detail}")

@@ -18,11 +18,14 @@ edits it into the answer (see bot/delivery.py), so the chat never holds two copi
 that already shows its piece of the answer is left as it is (an edit would only spend a send).
 Only an answer's first message, preview or piece, quotes the message it answers.
 
-Every exception a send raises takes the same path: flood waits are honoured, markup refusals
-retried as plain text, over-long pieces split smaller, permanent refusals end the answer (the
-user is told, the ledger keeps it), anything else is retried with backoff. A channel that
-fails for good (``FatalChannelError``) is reported through ``on_all_failed`` once every
-channel has.
+Every exception a send raises takes the same path (``channels.retry``): flood waits are
+honoured, markup refusals retried as plain text, over-long pieces split smaller, permanent
+refusals end the answer (the user is told, the ledger keeps it), network trouble is retried
+with backoff for at most a minute of the chat's time (then the answer waits in the ledger and
+comes again behind the chat's other messages), and an exception outside our vocabulary is
+tried a few times, then ends the answer like a permanent refusal. Previews that keep failing
+are switched off in their chat for a while (``Breaker``). A channel that fails for good
+(``FatalChannelError``) is reported through ``on_all_failed`` once every channel has.
 """
 
 from __future__ import annotations
@@ -51,13 +54,17 @@ from channels.errors import (
     TransientError,
 )
 from channels.pacing import Limit, Pacer
+from channels.retry import Breaker, Clock, MonotonicClock, Retries, RetryPolicy
 
 log = logging.getLogger(__name__)
 
 TYPING_REFRESH_SECONDS = 4.0
 TYPING_MAX_SECONDS = 600.0
-GIVE_UP_AFTER_SECONDS = 900.0  # then the answer stays queued in the ledger for the next start
-BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 1.5, 30.0
+# An answer the platform keeps failing (each attempt holding its chat at most a minute,
+# channels.retry) is tried again this long after each attempt, behind the chat's other
+# messages; failing GIVE_UP_AFTER_SECONDS in all, it waits in the ledger for the next start.
+SEND_AGAIN_AFTER_SECONDS = 30.0
+GIVE_UP_AFTER_SECONDS = 900.0
 NOTICE_GIVE_UP_SECONDS = 60.0
 NOTICE = "I could not deliver my answer: {reason}"
 FILE_NOTE = (
@@ -160,7 +167,10 @@ class ChannelManager:
         # (channel, chat, replied-to message) of answers already delivered, oldest first.
         self._finished: OrderedDict[tuple[str, str, str | None], None] = OrderedDict()
         self._pump: asyncio.Task[None] | None = None
-        self.give_up_after = GIVE_UP_AFTER_SECONDS
+        self.retry_policy = RetryPolicy()
+        self.clock: Clock = MonotonicClock()  # of the retries and the preview breaker
+        self._preview_breaker = Breaker()  # by (channel, chat)
+        self._failing_since: dict[int, float] = {}  # id of an answer sent again -> first failure
         self._pacers: dict[str, Pacer] = {}  # per channel name: its rate-limit buckets
         # Called once when every channel has failed for good (the gateway exits then).
         self.on_all_failed: Callable[[list[Channel]], None] | None = None
@@ -193,7 +203,7 @@ class ChannelManager:
         self._pump = asyncio.create_task(self._run(), name="outbound")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._pump,) if t]
+        tasks = [t for t in (self._pump,) if t] + list(self._background)
         for chat in self._chats.values():
             tasks += [t for t in (chat.worker, chat.typing) if t]
         for t in tasks:
@@ -372,6 +382,10 @@ class ChannelManager:
         spare tokens; returns the seconds to wait before trying again (0: done for now)."""
         if not live.dirty:
             return 0.0
+        breaker = (channel.name, chat_id)
+        if not self._preview_breaker.allows(breaker, self.clock.now()):
+            live.broken = True  # this chat's previews are off for a while: the answer comes whole
+            return 0.0
         mode = channel.preview_mode(chat_id)
         limits = channel.pace_limits(chat_id)
         pacer = self._pacer(channel)
@@ -412,14 +426,26 @@ class ChannelManager:
                 # Ephemeral: never retried. A failed *send* may still have landed without us
                 # learning its id, so this answer gets no more previews, only its final.
                 live.broken = mode == "message" and i >= len(live.ids)
-                log.warning(
-                    "preview failed session=%s (%s)%s",
-                    session,
-                    _reason(exc),
-                    "; the answer will come whole" if live.broken else "",
-                )
+                if self._preview_breaker.failed(breaker, self.clock.now()):
+                    live.broken = True
+                    log.warning(
+                        "previews off session=%s for %.0f s after %d failures in a row (%s); "
+                        "answers come whole",
+                        session,
+                        self._preview_breaker.cool_down,
+                        self._preview_breaker.threshold,
+                        _reason(exc),
+                    )
+                else:
+                    log.info(
+                        "preview failed session=%s (%s)%s",
+                        session,
+                        _reason(exc),
+                        "; the answer will come whole" if live.broken else "",
+                    )
                 live.next_at = time.monotonic() + channel.stream_interval
                 return channel.stream_interval
+            self._preview_breaker.succeeded(breaker)
             if mode == "message":
                 live.shown[i:] = [piece]
         if live.text == text:
@@ -518,6 +544,7 @@ class ChannelManager:
 
         A final answer whose preview messages exist (``live``, or the ledger's record after a
         restart) edits them piece by piece instead; previews it does not need are deleted."""
+        failing_since = self._failing_since.pop(id(msg), None)
         channel = self.channels.get(msg.channel)
         if channel is None or channel.fatal is not None:
             why = "no running channel" if channel is None else "failed channel"
@@ -594,9 +621,9 @@ class ChannelManager:
             channel.fail(exc)
             await self.ledger.postponed(msg, index)
             return
-        except TimeoutError as exc:  # transient failures for give_up_after: the next start
-            log.error("send failed session=%s piece %d: %s", msg.session_key, index + 1, exc)
+        except TimeoutError as exc:  # transient failures for a whole hold: later, behind the rest
             await self.ledger.postponed(msg, index)
+            self._send_again_later(msg, index, exc, failing_since)
             return
         except Exception as exc:  # PermanentError, or a render bug: the same end
             reason = _reason(exc)
@@ -610,6 +637,33 @@ class ChannelManager:
             await self._delete_preview(channel, msg, extra)
         failpoints.hit("after_send")
         await self.ledger.sent(msg)
+
+    def _send_again_later(
+        self, msg: OutboundMessage, index: int, exc: TimeoutError, since: float | None
+    ) -> None:
+        """Piece ``index`` of ``msg`` failed for a whole hold: the chat moves on, and a final
+        answer is queued again (behind what the chat has waiting by then) after a pause,
+        until it has been failing for ``GIVE_UP_AFTER_SECONDS``; then (and for anything
+        else) what the ledger holds waits for the next start."""
+        now = self.clock.now()
+        since = now if since is None else since
+        again = msg.final and now - since + SEND_AGAIN_AFTER_SECONDS < GIVE_UP_AFTER_SECONDS
+        then = (
+            f"trying again in {SEND_AGAIN_AFTER_SECONDS:.0f} s"
+            if again
+            else "kept for the next start"
+        )
+        log.error("send failed session=%s piece %d: %s; %s", msg.session_key, index + 1, exc, then)
+        if not again:
+            return
+
+        async def later() -> None:
+            await self.clock.sleep(SEND_AGAIN_AFTER_SECONDS)
+            self._failing_since[id(msg)] = since
+            await self.bus.publish_outbound(msg)
+
+        self._background.add(task := asyncio.create_task(later()))
+        task.add_done_callback(self._background.discard)
 
     async def _send_file(self, channel: Channel, msg: OutboundMessage, path: str) -> None:
         """Upload ``path`` to the chat, or, where the channel cannot (or the file is larger
@@ -679,11 +733,12 @@ class ChannelManager:
     ) -> None:
         """Send one piece (``edit``: put it into that existing message instead; ``first``:
         the answer's first piece, which quotes the message it answers), honouring flood
-        waits and backing off on transient errors.
+        waits and backing off on transient errors (``channels.retry``).
 
-        Raises ``PermanentError`` (including ``TooLong``), ``FatalChannelError``, or
-        ``TimeoutError`` once retrying would pass the deadline; any other exception of the
-        channel is retried like a transient error.
+        Raises ``PermanentError`` (including ``TooLong``, and ``UnexpectedError`` once an
+        exception outside ``channels.errors`` failed a few tries), ``FatalChannelError``, or
+        ``TimeoutError`` once retrying would hold the chat past ``give_up_after`` (default:
+        the policy's hold; the platform's own retry_after waits do not count).
         """
 
         async def send(plain: bool) -> None:
@@ -704,8 +759,10 @@ class ChannelManager:
     ) -> None:
         """The one retry policy of every send: ``send(plain)`` (plain: markup was refused,
         send it as plain text) until it succeeds; raises as ``_send_chunk``."""
-        deadline = time.monotonic() + (give_up_after or self.give_up_after)
-        backoff = BACKOFF_START
+        policy = self.retry_policy
+        if give_up_after is not None:
+            policy = replace(policy, hold_seconds=give_up_after)
+        retries = Retries(policy, self.clock.now())
         plain = False
         limits = channel.pace_limits(msg.chat_id)
         while True:
@@ -722,7 +779,7 @@ class ChannelManager:
                 plain = True
                 continue
             except RetryAfter as exc:
-                wait = exc.seconds + 0.1
+                wait = retries.wait_after(exc, self.clock.now())
                 now = time.monotonic()
                 self._pacer(channel).hold(limits, now + wait, now)
                 log.warning(
@@ -733,19 +790,14 @@ class ChannelManager:
             except (PermanentError, FatalChannelError):
                 raise
             except Exception as exc:  # TransientError, and whatever else an SDK raises
-                wait = backoff
-                backoff = min(BACKOFF_MAX, backoff * BACKOFF_FACTOR)
+                wait = retries.wait_after(exc, self.clock.now())
                 log.warning(
                     "send failed session=%s (%s), retry in %.1f s",
                     msg.session_key,
                     exc if isinstance(exc, TransientError) else _reason(exc),
                     wait,
                 )
-            if time.monotonic() + wait > deadline:
-                raise TimeoutError(
-                    f"gave up after {give_up_after or self.give_up_after:.0f} s of retries"
-                )
-            await asyncio.sleep(wait)
+            await self.clock.sleep(wait)
 
 
 def whole_words(text: str) -> str:

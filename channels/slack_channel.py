@@ -65,12 +65,16 @@ from channels.access import (
 )
 from channels.base import Channel, PreviewMode
 from channels.errors import (
+    NOT_FOUND,
+    UNAUTHORIZED,
     FatalChannelError,
+    FeatureUnavailable,
     PermanentError,
     RetryAfter,
     SendError,
     TooLong,
     TransientError,
+    refused_call,
 )
 from channels.formatting import (
     SLACK_LIMIT,
@@ -113,7 +117,10 @@ CHAT_COMMANDS = frozenset(c.removeprefix("/") for c in COMMANDS | COMMAND_SYNTAX
 ASKERS_KEPT = 1000  # (chat, message) -> sender and team, for a stream's recipient
 PREVIEWS_KEPT = 1000  # preview messages (streams or posts) this process knows
 STREAM_TEXT_MAX = 12000  # characters of markdown_text per chat.*Stream call (Slack's limit)
-WORKSPACE = "*"  # the key of a refusal that holds for the whole workspace
+NATIVE_STREAMS = "native streams"
+OPTIONAL_METHODS = {
+    "chat.startStream": (NATIVE_STREAMS, "answers stream by chat.postMessage and chat.update"),
+}
 # chat.startStream refusals meaning the app or the workspace offers no streaming (not
 # enabled, no chat:write, not a bot token): remembered for the process lifetime.
 STREAMING_UNAVAILABLE = frozenset(
@@ -378,9 +385,11 @@ def split_chat_id(chat_id: str) -> tuple[str, str | None]:
 
 
 def map_api_error(
-    status: int | None, error: str | None, retry_after: str | None = None
+    status: int | None, error: str | None, retry_after: str | None = None, method: str = ""
 ) -> SendError | FatalChannelError:
-    """Our error class for a failed Web API call (``status`` HTTP, ``error`` Slack's code)."""
+    """Our error class for a failed Web API call ``method`` (``status`` HTTP, ``error``
+    Slack's code). Slack answers a refused token with HTTP 200 and a code of its own (the
+    FATAL_API_ERRORS), and a method it does not offer with ``unknown_method``."""
     detail = f"slack answered {status}: {error or 'no error code'}"
     if status == 429 or error == "ratelimited":
         try:
@@ -388,26 +397,16 @@ def map_api_error(
         except ValueError:
             seconds = 1.0
         return RetryAfter(seconds, detail)
-    if error in FATAL_API_ERRORS:
+    if error in FATAL_API_ERRORS or status == UNAUTHORIZED:
         return FatalChannelError(f"{detail}: check channels.slack.botToken")
+    if error == "unknown_method" or status == NOT_FOUND:
+        features = {m: feature for m, (feature, _) in OPTIONAL_METHODS.items()}
+        return refused_call(NOT_FOUND, method or "a Web API call", detail, features, "")
     if (status or 0) >= 500 or error in TRANSIENT_API_ERRORS:
         return TransientError(detail)
     if error == "msg_too_long":
         return TooLong(detail)
     return PermanentError(detail)  # channel_not_found, not_in_channel, ...
-
-
-@contextlib.contextmanager
-def _mapped_errors() -> Iterator[None]:
-    """A Web API call's failures in our error vocabulary."""
-    try:
-        yield
-    except SlackApiError as exc:
-        raise _api_error(exc) from exc  # a FatalChannelError is the manager's to report
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        raise TransientError(f"slack unreachable: {exc!r}") from exc
-    except SlackClientError as exc:
-        raise PermanentError(f"slack client refused the message: {exc}") from exc
 
 
 @contextlib.contextmanager
@@ -443,9 +442,11 @@ class _Preview:
     posted: bool = False
 
 
-def _api_error(exc: SlackApiError) -> SendError | FatalChannelError:
+def _api_error(exc: SlackApiError, method: str = "") -> SendError | FatalChannelError:
     headers = exc.response.headers or {}
-    return map_api_error(exc.response.status_code, _error_code(exc), headers.get("Retry-After"))
+    return map_api_error(
+        exc.response.status_code, _error_code(exc), headers.get("Retry-After"), method
+    )
 
 
 def proxy_settings(proxy: str) -> tuple[str | None, Callable[[], aiohttp.BaseConnector] | None]:
@@ -546,6 +547,7 @@ class SlackChannel(Channel):
     command_syntax = COMMAND_SYNTAX
     sends_files = True
     max_file_bytes = UPLOAD_MAX_BYTES
+    optional_methods = OPTIONAL_METHODS
 
     def __init__(
         self, bus: MessageBus, cfg: SlackConfig, workspace: Path, state_dir: Path | None = None
@@ -586,7 +588,7 @@ class SlackChannel(Channel):
         self._file_hosts = {urlsplit(cfg.api_url).hostname} if cfg.api_url else set()
         self._askers: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
         self._previews: OrderedDict[str, _Preview] = OrderedDict()  # by ts
-        self._native_off: dict[str, str] = {}  # WORKSPACE or a channel id -> Slack's refusal
+        self._native_off: dict[str, str] = {}  # a channel id -> Slack's refusal there
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -1235,7 +1237,7 @@ class SlackChannel(Channel):
         if self.web is None:
             raise TransientError("slack channel is not started")
         channel, thread_ts = split_chat_id(chat_id)
-        with _mapped_errors():
+        with self.calling("chat.postMessage"):
             answer = await self.web.chat_postMessage(
                 channel=channel,
                 text=text,
@@ -1256,7 +1258,7 @@ class SlackChannel(Channel):
             data = await asyncio.to_thread(Path(path).read_bytes)
         except OSError as exc:
             raise PermanentError(f"the file {name} cannot be read: {exc}") from exc
-        with _mapped_errors():
+        with self.calling("files.uploadV2"):
             await self.web.files_upload_v2(
                 channel=channel, thread_ts=thread_ts, file=data, filename=name, title=name
             )
@@ -1318,7 +1320,7 @@ class SlackChannel(Channel):
             else:
                 await self._stop_stream(message_id, preview)
         text = markdown_to_slack_mrkdwn(chunk) if plain else chunk
-        with _mapped_errors():
+        with self.calling("chat.update"):
             # blocks=[]: a streamed message shows its blocks, which Slack keeps unless told.
             await web.chat_update(channel=channel, ts=message_id, text=text, blocks=[])
 
@@ -1329,7 +1331,7 @@ class SlackChannel(Channel):
         if preview is not None and preview.streaming:
             with contextlib.suppress(SendError):
                 await self._stop_stream(message_id, preview)
-        with _mapped_errors():
+        with self.calling("chat.delete"):
             await web.chat_delete(channel=channel, ts=message_id)
 
     def _web(self) -> AsyncWebClient:
@@ -1358,7 +1360,7 @@ class SlackChannel(Channel):
             not self.cfg.native_streaming
             or thread_ts is None
             or len(text) > STREAM_TEXT_MAX
-            or WORKSPACE in self._native_off
+            or not self.feature_on(NATIVE_STREAMS)
             or channel in self._native_off
         ):
             return None
@@ -1382,10 +1384,10 @@ class SlackChannel(Channel):
                 )
         except SlackApiError as exc:
             code = _error_code(exc) or "no error code"
-            if code in STREAMING_UNAVAILABLE:
-                self._native_off[WORKSPACE] = code
-                scope = "in this workspace from now on"
-            elif code in STREAMING_NOT_HERE:
+            if code in STREAMING_UNAVAILABLE:  # for the workspace: said once, in status too
+                self.switch_off(FeatureUnavailable(NATIVE_STREAMS, "chat.startStream", code))
+                return None
+            if code in STREAMING_NOT_HERE:
                 self._native_off[channel] = code
                 scope = f"in channel {channel} from now on"
             elif isinstance(_api_error(exc), TransientError):
@@ -1443,7 +1445,7 @@ class SlackChannel(Channel):
         """A preview message from before a restart, which may be a stream still open: stopped
         first (a posted message, or a stream Slack already ended, refuses; that is fine)."""
         preview = _Preview(chat_id)
-        if self.cfg.native_streaming and WORKSPACE not in self._native_off:
+        if self.cfg.native_streaming and self.feature_on(NATIVE_STREAMS):
             channel, _ = split_chat_id(chat_id)
             try:
                 with _network_errors():

@@ -87,6 +87,8 @@ from channels.access import (
 )
 from channels.base import Channel, PreviewMode, State
 from channels.errors import (
+    NOT_FOUND,
+    UNAUTHORIZED,
     FatalChannelError,
     FormattingRejected,
     PermanentError,
@@ -94,6 +96,7 @@ from channels.errors import (
     SendError,
     TooLong,
     TransientError,
+    refused_call,
 )
 from channels.formatting import (
     TELEGRAM_LIMIT,
@@ -125,6 +128,13 @@ TOKEN_REJECTED = (
     "Telegram rejected the bot token (401/404): check channels.telegram.token (and baseUrl if "
     "set); polling stopped"
 )
+# Methods newer than some Bot API servers (a self-hosted telegram-bot-api is as old as its
+# build): method -> (feature, what serves instead while it is off).
+OPTIONAL_METHODS = {
+    "sendMessageDraft": ("drafts", "answers are shown as a message edited while written"),
+}
+_OPTIONAL_FEATURES = {method: feature for method, (feature, _) in OPTIONAL_METHODS.items()}
+_UNKNOWN_METHOD = re.compile(r"method not found|unknown method", re.I)
 
 
 # -- pure helpers ----------------------------------------------------------------------------
@@ -208,15 +218,22 @@ def text_without_mention(message: Message, me: User) -> str:
     return re.sub(r"[ \t]{2,}", " ", _utf16_cut(text, spans)).strip() or text
 
 
-def send_error(exc: TelegramError) -> SendError | FatalChannelError:
-    """Map one python-telegram-bot exception to our error vocabulary (channels/errors.py)."""
+def send_error(exc: TelegramError, method: str) -> SendError | FatalChannelError:
+    """Map one python-telegram-bot exception, raised by Bot API ``method`` (not getMe or
+    getUpdates: those decide about the token themselves), to our error vocabulary."""
     if isinstance(exc, PTBRetryAfter):
         return RetryAfter(retry_seconds(exc))
     if isinstance(exc, InvalidToken):
-        return FatalChannelError(TOKEN_REJECTED)
+        # PTB raises it for a 401 and for every 404 (its message is Telegram's description,
+        # or "Not Found (404)"), and a Bot API server answers 404 "Not Found: method not
+        # found" to a method it does not know: only a 401 is the token.
+        status = NOT_FOUND if exc.message.startswith("Not Found") else UNAUTHORIZED
+        return refused_call(status, method, exc.message, _OPTIONAL_FEATURES, TOKEN_REJECTED)
     if isinstance(exc, ChatMigrated):
         return PermanentError(f"the group became supergroup {exc.new_chat_id}")
     if isinstance(exc, BadRequest):  # before NetworkError: PTB derives BadRequest from it
+        if _UNKNOWN_METHOD.search(exc.message):
+            return refused_call(NOT_FOUND, method, exc.message, _OPTIONAL_FEATURES, "")
         if "can't parse entities" in exc.message.lower():
             return FormattingRejected(exc.message)
         if "too long" in exc.message.lower():  # "message is too long", "message caption is ..."
@@ -411,6 +428,7 @@ class TelegramChannel(Channel):
     name = CHANNEL
     sends_files = True
     command_syntax = CommandSyntax(answers=CHANNEL_COMMANDS)  # /whoami: see _normalise
+    optional_methods = OPTIONAL_METHODS
 
     def __init__(
         self, bus: MessageBus, cfg: TelegramConfig, workspace: Path, state_dir: Path
@@ -851,7 +869,7 @@ class TelegramChannel(Channel):
             fitted, cut = telegram_question(view, plain)
             if plain:  # without markup too, the model's text stays apart (a gutter)
                 chunk = fitted
-        try:
+        with self.calling("sendMessage"):
             await self.bot.send_message(
                 chat,
                 chunk,
@@ -860,8 +878,6 @@ class TelegramChannel(Channel):
                 reply_parameters=reply,
                 reply_markup=approval_keyboard(msg, cut),
             )
-        except TelegramError as exc:
-            raise self._send_failed(exc, chat) from exc
 
     async def send_file(self, msg: OutboundMessage, path: str) -> None:
         if self.bot is None:
@@ -871,31 +887,28 @@ class TelegramChannel(Channel):
             data = await asyncio.to_thread(Path(path).read_bytes)
         except OSError as exc:
             raise PermanentError(f"the file {Path(path).name} cannot be read: {exc}") from exc
-        try:
+        with self.calling("sendDocument"):
             await self.bot.send_document(
                 chat, InputFile(data, filename=Path(path).name), message_thread_id=thread
             )
-        except TelegramError as exc:
-            raise self._send_failed(exc, chat) from exc
 
-    def _send_failed(self, exc: TelegramError, chat: int) -> SendError | FatalChannelError:
-        error = send_error(exc)
+    def classify(self, exc: Exception, method: str) -> SendError | FatalChannelError | None:
+        if not isinstance(exc, TelegramError):
+            return None  # not an answer of Telegram's (AttributeError on an odd result...)
         if isinstance(exc, ChatMigrated):
             log.warning(
-                "telegram: chat %s moved to supergroup %s; answers to the old id fail",
-                chat,
+                "telegram: %s: the chat moved to supergroup %s; answers to the old id fail",
+                method,
                 exc.new_chat_id,
             )
-        if isinstance(error, FatalChannelError):
-            self._token_rejected()
-        return error
+        return send_error(exc, method)
 
     # -- streaming: drafts in private chats, an edited message in groups and topics --
 
     def preview_mode(self, chat_id: str) -> PreviewMode:
         chat, _ = split_chat_key(chat_id)
         # sendMessageDraft (Bot API 9.3) is for private chats only; it stores nothing.
-        return "draft" if chat > 0 else "message"
+        return "draft" if chat > 0 and self.feature_on("drafts") else "message"
 
     def preview_pieces(self, text: str) -> list[str]:
         # Shown plain while written (half a Markdown construct does not parse); the final
@@ -906,24 +919,20 @@ class TelegramChannel(Channel):
         if self.bot is None:
             raise TransientError("the Telegram client is not running")
         chat, thread = split_chat_key(chat_id)
-        try:
+        with self.calling("sendMessageDraft"):
             await self.bot.send_message_draft(chat, draft_id, text, message_thread_id=thread)
-        except TelegramError as exc:
-            raise self._send_failed(exc, chat) from exc
 
     async def send_preview(self, msg: OutboundMessage, text: str, *, first: bool = False) -> str:
         if self.bot is None:
             raise TransientError("the Telegram client is not running")
         chat, thread = split_chat_key(msg.chat_id)
-        try:
+        with self.calling("sendMessage"):
             sent = await self.bot.send_message(
                 chat,
                 text,
                 message_thread_id=thread,
                 reply_parameters=self._reply_parameters(msg, chat) if first else None,
             )
-        except TelegramError as exc:
-            raise self._send_failed(exc, chat) from exc
         return str(sent.message_id)
 
     def preview_shows(self, message_id: str, preview: str, chunk: str) -> bool:
@@ -937,28 +946,25 @@ class TelegramChannel(Channel):
         if self.bot is None:
             raise TransientError("the Telegram client is not running")
         chat, _ = split_chat_key(chat_id)
-        try:
-            await self.bot.edit_message_text(
-                chunk,
-                chat_id=chat,
-                message_id=int(message_id),
-                parse_mode=None if plain else ParseMode.HTML,
-            )
-        except BadRequest as exc:
-            if "not modified" in exc.message.lower():
-                return  # it already says this: the edit's purpose is met
-            raise self._send_failed(exc, chat) from exc
-        except TelegramError as exc:
-            raise self._send_failed(exc, chat) from exc
+        with self.calling("editMessageText"):
+            try:
+                await self.bot.edit_message_text(
+                    chunk,
+                    chat_id=chat,
+                    message_id=int(message_id),
+                    parse_mode=None if plain else ParseMode.HTML,
+                )
+            except BadRequest as exc:
+                if "not modified" in exc.message.lower():
+                    return  # it already says this: the edit's purpose is met
+                raise
 
     async def delete_message(self, chat_id: str, message_id: str) -> None:
         if self.bot is None:
             raise TransientError("the Telegram client is not running")
         chat, _ = split_chat_key(chat_id)
-        try:
+        with self.calling("deleteMessage"):
             await self.bot.delete_message(chat, int(message_id))
-        except TelegramError as exc:
-            raise self._send_failed(exc, chat) from exc
 
     # -- approval buttons (callback queries) --
 

@@ -285,3 +285,20 @@ async def fire_heartbeat(harness: Harness, llm: Any, requests_before: int) -> di
     await sched.tick()
     requests = await llm.wait_for_requests(requests_before + 1)
     return requests[requests_before]["body"]
+
+
+class VirtualClock:
+    """A clock for ``ChannelManager.clock``: ``sleep`` moves it on at once (yielding to the
+    loop), so retry and breaker times are asserted on virtual seconds, with no real wait."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.slept: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += seconds
+        await asyncio.sleep(0)

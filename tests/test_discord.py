@@ -630,7 +630,7 @@ def _http_error(status: int, headers: dict[str, str] | None = None) -> Exception
 def test_http_errors_map_to_our_vocabulary(status: int, expected: type) -> None:
     from channels.discord_channel import map_send_error
 
-    assert type(map_send_error(_http_error(status))) is expected
+    assert type(map_send_error(_http_error(status), "Create Message")) is expected
 
 
 def test_rate_limits_map_to_retry_after() -> None:
@@ -639,13 +639,16 @@ def test_rate_limits_map_to_retry_after() -> None:
 
     from channels.discord_channel import map_send_error
 
-    escaped = map_send_error(_http_error(429, {"Retry-After": "2.5"}))
+    def mapped(exc: BaseException) -> Exception | None:
+        return map_send_error(exc, "Create Message")
+
+    escaped = mapped(_http_error(429, {"Retry-After": "2.5"}))
     assert isinstance(escaped, RetryAfter) and escaped.seconds == 2.5
-    long_wait = map_send_error(discord.RateLimited(45.0))
+    long_wait = mapped(discord.RateLimited(45.0))
     assert isinstance(long_wait, RetryAfter) and long_wait.seconds == 45.0
-    assert isinstance(map_send_error(aiohttp.ClientConnectionError()), TransientError)
-    assert isinstance(map_send_error(discord.LoginFailure("bad")), FatalChannelError)
-    assert map_send_error(ValueError("a bug")) is None
+    assert isinstance(mapped(aiohttp.ClientConnectionError()), TransientError)
+    assert isinstance(mapped(discord.LoginFailure("bad")), FatalChannelError)
+    assert mapped(ValueError("a bug")) is None
 
 
 def test_proxy_options() -> None:

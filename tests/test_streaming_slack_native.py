@@ -111,6 +111,7 @@ async def test_refused_streaming_falls_back_once_and_answers_once(tmp_path, llm,
     assert slack.stream_calls == [("chat.startStream", "", refusal)]
     lines = [r.getMessage() for r in caplog.records if "chat.startStream refused" in r.getMessage()]
     assert len(lines) == 1 and refusal in lines[0] and "xoxb" not in lines[0]
+    assert set(rig.channel.features_off) == {"native streams"}  # and memobot status says so
 
 
 async def test_text_rewritten_after_a_tool_call_goes_on_by_update(tmp_path, llm, slack):

@@ -21,7 +21,6 @@ import pytest
 
 from bot.app import AgentStack
 from bot.config import ConfigError, parse_config
-from channels import manager as manager_module
 from channels import telegram_channel
 from channels.formatting import TELEGRAM_LIMIT, telegram_length
 from channels.manager import ChannelManager
@@ -31,6 +30,7 @@ from tests.fakes.socks_proxy import FakeSocks5
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, mention_entities, strip_html
 from tests.helpers import (
     REPO,
+    VirtualClock,
     closed_port,
     config_dict,
     listed_commands,
@@ -395,11 +395,11 @@ def _piece_numbers(calls: list[Any]) -> list[int]:
     return [int(c.params["text"].split()[0].removeprefix("PIECE")) for c in calls]
 
 
-async def test_unexpected_error_at_piece_two_resumes_at_piece_two(tmp_path, llm, api, monkeypatch):
-    monkeypatch.setattr(manager_module, "BACKOFF_START", 0.05)
+async def test_unexpected_error_at_piece_two_resumes_at_piece_two(tmp_path, llm, api):
     llm.script(reply(_four_pieces()))
     api.garble("sendMessage", when=lambda p: str(p.get("text", "")).startswith("PIECE2"))
     async with running(tmp_path, llm, api) as tg:
+        tg.manager.clock = VirtualClock()  # the retry's backoff, without the wait
         api.private_text("four pieces")
         await api.wait_sent_async(4)
         await asyncio.sleep(0.2)  # a repeated piece would be here by now
@@ -834,7 +834,7 @@ def test_ptb_errors_map_to_our_vocabulary():
     from channels import errors
 
     def mapped(exc: Exception) -> Exception:
-        return telegram_channel.send_error(exc)  # type: ignore[arg-type]
+        return telegram_channel.send_error(exc, "sendMessage")  # type: ignore[arg-type]
 
     flood = mapped(tg.RetryAfter(dt.timedelta(seconds=3)))
     assert isinstance(flood, errors.RetryAfter) and flood.seconds == 3

@@ -435,6 +435,12 @@ def check_running_channels(cfg: Config) -> Iterator[Check]:
                 f"channel {name}: failed in the running gateway: {info.get('detail') or '?'}",
                 "fix the config, then restart the gateway",
             )
+        for feature, why in (info.get("features_off") or {}).items():
+            yield Check(
+                "warn",
+                f"channel {name}: {feature} off in the running gateway ({why})",
+                "the platform (or the server at baseUrl) does not offer it; a restart tries again",
+            )
     failed = [e for _, e in undelivered(cfg.agent.state_path)]
     given_up = [e for e in failed if e.get("state") == "failed"]
     if given_up:

@@ -28,9 +28,13 @@ It implements the HTTP shapes PTB uses at ``/bot<token>/<method>`` (form-encoded
   per bot, answered 429 with ``retry_after``;
 * scriptable failures per method (``fail("sendMessage", 429, retry_after=1)``, a 409 conflict on
   ``getUpdates``, a 401), answers the SDK cannot read (``garble``: 200 with a result that is
-  not a Message, so python-telegram-bot raises an exception of no Telegram type), and an
+  not a Message, e.g. ``result: null`` as telegram-test-api answers an edit, so
+  python-telegram-bot raises an exception of no Telegram type), and an
   ``after_get_updates`` hook that runs once the answer carrying
-  updates has been written (crash tests kill the daemon there).
+  updates has been written (crash tests kill the daemon there);
+* an older Bot API server (``missing_methods``): a method it does not know answers 404 "Not
+  Found: method not found", as telegram-bot-api answers every unknown method (with a valid
+  token; python-telegram-bot raises ``InvalidToken`` for it, as for a 401).
 
 Updates are injected with helpers (``private_text``, ``group_text``, ``photo``...). Three ways to
 run it: in-process (``async with FakeBotAPI() as api``), in a daemon thread for synchronous and
@@ -199,6 +203,7 @@ class Failure:
     when: Callable[[Params], bool] | None = None
     delay: float = 0.0
     garble: bool = False
+    result: Any = None  # garble: the result answered
 
 
 class FakeBotAPI:
@@ -209,6 +214,8 @@ class FakeBotAPI:
         username: the bot's @username (``getMe``).
         host, port: where to listen (port 0 picks a free one).
         reply_delay: seconds before each sendMessage answers (benchmarks).
+        missing_methods: Bot API methods this server does not know (404, see the module
+            docstring), e.g. ``("sendMessageDraft",)`` for a server older than Bot API 9.3.
     """
 
     def __init__(
@@ -221,8 +228,10 @@ class FakeBotAPI:
         port: int = 0,
         reply_delay: float = 0.0,
         flood: FloodControl | None = None,
+        missing_methods: tuple[str, ...] = (),
     ) -> None:
         self.token = token
+        self.missing_methods = frozenset(m.lower() for m in missing_methods)
         self.username = username
         self.bot_id = bot_id
         self.host = host
@@ -302,14 +311,20 @@ class FakeBotAPI:
             )
 
     def garble(
-        self, method: str, *, times: int = 1, when: Callable[[Params], bool] | None = None
+        self,
+        method: str,
+        *,
+        times: int = 1,
+        when: Callable[[Params], bool] | None = None,
+        result: Any = "garbled",
     ) -> None:
         """Answer the next ``times`` calls of ``method`` (matching ``when``) with HTTP 200 and
-        a result of the wrong shape; nothing is delivered. python-telegram-bot then raises a
-        plain Python exception (AttributeError), not a TelegramError."""
+        ``result``, of the wrong shape (``None``: ``"result": null``); nothing is delivered.
+        python-telegram-bot then raises a plain Python exception (AttributeError), not a
+        TelegramError."""
         with self._lock:
             self._failures.setdefault(method.lower(), []).append(
-                Failure(200, "", None, times, when, 0.0, garble=True)
+                Failure(200, "", None, times, when, 0.0, garble=True, result=result)
             )
 
     def add_file(self, content: bytes, suffix: str = ".jpg") -> dict[str, Any]:
@@ -639,6 +654,8 @@ class FakeBotAPI:
         request["call"] = call
         if request.match_info["token"] != self.token:
             return self._answer(request, 401, "Unauthorized")
+        if method in self.missing_methods:
+            return self._answer(request, 404, "Not Found: method not found")
         failure = self._take_failure(method, params)
         if failure is not None and failure.delay:
             assert self._stopping is not None
@@ -646,7 +663,7 @@ class FakeBotAPI:
                 await asyncio.wait_for(self._stopping.wait(), failure.delay)
         if failure is not None and failure.garble:
             call.garbled = True
-            return self._answer(request, 200, "garbled")
+            return self._answer(request, 200, failure.result)
         if failure is not None and failure.status:
             extra = {"retry_after": failure.retry_after} if failure.retry_after else None
             return self._answer(request, failure.status, failure.description, extra)

@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from bot.dialects import ProviderName
 from bot.gate.approval import DEFAULT_EXEC_ALLOW, allow_pattern_problem
 from bot.layout import layout_problem
 from bot.proxy import check_proxy_url
@@ -100,22 +101,7 @@ class DialectConfig(_Model):
         return {k: v for k in self.model_fields_set if (v := getattr(self, k)) is not None}
 
 
-ProviderSetting = Literal[
-    "auto",
-    "openai",
-    "azure",
-    "deepseek",
-    "gemini",
-    "mistral",
-    "groq",
-    "openrouter",
-    "anthropic",
-    "ollama",
-    "vllm",
-    "llamacpp",
-    "lmstudio",
-    "generic",
-]
+ProviderSetting = Literal["auto", ProviderName]
 
 
 class FallbackConfig(_Model):

@@ -23,24 +23,9 @@ import json
 import re
 import string
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-PROVIDERS = (
-    "openai",
-    "azure",
-    "deepseek",
-    "gemini",
-    "mistral",
-    "groq",
-    "openrouter",
-    "anthropic",
-    "ollama",
-    "vllm",
-    "llamacpp",
-    "lmstudio",
-    "generic",
-)
 ProviderName = Literal[
     "openai",
     "azure",
@@ -56,6 +41,7 @@ ProviderName = Literal[
     "lmstudio",
     "generic",
 ]
+PROVIDERS: tuple[str, ...] = get_args(ProviderName)
 TokenParameter = Literal["max_tokens", "max_completion_tokens"]
 ReasoningBack = Literal["never", "with_calls"]
 ToolCallIds = Literal["any", "alnum9", "word"]

@@ -67,6 +67,9 @@ NOT_CONFIGURED_HELP = (
 DEFAULT_ENDPOINT = "https://api.openai.com/v1"
 # Refusals that may each teach an endpoint's dialect one thing, per request (bot.dialects).
 MAX_LESSONS = 4
+# A tool-call id is sent back with every later request and kept in the session: one longer
+# than any provider's (OpenAI's are about 30 characters) is replaced like a missing one.
+MAX_TOOL_CALL_ID = 256
 # Sending a request and the start of its answer get this many times llm.timeoutSeconds.
 ANSWER_DEADLINE_FACTOR = 2
 # Told the answer's text so far (the whole of it, not the new piece) as it streams in; a
@@ -270,6 +273,20 @@ def _named_connection_errors(url: str) -> Iterator[None]:
             raise
         raise openai.APIConnectionError(
             message=f"Connection error: {reason}", request=exc.request
+        ) from exc
+
+
+@contextlib.asynccontextmanager
+async def _readable(url: str) -> AsyncIterator[None]:
+    """A JSON body the SDK could not decode (an HTML page, bytes that are not UTF-8) as a
+    broken answer, retried and named like one, not a traceback out of the turn."""
+    import openai
+
+    try:
+        yield
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise openai.APIConnectionError(
+            message=f"unreadable answer, not JSON: {exc}", request=_httpx().Request("POST", url)
         ) from exc
 
 
@@ -636,7 +653,7 @@ class LLMProvider:
                 with attempt, _named_connection_errors(endpoint.url):
                     if on_text is not None:
                         return await _read_stream(endpoint, payload, on_text)
-                    async with _answer_deadline(endpoint):
+                    async with _answer_deadline(endpoint), _readable(endpoint.url):
                         raw = await endpoint.client.post(
                             "/chat/completions",
                             cast_to=object,
@@ -896,10 +913,10 @@ class StreamAssembler:
         elif isinstance(groq, dict) and isinstance(groq.get("usage"), dict):
             self.usage = groq["usage"]
         grew = False
-        for choice in chunk.get("choices") or ():
+        for choice in _list(chunk.get("choices")):
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            if choice.get("finish_reason"):
+            if isinstance(choice.get("finish_reason"), str) and choice["finish_reason"]:
                 self.finish_reason = choice["finish_reason"]
             delta = choice.get("delta")
             if not isinstance(delta, dict):
@@ -916,7 +933,7 @@ class StreamAssembler:
                 self.reasoning.append(thought)
             if "reasoning_details" in delta:
                 merge_reasoning_details(self.details, delta["reasoning_details"])
-            for tc in delta.get("tool_calls") or ():
+            for tc in _list(delta.get("tool_calls")):
                 if isinstance(tc, dict):
                     self._add_call(tc)
         return grew
@@ -930,6 +947,8 @@ class StreamAssembler:
 
     def _add_call(self, tc: dict[str, Any]) -> None:
         index = tc.get("index")
+        if not isinstance(index, int | str):
+            index = None  # a list or an object cannot key a call
         call_id = tc.get("id") if isinstance(tc.get("id"), str) and tc.get("id") else None
         fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
         pos = self._by_index.get(index) if index is not None else None
@@ -988,48 +1007,68 @@ class StreamAssembler:
 
 
 def parse_completion(raw: Any) -> LLMResponse:
-    """Read a Chat Completions response body (a dict); tolerant of providers' variations."""
-    if not isinstance(raw, dict) or not raw.get("choices"):
+    """Read a Chat Completions response body (a dict); tolerant of providers' variations.
+    Raises LLMUnavailable for a body that is not one (the server's answer, cut short, in the
+    text): a field of an unexpected type is dropped, never a traceback later in the turn."""
+    choices = raw.get("choices") if isinstance(raw, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or not isinstance(message, dict | None):
         raise LLMUnavailable(f"the model service sent an unexpected answer: {str(raw)[:200]}")
-    choice = raw["choices"][0]
-    message = choice.get("message") or {}
+    message = message or {}
     calls = []
     seen: set[str] = set()
-    for c in message.get("tool_calls") or []:
+    for c in _list(message.get("tool_calls")):
         if not isinstance(c, dict):
             continue
-        fn = c.get("function") or {}
+        fn = c.get("function") if isinstance(c.get("function"), dict) else {}
         args = fn.get("arguments")
         if not isinstance(args, str):
             args = json.dumps(args if args is not None else {}, ensure_ascii=False)
         call_id = c.get("id")
-        if not isinstance(call_id, str) or not call_id or call_id in seen:
+        if not _fit_id(call_id) or call_id in seen:
             call_id = new_tool_call_id()
         seen.add(call_id)
         extra = c.get("extra_content")
+        name = fn.get("name")
         calls.append(
             ToolCall(
                 id=call_id,
-                name=fn.get("name", ""),
+                name=name if isinstance(name, str) else "",
                 arguments=args,
                 extra=extra if isinstance(extra, dict) and extra else None,
             )
         )
     content = message.get("content")
     if isinstance(content, list):  # some servers return content parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        content = "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    elif not isinstance(content, str):
+        content = None
     reasoning = reasoning_of(message)
     if isinstance(content, str) and "<" in content:
         thought, content = split_reasoning(content)
         reasoning = "\n\n".join(r for r in (reasoning, thought) if r)
     details = message.get("reasoning_details")
+    finish = choice.get("finish_reason")
+    usage = raw.get("usage")
     return LLMResponse(
         content=content,
         tool_calls=tuple(calls),
-        finish_reason=choice.get("finish_reason"),
-        usage=raw.get("usage") or {},
+        finish_reason=finish if isinstance(finish, str) else None,
+        usage=usage if isinstance(usage, dict) else {},
         reasoning=reasoning,
         reasoning_details=tuple(d for d in details if isinstance(d, dict))
         if isinstance(details, list)
         else (),
     )
+
+
+def _list(value: Any) -> list[Any] | tuple[()]:
+    """``value`` if it is a list, else nothing to iterate (a server's odd type)."""
+    return value if isinstance(value, list) else ()
+
+
+def _fit_id(call_id: Any) -> bool:
+    return isinstance(call_id, str) and 0 < len(call_id) <= MAX_TOOL_CALL_ID

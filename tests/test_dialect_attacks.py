@@ -1,0 +1,185 @@
+"""A hostile or broken LLM server against memobot's client (bot.llm, bot.dialects).
+
+What a server (or a proxy in the middle, or a model steered by a web page) sends back must
+never crash a turn with a traceback, hang it for ever, grow memory without bound, show hidden
+reasoning, or carry memobot's secrets elsewhere. The server here is a raw aiohttp one that
+writes exactly the bytes a test gives it; the dialect fakes (tests/fakes/llm_dialects.py)
+are for well-behaved providers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from bot.config import LLMConfig
+from bot.llm import LLMError, LLMProvider, LLMUnavailable
+
+Frames = Callable[[], AsyncIterator[bytes]]
+
+
+def sse(data: Any) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data)
+    return f"data: {text}\n\n".encode()
+
+
+def chunk(delta: Any, finish: str | None = None) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def frames(*pieces: bytes, then: Callable[[], Awaitable[None]] | None = None) -> Frames:
+    async def gen() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+        if then is not None:
+            await then()
+
+    return gen
+
+
+class Hostile:
+    """One chat endpoint answering what the test says: ``frames`` (an SSE stream, written
+    piece by piece) or ``plain`` (a JSON body, as bytes)."""
+
+    def __init__(self) -> None:
+        self.frames: Frames | None = None
+        self.plain: bytes = b""
+        self.content_type = "application/json"
+        self.requests: list[web.Request] = []
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        self.requests.append(request)
+        if self.frames is None:
+            return web.Response(body=self.plain, content_type=self.content_type)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            async for piece in self.frames():
+                await response.write(piece)
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass  # memobot hung up: what the test wanted to see
+        return response
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.fixture
+async def hostile() -> AsyncIterator[Hostile]:
+    server = Hostile()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+def provider_for(server: Hostile, **llm: Any) -> LLMProvider:
+    cfg: dict[str, Any] = {
+        "baseUrl": server.base_url,
+        "model": "m",
+        "retry": {"attempts": 1},
+        **llm,
+    }
+    return LLMProvider(LLMConfig.model_validate(cfg))
+
+
+async def ask(server: Hostile, *, stream: bool = True, **llm: Any) -> Any:
+    """The provider's answer to one message (or the LLMError it raised)."""
+    provider = provider_for(server, **llm)
+    try:
+        return await provider.chat(
+            [{"role": "user", "content": "hi"}], on_text=(lambda _: None) if stream else None
+        )
+    except LLMError as exc:
+        return exc
+    finally:
+        await provider.close()
+
+
+# -- odd types: a clear error or a tolerated answer, never a traceback -------------------------
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        chunk({"tool_calls": 5}),
+        {"choices": 5},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": [0], "id": "a"}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": {"i": 0}, "id": "a"}]}}]},
+        chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": 5}}]}),
+        chunk({"content": "ok"}, finish=["stop"]),  # type: ignore[arg-type]
+    ],
+    ids=["tool_calls-number", "choices-number", "index-list", "index-dict", "name-number", "fin"],
+)
+async def test_a_stream_of_odd_types_is_no_traceback(hostile: Hostile, event: Any) -> None:
+    hostile.frames = frames(sse(event), sse("[DONE]"))
+    answer = await ask(hostile)
+    assert not isinstance(answer, BaseException) or isinstance(answer, LLMError)
+    if not isinstance(answer, LLMError):
+        assert answer.finish_reason is None or isinstance(answer.finish_reason, str)
+        assert all(isinstance(c.name, str) for c in answer.tool_calls)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"choices": {"0": {}}},
+        {"choices": ["x"]},
+        {"choices": [{"message": "hi"}]},
+        {"choices": [{"message": {"tool_calls": 5}}]},
+        {"choices": [{"message": {"tool_calls": [{"id": "a", "function": "x"}]}}]},
+        {"choices": [{"message": {"content": [{"type": "text", "text": 5}]}}]},
+        {"choices": [{"message": {"content": 5}}]},
+        {"choices": [{"message": {"content": {"a": 1}}}]},
+        {"choices": [{"message": {"tool_calls": [{"id": "a", "function": {"name": 5}}]}}]},
+        {"choices": [{"message": {"content": "x"}, "finish_reason": 7}], "usage": [1]},
+    ],
+)
+async def test_a_plain_answer_of_odd_types_is_no_traceback(hostile: Hostile, body: Any) -> None:
+    hostile.plain = json.dumps(body).encode()
+    answer = await ask(hostile, stream=False)
+    if isinstance(answer, LLMError):
+        assert "unexpected answer" in str(answer)
+        return
+    assert answer.content is None or isinstance(answer.content, str)
+    assert answer.finish_reason is None or isinstance(answer.finish_reason, str)
+    assert isinstance(answer.usage, dict)
+    assert all(isinstance(c.name, str) for c in answer.tool_calls)
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe not json", b"{not json", b"\x80\x81"])
+async def test_a_plain_answer_that_is_not_json_is_a_clear_error(
+    hostile: Hostile, body: bytes
+) -> None:
+    hostile.plain = body
+    answer = await ask(hostile, stream=False)
+    assert isinstance(answer, LLMUnavailable)
+    assert "not JSON" in str(answer) or "unreadable" in str(answer)
+
+
+async def test_a_tool_call_id_of_megabytes_is_replaced(hostile: Hostile) -> None:
+    """It would be kept in the session and sent back with every later request."""
+    call = {"id": "x" * 10_000_000, "function": {"name": "exec", "arguments": "{}"}}
+    hostile.plain = json.dumps({"choices": [{"message": {"tool_calls": [call]}}]}).encode()
+    answer = await ask(hostile, stream=False)
+    assert len(answer.tool_calls[0].id) == 9

@@ -70,6 +70,14 @@ MAX_LESSONS = 4
 # A tool-call id is sent back with every later request and kept in the session: one longer
 # than any provider's (OpenAI's are about 30 characters) is replaced like a missing one.
 MAX_TOOL_CALL_ID = 256
+# A streamed answer's limits: one event (a whole tool call in one chunk, as Ollama sends it,
+# can be megabytes), and the whole stream; past them a server is filling memory.
+MAX_SSE_EVENT_BYTES = 32 << 20
+MAX_STREAM_BYTES = 256 << 20
+# Keep-alive comments count as activity (DeepSeek sends them while a request waits, for up to
+# 10 minutes: https://api-docs.deepseek.com/quick_start/rate_limit), but not for ever: at most
+# this many llm.streamIdleSeconds (10 minutes by default) without the answer growing.
+KEEPALIVE_IDLE_FACTOR = 10
 # Sending a request and the start of its answer get this many times llm.timeoutSeconds.
 ANSWER_DEADLINE_FACTOR = 2
 # Told the answer's text so far (the whole of it, not the new piece) as it streams in; a
@@ -760,33 +768,50 @@ def _checked(raw: Any, url: str) -> Any:
     return raw
 
 
+class _TooLarge(Exception):
+    """A stream, or one event of it, over its size limit."""
+
+
 async def _sse_data(
     chunks: AsyncIterator[bytes], alive: Callable[[], None]
 ) -> AsyncIterator[bytes]:
     """The ``data`` of each server-sent event in ``chunks``. ``alive()`` is called for every
     piece that arrives, keep-alive comments and blank lines included (DeepSeek and OpenRouter
-    send those while a slow model thinks: a stream that sends them is not silent)."""
-    pending = b""
+    send those while a slow model thinks: a stream that sends them is not silent).
+
+    Raises _TooLarge past ``MAX_SSE_EVENT_BYTES`` in one event or ``MAX_STREAM_BYTES`` in
+    all: a server that never ends a line would otherwise fill memory."""
+    pending = bytearray()  # appended to in place: a long line costs its length, not its square
     data: list[bytes] = []
+    size = total = 0
     async for raw in chunks:
         alive()
+        total += len(raw)
         pending += raw
+        if total > MAX_STREAM_BYTES:
+            raise _TooLarge(f"a stream over {MAX_STREAM_BYTES >> 20} MiB")
         if b"\n" not in raw:
+            if len(pending) + size > MAX_SSE_EVENT_BYTES:
+                raise _TooLarge(f"an event over {MAX_SSE_EVENT_BYTES >> 20} MiB")
             continue
-        *lines, pending = pending.split(b"\n")
+        *lines, rest = pending.split(b"\n")
+        pending = bytearray(rest)
         for line in lines:
             if line.endswith(b"\r"):
                 line = line[:-1]
             if not line:
                 if data:
                     yield b"\n".join(data)
-                    data = []
+                    data, size = [], 0
             elif line.startswith(b"data:"):
-                value = line[5:]
+                value = bytes(line[5:])
                 data.append(value[1:] if value.startswith(b" ") else value)
+                size += len(value)
+                if size > MAX_SSE_EVENT_BYTES:
+                    raise _TooLarge(f"an event over {MAX_SSE_EVENT_BYTES >> 20} MiB")
             # ":" comments, "event:", "id:" and "retry:" carry nothing a completion needs.
     if pending.startswith(b"data:"):
-        value = pending[5:].rstrip(b"\r")
+        value = bytes(pending[5:]).rstrip(b"\r")
         data.append(value[1:] if value.startswith(b" ") else value)
     if data:  # a stream cut without the blank line after its last event
         yield b"\n".join(data)
@@ -798,7 +823,10 @@ async def _read_stream(endpoint: _Endpoint, payload: bytes, on_text: TextSink) -
     Raises the SDK's errors, so the retry policy classifies them as for a plain request: a
     silence of ``streamIdleSeconds`` becomes ``APITimeoutError``; a connection lost mid-stream
     becomes ``APIConnectionError``; an error event inside the stream the status error it names
-    (``_status_error``), or a connection error when it names none.
+    (``_status_error``), or a connection error when it names none; a stream over its size
+    limit a 502. Keep-alive comments and chunks that carry nothing (no text, reasoning or
+    call) hold the stream open for ``KEEPALIVE_IDLE_FACTOR`` silences at most; an answer
+    that finished (a finish_reason came) is kept when its stream then never ends.
     """
     import openai
 
@@ -817,7 +845,8 @@ async def _read_stream(endpoint: _Endpoint, payload: bytes, on_text: TextSink) -
     try:
         if "text/event-stream" not in response.headers.get("content-type", ""):
             try:  # a server that does not stream
-                raw = json.loads(await response.aread())
+                async with _answer_deadline(endpoint):
+                    raw = json.loads(await response.aread())
             except ValueError as exc:
                 raise openai.APIConnectionError(
                     message=f"unreadable answer: {exc}", request=request
@@ -826,38 +855,48 @@ async def _read_stream(endpoint: _Endpoint, payload: bytes, on_text: TextSink) -
         idle = endpoint.cfg.stream_idle_seconds
         assembler = StreamAssembler()
         loop = asyncio.get_running_loop()
-        done = False
+        last_news = loop.time()  # when the answer last grew
         try:
             # One deadline moved on by every piece (wait_for would wrap each read in a task).
             async with asyncio.timeout(idle) as silence:
 
                 def alive() -> None:
-                    silence.reschedule(loop.time() + idle)
+                    now = loop.time()
+                    silence.reschedule(min(now + idle, last_news + KEEPALIVE_IDLE_FACTOR * idle))
 
-                async for data in _sse_data(response.aiter_bytes(), alive):
-                    if done:
-                        continue  # read to the end: the connection goes back to the pool
-                    if data == b"[DONE]":
-                        done = True
-                        continue
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        log.debug("llm stream from %s: a data line that is not JSON", endpoint.url)
-                        continue
-                    if isinstance(chunk, dict) and chunk.get("error"):
-                        error = chunk["error"]
-                        code = error.get("code") if isinstance(error, dict) else None
-                        if isinstance(code, int) and 400 <= code <= 599:
-                            raise _status_error(error, endpoint.url)
-                        message = error.get("message") if isinstance(error, dict) else error
-                        raise openai.APIConnectionError(
-                            message=f"error in stream: {message}", request=request
-                        )
-                    if assembler.add(chunk):
-                        on_text(assembler.shown)
+                events = _sse_data(response.aiter_bytes(), alive)
+                async with contextlib.aclosing(events):
+                    async for data in events:
+                        if data == b"[DONE]":
+                            break  # what follows, if anything, is not waited for
+                        try:
+                            chunk = json.loads(data)
+                        except ValueError:
+                            log.debug(
+                                "llm stream from %s: a data line that is not JSON", endpoint.url
+                            )
+                            continue
+                        if isinstance(chunk, dict) and chunk.get("error"):
+                            error = chunk["error"]
+                            code = error.get("code") if isinstance(error, dict) else None
+                            if isinstance(code, int) and 400 <= code <= 599:
+                                raise _status_error(error, endpoint.url)
+                            message = error.get("message") if isinstance(error, dict) else error
+                            raise openai.APIConnectionError(
+                                message=f"error in stream: {message}", request=request
+                            )
+                        pieces = assembler.pieces
+                        if assembler.add(chunk):
+                            on_text(assembler.shown)
+                        if assembler.pieces != pieces:
+                            last_news = loop.time()
+                            silence.reschedule(last_news + idle)
         except TimeoutError:
-            raise openai.APITimeoutError(request=request) from None
+            if assembler.finish_reason is None:
+                raise openai.APITimeoutError(request=request) from None
+            log.debug("llm stream from %s: finished but not ended; answer kept", endpoint.url)
+        except _TooLarge as exc:
+            raise _status_error({"message": f"{exc}: answer refused"}, endpoint.url) from None
         return assembler.completion()
     except httpx.TransportError as exc:
         raise openai.APIConnectionError(message=f"stream broken: {exc}", request=request) from exc
@@ -885,6 +924,7 @@ class StreamAssembler:
         "details",
         "finish_reason",
         "has_content",
+        "pieces",
         "reasoning",
         "shown",
         "usage",
@@ -901,6 +941,7 @@ class StreamAssembler:
         self.details: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.pieces = 0  # of text, reasoning and calls taken: a chunk without any is no news
 
     def add(self, chunk: Any) -> bool:
         """Take one chunk; True when the text a person may see changed."""
@@ -925,16 +966,20 @@ class StreamAssembler:
             if isinstance(piece, str):
                 self.has_content = True
                 if piece:
+                    self.pieces += 1
                     self.content += piece
                     self._tagged = self._tagged or "<" in piece
                     grew = self._show()
             thought = reasoning_of(delta)
             if thought:
+                self.pieces += 1
                 self.reasoning.append(thought)
             if "reasoning_details" in delta:
+                self.pieces += 1
                 merge_reasoning_details(self.details, delta["reasoning_details"])
             for tc in _list(delta.get("tool_calls")):
                 if isinstance(tc, dict):
+                    self.pieces += 1
                     self._add_call(tc)
         return grew
 

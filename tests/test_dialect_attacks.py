@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -183,3 +184,99 @@ async def test_a_tool_call_id_of_megabytes_is_replaced(hostile: Hostile) -> None
     hostile.plain = json.dumps({"choices": [{"message": {"tool_calls": [call]}}]}).encode()
     answer = await ask(hostile, stream=False)
     assert len(answer.tool_calls[0].id) == 9
+
+
+# -- streams that do not end ------------------------------------------------------------------
+
+
+def stream_of(*pieces: bytes, forever: bytes | None = None, every: float = 0.01) -> Frames:
+    """``pieces``, then ``forever`` (if given) every ``every`` seconds until memobot hangs up,
+    else a connection held open and silent."""
+
+    async def gen() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+        while True:
+            if forever is None:
+                await asyncio.sleep(3600)
+            yield forever
+            await asyncio.sleep(every)
+
+    return gen
+
+
+KEEPALIVE = b": keep-alive\n\n"
+
+
+@pytest.mark.parametrize(
+    "after", [None, KEEPALIVE, sse({"choices": []})], ids=["silent", "ka", "data"]
+)
+async def test_done_ends_the_answer_whatever_the_connection_does_after(
+    hostile: Hostile, after: bytes | None
+) -> None:
+    """Waiting for the end of the body after [DONE] threw a whole answer away as a timeout
+    (connection held open) or held the turn for ever (keep-alives or data after it)."""
+    hostile.frames = stream_of(
+        sse(chunk({"content": "answer"}, "stop")), sse("[DONE]"), forever=after
+    )
+    started = time.monotonic()
+    answer = await ask(hostile, streamIdleSeconds=5)
+    assert answer.content == "answer"
+    assert time.monotonic() - started < 2
+
+
+async def test_keepalives_alone_hold_a_stream_for_a_bounded_time(hostile: Hostile) -> None:
+    """Keep-alive comments (and chunks that carry nothing) count as activity, up to
+    KEEPALIVE_IDLE_FACTOR silences: a server that sends only those fails the try."""
+    hostile.frames = stream_of(
+        sse(chunk({"content": "a"})), forever=KEEPALIVE + sse({"choices": []})
+    )
+    started = time.monotonic()
+    answer = await ask(hostile, streamIdleSeconds=0.05)
+    assert isinstance(answer, LLMUnavailable) and "timed out" in str(answer)
+    assert 0.4 < time.monotonic() - started < 3  # ten silences of 0.05 s, not one
+
+
+async def test_keepalives_still_keep_a_slow_stream_alive(hostile: Hostile) -> None:
+    async def gen() -> AsyncIterator[bytes]:
+        for _ in range(20):  # four silences' worth of keep-alives before the answer
+            yield KEEPALIVE
+            await asyncio.sleep(0.01)
+        yield sse(chunk({"content": "slow but alive"}, "stop"))
+        yield sse("[DONE]")
+
+    hostile.frames = gen
+    assert (await ask(hostile, streamIdleSeconds=0.05)).content == "slow but alive"
+
+
+async def test_a_finished_answer_whose_stream_never_ends_is_kept(hostile: Hostile) -> None:
+    """DeepSeek streams seen to finish the message then send keep-alives for ever
+    (https://github.com/deepseek-ai/deepseek-harness/discussions/6959)."""
+    hostile.frames = stream_of(sse(chunk({"content": "done"}, "stop")), forever=KEEPALIVE)
+    answer = await ask(hostile, streamIdleSeconds=0.05)
+    assert answer.content == "done" and answer.finish_reason == "stop"
+
+
+# -- streams that do not stop growing ---------------------------------------------------------
+
+
+async def test_an_sse_line_without_end_is_refused_at_its_limit(
+    hostile: Hostile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bot.llm
+
+    monkeypatch.setattr(bot.llm, "MAX_SSE_EVENT_BYTES", 1 << 20)
+    hostile.frames = stream_of(b'data: {"x": "', forever=b"a" * 65536, every=0)
+    answer = await ask(hostile)
+    assert isinstance(answer, LLMUnavailable) and "over 1 MiB" in str(answer)
+
+
+async def test_a_stream_without_end_is_refused_at_its_limit(
+    hostile: Hostile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bot.llm
+
+    monkeypatch.setattr(bot.llm, "MAX_STREAM_BYTES", 1 << 20)
+    hostile.frames = stream_of(forever=sse(chunk({"content": "spam " * 100})), every=0)
+    answer = await ask(hostile)
+    assert isinstance(answer, LLMUnavailable) and "over 1 MiB" in str(answer)

@@ -40,6 +40,7 @@ from bot.config import LLMConfig
 from bot.dialects import (
     PROFILES,
     Dialect,
+    ReasoningSplitter,
     dialect_for,
     merge_reasoning_details,
     new_tool_call_id,
@@ -918,6 +919,7 @@ class StreamAssembler:
 
     __slots__ = (
         "_by_index",
+        "_split",
         "_tagged",
         "calls",
         "content",
@@ -937,6 +939,7 @@ class StreamAssembler:
         self.calls: list[dict[str, Any]] = []
         self._by_index: dict[Any, int] = {}
         self._tagged = False  # a "<" arrived: the text may hold a reasoning block
+        self._split = ReasoningSplitter()
         self.reasoning: list[str] = []
         self.details: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
@@ -984,7 +987,7 @@ class StreamAssembler:
         return grew
 
     def _show(self) -> bool:
-        shown = split_reasoning(self.content)[1] if self._tagged else self.content
+        shown = self._split.answer(self.content) if self._tagged else self.content
         if shown == self.shown:
             return False
         self.shown = shown

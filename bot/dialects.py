@@ -138,7 +138,11 @@ class Dialect:
         message); the input is not changed."""
         fit_ids = self.tool_call_ids != "any"
         seen: set[str] = set()  # ids given to calls so far: each unique in the conversation
-        block: dict[str, str] = {}  # the last call batch's ids -> the ids they were given
+        repeats: dict[str, int] = {}  # an id -> the repeat count of its last stand-in
+        # The last call batch's ids -> the ids their calls were given, in order (an old
+        # session may hold one id twice in a batch), and how many results each has had.
+        block: dict[str, list[str]] = {}
+        answered: dict[str, int] = {}
         out = messages
         for i, m in enumerate(messages):
             role = m.get("role")
@@ -147,12 +151,17 @@ class Dialect:
                 if "tool_calls" in m or "reasoning_content" in m or "reasoning_details" in m:
                     fixed = self._assistant(m)
                 if fit_ids:
-                    block = {}
-                    fixed = self._fit_call_ids(fixed, seen, block)
+                    block, answered = {}, {}
+                    fixed = self._fit_call_ids(fixed, seen, repeats, block)
             elif role == "tool" and fit_ids:
                 call_id = m.get("tool_call_id")
                 if isinstance(call_id, str):
-                    given = block.get(call_id) or fit_tool_call_id(call_id, self.tool_call_ids)
+                    given_ids = block.get(call_id)
+                    if given_ids:
+                        n = answered[call_id] = answered.get(call_id, 0) + 1
+                        given = given_ids[min(n, len(given_ids)) - 1]
+                    else:
+                        given = fit_tool_call_id(call_id, self.tool_call_ids)
                     if given != call_id:
                         fixed = {**m, "tool_call_id": given}
             if fixed is not m:
@@ -162,12 +171,17 @@ class Dialect:
         return out
 
     def _fit_call_ids(
-        self, m: dict[str, Any], seen: set[str], block: dict[str, str]
+        self,
+        m: dict[str, Any],
+        seen: set[str],
+        repeats: dict[str, int],
+        block: dict[str, list[str]],
     ) -> dict[str, Any]:
         """``m`` with call ids of this dialect's form, none used before in the conversation
         (Anthropic refuses a repeated one; LM Studio gives the first call of every answer the
         same id). Stand-ins are derived from the id and its repeat count: the same history
-        gets the same ids in every request."""
+        gets the same ids in every request. The count goes on from the id's last one (every
+        count before it is taken), so an id repeated n times costs n tries, not n squared."""
         calls = m.get("tool_calls")
         if not isinstance(calls, list):
             return m
@@ -177,12 +191,16 @@ class Dialect:
             if not isinstance(call_id, str):
                 fitted.append(c)
                 continue
-            given, repeat = fit_tool_call_id(call_id, self.tool_call_ids), 0
+            repeat = repeats.get(call_id, 0)
+            given = fit_tool_call_id(
+                f"{call_id}#{repeat}" if repeat else call_id, self.tool_call_ids
+            )
             while given in seen:
                 repeat += 1
                 given = fit_tool_call_id(f"{call_id}#{repeat}", self.tool_call_ids)
             seen.add(given)
-            block.setdefault(call_id, given)
+            repeats[call_id] = repeat
+            block.setdefault(call_id, []).append(given)
             fitted.append(c if given == call_id else {**c, "id": given})
         if all(a is b for a, b in zip(fitted, calls, strict=True)):
             return m

@@ -267,46 +267,71 @@ def _has_signature(extra: Any) -> bool:
 # "Unsupported parameter: 'max_tokens' is not supported with this model. Use
 # 'max_completion_tokens' instead." and "Unsupported value: 'temperature' does not support 0.7
 # with this model. Only the default (1) value is supported."; Mistral "Extra inputs are not
-# permitted" naming stream_options, and "Tool call id was ... but must be a-z, A-Z, 0-9, with a
-# length of 9."; DeepSeek "The reasoning_content in the thinking mode must be passed back to the
-# API." (https://api-docs.deepseek.com/guides/thinking_mode); R1's "reasoning_content" refused
-# in input (https://api-docs.deepseek.com/guides/reasoning_model).
+# permitted" naming stream_options, Groq "property 'stream_options' is unsupported", and
+# Mistral "Tool call id was ... but must be a-z, A-Z, 0-9, with a length of 9."; DeepSeek
+# "The `reasoning_content` in the thinking mode must be passed back to the API." and
+# "Missing `reasoning_content` field in the assistant message at message index 2"
+# (https://github.com/continuedev/continue/issues/9831), R1's "reasoning_content" refused in
+# input (https://api-docs.deepseek.com/guides/reasoning_model), Gemini's "Unknown name
+# \"reasoning_content\""; content null: LM Studio "'content' field must be a string",
+# llama.cpp "Expected 'content' to be a string or an array" (an HTTP 500), OpenAI "expected a
+# string, got null", pydantic "Input should be a valid string".
+# Gaps are bounded and the words must refuse: a refusal about something else that merely
+# names a field, or echoes the request (pydantic's "input"), teaches nothing. Not lessons:
+# vLLM's "'max_tokens' or 'max_completion_tokens' is too large" (the context is full) and
+# Mistral's "must have either content or tool_calls, but not none" (an empty message).
+_REFUSES = (
+    r"(?:unsupported|not support|unknown|unrecognized|unexpected|extra|not permitted"
+    r"|not allowed|cannot find)"
+)
 _LESSONS: tuple[tuple[re.Pattern[str], str, Any, str], ...] = (
     (
-        re.compile(r"max_tokens.*(not supported|max_completion_tokens)"),
+        re.compile(
+            r"max_tokens'?`?.{0,30}(?:is )?not supported|unsupported parameter.{0,20}max_tokens"
+            r"|use .?max_completion_tokens.? instead"
+        ),
         "token_parameter",
         "max_completion_tokens",
         "sending max_completion_tokens instead of max_tokens",
     ),
     (
         re.compile(
-            r"temperature.*(unsupported|not support|only the default)|unsupported.*temperature"
+            r"temperature.{0,60}(?:unsupported|not support|only the default)"
+            r"|unsupported.{0,30}temperature"
         ),
         "send_temperature",
         False,
         "leaving temperature out",
     ),
-    (re.compile(r"stream_options"), "stream_usage", False, "leaving stream_options out"),
     (
-        re.compile(r"reasoning_content.*must be passed back"),
+        re.compile(rf"stream_options.{{0,60}}{_REFUSES}|{_REFUSES}.{{0,60}}stream_options"),
+        "stream_usage",
+        False,
+        "leaving stream_options out",
+    ),
+    (
+        re.compile(r"reasoning_content.{0,40}must be passed back|missing.{0,3}reasoning_content"),
         "reasoning_back",
         "with_calls",
         "sending reasoning_content back with tool calls",
     ),
     (
-        re.compile(r"reasoning_content"),
+        re.compile(rf"reasoning_content.{{0,60}}{_REFUSES}|{_REFUSES}.{{0,60}}reasoning_content"),
         "reasoning_back",
         "never",
         "leaving reasoning_content out",
     ),
     (
-        re.compile(r"tool.?call.?id.*(length of 9|a-z, a-z, 0-9)"),
+        re.compile(r"tool.?call.?id.{0,80}(?:length of 9|a-z, a-z, 0-9)"),
         "tool_call_ids",
         "alnum9",
         "rewriting tool call ids to 9 letters and digits",
     ),
     (
-        re.compile(r"content.*(null|none|must be a string|is not a string)"),
+        re.compile(
+            r"content'?.{0,40}(?:\bnull\b|must be a string|to be a string|is not a string"
+            r"|should be a valid string)"
+        ),
         "null_content",
         False,
         'sending content "" instead of null with tool calls',

@@ -197,7 +197,8 @@ _TEMPLATE_REFUSAL = re.compile(
 
 def is_retryable(exc: BaseException, dialect: Dialect | None = None) -> bool:
     """Whether a new try can cure ``exc``: a lost connection, a timeout, 429, a 5xx (but a
-    chat template's refusal), or a 4xx whose error code the dialect knows to be transient."""
+    chat template's refusal, or one that teaches ``dialect``), or a 4xx whose error code the
+    dialect knows to be transient."""
     import openai
 
     if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
@@ -206,7 +207,11 @@ def is_retryable(exc: BaseException, dialect: Dialect | None = None) -> bool:
         if exc.status_code == 429:
             return True
         if exc.status_code >= 500:
-            return not _TEMPLATE_REFUSAL.search(_error_detail(exc))
+            # Nor one that names what the dialect got wrong (llama.cpp refuses content null
+            # with a 500): the request is sent again at once, the dialect corrected.
+            detail = _error_detail(exc)
+            taught = dialect is not None and dialect.learn(detail) is not None
+            return not (taught or _TEMPLATE_REFUSAL.search(detail))
         return _error_code(exc) in (dialect or PROFILES["generic"]).retry_codes
     return False
 
@@ -612,7 +617,8 @@ class LLMProvider:
             try:
                 return await self._post(endpoint, payload, session_key, attempts, on_text)
             except LLMRejected as exc:
-                learnt = dialect.learn(exc.detail) if exc.status in (400, 422) else None
+                teaches = exc.status in (400, 422) or exc.status >= 500
+                learnt = dialect.learn(exc.detail) if teaches else None
                 if learnt is None or lesson == MAX_LESSONS:
                     self._report_rejection(endpoint, exc, session_key)
                     raise

@@ -51,6 +51,7 @@ class Hostile:
 
     def __init__(self) -> None:
         self.frames: Frames | None = None
+        self.handler: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None
         self.plain: bytes = b""
         self.content_type = "application/json"
         self.requests: list[web.Request] = []
@@ -62,6 +63,8 @@ class Hostile:
         return f"http://127.0.0.1:{self.port}/v1"
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        if self.handler is not None:
+            return await self.handler(request)
         await request.read()
         self.requests.append(request)
         if self.frames is None:
@@ -382,3 +385,103 @@ def test_an_id_repeated_in_every_answer_costs_linear_time() -> None:
         sent = PROFILES[provider].messages(history)
         assert time.process_time() - started < 0.5
         assert len({m["tool_calls"][0]["id"] for m in sent[::2]}) == 3000
+
+
+# -- what a refusal teaches --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("words", "field", "value"),
+    [
+        (
+            "Missing `reasoning_content` field in the assistant message at message index 2. "
+            "For more information, please refer to "
+            "https://api-docs.deepseek.com/guides/thinking_mode#tool-calls",
+            "reasoning_back",
+            "with_calls",
+        ),
+        (
+            "The `reasoning_content` in the thinking mode must be passed back to the API.",
+            "reasoning_back",
+            "with_calls",
+        ),
+        ("Expected 'content' to be a string or an array", "null_content", False),
+        (
+            "Invalid 'content': 'content' field must be a string or an array of objects.",
+            "null_content",
+            False,
+        ),
+        ("property 'stream_options' is unsupported, did you mean 'stream'?", "stream_usage", False),
+    ],
+)
+def test_real_refusals_teach_the_right_lesson(words: str, field: str, value: Any) -> None:
+    """DeepSeek's 'Missing `reasoning_content`' (the wording of deepseek-reasoner since V3.2,
+    continuedev/continue#9831) taught the opposite lesson, 'never'; llama.cpp's words for
+    content null taught nothing."""
+    learnt = PROFILES["generic"].learn(words)
+    assert learnt is not None and getattr(learnt[0], field) == value
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        # vLLM's context overflow (vllm-project/vllm#20409 and many reports):
+        "'max_tokens' or 'max_completion_tokens' is too large: 8000. This model's maximum "
+        "context length is 4096 tokens and your request has 2778 input tokens (8000 > 4096 - "
+        "2778).",
+        "max_tokens is too large: 50000. This model supports at most 16384 completion tokens, "
+        "whereas you provided 50000.",
+        "This model's maximum context length is 128000 tokens. However, your messages resulted "
+        "in 130532 tokens. Please reduce the length of the messages.",
+        # Mistral and Ollama on an empty assistant message (OpenHands/OpenHands#8685):
+        "Assistant message must have either content or tool_calls, but not none.",
+        "The response was filtered due to the prompt triggering Azure OpenAI's content "
+        "management policy. Please modify your prompt and retry.",
+        "Incorrect API key provided: sk-abc***xyz. You can find your API key at "
+        "https://platform.openai.com/account/api-keys.",
+        # A refusal about something else that echoes the request (pydantic's "input"):
+        "[{'type': 'string_too_long', 'loc': ['body', 'messages', 1, 'content'], 'msg': 'too "
+        "long', 'input': {'model': 'm', 'stream': True, 'stream_options': {'include_usage': "
+        "True}, 'temperature': 0.7, 'messages': [{'content': 'the reasoning_content of a "
+        "thinking model is hidden'}]}}]",
+    ],
+)
+def test_ordinary_refusals_teach_nothing(words: str) -> None:
+    """A false lesson costs a request, a misleading warning and a dialect changed for good."""
+    assert PROFILES["generic"].learn(words) is None
+
+
+async def test_llamacpps_500_for_content_null_is_learnt_not_retried(
+    hostile: Hostile,
+) -> None:
+    """llama.cpp before mid-2025 refuses content null with HTTP 500: memobot (provider auto:
+    its port tells nothing) retried it four times and gave up, on every tool turn."""
+    seen: list[dict[str, Any]] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append(body)
+        if any(m.get("content") is None for m in body["messages"]):
+            error = {"code": 500, "message": "Expected 'content' to be a string or an array"}
+            return web.json_response({"error": error}, status=500)
+        return web.json_response({"choices": [{"message": {"content": "ok"}}]})
+
+    hostile.handler = chat
+    history = [
+        {"role": "user", "content": "u"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "abc", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "abc", "content": "r"},
+    ]
+    provider = provider_for(hostile, retry={"attempts": 4, "initialDelaySeconds": 0})
+    try:
+        assert (await provider.chat(history)).content == "ok"
+        assert (await provider.chat(history)).content == "ok"
+    finally:
+        await provider.close()
+    assert len(seen) == 3  # refused once, then sent right, for good

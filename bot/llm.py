@@ -23,7 +23,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -364,6 +364,25 @@ def _socks_transport(proxy: str) -> Any:
     return transport
 
 
+def _kept_home(url: str, names: list[str]) -> Callable[[Any], Awaitable[None]]:
+    """An httpx request hook: a redirect away from ``url``'s origin goes without the headers
+    ``names`` (Azure's api-key, llm.headers, Basic auth). The SDK follows redirects, and httpx
+    takes only Authorization off a request sent to another host."""
+    home = _httpx().URL(url)
+
+    async def hook(request: Any) -> None:
+        to = request.url
+        upgrade = (home.scheme, to.scheme) == ("http", "https") and home.port in (None, 80)
+        same = to.host == home.host and (
+            (to.scheme, to.port) == (home.scheme, home.port) or (upgrade and to.port is None)
+        )
+        if not same:
+            for name in names:
+                request.headers.pop(name, None)
+
+    return hook
+
+
 class _Endpoint:
     """One model at one base URL (``llm`` or one of ``llm.fallbacks``), with its own client."""
 
@@ -444,6 +463,9 @@ class _Endpoint:
             query = dict(self.access.query)
             if self.cfg.api_version:
                 query["api-version"] = self.cfg.api_version
+            transport = _transport(openai, self.cfg.timeout_seconds, self.proxy)
+            own = [name for name, value in headers.items() if isinstance(value, str)]
+            transport["http_client"].event_hooks["request"].append(_kept_home(self.url, own))
             # Local servers (Ollama, vLLM, llama.cpp) take any key; the SDK insists on one.
             self._client = openai.AsyncOpenAI(
                 api_key=self.api_key or "not-needed",
@@ -452,7 +474,7 @@ class _Endpoint:
                 default_query=query or None,
                 max_retries=0,
                 timeout=self.cfg.timeout_seconds,
-                **_transport(openai, self.cfg.timeout_seconds, self.proxy),
+                **transport,
             )
         return self._client
 

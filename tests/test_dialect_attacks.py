@@ -485,3 +485,39 @@ async def test_llamacpps_500_for_content_null_is_learnt_not_retried(
     finally:
         await provider.close()
     assert len(seen) == 3  # refused once, then sent right, for good
+
+
+# -- secrets -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["azure", "generic"])
+async def test_a_redirect_to_another_host_carries_none_of_the_endpoints_secrets(
+    hostile: Hostile, provider: str
+) -> None:
+    """The SDK follows redirects and httpx drops only Authorization on the way to another
+    origin: Azure's api-key and every llm.headers value went along."""
+    elsewhere = Hostile()
+    await elsewhere.start()
+    seen: dict[str, str] = {}
+
+    async def there(request: web.Request) -> web.Response:
+        seen.update(request.headers)
+        return web.json_response({"choices": [{"message": {"content": "from elsewhere"}}]})
+
+    async def here(request: web.Request) -> web.Response:
+        assert request.headers.get("X-Org-Token") == "tok-SECRET"  # sent home, of course
+        raise web.HTTPTemporaryRedirect(f"{elsewhere.base_url}/chat/completions")
+
+    hostile.handler, elsewhere.handler = here, there
+    try:
+        answer = await ask(
+            hostile,
+            stream=False,
+            provider=provider,
+            apiKey="sk-SECRET",
+            headers={"X-Org-Token": "tok-SECRET"},
+        )
+    finally:
+        await elsewhere.stop()
+    assert answer.content == "from elsewhere"
+    assert seen and not [v for v in seen.values() if "SECRET" in v]

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bot.config import LLMConfig
+from bot.config import ConfigError, LLMConfig, parse_config, secret_strings
 from bot.dialects import PROFILES, ReasoningSplitter, split_reasoning
 from bot.llm import LLMError, LLMProvider, LLMUnavailable, StreamAssembler
 
@@ -521,3 +521,17 @@ async def test_a_redirect_to_another_host_carries_none_of_the_endpoints_secrets(
         await elsewhere.stop()
     assert answer.content == "from elsewhere"
     assert seen and not [v for v in seen.values() if "SECRET" in v]
+
+
+@pytest.mark.parametrize("value", ["Bearer sk-SECRET\n", "sk-SECRET é"])
+def test_a_bad_header_value_is_not_echoed_by_the_config_check(value: str) -> None:
+    """The config check printed the headers it refused, values included, and JSON-escaped
+    ("\\n"), so the log filter's copy of the secret did not match them either."""
+    with pytest.raises(ConfigError) as info:
+        parse_config({"llm": {"headers": {"Helicone-Auth": value}}})
+    assert "Helicone-Auth" in str(info.value) and "SECRET" not in str(info.value)
+
+
+def test_header_values_are_secrets_to_the_log_filter() -> None:
+    found = list(secret_strings({"llm": {"headers": {"Helicone-Auth": "Bearer sk-x"}}}))
+    assert "Bearer sk-x" in found

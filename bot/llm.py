@@ -761,9 +761,25 @@ def _error_body(exc: Any) -> Any:
 
 
 def _error_detail(exc: Any) -> str:
+    """The server's words. OpenRouter says only "Provider returned error" and puts the
+    words of the provider behind it in ``metadata.raw``
+    (https://openrouter.ai/docs/api/reference/errors-and-debugging): they are added, so the
+    reason is logged and a dialect lesson in them learnt."""
     err = _error_body(exc)
     if err is not None and err.get("message"):
-        return str(err["message"])
+        said = str(err["message"])
+        metadata = err.get("metadata")
+        raw = metadata.get("raw") if isinstance(metadata, dict) else None
+        if isinstance(raw, str) and raw:
+            try:
+                inner = json.loads(raw)
+            except ValueError:
+                inner = None
+            inner_err = inner.get("error", inner) if isinstance(inner, dict) else None
+            if isinstance(inner_err, dict) and isinstance(inner_err.get("message"), str):
+                raw = inner_err["message"]
+            said = f"{said}: {raw}"
+        return said
     return str(getattr(exc, "message", exc))
 
 

@@ -54,6 +54,7 @@ class Hostile:
         self.handler: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None
         self.plain: bytes = b""
         self.content_type = "application/json"
+        self.status = 200
         self.requests: list[web.Request] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -68,7 +69,7 @@ class Hostile:
         await request.read()
         self.requests.append(request)
         if self.frames is None:
-            return web.Response(body=self.plain, content_type=self.content_type)
+            return web.Response(body=self.plain, status=self.status, content_type=self.content_type)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         try:
@@ -535,3 +536,30 @@ def test_a_bad_header_value_is_not_echoed_by_the_config_check(value: str) -> Non
 def test_header_values_are_secrets_to_the_log_filter() -> None:
     found = list(secret_strings({"llm": {"headers": {"Helicone-Auth": "Bearer sk-x"}}}))
     assert "Bearer sk-x" in found
+
+
+async def test_openrouters_provider_error_gives_the_providers_words(hostile: Hostile) -> None:
+    """OpenRouter's 'Provider returned error' alone hid the reason, and the dialect lesson
+    in it (danny-avila/LibreChat#13366: DeepSeek V4 through OpenRouter)."""
+    raw = json.dumps(
+        {
+            "error": {
+                "message": "The `reasoning_content` in the thinking mode must be passed back "
+                "to the API.",
+                "type": "invalid_request_error",
+            }
+        }
+    )
+    body = {
+        "error": {
+            "code": 400,
+            "message": "Provider returned error",
+            "metadata": {"provider_name": "DeepSeek", "raw": raw},
+        }
+    }
+    hostile.plain, hostile.status = json.dumps(body).encode(), 400
+    answer = await ask(hostile, stream=False, provider="openrouter")
+    assert isinstance(answer, LLMError)
+    assert "Provider returned error: The `reasoning_content`" in str(answer)
+    # ... and it taught the dialect (the second try was refused the same way, and said so).
+    assert len(hostile.requests) == 2

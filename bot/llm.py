@@ -433,6 +433,15 @@ class _Endpoint:
     def url(self) -> str:
         return self.base_url or DEFAULT_ENDPOINT
 
+    def scrub(self, text: str) -> str:
+        """``text`` (a server's words, shown in a chat) without this endpoint's own secrets:
+        a proxy may echo the key or a header it was sent."""
+        secrets = [self.api_key, *self.cfg.headers.values(), *self.access.headers.values()]
+        for secret in secrets:
+            if len(secret) >= 8:  # shorter: no key, and replacing it would garble the text
+                text = text.replace(secret, "[redacted]")
+        return text
+
     @property
     def post_options(self) -> dict[str, Any]:
         """The SDK's options of each request: a JSON body, and for a key in Azure's api-key
@@ -703,7 +712,8 @@ class LLMProvider:
                 raise LLMUnavailable(
                     f"{endpoint.url} answered {_describe(exc)}; gave up after {tries} tries"
                 ) from exc
-            raise LLMRejected(exc.status_code, _error_detail(exc), endpoint.url) from exc
+            detail = endpoint.scrub(_error_detail(exc))
+            raise LLMRejected(exc.status_code, detail, endpoint.url) from exc
         except openai.APIConnectionError as exc:
             # Name the endpoint and the setting: "Connection error." alone leaves the person
             # guessing which server was meant.

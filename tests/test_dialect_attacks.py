@@ -136,8 +136,25 @@ async def ask(server: Hostile, *, stream: bool = True, **llm: Any) -> Any:
         {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": {"i": 0}, "id": "a"}]}}]},
         chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": 5}}]}),
         chunk({"content": "ok"}, finish=["stop"]),  # type: ignore[arg-type]
+        chunk({"content": "ok", "reasoning_content": ["a"], "reasoning": {"b": 1}}),
+        chunk({"reasoning_content": 5, "reasoning_details": "x"}),
+        chunk({"tool_calls": [{"index": "0", "id": "a", "extra_content": [1]}]}),
+        chunk({"tool_calls": [{"index": 0, "id": 7, "function": {"arguments": 5}}]}),
+        {"choices": [{"index": 0, "delta": "text"}], "usage": "lots", "x_groq": 5},
     ],
-    ids=["tool_calls-number", "choices-number", "index-list", "index-dict", "name-number", "fin"],
+    ids=[
+        "tool_calls-number",
+        "choices-number",
+        "index-list",
+        "index-dict",
+        "name-number",
+        "finish-list",
+        "reasoning-list",
+        "reasoning-number",
+        "extra-list",
+        "id-number",
+        "delta-string",
+    ],
 )
 async def test_a_stream_of_odd_types_is_no_traceback(hostile: Hostile, event: Any) -> None:
     hostile.frames = frames(sse(event), sse("[DONE]"))
@@ -563,3 +580,18 @@ async def test_openrouters_provider_error_gives_the_providers_words(hostile: Hos
     assert "Provider returned error: The `reasoning_content`" in str(answer)
     # ... and it taught the dialect (the second try was refused the same way, and said so).
     assert len(hostile.requests) == 2
+
+
+async def test_a_refusal_that_echoes_the_key_or_a_header_does_not_show_them(
+    hostile: Hostile,
+) -> None:
+    """A refusal's words go to the chat (user_message): a proxy that echoes what it was sent
+    would show the endpoint's secrets to everyone in a group."""
+    said = "bad request from key sk-SECRET-123 with header gw-SECRET-456"
+    hostile.plain, hostile.status = json.dumps({"error": {"message": said}}).encode(), 400
+    answer = await ask(
+        hostile, stream=False, apiKey="sk-SECRET-123", headers={"X-Gw": "gw-SECRET-456"}
+    )
+    assert isinstance(answer, LLMError)
+    assert "SECRET" not in answer.user_message and "SECRET" not in str(answer)
+    assert "[redacted]" in answer.user_message

@@ -442,7 +442,9 @@ def detect_provider(base_url: str) -> str:
         return "openai"
     try:
         parts = urlsplit(base_url)
-        host, port = (parts.hostname or "").lower(), parts.port
+        # "api.openai.com." is the same host (a fully qualified name); any text before an
+        # "@" is user info, not the host (the client sends the request where this says).
+        host, port = (parts.hostname or "").lower().rstrip("."), parts.port
     except ValueError:
         return "generic"
     for suffix, name in _HOSTS:

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from bot.config import ConfigError, LLMConfig, parse_config, secret_strings
-from bot.dialects import PROFILES, ReasoningSplitter, split_reasoning
+from bot.dialects import PROFILES, ReasoningSplitter, detect_provider, split_reasoning
 from bot.llm import LLMError, LLMProvider, LLMUnavailable, StreamAssembler
 
 Frames = Callable[[], AsyncIterator[bytes]]
@@ -641,3 +641,22 @@ async def test_a_template_opened_think_block_is_never_shown_while_streaming(
         await provider.close()
     assert answer.content == "Hello!"
     assert not [s for s in shown if "greet" in s]
+
+
+@pytest.mark.parametrize(
+    ("url", "provider"),
+    [
+        ("https://api.openai.com@evil.example/v1", "generic"),
+        ("https://evil.example#@api.openai.com/v1", "generic"),
+        ("https://evil.example?@api.openai.com/", "generic"),
+        ("https://x.openai.azure.com.evil.example/openai/v1", "generic"),
+        ("https://evilopenrouter.ai/api/v1", "generic"),
+        ("https://api.openai.com%2eevil.example/v1", "generic"),
+        ("https://api.openai.com./v1", "openai"),
+        ("https://API.OpenAI.com/v1", "openai"),
+    ],
+)
+def test_the_detected_provider_is_the_host_the_request_goes_to(url: str, provider: str) -> None:
+    """Spoofing the detection changes only quirks, never where the request goes; the two
+    must agree (httpx sends to the host after the last '@', as urlsplit reads it)."""
+    assert detect_provider(url) == provider

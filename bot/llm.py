@@ -421,13 +421,17 @@ class _Endpoint:
             self._dialect = (cfg.model, made.with_overrides(self._learned))
         return self._dialect[1]
 
-    def learn(self, dialect: Dialect) -> None:
-        """Speak ``dialect`` from now on (what a refusal taught)."""
-        old = self.dialect
-        for name in Dialect.__dataclass_fields__:
-            if getattr(dialect, name) != getattr(old, name):
-                self._learned[name] = getattr(dialect, name)
-        self._dialect = (self.cfg.model, dialect)
+    def learn(self, before: Dialect, taught: Dialect) -> None:
+        """Speak as ``taught`` from now on where it differs from ``before``, the dialect the
+        refused request was sent in. Only that difference: another request may have learnt
+        something else meanwhile, which stays."""
+        changed = {
+            name: getattr(taught, name)
+            for name in Dialect.__dataclass_fields__
+            if getattr(taught, name) != getattr(before, name)
+        }
+        self._learned.update(changed)
+        self._dialect = (self.cfg.model, self.dialect.with_overrides(changed))
 
     @property
     def url(self) -> str:
@@ -653,7 +657,7 @@ class LLMProvider:
                 if learnt is None or lesson == MAX_LESSONS:
                     self._report_rejection(endpoint, exc, session_key)
                     raise
-                endpoint.learn(learnt[0])
+                endpoint.learn(dialect, learnt[0])
                 log.warning(
                     "llm endpoint %s refused a request (HTTP %d: %s): %s from now on; set "
                     "llm.provider (or llm.dialect) to start that way session=%s",

@@ -660,3 +660,44 @@ def test_the_detected_provider_is_the_host_the_request_goes_to(url: str, provide
     """Spoofing the detection changes only quirks, never where the request goes; the two
     must agree (httpx sends to the host after the last '@', as urlsplit reads it)."""
     assert detect_provider(url) == provider
+
+
+async def test_lessons_learnt_at_the_same_time_by_two_requests_both_stay(
+    hostile: Hostile,
+) -> None:
+    """Each request learns on the dialect it was sent in: a lesson that landed while
+    another request was out was undone when that one learnt (the dialect it started from
+    replaced the endpoint's), and was learnt again, a refused request each time."""
+    both_sent, plain_learnt = asyncio.Event(), asyncio.Event()
+    bodies: list[dict[str, Any]] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        bodies.append(body)
+        if len(bodies) == 2:
+            both_sent.set()
+        if body.get("stream"):
+            await both_sent.wait()
+            await plain_learnt.wait()  # the streamed one is refused after the other learnt
+        if "stream_options" in body:
+            said = "property 'stream_options' is unsupported, did you mean 'stream'?"
+        elif "max_tokens" in body:
+            await both_sent.wait()
+            said = "Unsupported parameter: 'max_tokens' is not supported with this model."
+        else:
+            plain_learnt.set()
+            return web.json_response({"choices": [{"message": {"content": "ok"}}]})
+        return web.json_response({"error": {"message": said}}, status=400)
+
+    hostile.handler = chat
+    provider = provider_for(hostile)
+    try:
+        plain = provider.chat([{"role": "user", "content": "a"}])
+        streamed = provider.chat([{"role": "user", "content": "b"}], on_text=lambda _: None)
+        answers = await asyncio.gather(plain, streamed)
+        assert [a.content for a in answers] == ["ok", "ok"]
+        assert provider.dialect.token_parameter == "max_completion_tokens"
+        assert provider.dialect.stream_usage is False
+    finally:
+        await provider.close()
+    assert len(bodies) == 4  # two refusals, two answers: no lesson learnt twice

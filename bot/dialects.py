@@ -295,6 +295,17 @@ _LESSONS: tuple[tuple[re.Pattern[str], str, Any, str], ...] = (
         "sending max_completion_tokens instead of max_tokens",
     ),
     (
+        # The other way: Mistral (422 "Extra inputs are not permitted" at max_completion_tokens)
+        # and Azure's older api-versions ("Unrecognized request argument supplied:
+        # max_completion_tokens") refuse it, when llm.provider says openai for them.
+        re.compile(
+            rf"max_completion_tokens.{{0,60}}{_REFUSES}|{_REFUSES}.{{0,60}}max_completion_tokens"
+        ),
+        "token_parameter",
+        "max_tokens",
+        "sending max_tokens instead of max_completion_tokens",
+    ),
+    (
         re.compile(
             r"temperature.{0,60}(?:unsupported|not support|only the default)"
             r"|unsupported.{0,30}temperature"

@@ -22,6 +22,8 @@ from aiohttp import web
 from bot.config import ConfigError, LLMConfig, parse_config, secret_strings
 from bot.dialects import PROFILES, ReasoningSplitter, detect_provider, split_reasoning
 from bot.llm import LLMError, LLMProvider, LLMUnavailable, StreamAssembler
+from tests.fakes.llm_server import FakeLLM
+from tests.fakes.llm_server import reply as fake_reply
 
 Frames = Callable[[], AsyncIterator[bytes]]
 
@@ -440,6 +442,14 @@ def test_real_refusals_teach_the_right_lesson(words: str, field: str, value: Any
     assert learnt is not None and getattr(learnt[0], field) == value
 
 
+def test_max_completion_tokens_refused_teaches_max_tokens() -> None:
+    """Azure's api-versions before 2024-09 (and Mistral, see below) refuse it."""
+    learnt = PROFILES["openai"].learn(
+        "Unrecognized request argument supplied: max_completion_tokens"
+    )
+    assert learnt is not None and learnt[0].token_parameter == "max_tokens"
+
+
 @pytest.mark.parametrize(
     "words",
     [
@@ -701,3 +711,20 @@ async def test_lessons_learnt_at_the_same_time_by_two_requests_both_stay(
     finally:
         await provider.close()
     assert len(bodies) == 4  # two refusals, two answers: no lesson learnt twice
+
+
+async def test_mistral_spoken_to_as_openai_learns_max_tokens_back() -> None:
+    """llm.provider "openai" for an endpoint that is not (the nanobot importer sets it for
+    nanobot's "openai" provider whatever its apiBase) sent max_completion_tokens, which
+    Mistral refuses, and nothing taught max_tokens back: every request failed."""
+    async with FakeLLM(dialect="mistral") as llm:
+        llm.script(fake_reply("one"), fake_reply("two"))
+        provider = LLMProvider(
+            LLMConfig(base_url=llm.base_url, provider="openai", model="mistral-large-latest")
+        )
+        try:
+            assert (await provider.chat([{"role": "user", "content": "a"}])).content == "one"
+            assert (await provider.chat([{"role": "user", "content": "b"}])).content == "two"
+        finally:
+            await provider.close()
+    assert ["max_tokens" in r["body"] for r in llm.requests] == [False, True, True]

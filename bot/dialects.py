@@ -271,8 +271,9 @@ def _has_signature(extra: Any) -> bool:
 # Mistral "Tool call id was ... but must be a-z, A-Z, 0-9, with a length of 9."; DeepSeek
 # "The `reasoning_content` in the thinking mode must be passed back to the API." and
 # "Missing `reasoning_content` field in the assistant message at message index 2"
-# (https://github.com/continuedev/continue/issues/9831), R1's "reasoning_content" refused in
-# input (https://api-docs.deepseek.com/guides/reasoning_model), Gemini's "Unknown name
+# (https://github.com/continuedev/continue/issues/9831), R1's "Please remove the
+# reasoning_content from your message" (https://github.com/Euyug/Mirai-Gpt-Plugin/issues/4,
+# https://api-docs.deepseek.com/guides/reasoning_model), Gemini's "Unknown name
 # \"reasoning_content\""; content null: LM Studio "'content' field must be a string",
 # llama.cpp "Expected 'content' to be a string or an array" (an HTTP 500), OpenAI "expected a
 # string, got null", pydantic "Input should be a valid string".
@@ -327,7 +328,10 @@ _LESSONS: tuple[tuple[re.Pattern[str], str, Any, str], ...] = (
         "sending reasoning_content back with tool calls",
     ),
     (
-        re.compile(rf"reasoning_content.{{0,60}}{_REFUSES}|{_REFUSES}.{{0,60}}reasoning_content"),
+        re.compile(
+            rf"reasoning_content.{{0,60}}{_REFUSES}|{_REFUSES}.{{0,60}}reasoning_content"
+            r"|remove (?:the )?reasoning_content"
+        ),
         "reasoning_back",
         "never",
         "leaving reasoning_content out",

@@ -427,6 +427,19 @@ def test_an_id_repeated_in_every_answer_costs_linear_time() -> None:
         ),
         ("Expected 'content' to be a string or an array", "null_content", False),
         (
+            "The reasoning_content is an intermediate result for display purposes only and "
+            "will not be included in the context for inference. Please remove the "
+            "reasoning_content from your message to reduce network traffic.",
+            "reasoning_back",
+            "never",
+        ),
+        (
+            'Invalid JSON payload received. Unknown name "reasoning_content" at '
+            "'messages[2]': Cannot find field.",
+            "reasoning_back",
+            "never",
+        ),
+        (
             "Invalid 'content': 'content' field must be a string or an array of objects.",
             "null_content",
             False,
@@ -438,7 +451,8 @@ def test_real_refusals_teach_the_right_lesson(words: str, field: str, value: Any
     """DeepSeek's 'Missing `reasoning_content`' (the wording of deepseek-reasoner since V3.2,
     continuedev/continue#9831) taught the opposite lesson, 'never'; llama.cpp's words for
     content null taught nothing."""
-    learnt = PROFILES["generic"].learn(words)
+    start = PROFILES["deepseek"] if value == "never" else PROFILES["generic"]
+    learnt = start.learn(words)
     assert learnt is not None and getattr(learnt[0], field) == value
 
 

@@ -337,7 +337,7 @@ _LESSONS: tuple[tuple[re.Pattern[str], str, Any, str], ...] = (
         "leaving reasoning_content out",
     ),
     (
-        re.compile(r"tool.?call.?id.{0,80}(?:length of 9|a-z, a-z, 0-9)"),
+        re.compile(r"tool.?call.?id.{0,300}(?:length of 9|a-z, a-z, 0-9)"),  # the id is quoted
         "tool_call_ids",
         "alnum9",
         "rewriting tool call ids to 9 letters and digits",

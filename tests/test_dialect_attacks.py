@@ -427,6 +427,11 @@ def test_an_id_repeated_in_every_answer_costs_linear_time() -> None:
         ),
         ("Expected 'content' to be a string or an array", "null_content", False),
         (
+            f"Tool call id was {'x' * 200} but must be a-z, A-Z, 0-9, with a length of 9.",
+            "tool_call_ids",
+            "alnum9",
+        ),
+        (
             "The reasoning_content is an intermediate result for display purposes only and "
             "will not be included in the context for inference. Please remove the "
             "reasoning_content from your message to reduce network traffic.",

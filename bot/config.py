@@ -621,11 +621,14 @@ def expand_env(value: Any, path: str = "", found: set[str] | None = None) -> Any
 
 def secret_strings(value: Any, key: str = "") -> Iterator[str]:
     """Strings of a config that must never be logged: those under key-, token-, secret- or
-    password-like names, and the passwords and key-like query values of URLs (proxies,
-    endpoints)."""
+    password-like names, the values of extra HTTP headers, and the passwords and key-like
+    query values of URLs (proxies, endpoints)."""
     if isinstance(value, dict):
         for k, v in value.items():
-            yield from secret_strings(v, str(k))
+            if k == "headers" and isinstance(v, dict):  # extra HTTP headers: tokens, mostly
+                yield from (h for h in v.values() if isinstance(h, str) and h)
+            else:
+                yield from secret_strings(v, str(k))
     elif isinstance(value, list):
         for v in value:
             yield from secret_strings(v, key)
@@ -709,8 +712,10 @@ def _describe(err: dict[str, Any]) -> str:
         return f"expected true or false, without quotes (got {got})"
     if kind == "missing":
         return "required option is missing"
-    if err["loc"] and _SECRET_KEY.search(str(err["loc"][-1])):
-        return str(err["msg"])  # a secret is not echoed back, not even a mangled one
+    if err["loc"] and (_SECRET_KEY.search(str(err["loc"][-1])) or "headers" in err["loc"]):
+        # A secret is not echoed back, not even a mangled one; an extra header's value is
+        # often one (a gateway's token), under any name.
+        return str(err["msg"])
     return f"{err['msg']} (got {json.dumps(err.get('input'), default=str)[:80]})"
 
 

@@ -124,7 +124,11 @@ class Dialect:
         message); the input is not changed."""
         fit_ids = self.tool_call_ids != "any"
         seen: set[str] = set()  # ids given to calls so far: each unique in the conversation
-        block: dict[str, str] = {}  # the last call batch's ids -> the ids they were given
+        repeats: dict[str, int] = {}  # an id -> the repeat count of its last stand-in
+        # The last call batch's ids -> the ids their calls were given, in order (an old
+        # session may hold one id twice in a batch), and how many results each has had.
+        block: dict[str, list[str]] = {}
+        answered: dict[str, int] = {}
         out = messages
         for i, m in enumerate(messages):
             role = m.get("role")
@@ -133,12 +137,17 @@ class Dialect:
                 if "tool_calls" in m or "reasoning_content" in m or "reasoning_details" in m:
                     fixed = self._assistant(m)
                 if fit_ids:
-                    block = {}
-                    fixed = self._fit_call_ids(fixed, seen, block)
+                    block, answered = {}, {}
+                    fixed = self._fit_call_ids(fixed, seen, repeats, block)
             elif role == "tool" and fit_ids:
                 call_id = m.get("tool_call_id")
                 if isinstance(call_id, str):
-                    given = block.get(call_id) or fit_tool_call_id(call_id, self.tool_call_ids)
+                    given_ids = block.get(call_id)
+                    if given_ids:
+                        n = answered[call_id] = answered.get(call_id, 0) + 1
+                        given = given_ids[min(n, len(given_ids)) - 1]
+                    else:
+                        given = fit_tool_call_id(call_id, self.tool_call_ids)
                     if given != call_id:
                         fixed = {**m, "tool_call_id": given}
             if fixed is not m:
@@ -148,12 +157,17 @@ class Dialect:
         return out
 
     def _fit_call_ids(
-        self, m: dict[str, Any], seen: set[str], block: dict[str, str]
+        self,
+        m: dict[str, Any],
+        seen: set[str],
+        repeats: dict[str, int],
+        block: dict[str, list[str]],
     ) -> dict[str, Any]:
         """``m`` with call ids of this dialect's form, none used before in the conversation
         (Anthropic refuses a repeated one; LM Studio gives the first call of every answer the
         same id). Stand-ins are derived from the id and its repeat count: the same history
-        gets the same ids in every request."""
+        gets the same ids in every request. The count goes on from the id's last one (every
+        count before it is taken), so an id repeated n times costs n tries, not n squared."""
         calls = m.get("tool_calls")
         if not isinstance(calls, list):
             return m
@@ -163,12 +177,16 @@ class Dialect:
             if not isinstance(call_id, str):
                 fitted.append(c)
                 continue
-            given, repeat = fit_tool_call_id(call_id, self.tool_call_ids), 0
+            repeat = repeats.get(call_id, 0)
+            given = fit_tool_call_id(
+                f"{call_id}#{repeat}" if repeat else call_id, self.tool_call_ids
+            )
             while given in seen:
                 repeat += 1
                 given = fit_tool_call_id(f"{call_id}#{repeat}", self.tool_call_ids)
             seen.add(given)
-            block.setdefault(call_id, given)
+            repeats[call_id] = repeat
+            block.setdefault(call_id, []).append(given)
             fitted.append(c if given == call_id else {**c, "id": given})
         if all(a is b for a, b in zip(fitted, calls, strict=True)):
             return m
@@ -235,46 +253,86 @@ def _has_signature(extra: Any) -> bool:
 # "Unsupported parameter: 'max_tokens' is not supported with this model. Use
 # 'max_completion_tokens' instead." and "Unsupported value: 'temperature' does not support 0.7
 # with this model. Only the default (1) value is supported."; Mistral "Extra inputs are not
-# permitted" naming stream_options, and "Tool call id was ... but must be a-z, A-Z, 0-9, with a
-# length of 9."; DeepSeek "The reasoning_content in the thinking mode must be passed back to the
-# API." (https://api-docs.deepseek.com/guides/thinking_mode); R1's "reasoning_content" refused
-# in input (https://api-docs.deepseek.com/guides/reasoning_model).
+# permitted" naming stream_options, Groq "property 'stream_options' is unsupported", and
+# Mistral "Tool call id was ... but must be a-z, A-Z, 0-9, with a length of 9."; DeepSeek
+# "The `reasoning_content` in the thinking mode must be passed back to the API." and
+# "Missing `reasoning_content` field in the assistant message at message index 2"
+# (https://github.com/continuedev/continue/issues/9831), R1's "Please remove the
+# reasoning_content from your message" (https://github.com/Euyug/Mirai-Gpt-Plugin/issues/4,
+# https://api-docs.deepseek.com/guides/reasoning_model), Gemini's "Unknown name
+# \"reasoning_content\""; content null: LM Studio "'content' field must be a string",
+# llama.cpp "Expected 'content' to be a string or an array" (an HTTP 500), OpenAI "expected a
+# string, got null", pydantic "Input should be a valid string".
+# Gaps are bounded and the words must refuse: a refusal about something else that merely
+# names a field, or echoes the request (pydantic's "input"), teaches nothing. Not lessons:
+# vLLM's "'max_tokens' or 'max_completion_tokens' is too large" (the context is full) and
+# Mistral's "must have either content or tool_calls, but not none" (an empty message).
+_REFUSES = (
+    r"(?:unsupported|not support|unknown|unrecognized|unexpected|extra|not permitted"
+    r"|not allowed|cannot find)"
+)
 _LESSONS: tuple[tuple[re.Pattern[str], str, Any, str], ...] = (
     (
-        re.compile(r"max_tokens.*(not supported|max_completion_tokens)"),
+        re.compile(
+            r"max_tokens'?`?.{0,30}(?:is )?not supported|unsupported parameter.{0,20}max_tokens"
+            r"|use .?max_completion_tokens.? instead"
+        ),
         "token_parameter",
         "max_completion_tokens",
         "sending max_completion_tokens instead of max_tokens",
     ),
     (
+        # The other way: Mistral (422 "Extra inputs are not permitted" at max_completion_tokens)
+        # and Azure's older api-versions ("Unrecognized request argument supplied:
+        # max_completion_tokens") refuse it, when llm.provider says openai for them.
         re.compile(
-            r"temperature.*(unsupported|not support|only the default)|unsupported.*temperature"
+            rf"max_completion_tokens.{{0,60}}{_REFUSES}|{_REFUSES}.{{0,60}}max_completion_tokens"
+        ),
+        "token_parameter",
+        "max_tokens",
+        "sending max_tokens instead of max_completion_tokens",
+    ),
+    (
+        re.compile(
+            r"temperature.{0,60}(?:unsupported|not support|only the default)"
+            r"|unsupported.{0,30}temperature"
         ),
         "send_temperature",
         False,
         "leaving temperature out",
     ),
-    (re.compile(r"stream_options"), "stream_usage", False, "leaving stream_options out"),
     (
-        re.compile(r"reasoning_content.*must be passed back"),
+        re.compile(rf"stream_options.{{0,60}}{_REFUSES}|{_REFUSES}.{{0,60}}stream_options"),
+        "stream_usage",
+        False,
+        "leaving stream_options out",
+    ),
+    (
+        re.compile(r"reasoning_content.{0,40}must be passed back|missing.{0,3}reasoning_content"),
         "reasoning_back",
         "with_calls",
         "sending reasoning_content back with tool calls",
     ),
     (
-        re.compile(r"reasoning_content"),
+        re.compile(
+            rf"reasoning_content.{{0,60}}{_REFUSES}|{_REFUSES}.{{0,60}}reasoning_content"
+            r"|remove (?:the )?reasoning_content"
+        ),
         "reasoning_back",
         "never",
         "leaving reasoning_content out",
     ),
     (
-        re.compile(r"tool.?call.?id.*(length of 9|a-z, a-z, 0-9)"),
+        re.compile(r"tool.?call.?id.{0,300}(?:length of 9|a-z, a-z, 0-9)"),  # the id is quoted
         "tool_call_ids",
         "alnum9",
         "rewriting tool call ids to 9 letters and digits",
     ),
     (
-        re.compile(r"content.*(null|none|must be a string|is not a string)"),
+        re.compile(
+            r"content'?.{0,40}(?:\bnull\b|must be a string|to be a string|is not a string"
+            r"|should be a valid string)"
+        ),
         "null_content",
         False,
         'sending content "" instead of null with tool calls',
@@ -385,7 +443,9 @@ def detect_provider(base_url: str) -> str:
         return "openai"
     try:
         parts = urlsplit(base_url)
-        host, port = (parts.hostname or "").lower(), parts.port
+        # "api.openai.com." is the same host (a fully qualified name); any text before an
+        # "@" is user info, not the host (the client sends the request where this says).
+        host, port = (parts.hostname or "").lower().rstrip("."), parts.port
     except ValueError:
         return "generic"
     for suffix, name in _HOSTS:
@@ -438,6 +498,84 @@ def split_reasoning(text: str) -> tuple[str, str]:
     if m and "<" not in m.group(1) and "`" not in m.group(1):
         return m.group(1).strip(), text[m.end() :]
     return "", text
+
+
+_TAGS = ("think", "thinking", "reasoning")
+_OPENERS = tuple(f"<{t}>" for t in _TAGS)
+_CLOSERS = tuple(f"</{t}>" for t in _TAGS)
+_CLOSER_OF = {t: re.compile(f"</{t}>", re.IGNORECASE) for t in _TAGS}
+_LONGEST_TAG = max(len(t) for t in _CLOSERS)
+_NOT_SPACE = re.compile(r"\S")
+_MARK = re.compile(r"[<`]")
+
+
+class ReasoningSplitter:
+    """``split_reasoning(text)[1]`` for a text that only grows (a stream's), in time linear
+    in the text over all the calls: split_reasoning of the whole text on every piece made a
+    streamed answer with a "<" in it, or a long <think> block, quadratic (20,000 pieces of
+    HTML: 30 s of the event loop's CPU).
+
+    Whether the text has a reasoning block is decided by its first non-space character
+    (an opening tag) or its first "<" or "`" (a closing tag, the opening one left in the
+    template): once decided, only the new part of the text is read."""
+
+    __slots__ = ("_close", "_end", "_lead", "_scan", "_state")
+
+    def __init__(self) -> None:
+        self._state = "open"  # "open" (not known yet), "plain", "block", "answer"
+        self._lead = -1  # where the first non-space character is, once there is one
+        self._scan = 0  # where the reading goes on
+        self._close: re.Pattern[str] | None = None  # the open block's closing tag
+        self._end = 0  # where the answer starts (after the closing tag)
+
+    def answer(self, text: str) -> str:
+        """The part of ``text`` a person may see; ``text`` extends the one of the last call."""
+        if self._state == "open":
+            self._decide(text)
+        if self._state == "block":
+            assert self._close is not None
+            m = self._close.search(text, self._scan)
+            if m is None:
+                # The closing tag may be cut between this piece and the next.
+                self._scan = max(self._scan, len(text) - _LONGEST_TAG)
+                return ""
+            self._state, self._end = "answer", m.end()
+        if self._state == "answer":
+            return text[self._end :].lstrip()
+        return text  # "plain", or "open": no block (yet) that split_reasoning would take out
+
+    def _decide(self, text: str) -> None:
+        if self._lead < 0:
+            m = _NOT_SPACE.search(text, self._scan)
+            if m is None:
+                self._scan = len(text)
+                return
+            self._lead = self._scan = m.start()
+        lead = self._lead
+        if text[lead] == "<":
+            head = text[lead : lead + _LONGEST_TAG].lower()
+            for tag, opener in zip(_TAGS, _OPENERS, strict=True):
+                if head.startswith(opener):
+                    self._state, self._close = "block", _CLOSER_OF[tag]
+                    self._scan = lead + len(opener)
+                    return
+            if len(head) < _LONGEST_TAG and any(o.startswith(head) for o in _OPENERS):
+                return  # an opening tag, perhaps, cut short
+        m = _MARK.search(text, self._scan)
+        if m is None:
+            self._scan = len(text)
+            return
+        self._scan = at = m.start()
+        rest = text[at : at + _LONGEST_TAG].lower()
+        if rest[0] == "`":
+            self._state = "plain"  # split_reasoning: a text that quotes a tag is about it
+            return
+        for closer in _CLOSERS:
+            if rest.startswith(closer):
+                self._state, self._end = "answer", at + len(closer)
+                return
+        if not any(c.startswith(rest) for c in _CLOSERS):
+            self._state = "plain"
 
 
 def reasoning_of(message: dict[str, Any]) -> str:

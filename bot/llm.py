@@ -23,7 +23,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,7 @@ from bot.config import LLMConfig
 from bot.dialects import (
     PROFILES,
     Dialect,
+    ReasoningSplitter,
     dialect_for,
     merge_reasoning_details,
     new_tool_call_id,
@@ -67,6 +68,17 @@ NOT_CONFIGURED_HELP = (
 DEFAULT_ENDPOINT = "https://api.openai.com/v1"
 # Refusals that may each teach an endpoint's dialect one thing, per request (bot.dialects).
 MAX_LESSONS = 4
+# A tool-call id is sent back with every later request and kept in the session: one longer
+# than any provider's (OpenAI's are about 30 characters) is replaced like a missing one.
+MAX_TOOL_CALL_ID = 256
+# A streamed answer's limits: one event (a whole tool call in one chunk, as Ollama sends it,
+# can be megabytes), and the whole stream; past them a server is filling memory.
+MAX_SSE_EVENT_BYTES = 32 << 20
+MAX_STREAM_BYTES = 256 << 20
+# Keep-alive comments count as activity (DeepSeek sends them while a request waits, for up to
+# 10 minutes: https://api-docs.deepseek.com/quick_start/rate_limit), but not for ever: at most
+# this many llm.streamIdleSeconds (10 minutes by default) without the answer growing.
+KEEPALIVE_IDLE_FACTOR = 10
 # Sending a request and the start of its answer get this many times llm.timeoutSeconds.
 ANSWER_DEADLINE_FACTOR = 2
 # Told the answer's text so far (the whole of it, not the new piece) as it streams in; a
@@ -185,7 +197,8 @@ _TEMPLATE_REFUSAL = re.compile(
 
 def is_retryable(exc: BaseException, dialect: Dialect | None = None) -> bool:
     """Whether a new try can cure ``exc``: a lost connection, a timeout, 429, a 5xx (but a
-    chat template's refusal), or a 4xx whose error code the dialect knows to be transient."""
+    chat template's refusal, or one that teaches ``dialect``), or a 4xx whose error code the
+    dialect knows to be transient."""
     import openai
 
     if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
@@ -194,7 +207,11 @@ def is_retryable(exc: BaseException, dialect: Dialect | None = None) -> bool:
         if exc.status_code == 429:
             return True
         if exc.status_code >= 500:
-            return not _TEMPLATE_REFUSAL.search(_error_detail(exc))
+            # Nor one that names what the dialect got wrong (llama.cpp refuses content null
+            # with a 500): the request is sent again at once, the dialect corrected.
+            detail = _error_detail(exc)
+            taught = dialect is not None and dialect.learn(detail) is not None
+            return not (taught or _TEMPLATE_REFUSAL.search(detail))
         return _error_code(exc) in (dialect or PROFILES["generic"]).retry_codes
     return False
 
@@ -274,6 +291,20 @@ def _named_connection_errors(url: str) -> Iterator[None]:
 
 
 @contextlib.asynccontextmanager
+async def _readable(url: str) -> AsyncIterator[None]:
+    """A JSON body the SDK could not decode (an HTML page, bytes that are not UTF-8) as a
+    broken answer, retried and named like one, not a traceback out of the turn."""
+    import openai
+
+    try:
+        yield
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise openai.APIConnectionError(
+            message=f"unreadable answer, not JSON: {exc}", request=_httpx().Request("POST", url)
+        ) from exc
+
+
+@contextlib.asynccontextmanager
 async def _answer_deadline(endpoint: _Endpoint) -> AsyncIterator[None]:
     """Sending the request and waiting for the answer's start, within twice ``timeoutSeconds``.
     aiohttp has no write timeout and starts its read timeout once the body is sent, so a
@@ -333,6 +364,25 @@ def _socks_transport(proxy: str) -> Any:
     return transport
 
 
+def _kept_home(url: str, names: list[str]) -> Callable[[Any], Awaitable[None]]:
+    """An httpx request hook: a redirect away from ``url``'s origin goes without the headers
+    ``names`` (Azure's api-key, llm.headers, Basic auth). The SDK follows redirects, and httpx
+    takes only Authorization off a request sent to another host."""
+    home = _httpx().URL(url)
+
+    async def hook(request: Any) -> None:
+        to = request.url
+        upgrade = (home.scheme, to.scheme) == ("http", "https") and home.port in (None, 80)
+        same = to.host == home.host and (
+            (to.scheme, to.port) == (home.scheme, home.port) or (upgrade and to.port is None)
+        )
+        if not same:
+            for name in names:
+                request.headers.pop(name, None)
+
+    return hook
+
+
 class _Endpoint:
     """One model at one base URL (``llm`` or one of ``llm.fallbacks``), with its own client."""
 
@@ -371,17 +421,30 @@ class _Endpoint:
             self._dialect = (cfg.model, made.with_overrides(self._learned))
         return self._dialect[1]
 
-    def learn(self, dialect: Dialect) -> None:
-        """Speak ``dialect`` from now on (what a refusal taught)."""
-        old = self.dialect
-        for name in Dialect.__dataclass_fields__:
-            if getattr(dialect, name) != getattr(old, name):
-                self._learned[name] = getattr(dialect, name)
-        self._dialect = (self.cfg.model, dialect)
+    def learn(self, before: Dialect, taught: Dialect) -> None:
+        """Speak as ``taught`` from now on where it differs from ``before``, the dialect the
+        refused request was sent in. Only that difference: another request may have learnt
+        something else meanwhile, which stays."""
+        changed = {
+            name: getattr(taught, name)
+            for name in Dialect.__dataclass_fields__
+            if getattr(taught, name) != getattr(before, name)
+        }
+        self._learned.update(changed)
+        self._dialect = (self.cfg.model, self.dialect.with_overrides(changed))
 
     @property
     def url(self) -> str:
         return self.base_url or DEFAULT_ENDPOINT
+
+    def scrub(self, text: str) -> str:
+        """``text`` (a server's words, shown in a chat) without this endpoint's own secrets:
+        a proxy may echo the key or a header it was sent."""
+        secrets = [self.api_key, *self.cfg.headers.values(), *self.access.headers.values()]
+        for secret in secrets:
+            if len(secret) >= 8:  # shorter: no key, and replacing it would garble the text
+                text = text.replace(secret, "[redacted]")
+        return text
 
     @property
     def post_options(self) -> dict[str, Any]:
@@ -413,6 +476,9 @@ class _Endpoint:
             query = dict(self.access.query)
             if self.cfg.api_version:
                 query["api-version"] = self.cfg.api_version
+            transport = _transport(openai, self.cfg.timeout_seconds, self.proxy)
+            own = [name for name, value in headers.items() if isinstance(value, str)]
+            transport["http_client"].event_hooks["request"].append(_kept_home(self.url, own))
             # Local servers (Ollama, vLLM, llama.cpp) take any key; the SDK insists on one.
             self._client = openai.AsyncOpenAI(
                 api_key=self.api_key or "not-needed",
@@ -421,7 +487,7 @@ class _Endpoint:
                 default_query=query or None,
                 max_retries=0,
                 timeout=self.cfg.timeout_seconds,
-                **_transport(openai, self.cfg.timeout_seconds, self.proxy),
+                **transport,
             )
         return self._client
 
@@ -586,11 +652,12 @@ class LLMProvider:
             try:
                 return await self._post(endpoint, payload, session_key, attempts, on_text)
             except LLMRejected as exc:
-                learnt = dialect.learn(exc.detail) if exc.status in (400, 422) else None
+                teaches = exc.status in (400, 422) or exc.status >= 500
+                learnt = dialect.learn(exc.detail) if teaches else None
                 if learnt is None or lesson == MAX_LESSONS:
                     self._report_rejection(endpoint, exc, session_key)
                     raise
-                endpoint.learn(learnt[0])
+                endpoint.learn(dialect, learnt[0])
                 log.warning(
                     "llm endpoint %s refused a request (HTTP %d: %s): %s from now on; set "
                     "llm.provider (or llm.dialect) to start that way session=%s",
@@ -636,7 +703,7 @@ class LLMProvider:
                 with attempt, _named_connection_errors(endpoint.url):
                     if on_text is not None:
                         return await _read_stream(endpoint, payload, on_text)
-                    async with _answer_deadline(endpoint):
+                    async with _answer_deadline(endpoint), _readable(endpoint.url):
                         raw = await endpoint.client.post(
                             "/chat/completions",
                             cast_to=object,
@@ -649,7 +716,8 @@ class LLMProvider:
                 raise LLMUnavailable(
                     f"{endpoint.url} answered {_describe(exc)}; gave up after {tries} tries"
                 ) from exc
-            raise LLMRejected(exc.status_code, _error_detail(exc), endpoint.url) from exc
+            detail = endpoint.scrub(_error_detail(exc))
+            raise LLMRejected(exc.status_code, detail, endpoint.url) from exc
         except openai.APIConnectionError as exc:
             # Name the endpoint and the setting: "Connection error." alone leaves the person
             # guessing which server was meant.
@@ -707,9 +775,25 @@ def _error_body(exc: Any) -> Any:
 
 
 def _error_detail(exc: Any) -> str:
+    """The server's words. OpenRouter says only "Provider returned error" and puts the
+    words of the provider behind it in ``metadata.raw``
+    (https://openrouter.ai/docs/api/reference/errors-and-debugging): they are added, so the
+    reason is logged and a dialect lesson in them learnt."""
     err = _error_body(exc)
     if err is not None and err.get("message"):
-        return str(err["message"])
+        said = str(err["message"])
+        metadata = err.get("metadata")
+        raw = metadata.get("raw") if isinstance(metadata, dict) else None
+        if isinstance(raw, str) and raw:
+            try:
+                inner = json.loads(raw)
+            except ValueError:
+                inner = None
+            inner_err = inner.get("error", inner) if isinstance(inner, dict) else None
+            if isinstance(inner_err, dict) and isinstance(inner_err.get("message"), str):
+                raw = inner_err["message"]
+            said = f"{said}: {raw}"
+        return said
     return str(getattr(exc, "message", exc))
 
 
@@ -743,33 +827,50 @@ def _checked(raw: Any, url: str) -> Any:
     return raw
 
 
+class _TooLarge(Exception):
+    """A stream, or one event of it, over its size limit."""
+
+
 async def _sse_data(
     chunks: AsyncIterator[bytes], alive: Callable[[], None]
 ) -> AsyncIterator[bytes]:
     """The ``data`` of each server-sent event in ``chunks``. ``alive()`` is called for every
     piece that arrives, keep-alive comments and blank lines included (DeepSeek and OpenRouter
-    send those while a slow model thinks: a stream that sends them is not silent)."""
-    pending = b""
+    send those while a slow model thinks: a stream that sends them is not silent).
+
+    Raises _TooLarge past ``MAX_SSE_EVENT_BYTES`` in one event or ``MAX_STREAM_BYTES`` in
+    all: a server that never ends a line would otherwise fill memory."""
+    pending = bytearray()  # appended to in place: a long line costs its length, not its square
     data: list[bytes] = []
+    size = total = 0
     async for raw in chunks:
         alive()
+        total += len(raw)
         pending += raw
+        if total > MAX_STREAM_BYTES:
+            raise _TooLarge(f"a stream over {MAX_STREAM_BYTES >> 20} MiB")
         if b"\n" not in raw:
+            if len(pending) + size > MAX_SSE_EVENT_BYTES:
+                raise _TooLarge(f"an event over {MAX_SSE_EVENT_BYTES >> 20} MiB")
             continue
-        *lines, pending = pending.split(b"\n")
+        *lines, rest = pending.split(b"\n")
+        pending = bytearray(rest)
         for line in lines:
             if line.endswith(b"\r"):
                 line = line[:-1]
             if not line:
                 if data:
                     yield b"\n".join(data)
-                    data = []
+                    data, size = [], 0
             elif line.startswith(b"data:"):
-                value = line[5:]
+                value = bytes(line[5:])
                 data.append(value[1:] if value.startswith(b" ") else value)
+                size += len(value)
+                if size > MAX_SSE_EVENT_BYTES:
+                    raise _TooLarge(f"an event over {MAX_SSE_EVENT_BYTES >> 20} MiB")
             # ":" comments, "event:", "id:" and "retry:" carry nothing a completion needs.
     if pending.startswith(b"data:"):
-        value = pending[5:].rstrip(b"\r")
+        value = bytes(pending[5:]).rstrip(b"\r")
         data.append(value[1:] if value.startswith(b" ") else value)
     if data:  # a stream cut without the blank line after its last event
         yield b"\n".join(data)
@@ -781,7 +882,10 @@ async def _read_stream(endpoint: _Endpoint, payload: bytes, on_text: TextSink) -
     Raises the SDK's errors, so the retry policy classifies them as for a plain request: a
     silence of ``streamIdleSeconds`` becomes ``APITimeoutError``; a connection lost mid-stream
     becomes ``APIConnectionError``; an error event inside the stream the status error it names
-    (``_status_error``), or a connection error when it names none.
+    (``_status_error``), or a connection error when it names none; a stream over its size
+    limit a 502. Keep-alive comments and chunks that carry nothing (no text, reasoning or
+    call) hold the stream open for ``KEEPALIVE_IDLE_FACTOR`` silences at most; an answer
+    that finished (a finish_reason came) is kept when its stream then never ends.
     """
     import openai
 
@@ -800,7 +904,8 @@ async def _read_stream(endpoint: _Endpoint, payload: bytes, on_text: TextSink) -
     try:
         if "text/event-stream" not in response.headers.get("content-type", ""):
             try:  # a server that does not stream
-                raw = json.loads(await response.aread())
+                async with _answer_deadline(endpoint):
+                    raw = json.loads(await response.aread())
             except ValueError as exc:
                 raise openai.APIConnectionError(
                     message=f"unreadable answer: {exc}", request=request
@@ -809,38 +914,48 @@ async def _read_stream(endpoint: _Endpoint, payload: bytes, on_text: TextSink) -
         idle = endpoint.cfg.stream_idle_seconds
         assembler = StreamAssembler()
         loop = asyncio.get_running_loop()
-        done = False
+        last_news = loop.time()  # when the answer last grew
         try:
             # One deadline moved on by every piece (wait_for would wrap each read in a task).
             async with asyncio.timeout(idle) as silence:
 
                 def alive() -> None:
-                    silence.reschedule(loop.time() + idle)
+                    now = loop.time()
+                    silence.reschedule(min(now + idle, last_news + KEEPALIVE_IDLE_FACTOR * idle))
 
-                async for data in _sse_data(response.aiter_bytes(), alive):
-                    if done:
-                        continue  # read to the end: the connection goes back to the pool
-                    if data == b"[DONE]":
-                        done = True
-                        continue
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        log.debug("llm stream from %s: a data line that is not JSON", endpoint.url)
-                        continue
-                    if isinstance(chunk, dict) and chunk.get("error"):
-                        error = chunk["error"]
-                        code = error.get("code") if isinstance(error, dict) else None
-                        if isinstance(code, int) and 400 <= code <= 599:
-                            raise _status_error(error, endpoint.url)
-                        message = error.get("message") if isinstance(error, dict) else error
-                        raise openai.APIConnectionError(
-                            message=f"error in stream: {message}", request=request
-                        )
-                    if assembler.add(chunk):
-                        on_text(assembler.shown)
+                events = _sse_data(response.aiter_bytes(), alive)
+                async with contextlib.aclosing(events):
+                    async for data in events:
+                        if data == b"[DONE]":
+                            break  # what follows, if anything, is not waited for
+                        try:
+                            chunk = json.loads(data)
+                        except ValueError:
+                            log.debug(
+                                "llm stream from %s: a data line that is not JSON", endpoint.url
+                            )
+                            continue
+                        if isinstance(chunk, dict) and chunk.get("error"):
+                            error = chunk["error"]
+                            code = error.get("code") if isinstance(error, dict) else None
+                            if isinstance(code, int) and 400 <= code <= 599:
+                                raise _status_error(error, endpoint.url)
+                            message = error.get("message") if isinstance(error, dict) else error
+                            raise openai.APIConnectionError(
+                                message=f"error in stream: {message}", request=request
+                            )
+                        pieces = assembler.pieces
+                        if assembler.add(chunk):
+                            on_text(assembler.shown)
+                        if assembler.pieces != pieces:
+                            last_news = loop.time()
+                            silence.reschedule(last_news + idle)
         except TimeoutError:
-            raise openai.APITimeoutError(request=request) from None
+            if assembler.finish_reason is None:
+                raise openai.APITimeoutError(request=request) from None
+            log.debug("llm stream from %s: finished but not ended; answer kept", endpoint.url)
+        except _TooLarge as exc:
+            raise _status_error({"message": f"{exc}: answer refused"}, endpoint.url) from None
         return assembler.completion()
     except httpx.TransportError as exc:
         raise openai.APIConnectionError(message=f"stream broken: {exc}", request=request) from exc
@@ -862,12 +977,14 @@ class StreamAssembler:
 
     __slots__ = (
         "_by_index",
+        "_split",
         "_tagged",
         "calls",
         "content",
         "details",
         "finish_reason",
         "has_content",
+        "pieces",
         "reasoning",
         "shown",
         "usage",
@@ -880,10 +997,12 @@ class StreamAssembler:
         self.calls: list[dict[str, Any]] = []
         self._by_index: dict[Any, int] = {}
         self._tagged = False  # a "<" arrived: the text may hold a reasoning block
+        self._split = ReasoningSplitter()
         self.reasoning: list[str] = []
         self.details: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.pieces = 0  # of text, reasoning and calls taken: a chunk without any is no news
 
     def add(self, chunk: Any) -> bool:
         """Take one chunk; True when the text a person may see changed."""
@@ -896,10 +1015,10 @@ class StreamAssembler:
         elif isinstance(groq, dict) and isinstance(groq.get("usage"), dict):
             self.usage = groq["usage"]
         grew = False
-        for choice in chunk.get("choices") or ():
+        for choice in _list(chunk.get("choices")):
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            if choice.get("finish_reason"):
+            if isinstance(choice.get("finish_reason"), str) and choice["finish_reason"]:
                 self.finish_reason = choice["finish_reason"]
             delta = choice.get("delta")
             if not isinstance(delta, dict):
@@ -908,21 +1027,25 @@ class StreamAssembler:
             if isinstance(piece, str):
                 self.has_content = True
                 if piece:
+                    self.pieces += 1
                     self.content += piece
                     self._tagged = self._tagged or "<" in piece
                     grew = self._show()
             thought = reasoning_of(delta)
             if thought:
+                self.pieces += 1
                 self.reasoning.append(thought)
             if "reasoning_details" in delta:
+                self.pieces += 1
                 merge_reasoning_details(self.details, delta["reasoning_details"])
-            for tc in delta.get("tool_calls") or ():
+            for tc in _list(delta.get("tool_calls")):
                 if isinstance(tc, dict):
+                    self.pieces += 1
                     self._add_call(tc)
         return grew
 
     def _show(self) -> bool:
-        shown = split_reasoning(self.content)[1] if self._tagged else self.content
+        shown = self._split.answer(self.content) if self._tagged else self.content
         if shown == self.shown:
             return False
         self.shown = shown
@@ -930,6 +1053,8 @@ class StreamAssembler:
 
     def _add_call(self, tc: dict[str, Any]) -> None:
         index = tc.get("index")
+        if not isinstance(index, int | str):
+            index = None  # a list or an object cannot key a call
         call_id = tc.get("id") if isinstance(tc.get("id"), str) and tc.get("id") else None
         fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
         pos = self._by_index.get(index) if index is not None else None
@@ -988,48 +1113,68 @@ class StreamAssembler:
 
 
 def parse_completion(raw: Any) -> LLMResponse:
-    """Read a Chat Completions response body (a dict); tolerant of providers' variations."""
-    if not isinstance(raw, dict) or not raw.get("choices"):
+    """Read a Chat Completions response body (a dict); tolerant of providers' variations.
+    Raises LLMUnavailable for a body that is not one (the server's answer, cut short, in the
+    text): a field of an unexpected type is dropped, never a traceback later in the turn."""
+    choices = raw.get("choices") if isinstance(raw, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or not isinstance(message, dict | None):
         raise LLMUnavailable(f"the model service sent an unexpected answer: {str(raw)[:200]}")
-    choice = raw["choices"][0]
-    message = choice.get("message") or {}
+    message = message or {}
     calls = []
     seen: set[str] = set()
-    for c in message.get("tool_calls") or []:
+    for c in _list(message.get("tool_calls")):
         if not isinstance(c, dict):
             continue
-        fn = c.get("function") or {}
+        fn = c.get("function") if isinstance(c.get("function"), dict) else {}
         args = fn.get("arguments")
         if not isinstance(args, str):
             args = json.dumps(args if args is not None else {}, ensure_ascii=False)
         call_id = c.get("id")
-        if not isinstance(call_id, str) or not call_id or call_id in seen:
+        if not _fit_id(call_id) or call_id in seen:
             call_id = new_tool_call_id()
         seen.add(call_id)
         extra = c.get("extra_content")
+        name = fn.get("name")
         calls.append(
             ToolCall(
                 id=call_id,
-                name=fn.get("name", ""),
+                name=name if isinstance(name, str) else "",
                 arguments=args,
                 extra=extra if isinstance(extra, dict) and extra else None,
             )
         )
     content = message.get("content")
     if isinstance(content, list):  # some servers return content parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        content = "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    elif not isinstance(content, str):
+        content = None
     reasoning = reasoning_of(message)
     if isinstance(content, str) and "<" in content:
         thought, content = split_reasoning(content)
         reasoning = "\n\n".join(r for r in (reasoning, thought) if r)
     details = message.get("reasoning_details")
+    finish = choice.get("finish_reason")
+    usage = raw.get("usage")
     return LLMResponse(
         content=content,
         tool_calls=tuple(calls),
-        finish_reason=choice.get("finish_reason"),
-        usage=raw.get("usage") or {},
+        finish_reason=finish if isinstance(finish, str) else None,
+        usage=usage if isinstance(usage, dict) else {},
         reasoning=reasoning,
         reasoning_details=tuple(d for d in details if isinstance(d, dict))
         if isinstance(details, list)
         else (),
     )
+
+
+def _list(value: Any) -> list[Any] | tuple[()]:
+    """``value`` if it is a list, else nothing to iterate (a server's odd type)."""
+    return value if isinstance(value, list) else ()
+
+
+def _fit_id(call_id: Any) -> bool:
+    return isinstance(call_id, str) and 0 < len(call_id) <= MAX_TOOL_CALL_ID

@@ -84,6 +84,10 @@ class Dialect:
     # Error codes (``error.code`` in a 4xx body) that a new try can cure: Groq's
     # tool_use_failed is a sampled tool call that did not parse.
     retry_codes: frozenset[str] = frozenset({"tool_use_failed"})
+    # The model's chat template writes the opening <think> itself (DeepSeek-R1 distills, QwQ
+    # on llama.cpp, LM Studio or vLLM without a reasoning parser): a streamed text is
+    # reasoning until "</think>", and is held back from the chat until then.
+    template_opens_think: bool = False
 
     def with_overrides(self, overrides: dict[str, Any]) -> Dialect:
         known = {f.name for f in fields(self)}
@@ -433,6 +437,9 @@ _OPENAI_REASONING = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-5)", re.IGNORECASE)
 _MISTRAL_FAMILY = re.compile(
     r"mistral|mixtral|devstral|magistral|codestral|ministral|pixtral", re.IGNORECASE
 )
+# Models whose template opens the reasoning block (on servers that may leave it in the text).
+_TEMPLATE_THINK = re.compile(r"r1[-_]distill|deepseek[-_:]?r1|qwq", re.IGNORECASE)
+_LOCAL = frozenset({"ollama", "vllm", "llamacpp", "lmstudio", "generic"})
 # DeepSeek R1 refuses reasoning_content in input messages.
 _DEEPSEEK_R1 = re.compile(r"deepseek[-_/]?r1|(?:^|/)r1[-_]", re.IGNORECASE)
 
@@ -471,6 +478,8 @@ def dialect_for(
         dialect = replace(dialect, tool_call_ids="alnum9")
     if _DEEPSEEK_R1.search(model):
         dialect = replace(dialect, reasoning_back="never")
+    if name in _LOCAL and _TEMPLATE_THINK.search(model):
+        dialect = replace(dialect, template_opens_think=True)
     return dialect.with_overrides(overrides or {})
 
 
@@ -505,6 +514,7 @@ _OPENERS = tuple(f"<{t}>" for t in _TAGS)
 _CLOSERS = tuple(f"</{t}>" for t in _TAGS)
 _CLOSER_OF = {t: re.compile(f"</{t}>", re.IGNORECASE) for t in _TAGS}
 _LONGEST_TAG = max(len(t) for t in _CLOSERS)
+_ANY_CLOSER = re.compile("|".join(_CLOSERS), re.IGNORECASE)
 _NOT_SPACE = re.compile(r"\S")
 _MARK = re.compile(r"[<`]")
 
@@ -521,12 +531,16 @@ class ReasoningSplitter:
 
     __slots__ = ("_close", "_end", "_lead", "_scan", "_state")
 
-    def __init__(self) -> None:
+    def __init__(self, opened: bool = False) -> None:
+        """``opened``: the model's chat template wrote the opening tag (``Dialect.
+        template_opens_think``), so the text is reasoning until a closing tag."""
         self._state = "open"  # "open" (not known yet), "plain", "block", "answer"
         self._lead = -1  # where the first non-space character is, once there is one
         self._scan = 0  # where the reading goes on
         self._close: re.Pattern[str] | None = None  # the open block's closing tag
         self._end = 0  # where the answer starts (after the closing tag)
+        if opened:
+            self._state, self._close = "block", _ANY_CLOSER
 
     def answer(self, text: str) -> str:
         """The part of ``text`` a person may see; ``text`` extends the one of the last call."""

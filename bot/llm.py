@@ -66,6 +66,8 @@ NOT_CONFIGURED_HELP = (
     "Edit {config}, or run `{onboard}`, which asks for them in a terminal."
 )
 DEFAULT_ENDPOINT = "https://api.openai.com/v1"
+# Characters of a tool call's reasoning kept to be sent back (bot.dialects).
+MAX_KEPT_REASONING = 32_000
 # Refusals that may each teach an endpoint's dialect one thing, per request (bot.dialects).
 MAX_LESSONS = 4
 # A tool-call id is sent back with every later request and kept in the session: one longer
@@ -158,7 +160,9 @@ class LLMResponse:
                 calls.append(wire)
             msg["tool_calls"] = calls
             if self.reasoning:
-                msg["reasoning_content"] = self.reasoning
+                # Sent back with every later request where the dialect wants it, and held in
+                # the session: a model that thinks at length must not fill either.
+                msg["reasoning_content"] = self.reasoning[:MAX_KEPT_REASONING]
             if self.reasoning_details:
                 msg["reasoning_details"] = list(self.reasoning_details)
         return msg
@@ -912,7 +916,7 @@ async def _read_stream(endpoint: _Endpoint, payload: bytes, on_text: TextSink) -
                 ) from exc
             return _checked(raw, endpoint.url)
         idle = endpoint.cfg.stream_idle_seconds
-        assembler = StreamAssembler()
+        assembler = StreamAssembler(endpoint.dialect.template_opens_think)
         loop = asyncio.get_running_loop()
         last_news = loop.time()  # when the answer last grew
         try:
@@ -990,14 +994,18 @@ class StreamAssembler:
         "usage",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, template_opens_think: bool = False) -> None:
+        """``template_opens_think``: the model's template wrote "<think>" before the text
+        begins (``Dialect.template_opens_think``): the text is held back until "</think>",
+        unless the server sends the reasoning in a field of its own."""
         self.content = ""  # the text as sent, reasoning blocks included
         self.shown = ""  # the text a person may see
         self.has_content = False
         self.calls: list[dict[str, Any]] = []
         self._by_index: dict[Any, int] = {}
-        self._tagged = False  # a "<" arrived: the text may hold a reasoning block
-        self._split = ReasoningSplitter()
+        # A "<" arrived (or the block was opened before the text): it may hold reasoning.
+        self._tagged = template_opens_think
+        self._split = ReasoningSplitter(template_opens_think)
         self.reasoning: list[str] = []
         self.details: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
@@ -1028,6 +1036,9 @@ class StreamAssembler:
                 self.has_content = True
                 if piece:
                     self.pieces += 1
+                    if not self.content and self.reasoning and self._tagged:
+                        # A reasoning field came first: this server parses the block out.
+                        self._split, self._tagged = ReasoningSplitter(), False
                     self.content += piece
                     self._tagged = self._tagged or "<" in piece
                     grew = self._show()

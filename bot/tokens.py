@@ -27,4 +27,9 @@ def estimate_message_tokens(message: dict[str, Any]) -> int:
     calls = message.get("tool_calls")
     if calls:
         total += estimate_text_tokens(json.dumps(calls, ensure_ascii=False))
+    reasoning = message.get("reasoning_content")
+    if isinstance(reasoning, str):
+        # Sent back with the calls to DeepSeek, vLLM and llama.cpp (bot.dialects); counted
+        # for every dialect, so a switch of model never finds the window overfull.
+        total += estimate_text_tokens(reasoning)
     return total

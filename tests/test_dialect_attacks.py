@@ -626,15 +626,9 @@ async def test_a_refusal_that_echoes_the_key_or_a_header_does_not_show_them(
     assert "[redacted]" in answer.user_message
 
 
-# -- left open (bigger than this review's fixes) -------------------------------------------------
+# -- reasoning sent back, and reasoning a template opened ---------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bot/tokens.py counts content and tool_calls only: the reasoning_content that "
-    "DeepSeek, vLLM and llama.cpp get back with every tool-call message is not in the "
-    "context budget, so a tool-heavy session with a thinking model overflows the window",
-)
 def test_reasoning_sent_back_is_counted_in_the_context_budget() -> None:
     from bot.tokens import estimate_message_tokens
 
@@ -646,13 +640,6 @@ def test_reasoning_sent_back_is_counted_in_the_context_budget() -> None:
     assert estimate_message_tokens(thinking) > estimate_message_tokens(bare) + 5000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a thinking model whose template wrote the opening <think> (DeepSeek-R1 "
-    "distills, QwQ) streams its reasoning as plain text until '</think>' arrives: a "
-    "channel that streams shows it, then replaces it; knowing that needs the model's "
-    "family in the stream assembler (hold the text back until a closing tag or the end)",
-)
 async def test_a_template_opened_think_block_is_never_shown_while_streaming(
     hostile: Hostile,
 ) -> None:

@@ -379,3 +379,25 @@ def test_config_checks_azure_deployment_urls_and_headers() -> None:
         LLMConfig.model_validate({"headers": {"X-A": "line\nbreak"}})
     with pytest.raises(ValueError):
         LLMConfig.model_validate({"provider": "openia"})
+
+
+def test_a_template_opened_block_is_not_held_where_the_server_parses_it_out() -> None:
+    """DeepSeek-R1 on Ollama with its reasoning parser: the reasoning comes in a field of its
+    own, the text after it is the answer and is shown as it comes."""
+    dialect = dialect_for("ollama", "http://localhost:11434/v1", "deepseek-r1:8b")
+    assert dialect.template_opens_think
+    a = StreamAssembler(dialect.template_opens_think)
+    a.add(_chunk({"reasoning": "greet back"}))
+    assert a.add(_chunk({"content": "Hello"}))
+    assert a.shown == "Hello"
+    held = StreamAssembler(True)
+    assert not held.add(_chunk({"content": "greet back"}))
+    assert held.add(_chunk({"content": "</think>Hi"})) and held.shown == "Hi"
+    assert not dialect_for("openrouter", "", "deepseek/deepseek-r1").template_opens_think
+
+
+def test_reasoning_kept_with_a_tool_call_is_bounded() -> None:
+    from bot.llm import MAX_KEPT_REASONING, LLMResponse, ToolCall
+
+    response = LLMResponse(None, (ToolCall("abcDEF123", "f", "{}"),), reasoning="x" * 10**6)
+    assert len(response.assistant_message()["reasoning_content"]) == MAX_KEPT_REASONING

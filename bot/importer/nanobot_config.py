@@ -242,8 +242,9 @@ class _Translator:
             base = str(chosen.get("apiBase") or PROVIDER_BASES.get(name, ""))
             if base:
                 llm["baseUrl"] = base
-                if name in PROVIDERS and detect_provider(base) != name:
-                    # nanobot's provider names the dialect a self-hosted URL cannot tell.
+                if name in PROVIDERS and detect_provider(base) == "generic":
+                    # nanobot's provider names the dialect a self-hosted URL cannot tell; a
+                    # URL that names its provider is trusted over nanobot's name for it.
                     llm["provider"] = name
             if not chosen.get("apiBase") and name in PROVIDER_BASES and base:
                 self.result.notes.append(

@@ -1218,6 +1218,17 @@ class SlackChannel(Channel):
         refused the piece with ``msg_too_long``."""
         return split_markdown(chunk, max(1, (len(chunk) + 1) // 2))
 
+    def classify(self, exc: Exception, method: str) -> SendError | FatalChannelError | None:
+        """A Web API call's failure: Slack's refusal by its code (``map_api_error``), a
+        network failure transient, the SDK's own refusal of the call permanent."""
+        if isinstance(exc, SlackApiError):
+            return _api_error(exc, method)
+        if isinstance(exc, aiohttp.ClientError | TimeoutError | OSError):
+            return TransientError(f"slack unreachable: {exc!r}")
+        if isinstance(exc, SlackClientError):
+            return PermanentError(f"slack client refused the call: {exc}")
+        return None
+
     def pace_limits(self, chat_id: str) -> list[Limit]:
         """Per Slack channel (its threads share it)."""
         channel, _ = split_chat_id(chat_id)

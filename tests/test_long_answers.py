@@ -262,6 +262,8 @@ async def test_on_slack_a_long_reply_is_its_beginning_and_the_file(tmp_path, sco
     [kept] = (tmp_path / "state" / "answers").glob("*/*.md")
     if scope == "none":
         assert slack.uploads == [] and "stays with memobot" in slack.posts[-1].text
+        # Slack's refusal is read as one (permanent): not tried again as an odd exception.
+        assert slack.calls["files.getUploadURLExternal"] == 1
         return
     assert slack.uploads == [
         {"channel": DM, "thread_ts": None, "filename": kept.name, "data": text.encode()}

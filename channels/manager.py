@@ -21,11 +21,12 @@ Only an answer's first message, preview or piece, quotes the message it answers.
 Every exception a send raises takes the same path (``channels.retry``): flood waits are
 honoured, markup refusals retried as plain text, over-long pieces split smaller, permanent
 refusals end the answer (the user is told, the ledger keeps it), network trouble is retried
-with backoff for at most a minute of the chat's time (then the answer waits in the ledger and
-comes again behind the chat's other messages), and an exception outside our vocabulary is
-tried a few times, then ends the answer like a permanent refusal. Previews that keep failing
-are switched off in their chat for a while (``Breaker``). A channel that fails for good
-(``FatalChannelError``) is reported through ``on_all_failed`` once every channel has.
+with backoff for at most a minute of the chat's time (then the answer comes again from that
+piece behind the chat's other messages, waiting in the ledger meanwhile), and an exception
+outside our vocabulary is tried a few times, then ends the answer like a permanent refusal.
+Previews that keep failing are switched off in their chat for a while (``Breaker``). A
+channel that fails for good (``FatalChannelError``) is reported through ``on_all_failed``
+once every channel has.
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ class ChannelManager:
         self.retry_policy = RetryPolicy()
         self.clock: Clock = MonotonicClock()  # of the retries and the preview breaker
         self._preview_breaker = Breaker()  # by (channel, chat)
-        self._failing_since: dict[int, float] = {}  # id of an answer sent again -> first failure
+        # An answer sent again (by id) -> when it first failed, its pieces, the piece it reached.
+        self._again: dict[int, tuple[float, list[str], int]] = {}
         self._pacers: dict[str, Pacer] = {}  # per channel name: its rate-limit buckets
         # Called once when every channel has failed for good (the gateway exits then).
         self.on_all_failed: Callable[[list[Channel]], None] | None = None
@@ -544,7 +546,7 @@ class ChannelManager:
 
         A final answer whose preview messages exist (``live``, or the ledger's record after a
         restart) edits them piece by piece instead; previews it does not need are deleted."""
-        failing_since = self._failing_since.pop(id(msg), None)
+        again = self._again.pop(id(msg), None)
         channel = self.channels.get(msg.channel)
         if channel is None or channel.fatal is not None:
             why = "no running channel" if channel is None else "failed channel"
@@ -559,6 +561,9 @@ class ChannelManager:
         if progress is None:
             return
         pieces, index = progress
+        if again is not None and progress == (None, 0):
+            # Not in the ledger (a command's answer): only this process knows how far it got.
+            _, pieces, index = again
         edits: list[str] = []
         if msg.final:
             edits = (
@@ -623,7 +628,7 @@ class ChannelManager:
             return
         except TimeoutError as exc:  # transient failures for a whole hold: later, behind the rest
             await self.ledger.postponed(msg, index)
-            self._send_again_later(msg, index, exc, failing_since)
+            self._send_again_later(msg, pieces or [], index, exc, again)
             return
         except Exception as exc:  # PermanentError, or a render bug: the same end
             reason = _reason(exc)
@@ -639,14 +644,20 @@ class ChannelManager:
         await self.ledger.sent(msg)
 
     def _send_again_later(
-        self, msg: OutboundMessage, index: int, exc: TimeoutError, since: float | None
+        self,
+        msg: OutboundMessage,
+        pieces: list[str],
+        index: int,
+        exc: TimeoutError,
+        before: tuple[float, list[str], int] | None,
     ) -> None:
-        """Piece ``index`` of ``msg`` failed for a whole hold: the chat moves on, and a final
-        answer is queued again (behind what the chat has waiting by then) after a pause,
-        until it has been failing for ``GIVE_UP_AFTER_SECONDS``; then (and for anything
-        else) what the ledger holds waits for the next start."""
+        """Piece ``index`` of ``pieces`` (``msg``) failed for a whole hold: the chat moves on,
+        and a final answer is queued again (behind what the chat has waiting by then) after a
+        pause, from that piece, until it has been failing for ``GIVE_UP_AFTER_SECONDS``
+        (``before``: its earlier attempt); then (and for anything else) what the ledger
+        holds waits for the next start."""
         now = self.clock.now()
-        since = now if since is None else since
+        since = now if before is None else before[0]
         again = msg.final and now - since + SEND_AGAIN_AFTER_SECONDS < GIVE_UP_AFTER_SECONDS
         then = (
             f"trying again in {SEND_AGAIN_AFTER_SECONDS:.0f} s"
@@ -659,7 +670,7 @@ class ChannelManager:
 
         async def later() -> None:
             await self.clock.sleep(SEND_AGAIN_AFTER_SECONDS)
-            self._failing_since[id(msg)] = since
+            self._again[id(msg)] = (since, pieces, index)
             await self.bus.publish_outbound(msg)
 
         self._background.add(task := asyncio.create_task(later()))

@@ -5,6 +5,7 @@ pure policy (channels.retry) and each SDK's mapping on their own."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 from telegram.error import BadRequest, InvalidToken, NetworkError
 
+from bot.bus import OutboundMessage
 from bot.cli import cmd_status
 from bot.gateway import STATUS_FILE, write_status
 from bot.service.doctor import check_running_channels
@@ -173,6 +175,33 @@ async def test_network_trouble_holds_a_chat_a_minute_then_its_next_answer_goes(t
         first_hold = clock.slept[: clock.slept.index(30.0)]
         assert sum(first_hold) <= 60 and len(first_hold) >= 5
         assert not tg.stack.store.get(f"telegram:{ALICE}").metadata.get("outbox")
+
+
+async def test_an_answer_outside_the_ledger_sent_again_goes_on_from_its_piece(tmp_path, llm, api):
+    """A command's answer is not in the delivery ledger (``Turns.publish``); held a minute at
+    its second piece, it comes again later from that piece: the first is not sent twice."""
+    llm.script(reply("Hello."))
+    words = " ".join(f"word{i}" for i in range(1500))
+    async with running(tmp_path, llm, api, streaming=False, **FAST) as tg:
+        api.private_text("hi")
+        await api.wait_for_async(lambda: _shown(api, ALICE) == ["Hello."], 10)
+        clock = tg.manager.clock = VirtualClock()
+        pieces = _rendered(tg, words)
+        assert len(pieces) >= 3
+        second = pieces[1].split()[0] + " "
+        # The second piece fails (502) for longer than a hold.
+        api.fail(
+            "sendMessage",
+            502,
+            times=1000,
+            when=lambda p: str(p.get("text")).startswith(second) and clock.now() < 70,
+        )
+        answer = OutboundMessage("telegram", str(ALICE), words, reply_to=f"{ALICE}:9", final=True)
+        await tg.stack.bus.publish_outbound(answer)
+        await api.wait_for_async(lambda: len(_shown(api, ALICE)) >= 1 + len(pieces), 10)
+        await asyncio.sleep(0.2)  # a stray copy would be here by now
+        assert 30.0 in clock.slept  # it was sent again, after the pause
+        assert _shown(api, ALICE) == ["Hello.", *pieces]
 
 
 # -- a preview method that keeps failing -------------------------------------------------------

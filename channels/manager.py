@@ -21,12 +21,12 @@ Only an answer's first message, preview or piece, quotes the message it answers.
 Every exception a send raises takes the same path (``channels.retry``): flood waits are
 honoured, markup refusals retried as plain text, over-long pieces split smaller, permanent
 refusals end the answer (the user is told, the ledger keeps it), network trouble is retried
-with backoff for at most a minute of the chat's time (then the answer comes again from that
-piece behind the chat's other messages, waiting in the ledger meanwhile), and an exception
-outside our vocabulary is tried a few times, then ends the answer like a permanent refusal.
-Previews that keep failing are switched off in their chat for a while (``Breaker``). A
-channel that fails for good (``FatalChannelError``) is reported through ``on_all_failed``
-once every channel has.
+with backoff for at most a minute of the chat's time (then the answer, or an approval
+question, comes again from that piece behind the chat's other messages; an answer waits in
+the ledger meanwhile), and an exception outside our vocabulary is tried a few times, then
+ends the answer like a permanent refusal. Previews that keep failing are switched off in
+their chat for a while (``Breaker``). A channel that fails for good (``FatalChannelError``)
+is reported through ``on_all_failed`` once every channel has.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from typing import Protocol
 from bot import failpoints
 from bot.bus import TO_ADMINS, TYPING, MessageBus, OutboundMessage, StreamEvent
 from bot.long_answers import LONG_ANSWER_CHARS, kept_where
+from channels.access import question_view
 from channels.base import Channel
 from channels.errors import (
     FatalChannelError,
@@ -652,13 +653,14 @@ class ChannelManager:
         before: tuple[float, list[str], int] | None,
     ) -> None:
         """Piece ``index`` of ``pieces`` (``msg``) failed for a whole hold: the chat moves on,
-        and a final answer is queued again (behind what the chat has waiting by then) after a
-        pause, from that piece, until it has been failing for ``GIVE_UP_AFTER_SECONDS``
-        (``before``: its earlier attempt); then (and for anything else) what the ledger
-        holds waits for the next start."""
+        and a final answer or an approval question (a turn waits on it) is queued again
+        (behind what the chat has waiting by then) after a pause, from that piece, until it
+        has been failing for ``GIVE_UP_AFTER_SECONDS`` (``before``: its earlier attempt);
+        then (and for anything else) what the ledger holds waits for the next start."""
         now = self.clock.now()
         since = now if before is None else before[0]
-        again = msg.final and now - since + SEND_AGAIN_AFTER_SECONDS < GIVE_UP_AFTER_SECONDS
+        wanted = msg.final or question_view(msg) is not None  # not a note that would be stale
+        again = wanted and now - since + SEND_AGAIN_AFTER_SECONDS < GIVE_UP_AFTER_SECONDS
         then = (
             f"trying again in {SEND_AGAIN_AFTER_SECONDS:.0f} s"
             if again

@@ -27,9 +27,9 @@ from channels.errors import (
 )
 from channels.retry import Breaker, Retries, RetryPolicy
 from channels.telegram_channel import send_error
-from tests.fakes.llm_server import reply
+from tests.fakes.llm_server import call, reply, tool_step
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, strip_html
-from tests.helpers import VirtualClock
+from tests.helpers import VirtualClock, make_config, telegram_in_process
 from tests.test_telegram import running
 
 ALICE = 1001
@@ -56,6 +56,17 @@ def _shown(api: FakeBotAPI, chat: int) -> list[str]:
 
 def _rendered(tg, text: str) -> list[str]:
     return [strip_html(p) for p in tg.channel.render(text)]
+
+
+def _button(question, choice: str) -> str:
+    """The callback data of the ``choice`` button ("once", "always", "deny") of a question."""
+    [data] = [
+        b["callback_data"]
+        for row in FakeBotAPI.markup(question)
+        for b in row
+        if b["callback_data"].endswith(f":{choice}")
+    ]
+    return str(data)
 
 
 # -- a method the server does not know -------------------------------------------------------
@@ -202,6 +213,32 @@ async def test_an_answer_outside_the_ledger_sent_again_goes_on_from_its_piece(tm
         await asyncio.sleep(0.2)  # a stray copy would be here by now
         assert 30.0 in clock.slept  # it was sent again, after the pause
         assert _shown(api, ALICE) == ["Hello.", *pieces]
+
+
+async def test_an_approval_question_held_a_minute_is_asked_again_later(tmp_path, llm, api):
+    """The question a turn waits on is no answer (not final, not in the ledger), and yet
+    nobody can answer it unseen: held a minute, it comes again later, as answers do."""
+    llm.script(tool_step(call("exec", {"command": "echo ran >> ran.txt"})), reply("It ran."))
+    settings = {"enabled": True, "token": api.token, "baseUrl": api.base_url, **FAST}
+    settings |= {"allowFrom": [str(ALICE)], "pollTimeoutSeconds": 2, "streaming": False}
+    cfg = make_config(
+        tmp_path, llm.base_url, channels={"telegram": settings}, tools={"approval": "risky"}
+    )
+    async with telegram_in_process(cfg, tmp_path / "config.json") as (_, _, manager):
+        clock = manager.clock = VirtualClock()
+        # The question (the message with buttons) fails (502) for longer than a hold.
+        api.fail(
+            "sendMessage",
+            502,
+            times=1000,
+            when=lambda p: "reply_markup" in p and clock.now() < 70,
+        )
+        api.private_text("please run it")
+        await api.wait_for_async(lambda: any(api.markup(c) for c in api.sent(ALICE)), 10)
+        [question] = [c for c in api.sent(ALICE) if api.markup(c)]
+        assert 30.0 in clock.slept
+        api.press(question, _button(question, "once"))
+        await api.wait_for_async(lambda: "It ran." in _shown(api, ALICE), 10)
 
 
 # -- a preview method that keeps failing -------------------------------------------------------

@@ -443,10 +443,12 @@ class _Preview:
 
 
 def _api_error(exc: SlackApiError, method: str = "") -> SendError | FatalChannelError:
-    headers = exc.response.headers or {}
-    return map_api_error(
-        exc.response.status_code, _error_code(exc), headers.get("Retry-After"), method
-    )
+    response = exc.response
+    headers = getattr(response, "headers", None) or {}
+    # A body labelled JSON that does not parse (a proxy's error page) comes with aiohttp's
+    # own response, whose status is ``status``: still a 502 for the retry policy.
+    status = getattr(response, "status_code", None) or getattr(response, "status", None)
+    return map_api_error(status, _error_code(exc), headers.get("Retry-After"), method)
 
 
 def proxy_settings(proxy: str) -> tuple[str | None, Callable[[], aiohttp.BaseConnector] | None]:
@@ -464,7 +466,7 @@ def _safe_name(name: str) -> str:
 
 
 def _error_code(exc: SlackApiError) -> str | None:
-    data = exc.response.data
+    data = getattr(exc.response, "data", None)  # none on an unreadable body (``_api_error``)
     return data.get("error") if isinstance(data, dict) else None
 
 

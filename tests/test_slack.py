@@ -20,6 +20,7 @@ from slack_sdk.errors import SlackApiError
 from bot.app import AgentStack, build_agent
 from bot.config import parse_config
 from bot.session import apply_changes
+from channels import slack_channel
 from channels.errors import (
     FatalChannelError,
     PermanentError,
@@ -43,7 +44,13 @@ from channels.slack_channel import (
 )
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.slack_api import APP_TOKEN, BOT_ID, BOT_TOKEN, BOT_USER_ID, FakeSlack
-from tests.helpers import config_dict, listed_commands, readme_commands, request_messages
+from tests.helpers import (
+    VirtualClock,
+    config_dict,
+    listed_commands,
+    readme_commands,
+    request_messages,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -471,6 +478,35 @@ async def test_permanent_send_error_is_not_retried(tmp_path, llm, slack):
         # The answer stays in the ledger, retrievable, not marked as sent.
         outbox = rig.stack.store.get(f"slack:{DM}").metadata.get("outbox") or []
         assert len(outbox) == 1 and outbox[0]["state"] != "sent"
+
+
+async def test_a_5xx_whose_body_is_not_json_is_network_trouble(tmp_path, llm, slack):
+    """A proxy in front of Slack answers 502 with an HTML page labelled JSON: slack_sdk's
+    error then carries aiohttp's response (no ``status_code``, no ``data``); it is still a
+    5xx, retried with backoff, not an odd exception given up after three tries."""
+    slack.answer_raw("chat.postMessage", "<html><h1>502 Bad Gateway</h1></html>", 502, times=4)
+    async with Rig(tmp_path, llm, slack) as rig:
+        clock = rig.manager.clock = VirtualClock()
+        await slack.push_event(dm("anyone?", "1700000016.000100"), event_id="P2")
+        (post,) = await slack.wait_posts(1)
+        assert post.text == "echo: anyone?"
+        assert clock.slept == [1.0, 1.5, 2.25, 3.375]
+
+
+async def test_an_auth_test_answer_that_is_not_json_is_tried_again(
+    tmp_path, llm, slack, monkeypatch
+):
+    """The same page in answer to the login: the connection is tried again (it was the end
+    of the channel: reading the error raised inside the connect loop, which then stopped)."""
+    monkeypatch.setattr(slack_channel, "CONNECT_BACKOFF_START", 0.05)
+    slack.answer_raw("auth.test", "<html><h1>502 Bad Gateway</h1></html>", 502)
+    async with Rig(tmp_path, llm, slack) as rig:
+        await slack.wait_connected(1)
+        assert rig.channel.state == "connected"
+        await slack.push_event(dm("there?", "1700000018.000100"), event_id="C2")
+        (post,) = await slack.wait_posts(1)
+        assert post.text == "echo: there?"
+    assert slack.calls["auth.test"] >= 2  # the unreadable answer, then ours (and bolt's own)
 
 
 async def test_files_are_downloaded_with_the_bot_token(tmp_path, llm, slack):

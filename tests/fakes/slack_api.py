@@ -6,7 +6,9 @@ One aiohttp server on 127.0.0.1 serves both sides of the wire:
   own ``ws://127.0.0.1:PORT/link/?ticket=N``), ``chat.postMessage`` (recorded; answers can be
   scripted: a 429 with ``Retry-After`` or any ``{"ok": false, "error": ...}``), ``users.info``.
   Tokens are checked like Slack does: a wrong one gets ``invalid_auth``; a method it does not
-  know gets ``{"ok": false, "error": "unknown_method"}``.
+  know gets ``{"ok": false, "error": "unknown_method"}``. ``answer_raw`` makes a method answer
+  a body labelled JSON that does not parse, as a proxy in front of Slack may (slack_sdk then
+  raises a ``SlackApiError`` carrying aiohttp's response, not a ``SlackResponse``).
 * ``chat.update`` and ``chat.delete`` of the bot's messages (``message_not_found`` for others);
   ``shown()`` is what each channel shows now, with the number of edits per message;
   ``unchanged_updates`` are the accepted updates that changed nothing.
@@ -104,6 +106,7 @@ class FakeSlack:
         self.port = 0
         self.posts: list[Post] = []
         self.post_script: list[dict[str, Any]] = []  # FIFO of answers for chat.postMessage
+        self._raw: dict[str, list[tuple[int, str]]] = {}  # method -> (status, body) to answer
         self.acks: list[Ack] = []
         self.on_ack: Callable[[str], Any] | None = None
         self.calls: dict[str, int] = {}
@@ -186,6 +189,11 @@ class FakeSlack:
         """Register a file; returns its ``url_private``."""
         self.files[name] = data
         return f"{self.url}/files/{name}"
+
+    def answer_raw(self, method: str, body: str, status: int = 200, times: int = 1) -> None:
+        """The next ``times`` calls of ``method`` get ``body`` (labelled application/json,
+        and not JSON) with ``status``; nothing else happens."""
+        self._raw.setdefault(method, []).extend([(status, body)] * times)
 
     async def wait_connected(self, n: int = 1, timeout: float = 10.0) -> None:  # noqa: ASYNC109
         await self._wait(lambda: self.connections >= n and bool(self._sockets), timeout)
@@ -367,6 +375,9 @@ class FakeSlack:
     async def _api(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
         self.calls[method] = self.calls.get(method, 0) + 1
+        if self._raw.get(method):
+            status, text = self._raw[method].pop(0)
+            return web.Response(text=text, status=status, content_type="application/json")
         token = request.headers.get("Authorization", "").removeprefix("Bearer ")
         body: dict[str, Any] = dict(request.query)
         if request.content_type == "application/json":

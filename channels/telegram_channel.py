@@ -1009,7 +1009,9 @@ class TelegramChannel(Channel):
     async def _answer_query(self, query: CallbackQuery, text: str) -> None:
         try:
             await query.answer(text or None)
-        except TelegramError as exc:  # the spinner stops by itself after a while
+        except Exception as exc:  # the spinner stops by itself after a while
+            # Any exception: one the SDK raises on an answer it cannot read (KeyError on a
+            # result missing) would otherwise end the poll loop, after the press was stored.
             log.info("telegram: answerCallbackQuery failed: %s", _describe(exc))
 
     def _reply_parameters(self, msg: OutboundMessage, chat: int) -> ReplyParameters | None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -28,9 +30,9 @@ from channels.errors import (
 from channels.retry import Breaker, Retries, RetryPolicy
 from channels.telegram_channel import send_error
 from tests.fakes.llm_server import call, reply, tool_step
-from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, strip_html
+from tests.fakes.telegram_api import BOT_USERNAME, NO_RESULT, FakeBotAPI, strip_html
 from tests.helpers import VirtualClock, make_config, telegram_in_process
-from tests.test_telegram import running
+from tests.test_telegram import Running, running
 
 ALICE = 1001
 GROUP = -1001234
@@ -67,6 +69,18 @@ def _button(question, choice: str) -> str:
         if b["callback_data"].endswith(f":{choice}")
     ]
     return str(data)
+
+
+@asynccontextmanager
+async def _approving(tmp_path, llm, api) -> AsyncIterator[Running]:
+    """Telegram in process, as ``running``, with approvals asked for risky commands."""
+    settings = {"enabled": True, "token": api.token, "baseUrl": api.base_url, **FAST}
+    settings |= {"allowFrom": [str(ALICE)], "pollTimeoutSeconds": 2, "streaming": False}
+    cfg = make_config(
+        tmp_path, llm.base_url, channels={"telegram": settings}, tools={"approval": "risky"}
+    )
+    async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, channel, manager):
+        yield Running(api, llm, stack, channel, manager, tmp_path)
 
 
 # -- a method the server does not know -------------------------------------------------------
@@ -219,13 +233,8 @@ async def test_an_approval_question_held_a_minute_is_asked_again_later(tmp_path,
     """The question a turn waits on is no answer (not final, not in the ledger), and yet
     nobody can answer it unseen: held a minute, it comes again later, as answers do."""
     llm.script(tool_step(call("exec", {"command": "echo ran >> ran.txt"})), reply("It ran."))
-    settings = {"enabled": True, "token": api.token, "baseUrl": api.base_url, **FAST}
-    settings |= {"allowFrom": [str(ALICE)], "pollTimeoutSeconds": 2, "streaming": False}
-    cfg = make_config(
-        tmp_path, llm.base_url, channels={"telegram": settings}, tools={"approval": "risky"}
-    )
-    async with telegram_in_process(cfg, tmp_path / "config.json") as (_, _, manager):
-        clock = manager.clock = VirtualClock()
+    async with _approving(tmp_path, llm, api) as tg:
+        clock = tg.manager.clock = VirtualClock()
         # The question (the message with buttons) fails (502) for longer than a hold.
         api.fail(
             "sendMessage",
@@ -239,6 +248,26 @@ async def test_an_approval_question_held_a_minute_is_asked_again_later(tmp_path,
         assert 30.0 in clock.slept
         api.press(question, _button(question, "once"))
         await api.wait_for_async(lambda: "It ran." in _shown(api, ALICE), 10)
+
+
+async def test_a_button_press_answered_oddly_does_not_end_intake(tmp_path, llm, api):
+    """answerCallbackQuery only stops the button's spinner; an answer the SDK cannot read
+    ({"ok": true} without a result: KeyError) must not end the poll loop."""
+    llm.script(
+        tool_step(call("exec", {"command": "echo ran >> ran.txt"})),
+        reply("It ran."),
+        reply("Still here."),
+    )
+    async with _approving(tmp_path, llm, api) as tg:
+        api.private_text("please run it")
+        await api.wait_for_async(lambda: any(api.markup(c) for c in api.sent(ALICE)), 10)
+        [question] = [c for c in api.sent(ALICE) if api.markup(c)]
+        api.garble("answerCallbackQuery", result=NO_RESULT)
+        api.press(question, _button(question, "once"))
+        await api.wait_for_async(lambda: "It ran." in _shown(api, ALICE), 10)
+        api.private_text("still there?")
+        await api.wait_for_async(lambda: "Still here." in _shown(api, ALICE), 10)
+        assert tg.channel.state == "connected"
 
 
 # -- a preview method that keeps failing -------------------------------------------------------

@@ -28,8 +28,9 @@ It implements the HTTP shapes PTB uses at ``/bot<token>/<method>`` (form-encoded
   per bot, answered 429 with ``retry_after``;
 * scriptable failures per method (``fail("sendMessage", 429, retry_after=1)``, a 409 conflict on
   ``getUpdates``, a 401), answers the SDK cannot read (``garble``: 200 with a result that is
-  not a Message, e.g. ``result: null`` as telegram-test-api answers an edit, so
-  python-telegram-bot raises an exception of no Telegram type), and an
+  not a Message, e.g. ``result: null`` as telegram-test-api answers an edit, or
+  ``NO_RESULT``, ``{"ok": true}`` alone, so python-telegram-bot raises an exception of no
+  Telegram type), and an
   ``after_get_updates`` hook that runs once the answer carrying
   updates has been written (crash tests kill the daemon there);
 * an older Bot API server (``missing_methods``): a method it does not know answers 404 "Not
@@ -194,6 +195,9 @@ class FloodControl:
     fractional: bool = False
 
 
+NO_RESULT: Any = object()  # garble: an answer {"ok": true} without a result
+
+
 @dataclass
 class Failure:
     status: int
@@ -320,8 +324,8 @@ class FakeBotAPI:
     ) -> None:
         """Answer the next ``times`` calls of ``method`` (matching ``when``) with HTTP 200 and
         ``result``, of the wrong shape (``None``: ``"result": null``); nothing is delivered.
-        python-telegram-bot then raises a plain Python exception (AttributeError), not a
-        TelegramError."""
+        python-telegram-bot then raises a plain Python exception (AttributeError; KeyError for
+        ``NO_RESULT``, an answer without a result), not a TelegramError."""
         with self._lock:
             self._failures.setdefault(method.lower(), []).append(
                 Failure(200, "", None, times, when, 0.0, garble=True, result=result)
@@ -728,7 +732,9 @@ class FakeBotAPI:
             call.status, call.result, call.returned = status, result, returned or []
             self._lock.notify_all()
         if status == 200:
-            return web.json_response({"ok": True, "result": result})
+            return web.json_response(
+                {"ok": True} if result is NO_RESULT else {"ok": True, "result": result}
+            )
         body: dict[str, Any] = {"ok": False, "error_code": status, "description": result}
         if parameters:
             body["parameters"] = parameters

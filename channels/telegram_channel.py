@@ -224,10 +224,14 @@ def send_error(exc: TelegramError, method: str) -> SendError | FatalChannelError
     if isinstance(exc, PTBRetryAfter):
         return RetryAfter(retry_seconds(exc))
     if isinstance(exc, InvalidToken):
-        # PTB raises it for a 401 and for every 404 (its message is Telegram's description,
+        # PTB raises it for a 401 and for every 404 (its message is the answer's description,
         # or "Not Found (404)"), and a Bot API server answers 404 "Not Found: method not
-        # found" to a method it does not know: only a 401 is the token.
-        status = NOT_FOUND if exc.message.startswith("Not Found") else UNAUTHORIZED
+        # found" to a method it does not know: only a 401 ("Unauthorized", Telegram's words
+        # and PTB's) or a message naming the token is the token. Any other wording is not:
+        # the poll's getUpdates, which decides about the token, fails the channel if it is.
+        words = exc.message.lower()
+        refused = words.startswith("unauthorized") or "token" in words
+        status = UNAUTHORIZED if refused else NOT_FOUND
         return refused_call(status, method, exc.message, _OPTIONAL_FEATURES, TOKEN_REJECTED)
     if isinstance(exc, ChatMigrated):
         return PermanentError(f"the group became supergroup {exc.new_chat_id}")

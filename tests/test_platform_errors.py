@@ -118,6 +118,19 @@ async def test_a_server_without_drafts_turns_drafts_off_not_the_token(tmp_path, 
     assert check.status == "warn" and "drafts off" in check.text
 
 
+async def test_a_404_worded_otherwise_is_not_the_token_either(tmp_path, llm, api):
+    """python-telegram-bot raises InvalidToken for any 404 with the answer's description as
+    its message; one not worded "Not Found..." (a proxy's, another server's) is no more the
+    token than Telegram's own: the channel lives, drafts go off."""
+    llm.script(reply(ANSWER, pieces=4, chunk_delay=0.05))
+    api.fail("sendMessageDraft", 404, "method not found", times=1000)
+    async with running(tmp_path, llm, api, **FAST) as tg:
+        api.private_text("plan my day")
+        await api.wait_for_async(lambda: _shown(api, ALICE) == _rendered(tg, ANSWER), 15)
+        assert tg.channel.fatal is None and tg.channel.state == "connected"
+        assert set(tg.channel.features_off) == {"drafts"}
+
+
 def test_only_a_401_on_a_send_is_the_token():
     not_found = InvalidToken("Not Found: method not found")
     drafts = send_error(not_found, "sendMessageDraft")
@@ -126,6 +139,9 @@ def test_only_a_401_on_a_send_is_the_token():
     message = send_error(not_found, "sendMessage")
     assert type(message) is PermanentError and "sendMessage" in str(message)
     assert isinstance(send_error(InvalidToken("Unauthorized"), "sendMessage"), FatalChannelError)
+    # A 401 without a description: python-telegram-bot's own words, still the token.
+    no_body = InvalidToken("Unauthorized (401). Parsing the server response b'' failed")
+    assert isinstance(send_error(no_body, "sendMessage"), FatalChannelError)
     unknown = send_error(BadRequest("Bad Request: method not found"), "sendMessageDraft")
     assert isinstance(unknown, FeatureUnavailable)
     assert isinstance(send_error(NetworkError("Internal Server Error"), "x"), TransientError)

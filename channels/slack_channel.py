@@ -143,16 +143,14 @@ STREAM_ENDED = frozenset({"message_not_in_streaming_state", "stopped_by_user"})
 
 # Token problems: retrying cannot help, the operator has to fix the config.
 FATAL_API_ERRORS = frozenset(
-    {
-        "invalid_auth",
-        "not_authed",
-        "account_inactive",
-        "token_revoked",
-        "token_expired",
-        "not_allowed_token_type",
-        "team_access_not_granted",
-        "ekm_access_denied",
-    }
+    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired"}
+)
+# ... only when the login (auth.test) answers them: on any other call they are about that
+# call (a method the token type may not use), workspace (an org app not granted it) or post
+# (Enterprise Key Management suspended it), and the channel goes on.
+LOGIN = "auth.test"
+LOGIN_FATAL_API_ERRORS = frozenset(
+    {"not_allowed_token_type", "team_access_not_granted", "ekm_access_denied"}
 )
 TRANSIENT_API_ERRORS = frozenset(
     {"internal_error", "fatal_error", "service_unavailable", "request_timeout"}
@@ -389,7 +387,8 @@ def map_api_error(
 ) -> SendError | FatalChannelError:
     """Our error class for a failed Web API call ``method`` (``status`` HTTP, ``error``
     Slack's code). Slack answers a refused token with HTTP 200 and a code of its own (the
-    FATAL_API_ERRORS), and a method it does not offer with ``unknown_method``."""
+    FATAL_API_ERRORS; the LOGIN_FATAL_API_ERRORS too when ``method`` is the login), and a
+    method it does not offer with ``unknown_method``."""
     detail = f"slack answered {status}: {error or 'no error code'}"
     if status == 429 or error == "ratelimited":
         try:
@@ -397,7 +396,11 @@ def map_api_error(
         except ValueError:
             seconds = 1.0
         return RetryAfter(seconds, detail)
-    if error in FATAL_API_ERRORS or status == UNAUTHORIZED:
+    if (
+        error in FATAL_API_ERRORS
+        or status == UNAUTHORIZED
+        or (method == LOGIN and error in LOGIN_FATAL_API_ERRORS)
+    ):
         return FatalChannelError(f"{detail}: check channels.slack.botToken")
     if error == "unknown_method" or status == NOT_FOUND:
         features = {m: feature for m, (feature, _) in OPTIONAL_METHODS.items()}
@@ -707,7 +710,7 @@ class SlackChannel(Channel):
         try:
             auth = await self.web.auth_test()
         except SlackApiError as exc:
-            if isinstance(_api_error(exc), FatalChannelError):
+            if isinstance(_api_error(exc, LOGIN), FatalChannelError):
                 raise FatalChannelError(
                     f"Slack refused channels.slack.botToken (auth.test: "
                     f"{_error_code(exc)}); it must be the app's bot token, xoxb-..."

@@ -509,6 +509,19 @@ async def test_an_auth_test_answer_that_is_not_json_is_tried_again(
     assert slack.calls["auth.test"] >= 2  # the unreadable answer, then ours (and bolt's own)
 
 
+async def test_a_refusal_for_one_workspace_or_channel_is_not_the_token(tmp_path, llm, slack):
+    """An org app not granted the chat's workspace, or a post Enterprise Key Management
+    suspended: that answer is refused, the channel lives on (only the login's refusal is
+    the token's)."""
+    slack.post_script += [{"error": "team_access_not_granted"}, {"error": "ekm_access_denied"}]
+    async with Rig(tmp_path, llm, slack) as rig:
+        await slack.push_event(dm("one", "1700000019.000100"), event_id="W1")
+        await slack.push_event(dm("two", "1700000020.000100"), event_id="W2")
+        await slack.push_event(dm("three", "1700000021.000100"), event_id="W3")
+        await slack._wait(lambda: any(p.text == "echo: three" for p in slack.posts), 10)
+        assert rig.channel.fatal is None and rig.channel.state == "connected"
+
+
 async def test_files_are_downloaded_with_the_bot_token(tmp_path, llm, slack):
     url = slack.add_file("notes.txt", b"remember the milk\n")
     files = [
@@ -607,6 +620,10 @@ def test_api_errors_map_to_the_retry_vocabulary():
     for code in ("channel_not_found", "not_in_channel"):
         assert isinstance(map_api_error(200, code), PermanentError)
     assert isinstance(map_api_error(200, "msg_too_long"), TooLong)
+    # The token's only at the login: elsewhere that workspace's or that post's.
+    for code in ("team_access_not_granted", "ekm_access_denied", "not_allowed_token_type"):
+        assert isinstance(map_api_error(200, code, method="auth.test"), FatalChannelError)
+        assert type(map_api_error(200, code, method="chat.postMessage")) is PermanentError
 
 
 async def test_proxy_settings():

@@ -208,6 +208,7 @@ class Failure:
     delay: float = 0.0
     garble: bool = False
     result: Any = None  # garble: the result answered
+    delivered: bool = False  # garble: the call was carried out all the same
 
 
 class FakeBotAPI:
@@ -321,14 +322,17 @@ class FakeBotAPI:
         times: int = 1,
         when: Callable[[Params], bool] | None = None,
         result: Any = "garbled",
+        delivered: bool = False,
     ) -> None:
         """Answer the next ``times`` calls of ``method`` (matching ``when``) with HTTP 200 and
-        ``result``, of the wrong shape (``None``: ``"result": null``); nothing is delivered.
-        python-telegram-bot then raises a plain Python exception (AttributeError; KeyError for
-        ``NO_RESULT``, an answer without a result), not a TelegramError."""
+        ``result``, of the wrong shape (``None``: ``"result": null``); nothing is delivered,
+        unless ``delivered``: then the call is carried out first (a server that did the send
+        and answered oddly, as a 200 says it did). python-telegram-bot then raises a plain
+        Python exception (AttributeError; KeyError for ``NO_RESULT``, an answer without a
+        result), not a TelegramError."""
         with self._lock:
             self._failures.setdefault(method.lower(), []).append(
-                Failure(200, "", None, times, when, 0.0, garble=True, result=result)
+                Failure(200, "", None, times, when, 0.0, True, result=result, delivered=delivered)
             )
 
     def add_file(self, content: bytes, suffix: str = ".jpg") -> dict[str, Any]:
@@ -666,6 +670,9 @@ class FakeBotAPI:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), failure.delay)
         if failure is not None and failure.garble:
+            handler = getattr(self, f"_m_{method}", None)
+            if failure.delivered and handler is not None:
+                await handler(request, params)
             call.garbled = True
             return self._answer(request, 200, failure.result)
         if failure is not None and failure.status:

@@ -302,3 +302,20 @@ class VirtualClock:
         self.slept.append(seconds)
         self.t += seconds
         await asyncio.sleep(0)
+
+
+# A Markdown answer with a list and code, as streaming tests send it.
+STREAMED_ANSWER = (
+    "Here is **the plan** for today, step by step:\n\n"
+    "1. Wake up and drink a glass of water before anything else.\n"
+    "2. Walk for twenty minutes, whatever the weather says.\n"
+    "3. Write the report, then send it to `team@example.org`."
+)
+# Quick Telegram previews for tests; Telegram's real per-chat pace is exercised in bench/.
+TELEGRAM_FAST_PREVIEWS: dict[str, Any] = {
+    "streamEditIntervalSeconds": 0.1,
+    "rateLimits": {
+        "chat": {"messages": 50, "perSeconds": 1, "burst": 5},
+        "group": {"messages": 50, "perSeconds": 1},
+    },
+}

@@ -31,25 +31,14 @@ from channels.retry import Breaker, Retries, RetryPolicy
 from channels.telegram_channel import send_error
 from tests.fakes.llm_server import call, reply, tool_step
 from tests.fakes.telegram_api import BOT_USERNAME, NO_RESULT, FakeBotAPI, strip_html
+from tests.helpers import STREAMED_ANSWER as ANSWER
+from tests.helpers import TELEGRAM_FAST_PREVIEWS as FAST
 from tests.helpers import VirtualClock, make_config, telegram_in_process
 from tests.test_telegram import Running, running
 
 ALICE = 1001
 GROUP = -1001234
 BOT = f"@{BOT_USERNAME}"
-ANSWER = (
-    "Here is **the plan** for today, step by step:\n\n"
-    "1. Wake up and drink a glass of water before anything else.\n"
-    "2. Walk for twenty minutes, whatever the weather says.\n"
-    "3. Write the report, then send it to `team@example.org`."
-)
-FAST = {
-    "streamEditIntervalSeconds": 0.1,
-    "rateLimits": {
-        "chat": {"messages": 50, "perSeconds": 1, "burst": 5},
-        "group": {"messages": 50, "perSeconds": 1},
-    },
-}
 
 
 def _shown(api: FakeBotAPI, chat: int) -> list[str]:

@@ -19,25 +19,13 @@ from bot.streaming import STOPPED_MARK
 from channels import manager as manager_module
 from tests.fakes.llm_server import reply, tool_step
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, strip_html, utf16_len
+from tests.helpers import STREAMED_ANSWER as ANSWER
+from tests.helpers import TELEGRAM_FAST_PREVIEWS as FAST
 from tests.test_telegram import running
 
 ALICE = 1001
 GROUP = -1001234
 BOT = f"@{BOT_USERNAME}"
-ANSWER = (
-    "Here is **the plan** for today, step by step:\n\n"
-    "1. Wake up and drink a glass of water before anything else.\n"
-    "2. Walk for twenty minutes, whatever the weather says.\n"
-    "3. Write the report, then send it to `team@example.org`."
-)
-# Quick previews for tests; Telegram's real per-chat pace is exercised in bench/.
-FAST = {
-    "streamEditIntervalSeconds": 0.1,
-    "rateLimits": {
-        "chat": {"messages": 50, "perSeconds": 1, "burst": 5},
-        "group": {"messages": 50, "perSeconds": 1},
-    },
-}
 
 
 def rendered(tg: Any, text: str) -> list[str]:

@@ -13,7 +13,7 @@ from bot.bus import MessageBus, OutboundMessage, StreamEvent
 from bot.commands import CommandSyntax
 from bot.gate.question import QuestionView, question_markdown
 from channels.access import question_view
-from channels.errors import FatalChannelError, FeatureUnavailable, SendError
+from channels.errors import FatalChannelError, FeatureUnavailable, PermanentError, SendError
 from channels.pacing import Limit
 
 log = logging.getLogger(__name__)
@@ -187,10 +187,17 @@ class Channel(ABC):
 
         ``first``: the answer's first piece; only it replies to ``msg.reply_to``."""
 
+    def not_offered(self, call: str) -> PermanentError:
+        """The error of a call this channel does not offer (the manager calls only what
+        ``sends_files`` and ``preview_mode`` declare): a channel that declares more than it
+        implements refuses that one piece, with its name, instead of crashing a delivery."""
+        log.error("%s: %s is not offered by this channel (a declaration is wrong)", self.name, call)
+        return PermanentError(f"{self.name} does not offer {call}")
+
     async def send_file(self, msg: OutboundMessage, path: str) -> None:
         """Upload the file at ``path`` (memobot's own, e.g. a long answer's whole text) to
         ``msg``'s chat, as ``send_chunk`` raises. Only called when ``sends_files``."""
-        raise NotImplementedError
+        raise self.not_offered("send_file")
 
     async def admin_chats(self) -> list[str]:
         """The chat ids of the admins' private chats, for notices to the owner; [] if the
@@ -214,16 +221,16 @@ class Channel(ABC):
 
     def show_stream(self, event: StreamEvent) -> None:
         """ "direct" mode: show ``event`` now (no pacing, no platform)."""
-        raise NotImplementedError
+        raise self.not_offered("show_stream")
 
     async def send_draft(self, chat_id: str, draft_id: int, text: str) -> None:
         """ "draft" mode: show ``text`` ("" while tools run) as the chat's draft ``draft_id``."""
-        raise NotImplementedError
+        raise self.not_offered("send_draft")
 
     async def send_preview(self, msg: OutboundMessage, text: str, *, first: bool = False) -> str:
         """ "message" mode: send ``text`` plain to ``msg``'s chat; the platform's message id.
         ``first``: the answer's first message (as in ``send_chunk``)."""
-        raise NotImplementedError
+        raise self.not_offered("send_preview")
 
     def preview_shows(self, message_id: str, preview: str, chunk: str) -> bool:
         """Whether preview message ``message_id``, last given the preview text ``preview``
@@ -238,8 +245,8 @@ class Channel(ABC):
         """Replace the text of message ``message_id`` with ``chunk`` (a piece of ``render``,
         or plain preview text with ``plain``). "Not modified" is success. Raises as
         ``send_chunk``; ``PermanentError`` when the message is gone."""
-        raise NotImplementedError
+        raise self.not_offered("edit_chunk")
 
     async def delete_message(self, chat_id: str, message_id: str) -> None:
         """Delete a preview message the final answer did not need."""
-        raise NotImplementedError
+        raise self.not_offered("delete_message")

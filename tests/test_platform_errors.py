@@ -361,3 +361,24 @@ def test_the_breaker_opens_after_three_failures_and_tries_again_after_the_cool_d
     assert breaker.allows(chat, 303)
     breaker.failed(chat, 304)
     assert breaker.allows(chat, 305)  # one failure after a success is not a trip
+
+
+async def test_a_call_a_channel_does_not_offer_refuses_the_piece_and_names_it() -> None:
+    """A channel that declares more than it implements (``sends_files``, a preview mode)
+    refuses that piece with a PermanentError naming the call: the chat's queue moves on."""
+    from bot.bus import MessageBus, OutboundMessage
+    from channels.base import Channel
+    from channels.errors import PermanentError
+
+    class Bare(Channel):
+        name = "bare"
+
+        async def send_chunk(self, msg, chunk, plain=False, *, first=False):  # type: ignore[no-untyped-def]
+            return None
+
+    bare = Bare(MessageBus())
+    msg = OutboundMessage("bare", "c1", "hi")
+    with pytest.raises(PermanentError, match="bare does not offer send_file"):
+        await bare.send_file(msg, "/nowhere")
+    with pytest.raises(PermanentError, match="does not offer edit_chunk"):
+        await bare.edit_chunk("c1", "m1", "x")

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bot import workspace_files
-from bot.bus import MessageBus
+from bot.approvals import ApprovalDesk
+from bot.bus import MessageBus, admin_notice
 from bot.config import Config
 from bot.context import ContextBuilder
+from bot.cron import heartbeat
 from bot.cron.schedule import zone
 from bot.cron.store import JobStore
+from bot.delivery import DeliveryLedger
 from bot.gate import (
     Gate,
     describe_confinement,
@@ -20,14 +25,21 @@ from bot.gate import (
     reap_leftovers,
     remove_stale_temp,
 )
+from bot.intake import DurableIntake
 from bot.llm import LLMProvider
-from bot.loop import AgentLoop
+from bot.loop import AgentLoop, Background
+from bot.memory.consolidate import Consolidator
+from bot.memory.dream import Dream
 from bot.memory.history import HistoryArchive
+from bot.outage import Outage
 from bot.provenance import Provenance
+from bot.recovery import Recovery
 from bot.session import SessionStore
 from bot.tools import build_default_tools
+from bot.tools.base import ToolRegistry
 from bot.tools.cron import CronTool
 from bot.tools.mcp import McpManager
+from bot.turn import Turns
 from bot.workspace import init_workspace
 
 if TYPE_CHECKING:
@@ -107,7 +119,15 @@ def exec_limits_line(cfg: Config, gate: Gate | None = None) -> str:
 def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) -> AgentStack:
     """Raises LLMNotConfigured when no model endpoint is set. ``wait_for_model``: turns wait
     out a model outage (the daemon) instead of failing (see bot.outage)."""
-    provider = LLMProvider(cfg.llm, str(config_path))
+    bus = MessageBus()
+    background = Background()
+    on_refused = None
+    if wait_for_model:  # the daemon: a wrong key or model is reported to the admins
+
+        def on_refused(text: str) -> None:
+            background.spawn(bus.publish_outbound(admin_notice(text)))
+
+    provider = LLMProvider(cfg.llm, str(config_path), on_refused=on_refused)
     workspace = cfg.agent.workspace_path
     if not workspace.exists():  # a deleted template file stays deleted once set up
         init_workspace(workspace)
@@ -117,30 +137,75 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
         from bot.memory.migrate import migrate_legacy_history
 
         migrate_legacy_history(workspace)
-    bus = MessageBus()
     store = SessionStore(cfg.agent.state_path)
     gate = build_gate(cfg, config_path)
+    jobs = JobStore(cfg.agent.state_path)
     tools = build_default_tools(cfg.tools, workspace, cfg.agent.state_path)
-    tools.register(CronTool(JobStore(cfg.agent.state_path), cfg.cron, cfg.agent.timezone))
+    tools.register(CronTool(jobs, cfg.cron, cfg.agent.timezone))
     # Not started here: the caller starts it once its event loop runs (mcp.start()).
     mcp = McpManager(cfg.tools, tools, gate=gate, workspace=workspace, log_dir=mcp_log_dir(cfg))
-    loop = AgentLoop(
+    context = ContextBuilder(
+        workspace,
+        timezone=zone(cfg.agent.timezone),
+        untrusted_skills=Provenance(cfg.agent.state_path, workspace),
+    )
+    outage = Outage(provider.probe, cfg.llm.outage) if wait_for_model else None
+    loop = build_loop(
+        cfg, bus, store, provider, tools, context, gate, jobs, background, outage, mcp
+    )
+    bus.set_intake(loop.accept)
+    return AgentStack(bus, loop, store, provider, gate, mcp)
+
+
+def build_loop(
+    cfg: Config,
+    bus: MessageBus,
+    store: SessionStore,
+    provider: LLMProvider,
+    tools: ToolRegistry,
+    context: ContextBuilder,
+    gate: Gate | None,
+    jobs: JobStore,
+    background: Background,
+    outage: Outage | None,
+    mcp: McpManager | None,
+) -> AgentLoop:
+    """The agent loop and everything it works with, wired once, here."""
+    workspace = cfg.agent.workspace_path
+    archive = HistoryArchive(workspace)
+    consolidator = Consolidator(cfg.memory, store, provider, archive)
+    dream = Dream(
+        cfg.memory,
+        workspace,
+        provider,
+        archive,
+        functools.partial(heartbeat.owner_chat, cfg),
+        state_dir=cfg.agent.state_path,
+    )
+    slots = asyncio.Semaphore(cfg.agent.max_concurrent_turns)
+    # The desk gives a waiting turn's slot back while a person decides.
+    approvals = ApprovalDesk(cfg, store, bus, slots)
+    turns = Turns(
+        cfg, bus, store, provider, tools, context, consolidator, gate, background.spawn, approvals
+    )
+    ledger = DeliveryLedger(store)
+    return AgentLoop(
         cfg,
         bus,
         store,
-        provider,
-        tools,
-        ContextBuilder(
-            workspace,
-            timezone=zone(cfg.agent.timezone),
-            untrusted_skills=Provenance(cfg.agent.state_path, workspace),
-        ),
-        HistoryArchive(workspace),
-        gate,
+        turns=turns,
+        # A message that cannot be stored is answered at once, with a final answer.
+        intake=DurableIntake(store, lambda msg, text: turns.publish(msg, text, True)),
+        recovery=Recovery(store, ledger, bus, turns.user_message),
+        ledger=ledger,
+        jobs=jobs,
+        consolidator=consolidator,
+        dream=dream,
+        slots=slots,
+        background=background,
+        outage=outage,
         mcp=mcp,
-        wait_for_model=wait_for_model,
     )
-    return AgentStack(bus, loop, store, provider, gate, mcp)
 
 
 def mcp_log_dir(cfg: Config) -> Path:

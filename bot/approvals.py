@@ -22,9 +22,7 @@ from typing import Any
 from bot import failpoints
 from bot.bus import InboundMessage, MessageBus, OutboundMessage, typing_notice
 from bot.config import Config
-from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY
 from bot.gate.approval import (
-    APPROVAL_ID,
     CHOICES,
     DM_DEFAULT_TOOLS,
     MAX_REVIEW_CHARS,
@@ -49,17 +47,15 @@ from bot.gate.approval import (
     too_long_result,
 )
 from bot.gate.question import QuestionView, full_text, one_line, question_markdown
+from bot.kinds import APPROVAL_KEY, TurnKind
 from bot.llm import ToolCall
-from bot.privacy import NARROWED_KEY, PrivacyScope, sender_is_admin
+from bot.privacy import PrivacyScope
 from bot.runner import Approver
 from bot.session import Session, SessionStore
 
 log = logging.getLogger(__name__)
 
 TERMINAL = "cli"  # channels.terminal.CHANNEL (the core does not import channels)
-APPROVAL_KEY = "approval"  # OutboundMessage metadata: a request; InboundMessage: a press
-# Typed answers, for chats without buttons: "/allow ap-…", "/always ap-…", "/deny ap-…".
-ANSWER_COMMANDS = {"/allow": "once", "/always": "always", "/deny": "deny"}
 Checkpoint = Callable[[str, list[dict[str, Any]], dict[str, Any] | None], Awaitable[None]]
 
 PRESS_REPLIES = {
@@ -91,7 +87,7 @@ def offered_tools(
     """The tools a turn may use, by its privacy scope: None (all) for the owner; in groups
     ``groupTools`` (all for an admin's own turn with ``groupAdminTools``); in a non-admin's
     private chat ``dmTools``. A chat without channel settings gets the defaults."""
-    if msg.metadata.get(NARROWED_KEY):
+    if msg.classification.narrowed:
         # An unattended turn a non-admin shaped: the default group tools, whatever the config.
         return group_tool_names(names, None, cfg.tools.safe_mcp_tools)
     if scope.is_owner:
@@ -106,25 +102,11 @@ def offered_tools(
     return limited_tool_names(names, configured, DM_DEFAULT_TOOLS, safe_mcp)
 
 
-def press_from_command(name: str, args: str) -> dict[str, str] | None:
-    """``/allow ap-…`` and friends as a press; None when it is not one."""
-    choice = ANSWER_COMMANDS.get(name)
-    approval_id = args.split()[0] if args.split() else ""
-    if choice is None or not APPROVAL_ID.match(approval_id):
-        return None
-    return {"id": approval_id, "choice": choice}
-
-
-def unattended(msg: InboundMessage) -> bool:
-    """A turn nobody is there to watch: a scheduled job's or the heartbeat's."""
-    return CRON_KEY in msg.metadata or HEARTBEAT_KEY in msg.metadata
-
-
 def owner_channel(msg: InboundMessage) -> tuple[str, str]:
-    """(channel, chat) an unattended turn belongs to: where its owner is looked for first."""
-    beat = msg.metadata.get(HEARTBEAT_KEY)
-    if isinstance(beat, dict):
-        channel, _, chat = str(beat.get("deliver_to") or "").partition(":")
+    """(channel, chat) an unattended turn belongs to: where its owner is looked for first
+    (the heartbeat's answers go to ``heartbeat.deliverTo``: there)."""
+    if msg.kind is TurnKind.HEARTBEAT:
+        channel, _, chat = (msg.classification.deliver_to or "").partition(":")
         return channel, chat
     return msg.channel, msg.chat_id
 
@@ -140,7 +122,13 @@ def question_view(
 class ApprovalDesk:
     """Asks, waits for and records the answers of one agent loop's paused turns."""
 
-    def __init__(self, cfg: Config, store: SessionStore, bus: MessageBus) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        store: SessionStore,
+        bus: MessageBus,
+        slots: asyncio.Semaphore | None = None,
+    ) -> None:
         self.policy = policy_for(cfg)
         self.timeout_minutes = cfg.tools.approval_timeout_minutes
         self.store = store
@@ -149,9 +137,9 @@ class ApprovalDesk:
         # The session of each recent approval: an unattended turn's question is answered in
         # an admin's private chat, not in the session that waits.
         self._where: OrderedDict[str, str] = OrderedDict()
-        # The loop's turn slots (agent.maxConcurrentTurns), set by the loop: a question may
-        # wait for half an hour, and its slot is better used by other chats meanwhile.
-        self.slots: asyncio.Semaphore | None = None
+        # The loop's turn slots (agent.maxConcurrentTurns): a question may wait for half an
+        # hour, and its slot is better used by other chats meanwhile.
+        self.slots = slots
 
     def approver(
         self,
@@ -181,7 +169,7 @@ class ApprovalDesk:
                         len(question.subject),
                     )
                     return too_long_result(len(question.subject))
-                owners = await self._owner_chats(msg) if unattended(msg) else None
+                owners = await self._owner_chats(msg) if msg.policy.unattended else None
                 if owners == []:
                     log.warning(
                         "approval refused session=%s tool=%s: an unattended turn, and no "
@@ -195,7 +183,7 @@ class ApprovalDesk:
                     call.name,
                     question,
                     msg.sender_id,
-                    bool(msg.metadata.get("is_group")),
+                    msg.sender.is_group,
                     self.policy.timeout_seconds,
                     owner_chats=owners,
                 )
@@ -259,7 +247,7 @@ class ApprovalDesk:
             return []
 
     async def _typing(self, msg: InboundMessage, on: bool) -> None:
-        if HEARTBEAT_KEY not in msg.metadata:  # a heartbeat's turn never shows typing
+        if msg.policy.shows_typing:  # a heartbeat's turn never shows typing
             await self.bus.publish_outbound(
                 typing_notice(msg.channel, msg.chat_id, msg.message_id, on=on)
             )
@@ -367,9 +355,7 @@ class ApprovalDesk:
             return self.store.get(key)
         own = self.store.get(msg.session_key)
         record = open_record(own.metadata)
-        if (record is not None and record.get("id") == approval_id) or not msg.metadata.get(
-            "is_admin"
-        ):
+        if (record is not None and record.get("id") == approval_id) or not msg.sender.is_admin:
             return own
         for key, record in await asyncio.to_thread(open_approvals, self.store):
             if record.get("id") == approval_id and record.get("owner"):
@@ -380,8 +366,8 @@ class ApprovalDesk:
         """Record one press (a button or a typed answer); the reply for the chat, None when
         it is a redelivery of a press already recorded. "show" asks for the whole text of
         the question: the reply is that text."""
-        info = msg.metadata.get(APPROVAL_KEY) or {}
-        approval_id, choice = str(info.get("id", "")), str(info.get("choice", ""))
+        press = msg.classification.press
+        approval_id, choice = (press.id, press.choice) if press else ("", "")
         if choice not in CHOICES and choice != SHOW:
             return "That is not an answer to an approval."
         session = await self._locate(approval_id, msg)
@@ -390,7 +376,7 @@ class ApprovalDesk:
             record = None  # a person's question is answered in its own chat
         if record is None or record.get("id") != approval_id or record["state"] != WAITING:
             return self._late(session.metadata, approval_id, msg.message_id, record)
-        if not may_answer(record, msg.sender_id, sender_is_admin(msg)):
+        if not may_answer(record, msg.sender_id, msg.sender.is_admin):
             log.info(
                 "approval press refused session=%s id=%s sender=%s",
                 msg.session_key,

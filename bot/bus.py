@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from bot.commands import CommandSyntax
+from bot.kinds import Classified, KindPolicy, Sender, TurnKind, with_kind
 
 Intake = Literal["accepted", "duplicate", "refused"]
 IntakeHook = Callable[["InboundMessage"], Awaitable[Intake]]
@@ -25,7 +26,9 @@ def session_key(channel: str, chat_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class InboundMessage:
-    """A message a person sent, already let in by the channel's allowFrom check."""
+    """A message a person sent, already let in by the channel's allowFrom check (or a due job,
+    or a button press). ``classified`` is set once, by ``MessageBus.publish_inbound`` (or by
+    ``bot.intake`` for a pending turn read back): what kind of turn it starts, for whom."""
 
     channel: str
     chat_id: str
@@ -35,10 +38,30 @@ class InboundMessage:
     message_id: str | None = None  # the platform's id; used to recognise redeliveries
     reply_to: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    classified: Classified | None = None
 
     @property
     def session_key(self) -> str:
         return session_key(self.channel, self.chat_id)
+
+    @property
+    def kind(self) -> TurnKind:
+        return self.classification.kind
+
+    @property
+    def sender(self) -> Sender:
+        return self.classification.sender
+
+    @property
+    def policy(self) -> KindPolicy:
+        return self.classification.policy
+
+    @property
+    def classification(self) -> Classified:
+        if self.classified is None:
+            # A bug, not an input: everything the loop sees came through the bus or intake.
+            raise RuntimeError(f"message {self.message_id} was never classified")
+        return self.classified
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +163,7 @@ class MessageBus:
             return "refused"
         if msg.message_id is None:  # sources without ids still need one for the ledger
             msg = replace(msg, message_id=f"local-{uuid.uuid4().hex[:12]}")
+        msg = with_kind(msg)  # the one place a published message gets its kind
         verdict: Intake = await self._intake(msg) if self._intake else "accepted"
         if verdict == "accepted":
             await self.inbound.put(msg)

@@ -1,10 +1,15 @@
 """Chat commands: the one list of them (``/help``, the parser and the channels read it), and
-those the agent loop answers itself, without the model."""
+the one router through which the agent loop answers them, without the model."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bot.bus import InboundMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +59,10 @@ SPECS = (
 COMMANDS = frozenset(n for spec in SPECS if not spec.by_channel for n in spec.names)
 IMMEDIATE = frozenset(n for spec in SPECS if spec.immediate for n in spec.names)
 CHANNEL_COMMANDS = frozenset(n for spec in SPECS if spec.by_channel for n in spec.names)
+# Typed answers to an approval question, for chats without buttons ("/allow ap-…"): a turn of
+# their own kind (an approval press, bot.kinds), never routed as commands.
+ANSWER_COMMANDS = {"/allow": "once", "/always": "always", "/deny": "deny"}
+ROUTED = COMMANDS - ANSWER_COMMANDS.keys()
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +107,36 @@ def parse_command(text: str) -> Command | None:
     if name not in COMMANDS:
         return None
     return Command(name, args.strip())
+
+
+# A command's handler: the message and the command's arguments -> the answer's text, or None
+# when the handler has answered the message itself (``/new`` ends its turn through the ledger).
+CommandHandler = Callable[["InboundMessage", str], Awaitable[str | None]]
+
+
+class CommandRouter:
+    """The one table from a command's name to its handler (as bolt's listener registry).
+
+    Built once with a handler for every command the loop answers (``ROUTED``); a command in
+    ``SPECS`` without one, or a handler for no command, is refused at construction, so /help
+    can never list a command that nothing answers.
+    """
+
+    def __init__(self, handlers: Mapping[str, CommandHandler]) -> None:
+        missing, unknown = ROUTED - handlers.keys(), handlers.keys() - ROUTED
+        if missing or unknown:
+            raise ValueError(
+                f"command router: no handler for {sorted(missing)}, handlers for unknown "
+                f"commands {sorted(unknown)}"
+            )
+        self._handlers = dict(handlers)
+
+    async def route(self, msg: InboundMessage) -> str | None:
+        """Answer the command ``msg`` was classified with (``bot.kinds``)."""
+        command = msg.classification.command
+        if command is None:
+            raise ValueError(f"message {msg.message_id} is not a command")
+        return await self._handlers[command.name](msg, command.args)
 
 
 def format_duration(seconds: float) -> str:

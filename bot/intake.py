@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from bot import failpoints
 from bot.bus import InboundMessage, Intake
-from bot.commands import IMMEDIATE, parse_command
+from bot.kinds import Classified, classify
 from bot.session import Session, SessionStore, now_iso
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,8 @@ class DurableIntake:
 
     async def accept(self, msg: InboundMessage) -> Intake:
         """Make ``msg`` durable as a pending turn; recognise redeliveries by message id."""
-        command = parse_command(msg.text)
-        if command and command.name in IMMEDIATE:
-            return "accepted"  # answered at once, nothing to make durable
+        if not msg.classification.durable:
+            return "accepted"  # answered at once (an immediate command), nothing to store
         if self.closed:
             return "refused"
         try:
@@ -87,12 +87,16 @@ def pending_entry(msg: InboundMessage) -> dict[str, Any]:
         "reply_to": msg.reply_to,
         "metadata": msg.metadata,
         "received_at": now_iso(),
+        # The turn resumed after a crash is of the kind it was accepted as.
+        "kind": msg.classification.record(),
     }
 
 
 def inbound_from_pending(key: str, p: dict[str, Any]) -> InboundMessage:
+    """The pending turn ``p`` of session ``key`` as a message, with the classification it was
+    stored with; an entry of an older memobot (no ``kind``) is classified as it was then."""
     channel, _, chat_id = key.partition(":")
-    return InboundMessage(
+    msg = InboundMessage(
         channel,
         chat_id,
         str(p.get("sender_id", "")),
@@ -102,6 +106,8 @@ def inbound_from_pending(key: str, p: dict[str, Any]) -> InboundMessage:
         reply_to=p.get("reply_to"),
         metadata=dict(p.get("metadata") or {}),
     )
+    kind = Classified.from_record(p.get("kind")) or classify(msg)
+    return replace(msg, classified=kind)
 
 
 def is_pending(session: Session, message_id: str | None) -> bool:

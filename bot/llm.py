@@ -503,7 +503,12 @@ class _Endpoint:
 class LLMProvider:
     """Chat Completions against ``llm.baseUrl`` with tenacity retries, then ``llm.fallbacks``."""
 
-    def __init__(self, cfg: LLMConfig, config_path: str = "~/.memobot/config.json") -> None:
+    def __init__(
+        self,
+        cfg: LLMConfig,
+        config_path: str = "~/.memobot/config.json",
+        on_refused: Callable[[str], None] | None = None,
+    ) -> None:
         self.cfg = cfg
         if not cfg.resolved_base_url() and not cfg.resolved_api_key():
             from bot.invocation import command_for
@@ -519,7 +524,7 @@ class LLMProvider:
         self._reported: set[tuple[str, int]] = set()
         # Called once per (endpoint, 401/404) with a text for the owner (the daemon sends it to
         # the admins' private chats); the text names the endpoint and the setting, no secret.
-        self.on_refused: Callable[[str], None] | None = None
+        self.on_refused = on_refused
 
     @property
     def proxy(self) -> str:

@@ -15,45 +15,32 @@ waiting out a model outage, and the ordered shutdown.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from bot.approvals import ANSWER_COMMANDS, APPROVAL_KEY, press_from_command
-from bot.bus import InboundMessage, Intake, MessageBus, admin_notice, typing_notice
-from bot.commands import (
-    IMMEDIATE,
-    Command,
-    CommandSyntax,
-    format_duration,
-    help_text,
-    parse_command,
-)
+from bot.bus import InboundMessage, Intake, MessageBus, typing_notice
+from bot.commands import CommandRouter, CommandSyntax, format_duration, help_text
 from bot.config import Config
-from bot.context import ContextBuilder
-from bot.cron import heartbeat
-from bot.cron.scheduler import HEARTBEAT_KEY, describe_jobs
+from bot.cron.scheduler import describe_jobs
 from bot.cron.store import JobStore
 from bot.delivery import DeliveryLedger
-from bot.gate import Gate
 from bot.gate.approval import open_record
 from bot.intake import DurableIntake
-from bot.llm import LLMProvider, LLMUnavailable
+from bot.kinds import TurnKind
+from bot.llm import LLMUnavailable
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import Dream, budget_lines
-from bot.memory.history import HistoryArchive
 from bot.outage import NOTICE_TEXT, Outage, mark_waiting, wait_info, wall_seconds
 from bot.pairing import approve_code
-from bot.privacy import sender_is_admin
 from bot.recovery import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS, Recovery
 from bot.runner import close_open_tool_calls
 from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso
-from bot.tools.base import ToolRegistry
-from bot.turn import STOPPED_TEXT, Turns, text_job
+from bot.turn import STOPPED_TEXT, Turns
 
 if TYPE_CHECKING:
     from bot.tools.mcp import McpManager
@@ -87,85 +74,88 @@ class _SessionWork:
     wait: asyncio.Task[bool] | None = None
 
 
+class Background:
+    """Tasks started beside the turns (an immediate command, a memory commit, a notice to the
+    admins): held until they end, so none is collected half-way."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
 class AgentLoop:
+    """Built by the composition root (``bot.app.build_loop``), which wires every collaborator;
+    the loop only keeps order, slots and its command table."""
+
     def __init__(
         self,
         cfg: Config,
         bus: MessageBus,
         store: SessionStore,
-        provider: LLMProvider,
-        tools: ToolRegistry,
-        context: ContextBuilder,
-        archive: HistoryArchive,
-        gate: Gate | None = None,
         *,
+        turns: Turns,
+        intake: DurableIntake,
+        recovery: Recovery,
+        ledger: DeliveryLedger,
+        jobs: JobStore,
+        consolidator: Consolidator,
+        dream: Dream,
+        slots: asyncio.Semaphore,
+        background: Background,
+        outage: Outage | None,
         mcp: McpManager | None = None,
-        wait_for_model: bool = False,
     ) -> None:
-        """``wait_for_model``: when every model fails, turns wait for one to come back (the
-        daemon) instead of being answered with the error (a one-shot terminal run)."""
+        """``slots``: agent.maxConcurrentTurns, shared with the approval desk (a turn waiting
+        for a person holds none). ``outage``: set in the daemon, where turns wait for a model
+        to come back instead of being answered with the error (a one-shot terminal run)."""
         self.cfg = cfg
         self.mcp = mcp
         self.bus = bus
         self.store = store
-        self.ledger = DeliveryLedger(store)
-        self.jobs = JobStore(cfg.agent.state_path)
-        self.consolidator = Consolidator(cfg.memory, store, provider, archive)
-        self.dream = Dream(
-            cfg.memory,
-            cfg.agent.workspace_path,
-            provider,
-            archive,
-            functools.partial(heartbeat.owner_chat, cfg),
-            state_dir=cfg.agent.state_path,
-        )
-        self.turns = Turns(
-            cfg, bus, store, provider, tools, context, self.consolidator, gate, self._spawn
-        )
-        self.runner = self.turns.runner
-        self.intake = DurableIntake(store, lambda msg, text: self._publish(msg, text, True))
-        self.recovery = Recovery(
-            store,
-            self.ledger,
-            bus,
-            lambda msg: self.dispatch(msg, resume=True),
-            self.turns.user_message,
-        )
+        self.ledger = ledger
+        self.jobs = jobs
+        self.consolidator = consolidator
+        self.dream = dream
+        self.turns = turns
+        self.runner = turns.runner
+        self.approvals = turns.approvals
+        self.intake = intake
+        self.recovery = recovery
+        self.outage = outage
         self._work: dict[str, _SessionWork] = {}
-        self._slots = asyncio.Semaphore(cfg.agent.max_concurrent_turns)
-        self.turns.approvals.slots = self._slots  # a turn waiting for a person holds none
+        self._slots = slots
         self._draining = False
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = background
         self.started_at = time.monotonic()
-        self.outage = Outage(provider.probe, cfg.llm.outage) if wait_for_model else None
-        if wait_for_model:  # the daemon: a wrong key or model is reported to the admins
-            provider.on_refused = lambda text: self._spawn(bus.publish_outbound(admin_notice(text)))
-        self.approvals = self.turns.approvals
-        bus.set_intake(self.accept)
+        # Every command the loop answers, by name; /allow and friends are presses (accept).
+        self.commands = CommandRouter(
+            {
+                "/new": self._new_session,
+                "/stop": self._stop_command,
+                "/status": self._status_command,
+                "/dream": self._dream_command,
+                "/approve": self._approve_pairing,
+                "/cron": self._cron_command,
+                "/help": self._help_command,
+            }
+        )
 
     async def accept(self, msg: InboundMessage) -> Intake:
         """The bus's intake: approval answers (buttons, ``/allow ID``...) are recorded here,
         durable before the channel confirms them, and never queued as turns; everything else
         goes through the durable intake."""
-        command = parse_command(msg.text)
-        press = msg.metadata.get(APPROVAL_KEY)
-        if command and press is None:
-            press = press_from_command(command.name, command.args)
-            if press is None and command.name in ANSWER_COMMANDS:
-                await self._publish(msg, f"Usage: {command.name} ID (the id in the request)", False)
-                return "duplicate"
-        if press is None:
+        if msg.kind is not TurnKind.APPROVAL:
             return await self.intake.accept(msg)
-        press_msg = InboundMessage(
-            msg.channel,
-            msg.chat_id,
-            msg.sender_id,
-            msg.text,
-            message_id=msg.message_id,
-            metadata={**msg.metadata, APPROVAL_KEY: press},
-        )
+        command = msg.classification.command
+        if msg.classification.press is None and command is not None:
+            await self._publish(msg, f"Usage: {command.name} ID (the id in the request)", False)
+            return "duplicate"
         try:
-            reply = await self.approvals.press(press_msg)
+            reply = await self.approvals.press(msg)
         except OSError as exc:
             log.error("cannot record an approval answer session=%s: %s", msg.session_key, exc)
             reply = "I could not record your answer (a disk problem); please answer again."
@@ -179,7 +169,7 @@ class AgentLoop:
 
     def recover(self, keys: list[str] | None = None, channels: set[str] | None = None) -> int:
         """Queue every interrupted turn and undelivered answer (``bot.recovery``)."""
-        return self.recovery.recover(keys, channels)
+        return self.recovery.recover(lambda msg: self.dispatch(msg, resume=True), keys, channels)
 
     async def run(self, schedule_dream: bool = False) -> None:
         """Consume the inbound queue until cancelled.
@@ -229,9 +219,8 @@ class AgentLoop:
 
     def dispatch(self, msg: InboundMessage, resume: bool = False) -> None:
         """Route one accepted message: immediate commands now, everything else to its session."""
-        command = parse_command(msg.text)
-        if command and command.name in IMMEDIATE and not resume:
-            self._spawn(self._immediate(msg, command))
+        if msg.classification.immediate and not resume:
+            self._spawn(self._immediate(msg))
             return
         work = self._work.setdefault(msg.session_key, _SessionWork())
         work.queue.append(_Job(msg, resume))
@@ -240,33 +229,36 @@ class AgentLoop:
                 self._drain(msg.session_key, work), name=f"session:{msg.session_key}"
             )
 
-    async def _immediate(self, msg: InboundMessage, command: Command) -> None:
-        if command.name == "/help":
-            text = help_text(self.bus.command_syntax.get(msg.channel, CommandSyntax()))
-        elif command.name == "/dream" and not sender_is_admin(msg):
-            text = "Only an admin of this bot may run /dream."
-        elif command.name == "/dream":
-            if self.dream.running:
-                text = "Dream is already running."
-            else:
-                await self._publish(msg, "Dreaming: distilling the history archive...", final=False)
-                text = (await self.dream.run()).describe()
-        elif command.name == "/status":
-            text = self.status_text(msg.session_key)
-        elif command.name == "/approve":
-            text = await self._approve_pairing(msg, command.args)
-        elif command.name == "/cron":
-            text = await self._cron_text(msg.session_key)
-        elif not self._may_stop(msg):
-            text = "Only the person who asked, or an admin, may stop this answer."
-        elif self.stop(msg.session_key):
-            text = "Stopping the current answer."
-        else:
-            text = "Nothing is running in this chat."
-        await self._publish(msg, text, final=True)
+    async def _immediate(self, msg: InboundMessage) -> None:
+        """A command answered at once, beside a running turn; its answer is not kept in the
+        delivery ledger (it was never stored)."""
+        text = await self.commands.route(msg)
+        if text is not None:
+            await self._publish(msg, text, final=True)
+
+    async def _help_command(self, msg: InboundMessage, args: str) -> str:
+        return help_text(self.bus.command_syntax.get(msg.channel, CommandSyntax()))
+
+    async def _dream_command(self, msg: InboundMessage, args: str) -> str:
+        if not msg.sender.is_admin:
+            return "Only an admin of this bot may run /dream."
+        if self.dream.running:
+            return "Dream is already running."
+        await self._publish(msg, "Dreaming: distilling the history archive...", final=False)
+        return (await self.dream.run()).describe()
+
+    async def _status_command(self, msg: InboundMessage, args: str) -> str:
+        return self.status_text(msg.session_key)
+
+    async def _stop_command(self, msg: InboundMessage, args: str) -> str:
+        if not self._may_stop(msg):
+            return "Only the person who asked, or an admin, may stop this answer."
+        if self.stop(msg.session_key):
+            return "Stopping the current answer."
+        return "Nothing is running in this chat."
 
     async def _approve_pairing(self, msg: InboundMessage, code: str) -> str:
-        if not sender_is_admin(msg):
+        if not msg.sender.is_admin:
             return "Only an admin of this bot may approve pairing codes."
         if not code.strip():
             return "Usage: /approve CODE (the code the new person was given)"
@@ -282,7 +274,8 @@ class AgentLoop:
         name = f" ({approved.name})" if approved.name else ""
         return f"Approved {approved.channel} user {approved.sender_id}{name}. They will be told."
 
-    async def _cron_text(self, key: str) -> str:
+    async def _cron_command(self, msg: InboundMessage, args: str) -> str:
+        key = msg.session_key
         try:
             jobs = (await asyncio.to_thread(self.jobs.load)).of_session(key)
         except (OSError, ValueError) as exc:
@@ -295,9 +288,9 @@ class AgentLoop:
 
     def _may_stop(self, msg: InboundMessage) -> bool:
         work = self._work.get(msg.session_key)
-        if work is None or not msg.metadata.get("is_group"):
+        if work is None or not msg.sender.is_group:
             return True
-        return work.turn_sender == msg.sender_id or sender_is_admin(msg)
+        return work.turn_sender == msg.sender_id or msg.sender.is_admin
 
     def stop(self, key: str) -> bool:
         """Cancel the running turn of one chat (``/stop``); other chats are untouched."""
@@ -340,7 +333,7 @@ class AgentLoop:
             job = work.queue.popleft()
             if self.outage is not None and self.outage.active and job.turn is None:
                 # The model is known to be down: wait without spending a slot on retries.
-                if parse_command(job.msg.text) is None and not text_job(job.msg):
+                if job.msg.policy.waits_for_model:
                     await self._wait_for_model(key, work, job, None)
                     continue
             async with self._slots:
@@ -370,12 +363,14 @@ class AgentLoop:
 
     async def _process(self, job: _Job, work: _SessionWork) -> None:
         msg = job.msg
-        command = parse_command(msg.text)
-        if command and command.name == "/new":
-            await self._new_session(msg)
-            return
         session = self.store.get(msg.session_key)
-        if text_job(msg):
+        if msg.kind is TurnKind.COMMAND:
+            # In order with the chat's turns (/new); a handler that answers itself says None.
+            text = await self.commands.route(msg)
+            if text is not None:
+                await self.turns.finish(session, msg, [], text)
+            return
+        if msg.kind is TurnKind.REMINDER:
             await self.turns.deliver_text(session, msg)
             return
         turn = job.turn
@@ -426,11 +421,7 @@ class AgentLoop:
             return  # no longer pending: nothing to answer
         since = info.get("since") or now_iso()
         # The heartbeat has no chat to tell; its turn just waits.
-        tell = (
-            not info.get("notified")
-            and key not in self.outage.notified
-            and HEARTBEAT_KEY not in msg.metadata
-        )
+        tell = not info.get("notified") and key not in self.outage.notified and msg.policy.sends
         # A restart while the turn waited counted as a resume attempt; waiting is not a crash
         # of the turn, so the count starts over (else three restarts in an outage give up).
         resumed = (session.metadata.get("resume") or {}).get("message_id") == msg.message_id
@@ -448,7 +439,7 @@ class AgentLoop:
         if tell:
             self.outage.notified.add(key)
             await self._publish(msg, NOTICE_TEXT, final=False)
-        if HEARTBEAT_KEY not in msg.metadata:
+        if msg.policy.shows_typing:
             # Waiting is not working: the turn shows typing again when it runs again.
             await self.bus.publish_outbound(
                 typing_notice(msg.channel, msg.chat_id, msg.message_id, on=False)
@@ -485,10 +476,8 @@ class AgentLoop:
             )
             await self.turns.finish(session, msg, turn, LLMUnavailable.user_message, "failed")
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._background.spawn(coro)
 
     async def _publish(self, msg: InboundMessage, text: str, final: bool) -> None:
         await self.turns.publish(msg, text, final)
@@ -530,7 +519,8 @@ class AgentLoop:
 
     # -- commands --------------------------------------------------------------------------
 
-    async def _new_session(self, msg: InboundMessage) -> None:
+    async def _new_session(self, msg: InboundMessage, args: str) -> None:
+        """``/new``: in order with the chat's turns; it ends its own turn (through the ledger)."""
         session = self.store.get(msg.session_key)
         count = session.unconsolidated
         if not await self.consolidator.compact_all(msg.session_key):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
+from bot.kinds import NARROWED_KEY as NARROWED_KEY  # its home before bot.kinds
 from bot.session import SUFFIX, key_to_filename
 from bot.workspace import MEDIA_DIR, chat_media_dir
 
@@ -34,10 +35,6 @@ if TYPE_CHECKING:
     from bot.config import MemoryConfig
 
 Audience = Literal["owner", "guest", "group"]
-TERMINAL = "cli"  # channels.terminal.CHANNEL: the person at the keyboard is the owner
-# InboundMessage.metadata: the session that shaped an unattended turn when that was not an
-# admin's (bot.provenance, bot.cron.scheduler); such a turn gets a group member's rights.
-NARROWED_KEY = "narrowed"
 # What the owner's memory is made of (names casefolded; compared per path component).
 PROMPT_MEMORY_FILES = frozenset({"USER.md", "memory/MEMORY.md"})
 _MEMORY_ROOT_FILES = frozenset({"user.md"})  # and their temporary siblings (.USER.md.*)
@@ -125,13 +122,6 @@ def _names_file(name: str, files: frozenset[str]) -> bool:
     return name in files or any(name.startswith(f".{f}.") for f in files)
 
 
-def sender_is_admin(msg: InboundMessage) -> bool:
-    """Whether the message's sender is an admin. Channels always say (``is_admin``); a message
-    that does not is the terminal's (the owner at the keyboard) or nobody's (not an admin)."""
-    said = msg.metadata.get("is_admin")
-    return bool(said) if said is not None else msg.channel == TERMINAL
-
-
 def owner_scope(session_key: str) -> PrivacyScope:
     return PrivacyScope("owner", session_key, True, True, None)
 
@@ -150,10 +140,9 @@ def group_scope(msg: InboundMessage, admin: bool, share: bool) -> PrivacyScope:
 
 def scope_for_person(msg: InboundMessage, memory: MemoryConfig) -> PrivacyScope:
     """The scope of a turn answering a person: decided by the chat and the sender alone."""
-    admin = sender_is_admin(msg)
-    if msg.metadata.get("is_group"):
-        return group_scope(msg, admin, memory.share_in_groups)
-    if admin:
+    if msg.sender.is_group:
+        return group_scope(msg, msg.sender.is_admin, memory.share_in_groups)
+    if msg.sender.is_admin:
         return owner_scope(msg.session_key)
     return guest_scope(msg, memory.share_with_non_admins)
 
@@ -163,8 +152,8 @@ def scope_for_unattended(msg: InboundMessage, memory: MemoryConfig) -> PrivacySc
     owner's elsewhere, unless a non-admin shaped it (a job a non-admin made, heartbeat tasks
     an untrusted turn wrote: ``NARROWED_KEY``, see bot.provenance): then a group member's
     scope that shares none of the owner's memory, whatever the settings."""
-    if msg.metadata.get(NARROWED_KEY):
+    if msg.classification.narrowed:
         return group_scope(msg, False, False)
-    if msg.metadata.get("is_group"):
-        return group_scope(msg, sender_is_admin(msg), memory.share_in_groups)
+    if msg.sender.is_group:
+        return group_scope(msg, msg.sender.is_admin, memory.share_in_groups)
     return owner_scope(msg.session_key)

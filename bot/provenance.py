@@ -25,7 +25,6 @@ from typing import Any
 
 from bot import workspace_files
 from bot.bus import InboundMessage
-from bot.privacy import TERMINAL, sender_is_admin
 from bot.private import make_private_dirs, replace_durably
 
 log = logging.getLogger(__name__)
@@ -59,8 +58,7 @@ def turn_is_trusted(msg: InboundMessage) -> bool:
     """Whether what this turn writes may later run with the owner's rights: an admin's turn
     in a private chat (a group's turn carries the other members' words), or an unattended
     turn that was itself trusted."""
-    local = msg.channel == TERMINAL
-    return sender_is_admin(msg) and not msg.metadata.get("is_group", not local)
+    return msg.sender.is_admin and not msg.sender.is_group
 
 
 @dataclass(frozen=True, slots=True)

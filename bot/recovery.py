@@ -47,17 +47,21 @@ class Recovery:
         store: SessionStore,
         ledger: DeliveryLedger,
         bus: MessageBus,
-        queue: Callable[[InboundMessage], None],
         user_message: Callable[[InboundMessage], Awaitable[dict[str, Any]]],
     ) -> None:
         self.store = store
         self.ledger = ledger
         self.bus = bus
-        self.queue = queue  # puts a pending message back in its session's queue, as a resume
         self.user_message = user_message
 
-    def recover(self, keys: list[str] | None = None, channels: set[str] | None = None) -> int:
-        """Queue every interrupted turn and undelivered answer; returns how many sessions.
+    def recover(
+        self,
+        queue: Callable[[InboundMessage], None],
+        keys: list[str] | None = None,
+        channels: set[str] | None = None,
+    ) -> int:
+        """Queue every interrupted turn (``queue`` puts a pending message back in its
+        session's queue, as a resume) and undelivered answer; returns how many sessions.
 
         Called once at start, before any new message is taken, so a session carrying a
         checkpoint is repaired before anything else touches it. ``channels`` limits recovery
@@ -70,14 +74,14 @@ class Recovery:
                 continue
             # One session's damage must not keep the others (or the daemon) from starting.
             try:
-                resumed += self._recover_session(key)
+                resumed += self._recover_session(key, queue)
             except OSError as exc:
                 log.error("cannot recover session=%s: %s", key, exc)
             except Exception:
                 log.exception("recovery failed session=%s; the other sessions go on", key)
         return resumed
 
-    def _recover_session(self, key: str) -> int:
+    def _recover_session(self, key: str, queue: Callable[[InboundMessage], None]) -> int:
         """Recover one session; 1 if it had pending turns to resume."""
         meta = self.store.peek_metadata(key)
         if not meta or not (
@@ -96,7 +100,7 @@ class Recovery:
             close_turn(turn)  # kept without its answer: closed, as a failed turn is
             self.store.append(session, turn, metadata={"runtime_checkpoint": None})
         for p in pending:
-            self.queue(inbound_from_pending(key, p))
+            queue(inbound_from_pending(key, p))
         if pending:
             log.info("resuming session=%s pending=%d", key, len(pending))
         return 1 if pending else 0

@@ -24,24 +24,18 @@ from bot.bus import InboundMessage, MessageBus, OutboundMessage, typing_notice
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.cron import heartbeat
-from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY
 from bot.delivery import DELIVERY_KEY, LEDGER_SESSION_KEY, outbox_entry
 from bot.gate import Gate, ProcessScope
 from bot.gate.approval import close_unanswered
 from bot.images import stored_form
 from bot.intake import without_pending
+from bot.kinds import TurnKind
 from bot.llm import LLMError, LLMProvider, LLMUnavailable
 from bot.long_answers import spill
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import chat_memory_file
 from bot.memory.files import memory_stamp
-from bot.privacy import (
-    NARROWED_KEY,
-    PrivacyScope,
-    scope_for_person,
-    scope_for_unattended,
-    sender_is_admin,
-)
+from bot.privacy import PrivacyScope, scope_for_person, scope_for_unattended
 from bot.provenance import Provenance, Stamps, turn_is_trusted, watched_stamps
 from bot.runner import (
     CLOSING_NOTES,
@@ -85,6 +79,7 @@ class Turns:
         consolidator: Consolidator,
         gate: Gate | None,
         spawn: Spawn,
+        approvals: ApprovalDesk,
     ) -> None:
         self.cfg = cfg
         self.bus = bus
@@ -103,7 +98,7 @@ class Turns:
             cfg.llm.max_tokens,
         )
         # Asks, waits for and records the answers to approval questions (tools.approval).
-        self.approvals = ApprovalDesk(cfg, store, bus)
+        self.approvals = approvals
         self.provenance = Provenance(cfg.agent.state_path, cfg.agent.workspace_path)
         # When each session last finished a turn (the idle compactor's clock).
         self.last_active: dict[str, float] = {}
@@ -120,7 +115,7 @@ class Turns:
     def scope(self, msg: InboundMessage) -> PrivacyScope:
         """What of the owner's data this turn may show, decided once when it starts: by the
         sender for a person's message, by the chat for a scheduled job or the heartbeat."""
-        if CRON_KEY in msg.metadata or HEARTBEAT_KEY in msg.metadata:
+        if msg.policy.unattended:
             return scope_for_unattended(msg, self.cfg.memory)
         return scope_for_person(msg, self.cfg.memory)
 
@@ -178,12 +173,9 @@ class Turns:
             chat_id=msg.chat_id,
             session_key=msg.session_key,
             # A heartbeat turn has no chat of its own: it speaks only through its answer.
-            send=None if HEARTBEAT_KEY in msg.metadata else lambda t: self.publish(msg, t, False),
-            extra={
-                "offered": offered_tools(self.cfg, msg, self.tools.names, scope),
-                "is_admin": sender_is_admin(msg),
-                "is_group": bool(msg.metadata.get("is_group", False)),
-            },
+            send=(lambda t: self.publish(msg, t, False)) if msg.policy.sends else None,
+            sender=msg.sender,
+            extra={"offered": offered_tools(self.cfg, msg, self.tools.names, scope)},
             gate=self.gate,
             processes=ProcessScope(),
             scope=scope,
@@ -231,9 +223,7 @@ class Turns:
                 await self.store.append_async(session, metadata=update)
             failpoints.hit(phase)
 
-        owner = heartbeat.owner_chat(self.cfg, msg.session_key) and not msg.metadata.get(
-            NARROWED_KEY
-        )
+        owner = heartbeat.owner_chat(self.cfg, msg.session_key) and not msg.classification.narrowed
         chat_memory = None if owner else chat_memory_file(msg.session_key)
 
         def build(t: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -250,7 +240,7 @@ class Turns:
         started = time.monotonic()
         # A turn resumed on its open question goes back to waiting for the person: typing
         # comes once the question is answered.
-        if HEARTBEAT_KEY not in msg.metadata and approval is None:
+        if msg.policy.shows_typing and approval is None:
             await self.bus.publish_outbound(typing_notice(msg.channel, msg.chat_id, msg.message_id))
         failpoints.hit("before_llm")
         stream = None
@@ -376,9 +366,8 @@ class Turns:
         # assistant, so the history alternates as strict chat templates require.
         close_turn(turn, CLOSING_NOTES.get(outcome, NO_ANSWER_NOTE))
         out: OutboundMessage | None = self.answer(msg, text, outcome, {DELIVERY_KEY: delivery_id})
-        beat = msg.metadata.get(HEARTBEAT_KEY)
-        if beat:
-            out = _heartbeat_answer(msg, beat, text, outcome, delivery_id)
+        if msg.kind is TurnKind.HEARTBEAT:
+            out = _heartbeat_answer(msg, text, outcome, delivery_id)
         if out is not None and media:
             out = replace(out, media=media)
         entries = [outbox_entry(delivery_id, out)] if out is not None else []
@@ -470,13 +459,8 @@ def _in_turn(turn: list[dict[str, Any]], text: str) -> bool:
     return last is not None and str(last.get("content") or "").strip() == text.strip()
 
 
-def text_job(msg: InboundMessage) -> bool:
-    """A scheduled job that sends its text as it is (``deliver: "text"``), without the model."""
-    return (msg.metadata.get(CRON_KEY) or {}).get("deliver") == "text"
-
-
 def _heartbeat_answer(
-    msg: InboundMessage, beat: dict[str, Any], text: str, outcome: Outcome, delivery_id: str
+    msg: InboundMessage, text: str, outcome: Outcome, delivery_id: str
 ) -> OutboundMessage | None:
     """A heartbeat turn's answer, addressed to ``heartbeat.deliverTo`` and kept in the
     heartbeat session's outbox; None when it says there is nothing to tell (or failed: a
@@ -486,7 +470,7 @@ def _heartbeat_answer(
         if outcome != "ok":
             log.warning("heartbeat turn %s session=%s; nothing sent", outcome, msg.session_key)
         return None
-    channel, _, chat_id = str(beat["deliver_to"]).partition(":")
+    channel, _, chat_id = (msg.classification.deliver_to or "").partition(":")
     return OutboundMessage(
         channel,
         chat_id,

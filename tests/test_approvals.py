@@ -741,6 +741,7 @@ async def test_an_admins_press_finds_a_jobs_question_on_disk_after_a_restart(tmp
     from bot.approvals import ApprovalDesk
     from bot.bus import InboundMessage, MessageBus
     from bot.gate.approval import describe_call, new_record, open_record
+    from bot.kinds import with_kind
 
     cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", tools={"approval": "risky"})
     store = SessionStore(cfg.agent.state_path)
@@ -758,13 +759,15 @@ async def test_an_admins_press_finds_a_jobs_question_on_disk_after_a_restart(tmp
     desk = ApprovalDesk(cfg, SessionStore(cfg.agent.state_path), MessageBus())  # a new process
 
     def press(sender: int, choice: str, admin: bool) -> InboundMessage:
-        return InboundMessage(
-            "telegram",
-            str(ALICE),
-            str(sender),
-            "",
-            message_id=f"p-{sender}-{choice}",
-            metadata={"approval": {"id": record["id"], "choice": choice}, "is_admin": admin},
+        return with_kind(
+            InboundMessage(
+                "telegram",
+                str(ALICE),
+                str(sender),
+                "",
+                message_id=f"p-{sender}-{choice}",
+                metadata={"approval": {"id": record["id"], "choice": choice}, "is_admin": admin},
+            )
         )
 
     # Not an admin: the desk does not even look (an unknown id, as far as Bob can tell).

@@ -274,6 +274,7 @@ def test_store_write_is_atomic_json(tmp_path: Path) -> None:
 
 async def test_tool_limits_per_chat_and_for_non_admins(tmp_path: Path) -> None:
     from bot.config import CronConfig
+    from bot.kinds import Sender
     from bot.tools.base import ToolContext, ToolError
     from bot.tools.cron import CronTool
 
@@ -287,7 +288,7 @@ async def test_tool_limits_per_chat_and_for_non_admins(tmp_path: Path) -> None:
             channel=channel,
             chat_id=chat,
             session_key=key,
-            extra={"is_admin": admin, "is_group": group},
+            sender=Sender("7", is_admin=admin, is_group=group),
         )
 
     fast = {"action": "add", "message": "ping", "every_seconds": 5}

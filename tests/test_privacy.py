@@ -21,6 +21,7 @@ from bot.bus import InboundMessage
 from bot.config import ChannelConfig, ConfigError, MemoryConfig, parse_config
 from bot.gate import Gate
 from bot.gate.approval import DM_DEFAULT_TOOLS, GROUP_DEFAULT_TOOLS
+from bot.kinds import with_kind
 from bot.pairing import PairingStore
 from bot.privacy import (
     PrivacyScope,
@@ -57,7 +58,7 @@ MEDIA_SECRET = b"MEDIA-SECRET tax return 2025"
 
 
 def _msg(chat: str, metadata: dict[str, Any], channel: str = "telegram") -> InboundMessage:
-    return InboundMessage(channel, chat, "7", "hi", message_id="m1", metadata=metadata)
+    return with_kind(InboundMessage(channel, chat, "7", "hi", message_id="m1", metadata=metadata))
 
 
 def _hidden(scope: PrivacyScope, path: str, write: bool = False) -> bool:

@@ -33,7 +33,7 @@ from bot.config import Config
 from bot.cron import heartbeat
 from bot.cron.schedule import compact, describe_moment, from_iso, to_iso, zone
 from bot.cron.store import Job, Jobs, JobStore
-from bot.privacy import NARROWED_KEY
+from bot.kinds import CRON_KEY, HEARTBEAT_KEY, NARROWED_KEY
 from bot.provenance import Provenance
 from bot.session import SessionStore
 
@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 TICK_SECONDS = 1.0
 # An occurrence handed over later than this after its due time is marked late.
 LATE_AFTER = timedelta(seconds=60)
-CRON_KEY = "cron"  # InboundMessage.metadata: {"job_id", "deliver", "due", "late"}
-HEARTBEAT_KEY = "heartbeat"  # InboundMessage.metadata: {"deliver_to", "due"}
 SENDER = "memobot-scheduler"
 
 

@@ -20,6 +20,7 @@ from bot.safejson import BadArguments, parse_arguments
 if TYPE_CHECKING:
     from bot.gate import Gate, ProcessScope
     from bot.images import ShownImage
+    from bot.kinds import Sender
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class ToolContext:
     session_key: str = ""
     # Sends a message to the current chat (the ``message`` tool); set by the agent loop.
     send: Callable[[str], Awaitable[None]] | None = None
+    # Who the turn speaks for (bot.kinds); None outside a chat turn (tests, the CLI).
+    sender: Sender | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # The one path policy and process launcher (bot.gate); the processes this turn started.
     gate: Gate | None = None

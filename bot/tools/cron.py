@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from bot.config import CronConfig
-from bot.cron.heartbeat import private_chat
 from bot.cron.schedule import Schedule, ScheduleError, describe_moment, zone
 from bot.cron.scheduler import describe_jobs
 from bot.cron.store import Job, Jobs, JobStore, new_job
@@ -64,14 +63,17 @@ class CronTool(Tool):
                 "scheduled jobs run in the gateway and are delivered to a chat app; this "
                 "terminal chat cannot receive them"
             )
+        if ctx.sender is None:
+            raise ToolError("scheduled jobs are made in a chat, for its sender")
+        sender = ctx.sender
         action = args["action"]
         now = datetime.now(UTC)
-        admin = bool(ctx.extra.get("is_admin", False))
+        admin = sender.is_admin
         if action == "list":
             jobs = await asyncio.to_thread(self.store.load)
             if args.get("all"):
                 # Other chats' reminders are private: never listed into a group.
-                if not admin or ctx.extra.get("is_group", True):
+                if not admin or sender.is_group:
                     raise ToolError("only an admin's private chat may list every chat's jobs")
                 if not jobs.jobs:
                     return "No scheduled jobs."
@@ -120,7 +122,7 @@ class CronTool(Tool):
                     now=now,
                     deliver="text" if args.get("deliver") == "text" else "agent",
                     by_admin=admin,
-                    is_group=bool(ctx.extra.get("is_group", not private_chat(ctx.session_key))),
+                    is_group=sender.is_group,
                 )
             except ScheduleError as exc:
                 raise ToolError(str(exc)) from None

@@ -47,7 +47,7 @@ from bot.gate.approval import (
     too_long_result,
 )
 from bot.gate.question import QuestionView, full_text, one_line, question_markdown
-from bot.kinds import APPROVAL_KEY, TurnKind
+from bot.kinds import APPROVAL_KEY, TERMINAL, TurnKind
 from bot.llm import ToolCall
 from bot.privacy import PrivacyScope
 from bot.runner import Approver
@@ -55,7 +55,6 @@ from bot.session import Session, SessionStore
 
 log = logging.getLogger(__name__)
 
-TERMINAL = "cli"  # channels.terminal.CHANNEL (the core does not import channels)
 Checkpoint = Callable[[str, list[dict[str, Any]], dict[str, Any] | None], Awaitable[None]]
 
 PRESS_REPLIES = {

@@ -31,10 +31,10 @@ from bot.config import EX_CONFIG, parse_config
 from bot.context import ROLE_BRIDGES, ContextBuilder, api_messages, last_role
 from bot.gate import launcher
 from bot.gate.policy import carve
-from bot.records import check_record, clean_metadata
 from bot.runner import INTERRUPTED_TOOL_RESULT
 from bot.service.doctor import check_sessions, scan_session
 from bot.session import SessionStore, apply_changes
+from bot.session.records import check_record, clean_metadata
 from tests.fakes.llm_server import (
     FakeLLM,
     FakeLLMThread,

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 import bot.session as session_mod
+import bot.session.archive as archive_mod
+import bot.session.store as store_mod
 from bot.session import (
     Session,
     SessionStore,
@@ -89,8 +91,8 @@ def contents(messages: list[dict[str, Any]]) -> list[str]:
 
 
 def test_load_from_the_consolidation_point_equals_a_full_read(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(session_mod, "COMPACT_AFTER_BYTES", 10**9)  # the lines stay where written
-    monkeypatch.setattr(session_mod, "READ_WHOLE_BELOW", 0)  # small files load from offsets too
+    monkeypatch.setattr(archive_mod, "COMPACT_AFTER_BYTES", 10**9)  # the lines stay where written
+    monkeypatch.setattr(store_mod, "READ_WHOLE_BELOW", 0)  # small files load from offsets too
     store = SessionStore(tmp_path)
     s = store.get(KEY)
     texts = converse(store, s, 0, 30)
@@ -112,8 +114,8 @@ def test_load_from_the_consolidation_point_equals_a_full_read(tmp_path: Path, mo
 
 
 def test_a_bad_offset_falls_back_to_reading_the_whole_file(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(session_mod, "COMPACT_AFTER_BYTES", 10**9)  # the lines stay where written
-    monkeypatch.setattr(session_mod, "READ_WHOLE_BELOW", 0)  # small files load from offsets too
+    monkeypatch.setattr(archive_mod, "COMPACT_AFTER_BYTES", 10**9)  # the lines stay where written
+    monkeypatch.setattr(store_mod, "READ_WHOLE_BELOW", 0)  # small files load from offsets too
     store = SessionStore(tmp_path)
     s = store.get(KEY)
     texts = converse(store, s, 0, 10)
@@ -167,7 +169,7 @@ def test_a_bad_offset_falls_back_to_reading_the_whole_file(tmp_path: Path, monke
 
 
 def test_change_records_stay_small_as_pending_grows(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(session_mod, "COMPACT_AFTER_BYTES", 10**9)  # every record stays
+    monkeypatch.setattr(archive_mod, "COMPACT_AFTER_BYTES", 10**9)  # every record stays
     store = SessionStore(tmp_path)
     s = store.get(KEY)
     for i in range(150):
@@ -387,7 +389,6 @@ def test_a_failed_partial_append_is_cut_off_before_the_next_write(
 ) -> None:
     """A full disk two thirds into an append: the next append must not fuse with the torn
     bytes (it would be lost on load), and disk and memory agree afterwards."""
-    import bot.session as session_module
 
     store = SessionStore(tmp_path)
     s = store.get(KEY)
@@ -396,10 +397,10 @@ def test_a_failed_partial_append_is_cut_off_before_the_next_write(
 
     def full_disk(fd: int, data: Any) -> int:
         real(fd, bytes(data[: len(data) * 2 // 3]))
-        monkeypatch.setattr(session_module.os, "write", real)
+        monkeypatch.setattr(store_mod.os, "write", real)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(session_module.os, "write", full_disk)
+    monkeypatch.setattr(store_mod.os, "write", full_disk)
     with pytest.raises(OSError):
         store.append(s, [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}])
     store.append(s, metadata={"note": 1})  # e.g. intake's pending entry, reported "accepted"
@@ -412,9 +413,8 @@ def test_a_failed_partial_append_is_cut_off_before_the_next_write(
 def test_an_archive_that_cannot_be_written_does_not_fail_committed_appends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import bot.session as session_module
 
-    monkeypatch.setattr(session_module, "ARCHIVE_AFTER_BYTES", 2000)
+    monkeypatch.setattr(archive_mod, "ARCHIVE_AFTER_BYTES", 2000)
     store = SessionStore(tmp_path)
     s = store.get(KEY)
     archive_path(s.path).mkdir()  # as good as EACCES or ENOSPC on the archive

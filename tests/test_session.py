@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bot import session as session_mod
 from bot.session import SessionStore, filename_to_key, key_to_filename
+from bot.session import archive as archive_mod
 
 
 def _lines(path: Path) -> list[dict]:
@@ -141,7 +141,7 @@ def test_bad_middle_line_is_quarantined_and_good_lines_kept(
 
 
 def test_compaction_folds_superseded_metadata(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(session_mod, "COMPACT_AFTER_LINES", 10)
+    monkeypatch.setattr(archive_mod, "COMPACT_AFTER_LINES", 10)
     store = SessionStore(tmp_path)
     s = store.get("cli:c")
     store.append(s, [{"role": "user", "content": "keep me"}])
@@ -161,7 +161,7 @@ def test_each_message_is_held_once_and_given_back_as_stored(tmp_path: Path, monk
     model that answered) is kept apart and put back for whoever needs the stored form, so
     compaction writes exactly the records it read. Strings that repeat on every line (roles,
     the answering model) are one shared copy across messages and sessions."""
-    monkeypatch.setattr(session_mod, "COMPACT_AFTER_LINES", 4)
+    monkeypatch.setattr(archive_mod, "COMPACT_AFTER_LINES", 4)
     by = "fake-model @ http://127.0.0.1:1/v1"
     stored = [
         {"role": "user", "content": "q1", "timestamp": "2026-12-01T10:00:00.000Z"},

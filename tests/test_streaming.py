@@ -14,7 +14,7 @@ from typing import Any
 
 from bot.bus import StreamEvent
 from bot.delivery import preview_ids_in
-from bot.records import clean_metadata
+from bot.session.records import clean_metadata
 from bot.streaming import STOPPED_MARK
 from channels import manager as manager_module
 from tests.fakes.llm_server import reply, tool_step

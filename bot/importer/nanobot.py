@@ -245,7 +245,7 @@ def guess_key(path: Path) -> str:
 def convert_session(path: Path, data: bytes) -> SessionImport:
     """Read one nanobot session file. Lines that are not JSON objects or not messages are
     counted in ``skipped``; the last metadata line names the key and the pointer."""
-    from bot.records import check_record
+    from bot.session.records import check_record
 
     meta: dict[str, Any] = {}
     messages: list[dict[str, Any]] = []

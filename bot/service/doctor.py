@@ -100,8 +100,8 @@ class SessionScan:
 
 def scan_session(data: bytes) -> SessionScan:
     """Classify a session file's lines exactly as ``SessionStore`` does on load, reading only."""
-    from bot.records import check_record
     from bot.session import parse_json_line
+    from bot.session.records import check_record
 
     lines = data.split(b"\n")
     torn = bool(lines.pop())

@@ -32,8 +32,6 @@ from bot.gate.approval import (
     Question,
     answer_hint,
     asked_call,
-    closed_state,
-    decide_update,
     denied_result,
     describe_call,
     group_tool_names,
@@ -42,7 +40,6 @@ from bot.gate.approval import (
     may_answer,
     new_record,
     no_owner_result,
-    open_record,
     question_for,
     too_long_result,
 )
@@ -51,7 +48,8 @@ from bot.kinds import APPROVAL_KEY, TERMINAL, TurnKind
 from bot.llm import ToolCall
 from bot.privacy import PrivacyScope
 from bot.runner import Approver
-from bot.session import Session, SessionStore
+from bot.session import Session, SessionState, SessionStore, transitions
+from bot.session.state import Entry
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +153,7 @@ class ApprovalDesk:
             record = restored if restored and restored.get("call_id") == call.id else None
             restored = None
             if record is None:
-                allowed_here = list(session.metadata.get("approved_calls") or [])
+                allowed_here = list(session.state.approved_calls)
                 question = question_for(self.policy, call.name, call.arguments, allowed_here)
                 if question is None:
                     return None
@@ -228,14 +226,8 @@ class ApprovalDesk:
             session.key,
             ", ".join(k.removeprefix("tool:") for k in old),
         )
-        await self.store.append_async(
-            session,
-            metadata=lambda meta: {
-                "approved_calls": [
-                    k for k in meta.get("approved_calls") or [] if not k.startswith("tool:")
-                ]
-            },
-        )
+        forget = transitions.forget_approved_calls(lambda k: k.startswith("tool:"))
+        await self.store.apply_async(session, forget)
 
     async def _owner_chats(self, msg: InboundMessage) -> list[tuple[str, str]]:
         channel, chat = owner_channel(msg)
@@ -299,7 +291,7 @@ class ApprovalDesk:
             # Registered first, read second: a press recorded before this wait (after a
             # restart, before the resumed turn got here) is seen here, a later one resolves
             # the future.
-            current = open_record(session.metadata)
+            current = session.state.open_approval
             if current is None or current.get("id") != approval_id:
                 return "stopped"
             if current.get("state") != WAITING:
@@ -310,11 +302,11 @@ class ApprovalDesk:
                     return await asyncio.shield(answered)
             except TimeoutError:
                 pass
-            timed_out = await self.store.append_async(
-                session, metadata=lambda meta: decide_update(meta, approval_id, "timeout")
+            timed_out = await self.store.apply_async(
+                session, transitions.decide_approval(approval_id, "timeout")
             )
             if not timed_out:  # a press won the race
-                current = open_record(session.metadata) or {}
+                current = session.state.open_approval or {}
                 return str(current.get("state", "stopped"))
             for channel, chat_id, reply_to in self._chats(msg, record):
                 await self.bus.publish_outbound(
@@ -353,7 +345,7 @@ class ApprovalDesk:
         if key is not None:
             return self.store.get(key)
         own = self.store.get(msg.session_key)
-        record = open_record(own.metadata)
+        record = own.state.open_approval
         if (record is not None and record.get("id") == approval_id) or not msg.sender.is_admin:
             return own
         for key, record in await asyncio.to_thread(open_approvals, self.store):
@@ -370,11 +362,11 @@ class ApprovalDesk:
         if choice not in CHOICES and choice != SHOW:
             return "That is not an answer to an approval."
         session = await self._locate(approval_id, msg)
-        record = open_record(session.metadata)
+        record = session.state.open_approval
         if record is not None and session.key != msg.session_key and not record.get("owner"):
             record = None  # a person's question is answered in its own chat
         if record is None or record.get("id") != approval_id or record["state"] != WAITING:
-            return self._late(session.metadata, approval_id, msg.message_id, record)
+            return self._late(session.state, approval_id, msg.message_id, record)
         if not may_answer(record, msg.sender_id, msg.sender.is_admin):
             log.info(
                 "approval press refused session=%s id=%s sender=%s",
@@ -392,14 +384,11 @@ class ApprovalDesk:
             outcome = "timeout"
         else:
             outcome = choice
-        recorded = await self.store.append_async(
-            session,
-            metadata=lambda meta: decide_update(
-                meta, approval_id, outcome, by=msg.sender_id, press=msg.message_id or ""
-            ),
+        decide = transitions.decide_approval(
+            approval_id, outcome, by=msg.sender_id, press=msg.message_id or ""
         )
-        if not recorded:
-            return self._late(session.metadata, approval_id, msg.message_id, open_record({}))
+        if not await self.store.apply_async(session, decide):
+            return self._late(session.state, approval_id, msg.message_id, None)
         waiter = self._waiting.get(approval_id)
         if waiter is not None and not waiter.done():
             waiter.set_result(outcome)
@@ -411,7 +400,7 @@ class ApprovalDesk:
     def _whole_text(self, session: Session, record: dict[str, Any]) -> str:
         """The "Show all" answer, rebuilt from the call in the checkpoint (the record keeps
         no copy of what may be 100,000 characters)."""
-        found = asked_call(session.metadata, record)
+        found = asked_call(session.state.checkpoint, record)
         if found is None:
             return "I cannot find the text of this approval any more."
         log.info("approval whole text shown session=%s id=%s", session.key, record["id"])
@@ -419,18 +408,15 @@ class ApprovalDesk:
 
     def _late(
         self,
-        meta: dict[str, Any],
+        state: SessionState,
         approval_id: str,
         press: str | None,
-        record: dict[str, Any] | None,
+        record: Entry | None,
     ) -> str | None:
         if record is not None and record.get("id") == approval_id:
-            closed: dict[str, Any] | None = {
-                "state": record.get("state"),
-                "press": record.get("press"),
-            }
+            closed: Entry | None = {"state": record.get("state"), "press": record.get("press")}
         else:
-            closed = closed_state(meta, approval_id)
+            closed = state.closed_approval(approval_id)
         if closed is None or closed.get("state") == "timeout":
             return EXPIRED
         if press and closed.get("press") == press:
@@ -443,12 +429,12 @@ class ApprovalDesk:
         return sorted(self._waiting)
 
 
-def open_approvals(store: SessionStore) -> list[tuple[str, dict[str, Any]]]:
+def open_approvals(store: SessionStore) -> list[tuple[str, Entry]]:
     """Every waiting approval on disk: (session key, record), oldest first."""
     found = []
     for key in store.keys():
-        meta = store.peek_metadata(key)
-        record = open_record(meta or {})
+        state = store.peek_state(key)
+        record = state.open_approval if state is not None else None
         if record is not None and record.get("state") == WAITING:
             found.append((key, record))
     return sorted(found, key=lambda kr: kr[1].get("asked_at", 0))

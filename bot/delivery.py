@@ -39,7 +39,8 @@ from typing import Any
 
 from bot.bus import OutboundMessage
 from bot.long_answers import ANSWERS_DIR
-from bot.session import SUFFIX, SessionStore, filename_to_key, read_metadata
+from bot.session import SUFFIX, SessionState, SessionStore, filename_to_key, read_state, transitions
+from bot.session.state import Entry
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,6 @@ DELIVERY_KEY = "delivery_id"
 # The session whose outbox holds the answer, when that is not the chat it goes to (the
 # heartbeat's answers live in its own session and go to heartbeat.deliverTo).
 LEDGER_SESSION_KEY = "ledger_session"
-FAILED_KEPT = 20  # undeliverable answers kept per session (oldest dropped first)
-PREVIEWS_KEY = "previews"
-PREVIEWS_KEPT = 16  # preview records per session (one per answer being written; oldest dropped)
 
 
 def outbox_entry(delivery_id: str, msg: OutboundMessage) -> dict[str, Any]:
@@ -66,7 +64,7 @@ def outbox_entry(delivery_id: str, msg: OutboundMessage) -> dict[str, Any]:
     return entry
 
 
-def outbound_from_entry(entry: dict[str, Any], session: str | None = None) -> OutboundMessage:
+def outbound_from_entry(entry: Entry, session: str | None = None) -> OutboundMessage:
     msg = OutboundMessage(
         entry["channel"],
         entry["chat_id"],
@@ -86,68 +84,18 @@ def ledger_session(msg: OutboundMessage) -> str:
     return str(msg.metadata.get(LEDGER_SESSION_KEY) or msg.session_key)
 
 
-def _change(delivery_id: str, update: dict[str, Any] | None) -> Any:
-    """A metadata change (see SessionStore.append) merging ``update`` into one outbox entry
-    (None: remove it; a value None: remove that key); nothing is written when it is gone."""
-
-    def change(meta: dict[str, Any]) -> dict[str, Any] | None:
-        outbox = meta.get("outbox") or []
-        if not any(e.get("id") == delivery_id for e in outbox):
-            return None
-        if update is None:
-            new = [e for e in outbox if e.get("id") != delivery_id]
-        else:
-            new = [_merged(e, update) if e.get("id") == delivery_id else e for e in outbox]
-        failed = [e for e in new if e.get("state") == "failed"]
-        for old in failed[: max(0, len(failed) - FAILED_KEPT)]:
-            new.remove(old)
-        return {"outbox": new or None}
-
-    return change
-
-
-def _without_preview(meta: dict[str, Any], reply_to: str | None) -> dict[str, Any]:
-    """The metadata update dropping the preview record of ``reply_to`` ({} if there is none)."""
-    previews = meta.get(PREVIEWS_KEY) or []
-    kept = [p for p in previews if p.get("reply_to") != reply_to]
-    return {PREVIEWS_KEY: kept or None} if len(kept) != len(previews) else {}
-
-
-def preview_ids_in(meta: dict[str, Any], reply_to: str | None) -> list[str]:
-    records = meta.get(PREVIEWS_KEY)
-    for record in records if isinstance(records, list) else []:
-        if isinstance(record, dict) and record.get("reply_to") == reply_to:
-            ids = record.get("ids")
-            return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
-    return []
-
-
-def _merged(entry: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    out = {**entry, **update}
-    return {k: v for k, v in out.items() if v is not None}
+def preview_ids_in(state: SessionState, reply_to: str | None) -> list[str]:
+    """The platform ids of the preview messages of the answer to ``reply_to``, in order."""
+    return state.preview_ids(reply_to)
 
 
 class DeliveryLedger:
     def __init__(self, store: SessionStore) -> None:
         self.store = store
 
-    def _entry(self, msg: OutboundMessage) -> dict[str, Any] | None:
+    def _entry(self, msg: OutboundMessage) -> Entry | None:
         delivery_id = msg.metadata.get(DELIVERY_KEY)
-        for entry in self.store.get(ledger_session(msg)).metadata.get("outbox") or []:
-            if entry.get("id") == delivery_id:
-                return entry
-        return None
-
-    async def _update(
-        self, msg: OutboundMessage, update: dict[str, Any] | None, fsync: bool = True
-    ) -> bool:
-        delivery_id = msg.metadata.get(DELIVERY_KEY)
-        if not delivery_id:
-            return False
-        session = self.store.get(ledger_session(msg))
-        return await self.store.append_async(
-            session, metadata=_change(delivery_id, update), fsync=fsync
-        )
+        return self.store.get(ledger_session(msg)).state.outbox_entry(delivery_id)
 
     def progress(self, msg: OutboundMessage) -> tuple[list[str] | None, int] | None:
         """``(pieces, next)`` to continue ``msg`` from: the recorded pieces (None: not split
@@ -180,11 +128,11 @@ class DeliveryLedger:
         delivery_id = msg.metadata.get(DELIVERY_KEY)
         if not delivery_id:
             return True  # not a ledgered message (progress notes, command answers)
-        update: dict[str, Any] = {"state": "sending", "next": index}
-        if pieces is not None and (len(pieces) > 1 or msg.media):
-            update["pieces"] = pieces  # files are the steps after the pieces: keep the count
+        # Files are the steps after the pieces: the pieces are kept to keep the count.
+        keep = pieces if pieces is not None and (len(pieces) > 1 or msg.media) else None
         session = self.store.get(ledger_session(msg))
-        if not self.store.append(session, metadata=_change(delivery_id, update), fsync=False):
+        sending = transitions.piece_sending(delivery_id, index, keep)
+        if not self.store.apply(session, sending, fsync=False):
             return False
         await asyncio.to_thread(self.store.fsync, session)
         return True
@@ -198,67 +146,55 @@ class DeliveryLedger:
             # A progress note or notice answering the same message: the answer's preview is
             # still being written, and its record must stay for a restart to finish it.
             return
-        remove = _change(delivery_id, None) if delivery_id else None
-
-        def change(meta: dict[str, Any]) -> dict[str, Any] | None:
-            update = _without_preview(meta, msg.reply_to) if msg.final else {}
-            if remove is not None:
-                update.update(remove(meta) or {})
-            return update or None
-
         session = self.store.get(msg.session_key)
         # Unsynced, so written here: a thread hop cost more than the write.
-        self.store.append(session, metadata=change, fsync=False)
+        self.store.apply(
+            session, transitions.delivered(delivery_id, msg.reply_to, msg.final), fsync=False
+        )
 
     def preview_ids(self, key: str, reply_to: str | None) -> list[str]:
         """The platform ids of the preview messages of the answer to ``reply_to``, in order
         (none when the session cannot be read: its own delivery reports that)."""
         try:
-            meta = self.store.peek_metadata(key)
+            state = self.store.peek_state(key)
         except OSError:
             return []
-        return preview_ids_in(meta or {}, reply_to)
+        return state.preview_ids(reply_to) if state is not None else []
 
     async def previewing(self, key: str, reply_to: str | None, ids: list[str]) -> None:
         """Record (durably: fsynced before this returns) that the answer to ``reply_to`` is
         being previewed in the messages ``ids``; the final answer will edit them."""
-        record = {"reply_to": reply_to, "ids": list(ids)}
-
-        def change(meta: dict[str, Any]) -> dict[str, Any]:
-            others = [p for p in meta.get(PREVIEWS_KEY) or [] if p.get("reply_to") != reply_to]
-            return {PREVIEWS_KEY: [*others, record][-PREVIEWS_KEPT:]}
-
         session = self.store.get(key)
-        await self.store.append_async(session, metadata=change)
+        await self.store.apply_async(session, transitions.previewing(reply_to, ids))
 
     async def postponed(self, msg: OutboundMessage, index: int = 0) -> None:
         """Piece ``index`` did not go out (the platform kept failing, or the channel failed):
         "queued" from that piece, so the next start sends the rest."""
-        await self._update(msg, {"state": "queued", "next": index})
+        delivery_id = msg.metadata.get(DELIVERY_KEY)
+        if delivery_id:
+            session = self.store.get(ledger_session(msg))
+            await self.store.apply_async(session, transitions.postponed(delivery_id, index))
 
     async def failed(self, msg: OutboundMessage, reason: str = "", index: int = 0) -> None:
         """The platform refused piece ``index`` for good: "failed", kept with the reason (for
         ``memobot status``) and not sent again."""
-        await self._update(
-            msg,
-            {
-                "state": "failed",
-                "next": index,
-                "reason": reason or "refused by the platform",
-                "failed_at": time.time(),
-                "pieces": None,  # the text stays; the pieces only matter while sending
-            },
-        )
+        delivery_id = msg.metadata.get(DELIVERY_KEY)
+        if delivery_id:
+            session = self.store.get(ledger_session(msg))
+            failed = transitions.delivery_failed(
+                delivery_id, reason or "refused by the platform", index, time.time()
+            )
+            await self.store.apply_async(session, failed)
 
     def recover(self, key: str) -> list[OutboundMessage]:
         """Answers of ``key`` to send again after a restart, each from its first unsent piece;
         a piece that was in flight is skipped (see the module docstring)."""
         session = self.store.get(key)
-        outbox = session.metadata.get("outbox") or []
+        outbox = list(session.state.outbox)
         if not outbox:
             return []
-        kept: list[dict[str, Any]] = []
-        resend: list[dict[str, Any]] = []
+        kept: list[Entry] = []
+        resend: list[Entry] = []
         for entry in outbox:
             state = entry.get("state")
             pieces = entry.get("pieces")
@@ -272,7 +208,7 @@ class DeliveryLedger:
             count = (len(pieces) if isinstance(pieces, list) else 1) + len(entry.get("media") or ())
             if not isinstance(index, int) or index < 0:
                 index = 0
-            if index < len(preview_ids_in(session.metadata, entry.get("reply_to"))):
+            if index < len(session.state.preview_ids(entry.get("reply_to"))):
                 # That piece was an edit of a preview message: doing it again cannot copy it.
                 log.info(
                     "delivery %s session=%s: editing piece %d of %d again after the restart",
@@ -296,10 +232,10 @@ class DeliveryLedger:
             if rest > 0:
                 resend.append({**entry, "state": "queued", "next": index + 1})
         if kept + resend != outbox:
-            self.store.append(session, metadata={"outbox": (kept + resend) or None})
+            self.store.apply(session, transitions.ledger_recovered(kept + resend))
         return [outbound_from_entry(self._own_files(e, key), key) for e in resend]
 
-    def _own_files(self, entry: dict[str, Any], key: str) -> dict[str, Any]:
+    def _own_files(self, entry: Entry, key: str) -> Entry:
         """``entry`` with only the files memobot wrote for it: whatever else a damaged or
         edited session file names is not uploaded to a chat."""
         media = entry.get("media") or []
@@ -321,7 +257,7 @@ class DeliveryLedger:
         return {**entry, "media": own}
 
 
-def undelivered(state_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+def undelivered(state_dir: Path) -> Iterator[tuple[str, Entry]]:
     """``(session key, outbox entry)`` for every answer not (yet) delivered, for ``status``.
 
     Read-only (it never repairs or sets aside a damaged file, unlike loading a session): the
@@ -333,10 +269,9 @@ def undelivered(state_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         try:
             key = filename_to_key(path.name)
             # Through the session opener: a FIFO planted here must not hang `status`.
-            meta = read_metadata(path) or {}
+            state = read_state(path)
         except (OSError, ValueError, UnicodeDecodeError):
             continue
-        outbox = meta.get("outbox") or []
-        for entry in outbox if isinstance(outbox, list) else []:
+        for entry in state.outbox if state is not None else ():
             if isinstance(entry, dict):
                 yield key, entry

@@ -2,28 +2,25 @@
 
 DESIGN.md section 5, step 1. The channel confirms a message to its platform (Telegram offset,
 Slack ack) only when ``accept`` answers "accepted" or "duplicate"; by then the message is a
-``pending`` entry in its session's metadata, keyed by the platform's message id, so a
-redelivered message is recognised and answered once, and a crash after intake resumes it.
+pending turn in its session's state (``transitions.accept``), keyed by the platform's message
+id, so a redelivered message is recognised and answered once, and a crash after intake resumes
+it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from bot import failpoints
 from bot.bus import InboundMessage, Intake
 from bot.kinds import Classified, classify
-from bot.session import Session, SessionStore, now_iso
+from bot.session import Session, SessionStore, now_iso, transitions
 
 log = logging.getLogger(__name__)
-
-# More than one getUpdates batch (at most 100 updates) from one chat, so a redelivered batch
-# is always recognised.
-SEEN_IDS_KEPT = 128
 
 
 class DurableIntake:
@@ -56,21 +53,9 @@ class DurableIntake:
 
     def _store_pending(self, msg: InboundMessage) -> Intake:
         session = self.store.get(msg.session_key)
-        entry = pending_entry(msg)
-
-        def add_pending(meta: dict[str, Any]) -> dict[str, Any] | None:
-            # Checked and written under the session's lock: two deliveries of one message
-            # racing each other still produce one pending turn.
-            pending = meta.get("pending") or []
-            seen = meta.get("seen_ids") or []
-            if msg.message_id in seen or any(p["id"] == msg.message_id for p in pending):
-                return None
-            return {
-                "pending": [*pending, entry],
-                "seen_ids": [*seen, msg.message_id][-SEEN_IDS_KEPT:],
-            }
-
-        if not self.store.append(session, metadata=add_pending):
+        # Checked and written under the session's lock: two deliveries of one message racing
+        # each other still produce one pending turn.
+        if not self.store.apply(session, transitions.accept(pending_entry(msg))):
             log.info("duplicate message ignored session=%s id=%s", msg.session_key, msg.message_id)
             return "duplicate"
         failpoints.hit("after_intake")
@@ -92,7 +77,7 @@ def pending_entry(msg: InboundMessage) -> dict[str, Any]:
     }
 
 
-def inbound_from_pending(key: str, p: dict[str, Any]) -> InboundMessage:
+def inbound_from_pending(key: str, p: Mapping[str, Any]) -> InboundMessage:
     """The pending turn ``p`` of session ``key`` as a message, with the classification it was
     stored with; an entry of an older memobot (no ``kind``) is classified as it was then."""
     channel, _, chat_id = key.partition(":")
@@ -111,9 +96,4 @@ def inbound_from_pending(key: str, p: dict[str, Any]) -> InboundMessage:
 
 
 def is_pending(session: Session, message_id: str | None) -> bool:
-    return any(p["id"] == message_id for p in session.metadata.get("pending") or [])
-
-
-def without_pending(meta: dict[str, Any], message_id: str | None) -> list[dict[str, Any]] | None:
-    """The pending list once ``message_id`` is answered (None when nothing is left)."""
-    return [p for p in meta.get("pending") or [] if p["id"] != message_id] or None
+    return session.state.is_pending(message_id)

@@ -29,17 +29,16 @@ from bot.config import Config
 from bot.cron.scheduler import describe_jobs
 from bot.cron.store import JobStore
 from bot.delivery import DeliveryLedger
-from bot.gate.approval import open_record
 from bot.intake import DurableIntake
 from bot.kinds import TurnKind
 from bot.llm import LLMUnavailable
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import Dream, budget_lines
-from bot.outage import NOTICE_TEXT, Outage, mark_waiting, wait_info, wall_seconds
+from bot.outage import NOTICE_TEXT, Outage, wall_seconds
 from bot.pairing import approve_code
 from bot.recovery import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS, Recovery
 from bot.runner import close_open_tool_calls
-from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso
+from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso, transitions
 from bot.turn import STOPPED_TEXT, Turns
 
 if TYPE_CHECKING:
@@ -416,7 +415,7 @@ class AgentLoop:
         assert self.outage is not None
         msg = job.msg
         session = self.store.get(key)
-        info = wait_info(session.metadata.get("pending") or [], msg.message_id)
+        info = session.state.wait_info(msg.message_id)
         if info is None:
             return  # no longer pending: nothing to answer
         since = info.get("since") or now_iso()
@@ -424,17 +423,11 @@ class AgentLoop:
         tell = not info.get("notified") and key not in self.outage.notified and msg.policy.sends
         # A restart while the turn waited counted as a resume attempt; waiting is not a crash
         # of the turn, so the count starts over (else three restarts in an outage give up).
-        resumed = (session.metadata.get("resume") or {}).get("message_id") == msg.message_id
+        resumed = (session.state.resume or {}).get("message_id") == msg.message_id
         if not info.get("since") or tell or resumed:
             notified = bool(info.get("notified")) or tell
-            await self.store.append_async(
-                session,
-                metadata=lambda meta: {
-                    "pending": mark_waiting(
-                        meta.get("pending") or [], msg.message_id, since, notified
-                    ),
-                    **({"resume": None} if resumed else {}),
-                },
+            await self.store.apply_async(
+                session, transitions.waiting_for_model(msg.message_id, since, notified, resumed)
             )
         if tell:
             self.outage.notified.add(key)
@@ -491,14 +484,11 @@ class AgentLoop:
         self.bus.accepting = False
         running = self.running_keys()
         for key in running:
-            self.store.append(
-                self.store.get(key),
-                metadata={"interrupted": {"at": now_iso(), "reason": "shutdown"}},
-            )
+            self.store.apply(self.store.get(key), transitions.interrupted(now_iso(), "shutdown"))
         turns = [w.turn for w in self._work.values() if w.turn is not None and not w.turn.done()]
         for key in running:
             turn = self._work[key].turn
-            if turn is not None and open_record(self.store.get(key).metadata) is not None:
+            if turn is not None and self.store.get(key).state.open_approval is not None:
                 # Waiting for a person: nothing to drain. The pause stays in the checkpoint.
                 turn.cancel()
         if turns:
@@ -573,7 +563,7 @@ class AgentLoop:
                 + ", ".join(budget_lines(self.cfg.agent.workspace_path, self.cfg.memory.max_chars)),
                 f"answer in progress: {'yes' if running else 'no'}"
                 + (" (waiting for the model)" if waiting else "")
-                + (" (waiting for an approval)" if open_record(session.metadata) else ""),
+                + (" (waiting for an approval)" if session.state.open_approval else ""),
                 *([f"mcp: {self.mcp.summary()}"] if self.mcp and self.mcp.servers else []),
                 f"uptime: {format_duration(time.monotonic() - self.started_at)}",
             ]

@@ -27,29 +27,9 @@ from bot.config import OutageConfig
 log = logging.getLogger(__name__)
 
 NOTICE_TEXT = "The model is not answering; I'll reply as soon as it is back."
-WAIT_KEY = "wait"  # on a pending entry: {"since": ISO time, "notified": bool}
 FIRST_PROBE_SECONDS = 1.0
 
 Probe = Callable[[], Awaitable[str | None]]
-
-
-def wait_info(pending: list[dict[str, Any]], message_id: str | None) -> dict[str, Any] | None:
-    """The ``wait`` record of one pending entry ({} if it never waited), None if not pending."""
-    for p in pending:
-        if p.get("id") == message_id:
-            info = p.get(WAIT_KEY)
-            return dict(info) if isinstance(info, dict) else {}
-    return None
-
-
-def mark_waiting(
-    pending: list[dict[str, Any]], message_id: str | None, since: str, notified: bool
-) -> list[dict[str, Any]]:
-    """``pending`` with the entry of ``message_id`` marked waiting (a pure function)."""
-    return [
-        {**p, WAIT_KEY: {"since": since, "notified": notified}} if p.get("id") == message_id else p
-        for p in pending
-    ]
 
 
 def wall_seconds(iso: str | None) -> float | None:

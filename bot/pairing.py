@@ -38,7 +38,6 @@ CODE_TTL_SECONDS = 3600.0
 MAX_PENDING = 3
 REPLY_INTERVAL_SECONDS = 3600.0
 FOLDER = "pairing"
-NOTICE_KEY = "paired_notice"  # session metadata: the approval already announced there
 APPROVED_TEXT = "You have been approved: you can talk to me now."
 
 

@@ -4,7 +4,7 @@ DESIGN.md section 5. At start, before any new message is taken, each session's m
 turned back into work: undelivered answers from the ledger are re-sent, an orphaned checkpoint is
 repaired into history, and every pending message is queued again as a resumed turn. When the
 resumed turn runs, ``resume`` turns its checkpoint back into messages (every unfinished tool call
-gets an "interrupted" result) and counts the attempt durably, so a turn that crashes memobot each
+gets an interrupted-tool result) and counts the attempt durably, so a turn that crashes memobot each
 time is given up after ``MAX_RESUME_ATTEMPTS`` instead of looping for ever.
 """
 
@@ -17,10 +17,11 @@ from typing import Any
 
 from bot.bus import InboundMessage, MessageBus
 from bot.delivery import DeliveryLedger
-from bot.gate.approval import WAITING, open_record
-from bot.intake import inbound_from_pending, is_pending
+from bot.gate.approval import WAITING
+from bot.intake import inbound_from_pending
 from bot.runner import close_open_tool_calls, close_turn
-from bot.session import Session, SessionStore
+from bot.session import Session, SessionStore, transitions
+from bot.session.state import open_approval
 
 log = logging.getLogger(__name__)
 
@@ -83,22 +84,20 @@ class Recovery:
 
     def _recover_session(self, key: str, queue: Callable[[InboundMessage], None]) -> int:
         """Recover one session; 1 if it had pending turns to resume."""
-        meta = self.store.peek_metadata(key)
-        if not meta or not (
-            meta.get("pending") or meta.get("runtime_checkpoint") or meta.get("outbox")
-        ):
+        peeked = self.store.peek_state(key)
+        if peeked is None or not peeked.has_work:
             return 0
         session = self.store.get(key)
         for out in self.ledger.recover(key):
             log.info("re-sending undelivered answer session=%s", key)
             self.bus.outbound.put_nowait(out)
-        pending = session.metadata.get("pending") or []
-        checkpoint = session.metadata.get("runtime_checkpoint")
-        if checkpoint and not any(p["id"] == checkpoint.get("message_id") for p in pending):
+        pending = session.state.pending
+        checkpoint = session.state.checkpoint
+        if checkpoint and not session.state.is_pending(checkpoint.get("message_id")):
             # A checkpoint whose message is gone cannot be answered; keep its work.
             turn = list(checkpoint.get("messages") or [])
             close_turn(turn)  # kept without its answer: closed, as a failed turn is
-            self.store.append(session, turn, metadata={"runtime_checkpoint": None})
+            self.store.apply(session, transitions.drop_checkpoint(), turn)
         for p in pending:
             queue(inbound_from_pending(key, p))
         if pending:
@@ -110,20 +109,18 @@ class Recovery:
 
         None when the message is no longer pending (its answer landed before the crash).
         """
-        meta = session.metadata
-        resume = meta.get("resume") or {}
+        state = session.state
+        resume = state.resume or {}
         attempts = resume.get("attempts", 0) if resume.get("message_id") == msg.message_id else 0
         attempts += 1
-        checkpoint = meta.get("runtime_checkpoint")
-        if checkpoint and checkpoint.get("message_id") != msg.message_id:
-            checkpoint = None
-        if not checkpoint and not is_pending(session, msg.message_id):
+        checkpoint = state.checkpoint_of(msg.message_id)
+        if not checkpoint and not state.is_pending(msg.message_id):
             return None
         messages = list(checkpoint["messages"]) if checkpoint else [await self.user_message(msg)]
         phase = checkpoint["phase"] if checkpoint else "intake"
         if phase == "final_response":
             return Resumed(messages, phase)
-        paused = open_record({"runtime_checkpoint": checkpoint})
+        paused = open_approval(checkpoint)
         if paused is not None and paused.get("state") == WAITING:
             # A pause, not an interruption: the question stays open (its buttons still work)
             # and the batch goes on once it is answered. Not counted as a resume attempt.
@@ -138,9 +135,7 @@ class Recovery:
                 attempts - 1,
             )
             return Resumed(messages, phase, gave_up=True)
-        self.store.append(
-            session, metadata={"resume": {"message_id": msg.message_id, "attempts": attempts}}
-        )
+        self.store.apply(session, transitions.resume_attempt(msg.message_id, attempts))
         log.info(
             "resuming turn session=%s phase=%s attempt=%d interrupted_tools=%d",
             msg.session_key,

@@ -26,9 +26,7 @@ from bot.context import ContextBuilder
 from bot.cron import heartbeat
 from bot.delivery import DELIVERY_KEY, LEDGER_SESSION_KEY, outbox_entry
 from bot.gate import Gate, ProcessScope
-from bot.gate.approval import close_unanswered
 from bot.images import stored_form
-from bot.intake import without_pending
 from bot.kinds import TurnKind
 from bot.llm import LLMError, LLMProvider, LLMUnavailable
 from bot.long_answers import spill
@@ -44,7 +42,7 @@ from bot.runner import (
     close_open_tool_calls,
     close_turn,
 )
-from bot.session import Session, SessionStore, now_iso
+from bot.session import Session, SessionStore, now_iso, transitions
 from bot.streaming import TurnStream, stopped_answer
 from bot.tokens import estimate_text_tokens
 from bot.tools.base import ToolContext, ToolRegistry
@@ -57,7 +55,6 @@ FAILED_TEXT = "Something went wrong while answering; see the logs."
 # reached or refused, or the turn crashed) or "stopped" (/stop, Ctrl-C).
 OUTCOME_KEY = "outcome"
 Outcome = Literal["ok", "failed", "stopped"]
-NOTICES_KEPT = 64
 # A final_response checkpoint's file holding the whole answer, when it was too long for a chat.
 ANSWER_FILE_KEY = "answer_file"
 AUDIO_SUFFIXES = frozenset({".ogg", ".oga", ".opus", ".mp3", ".m4a", ".wav", ".webm", ".flac"})
@@ -141,8 +138,8 @@ class Turns:
     async def answerable_turn(self, session: Session, msg: InboundMessage) -> list[dict[str, Any]]:
         """What a turn that never reached the model leaves in history: its checkpoint's work
         if it has one (a resumed turn), else the user's message."""
-        checkpoint = session.metadata.get("runtime_checkpoint")
-        if checkpoint and checkpoint.get("message_id") == msg.message_id:
+        checkpoint = session.state.checkpoint_of(msg.message_id)
+        if checkpoint:
             return list(checkpoint.get("messages") or [])
         return [await self.user_message(msg)]
 
@@ -212,15 +209,15 @@ class Turns:
                 record["approval"] = pending_approval
             if answer_file is not None:
                 record[ANSWER_FILE_KEY] = answer_file
-            update = {"runtime_checkpoint": record}
+            update = transitions.checkpoint(record)
             if phase == "final_response":
                 # finish() follows at once and fsyncs this line with its own. Until then a
                 # killed process still finds the answer (the page cache keeps it), and after a
                 # power cut asking the model again loses nothing: nothing was sent yet.
-                self.store.append(session, metadata=update, fsync=False)
+                self.store.apply(session, update, fsync=False)
             else:
                 # Before a tool runs (and after): what it did must survive a power cut.
-                await self.store.append_async(session, metadata=update)
+                await self.store.apply_async(session, update)
             failpoints.hit(phase)
 
         owner = heartbeat.owner_chat(self.cfg, msg.session_key) and not msg.classification.narrowed
@@ -324,9 +321,9 @@ class Turns:
         """The answer's text for the chat and the files sent with it: the cut a final_response
         checkpoint made (this turn's, or one resumed after a restart), or a cut made now for
         a long text that came another way (a stopped stream, a reminder)."""
-        checkpoint = session.metadata.get("runtime_checkpoint") or {}
+        checkpoint = session.state.checkpoint_of(msg.message_id) or {}
         kept = checkpoint.get(ANSWER_FILE_KEY)
-        if kept and checkpoint.get("message_id") == msg.message_id and turn:
+        if kept and turn:
             return str(turn[-1].get("content") or ""), (str(kept),)
         long = await spill(self.cfg.agent.state_path, session.path.name, text)
         if long is None:
@@ -371,19 +368,10 @@ class Turns:
         if out is not None and media:
             out = replace(out, media=media)
         entries = [outbox_entry(delivery_id, out)] if out is not None else []
-
-        def finished(meta: dict[str, Any]) -> dict[str, Any]:
-            # Derived under the session lock: a message accepted meanwhile stays pending.
-            return {
-                **close_unanswered(meta),  # a question still open (/stop) is closed
-                "runtime_checkpoint": None,
-                "resume": None,
-                "interrupted": None,
-                "pending": without_pending(meta, msg.message_id),
-                "outbox": [*(meta.get("outbox") or []), *entries] or None,
-            }
-
-        await self.store.append_async(session, stored_form(turn), metadata=finished)
+        # Derived under the session lock: a message accepted meanwhile stays pending, and a
+        # question still open (/stop) is closed.
+        finished = transitions.finish(msg.message_id, entries)
+        await self.store.apply_async(session, finished, stored_form(turn))
         failpoints.hit("before_delivery")
         if out is None:
             log.info("heartbeat: nothing to tell session=%s", msg.session_key)
@@ -401,18 +389,8 @@ class Turns:
             channel, chat_id, text, final=True, metadata={DELIVERY_KEY: delivery_id}
         )
         entry = outbox_entry(delivery_id, out)
-
-        def add(meta: dict[str, Any]) -> dict[str, Any] | None:
-            notices = meta.get("notices") or []
-            if marker in notices:
-                return None
-            return {
-                "outbox": [*(meta.get("outbox") or []), entry],
-                "notices": [*notices, marker][-NOTICES_KEPT:],
-            }
-
         session = self.store.get(out.session_key)
-        if not await self.store.append_async(session, metadata=add):
+        if not await self.store.apply_async(session, transitions.announce(entry, marker)):
             return False
         await self.bus.publish_outbound(out)
         return True
@@ -420,7 +398,7 @@ class Turns:
     async def deliver_text(self, session: Session, msg: InboundMessage) -> None:
         """A reminder (a ``deliver: "text"`` job): its text is the answer, through the same
         finish and ledger as any answer, so a crash cannot send it twice; no model call."""
-        if any(p.get("id") == msg.message_id for p in session.metadata.get("pending") or []):
+        if session.state.is_pending(msg.message_id):
             said = [{"role": "assistant", "content": msg.text}]
             await self.finish(session, msg, said, msg.text)
 

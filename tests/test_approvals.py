@@ -740,7 +740,7 @@ async def test_an_admins_press_finds_a_jobs_question_on_disk_after_a_restart(tmp
     the question in this process, and finds the session that waits for it on disk."""
     from bot.approvals import ApprovalDesk
     from bot.bus import InboundMessage, MessageBus
-    from bot.gate.approval import describe_call, new_record, open_record
+    from bot.gate.approval import describe_call, new_record
     from bot.kinds import with_kind
 
     cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", tools={"approval": "risky"})
@@ -775,8 +775,8 @@ async def test_an_admins_press_finds_a_jobs_question_on_disk_after_a_restart(tmp
     shown = await desk.press(press(ALICE, "show", True))
     assert shown is not None and f"\n{RISKY}\n" in shown
     assert await desk.press(press(ALICE, "once", True)) == "Allowed once."
-    meta = SessionStore(cfg.agent.state_path).get(f"telegram:{GROUP}").metadata
-    assert (open_record(meta) or {}).get("state") == "once"
+    state = SessionStore(cfg.agent.state_path).get(f"telegram:{GROUP}").state
+    assert (state.open_approval or {}).get("state") == "once"
 
 
 async def test_on_discord_a_jobs_question_goes_to_the_admins_direct_messages(tmp_path, llm):

@@ -14,6 +14,7 @@ from typing import Any
 
 from bot.bus import StreamEvent
 from bot.delivery import preview_ids_in
+from bot.session import SessionState
 from bot.session.records import clean_metadata
 from bot.streaming import STOPPED_MARK
 from channels import manager as manager_module
@@ -370,9 +371,10 @@ def test_damaged_preview_records_are_dropped_on_load_and_ignored_when_peeked():
     meta = {"previews": [{"reply_to": "a", "ids": ["1"]}, "junk", {"reply_to": "b", "ids": [3]}]}
     clean, problems = clean_metadata(meta)
     assert clean["previews"] == [{"reply_to": "a", "ids": ["1"]}] and len(problems) == 2
-    assert preview_ids_in(meta, "a") == ["1"]
-    assert preview_ids_in(meta, "b") == []  # an id that is not text is never edited
-    assert preview_ids_in({"previews": "junk"}, "a") == []
+    state = SessionState.of(meta)
+    assert preview_ids_in(state, "a") == ["1"]
+    assert preview_ids_in(state, "b") == []  # an id that is not text is never edited
+    assert preview_ids_in(SessionState.of({"previews": "junk"}), "a") == []
 
 
 async def test_a_draft_is_sent_again_while_a_long_tool_runs(tmp_path, llm, api, monkeypatch):

@@ -262,8 +262,8 @@ class Scheduler:
         """Is ``message_id`` still a pending (unfinished) turn of session ``key``?"""
         if not message_id:
             return False
-        meta = await asyncio.to_thread(self.sessions.peek_metadata, key) or {}
-        return any(p.get("id") == message_id for p in meta.get("pending") or [])
+        state = await asyncio.to_thread(self.sessions.peek_state, key)
+        return state is not None and state.is_pending(message_id)
 
     def _too_late(self, due: datetime, now: datetime) -> bool:
         return now - due > timedelta(minutes=self.cfg.cron.max_late_minutes)

@@ -20,6 +20,7 @@ import re
 import secrets
 import shlex
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -56,8 +57,7 @@ MCP_PREFIX = "mcp_"
 # where shlex reads them as plain quoting.
 _SHELL_SYNTAX = re.compile(r"[;&|`$<>\n\r()\\{}]")
 APPROVAL_ID = re.compile(r"^ap-[0-9a-f]{12}$")
-CLOSED_KEPT = 64  # decided approvals remembered per session (a late press is told why)
-WAITING = "waiting"
+WAITING = "waiting"  # bot.session.state.WAITING (not imported: bot.config imports this module)
 # A call longer than this is not asked about but refused: nobody reviews 100,000 characters,
 # and the whole text must reach the person ("Show all") in a bearable number of messages.
 MAX_REVIEW_CHARS = 100_000
@@ -293,15 +293,6 @@ def new_record(
     return record
 
 
-def open_record(meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The approval the session's checkpoint waits on, if any."""
-    checkpoint = meta.get("runtime_checkpoint") or {}
-    record = checkpoint.get("approval")
-    if checkpoint.get("phase") == "awaiting_approval" and isinstance(record, dict):
-        return record
-    return None
-
-
 def may_answer(record: dict[str, Any], sender_id: str, is_admin: bool) -> bool:
     """The person who asked may answer; in a group an admin may too. An unattended turn's
     question (``owner``) has nobody who asked: an admin answers it."""
@@ -310,61 +301,6 @@ def may_answer(record: dict[str, Any], sender_id: str, is_admin: bool) -> bool:
     if sender_id == record.get("asked_by"):
         return True
     return bool(record.get("is_group")) and is_admin
-
-
-def closed_entry(
-    record: dict[str, Any], outcome: str, by: str = "", press: str = ""
-) -> dict[str, Any]:
-    return {"id": record["id"], "state": outcome, "by": by, "press": press, "at": time.time()}
-
-
-def close_unanswered(meta: dict[str, Any]) -> dict[str, Any]:
-    """The update that closes a still-waiting approval as "stopped" when its turn ends some
-    other way (``/stop``, a failure); {} when none waits."""
-    record = open_record(meta)
-    if record is None or record.get("state") != WAITING:
-        return {}
-    closed = [*(meta.get("approvals_closed") or []), closed_entry(record, "stopped")]
-    return {"approvals_closed": closed[-CLOSED_KEPT:]}
-
-
-def decide_update(
-    meta: dict[str, Any],
-    approval_id: str,
-    outcome: Outcome,
-    by: str = "",
-    press: str = "",
-) -> dict[str, Any] | None:
-    """The metadata update that records ``outcome`` for a waiting approval, or None when it is
-    not (or no longer) waiting: decided, timed out, stopped, or another turn's.
-
-    Run under the session lock (``SessionStore.append`` with a function): first writer wins.
-    "always" also adds the question's key to the chat's ``approved_calls``.
-    """
-    record = open_record(meta)
-    if record is None or record.get("id") != approval_id or record.get("state") != WAITING:
-        return None
-    checkpoint = dict(meta["runtime_checkpoint"])
-    checkpoint["approval"] = {**record, "state": outcome, "by": by, "press": press}
-    update: dict[str, Any] = {
-        "runtime_checkpoint": checkpoint,
-        "approvals_closed": [
-            *(meta.get("approvals_closed") or []),
-            closed_entry(record, outcome, by, press),
-        ][-CLOSED_KEPT:],
-    }
-    if outcome == "always":
-        approved = list(meta.get("approved_calls") or [])
-        if record["key"] not in approved:
-            update["approved_calls"] = [*approved, record["key"]]
-    return update
-
-
-def closed_state(meta: dict[str, Any], approval_id: str) -> dict[str, Any] | None:
-    for entry in reversed(meta.get("approvals_closed") or []):
-        if entry.get("id") == approval_id:
-            return entry
-    return None
 
 
 def denied_result(outcome: str, timeout_minutes: float) -> str:
@@ -406,11 +342,12 @@ def no_owner_result() -> str:
     )
 
 
-def asked_call(meta: dict[str, Any], record: dict[str, Any]) -> tuple[str, str] | None:
+def asked_call(
+    checkpoint: Mapping[str, Any] | None, record: Mapping[str, Any]
+) -> tuple[str, str] | None:
     """(tool, raw arguments) of the call ``record`` asks about, from the checkpoint's
     messages; None when the checkpoint does not hold it."""
-    checkpoint = meta.get("runtime_checkpoint") or {}
-    for message in reversed(checkpoint.get("messages") or []):
+    for message in reversed((checkpoint or {}).get("messages") or []):
         for tool_call in message.get("tool_calls") or []:
             if tool_call.get("id") == record.get("call_id"):
                 function = tool_call.get("function") or {}

@@ -543,7 +543,7 @@ def _migrate_legacy(p: Plan) -> None:
 
 
 def _import_sessions(p: Plan) -> None:
-    from bot.session import SessionStore
+    from bot.session import SessionStore, transitions
 
     state = p.config.agent.state_path
     make_private_dirs(state)  # transcripts are private, the folder's parents too
@@ -566,11 +566,11 @@ def _import_sessions(p: Plan) -> None:
             p.report.add("left alone", rel, f"memobot already has a session {key}; kept as it is")
             continue
         session = store.get(key)
-        metadata: dict[str, Any] = {"imported_from": f"nanobot:{item.path}"}
-        if item.created_at:
-            metadata["created_at"] = item.created_at
-        store.append(
-            session, item.messages, metadata=metadata, last_consolidated=item.last_consolidated
+        store.apply(
+            session,
+            transitions.imported(f"nanobot:{item.path}", item.created_at or None),
+            item.messages,
+            last_consolidated=item.last_consolidated,
         )
         detail = (
             f"session {key}{' (key guessed from the file name)' if item.key_guessed else ''}, "

@@ -23,6 +23,7 @@ from typing import Any, TypeAlias
 Entry: TypeAlias = Mapping[str, Any]
 
 WAITING = "waiting"  # an approval nobody has answered yet
+WAIT_KEY = "wait"  # on a pending entry waiting out a model outage: {"since", "notified"}
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -107,6 +108,15 @@ class SessionState:
             if entry.get("id") == message_id:
                 return entry
         return None
+
+    def wait_info(self, message_id: str | None) -> dict[str, Any] | None:
+        """The wait record of a pending turn ({} if it never waited out an outage), None when
+        it is not pending."""
+        entry = self.pending_entry(message_id)
+        if entry is None:
+            return None
+        info = entry.get(WAIT_KEY)
+        return dict(info) if isinstance(info, Mapping) else {}
 
     def is_pending(self, message_id: str | None) -> bool:
         return self.pending_entry(message_id) is not None

@@ -351,19 +351,24 @@ class SessionStore:
         session: Session,
         transition: Transition,
         messages: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        *,
+        last_consolidated: int | None = None,
         fsync: bool = True,
     ) -> bool:
         """Change the session's state by ``transition`` (``bot.session.transitions``),
-        appending ``messages`` in the same write. The transition runs under the session's
-        lock on the current state, so check-then-write is atomic; it returning None writes
-        nothing (not even ``messages``) and returns False. Only the fields that changed are
-        written. Thread-safe; as ``append`` otherwise."""
+        appending ``messages`` (and moving ``last_consolidated``) in the same write.
+
+        The transition runs under the session's lock on the current state, so
+        check-then-write is atomic; it returning None writes nothing (not even ``messages``)
+        and returns False. Only the fields that changed are written. Thread-safe; as
+        ``append`` otherwise."""
         with self._lock_for(session.key):
             before = session.state
             after = transition(before)
             if after is None:
                 return False
-            self._append_locked(session, messages, before.update_to(after), None, fsync)
+            update = before.update_to(after)
+            self._append_locked(session, messages, update, last_consolidated, fsync)
             # The state is the one the transition made: its entries are the ones just written.
             session.state_cache = (session.metadata, after)
             return True
@@ -373,10 +378,11 @@ class SessionStore:
         session: Session,
         transition: Transition,
         messages: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        *,
         fsync: bool = True,
     ) -> bool:
         """``apply`` in a worker thread (an fsync never stalls the event loop)."""
-        return await asyncio.to_thread(self.apply, session, transition, messages, fsync)
+        return await asyncio.to_thread(self.apply, session, transition, messages, fsync=fsync)
 
     def fsync(self, session: Session) -> None:
         """Make earlier unsynced appends durable (for writes that used ``fsync=False``)."""

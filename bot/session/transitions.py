@@ -20,7 +20,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
-from bot.session.state import WAITING, Entry, SessionState, open_approval
+from bot.session.state import WAIT_KEY, WAITING, Entry, SessionState, open_approval
 
 Transition: TypeAlias = Callable[[SessionState], SessionState | None]
 
@@ -29,7 +29,6 @@ NOTICES_KEPT = 64  # markers of once-only messages remembered per session
 CLOSED_KEPT = 64  # decided approvals remembered per session (a late press is told why)
 FAILED_KEPT = 20  # undeliverable answers kept per session (oldest dropped first)
 PREVIEWS_KEPT = 16  # preview records per session (one per answer being written; oldest dropped)
-WAIT_KEY = "wait"  # on a pending entry: {"since": ISO time, "notified": bool}
 
 
 def compose(*steps: Transition) -> Transition:
@@ -125,15 +124,6 @@ def waiting_for_model(
         return replace(state, pending=pending, resume=None if restarts_counted else state.resume)
 
     return run
-
-
-def wait_info(state: SessionState, message_id: str | None) -> dict[str, Any] | None:
-    """The wait record of a pending turn ({} if it never waited), None if it is not pending."""
-    entry = state.pending_entry(message_id)
-    if entry is None:
-        return None
-    info = entry.get(WAIT_KEY)
-    return dict(info) if isinstance(info, Mapping) else {}
 
 
 def interrupted(at: str, reason: str) -> Transition:

@@ -24,22 +24,13 @@ from bot.session.state import WAIT_KEY, WAITING, Entry, SessionState, open_appro
 
 Transition: TypeAlias = Callable[[SessionState], SessionState | None]
 
-SEEN_IDS_KEPT = 128  # message ids remembered for redelivery checks after their turn ended
+# More than one getUpdates batch (at most 100 updates) from one chat: a redelivered batch is
+# always recognised.
+SEEN_IDS_KEPT = 128
 NOTICES_KEPT = 64  # markers of once-only messages remembered per session
 CLOSED_KEPT = 64  # decided approvals remembered per session (a late press is told why)
 FAILED_KEPT = 20  # undeliverable answers kept per session (oldest dropped first)
 PREVIEWS_KEPT = 16  # preview records per session (one per answer being written; oldest dropped)
-
-
-def compose(*steps: Transition) -> Transition:
-    """One transition doing ``steps`` in order; a step returning None changes nothing."""
-
-    def run(state: SessionState) -> SessionState:
-        for step in steps:
-            state = step(state) or state
-        return state
-
-    return run
 
 
 # -- intake --------------------------------------------------------------------------------

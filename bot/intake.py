@@ -18,7 +18,7 @@ from typing import Any
 from bot import failpoints
 from bot.bus import InboundMessage, Intake
 from bot.kinds import Classified, classify
-from bot.session import Session, SessionStore, now_iso, transitions
+from bot.session import SessionStore, now_iso, transitions
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,3 @@ def inbound_from_pending(key: str, p: Mapping[str, Any]) -> InboundMessage:
     )
     kind = Classified.from_record(p.get("kind")) or classify(msg)
     return replace(msg, classified=kind)
-
-
-def is_pending(session: Session, message_id: str | None) -> bool:
-    return session.state.is_pending(message_id)

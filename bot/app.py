@@ -184,7 +184,7 @@ def build_loop(
     )
     slots = asyncio.Semaphore(cfg.agent.max_concurrent_turns)
     # The desk gives a waiting turn's slot back while a person decides.
-    approvals = ApprovalDesk(cfg, store, bus, slots)
+    approvals = ApprovalDesk(cfg, store, bus, tools, slots)
     turns = Turns(
         cfg, bus, store, provider, tools, context, consolidator, gate, background.spawn, approvals
     )

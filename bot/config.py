@@ -395,7 +395,7 @@ class ChannelConfig(_Model):
     # "pairing": a stranger's private message gets a one-time code the owner approves.
     dm_policy: Literal["allowlist", "pairing"] = "allowlist"
     # The tools offered in group chats (globs); None: the tools that touch no workspace file
-    # (bot.gate.approval.GROUP_DEFAULT_TOOLS) and tools.safeMcpTools.
+    # (by their declared effects: bot.gate.approval.offered_by_default) and tools.safeMcpTools.
     group_tools: list[str] | None = None
     # An admin's own turns in groups get every tool (exec too, which no privacy scope binds).
     group_admin_tools: StrictBool = False

@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bot import failpoints
+from bot import durable, failpoints
 from bot.config import ConfigError
 from bot.images import stored_form
 from bot.private import make_private_dirs
@@ -997,7 +997,7 @@ class SessionStore:
         finally:
             os.close(fd)
         failpoints.hit("before_compact_rename")
-        os.replace(tmp, session.path)
+        durable.move(tmp, session.path, sync=False)  # the folder is fsynced below
         session.file_base = session.base
         session.archived_bytes = archived
         session.offsets = array("q", offsets)

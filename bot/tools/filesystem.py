@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from bot import durable
 from bot.images import (
     MAX_INLINE_IMAGE_BYTES,
     ShownImage,
@@ -142,19 +143,8 @@ def atomic_write(path: Path, data: bytes) -> None:
         mode: int | None = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
         mode = None
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # A random temporary name: two calls may write one file at once (background jobs too).
+    durable.replace_file(path, data, mode=0o666, chmod=mode, unique=True)
 
 
 # ---------------------------------------------------------------------------------------------

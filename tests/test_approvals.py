@@ -270,6 +270,26 @@ def test_a_new_tool_that_declares_nothing_is_asked_for_and_kept_from_groups(tmp_
     assert offered(str(ALICE), admin=True, group=False) is None  # the owner: every tool
 
 
+def test_every_tool_memobot_ships_declares_what_it_does() -> None:
+    """Only another program's tools (MCP) are unknown; every tool of memobot's own says what
+    it does, so none is asked about or kept from a chat for want of a declaration."""
+    import bot.memory.dream
+    import bot.tools.mcp  # with dream: their Tool classes are found below
+
+    def subclasses(cls: type[Tool]) -> list[type[Tool]]:
+        return [c for sub in cls.__subclasses__() for c in (sub, *subclasses(sub))]
+
+    shipped = [
+        c
+        for c in subclasses(Tool)
+        if c.__module__.startswith("bot.") and not getattr(c, "__abstractmethods__", None)
+    ]
+    assert {"exec", "write_file", "cron", "add_entry"} <= {getattr(c, "name", "") for c in shipped}
+    unknown = {c.__name__ for c in shipped if not c.effects.declared}
+    assert unknown == {"McpTool"}
+    assert bot.tools.mcp.McpTool.effects.external
+
+
 # -- end to end through Telegram -----------------------------------------------------------
 
 

@@ -95,76 +95,54 @@ class _DreamTool(Tool):
             raise ToolError(f"{rel} may not be written (the gate's path policy refuses it)")
 
 
-def _file_param(edits: _Edits) -> dict[str, Any]:
-    return {"type": "string", "enum": list(edits.files)}
+class _EntryTool(_DreamTool):
+    """An edit of one entry of one of the pass's files (its ``file`` enum: those files)."""
+
+    parameters: ClassVar[dict[str, Any]]
+    effects: ClassVar[Effects] = Effects(reads=("file",), writes=("file",))
+    fields: ClassVar[tuple[str, ...]]  # string arguments besides ``file``
+    required: ClassVar[tuple[str, ...]]
+
+    def __init__(self, edits: _Edits) -> None:
+        super().__init__(edits)
+        properties: dict[str, Any] = {"file": {"type": "string", "enum": list(edits.files)}}
+        properties.update({name: {"type": "string"} for name in self.fields})
+        self.parameters = {  # type: ignore[misc]  # per pass: its own files
+            "type": "object",
+            "properties": properties,
+            "required": ["file", *self.required],
+        }
 
 
-class AddEntryTool(_DreamTool):
+class AddEntryTool(_EntryTool):
     name: ClassVar[str] = "add_entry"
     description: ClassVar[str] = (
         "Add one bullet entry to a memory file, optionally under a '## section' heading."
     )
-    parameters: ClassVar[dict[str, Any]]
-    effects: ClassVar[Effects] = Effects(reads=("file",), writes=("file",))
-
-    def __init__(self, edits: _Edits) -> None:
-        super().__init__(edits)
-        self.parameters = {  # type: ignore[misc]  # the pass's own files
-            "type": "object",
-            "properties": {
-                "file": _file_param(edits),
-                "entry": {"type": "string"},
-                "section": {"type": "string"},
-            },
-            "required": ["file", "entry"],
-        }
+    fields: ClassVar[tuple[str, ...]] = ("entry", "section")
+    required: ClassVar[tuple[str, ...]] = ("entry",)
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         self.allow(args["file"], ctx)
         return self.edits.add(args["file"], args["entry"], args.get("section"))
 
 
-class ReplaceEntryTool(_DreamTool):
+class ReplaceEntryTool(_EntryTool):
     name: ClassVar[str] = "replace_entry"
     description: ClassVar[str] = "Replace the one entry containing `old` with `new`."
-    parameters: ClassVar[dict[str, Any]]
-    effects: ClassVar[Effects] = Effects(reads=("file",), writes=("file",))
-
-    def __init__(self, edits: _Edits) -> None:
-        super().__init__(edits)
-        self.parameters = {  # type: ignore[misc]
-            "type": "object",
-            "properties": {
-                "file": _file_param(edits),
-                "old": {"type": "string"},
-                "new": {"type": "string"},
-                "reason": {"type": "string"},
-            },
-            "required": ["file", "old", "new", "reason"],
-        }
+    fields: ClassVar[tuple[str, ...]] = ("old", "new", "reason")
+    required: ClassVar[tuple[str, ...]] = fields
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         self.allow(args["file"], ctx)
         return self.edits.replace(args["file"], args["old"], args["new"], args["reason"])
 
 
-class RemoveEntryTool(_DreamTool):
+class RemoveEntryTool(_EntryTool):
     name: ClassVar[str] = "remove_entry"
     description: ClassVar[str] = "Remove the one entry containing `entry`; say why."
-    parameters: ClassVar[dict[str, Any]]
-    effects: ClassVar[Effects] = Effects(reads=("file",), writes=("file",))
-
-    def __init__(self, edits: _Edits) -> None:
-        super().__init__(edits)
-        self.parameters = {  # type: ignore[misc]
-            "type": "object",
-            "properties": {
-                "file": _file_param(edits),
-                "entry": {"type": "string"},
-                "reason": {"type": "string"},
-            },
-            "required": ["file", "entry", "reason"],
-        }
+    fields: ClassVar[tuple[str, ...]] = ("entry", "reason")
+    required: ClassVar[tuple[str, ...]] = fields
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         self.allow(args["file"], ctx)

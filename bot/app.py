@@ -181,10 +181,11 @@ def build_loop(
         archive,
         functools.partial(heartbeat.owner_chat, cfg),
         state_dir=cfg.agent.state_path,
+        gate=gate,
     )
     slots = asyncio.Semaphore(cfg.agent.max_concurrent_turns)
     # The desk gives a waiting turn's slot back while a person decides.
-    approvals = ApprovalDesk(cfg, store, bus, slots)
+    approvals = ApprovalDesk(cfg, store, bus, tools, slots)
     turns = Turns(
         cfg, bus, store, provider, tools, context, consolidator, gate, background.spawn, approvals
     )

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,6 @@ from bot.bus import InboundMessage, MessageBus, OutboundMessage, typing_notice
 from bot.config import Config
 from bot.gate.approval import (
     CHOICES,
-    DM_DEFAULT_TOOLS,
     MAX_REVIEW_CHARS,
     SHOW,
     WAITING,
@@ -43,6 +42,7 @@ from bot.gate.approval import (
     question_for,
     too_long_result,
 )
+from bot.gate.effects import Effects
 from bot.gate.question import QuestionView, full_text, one_line, question_markdown
 from bot.kinds import APPROVAL_KEY, TERMINAL, TurnKind
 from bot.llm import ToolCall
@@ -50,6 +50,7 @@ from bot.privacy import PrivacyScope
 from bot.runner import Approver
 from bot.session import Session, SessionState, SessionStore, transitions
 from bot.session.state import Entry
+from bot.tools.base import ToolRegistry
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +80,15 @@ def policy_for(cfg: Config) -> ApprovalPolicy:
 
 
 def offered_tools(
-    cfg: Config, msg: InboundMessage, names: list[str], scope: PrivacyScope
+    cfg: Config, msg: InboundMessage, tools: Mapping[str, Effects], scope: PrivacyScope
 ) -> set[str] | None:
     """The tools a turn may use, by its privacy scope: None (all) for the owner; in groups
     ``groupTools`` (all for an admin's own turn with ``groupAdminTools``); in a non-admin's
-    private chat ``dmTools``. A chat without channel settings gets the defaults."""
+    private chat ``dmTools``. A chat without channel settings gets the defaults, chosen by
+    each tool's declared effects (:func:`bot.gate.approval.offered_by_default`)."""
     if msg.classification.narrowed:
         # An unattended turn a non-admin shaped: the default group tools, whatever the config.
-        return group_tool_names(names, None, cfg.tools.safe_mcp_tools)
+        return group_tool_names(tools, None, cfg.tools.safe_mcp_tools)
     if scope.is_owner:
         return None
     channel = getattr(cfg.channels, msg.channel, None)
@@ -94,9 +96,9 @@ def offered_tools(
     if scope.audience == "group":
         if channel is not None and channel.group_admin_tools and scope.admin:
             return None
-        return group_tool_names(names, channel.group_tools if channel else None, safe_mcp)
+        return group_tool_names(tools, channel.group_tools if channel else None, safe_mcp)
     configured = channel.dm_tools if channel is not None else None
-    return limited_tool_names(names, configured, DM_DEFAULT_TOOLS, safe_mcp)
+    return limited_tool_names(tools, configured, safe_mcp, scoped_files=True)
 
 
 def owner_channel(msg: InboundMessage) -> tuple[str, str]:
@@ -124,9 +126,12 @@ class ApprovalDesk:
         cfg: Config,
         store: SessionStore,
         bus: MessageBus,
+        tools: ToolRegistry,
         slots: asyncio.Semaphore | None = None,
     ) -> None:
         self.policy = policy_for(cfg)
+        # The tools the turns run: their declared effects decide what is asked.
+        self.tools = tools
         self.timeout_minutes = cfg.tools.approval_timeout_minutes
         self.store = store
         self.bus = bus
@@ -154,7 +159,7 @@ class ApprovalDesk:
             restored = None
             if record is None:
                 allowed_here = list(session.state.approved_calls)
-                question = question_for(self.policy, call.name, call.arguments, allowed_here)
+                question = self.question(call, allowed_here)
                 if question is None:
                     return None
                 await self._forget_legacy(session, allowed_here)
@@ -194,7 +199,7 @@ class ApprovalDesk:
                 )
                 ask = True
             else:
-                question = describe_call(call.name, call.arguments)
+                question = describe_call(call.name, call.arguments, self._effects(call.name))
                 # A terminal's question dies with its process: ask again. Platforms keep
                 # the old buttons, which still work; asking there again would only repeat.
                 ask = msg.channel == TERMINAL
@@ -211,6 +216,17 @@ class ApprovalDesk:
             return denied_result(outcome, self.timeout_minutes)
 
         return approve
+
+    def question(self, call: ToolCall, allowed_here: list[str]) -> Question | None:
+        """What to ask before ``call`` runs (None: it runs unasked), by the policy and the
+        effects its tool declared."""
+        return question_for(
+            self.policy, self._effects(call.name), call.name, call.arguments, allowed_here
+        )
+
+    def _effects(self, name: str) -> Effects | None:
+        tool = self.tools.get(name)
+        return tool.effects if tool is not None else None
 
     async def _forget_legacy(self, session: Session, allowed_here: list[str]) -> None:
         """Drop "always" entries of an older memobot that allowed a tool whatever its
@@ -404,7 +420,8 @@ class ApprovalDesk:
         if found is None:
             return "I cannot find the text of this approval any more."
         log.info("approval whole text shown session=%s id=%s", session.key, record["id"])
-        return full_text(record["id"], describe_call(*found).subject)
+        name, arguments = found
+        return full_text(record["id"], describe_call(name, arguments, self._effects(name)).subject)
 
     def _late(
         self,

@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from bot import durable
 from bot.dialects import ProviderName
 from bot.gate.approval import DEFAULT_EXEC_ALLOW, allow_pattern_problem
 from bot.layout import layout_problem
@@ -395,7 +396,7 @@ class ChannelConfig(_Model):
     # "pairing": a stranger's private message gets a one-time code the owner approves.
     dm_policy: Literal["allowlist", "pairing"] = "allowlist"
     # The tools offered in group chats (globs); None: the tools that touch no workspace file
-    # (bot.gate.approval.GROUP_DEFAULT_TOOLS) and tools.safeMcpTools.
+    # (by their declared effects: bot.gate.approval.offered_by_default) and tools.safeMcpTools.
     group_tools: list[str] | None = None
     # An admin's own turns in groups get every tool (exec too, which no privacy scope binds).
     group_admin_tools: StrictBool = False
@@ -770,11 +771,4 @@ def config_to_json(cfg: Config) -> str:
 def save_config(cfg: Config, path: Path) -> None:
     """Write the config with mode 0600 from the first byte (it may hold API keys)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_suffix(".json.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(config_to_json(cfg))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    durable.replace_file(path, config_to_json(cfg), mode=0o600, chmod=0o600)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bot import startup
+from bot import durable, startup
 from bot.app import build_agent, exec_limits_line
 from bot.config import EX_CONFIG, Config
 from bot.cron import heartbeat
@@ -44,12 +44,9 @@ def enabled_channels(cfg: Config) -> list[str]:
 
 
 def write_status(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    # It names the chats and their last activity: private, whatever the umask.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    # It names the chats and their last activity: private, whatever the umask. A snapshot
+    # rewritten every few seconds: not fsynced.
+    durable.replace_file(path, json.dumps(data, indent=1), mode=0o600, sync=False)
 
 
 def read_status(state_dir: Path) -> dict[str, Any] | None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bot import durable
+
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 
@@ -49,18 +51,4 @@ def replace_durably(path: Path, text: str, sync: bool = True) -> None:
     crash or power cut leaves the old file or the new one, never half, and the rename itself
     survives (state files whose old version coming back would repeat or lose something).
     ``sync`` False: tmp and rename only, for state an older version of which is harmless."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        if sync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    if not sync:
-        return
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    durable.replace_file(path, text, mode=PRIVATE_FILE, sync=sync)

@@ -69,13 +69,24 @@ class Writer:
     trusted: bool
 
 
+_LOCKS: dict[Path, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_for(path: Path) -> threading.Lock:
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(path.absolute(), threading.Lock())
+
+
 class Provenance:
     """The record of who last wrote each watched file (one per state folder)."""
 
     def __init__(self, state_dir: Path, workspace: Path) -> None:
         self.path = state_dir / FILE
         self.workspace = workspace
-        self._lock = threading.Lock()  # turns record from worker threads
+        # Turns record from worker threads, Dream from its own: one lock per record file, so
+        # two instances never lose each other's read-modify-write.
+        self._lock = _lock_for(self.path)
         self._open_sessions: set[str] | None = None
 
     def _read(self) -> dict[str, Any]:

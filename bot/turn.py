@@ -172,7 +172,7 @@ class Turns:
             # A heartbeat turn has no chat of its own: it speaks only through its answer.
             send=(lambda t: self.publish(msg, t, False)) if msg.policy.sends else None,
             sender=msg.sender,
-            extra={"offered": offered_tools(self.cfg, msg, self.tools.names, scope)},
+            extra={"offered": offered_tools(self.cfg, msg, self.tools.effects(), scope)},
             gate=self.gate,
             processes=ProcessScope(),
             scope=scope,

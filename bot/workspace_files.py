@@ -33,6 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
+from bot import durable
+
 log = logging.getLogger(__name__)
 
 _SYS_OPENAT2 = 437  # the same number on every architecture (unified syscall table)
@@ -393,25 +395,13 @@ def atomic_writer(
     ``path`` (see :func:`write_atomic`), on an exception it is removed and ``path`` is left
     as it was. For data that arrives in pieces (a download)."""
     parts = _parts(root, path)
-    with _parent(root, parts, create=make_parents) as dfd:
-        tmp = f".{parts[-1][:64]}.{secrets.token_hex(6)}.tmp"
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-            dir_fd=dfd,
-        )  # fmt: skip
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                yield fh
-                if sync:
-                    fh.flush()
-                    os.fsync(fh.fileno())
-            os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
-            raise
-        if sync:
-            os.fsync(dfd)
+    # The folder was opened without a link on the way; the temporary file beside the target
+    # gets a random name, O_EXCL and O_NOFOLLOW (bot.durable), so nothing is written through.
+    with (
+        _parent(root, parts, create=make_parents) as dfd,
+        durable.writer_in(dfd, parts[-1], mode=mode, sync=sync) as fh,
+    ):
+        yield fh
 
 
 def write_atomic(
@@ -440,7 +430,7 @@ def write_link(root: Path, path: Path | str, target: str, *, make_parents: bool 
         tmp = f".{parts[-1][:64]}.{secrets.token_hex(6)}.tmp"
         os.symlink(target, tmp, dir_fd=dfd)
         try:
-            os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+            durable.rename_in(dfd, tmp, dfd, parts[-1], sync=False)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
@@ -485,4 +475,4 @@ def rename(root: Path, src: Path | str, dst: Path | str) -> None:
     there; no link on either way is followed."""
     sparts, dparts = _parts(root, src), _parts(root, dst)
     with _parent(root, sparts, create=False) as sfd, _parent(root, dparts, create=False) as dfd:
-        os.replace(sparts[-1], dparts[-1], src_dir_fd=sfd, dst_dir_fd=dfd)
+        durable.rename_in(sfd, sparts[-1], dfd, dparts[-1], sync=False)

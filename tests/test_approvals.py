@@ -19,15 +19,15 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from bot.app import AgentStack
-from bot.approvals import EXPIRED, describe_open, policy_for
+from bot.approvals import EXPIRED, ApprovalDesk, describe_open, offered_tools, policy_for
+from bot.bus import InboundMessage, MessageBus
 from bot.gate import launcher
 from bot.gate.approval import (
-    DM_DEFAULT_TOOLS,
     MAX_REVIEW_CHARS,
     ApprovalPolicy,
     allow_pattern_problem,
@@ -37,9 +37,21 @@ from bot.gate.approval import (
     limited_tool_names,
     question_for,
 )
+from bot.gate.effects import EXTERNAL, Effects
 from bot.gate.question import QuestionView, fit_question, visible
+from bot.kinds import with_kind
+from bot.llm import ToolCall
+from bot.privacy import scope_for_person
 from bot.runner import INTERRUPTED_TOOL_RESULT
 from bot.session import SessionStore
+from bot.tools import Tool, ToolContext, build_default_tools
+from bot.tools.cron import CronTool
+from bot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
+from bot.tools.memory_search import MemorySearchTool
+from bot.tools.message import MessageTool
+from bot.tools.search import WebSearchTool
+from bot.tools.shell import ExecTool
+from bot.tools.web import WebFetchTool
 from channels.formatting import (
     DISCORD_LIMIT,
     SLACK_SECTION_LIMIT,
@@ -63,6 +75,23 @@ WAIT = 30.0  # seconds; generous: the machine running the suite may be busy
 RAW_MCP_SERVER = REPO / "tests" / "fakes" / "mcp_raw_server.py"
 
 # -- the decision (pure) -------------------------------------------------------------------
+
+# What the built-in tools declare; the tools of the MCP servers below (mcp_*) declare nothing.
+BUILT_IN: dict[str, Effects] = {
+    tool.name: tool.effects
+    for tool in [
+        *(ReadFileTool, WriteFileTool, EditFileTool, ListDirTool, ExecTool, WebFetchTool),
+        *(WebSearchTool, MessageTool, MemorySearchTool, CronTool),
+    ]
+}
+
+
+def effects_of(names: list[str]) -> dict[str, Effects]:
+    return {n: BUILT_IN.get(n, EXTERNAL) for n in names}
+
+
+def ask(p: ApprovalPolicy, name: str, arguments: str, allowed: list[str]):
+    return question_for(p, effects_of([name])[name], name, arguments, allowed)
 
 
 @pytest.mark.parametrize(
@@ -102,7 +131,6 @@ def _policy(tmp_path: Path, mode: str = "risky", restrict: bool = True) -> Appro
 
 def test_which_calls_need_approval(tmp_path: Path) -> None:
     p = _policy(tmp_path)
-    ask = question_for
     assert ask(p, "exec", json.dumps({"command": "ls -l"}), []) is None
     q = ask(p, "exec", json.dumps({"command": "rm -rf x"}), [])
     assert q is not None and q.summary == "exec: rm -rf x" and q.key == "exec:rm -rf x"
@@ -124,18 +152,18 @@ def test_which_calls_need_approval(tmp_path: Path) -> None:
 
 def test_always_remembers_the_exact_arguments_of_a_call(tmp_path: Path) -> None:
     p = _policy(tmp_path)
-    a = question_for(p, "mcp_fs_write", json.dumps({"path": "a", "text": "x"}), [])
+    a = ask(p, "mcp_fs_write", json.dumps({"path": "a", "text": "x"}), [])
     assert a is not None and a.key == 'call:mcp_fs_write:{"path":"a","text":"x"}'
     assert a.subject == 'mcp_fs_write\n{\n  "path": "a",\n  "text": "x"\n}'  # all of it
     same = json.dumps({"text": "x", "path": "a"})  # the same arguments, spelt otherwise
-    assert question_for(p, "mcp_fs_write", same, [a.key]) is None
+    assert ask(p, "mcp_fs_write", same, [a.key]) is None
     other = json.dumps({"path": "a", "text": "x", "mode": "append"})
-    assert question_for(p, "mcp_fs_write", other, [a.key]) is not None
+    assert ask(p, "mcp_fs_write", other, [a.key]) is not None
     # An older memobot's entry for the bare tool allows nothing any more.
-    assert question_for(p, "mcp_fs_write", same, ["tool:mcp_fs_write"]) is not None
+    assert ask(p, "mcp_fs_write", same, ["tool:mcp_fs_write"]) is not None
     assert legacy_keys(["tool:mcp_fs_write", a.key, "exec:ls -x"]) == ["tool:mcp_fs_write"]
     # Arguments the tool will refuse are still asked about, shown as sent.
-    broken = question_for(p, "mcp_fs_write", '{"path": "a"', [])
+    broken = ask(p, "mcp_fs_write", '{"path": "a"', [])
     assert broken is not None and broken.subject == 'mcp_fs_write\n{"path": "a"'
 
 
@@ -178,21 +206,88 @@ def test_a_question_fits_one_message_and_says_what_it_leaves_out(render, measure
 def test_group_tool_set() -> None:
     names = ["read_file", "write_file", "edit_file", "exec", "web_fetch", "mcp_a_x", "mcp_b_y"]
     # By default no tool that touches the workspace; a config that names one keeps it.
-    assert group_tool_names(names, None, ["mcp_b_*"]) == {"web_fetch", "mcp_b_y"}
-    assert group_tool_names(names, ["read_file", "exec"], []) == {"read_file", "exec"}
+    tools = effects_of(names)
+    assert group_tool_names(tools, None, ["mcp_b_*"]) == {"web_fetch", "mcp_b_y"}
+    assert group_tool_names(tools, ["read_file", "exec"], []) == {"read_file", "exec"}
 
 
 def test_non_admin_private_tool_set() -> None:
     names = ["read_file", "list_dir", "write_file", "exec", "web_fetch", "mcp_a_x", "mcp_b_y"]
     # The file tools keep to the chat's privacy scope; exec and unsafe MCP tools cannot.
-    assert limited_tool_names(names, None, DM_DEFAULT_TOOLS, ["mcp_b_*"]) == {
+    tools = effects_of(names)
+    assert limited_tool_names(tools, None, ["mcp_b_*"], scoped_files=True) == {
         "read_file",
         "list_dir",
         "write_file",
         "web_fetch",
         "mcp_b_y",
     }
-    assert limited_tool_names(names, ["exec"], DM_DEFAULT_TOOLS, []) == {"exec"}
+    assert limited_tool_names(tools, ["exec"], [], scoped_files=True) == {"exec"}
+
+
+class LaunchTool(Tool):
+    """A tool someone adds and forgets to declare: it could do anything."""
+
+    name: ClassVar[str] = "launch"
+    description: ClassVar[str] = "Launch something."
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {"what": {"type": "string"}},
+    }
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        return "launched"
+
+
+class ClockTool(LaunchTool):
+    """The same tool, declared to touch nothing: it is treated like any harmless tool."""
+
+    name: ClassVar[str] = "clock"
+    effects: ClassVar[Effects] = Effects()
+
+
+def test_a_new_tool_that_declares_nothing_is_asked_for_and_kept_from_groups(tmp_path) -> None:
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", tools={"approval": "risky"})
+    tools = build_default_tools(cfg.tools)
+    tools.register(LaunchTool())
+    tools.register(ClockTool())
+    desk = ApprovalDesk(cfg, SessionStore(cfg.agent.state_path), MessageBus(), tools)
+    question = desk.question(ToolCall("c1", "launch", '{"what": "x"}'), [])
+    assert question is not None and question.key == 'call:launch:{"what":"x"}'
+    assert desk.question(ToolCall("c2", "clock", "{}"), []) is None
+    assert desk.question(ToolCall("c3", "web_fetch", '{"url": "https://a.example"}'), []) is None
+
+    def offered(chat: str, admin: bool, group: bool) -> set[str] | None:
+        meta = {"is_admin": admin, "is_group": group}
+        msg = with_kind(InboundMessage("telegram", chat, "7", "hi", metadata=meta))
+        return offered_tools(cfg, msg, tools.effects(), scope_for_person(msg, cfg.memory))
+
+    in_group = offered(str(GROUP), admin=False, group=True)
+    assert in_group is not None and "launch" not in in_group and "clock" in in_group
+    assert in_group == {"web_fetch", "web_search", "message", "clock"}
+    private = offered(str(BOB), admin=False, group=False)
+    assert private is not None and "launch" not in private and "read_file" in private
+    assert offered(str(ALICE), admin=True, group=False) is None  # the owner: every tool
+
+
+def test_every_tool_memobot_ships_declares_what_it_does() -> None:
+    """Only another program's tools (MCP) are unknown; every tool of memobot's own says what
+    it does, so none is asked about or kept from a chat for want of a declaration."""
+    import bot.memory.dream
+    import bot.tools.mcp  # with dream: their Tool classes are found below
+
+    def subclasses(cls: type[Tool]) -> list[type[Tool]]:
+        return [c for sub in cls.__subclasses__() for c in (sub, *subclasses(sub))]
+
+    shipped = [
+        c
+        for c in subclasses(Tool)
+        if c.__module__.startswith("bot.") and not getattr(c, "__abstractmethods__", None)
+    ]
+    assert {"exec", "write_file", "cron", "add_entry"} <= {getattr(c, "name", "") for c in shipped}
+    unknown = {c.__name__ for c in shipped if not c.effects.declared}
+    assert unknown == {"McpTool"}
+    assert bot.tools.mcp.McpTool.effects.external
 
 
 # -- end to end through Telegram -----------------------------------------------------------
@@ -746,7 +841,7 @@ async def test_an_admins_press_finds_a_jobs_question_on_disk_after_a_restart(tmp
     cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", tools={"approval": "risky"})
     store = SessionStore(cfg.agent.state_path)
     arguments = json.dumps({"command": RISKY})
-    question = describe_call("exec", arguments)
+    question = describe_call("exec", arguments, ExecTool.effects)
     owners = [("telegram", str(ALICE))]
     record = new_record("c1", "exec", question, "memobot-scheduler", True, 60, owner_chats=owners)
     assistant = {
@@ -756,7 +851,8 @@ async def test_an_admins_press_finds_a_jobs_question_on_disk_after_a_restart(tmp
     }
     checkpoint = {"phase": "awaiting_approval", "messages": [assistant], "approval": record}
     store.append(store.get(f"telegram:{GROUP}"), metadata={"runtime_checkpoint": checkpoint})
-    desk = ApprovalDesk(cfg, SessionStore(cfg.agent.state_path), MessageBus())  # a new process
+    tools = build_default_tools(cfg.tools)
+    desk = ApprovalDesk(cfg, SessionStore(cfg.agent.state_path), MessageBus(), tools)  # restarted
 
     def press(sender: int, choice: str, admin: bool) -> InboundMessage:
         return with_kind(

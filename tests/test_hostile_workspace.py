@@ -233,9 +233,9 @@ async def test_a_guest_cannot_read_the_owners_journal_the_starter_skill_keeps(
 ) -> None:
     """The shipped daily-notes skill keeps the owner's journal in notes/YYYY-MM-DD.md (and
     tells the model to copy lasting facts to USER.md). Every non-admin private chat (allowFrom,
-    or any stranger the owner paired) gets read_file/list_dir/write_file by default
-    (DM_DEFAULT_TOOLS), and hidden() only knows USER.md, memory/, .git, HEARTBEAT.md and other
-    chats' media: the journal is read (and rewritten) from any guest chat."""
+    or any stranger the owner paired) gets read_file/list_dir/write_file by default, and
+    hidden() only knows USER.md, memory/, .git, HEARTBEAT.md and other chats' media: the
+    journal is read (and rewritten) from any guest chat."""
     async with FakeLLM() as llm:
         cfg = make_config(tmp_path, llm.base_url, tools={"approval": "risky"})
         ws = cfg.agent.workspace_path

@@ -20,7 +20,6 @@ import pytest
 from bot.bus import InboundMessage
 from bot.config import ChannelConfig, ConfigError, MemoryConfig, parse_config
 from bot.gate import Gate
-from bot.gate.approval import DM_DEFAULT_TOOLS, GROUP_DEFAULT_TOOLS
 from bot.kinds import with_kind
 from bot.pairing import PairingStore
 from bot.privacy import (
@@ -44,6 +43,10 @@ PAIRED = 7007  # let in through pairing
 GROUP = -1001234
 WAIT = 30.0
 WORKSPACE_TOOLS = {"read_file", "list_dir", "write_file", "edit_file", "exec"}
+# What a group and a non-admin's private chat are offered by default (from the tools' declared
+# effects): the tools that touch no workspace file; for the private chat, also the file tools.
+GROUP_DEFAULT_TOOLS = frozenset({"web_fetch", "web_search", "message", "memory_search", "cron"})
+DM_DEFAULT_TOOLS = GROUP_DEFAULT_TOOLS | {"read_file", "list_dir", "write_file", "edit_file"}
 # What the owner's files hold; none of it may reach a request made for someone else.
 SECRETS = {
     "USER.md": "- Name: Ada\n- Secret: USER-SECRET-karaoke\n",

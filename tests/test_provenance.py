@@ -35,9 +35,9 @@ async def test_a_skill_a_guest_is_still_writing_never_reaches_the_owners_prompt(
     tmp_path: Path,
 ) -> None:
     """The stamp diff is recorded when the writer's turn *ends*. Until then the record has no
-    entry and Provenance.writer() says "the owner's own edit": a guest (write_file is in
-    DM_DEFAULT_TOOLS, skills/ is not hidden) writes skills/evil/SKILL.md and keeps its turn
-    going (a slow web_fetch, many tool rounds; here a slow model answer); every owner turn and
+    entry and Provenance.writer() says "the owner's own edit": a guest (write_file is among a
+    non-admin's default tools, skills/ is not hidden) writes skills/evil/SKILL.md and keeps its
+    turn going (a slow web_fetch, many tool rounds; here a slow model answer); every owner turn and
     heartbeat that starts meanwhile carries the skill as trusted, with exec and USER.md."""
     async with FakeLLM() as llm:
         cfg = make_config(tmp_path, llm.base_url, tools={"approval": "risky"})

@@ -1,11 +1,14 @@
 """The approval decision: which tool calls wait for a person's yes (DESIGN.md section 10).
 
-Pure functions over plain data. ``tools.approval`` is "off" (nothing asks), "always" (every
-call asks) or "risky" (the default): ``exec`` of a command that no ``tools.exec.allow`` pattern
-matches, ``write_file``/``edit_file`` outside the workspace when the agent is not restricted to
-it, and every MCP tool not listed in ``tools.safeMcpTools``. A question names the whole call
-(:class:`Question`; how it is shown: :mod:`bot.gate.question`), and "Always allow" remembers
-exactly that call, never a tool whatever its arguments.
+Pure functions over plain data, deciding from each tool's declared effects
+(:mod:`bot.gate.effects`), never from its name. ``tools.approval`` is "off" (nothing asks),
+"always" (every call asks) or "risky" (the default): a command that no ``tools.exec.allow``
+pattern matches (``exec``), any other process a tool starts, a path a tool writes outside the
+workspace when the agent is not restricted to it (``write_file``, ``edit_file``), and every
+tool whose effects nobody declared, MCP tools included unless ``tools.safeMcpTools`` lists
+them. A question names the whole call (:class:`Question`; how it is shown:
+:mod:`bot.gate.question`), and "Always allow" remembers exactly that call, never a tool
+whatever its arguments.
 
 A pending approval is a record in the turn's checkpoint (phase ``awaiting_approval``); the
 helpers at the end change such records under the session's lock, so a button press, the
@@ -26,6 +29,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
+from bot.gate.effects import Effects
 from bot.gate.question import one_line
 from bot.safejson import BadArguments, parse_arguments
 
@@ -41,17 +45,6 @@ SHOW = "show"  # a press that asks for the whole text of a question, not an answ
 # (a clean filter named in .gitattributes, which even `git status` runs) can make it run
 # any program, and no fixed list of settings can switch every such name off.
 DEFAULT_EXEC_ALLOW: tuple[str, ...] = ("ls", "pwd", "cat", "head", "tail", "wc", "grep")
-FILE_WRITERS = frozenset({"write_file", "edit_file"})
-# Tools that open workspace files only within the turn's privacy scope (bot.privacy).
-SCOPED_FILE_TOOLS = frozenset({"read_file", "list_dir", *FILE_WRITERS})
-# Offered in groups unless groupTools says otherwise: tools that touch no workspace file (a
-# group must not read what the owner's private chats left there). An allowlist, so a new tool
-# is not offered to groups until someone decides it may be.
-GROUP_DEFAULT_TOOLS = frozenset({"web_fetch", "web_search", "message", "memory_search", "cron"})
-# Offered in a non-admin's private chat unless dmTools says otherwise: those, and the file
-# tools, which keep to the scope. Not exec: a command reads whatever the workspace holds.
-DM_DEFAULT_TOOLS = GROUP_DEFAULT_TOOLS | SCOPED_FILE_TOOLS
-MCP_PREFIX = "mcp_"
 # Anything that makes a second command, a substitution or a redirection: a command holding
 # one of these is never "ls", whatever it starts with. Backslash and quotes are allowed only
 # where shlex reads them as plain quoting.
@@ -136,16 +129,17 @@ class Question:
     subject: str
     key: str
     outside: bool = False  # a file write outside the workspace
+    command: bool = False  # the subject is a shell command the tool would run
 
     @property
     def summary(self) -> str:
         """One short visible line, for ``memobot status`` and the logs."""
-        head = f"exec: {self.subject}" if self.tool == "exec" else self.subject
+        head = f"{self.tool}: {self.subject}" if self.command else self.subject
         return one_line(head)
 
     @property
     def intro(self) -> str:
-        if self.tool == "exec":
+        if self.command:
             return "Approval needed: the assistant wants to run this command:"
         if self.outside:
             return "Approval needed: the assistant wants to write outside the workspace:"
@@ -153,7 +147,7 @@ class Question:
 
     @property
     def always_label(self) -> str:
-        if self.tool == "exec":
+        if self.command:
             return "Always allow this command"
         return "Always allow this exact call"
 
@@ -181,14 +175,16 @@ def canonical(args: dict[str, Any]) -> str:
     return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def describe_call(name: str, raw_arguments: str) -> Question:
-    """The question about one call, whatever the policy says about asking it."""
+def describe_call(name: str, raw_arguments: str, effects: Effects | None) -> Question:
+    """The question about one call, whatever the policy says about asking it. A tool that
+    runs a command (``effects.command``) is asked about the command alone, remembered as
+    ``<tool>:<command>`` (``exec:ls -l``); any other about its name and all its arguments."""
     args = _args(raw_arguments)
     if args is None:  # shown as sent; the tool refuses it anyway
         return Question(name, f"{name}\n{raw_arguments}", f"call:{name}:raw:{raw_arguments}")
-    if name == "exec":
-        command = str(args.get("command", "")).strip()
-        return Question(name, command, f"exec:{command}")
+    if effects is not None and effects.command is not None:
+        command = str(args.get(effects.command, "")).strip()
+        return Question(name, command, f"{name}:{command}", command=True)
     try:
         shown = json.dumps(args, ensure_ascii=False, indent=2)
         key = f"call:{name}:{canonical(args)}"
@@ -204,58 +200,85 @@ def legacy_keys(allowed_here: list[str]) -> list[str]:
 
 
 def question_for(
-    policy: ApprovalPolicy, name: str, raw_arguments: str, allowed_here: list[str]
+    policy: ApprovalPolicy,
+    effects: Effects | None,
+    name: str,
+    raw_arguments: str,
+    allowed_here: list[str],
 ) -> Question | None:
     """The question to ask before running this call, or None when it may run unasked.
 
-    ``allowed_here``: what "Always allow" recorded for this chat (keys of earlier questions).
+    ``effects``: what the tool declared; None when no tool of that name is registered (the
+    call runs nothing: the registry answers it with an error). ``allowed_here``: what
+    "Always allow" recorded for this chat (keys of earlier questions).
     """
-    if policy.mode == "off":
+    if policy.mode == "off" or effects is None:
         return None
-    question = describe_call(name, raw_arguments)
+    question = describe_call(name, raw_arguments, effects)
     if question.key in allowed_here:
-        return None
-    if name == "exec":
-        command = question.subject
-        if policy.mode == "always" or not command_allowed(command, policy.exec_allow):
-            return question
         return None
     if policy.mode == "always":
         return question
-    if name in FILE_WRITERS:
-        args = _args(raw_arguments) or {}
-        if not policy.restrict_to_workspace and _outside_workspace(
-            args.get("path"), policy.workspace
-        ):
-            return replace(question, outside=True)
-        return None
-    if name.startswith(MCP_PREFIX) and not matches_any(name, policy.safe_mcp):
+    if effects.command is not None:
+        return None if command_allowed(question.subject, policy.exec_allow) else question
+    if not effects.declared:
+        vouched = effects.external and matches_any(name, policy.safe_mcp)
+        return None if vouched else question
+    if effects.processes:  # a process whose command no allow pattern can be matched against
         return question
+    if effects.writes and not policy.restrict_to_workspace:
+        # Restricted, the path policy refuses a path outside; unrestricted, a person decides.
+        args = _args(raw_arguments) or {}
+        if any(_outside_workspace(args.get(arg), policy.workspace) for arg in effects.writes):
+            return replace(question, outside=True)
     return None
 
 
+def offered_by_default(
+    name: str, effects: Effects, safe_mcp: list[str] | tuple[str, ...], *, scoped_files: bool
+) -> bool:
+    """Whether a chat that may not see everything gets this tool when its config names none.
+
+    A group gets the tools that touch no workspace file (a group must not read what the
+    owner's private chats left there); a non-admin's private chat (``scoped_files``) also the
+    tools whose paths keep to its privacy scope. Never a tool that starts processes (a command
+    reads whatever the workspace holds), nor one whose effects nobody declared, unless the
+    owner vouched for it (``tools.safeMcpTools``).
+    """
+    if not effects.declared:
+        return effects.external and matches_any(name, safe_mcp)
+    if not effects.touches_workspace:
+        return True
+    return scoped_files and effects.scoped and not effects.processes
+
+
 def limited_tool_names(
-    names: list[str],
+    tools: Mapping[str, Effects],
     configured: list[str] | None,
-    defaults: frozenset[str],
     safe_mcp: list[str] | tuple[str, ...],
+    *,
+    scoped_files: bool,
 ) -> set[str]:
     """The tools offered in a chat that may not see everything (a group, a non-admin's private
-    chat): ``configured`` (globs: ``groupTools``/``dmTools``) when set, else ``defaults`` and the
-    MCP tools listed as safe."""
+    chat): ``configured`` (globs: ``groupTools``/``dmTools``) when set, else those
+    :func:`offered_by_default`."""
     if configured is not None:
-        return {n for n in names if matches_any(n, configured)}
+        return {n for n in tools if matches_any(n, configured)}
     return {
-        n for n in names if n in defaults or (n.startswith(MCP_PREFIX) and matches_any(n, safe_mcp))
+        n
+        for n, effects in tools.items()
+        if offered_by_default(n, effects, safe_mcp, scoped_files=scoped_files)
     }
 
 
 def group_tool_names(
-    names: list[str], group_tools: list[str] | None, safe_mcp: list[str] | tuple[str, ...]
+    tools: Mapping[str, Effects],
+    group_tools: list[str] | None,
+    safe_mcp: list[str] | tuple[str, ...],
 ) -> set[str]:
     """The tools offered in a group chat: ``group_tools`` (globs) when set, else the tools that
     touch no workspace file and the MCP tools listed as safe."""
-    return limited_tool_names(names, group_tools, GROUP_DEFAULT_TOOLS, safe_mcp)
+    return limited_tool_names(tools, group_tools, safe_mcp, scoped_files=False)
 
 
 # -- records in the checkpoint -----------------------------------------------------------------

@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bot import workspace_files
+from bot import durable, workspace_files
 from bot.config import Config, ConfigError, check_layout, load_config, parse_config, save_config
 from bot.cron.heartbeat import FILE as HEARTBEAT_FILE
 from bot.cron.heartbeat import open_tasks
@@ -590,7 +590,7 @@ def _write_config(p: Plan, opts: Options) -> None:
     if path.exists():
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         old = path.with_name(f"{path.name}.bak-{stamp}")
-        os.replace(path, old)
+        durable.move(path, old)
         backup = f" (the previous one is kept as {old.name})"
     save_config(p.config, path)
     load_config(path)  # what memobot will read at start; raises ConfigError if it cannot

@@ -2,34 +2,46 @@
 
 A run reads the entries after ``memory/.dream_cursor`` and lets the model edit USER.md,
 SOUL.md, memory/MEMORY.md and skills/ through targeted tools (add, replace, remove one entry;
-write one skill). Edits collect in memory and land only when the run completes: files are
-replaced atomically, the change is committed to the workspace's git repository (removals named
-with their reasons), and only then does the cursor move. A run that would remove more than a
-third of a file's entries is refused whole.
+write one skill). They are ordinary tools (:class:`bot.tools.base.Tool`) with declared effects,
+run through a :class:`~bot.tools.base.ToolRegistry` (the same argument checks and error
+results as a turn's) and the gate's path policy. Edits collect in memory and land only when the
+run completes: files are replaced atomically without following a link
+(:mod:`bot.workspace_files`), the change is committed to the workspace's git repository
+(removals named with their reasons), the skills written are recorded in the provenance record
+as the owner's, and only then does the cursor move. A run that would remove more than a third
+of a file's entries is refused whole.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from bot import workspace_files
 from bot.config import Config, MemoryConfig
 from bot.cron.heartbeat import owner_chat, private_chat
+from bot.gate.effects import Effects
 from bot.llm import LLMError, LLMProvider
 from bot.memory.entries import EntryError, add_entry, count_entries, remove_entry, replace_entry
 from bot.memory.files import MEMORY_FILES
 from bot.memory.history import HistoryArchive, HistoryEntry
-from bot.safejson import BadArguments, parse_arguments
+from bot.privacy import owner_scope
+from bot.provenance import Provenance, watched_stamps
 from bot.session import SUFFIX, key_to_filename
 from bot.tokens import estimate_text_tokens
+from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry
+from bot.tools.paths import path_policy
+
+if TYPE_CHECKING:
+    from bot.gate import Gate
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +72,7 @@ when a fact changed; remove one only when it is wrong or obsolete, with the reas
 nothing is worth keeping, call finish at once. Call finish when done."""
 CHAT_MEMORY_DIR = "memory/chats"  # one file per chat whose facts are not the owner's
 UNATTRIBUTED = frozenset({"", "legacy"})  # no session; bot.memory.migrate.LEGACY_SESSION
+SESSION = "dream"  # who Dream's tool calls and writes are logged and recorded as
 
 
 def chat_memory_file(session: str) -> str:
@@ -67,69 +80,129 @@ def chat_memory_file(session: str) -> str:
     return f"{CHAT_MEMORY_DIR}/{key_to_filename(session).removesuffix(SUFFIX)}.md"
 
 
-def dream_tools(files: tuple[str, ...], skills: bool) -> list[dict[str, Any]]:
-    """The editing tools of one pass: entries of ``files`` only; write_skill when ``skills``."""
-    file_param = {"type": "string", "enum": list(files)}
-    return [
-        tool for tool in _tools(file_param) if skills or tool["function"]["name"] != "write_skill"
-    ]
+class _DreamTool(Tool):
+    """One of Dream's editing tools, bound to one pass's working copy (:class:`_Edits`):
+    an edit changes the copy; the files change when the run lands."""
+
+    def __init__(self, edits: _Edits) -> None:
+        self.edits = edits
+
+    def allow(self, rel: str, ctx: ToolContext) -> None:
+        """Refuse ``rel`` when the gate's path policy would not let a tool write it. Named, not
+        resolved: the landing write never follows a link (a link is replaced)."""
+        policy = path_policy(ctx)
+        if not policy.allows(policy.workspace / rel, write=True):
+            raise ToolError(f"{rel} may not be written (the gate's path policy refuses it)")
 
 
-def _tools(file_param: dict[str, Any]) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": name,
-                "description": desc,
-                "parameters": {"type": "object", "properties": props, "required": required},
-            },
+class _EntryTool(_DreamTool):
+    """An edit of one entry of one of the pass's files (its ``file`` enum: those files)."""
+
+    parameters: ClassVar[dict[str, Any]]
+    effects: ClassVar[Effects] = Effects(reads=("file",), writes=("file",))
+    fields: ClassVar[tuple[str, ...]]  # string arguments besides ``file``
+    required: ClassVar[tuple[str, ...]]
+
+    def __init__(self, edits: _Edits) -> None:
+        super().__init__(edits)
+        properties: dict[str, Any] = {"file": {"type": "string", "enum": list(edits.files)}}
+        properties.update({name: {"type": "string"} for name in self.fields})
+        self.parameters = {  # type: ignore[misc]  # per pass: its own files
+            "type": "object",
+            "properties": properties,
+            "required": ["file", *self.required],
         }
-        for name, desc, props, required in [
-            (
-                "add_entry",
-                "Add one bullet entry to a memory file, optionally under a '## section' heading.",
-                {"file": file_param, "entry": {"type": "string"}, "section": {"type": "string"}},
-                ["file", "entry"],
-            ),
-            (
-                "replace_entry",
-                "Replace the one entry containing `old` with `new`.",
-                {
-                    "file": file_param,
-                    "old": {"type": "string"},
-                    "new": {"type": "string"},
-                    "reason": {"type": "string"},
-                },
-                ["file", "old", "new", "reason"],
-            ),
-            (
-                "remove_entry",
-                "Remove the one entry containing `entry`; say why.",
-                {"file": file_param, "entry": {"type": "string"}, "reason": {"type": "string"}},
-                ["file", "entry", "reason"],
-            ),
-            (
-                "write_skill",
-                "Create or update skills/<name>/SKILL.md with a procedure.",
-                {
-                    "name": {"type": "string", "description": "lowercase-with-dashes"},
-                    "description": {"type": "string", "description": "one line: when to use it"},
-                    "instructions": {"type": "string", "description": "Markdown steps"},
-                },
-                ["name", "description", "instructions"],
-            ),
-            (
-                "finish",
-                "End the run with a one-line summary of what changed.",
-                {"summary": {"type": "string"}},
-                ["summary"],
-            ),
-        ]
-    ]
 
 
-DREAM_TOOLS = dream_tools(MEMORY_FILES, skills=True)
+class AddEntryTool(_EntryTool):
+    name: ClassVar[str] = "add_entry"
+    description: ClassVar[str] = (
+        "Add one bullet entry to a memory file, optionally under a '## section' heading."
+    )
+    fields: ClassVar[tuple[str, ...]] = ("entry", "section")
+    required: ClassVar[tuple[str, ...]] = ("entry",)
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        self.allow(args["file"], ctx)
+        return self.edits.add(args["file"], args["entry"], args.get("section"))
+
+
+class ReplaceEntryTool(_EntryTool):
+    name: ClassVar[str] = "replace_entry"
+    description: ClassVar[str] = "Replace the one entry containing `old` with `new`."
+    fields: ClassVar[tuple[str, ...]] = ("old", "new", "reason")
+    required: ClassVar[tuple[str, ...]] = fields
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        self.allow(args["file"], ctx)
+        return self.edits.replace(args["file"], args["old"], args["new"], args["reason"])
+
+
+class RemoveEntryTool(_EntryTool):
+    name: ClassVar[str] = "remove_entry"
+    description: ClassVar[str] = "Remove the one entry containing `entry`; say why."
+    fields: ClassVar[tuple[str, ...]] = ("entry", "reason")
+    required: ClassVar[tuple[str, ...]] = fields
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        self.allow(args["file"], ctx)
+        return self.edits.remove(args["file"], args["entry"], args["reason"])
+
+
+class WriteSkillTool(_DreamTool):
+    name: ClassVar[str] = "write_skill"
+    description: ClassVar[str] = "Create or update skills/<name>/SKILL.md with a procedure."
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "description": "lowercase-with-dashes"},
+            "description": {"type": "string", "description": "one line: when to use it"},
+            "instructions": {"type": "string", "description": "Markdown steps"},
+        },
+        "required": ["name", "description", "instructions"],
+    }
+    # Writes skills/<name>/SKILL.md, a file that runs later: recorded in the provenance.
+    effects: ClassVar[Effects] = Effects(side_effects=True)
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        name = str(args["name"]).strip().lower()
+        if not _SKILL_NAME.match(name):
+            raise ToolError(
+                "a skill name is lowercase letters, digits and dashes, e.g. 'weekly-report'"
+            )
+        self.allow(skill_file(name), ctx)
+        return self.edits.skill(name, str(args["description"]), str(args["instructions"]))
+
+
+class FinishTool(_DreamTool):
+    name: ClassVar[str] = "finish"
+    description: ClassVar[str] = "End the run with a one-line summary of what changed."
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {"summary": {"type": "string"}},
+        "required": ["summary"],
+    }
+    effects: ClassVar[Effects] = Effects()
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        self.edits.finished = True
+        return "Done."
+
+
+def dream_registry(edits: _Edits) -> ToolRegistry:
+    """The tools of one pass: entries of its files only; write_skill when it may write
+    skills (the owner's pass)."""
+    registry = ToolRegistry()
+    kinds: list[type[_DreamTool]] = [AddEntryTool, ReplaceEntryTool, RemoveEntryTool]
+    if edits.skills:
+        kinds.append(WriteSkillTool)
+    for kind in [*kinds, FinishTool]:
+        registry.register(kind(edits))
+    return registry
+
+
+def skill_file(name: str) -> str:
+    return f"skills/{name}/SKILL.md"
 
 
 @dataclass(slots=True)
@@ -175,51 +248,33 @@ class _Edits:
         self.existed = {name for name in files if workspace_files.is_file(workspace, name)}
         self.result = DreamResult("done")
         self.removed_per_file: dict[str, int] = {}
+        self.finished = False  # the model called finish
 
-    def apply(self, name: str, args: dict[str, Any]) -> str:
-        try:
-            return self._apply(name, args)
-        except EntryError as exc:
-            return f"Error: {exc}"
-        except (KeyError, TypeError) as exc:
-            return f"Error: bad arguments for {name}: {exc}"
+    def add(self, file: str, entry: str, section: str | None) -> str:
+        with _entry_errors():
+            self.files[file], changed = add_entry(self.files[file], entry, section)
+        if not changed:
+            return "Already there; nothing changed."
+        self.result.added.append(f"{file}: {entry}")
+        return "Added."
 
-    def _apply(self, name: str, args: dict[str, Any]) -> str:
-        if name == "write_skill" and self.skills:
-            return self._skill(args)
-        if name == "write_skill":
-            return "Error: skills are written from the owner's own chats only"
-        file = args["file"]
-        if file not in self.files:
-            return f"Error: file must be one of {', '.join(self.files)}"
-        if name == "add_entry":
-            self.files[file], changed = add_entry(
-                self.files[file], args["entry"], args.get("section")
-            )
-            if not changed:
-                return "Already there; nothing changed."
-            self.result.added.append(f"{file}: {args['entry']}")
-            return "Added."
-        if name == "replace_entry":
-            self.files[file], old = replace_entry(self.files[file], args["old"], args["new"])
-            self.result.replaced.append(f'{file}: "{old}" -> "{args["new"]}" ({args["reason"]})')
-            return "Replaced."
-        if name == "remove_entry":
-            self.files[file], old = remove_entry(self.files[file], args["entry"])
-            self.removed_per_file[file] = self.removed_per_file.get(file, 0) + 1
-            self.result.removed.append(f'{file}: "{old}" (reason: {args["reason"]})')
-            return "Removed."
-        return f"Error: unknown tool {name}"
+    def replace(self, file: str, old: str, new: str, reason: str) -> str:
+        with _entry_errors():
+            self.files[file], found = replace_entry(self.files[file], old, new)
+        self.result.replaced.append(f'{file}: "{found}" -> "{new}" ({reason})')
+        return "Replaced."
 
-    def _skill(self, args: dict[str, Any]) -> str:
-        name = str(args["name"]).strip().lower()
-        if not _SKILL_NAME.match(name):
-            return (
-                "Error: a skill name is lowercase letters, digits and dashes, e.g. 'weekly-report'"
-            )
-        description = " ".join(str(args["description"]).split()).replace('"', "'")
-        body = str(args["instructions"]).strip()
-        rel = f"skills/{name}/SKILL.md"
+    def remove(self, file: str, entry: str, reason: str) -> str:
+        with _entry_errors():
+            self.files[file], old = remove_entry(self.files[file], entry)
+        self.removed_per_file[file] = self.removed_per_file.get(file, 0) + 1
+        self.result.removed.append(f'{file}: "{old}" (reason: {reason})')
+        return "Removed."
+
+    def skill(self, name: str, description: str, instructions: str) -> str:
+        description = " ".join(description.split()).replace('"', "'")
+        body = instructions.strip()
+        rel = skill_file(name)
         self.files[rel] = f'---\nname: {name}\ndescription: "{description}"\n---\n\n{body}\n'
         if rel not in self.original and workspace_files.is_file(self.workspace, rel):
             self.existed.add(rel)
@@ -248,6 +303,15 @@ class _Edits:
                 _write(self.workspace, rel, self.original[rel])
             else:
                 workspace_files.unlink(self.workspace, rel)
+
+
+@contextlib.contextmanager
+def _entry_errors() -> Iterator[None]:
+    """An entry that is not there (or ambiguous) is the model's error to correct."""
+    try:
+        yield
+    except EntryError as exc:
+        raise ToolError(str(exc)) from None
 
 
 def _read(workspace: Path, rel: str) -> str:
@@ -307,16 +371,21 @@ class Dream:
         owner_chat: Callable[[str], bool] = private_chat,
         *,
         state_dir: Path,
+        gate: Gate | None = None,
     ) -> None:
         """``owner_chat``: whether a session is the owner's own chat, whose facts may go to
         USER.md, SOUL.md and MEMORY.md (:func:`bot.cron.heartbeat.owner_chat`; by default any
-        private chat). ``state_dir``: agent.stateDir, where the memory history is kept."""
+        private chat). ``state_dir``: agent.stateDir, where the memory history is kept.
+        ``gate``: the daemon's, whose path policy the edits keep to (without one, e.g.
+        ``memobot dream``: the workspace's policy, as for a turn without a gate)."""
         self.cfg = cfg
         self.workspace = workspace
         self.state_dir = state_dir
         self.provider = provider
         self.archive = archive
         self.owner_chat = owner_chat
+        self.gate = gate
+        self.provenance = Provenance(state_dir, workspace)
         self._lock = asyncio.Lock()
 
     @property
@@ -363,8 +432,14 @@ class Dream:
                 getattr(result, name).extend(getattr(edits.result, name))
         result.entries = len(entries)
         result.cursor = entries[-1].cursor
+        before = await asyncio.to_thread(watched_stamps, self.workspace)
         for rel, text in changed.items():
             await asyncio.to_thread(_write, self.workspace, rel, text)
+        if result.skills:
+            # Written from the owner's own chats (other chats' passes write no skill): the
+            # owner's, as an admin's private turn's would be.
+            after = await asyncio.to_thread(watched_stamps, self.workspace)
+            await asyncio.to_thread(self.provenance.record, before, after, SESSION, True)
         if changed:
             try:
                 message = commit_message(result, entries[0].cursor, entries[-1].cursor)
@@ -411,7 +486,11 @@ class Dream:
     async def _converse(
         self, edits: _Edits, entries: list[HistoryEntry], instructions: str = DREAM_INSTRUCTIONS
     ) -> bool:
-        tools = dream_tools(tuple(edits.files), edits.skills)
+        registry = dream_registry(edits)
+        tools = registry.schemas()
+        ctx = ToolContext(
+            workspace=self.workspace, session_key=SESSION, gate=self.gate, scope=owner_scope("")
+        )
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": instructions},
             {"role": "user", "content": self._brief(edits, entries)},
@@ -427,21 +506,10 @@ class Dream:
             if not response.tool_calls:
                 return True  # the model has nothing more to do
             messages.append(response.assistant_message())
-            finished = False
             for call in response.tool_calls:
-                try:
-                    args, problem = parse_arguments(call.arguments), ""
-                except BadArguments as exc:
-                    args, problem = {}, str(exc)
-                if call.name == "finish":
-                    finished = True
-                    text = "Done."
-                elif problem:
-                    text = f"Error: {problem}"
-                else:
-                    text = edits.apply(call.name, args)
+                text = await registry.execute(call.name, call.arguments, ctx)
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
-            if finished:
+            if edits.finished:
                 return True
             if spent > self.cfg.dream.max_tokens:
                 log.warning("dream stopped at its token cap (%d tokens)", spent)

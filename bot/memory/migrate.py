@@ -19,14 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bot import failpoints, workspace_files
+from bot import durable, failpoints, workspace_files
 from bot.memory.history import HistoryArchive, HistoryEntry
 
 log = logging.getLogger(__name__)
@@ -162,12 +161,12 @@ def _retire(workspace: Path, legacy: Path) -> None:
     while workspace_files.lexists(workspace, target):
         if _same_file_data(workspace, target, legacy):
             workspace_files.unlink(workspace, legacy)
-            _fsync_dir(legacy.parent)
+            durable.fsync_dir(legacy.parent, follow_links=False)
             return
         target = legacy.with_name(f"{legacy.name}.bak.{n}")
         n += 1
     workspace_files.rename(workspace, legacy, target)
-    _fsync_dir(legacy.parent)
+    durable.fsync_dir(legacy.parent, follow_links=False)
 
 
 def _same_file_data(workspace: Path, a: Path, b: Path) -> bool:
@@ -191,15 +190,6 @@ def _load_markers(workspace: Path, path: Path) -> dict[str, dict[str, Any]]:
 def _save_markers(workspace: Path, path: Path, markers: dict[str, dict[str, Any]]) -> None:
     text = json.dumps(markers, indent=2, sort_keys=True) + "\n"
     workspace_files.write_atomic(workspace, path, text)
-
-
-def _fsync_dir(path: Path) -> None:
-    # The folder was reached without a link a moment ago (memory/ of the workspace).
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _now() -> str:

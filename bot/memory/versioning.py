@@ -69,7 +69,7 @@ from dulwich.objects import Blob, Commit, ObjectID
 from dulwich.patch import write_tree_diff
 from dulwich.repo import Repo
 
-from bot import workspace_files
+from bot import durable, workspace_files
 from bot.config import Config
 from bot.private import PRIVATE_FILE as _PRIVATE_FILE
 from bot.private import make_private_dirs
@@ -380,14 +380,6 @@ def _atomic_write(root: Path, rel: str, side: _Side) -> None:
         workspace_files.write_atomic(root, rel, side.data, mode=perm, make_parents=True)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # -- the repository ----------------------------------------------------------------------------
 
 
@@ -538,8 +530,7 @@ class MemoryRepo:
             result = self._copy_old_history(old, staging)
             if result.state != "copied":
                 _init_empty(staging)  # whatever a copy that failed half way left there
-            os.rename(staging, self.git_dir)
-            _fsync_dir(self.state_dir)
+            durable.move(staging, self.git_dir)
         return result
 
     def _copy_old_history(self, old: Path, staging: Path) -> Migration:
@@ -805,7 +796,7 @@ class MemoryRepo:
 
     def _sync_folder(self, rel: str) -> None:
         if not rel:
-            _fsync_dir(self.workspace)
+            durable.fsync_dir(self.workspace)
             return
         fd = workspace_files.open_fd(self.workspace, rel, os.O_RDONLY | os.O_DIRECTORY)
         try:

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bot import durable
 from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load_config
 from bot.service.units import (
     SERVICE_USER,
@@ -136,10 +137,7 @@ def next_steps(p: Plan) -> list[str]:
 
 def write_unit(target: Path, text: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)
+    durable.replace_file(target, text, mode=0o644, chmod=0o644)
 
 
 def cmd_service_install(

@@ -17,12 +17,12 @@ import stat
 from array import array
 from pathlib import Path
 
-from bot import failpoints
+from bot import durable, failpoints
+from bot.durable import fsync_dir
 from bot.session.journal import (
     SessionPathError,
     copy_aside,
     dumps_line,
-    fsync_dir,
     open_session,
     parse_lines,
 )
@@ -89,7 +89,7 @@ def compact(session: Session) -> None:
     finally:
         os.close(fd)
     failpoints.hit("before_compact_rename")
-    os.replace(tmp, session.path)
+    durable.move(tmp, session.path, sync=False)  # the folder is fsynced below
     session.file_base = session.base
     session.archived_bytes = archived
     session.offsets = array("q", offsets)

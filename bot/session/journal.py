@@ -286,11 +286,3 @@ def open_session(path: Path) -> Any:
         os.close(fd)
         raise SessionPathError(path)
     return os.fdopen(fd, "rb")
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bot import failpoints
+from bot.durable import fsync_dir
 from bot.private import make_private_dirs
 from bot.session import archive
 from bot.session.archive import archive_path, compaction_due
@@ -35,7 +36,6 @@ from bot.session.journal import (
     copy_aside,
     dumps_line,
     filename_to_key,
-    fsync_dir,
     key_to_filename,
     now_iso,
     open_session,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from bot.gate.effects import UNDECLARED, Effects
 from bot.privacy import PrivacyScope, owner_scope
 from bot.safejson import BadArguments, parse_arguments
 
@@ -58,6 +59,9 @@ class Tool(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     parameters: ClassVar[dict[str, Any]]  # JSON schema of the arguments object
+    # What it does besides answering (bot.gate.effects): the gate asks and offers by this.
+    # A tool that declares nothing is treated as able to do anything.
+    effects: ClassVar[Effects] = UNDECLARED
 
     @abstractmethod
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
@@ -145,6 +149,10 @@ class ToolRegistry:
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
+
+    def effects(self) -> dict[str, Effects]:
+        """Each registered tool's declared effects, by name, in the registry's order."""
+        return {name: tool.effects for name, tool in self._tools.items()}
 
     @property
     def names(self) -> list[str]:

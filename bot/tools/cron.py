@@ -14,13 +14,15 @@ from bot.config import CronConfig
 from bot.cron.schedule import Schedule, ScheduleError, describe_moment, zone
 from bot.cron.scheduler import describe_jobs
 from bot.cron.store import Job, Jobs, JobStore, new_job
-from bot.tools.base import Tool, ToolContext, ToolError
+from bot.tools.base import Effects, Tool, ToolContext, ToolError
 
 MIN_EVERY_SECONDS = 60  # for chats without an admin: a job every few seconds is a flood
 
 
 class CronTool(Tool):
     name: ClassVar[str] = "cron"
+    # Jobs it adds run later as turns of this chat, with this chat's rights.
+    effects: ClassVar[Effects] = Effects(side_effects=True)
     description: ClassVar[str] = (
         "Schedule reminders and recurring tasks in this chat. action=add with message and "
         "one of: at (local ISO date-time, e.g. 2026-12-24T09:00), every_seconds, cron_expr "

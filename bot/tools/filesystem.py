@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from bot import durable
 from bot.images import (
     MAX_INLINE_IMAGE_BYTES,
     ShownImage,
@@ -33,7 +34,7 @@ from bot.images import (
     image_label,
     image_mime,
 )
-from bot.tools.base import Tool, ToolContext, ToolError
+from bot.tools.base import Effects, Tool, ToolContext, ToolError
 from bot.tools.paths import hidden_here, real_path, refuse_hidden, resolve_tool_path
 
 MAX_READ_CHARS = 50_000
@@ -142,19 +143,8 @@ def atomic_write(path: Path, data: bytes) -> None:
         mode: int | None = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
         mode = None
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # A random temporary name: two calls may write one file at once (background jobs too).
+    durable.replace_file(path, data, mode=0o666, chmod=mode, unique=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,6 +257,7 @@ def _format_window(w: _Window, raw: str) -> str:
 
 class ReadFileTool(Tool):
     name: ClassVar[str] = "read_file"
+    effects: ClassVar[Effects] = Effects(reads=("path",), scoped=True)
     description: ClassVar[str] = (
         "Read a UTF-8 text file, or look at an image (PNG, JPEG, GIF, WebP). Relative paths "
         f"are inside the workspace. Large files are cut at {MAX_READ_CHARS} characters; use "
@@ -330,6 +321,7 @@ def _write(path: Path, raw: str, data: bytes) -> None:
 
 class WriteFileTool(Tool):
     name: ClassVar[str] = "write_file"
+    effects: ClassVar[Effects] = Effects(writes=("path",), scoped=True)
     description: ClassVar[str] = (
         "Create or overwrite a text file with the given content (UTF-8). Parent directories "
         "are created. Relative paths are inside the workspace."
@@ -416,6 +408,7 @@ def _edit(path: Path, raw: str, old: str, new: str, replace_all: bool, guard: Gu
 
 class EditFileTool(Tool):
     name: ClassVar[str] = "edit_file"
+    effects: ClassVar[Effects] = Effects(reads=("path",), writes=("path",), scoped=True)
     description: ClassVar[str] = (
         "Replace exact text in a file. old_text must match the file exactly (including "
         "whitespace) and be unique unless replace_all is true."
@@ -514,6 +507,7 @@ def _list_open(fd: int, path: Path, raw: str, hide: Callable[[Path], bool] | Non
 
 class ListDirTool(Tool):
     name: ClassVar[str] = "list_dir"
+    effects: ClassVar[Effects] = Effects(reads=("path",), scoped=True)
     description: ClassVar[str] = (
         "List a directory: one entry per line, sorted by name, directories end with '/', "
         f"files show their size. At most {MAX_LIST_ENTRIES} entries. Default: the workspace."

@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TextIO
 
 from bot.config import McpServerConfig, ToolsConfig, ends_in_sse
+from bot.gate.effects import EXTERNAL
 from bot.layout import real_path, within
 from bot.service.logs import redact
-from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry
+from bot.tools.base import Effects, Tool, ToolContext, ToolError, ToolRegistry
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -168,6 +169,9 @@ class McpTool(Tool):
     name: ClassVar[str]
     description: ClassVar[str]
     parameters: ClassVar[dict[str, Any]]
+    # Another program's tool: what it does is unknown (a server's annotations are its own
+    # claims and are not read); tools.safeMcpTools is the owner vouching for it.
+    effects: ClassVar[Effects] = EXTERNAL
 
     def __init__(self, server: McpServer, remote: RemoteTool) -> None:
         self.server = server

@@ -7,7 +7,7 @@ from datetime import date
 from typing import Any, ClassVar
 
 from bot.memory.search import MemoryIndex, SearchUnavailable, format_hits
-from bot.tools.base import Tool, ToolContext, ToolError
+from bot.tools.base import Effects, Tool, ToolContext, ToolError
 
 MAX_HITS = 20
 DEFAULT_HITS = 10
@@ -27,6 +27,8 @@ def _day(args: dict[str, Any], name: str) -> date | None:
 
 class MemorySearchTool(Tool):
     name: ClassVar[str] = "memory_search"
+    # Reads the history and the memory files, no path it is given, within the turn's scope.
+    effects: ClassVar[Effects] = Effects(scoped=True)
     description: ClassVar[str] = (
         "Search past conversations (the history archive) and the memory files (USER.md, "
         "SOUL.md, memory/MEMORY.md, skills) by words. Returns the best matches with their "

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from bot.tools.base import Tool, ToolContext, ToolError
+from bot.tools.base import Effects, Tool, ToolContext, ToolError
 
 
 class MessageTool(Tool):
     name: ClassVar[str] = "message"
+    effects: ClassVar[Effects] = Effects(messages=True)
     description: ClassVar[str] = (
         "Send a message to the user in the current chat right away, e.g. a progress note "
         "during a long task. Your final answer is sent anyway; do not repeat it here."

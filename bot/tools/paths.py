@@ -8,7 +8,7 @@ from bot.gate import PathPolicy, real_path
 from bot.layout import within
 from bot.tools.base import ToolContext, ToolError
 
-__all__ = ["hidden_here", "real_path", "resolve_tool_path"]
+__all__ = ["hidden_here", "path_policy", "real_path", "resolve_tool_path"]
 
 
 def resolve_tool_path(raw: str, ctx: ToolContext, *, write: bool = False) -> Path:
@@ -33,7 +33,7 @@ def resolve_tool_path(raw: str, ctx: ToolContext, *, write: bool = False) -> Pat
     if not path.is_absolute():
         path = ctx.workspace / path
     resolved = real_path(path)
-    policy = _policy(ctx)
+    policy = path_policy(ctx)
     if ctx.restrict_to_workspace or not ctx.scope.is_owner:
         if not policy.allows(resolved, write=write):
             where = "writable" if write else "readable"
@@ -45,7 +45,8 @@ def resolve_tool_path(raw: str, ctx: ToolContext, *, write: bool = False) -> Pat
     return resolved
 
 
-def _policy(ctx: ToolContext) -> PathPolicy:
+def path_policy(ctx: ToolContext) -> PathPolicy:
+    """The path policy a tool in this context keeps to: the gate's, else the workspace's."""
     return ctx.gate.policy if ctx.gate else PathPolicy(real_path(ctx.workspace))
 
 
@@ -55,7 +56,7 @@ def hidden_here(real: Path, ctx: ToolContext, *, write: bool = False) -> str | N
     scope = ctx.scope
     if scope.is_owner:
         return None
-    policy = _policy(ctx)
+    policy = path_policy(ctx)
     if policy.temp is not None and within(real, policy.temp):
         return "the temporary folder every chat shares"
     if not within(real, policy.workspace):

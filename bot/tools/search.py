@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urljoin, urlsplit
 
 from bot.config import MAX_SEARCH_RESULTS, WebConfig
 from bot.service.logs import redact
-from bot.tools.base import Tool, ToolContext, ToolError
+from bot.tools.base import Effects, Tool, ToolContext, ToolError
 from bot.tools.web import decode, read_capped
 from bot.urls import redact_url
 
@@ -158,6 +158,7 @@ class SearchFailed(ToolError):
 
 class WebSearchTool(Tool):
     name: ClassVar[str] = "web_search"
+    effects: ClassVar[Effects] = Effects(network=True)
     description: ClassVar[str] = (
         "Search the web. Returns a numbered list of results, each with title, URL and "
         "snippet. Read a result with web_fetch."

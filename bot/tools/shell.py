@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from bot.config import ExecConfig
 from bot.gate import GateRefused, ProcessScope, real_path
-from bot.tools.base import Tool, ToolContext, ToolError
+from bot.tools.base import Effects, Tool, ToolContext, ToolError
 
 KILL_GRACE_SECONDS = 2.0
 _MAX_NESTING = 4
@@ -313,6 +313,8 @@ class ExecTool(Tool):
     """
 
     name: ClassVar[str] = "exec"
+    # The command runs in the workspace: it can read and write whatever is there.
+    effects: ClassVar[Effects] = Effects(command="command", processes=True, network=True)
     description: ClassVar[str] = (
         "Run a shell command (sh) in the workspace and return its combined stdout and stderr, "
         "plus the exit code when it is not 0. stdin is empty, so interactive programs cannot "

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urljoin
 
 from bot.config import WebConfig
-from bot.tools.base import Tool, ToolContext, ToolError
+from bot.tools.base import Effects, Tool, ToolContext, ToolError
 
 if TYPE_CHECKING:
     import aiohttp
@@ -261,6 +261,7 @@ def _kind(content_type: str) -> str | None:
 
 class WebFetchTool(Tool):
     name: ClassVar[str] = "web_fetch"
+    effects: ClassVar[Effects] = Effects(network=True)
     description: ClassVar[str] = (
         "Fetch a public http(s) URL and return its text: HTML is converted to readable text, "
         "JSON and plain text are returned as they are. Private and local network addresses "

@@ -1,0 +1,136 @@
+"""The one way memobot replaces a file: a temporary file beside it, fsync, rename over the
+target, fsync of the folder (DESIGN.md section 4). A crash or a power cut leaves the old file
+or the new one, never half of one, and once a write returned, the rename survives too.
+
+Every rename in ``bot/`` and ``channels/`` goes through here (ruff bans ``os.replace`` and
+``os.rename`` elsewhere, and ``tests/test_durable.py`` walks the sources). Two ways in:
+
+* :func:`writer_in` and :func:`rename_in` work inside a folder the caller opened. The workspace
+  is the model's, so :mod:`bot.workspace_files` opens its folders without following a link and
+  hands the descriptor here; the temporary file then gets a random name, ``O_EXCL`` and
+  ``O_NOFOLLOW``, so a link planted in the folder is replaced, never written through.
+* :func:`writer`, :func:`replace_file` and :func:`move` take paths memobot itself chose (the
+  state folder, the config file): the folder is opened as the owner configured it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def fsync_dir(path: Path, *, follow_links: bool = True) -> None:
+    """Make the entries of the folder ``path`` durable (a rename, a new or removed file).
+    ``follow_links`` False: the folder itself must not be a link (a workspace folder)."""
+    fd = os.open(path, _DIR_FLAGS | (0 if follow_links else os.O_NOFOLLOW))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def writer_in(
+    dir_fd: int,
+    name: str,
+    *,
+    mode: int = 0o600,
+    chmod: int | None = None,
+    sync: bool = True,
+    tmp: str | None = None,
+) -> Iterator[BinaryIO]:
+    """A binary file for the new contents of ``name`` in the open folder ``dir_fd``. On a clean
+    exit it is fsynced and renamed over ``name`` and the folder is fsynced; on an exception it
+    is removed and ``name`` is left as it was.
+
+    ``mode``: the new file's mode (through the umask); ``chmod``: a mode set exactly before the
+    rename. ``sync`` False skips both fsyncs (state an older version of which is harmless).
+    ``tmp``: a fixed temporary name, for a folder only memobot writes (a crash's leftover is
+    replaced, not piled up); None: a random one. Either is created exclusively, never through
+    a link.
+    """
+    if tmp is None:
+        tmp = f".{name[:64]}.{secrets.token_hex(6)}.tmp"
+    else:
+        # A crash's leftover goes first: reopened, it would keep its old mode.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, mode, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            if chmod is not None:
+                os.fchmod(fh.fileno(), chmod)
+            if sync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    if sync:
+        os.fsync(dir_fd)
+
+
+def rename_in(src_dir_fd: int, src: str, dst_dir_fd: int, dst: str, *, sync: bool = True) -> None:
+    """Rename ``src`` (in the open folder ``src_dir_fd``) to ``dst`` (in ``dst_dir_fd``),
+    replacing ``dst`` itself (a link there is replaced, not followed); with ``sync``, both
+    folders are fsynced after."""
+    os.replace(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+    if sync:
+        os.fsync(dst_dir_fd)
+        if src_dir_fd != dst_dir_fd:
+            os.fsync(src_dir_fd)
+
+
+@contextlib.contextmanager
+def writer(
+    path: Path,
+    *,
+    mode: int = 0o600,
+    chmod: int | None = None,
+    sync: bool = True,
+    unique: bool = False,
+) -> Iterator[BinaryIO]:
+    """:func:`writer_in` for a path memobot chose. The temporary file is ``.<name>.tmp``
+    beside it; ``unique``: a random name instead (several writers may race for one file)."""
+    dir_fd = os.open(path.parent, _DIR_FLAGS)
+    try:
+        tmp = None if unique else f".{path.name}.tmp"
+        with writer_in(dir_fd, path.name, mode=mode, chmod=chmod, sync=sync, tmp=tmp) as fh:
+            yield fh
+    finally:
+        os.close(dir_fd)
+
+
+def replace_file(
+    path: Path,
+    data: bytes | str,
+    *,
+    mode: int = 0o600,
+    chmod: int | None = None,
+    sync: bool = True,
+    unique: bool = False,
+) -> None:
+    """Replace ``path`` with ``data`` (text is written as UTF-8); see :func:`writer`."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    with writer(path, mode=mode, chmod=chmod, sync=sync, unique=unique) as fh:
+        fh.write(payload)
+
+
+def move(src: Path, dst: Path, *, sync: bool = True) -> None:
+    """Rename ``src`` to ``dst`` (a file or a folder), replacing a file at ``dst``; with
+    ``sync``, the folders of both are fsynced after."""
+    os.replace(src, dst)
+    if sync:
+        fsync_dir(dst.parent)
+        if src.parent != dst.parent:
+            fsync_dir(src.parent)

@@ -6,10 +6,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bot.bus import OutboundMessage
 from bot.gate.question import SHOW_ALL, QuestionView
 from bot.pairing import PairingStore, code_text
+
+if TYPE_CHECKING:
+    from bot.config import ChannelConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,27 @@ class AccessPolicy:
         self.admins = frozenset(self.allow if admins is None else admins)
         self.open = "*" in self.allow
         self._denied_logged: dict[str, float] = {}
+
+    @classmethod
+    def for_channel(cls, channel: str, section: ChannelConfig, state_dir: Path) -> AccessPolicy:
+        """The policy ``section`` (``channels.<channel>``) asks for, pairing store included."""
+        return cls(
+            channel,
+            section.allow_from,
+            section.admin_ids,
+            PairingStore(state_dir, channel),
+            section.dm_policy,
+        )
+
+    def reloaded(self, section: ChannelConfig) -> AccessPolicy:
+        """This policy with ``section``'s allowFrom and admins (a SIGHUP reload), keeping
+        what only a restart changes: the pairing store and the dmPolicy. Refused senders
+        already logged this hour stay quiet."""
+        policy = AccessPolicy(
+            self.channel, section.allow_from, section.admin_ids, self.pairing, self.dm_policy
+        )
+        policy._denied_logged = self._denied_logged
+        return policy
 
     def log_startup(self) -> None:
         if self.open:

@@ -7,14 +7,17 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from bot.bus import MessageBus, OutboundMessage, StreamEvent
 from bot.commands import CommandSyntax
 from bot.gate.question import QuestionView, question_markdown
-from channels.access import question_view
+from channels.access import AccessPolicy, question_view
 from channels.errors import FatalChannelError, FeatureUnavailable, PermanentError, SendError
 from channels.pacing import Limit
+
+if TYPE_CHECKING:
+    from bot.config import ChannelConfig
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,9 @@ class Channel(ABC):
     command_syntax = CommandSyntax()  # how commands are written here, for /help
     # Methods behind optional features: method -> (feature, what serves instead when off).
     optional_methods: ClassVar[Mapping[str, tuple[str, str]]] = {}
+    # Who may talk here (allowFrom, admins, pairing); None: a channel without an allowFrom
+    # (the terminal), whose access no reload changes.
+    policy: AccessPolicy | None = None
 
     def __init__(self, bus: MessageBus) -> None:
         self.bus = bus
@@ -86,6 +92,16 @@ class Channel(ABC):
         self.set_state("failed", str(error))
         if self.on_fatal is not None:
             self.on_fatal(self)
+
+    def reload_access(self, section: ChannelConfig) -> bool:
+        """A reload changed ``section``'s allowFrom or admins: rebuild the access policy from
+        it, keeping what the channel built it with (pairing store, dmPolicy). False when this
+        channel keeps no policy (the change then waits for a restart)."""
+        if self.policy is None:
+            return False
+        self.policy = self.policy.reloaded(section)
+        self.policy.log_startup()  # warns again if the list is now empty or "*"
+        return True
 
     def touch(self) -> None:
         self.last_event_at = time.time()

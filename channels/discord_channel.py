@@ -25,7 +25,6 @@ from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from bot.commands import CHANNEL_COMMANDS, CommandSyntax
 from bot.config import DiscordConfig
 from bot.gate.question import QuestionView, fit_question
-from bot.pairing import PairingStore
 from bot.proxy import http_proxy, socks_connector
 from bot.workspace import chat_media_dir
 from channels.access import (
@@ -209,9 +208,7 @@ class DiscordChannel(Channel):
         self.cfg = cfg
         self.workspace = Path(workspace)
         self.state_dir = Path(state_dir)
-        self.policy = AccessPolicy(
-            NAME, cfg.allow_from, cfg.admin_ids, PairingStore(self.state_dir, NAME), cfg.dm_policy
-        )
+        self.policy = AccessPolicy.for_channel(NAME, cfg, self.state_dir)
         self.allow_channels = frozenset(cfg.allow_channels)
         self.streaming = cfg.streaming
         self.stream_interval = cfg.stream_edit_interval_seconds

@@ -52,7 +52,6 @@ from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import CHANNEL_COMMANDS, COMMANDS, CommandSyntax
 from bot.config import SlackConfig
 from bot.gate.question import QuestionView, fit_question
-from bot.pairing import PairingStore
 from bot.proxy import http_proxy, socks_connector
 from bot.workspace import chat_media_dir
 from channels.access import (
@@ -560,9 +559,7 @@ class SlackChannel(Channel):
         super().__init__(bus)
         self.cfg = cfg
         self.workspace = workspace
-        self.policy = AccessPolicy(
-            NAME, cfg.allow_from, cfg.admin_ids, PairingStore(state_dir, NAME), cfg.dm_policy
-        )
+        self.policy = AccessPolicy.for_channel(NAME, cfg, state_dir)
         self.streaming = cfg.streaming
         self.stream_interval = cfg.stream_edit_interval_seconds
         self.typing_delay = cfg.typing_delay_seconds

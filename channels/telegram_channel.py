@@ -75,7 +75,6 @@ from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import CHANNEL_COMMANDS, CommandSyntax
 from bot.config import TelegramConfig
 from bot.gate.question import QuestionView, fit_question
-from bot.pairing import PairingStore
 from bot.proxy import http_proxy, socks_connector
 from bot.workspace import chat_media_dir
 from channels.access import (
@@ -439,13 +438,7 @@ class TelegramChannel(Channel):
     ) -> None:
         super().__init__(bus)
         self.cfg = cfg
-        self.policy = AccessPolicy(
-            CHANNEL,
-            cfg.allow_from,
-            cfg.admin_ids,
-            PairingStore(state_dir, CHANNEL),
-            cfg.dm_policy,
-        )
+        self.policy = AccessPolicy.for_channel(CHANNEL, cfg, state_dir)
         self.workspace = workspace
         self.offset_state = ChannelState(state_dir, CHANNEL)
         self.offset: int | None = None

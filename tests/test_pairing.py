@@ -10,13 +10,22 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from bot.app import AgentStack
+from bot.config import Config
 from bot.pairing import ALPHABET, MAX_PENDING, PairingStore, announce_approvals, stores
+from bot.service.daemon import ServiceHooks
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI
-from tests.helpers import make_config, run_memobot, telegram_in_process, write_config
+from tests.helpers import (
+    config_dict,
+    make_config,
+    run_memobot,
+    telegram_in_process,
+    write_config,
+)
 
 OWNER = 1001  # in allowFrom, admin
 STRANGER = 2002
@@ -31,6 +40,8 @@ class Running:
     stack: AgentStack
     tmp: Path
     config: Path
+    cfg: Config
+    channel: Any
 
     def codes(self, chat: int) -> list[str]:
         return [m[1] for c in self.api.sent(chat) if (m := CODE.search(c.params["text"]))]
@@ -59,14 +70,14 @@ async def running(
     }
     config = write_config(tmp_path, llm.base_url, channels={"telegram": settings})
     cfg = make_config(tmp_path, llm.base_url, channels={"telegram": settings})
-    async with telegram_in_process(cfg, config) as (stack, _channel, _manager):
+    async with telegram_in_process(cfg, config) as (stack, channel, _manager):
         announcer = asyncio.create_task(
             announce_approvals(
                 stores(cfg.agent.state_path, ["telegram"]), stack.loop.announce_once, every=0.1
             )
         )
         try:
-            yield Running(api, llm, stack, tmp_path, config)
+            yield Running(api, llm, stack, tmp_path, config, cfg, channel)
         finally:
             announcer.cancel()
             await asyncio.gather(announcer, return_exceptions=True)
@@ -171,6 +182,32 @@ async def test_allowlist_policy_gives_no_code(tmp_path, llm, api):
         api.private_text("hello?", user_id=STRANGER)
         await asyncio.sleep(0.5)
         assert api.sent(STRANGER) == []
+
+
+async def test_a_reload_that_changes_allow_from_keeps_pairing(tmp_path, llm, api):
+    """SIGHUP with a new allowFrom: the people let in by pairing stay in, and a stranger
+    still gets a code (the channel's dmPolicy and pairing store survive the reload)."""
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("hello?", user_id=STRANGER)
+        await api.wait_sent_async(1, STRANGER, 30)
+        [code] = tg.codes(STRANGER)
+        assert (await _cli("approve", code, config=tg.config)).returncode == 0
+        await tg.said("You have been approved", STRANGER)
+        # The owner adds a friend by hand and reloads: the gateway's SIGHUP path.
+        data = config_dict(tmp_path, llm.base_url)
+        data["channels"] = json.loads(tg.config.read_text())["channels"]
+        data["channels"]["telegram"]["allowFrom"] = [str(OWNER), "4004"]
+        tg.config.write_text(json.dumps(data))
+        gateway = SimpleNamespace(cfg=tg.cfg, stack=tg.stack, channels=[tg.channel])
+        hooks = ServiceHooks(gateway, tg.config)  # type: ignore[arg-type]
+        hooks.reload()
+        hooks.close()
+        assert tg.cfg.channels.telegram.allow_from == [str(OWNER), "4004"]
+        api.private_text("still in?", user_id=STRANGER)
+        await tg.said("echo: still in?", STRANGER)
+        api.private_text("hello?", user_id=3003)
+        await api.wait_sent_async(1, 3003, 30)
+        assert len(tg.codes(3003)) == 1
 
 
 async def test_discord_dm_from_a_stranger_gets_a_code(tmp_path, llm):

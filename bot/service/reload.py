@@ -116,29 +116,23 @@ def apply_config(
 
 
 def _channel_accepts(path: tuple[str, ...], channels: list[Channel]) -> bool:
-    """A running channel takes a new allowFrom only if it keeps it in an ``AccessPolicy``."""
-    from channels.access import AccessPolicy
-
+    """A running channel takes a new allowFrom only if it keeps an access policy to rebuild."""
     if path[0] != "channels" or path[-1] not in ("allow_from", "admins"):
         return True
-    running = [c for c in channels if c.name == path[1]]
-    return all(isinstance(getattr(c, "policy", None), AccessPolicy) for c in running)
+    return all(c.policy is not None for c in channels if c.name == path[1])
 
 
 def refresh_copies(cfg: Config, stack: AgentStack, channels: list[Channel]) -> None:
     """Values that components copied at start-up instead of reading the config at use.
 
-    ``channels``: those whose allowFrom or admins changed (their access policy is rebuilt).
+    ``channels``: those whose allowFrom or admins changed; each rebuilds its own access
+    policy (``Channel.reload_access``), keeping its pairing store and dmPolicy.
     """
-    from channels.access import AccessPolicy
-
     stack.provider.model = cfg.llm.model
     stack.loop.runner.max_iterations = cfg.agent.max_tool_iterations
     stack.loop.runner.max_tool_calls = cfg.agent.max_tool_calls_per_turn
     stack.gate.usage.warn_bytes = cfg.agent.workspace_warn_bytes
     for channel in channels:
         section = getattr(cfg.channels, channel.name, None)
-        if section is not None and isinstance(getattr(channel, "policy", None), AccessPolicy):
-            policy = AccessPolicy(channel.name, section.allow_from, section.admin_ids)
-            policy.log_startup()  # warns again if the list is now empty or "*"
-            channel.policy = policy  # type: ignore[attr-defined]
+        if section is not None:
+            channel.reload_access(section)

@@ -6,7 +6,7 @@ A plain message through the Telegram gateway makes these platform and model call
 Completions request, a ``sendMessageDraft`` or two (streaming in a private chat) and one
 ``sendMessage``. This script makes each call the way memobot makes it
 (the openai SDK through ``bot.llm.LLMProvider``, python-telegram-bot through
-``channels.telegram_channel.build_bot`` on aiohttp) against the fake servers, which run in
+``channels.telegram_channel.channel.build_bot`` on aiohttp) against the fake servers, which run in
 other threads, and reports the CPU time of the calling thread per call (``time.thread_time``):
 what no change inside memobot can save while it uses these SDKs.
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bot.config import LLMConfig, TelegramConfig
 from bot.llm import LLMProvider
-from channels.telegram_channel import build_bot
+from channels.telegram_channel.channel import build_bot
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread
 from tests.fakes.telegram_api import FakeBotAPI, FakeBotAPIThread
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from channels.terminal_live import LiveMarkdown
+from channels.terminal_channel.live import LiveMarkdown
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.helpers import REPO, write_config
 from tests.test_terminal_markdown import Pty

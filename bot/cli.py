@@ -26,7 +26,7 @@ from bot.urls import redact_url
 if TYPE_CHECKING:
     from bot.loop import AgentLoop
     from bot.service.logs import LogFormat
-    from channels.terminal import TerminalChannel
+    from channels.terminal_channel.channel import TerminalChannel
 
 log = logging.getLogger("memobot")
 DEFAULT_SESSION = "cli:direct"
@@ -441,7 +441,11 @@ async def _agent_main(
 ) -> int:
     from bot.app import build_agent
     from channels.manager import ChannelManager
-    from channels.terminal import LogsAboveTheAnswer, TerminalChannel, colour_allowed
+    from channels.terminal_channel.channel import (
+        LogsAboveTheAnswer,
+        TerminalChannel,
+        colour_allowed,
+    )
 
     stack = build_agent(cfg, config_path)
     interactive = args.message is None and sys.stdin.isatty()

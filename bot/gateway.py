@@ -40,7 +40,9 @@ STATUS_EVERY_SECONDS = 5.0
 
 
 def enabled_channels(cfg: Config) -> list[str]:
-    return [name for name, c in cfg.channels if c.enabled]
+    from channels import registry
+
+    return [s.name for s in registry.enabled(cfg)]
 
 
 def write_status(path: Path, data: dict[str, Any]) -> None:
@@ -65,12 +67,12 @@ class GatewayLocked(RuntimeError):
 
 class Gateway:
     def __init__(self, cfg: Config, config_path: Path) -> None:
-        from channels import create_channel
+        from channels import registry
         from channels.manager import ChannelManager
 
         self.cfg = cfg
         self.stack = build_agent(cfg, config_path, wait_for_model=True)
-        self.channels = [create_channel(n, self.stack.bus, cfg) for n in enabled_channels(cfg)]
+        self.channels = [s.build(self.stack.bus, cfg) for s in registry.enabled(cfg)]
         self.manager = ChannelManager(self.stack.bus, self.stack.loop.ledger, self.channels)
         self.scheduler = Scheduler(
             cfg,

@@ -108,7 +108,7 @@ def telegram_in_process(
     cfg: Config, config_path: Path
 ) -> AbstractAsyncContextManager[tuple[AgentStack, Any, ChannelManager]]:
     """``channel_in_process`` with a real TelegramChannel against the fake Bot API in ``cfg``."""
-    from channels.telegram_channel import TelegramChannel
+    from channels.telegram_channel.channel import TelegramChannel
 
     return channel_in_process(
         cfg,

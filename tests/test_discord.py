@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from bot.session import SessionStore
-from channels import create_channel
 from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
 from channels.manager import ChannelManager
+from channels.registry import create_channel
 from tests.fakes.discord_api import (
     BOT_USER,
     OTHER_CHANNEL_ID,
@@ -628,7 +628,7 @@ def _http_error(status: int, headers: dict[str, str] | None = None) -> Exception
     ],
 )
 def test_http_errors_map_to_our_vocabulary(status: int, expected: type) -> None:
-    from channels.discord_channel import map_send_error
+    from channels.discord_channel.channel import map_send_error
 
     assert type(map_send_error(_http_error(status), "Create Message")) is expected
 
@@ -637,7 +637,7 @@ def test_rate_limits_map_to_retry_after() -> None:
     import aiohttp
     import discord
 
-    from channels.discord_channel import map_send_error
+    from channels.discord_channel.channel import map_send_error
 
     def mapped(exc: BaseException) -> Exception | None:
         return map_send_error(exc, "Create Message")
@@ -652,7 +652,7 @@ def test_rate_limits_map_to_retry_after() -> None:
 
 
 def test_proxy_options() -> None:
-    from channels.discord_channel import proxy_options, strip_bot_mention
+    from channels.discord_channel.channel import proxy_options, strip_bot_mention
 
     assert proxy_options("") == {}
     assert proxy_options("http://127.0.0.1:3128") == {"proxy": "http://127.0.0.1:3128"}
@@ -662,7 +662,7 @@ def test_proxy_options() -> None:
 async def test_socks_proxy_uses_a_connector() -> None:
     from aiohttp_socks import ProxyConnector
 
-    from channels.discord_channel import proxy_options
+    from channels.discord_channel.channel import proxy_options
 
     plain = proxy_options("socks5://user:pw@127.0.0.1:1080")["connector"]
     remote = proxy_options("socks5h://127.0.0.1:1080")["connector"]

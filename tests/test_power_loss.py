@@ -38,7 +38,7 @@ import pytest
 
 from bot.session import apply_changes
 from bot.turn import STOPPED_TEXT
-from channels.slack_channel import SlackChannel
+from channels.slack_channel.channel import SlackChannel
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.slack_api import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.fakes.telegram_api import FakeBotAPI

@@ -20,7 +20,6 @@ from slack_sdk.errors import SlackApiError
 from bot.app import AgentStack, build_agent
 from bot.config import parse_config
 from bot.session import apply_changes
-from channels import slack_channel
 from channels.errors import (
     FatalChannelError,
     PermanentError,
@@ -30,7 +29,8 @@ from channels.errors import (
 )
 from channels.formatting import SLACK_LIMIT, markdown_to_slack_mrkdwn
 from channels.manager import ChannelManager
-from channels.slack_channel import (
+from channels.slack_channel import channel as slack_channel
+from channels.slack_channel.channel import (
     Identity,
     Ignored,
     Incoming,
@@ -567,7 +567,7 @@ async def test_reconnects_after_slack_drops_the_socket(tmp_path, llm, slack):
 
 
 async def test_rejected_app_token_fails_the_channel_clearly(tmp_path, llm, caplog):
-    caplog.set_level(logging.ERROR, logger="channels.slack_channel")
+    caplog.set_level(logging.ERROR, logger="channels.slack_channel.channel")
     async with FakeSlack(app_token="xapp-some-other-token") as slack:
         async with Rig(tmp_path, llm, slack) as rig:
             assert rig.channel.state == "failed"

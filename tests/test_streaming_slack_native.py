@@ -92,7 +92,7 @@ async def test_thread_answer_streams_natively_into_one_message(tmp_path, llm, sl
 
 @pytest.mark.parametrize("refusal", ["unknown_method", "missing_scope"])
 async def test_refused_streaming_falls_back_once_and_answers_once(tmp_path, llm, refusal, caplog):
-    caplog.set_level(logging.INFO, logger="channels.slack_channel")
+    caplog.set_level(logging.INFO, logger="channels.slack_channel.channel")
     llm.script(
         reply(ANSWER, pieces=6, chunk_delay=0.1),
         reply("Second answer, " + ANSWER, pieces=6, chunk_delay=0.1),

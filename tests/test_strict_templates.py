@@ -24,7 +24,7 @@ from bot.context import ROLE_BRIDGES
 from bot.runner import CLOSING_NOTES, INTERRUPTED_TOOL_RESULT, NO_ANSWER_NOTE
 from bot.session import SessionStore
 from bot.streaming import STOPPED_MARK
-from channels.terminal import TerminalChannel
+from channels.terminal_channel.channel import TerminalChannel
 from tests.fakes.llm_server import FakeLLM, alternation_problem, error, hang, reply, tool_step
 from tests.helpers import Harness, channel_in_process, make_config, request_messages
 

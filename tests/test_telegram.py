@@ -21,10 +21,10 @@ import pytest
 
 from bot.app import AgentStack
 from bot.config import ConfigError, parse_config
-from channels import telegram_channel
 from channels.formatting import TELEGRAM_LIMIT, telegram_length
 from channels.manager import ChannelManager
-from channels.telegram_channel import TelegramChannel
+from channels.telegram_channel import channel as telegram_channel
+from channels.telegram_channel.channel import TelegramChannel
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.socks_proxy import FakeSocks5
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, mention_entities, strip_html

@@ -7,10 +7,10 @@ import io
 
 import pytest
 
-import channels.terminal as terminal
 from bot.bus import MessageBus, OutboundMessage, StreamEvent
 from bot.streaming import stopped_answer
-from channels.terminal import TerminalChannel
+from channels.terminal_channel import channel as terminal
+from channels.terminal_channel.channel import TerminalChannel
 
 
 def _channel(out: io.StringIO, markdown: bool) -> TerminalChannel:

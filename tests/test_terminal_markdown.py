@@ -26,7 +26,7 @@ import pytest
 from bot.bus import MessageBus, OutboundMessage, StreamEvent
 from bot.streaming import STOPPED_MARK, stopped_answer
 from channels.formatting import markdown_to_ansi
-from channels.terminal import TerminalChannel, colour_allowed
+from channels.terminal_channel.channel import TerminalChannel, colour_allowed
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, call, reply, tool_step
 from tests.helpers import REPO, channel_in_process, make_config, run_memobot, write_config
 from tests.test_terminal_render import XtermScreen, plain, screen_after

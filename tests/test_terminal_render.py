@@ -1,5 +1,5 @@
 """Markdown for a terminal: the ANSI back end of channels.formatting, and the live region of
-channels.terminal_live that shows an answer rendered while it is written (checked on a VT100
+channels.terminal_channel.live that shows an answer rendered while it is written (checked on a VT100
 screen in memory, pyte)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from wcwidth import wcwidth
 
 from channels.formatting import AnsiMarkdown, markdown_to_ansi, strip_controls
-from channels.terminal_live import LiveMarkdown, cursor_rows
+from channels.terminal_channel.live import LiveMarkdown, cursor_rows
 
 SGR_RE = re.compile(r"\x1b\[[0-9;]*m")
 BOLD, ITALIC, UNDERLINE, STRIKE, DIM, CODE = "1", "3", "4", "9", "2", "36"

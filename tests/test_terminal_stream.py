@@ -23,7 +23,7 @@ import pyte
 import pytest
 
 from bot.streaming import STOPPED_MARK
-from channels.terminal import DIM, LogsAboveTheAnswer, TerminalChannel
+from channels.terminal_channel.channel import DIM, LogsAboveTheAnswer, TerminalChannel
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
 from tests.helpers import REPO, channel_in_process, make_config, run_memobot, write_config
 

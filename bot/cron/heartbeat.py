@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from bot.config import Config
+from channels import registry
 
 FILE = "HEARTBEAT.md"
 CHANNEL = "heartbeat"  # the heartbeat's own session is "heartbeat:main", apart from any chat
@@ -55,41 +56,24 @@ def worth_telling(answer: str) -> str | None:
 
 
 def private_chat(key: str) -> bool:
-    """True when the chat ``key`` is provably one person's private chat: the terminal, a
-    Telegram private chat (its id is the user id, positive) or a Slack DM (``D...``). Unknown
-    chats count as groups, so their turns never see the owner's memory."""
-    channel, _, chat = key.partition(":")
-    if channel == "cli":
-        return True
-    if channel == "telegram":
-        return chat.isdigit()
-    if channel == "slack":
-        return chat.startswith("D")
-    return False
+    """True when the chat ``key`` is provably one person's private chat (the terminal, a
+    Telegram private chat, a Slack DM: each channel's spec tells). Unknown chats count as
+    groups, so their turns never see the owner's memory."""
+    return registry.private_chat(key)
 
 
 def owner_chat(cfg: Config, key: str) -> bool:
-    """True when the chat ``key`` is provably an admin's own private chat: the terminal, or a
-    Telegram private chat whose id (the user's id there) is an admin's. Slack and Discord DMs
-    carry no user id in their key, so they count as someone else's chat: what Dream learns
-    there goes to that chat's own memory file, never to USER.md or SOUL.md."""
-    channel, _, chat = key.partition(":")
-    if channel == "cli":
-        return True
-    if channel == "telegram" and chat.isdigit():
-        admins = cfg.channels.telegram.admin_ids
-        return "*" in admins or chat in admins  # as channels.access.AccessPolicy.is_admin
-    return False
+    """True when the chat ``key`` is provably an admin's own private chat (the terminal, or a
+    Telegram private chat whose id, the user's id there, is an admin's). Slack and Discord
+    DMs carry no user id in their key, so they count as someone else's chat: what Dream
+    learns there goes to that chat's own memory file, never to USER.md or SOUL.md."""
+    return registry.owner_chat(cfg, key)
 
 
 def deliver_to(cfg: Config) -> str | None:
-    """``heartbeat.deliverTo``, or the first Telegram admin's private chat (its id is the
-    user id there); None when neither exists."""
+    """``heartbeat.deliverTo``, or the first enabled channel's default chat for the owner
+    (Telegram: the first admin's private chat, its id is the user id there); None when
+    neither exists."""
     if cfg.heartbeat.deliver_to:
         return cfg.heartbeat.deliver_to
-    telegram = cfg.channels.telegram
-    if telegram.enabled:
-        for admin in telegram.admin_ids:
-            if admin.isdigit():
-                return f"telegram:{admin}"
-    return None
+    return registry.admin_chat(cfg)

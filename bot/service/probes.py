@@ -17,13 +17,14 @@ from bot.config import Config, RetryConfig
 from bot.proxy import http_proxy, socks_connector
 from bot.service.checks import Check
 from bot.urls import EndpointAccess, endpoint_access, redact_url
+from channels import registry
+from channels.spec import TokenProbe
+
+__all__ = ["LLMProbe", "TokenProbe", "check_llm", "check_token", "proxy_for", "token_probes"]
 
 LLM_TIMEOUT_SECONDS = 20.0
 HTTP_TIMEOUT_SECONDS = 8.0
 OPENAI_DEFAULT_BASE = "https://api.openai.com/v1"
-TELEGRAM_DEFAULT_BASE = "https://api.telegram.org/bot"
-DISCORD_ME_URL = "https://discord.com/api/v10/users/@me"
-SLACK_DEFAULT_BASE = "https://slack.com/api/"
 
 
 @dataclass(slots=True)
@@ -107,34 +108,9 @@ async def _server_date(access: EndpointAccess, proxy: str) -> tuple[str, float] 
     return (urlsplit(access.url).hostname or access.url, parsed.timestamp()) if parsed else None
 
 
-@dataclass(frozen=True, slots=True)
-class TokenProbe:
-    channel: str
-    method: str
-    url: str
-    headers: dict[str, str]
-    secret: str  # never printed: removed from every message
-
-
 def token_probes(cfg: Config) -> list[TokenProbe]:
-    ch = cfg.channels
-    probes = []
-    if ch.telegram.enabled:
-        base = ch.telegram.base_url or TELEGRAM_DEFAULT_BASE
-        url = f"{base}{ch.telegram.token}/getMe"
-        probes.append(TokenProbe("telegram", "GET", url, {}, ch.telegram.token))
-    if ch.discord.enabled:
-        auth = {"Authorization": f"Bot {ch.discord.token}"}
-        probes.append(TokenProbe("discord", "GET", DISCORD_ME_URL, auth, ch.discord.token))
-    if ch.slack.enabled:
-        base = (ch.slack.api_url or SLACK_DEFAULT_BASE).rstrip("/") + "/"
-        for name, method, token in (
-            ("slack botToken", "auth.test", ch.slack.bot_token),
-            ("slack appToken", "apps.connections.open", ch.slack.app_token),
-        ):
-            auth = {"Authorization": f"Bearer {token}"}
-            probes.append(TokenProbe(name, "POST", base + method, auth, token))
-    return probes
+    """One probe per token of each enabled channel (each channel's spec knows its URLs)."""
+    return registry.token_probes(cfg)
 
 
 def proxy_for(cfg: Config, probe: TokenProbe) -> str:
@@ -170,16 +146,10 @@ async def check_token(probe: TokenProbe, proxy: str = "") -> Check:
     error = None
     if isinstance(body, dict):
         error = body.get("error") or body.get("description") or body.get("message")
-    field = {
-        "telegram": "channels.telegram.token (from @BotFather)",
-        "discord": "channels.discord.token (Developer Portal, Bot, Reset Token)",
-        "slack botToken": "channels.slack.botToken (xoxb-..., OAuth & Permissions)",
-        "slack appToken": "channels.slack.appToken (xapp-..., with connections:write)",
-    }[probe.channel]
     return Check(
         "fail",
         f"{probe.channel}: {host} refused the token (HTTP {status}: {error})",
-        f"check {field}",
+        probe.fix or f"check channels.{probe.channel.split()[0]} in the config",
     )
 
 

@@ -31,7 +31,7 @@ from bot.gate.question import QuestionView, question_plain
 from channels.base import Channel, PreviewMode
 from channels.errors import PermanentError
 from channels.formatting import markdown_to_ansi, strip_controls
-from channels.terminal_live import LiveMarkdown, cursor_rows, erase_rows, terminal_columns
+from channels.terminal_channel.live import LiveMarkdown, cursor_rows, erase_rows, terminal_columns
 
 CHANNEL = "cli"
 OUTCOME_KEY = "outcome"  # bot.turn.OUTCOME_KEY: channels do not import the core's loop

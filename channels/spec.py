@@ -1,0 +1,77 @@
+"""What a channel declares about itself, so the core never tests a platform's name.
+
+Each platform package has a light ``spec`` module (no SDK import) with one ``ChannelSpec``:
+its config section, how ``memobot doctor`` asks whether its tokens work, how its chat ids
+tell a private chat from a group, where notices for the owner go, and the class that speaks
+the platform, imported only when the channel is built. ``channels.registry`` lists them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bot.bus import MessageBus
+    from bot.config import ChannelConfig, Config
+    from channels.base import Channel
+
+
+@dataclass(frozen=True, slots=True)
+class TokenProbe:
+    """One small request that says whether a token is accepted (``memobot doctor``)."""
+
+    channel: str  # "telegram", or "slack botToken" for one of several tokens
+    method: str
+    url: str
+    headers: dict[str, str]
+    secret: str  # never printed: removed from every message
+    fix: str = ""  # where the owner finds the right value, when the platform refused it
+
+
+def _never(chat: str) -> bool:
+    return False
+
+
+def _not_owner(chat: str, section: Any) -> bool:
+    return False
+
+
+def _nowhere(section: Any) -> str | None:
+    return None
+
+
+def _no_probes(section: Any) -> list[TokenProbe]:
+    return []
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSpec:
+    """One platform, as the core sees it. The callables take the platform's chat id (the
+    part of a session key after ``<name>:``) and its config section (``config``)."""
+
+    name: str  # the session keys' prefix, and the section ``channels.<name>`` when configured
+    # "module:Class": a ``Channel`` built as Class(bus, section, workspace, state_dir)
+    factory: str
+    config: type[ChannelConfig] | None = None  # None: not configured in channels.* (terminal)
+    token_probes: Callable[[Any], list[TokenProbe]] = field(default=_no_probes)
+    # True only when the chat is provably one person's private chat; unknown: a group.
+    private_chat: Callable[[str], bool] = field(default=_never)
+    # True only when the chat is provably an admin's own private chat.
+    owner_chat: Callable[[str, Any], bool] = field(default=_not_owner)
+    # The chat id where notices for the owner go by default, when the section names one.
+    admin_chat: Callable[[Any], str | None] = field(default=_nowhere)
+
+    def section(self, cfg: Config) -> ChannelConfig | None:
+        return getattr(cfg.channels, self.name, None) if self.config is not None else None
+
+    def build(self, bus: MessageBus, cfg: Config) -> Channel:
+        """The channel, its module (and so its SDK) imported now and not before."""
+        module, _, cls = self.factory.partition(":")
+        channel_class = getattr(importlib.import_module(module), cls)
+        workspace, state_dir = cfg.agent.workspace_path, Path(cfg.agent.state_path)
+        channel: Channel = channel_class(bus, self.section(cfg), workspace, state_dir)
+        return channel

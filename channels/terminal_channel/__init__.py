@@ -1,0 +1,2 @@
+"""The local terminal (``memobot agent``), through prompt-toolkit; ``spec`` is light,
+``channel`` imports prompt-toolkit."""

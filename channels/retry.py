@@ -28,7 +28,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
-from channels.errors import RetryAfter, SendError, UnexpectedError
+from channels.errors import FatalChannelError, RetryAfter, SendError, UnexpectedError
 
 RETRY_HOLD_SECONDS = 60.0
 UNEXPECTED_TRIES = 3
@@ -132,3 +132,50 @@ class Breaker:
 
     def succeeded(self, key: Hashable) -> None:
         self._keys.pop(key, None)
+
+
+class Reconnect:
+    """The waits of one transport's reconnect loop (a channel's connection, an MCP server),
+    after python-telegram-bot's network loop: on flood control wait ``retry_after`` plus a
+    little; on a timeout try again at once; on a refused token stop (``FatalChannelError``:
+    ``wait_after`` answers None, the caller says so and ends its loop); on anything else back
+    off, x1.5 from ``start`` up to ``maximum``. ``succeeded`` starts the backoff afresh.
+
+    ``clock`` sleeps (tests pass a virtual one, so no test waits in real time).
+    """
+
+    __slots__ = ("backoff", "clock", "factor", "maximum", "start")
+
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        start: float = BACKOFF_START,
+        factor: float = BACKOFF_FACTOR,
+        maximum: float = BACKOFF_MAX,
+    ) -> None:
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
+        self.start, self.factor, self.maximum = start, factor, maximum
+        self.backoff = start
+
+    def wait_after(self, exc: BaseException) -> float | None:
+        """Seconds to wait before the next attempt after ``exc``; None: stop for good."""
+        if isinstance(exc, FatalChannelError):
+            return None
+        if isinstance(exc, RetryAfter):
+            return exc.seconds + RETRY_AFTER_MARGIN
+        if isinstance(exc, TimeoutError):
+            return 0.0
+        wait = self.backoff
+        self.backoff = min(self.maximum, self.backoff * self.factor)
+        return wait
+
+    async def pause(self, exc: BaseException) -> bool:
+        """Wait as ``wait_after`` says; False (at once) when the loop must stop."""
+        wait = self.wait_after(exc)
+        if wait is None:
+            return False
+        await self.clock.sleep(wait)
+        return True
+
+    def succeeded(self) -> None:
+        self.backoff = self.start

@@ -38,6 +38,7 @@ from bot.gate.effects import EXTERNAL
 from bot.layout import real_path, within
 from bot.service.logs import redact
 from bot.tools.base import Effects, Tool, ToolContext, ToolError, ToolRegistry
+from channels.retry import Reconnect
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -52,8 +53,6 @@ GROUP = "mcp"
 MAX_NAME = 64  # the OpenAI function-name limit
 CONNECT_TIMEOUT_SECONDS = 30.0
 SSE_SILENCE_SECONDS = 300.0  # the SDK's default; SSE servers ping every 15 s or so
-INITIAL_BACKOFF_SECONDS = 1.0
-MAX_BACKOFF_SECONDS = 60.0
 # How long a call made while its server reconnects waits for it (at most its toolTimeout).
 RECONNECT_WAIT_SECONDS = 10.0
 WATCH_SECONDS = 0.5  # how often a live connection is checked for a server that went away
@@ -259,15 +258,18 @@ class McpServer:
     # -- the connection task ----------------------------------------------------------------
 
     async def _run(self) -> None:
-        delay = INITIAL_BACKOFF_SECONDS
+        reconnect = Reconnect()  # the channels' policy: x1.5 up to 30 s, a timeout at once
         while not self._stopping:
             self._broken.clear()
             self._was_up = False
+            cause: Exception = ConnectionError("the connection closed")
+            failed = ""
             try:
                 await self._session()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                cause = exc
                 why = _describe(exc) + _transport_hint(self.cfg, exc)
                 if self.trouble and self.trouble not in why:
                     why += f"; the transport said: {self.trouble}"
@@ -279,7 +281,7 @@ class McpServer:
                 why = redact(why)
                 if self.state != "connected" or not self._broken.is_set():
                     self.state, self.detail = "failed", why
-                    log.warning("mcp server %s: %s (retry in %.0f s)", self.name, why, delay)
+                    failed = why
             finally:
                 self.client = None
                 self._connected.clear()
@@ -287,11 +289,13 @@ class McpServer:
             if self._stopping:
                 break
             if self._was_up:
-                delay = INITIAL_BACKOFF_SECONDS  # it worked: a new failure starts afresh
-            with contextlib.suppress(TimeoutError):
+                reconnect.succeeded()  # it worked: a new failure starts afresh
+            delay = reconnect.wait_after(cause) or 0.0  # no token here to be refused
+            if failed:
+                log.warning("mcp server %s: %s (retry in %.0f s)", self.name, failed, delay)
+            with contextlib.suppress(TimeoutError):  # a stop ends the wait at once
                 async with asyncio.timeout(delay):
                     await self._stop_event.wait()
-            delay = min(delay * 2, MAX_BACKOFF_SECONDS)
         self.state, self.detail = "stopped", "stopped"
 
     async def _session(self) -> None:

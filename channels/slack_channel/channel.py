@@ -84,6 +84,7 @@ from channels.formatting import (
     strip_markdown,
 )
 from channels.pacing import Limit
+from channels.retry import Reconnect
 from channels.state import ChannelState
 
 log = logging.getLogger(__name__)
@@ -677,8 +678,9 @@ class SlackChannel(Channel):
 
         Once connected, slack_sdk's client reconnects by itself (new URL, new socket) and the
         watchdog reports the state. A rejected token stops the channel ("failed")."""
-        backoff = CONNECT_BACKOFF_START
+        reconnect = Reconnect(start=CONNECT_BACKOFF_START, maximum=CONNECT_BACKOFF_MAX)
         while True:
+            cause: Exception
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
                     await self._connect()
@@ -686,20 +688,20 @@ class SlackChannel(Channel):
             except FatalChannelError as exc:
                 self._fail(str(exc))
                 return
-            except TimeoutError:
-                wait, detail = backoff, "cannot connect: timed out"
+            except TimeoutError as exc:
+                cause, detail = exc, "cannot connect: timed out"
             except (SlackApiError, SlackClientError, aiohttp.ClientError, OSError) as exc:
-                wait = backoff
+                cause = exc
                 if isinstance(exc, SlackApiError):
                     mapped = _api_error(exc)
                     if isinstance(mapped, RetryAfter):
-                        wait = max(wait, mapped.seconds)
+                        cause = mapped
                 detail = f"cannot connect: {exc}"
             await self._close_socket()
             self.set_state("reconnecting", detail)
+            wait = reconnect.wait_after(cause) or 0.0  # a refused token raised above
             log.warning("slack: %s; retrying in %.0f s", detail, wait)
-            await asyncio.sleep(wait)
-            backoff = min(CONNECT_BACKOFF_MAX, backoff * 2)
+            await reconnect.clock.sleep(wait)
         self._watchdog = asyncio.create_task(self._watch(), name="slack-watch")
 
     async def _connect(self) -> None:

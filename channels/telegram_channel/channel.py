@@ -107,6 +107,7 @@ from channels.formatting import (
     utf16_len,
 )
 from channels.pacing import Limit
+from channels.retry import Reconnect
 from channels.state import ChannelState
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,6 @@ OFFSET_SAVE_SECONDS = 1.0  # the saved offset is a shortcut for the first poll a
 # Chats of one batch taken in at once: about the worker threads that store them; more would
 # only queue there, ahead of the running turns' own writes, after a backlog of 100 updates.
 INTAKE_CHATS_AT_ONCE = 8
-BACKOFF_START, BACKOFF_FACTOR, BACKOFF_MAX = 1.0, 2.0, 30.0
 MEDIA_MAX_BYTES = 20 * 1024 * 1024  # also the cloud Bot API's own getFile limit
 GROUP_TYPES = frozenset({"group", "supergroup", "channel"})
 _COMMAND = re.compile(r"^/([A-Za-z0-9_]+)(?:@([A-Za-z0-9_]+))?(?:\s|$)")
@@ -452,7 +452,7 @@ class TelegramChannel(Channel):
         self.stream_interval = cfg.stream_edit_interval_seconds
         self.typing_delay = cfg.typing_delay_seconds
         self._task: asyncio.Task[None] | None = None
-        self._backoff = BACKOFF_START
+        self.reconnect = Reconnect()
 
     # -- lifecycle --
 
@@ -512,25 +512,24 @@ class TelegramChannel(Channel):
                 self._token_rejected()
                 return False
             except PTBRetryAfter as exc:
-                await self._retry_later("Telegram asked to slow down", retry_seconds(exc))
+                await self._retry_later("Telegram asked to slow down", _flood(exc))
             except (TelegramError, TimeoutError) as exc:
-                await self._retry_later(f"cannot reach Telegram: {_describe(exc)}")
+                await self._retry_later(f"cannot reach Telegram: {_describe(exc)}", exc)
                 continue
             if self.me is None:
                 log.info("telegram: logged in as @%s (id %s)", me.username, me.id)
             self.me = me
-            self._backoff = BACKOFF_START
+            self.reconnect.succeeded()
             self._set_state("connected")
             return True
 
     def _token_rejected(self) -> None:
         self.fail(FatalChannelError(TOKEN_REJECTED))
 
-    async def _retry_later(self, detail: str, seconds: float | None = None) -> None:
+    async def _retry_later(self, detail: str, cause: Exception) -> None:
+        """ "reconnecting", then the shared reconnect policy's wait after ``cause``."""
         self._set_state("reconnecting", detail, logging.WARNING)
-        wait = self._backoff if seconds is None else seconds
-        self._backoff = min(BACKOFF_MAX, self._backoff * BACKOFF_FACTOR)
-        await asyncio.sleep(wait)
+        await self.reconnect.pause(cause)
 
     async def _poll_once(self) -> Literal["ok", "lost", "stop"]:
         """One getUpdates and its batch.
@@ -545,11 +544,11 @@ class TelegramChannel(Channel):
                     timeout=self.poll_timeout,
                     allowed_updates=list(ALLOWED_UPDATES),
                 )
-        except TimeoutError:
+        except TimeoutError as exc:
             await self._retry_later(
                 f"getUpdates gave no answer for {self.poll_timeout + POLL_MARGIN_SECONDS:.0f} s; "
                 "restarting the poll",
-                0,
+                exc,
             )
             return "lost"
         except InvalidToken:
@@ -559,21 +558,21 @@ class TelegramChannel(Channel):
             await self._conflict(exc)
             return "ok"
         except PTBRetryAfter as exc:
-            await self._retry_later("Telegram asked to slow down", retry_seconds(exc))
+            await self._retry_later("Telegram asked to slow down", _flood(exc))
             return "ok"
         except NetworkError as exc:
-            await self._retry_later(f"getUpdates failed: {_describe(exc)}")
+            await self._retry_later(f"getUpdates failed: {_describe(exc)}", exc)
             return "lost"
         except TelegramError as exc:
-            await self._retry_later(f"getUpdates failed: {_describe(exc)}")
+            await self._retry_later(f"getUpdates failed: {_describe(exc)}", exc)
             return "ok"
-        self._backoff = BACKOFF_START
+        self.reconnect.succeeded()
         self._set_state("connected")
         if updates:
             try:
                 await self._handle_batch(updates)
             except _Refused as exc:
-                await self._retry_later(f"{exc}; it stays unconfirmed and comes again")
+                await self._retry_later(f"{exc}; it stays unconfirmed and comes again", exc)
         return "ok"
 
     async def _conflict(self, exc: Conflict) -> None:
@@ -587,7 +586,8 @@ class TelegramChannel(Channel):
                 log.warning("telegram: deleteWebhook failed: %s", _describe(err))
         await self._retry_later(
             "another bot instance is polling with this token (409 Conflict); stop the other "
-            "instance, retrying"
+            "instance, retrying",
+            exc,
         )
 
     async def _handle_batch(self, updates: Sequence[Update]) -> None:
@@ -1060,6 +1060,10 @@ def retry_seconds(exc: PTBRetryAfter) -> float:
         warnings.simplefilter("ignore", PTBDeprecationWarning)  # the int -> timedelta notice
         wait: Any = exc.retry_after
     return wait.total_seconds() if isinstance(wait, dt.timedelta) else float(wait)
+
+
+def _flood(exc: PTBRetryAfter) -> RetryAfter:
+    return RetryAfter(retry_seconds(exc))
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,0 +1,58 @@
+"""The one reconnect policy (channels.retry.Reconnect) every channel and MCP server uses, on a
+virtual clock: python-telegram-bot's network loop, in our error vocabulary."""
+
+from __future__ import annotations
+
+import pytest
+
+from channels.errors import FatalChannelError, RetryAfter, TransientError
+from channels.retry import RETRY_AFTER_MARGIN, Reconnect
+
+
+class VirtualClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.slept: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += seconds
+
+
+async def test_backoff_grows_by_half_up_to_thirty_seconds_and_starts_afresh():
+    clock = VirtualClock()
+    reconnect = Reconnect(clock)
+    for _ in range(12):
+        assert await reconnect.pause(OSError("connection refused"))
+    assert clock.slept[:4] == [1.0, 1.5, 2.25, 3.375]
+    assert max(clock.slept) == 30.0 and clock.slept[-1] == 30.0
+    reconnect.succeeded()
+    assert reconnect.wait_after(TransientError("502")) == 1.0
+
+
+async def test_flood_control_waits_what_the_platform_asked_plus_a_little():
+    clock = VirtualClock()
+    reconnect = Reconnect(clock)
+    assert await reconnect.pause(RetryAfter(7))
+    assert clock.slept == [pytest.approx(7 + RETRY_AFTER_MARGIN)]
+    # The platform's own wait does not grow the backoff.
+    assert reconnect.wait_after(OSError()) == 1.0
+
+
+async def test_a_timeout_is_tried_again_at_once():
+    clock = VirtualClock()
+    reconnect = Reconnect(clock)
+    assert await reconnect.pause(TimeoutError())
+    assert clock.slept == [0.0]
+    assert reconnect.wait_after(OSError()) == 1.0
+
+
+async def test_a_refused_token_stops_the_loop_without_waiting():
+    clock = VirtualClock()
+    reconnect = Reconnect(clock)
+    assert not await reconnect.pause(FatalChannelError("token refused"))
+    assert reconnect.wait_after(FatalChannelError("token refused")) is None
+    assert clock.slept == []

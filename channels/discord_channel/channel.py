@@ -45,6 +45,7 @@ from channels.errors import (
 )
 from channels.formatting import DISCORD_LIMIT, markdown_to_discord, render_chunks, strip_markdown
 from channels.pacing import Limit
+from channels.retry import Reconnect
 
 log = logging.getLogger(__name__)
 
@@ -242,8 +243,9 @@ class DiscordChannel(Channel):
         self.set_state("stopped")
 
     async def _run(self) -> None:
-        delay = RECONNECT_START
+        reconnect = Reconnect(start=RECONNECT_START, maximum=RECONNECT_MAX)
         while not self._stopping:
+            cause: Exception
             self.client = client = _Client(
                 self,
                 intents=intents(),
@@ -260,6 +262,7 @@ class DiscordChannel(Channel):
                 if self._stopping:
                     return
                 problem = "the gateway connection ended"
+                cause = ConnectionError(problem)
             except discord.LoginFailure:
                 self._fail(
                     "the bot token was rejected (401 Unauthorized). Put the token from "
@@ -282,21 +285,21 @@ class DiscordChannel(Channel):
                         "reconnecting cannot fix this, so the Discord channel is stopped"
                     )
                     return
-                problem = f"gateway closed with {exc.code}"
+                problem, cause = f"gateway closed with {exc.code}", exc
             except (OSError, aiohttp.ClientError, discord.HTTPException, TimeoutError) as exc:
-                problem = f"{type(exc).__name__}: {exc}"
+                problem, cause = f"{type(exc).__name__}: {exc}", exc
             except Exception as exc:  # a bug must not end the channel for good: log it, retry
                 log.exception("discord: the client crashed")
-                problem = f"client crashed ({type(exc).__name__}: {exc})"
+                problem, cause = f"client crashed ({type(exc).__name__}: {exc})", exc
             finally:
                 self._logged_in = False
                 await client.close()
             if self._was_connected:
-                delay = RECONNECT_START
+                reconnect.succeeded()
             self.set_state("reconnecting", problem)
+            delay = reconnect.wait_after(cause) or 0.0  # a refused token returned above
             log.warning("discord: %s; connecting again in %.0f s", problem, delay)
-            await asyncio.sleep(delay)
-            delay = min(RECONNECT_MAX, delay * 2)
+            await reconnect.clock.sleep(delay)
 
     def _fail(self, message: str) -> None:
         """Failed for good: one error line (``Channel.fail``) and the manager is told."""

@@ -1,16 +1,20 @@
 """One error vocabulary for every platform: what a failed send means for a retry.
 
-Each channel maps its SDK's exceptions to these classes in one function (``Channel.classify``,
-applied around every platform call by ``Channel.calling``); the channel manager has one retry
-policy that acts on them (``channels.retry``). The rules shared by every platform are here:
-only the login (Telegram getMe, Slack auth.test, Discord's gateway login) says a token is bad
-at start; on any other call a 401 is a refused token, and a 404 (or a refusal naming an
-unknown method) is the method or the chat, never the token (``refused_call``).
+Each platform turns its SDK's exception into a ``Refusal`` (a pure function, the only part
+that knows the SDK) and hands it, with the platform's ``ErrorTable`` of codes, to the one
+``classify`` here, which every platform shares (aiogram's ``check_response``). A channel's
+``Channel.classify`` does that around every platform call (``Channel.calling``); the channel
+manager has one retry policy that acts on the result (``channels.retry``). The rules shared
+by every platform are here: only the login (Telegram getMe, Slack auth.test, Discord's
+gateway login) says a token is bad at start; on any other call a 401 is a refused token,
+and a 404 (or a refusal naming an unknown method) is the method or the chat, never the
+token (``refused_call``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 UNAUTHORIZED, NOT_FOUND = 401, 404
 
@@ -85,3 +89,60 @@ def refused_call(
     if feature is not None:
         return FeatureUnavailable(feature, method, detail)
     return PermanentError(f"{method}: {detail}")
+
+
+def _never(code: str) -> bool:
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A platform's answer to one failed call, in terms every platform shares."""
+
+    method: str  # the platform's name of the call
+    detail: str  # for the log and the error's text: the platform's own words
+    status: int | None = None  # HTTP status; None when there is none to tell
+    code: str = ""  # the platform's error code, or its description where it has no codes
+    retry_after: float | None = None  # flood control: the wait the platform asked for
+    unreachable: bool = False  # no answer at all (network trouble, a timeout, a 409 poll)
+    login: bool = False  # the call that checks the token (Slack's auth.test)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorTable:
+    """One platform's words for the classes ``classify`` tells apart."""
+
+    token_refused: str  # the FatalChannelError's text; "{detail}" becomes the refusal's
+    optional: Mapping[str, str] = field(default_factory=dict)  # method -> feature
+    fatal_codes: frozenset[str] = frozenset()  # a refused token, on any call
+    login_fatal_codes: frozenset[str] = frozenset()  # a refused token on the login only
+    transient_codes: frozenset[str] = frozenset()  # "try again" said with a 200
+    unknown_method: Callable[[str], bool] = _never  # the code says the method is not there
+    too_long: Callable[[str], bool] = _never
+    formatting: Callable[[str], bool] = _never  # the platform could not parse our markup
+
+
+def classify(refusal: Refusal, table: ErrorTable) -> SendError | FatalChannelError:
+    """The class of ``refusal``, the same rules for every platform: flood control, then no
+    answer (transient), a refused token, a method or target not there (``refused_call``),
+    a server error, a piece too long or markup refused, and else a permanent refusal."""
+    r, detail = refusal, refusal.detail
+    if r.retry_after is not None:
+        return RetryAfter(r.retry_after, detail)
+    if r.unreachable:
+        return TransientError(detail)
+    if (
+        r.status == UNAUTHORIZED
+        or r.code in table.fatal_codes
+        or (r.login and r.code in table.login_fatal_codes)
+    ):
+        return FatalChannelError(table.token_refused.replace("{detail}", detail))
+    if r.status == NOT_FOUND or table.unknown_method(r.code):
+        return refused_call(NOT_FOUND, r.method, detail, table.optional, "")
+    if (r.status or 0) >= 500 or r.code in table.transient_codes:
+        return TransientError(detail)
+    if table.too_long(r.code):
+        return TooLong(detail)
+    if table.formatting(r.code):
+        return FormattingRejected(detail)
+    return PermanentError(detail)

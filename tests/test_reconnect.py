@@ -56,3 +56,47 @@ async def test_a_refused_token_stops_the_loop_without_waiting():
     assert not await reconnect.pause(FatalChannelError("token refused"))
     assert reconnect.wait_after(FatalChannelError("token refused")) is None
     assert clock.slept == []
+
+
+# -- the one classifier every platform's refusals go through -----------------------------------
+
+
+def test_one_classifier_reads_any_platforms_table():
+    """A new platform brings a table of its codes, not a mapping function of its own."""
+    from channels.errors import (
+        ErrorTable,
+        FeatureUnavailable,
+        FormattingRejected,
+        PermanentError,
+        Refusal,
+        TooLong,
+        classify,
+    )
+
+    table = ErrorTable(
+        "refused: {detail}",
+        optional={"m.typing": "typing"},
+        fatal_codes=frozenset({"M_UNKNOWN_TOKEN"}),
+        transient_codes=frozenset({"M_LIMIT_BUSY"}),
+        unknown_method=lambda code: code == "M_UNRECOGNIZED",
+        too_long=lambda code: code == "M_TOO_LARGE",
+        formatting=lambda code: code == "M_BAD_HTML",
+    )
+
+    def of(**kw: object) -> Exception:
+        return classify(Refusal("m.send", "said so", **kw), table)  # type: ignore[arg-type]
+
+    flood = of(status=429, retry_after=2.0)
+    assert isinstance(flood, RetryAfter) and flood.seconds == 2.0
+    assert isinstance(of(unreachable=True), TransientError)
+    token = of(status=200, code="M_UNKNOWN_TOKEN")
+    assert isinstance(token, FatalChannelError) and str(token) == "refused: said so"
+    assert isinstance(of(status=401), FatalChannelError)
+    assert type(of(status=404)) is PermanentError  # the room or the event, not the token
+    off = classify(Refusal("m.typing", "no", 400, "M_UNRECOGNIZED"), table)
+    assert isinstance(off, FeatureUnavailable) and off.feature == "typing"
+    assert isinstance(of(status=502), TransientError)
+    assert isinstance(of(status=200, code="M_LIMIT_BUSY"), TransientError)
+    assert isinstance(of(status=413, code="M_TOO_LARGE"), TooLong)
+    assert isinstance(of(status=400, code="M_BAD_HTML"), FormattingRejected)
+    assert type(of(status=403, code="M_FORBIDDEN")) is PermanentError

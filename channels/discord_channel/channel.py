@@ -36,12 +36,14 @@ from channels.access import (
 )
 from channels.base import Channel, PreviewMode
 from channels.errors import (
+    UNAUTHORIZED,
+    ErrorTable,
     FatalChannelError,
     PermanentError,
-    RetryAfter,
+    Refusal,
     SendError,
     TransientError,
-    refused_call,
+    classify,
 )
 from channels.formatting import DISCORD_LIMIT, markdown_to_discord, render_chunks, strip_markdown
 from channels.pacing import Limit
@@ -115,22 +117,27 @@ def _retry_after(exc: discord.HTTPException) -> float:
 def map_send_error(exc: BaseException, method: str) -> SendError | FatalChannelError | None:
     """Our error class for a failed Discord REST call ``method`` (the API's name, "Create
     Message"), or None for an exception we do not know."""
+    found = refusal(exc, method)
+    return None if found is None else classify(found, ERRORS)
+
+
+def refusal(exc: BaseException, method: str) -> Refusal | None:
+    """What Discord answered to ``method``; None for an exception that is not an answer."""
     if isinstance(exc, discord.RateLimited):
-        return RetryAfter(exc.retry_after)
+        return Refusal(method, f"rate limited for {exc.retry_after:g} s", 429, "", exc.retry_after)
     if isinstance(exc, discord.LoginFailure):
-        return FatalChannelError(f"discord refused the token: {exc}")
+        return Refusal(method, f"discord refused the token: {exc}", UNAUTHORIZED, login=True)
     if isinstance(exc, discord.HTTPException):
         detail = f"discord answered {exc.status}: {exc.text or exc}"
-        if exc.status == 429:
-            return RetryAfter(_retry_after(exc), detail)
-        if exc.status in (401, 404):  # 404: the channel or the message, never the token
-            return refused_call(exc.status, method, detail, {}, detail)
-        if exc.status >= 500:
-            return TransientError(detail)
-        return PermanentError(detail)  # 400, 403 Forbidden
+        wait = _retry_after(exc) if exc.status == 429 else None
+        # A 404 is the channel or the message, never the token; 403 is Forbidden.
+        return Refusal(method, detail, exc.status, str(exc.code), wait)
     if isinstance(exc, aiohttp.ClientError | TimeoutError | ConnectionError):
-        return TransientError(f"discord unreachable: {exc!r}")
+        return Refusal(method, f"discord unreachable: {exc!r}", unreachable=True)
     return None
+
+
+ERRORS = ErrorTable("{detail}")
 
 
 def approval_view(msg: OutboundMessage) -> discord.ui.View | None:

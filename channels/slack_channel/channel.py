@@ -64,16 +64,15 @@ from channels.access import (
 )
 from channels.base import Channel, PreviewMode
 from channels.errors import (
-    NOT_FOUND,
-    UNAUTHORIZED,
+    ErrorTable,
     FatalChannelError,
     FeatureUnavailable,
     PermanentError,
+    Refusal,
     RetryAfter,
     SendError,
-    TooLong,
     TransientError,
-    refused_call,
+    classify,
 )
 from channels.formatting import (
     SLACK_LIMIT,
@@ -390,26 +389,27 @@ def map_api_error(
     FATAL_API_ERRORS; the LOGIN_FATAL_API_ERRORS too when ``method`` is the login), and a
     method it does not offer with ``unknown_method``."""
     detail = f"slack answered {status}: {error or 'no error code'}"
+    wait = None
     if status == 429 or error == "ratelimited":
         try:
-            seconds = float(retry_after) if retry_after else 1.0
+            wait = float(retry_after) if retry_after else 1.0
         except ValueError:
-            seconds = 1.0
-        return RetryAfter(seconds, detail)
-    if (
-        error in FATAL_API_ERRORS
-        or status == UNAUTHORIZED
-        or (method == LOGIN and error in LOGIN_FATAL_API_ERRORS)
-    ):
-        return FatalChannelError(f"{detail}: check channels.slack.botToken")
-    if error == "unknown_method" or status == NOT_FOUND:
-        features = {m: feature for m, (feature, _) in OPTIONAL_METHODS.items()}
-        return refused_call(NOT_FOUND, method or "a Web API call", detail, features, "")
-    if (status or 0) >= 500 or error in TRANSIENT_API_ERRORS:
-        return TransientError(detail)
-    if error == "msg_too_long":
-        return TooLong(detail)
-    return PermanentError(detail)  # channel_not_found, not_in_channel, ...
+            wait = 1.0
+    found = Refusal(
+        method or "a Web API call", detail, status, error or "", wait, login=method == LOGIN
+    )
+    return classify(found, ERRORS)
+
+
+ERRORS = ErrorTable(
+    "{detail}: check channels.slack.botToken",
+    optional={m: feature for m, (feature, _) in OPTIONAL_METHODS.items()},
+    fatal_codes=FATAL_API_ERRORS,
+    login_fatal_codes=LOGIN_FATAL_API_ERRORS,
+    transient_codes=TRANSIENT_API_ERRORS,
+    unknown_method=lambda code: code == "unknown_method",
+    too_long=lambda code: code == "msg_too_long",
+)
 
 
 @contextlib.contextmanager

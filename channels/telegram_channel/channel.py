@@ -88,14 +88,14 @@ from channels.base import Channel, PreviewMode, State
 from channels.errors import (
     NOT_FOUND,
     UNAUTHORIZED,
+    ErrorTable,
     FatalChannelError,
-    FormattingRejected,
     PermanentError,
+    Refusal,
     RetryAfter,
     SendError,
-    TooLong,
     TransientError,
-    refused_call,
+    classify,
 )
 from channels.formatting import (
     TELEGRAM_LIMIT,
@@ -220,33 +220,41 @@ def text_without_mention(message: Message, me: User) -> str:
 def send_error(exc: TelegramError, method: str) -> SendError | FatalChannelError:
     """Map one python-telegram-bot exception, raised by Bot API ``method`` (not getMe or
     getUpdates: those decide about the token themselves), to our error vocabulary."""
+    return classify(refusal(exc, method), ERRORS)
+
+
+def refusal(exc: TelegramError, method: str) -> Refusal:
+    """What Telegram answered, as the Bot API said it (PTB keeps only the description)."""
+    words = exc.message
     if isinstance(exc, PTBRetryAfter):
-        return RetryAfter(retry_seconds(exc))
+        return Refusal(method, words, 429, retry_after=retry_seconds(exc))
     if isinstance(exc, InvalidToken):
         # PTB raises it for a 401 and for every 404 (its message is the answer's description,
         # or "Not Found (404)"), and a Bot API server answers 404 "Not Found: method not
         # found" to a method it does not know: only a 401 ("Unauthorized", Telegram's words
         # and PTB's) or a message naming the token is the token. Any other wording is not:
         # the poll's getUpdates, which decides about the token, fails the channel if it is.
-        words = exc.message.lower()
-        refused = words.startswith("unauthorized") or "token" in words
-        status = UNAUTHORIZED if refused else NOT_FOUND
-        return refused_call(status, method, exc.message, _OPTIONAL_FEATURES, TOKEN_REJECTED)
+        refused = words.lower().startswith("unauthorized") or "token" in words.lower()
+        return Refusal(method, words, UNAUTHORIZED if refused else NOT_FOUND, words)
     if isinstance(exc, ChatMigrated):
-        return PermanentError(f"the group became supergroup {exc.new_chat_id}")
+        return Refusal(method, f"the group became supergroup {exc.new_chat_id}", 400)
     if isinstance(exc, BadRequest):  # before NetworkError: PTB derives BadRequest from it
-        if _UNKNOWN_METHOD.search(exc.message):
-            return refused_call(NOT_FOUND, method, exc.message, _OPTIONAL_FEATURES, "")
-        if "can't parse entities" in exc.message.lower():
-            return FormattingRejected(exc.message)
-        if "too long" in exc.message.lower():  # "message is too long", "message caption is ..."
-            return TooLong(exc.message)
-        return PermanentError(exc.message)
+        return Refusal(method, words, 400, words)
     if isinstance(exc, Forbidden):
-        return PermanentError(exc.message)
+        return Refusal(method, words, 403, words)
     if isinstance(exc, NetworkError | Conflict):
-        return TransientError(exc.message)
-    return PermanentError(exc.message)
+        return Refusal(method, words, unreachable=True)
+    return Refusal(method, words, code=words)
+
+
+ERRORS = ErrorTable(
+    TOKEN_REJECTED,
+    optional=_OPTIONAL_FEATURES,
+    unknown_method=lambda words: bool(_UNKNOWN_METHOD.search(words)),
+    # "message is too long", "message caption is too long"
+    too_long=lambda words: "too long" in words.lower(),
+    formatting=lambda words: "can't parse entities" in words.lower(),
+)
 
 
 @dataclass(frozen=True, slots=True)

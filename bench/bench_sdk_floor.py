@@ -25,9 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bot.config import LLMConfig, TelegramConfig
+from bot.config import LLMConfig
 from bot.llm import LLMProvider
 from channels.telegram_channel.channel import build_bot
+from channels.telegram_channel.config import TelegramConfig
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread
 from tests.fakes.telegram_api import FakeBotAPI, FakeBotAPIThread
 

@@ -8,21 +8,22 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     StrictBool,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
 from bot import durable
+from bot.config_base import ConfigModel as _Model
 from bot.dialects import ProviderName
 from bot.gate.approval import DEFAULT_EXEC_ALLOW, allow_pattern_problem
 from bot.layout import layout_problem
@@ -40,12 +41,6 @@ _SECRET_KEY = re.compile(r"(?i)(token|key|secret|password|authorization)$")
 
 class ConfigError(Exception):
     """The config cannot be used. ``str()`` is a message for a person, naming file and field."""
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_default=True
-    )
 
 
 class RetryConfig(_Model):
@@ -371,162 +366,31 @@ class ToolsConfig(_Model):
         return v
 
 
-_USERNAME_HELP = (
-    "usernames are not accepted in allowFrom: they can be changed and then taken over by "
-    "someone else. Use the numeric user id instead: message the bot and send /whoami, or "
-    "look at the log line memobot writes for a denied sender."
-)
-
-
-_TOOL_PATTERN = re.compile(r"^[A-Za-z0-9_*?\[\]-]+$")
-
-
-class ChannelConfig(_Model):
-    enabled: StrictBool = False
-    allow_from: list[str] = Field(default_factory=list)
-    admins: list[str] | None = None  # default: the allowFrom ids (but "*")
-    group_policy: Literal["mention", "open"] = "mention"
-    proxy: str = ""
-    # Answers appear while the model writes them (a draft or an edited preview message).
-    streaming: StrictBool = True
-    stream_edit_interval_seconds: float = Field(1.0, ge=0.05, le=60)
-    # "typing..." only for an answer not there within this time: Telegram asks bots to show
-    # it only when an answer takes noticeable time, and a quick answer then costs no call.
-    typing_delay_seconds: float = Field(1.0, ge=0, le=60)
-    # "pairing": a stranger's private message gets a one-time code the owner approves.
-    dm_policy: Literal["allowlist", "pairing"] = "allowlist"
-    # The tools offered in group chats (globs); None: the tools that touch no workspace file
-    # (by their declared effects: bot.gate.approval.offered_by_default) and tools.safeMcpTools.
-    group_tools: list[str] | None = None
-    # An admin's own turns in groups get every tool (exec too, which no privacy scope binds).
-    group_admin_tools: StrictBool = False
-    # The tools offered in a private chat with someone who is not an admin; None: all but exec
-    # and MCP tools not in tools.safeMcpTools (they could read what the chat may not see).
-    dm_tools: list[str] | None = None
-
-    # How this platform's stable user ids look; "*" is always accepted.
-    _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^[A-Za-z0-9_.:-]+$")
-    _id_example: ClassVar[str] = "an id"
-
-    @field_validator("allow_from", "admins", mode="before")
-    @classmethod
-    def _ids_as_strings(cls, v: Any) -> Any:
-        # Numeric ids pasted without quotes are a common slip; they mean the same id.
-        if isinstance(v, list):
-            return [str(x) if isinstance(x, int) and not isinstance(x, bool) else x for x in v]
-        return v
-
-    @field_validator("allow_from", "admins")
-    @classmethod
-    def _valid_ids(cls, v: list[str] | None) -> list[str] | None:
-        for item in v or []:
-            if item == "*":
-                continue
-            if item.startswith("@"):
-                raise ValueError(f"{item!r}: {_USERNAME_HELP}")
-            if not cls._id_pattern.match(item):
-                raise ValueError(f"{item!r} is not {cls._id_example}")
-        return v
-
-    @field_validator("group_tools", "dm_tools")
-    @classmethod
-    def _tool_patterns(cls, v: list[str] | None) -> list[str] | None:
-        for item in v or []:
-            if not item or item != item.strip() or not _TOOL_PATTERN.match(item):
-                raise ValueError(
-                    f"{item!r} is not a tool name or glob (letters, digits, _ - and * ? [ ])"
-                )
-        return v
-
-    _proxy = field_validator("proxy")(check_proxy_url)
-
-    @property
-    def admin_ids(self) -> list[str]:
-        """``admins``, or the allowFrom ids when it is not set. An allowFrom "*" lets anyone
-        talk, not anyone administer: only an explicit ``admins: ["*"]`` makes everyone one."""
-        if self.admins is None:
-            return [i for i in self.allow_from if i != "*"]
-        return self.admins
-
-
-class RateLimitConfig(_Model):
-    """``messages`` per ``perSeconds``, up to ``burst`` at once (a token bucket)."""
-
-    messages: float = Field(gt=0)
-    per_seconds: float = Field(gt=0)
-    burst: int = Field(1, ge=1, le=1000)
-
-
-class TelegramRateLimits(_Model):
-    # Telegram: about 30 a second per bot (28: exactly 30 drew 429s, arrival jitter bunches
-    # sends), about 1 a second per chat (short bursts allowed: the pieces of one answer), 20 a
-    # minute per group: 18 a minute with a burst of 2 holds no more than 20 in any minute, and
-    # the second token lets a streamed answer's final edit go at once (previews keep it).
-    bot: RateLimitConfig = RateLimitConfig(messages=28, per_seconds=1)
-    chat: RateLimitConfig = RateLimitConfig(messages=1, per_seconds=1, burst=3)
-    group: RateLimitConfig = RateLimitConfig(messages=18, per_seconds=60, burst=2)
-
-
-class DiscordRateLimits(_Model):
-    # Discord: 5 messages per 5 s per channel (burst 1: no 5 s window holds more than 5).
-    channel: RateLimitConfig = RateLimitConfig(messages=5, per_seconds=5)
-
-
-class SlackRateLimits(_Model):
-    # Slack: about 1 message a second per channel, short bursts allowed.
-    channel: RateLimitConfig = RateLimitConfig(messages=1, per_seconds=1, burst=3)
-
-
-class TelegramConfig(ChannelConfig):
-    token: str = ""
-    base_url: str = ""  # python-telegram-bot's meaning: "http://host:port/bot", token appended
-    base_file_url: str = ""
-    poll_timeout_seconds: int = Field(30, ge=1, le=300)
-    rate_limits: TelegramRateLimits = TelegramRateLimits()
-    _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^-?[0-9]+$")
-    _id_example: ClassVar[str] = "a numeric Telegram user id"
-
-
-class DiscordConfig(ChannelConfig):
-    token: str = ""
-    allow_channels: list[str] = Field(default_factory=list)  # empty: every guild channel
-    rate_limits: DiscordRateLimits = DiscordRateLimits()
-    _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^[0-9]+$")
-    _id_example: ClassVar[str] = "a numeric Discord user id"
-
-
-class SlackConfig(ChannelConfig):
-    bot_token: str = ""
-    app_token: str = ""
-    api_url: str = ""  # default Slack's public Web API; for a proxy or a local test server
-    rate_limits: SlackRateLimits = SlackRateLimits()
-    # Stream answers in threads with chat.startStream/appendStream/stopStream where Slack
-    # allows it; False (or a refusal): chat.postMessage, then chat.update.
-    native_streaming: StrictBool = True
-    _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^[A-Z0-9]+$")
-    _id_example: ClassVar[str] = "a Slack member id such as U0123ABCD"
-
-
-class ChannelsConfig(_Model):
-    telegram: TelegramConfig = TelegramConfig()
-    discord: DiscordConfig = DiscordConfig()
-    slack: SlackConfig = SlackConfig()
+class _ChannelsBase(_Model):
+    """``channels.<name>``: one section per channel that ``channels.registry`` lists with a
+    config model (each platform's package declares it)."""
 
     @model_validator(mode="after")
-    def _tokens_when_enabled(self) -> ChannelsConfig:
-        need = {
-            "telegram": ("token",),
-            "discord": ("token",),
-            "slack": ("bot_token", "app_token"),
-        }
-        for name, fields in need.items():
-            channel = getattr(self, name)
-            for f in fields:
-                if channel.enabled and not getattr(channel, f):
+    def _tokens_when_enabled(self) -> _ChannelsBase:
+        for name, section in self:
+            for f in type(section).required_when_enabled:
+                if section.enabled and not getattr(section, f):
                     raise ValueError(
                         f"channels.{name}.{to_camel(f)} is required when the channel is enabled"
                     )
         return self
+
+
+def _channels_model() -> type[_ChannelsBase]:
+    from channels.registry import specs  # light: the specs import no SDK
+
+    sections: dict[str, Any] = {
+        s.name: (s.config, s.config()) for s in specs().values() if s.config is not None
+    }
+    return create_model("ChannelsConfig", __base__=_ChannelsBase, **sections)
+
+
+ChannelsConfig = _channels_model()
 
 
 class DreamConfig(_Model):

@@ -14,7 +14,7 @@ from bot.gate.question import SHOW_ALL, QuestionView
 from bot.pairing import PairingStore, code_text
 
 if TYPE_CHECKING:
-    from bot.config import ChannelConfig
+    from bot.config_base import ChannelConfig
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from channels.errors import FatalChannelError, FeatureUnavailable, PermanentErro
 from channels.pacing import Limit
 
 if TYPE_CHECKING:
-    from bot.config import ChannelConfig
+    from bot.config_base import ChannelConfig
 
 log = logging.getLogger(__name__)
 

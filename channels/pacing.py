@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bot.config import RateLimitConfig
+from bot.config_base import RateLimitConfig
 
 SWEEP_EVERY = 1024  # reservations between sweeps of idle (full) buckets out of a Pacer
 

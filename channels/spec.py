@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bot.bus import MessageBus
-    from bot.config import ChannelConfig, Config
+    from bot.config import Config
+    from bot.config_base import ChannelConfig
     from channels.base import Channel
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from bot.bus import InboundMessage
-from bot.config import ChannelConfig, ConfigError, MemoryConfig, parse_config
+from bot.config import ConfigError, MemoryConfig, parse_config
+from bot.config_base import ChannelConfig
 from bot.gate import Gate
 from bot.kinds import with_kind
 from bot.pairing import PairingStore

@@ -29,17 +29,17 @@ from pydantic import BaseModel, ValidationError
 
 from bot.config import (
     AgentConfig,
-    ChannelConfig,
-    DiscordConfig,
     ExecConfig,
     HeartbeatConfig,
     LLMConfig,
     McpServerConfig,
-    SlackConfig,
-    TelegramConfig,
     WebSearchConfig,
 )
+from bot.config_base import ChannelConfig
 from bot.dialects import PROVIDERS, detect_provider
+from channels.discord_channel.config import DiscordConfig
+from channels.slack_channel.config import SlackConfig
+from channels.telegram_channel.config import TelegramConfig
 
 # OpenAI-compatible endpoints of the providers nanobot knows by name; "" is OpenAI itself.
 PROVIDER_BASES: dict[str, str] = {

@@ -23,7 +23,6 @@ import discord
 from bot import workspace_files
 from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from bot.commands import CHANNEL_COMMANDS, CommandSyntax
-from bot.config import DiscordConfig
 from bot.gate.question import QuestionView, fit_question
 from bot.proxy import http_proxy, socks_connector
 from bot.workspace import chat_media_dir
@@ -35,6 +34,7 @@ from channels.access import (
     whoami_text,
 )
 from channels.base import Channel, PreviewMode
+from channels.discord_channel.config import DiscordConfig
 from channels.errors import (
     UNAUTHORIZED,
     ErrorTable,

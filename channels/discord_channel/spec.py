@@ -4,7 +4,7 @@ owner's memory)."""
 
 from __future__ import annotations
 
-from bot.config import DiscordConfig
+from channels.discord_channel.config import DiscordConfig
 from channels.spec import ChannelSpec, TokenProbe
 
 NAME = "discord"

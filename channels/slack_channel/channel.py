@@ -50,7 +50,6 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import CHANNEL_COMMANDS, COMMANDS, CommandSyntax
-from bot.config import SlackConfig
 from bot.gate.question import QuestionView, fit_question
 from bot.proxy import http_proxy, socks_connector
 from bot.workspace import chat_media_dir
@@ -84,6 +83,7 @@ from channels.formatting import (
 )
 from channels.pacing import Limit
 from channels.retry import Reconnect
+from channels.slack_channel.config import SlackConfig
 from channels.state import ChannelState
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bot.config import SlackConfig
+from channels.slack_channel.config import SlackConfig
 from channels.spec import ChannelSpec, TokenProbe
 
 NAME = "slack"

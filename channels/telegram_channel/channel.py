@@ -73,7 +73,6 @@ from telegram.warnings import PTBDeprecationWarning
 from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import CHANNEL_COMMANDS, CommandSyntax
-from bot.config import TelegramConfig
 from bot.gate.question import QuestionView, fit_question
 from bot.proxy import http_proxy, socks_connector
 from bot.workspace import chat_media_dir
@@ -109,6 +108,7 @@ from channels.formatting import (
 from channels.pacing import Limit
 from channels.retry import Reconnect
 from channels.state import ChannelState
+from channels.telegram_channel.config import TelegramConfig
 
 log = logging.getLogger(__name__)
 

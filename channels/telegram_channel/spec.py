@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bot.config import TelegramConfig
 from channels.spec import ChannelSpec, TokenProbe
+from channels.telegram_channel.config import TelegramConfig
 
 NAME = "telegram"
 DEFAULT_BASE = "https://api.telegram.org/bot"

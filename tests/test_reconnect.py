@@ -7,19 +7,7 @@ import pytest
 
 from channels.errors import FatalChannelError, RetryAfter, TransientError
 from channels.retry import RETRY_AFTER_MARGIN, Reconnect
-
-
-class VirtualClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.slept: list[float] = []
-
-    def now(self) -> float:
-        return self.t
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.t += seconds
+from tests.helpers import VirtualClock
 
 
 async def test_backoff_grows_by_half_up_to_thirty_seconds_and_starts_afresh():

@@ -88,3 +88,37 @@ def test_one_classifier_reads_any_platforms_table():
     assert isinstance(of(status=413, code="M_TOO_LARGE"), TooLong)
     assert isinstance(of(status=400, code="M_BAD_HTML"), FormattingRejected)
     assert type(of(status=403, code="M_FORBIDDEN")) is PermanentError
+
+
+async def test_telegrams_poll_waits_on_the_channels_clock(tmp_path, llm, api):
+    """The real channel against the fake Bot API: flood control on getUpdates waits what
+    Telegram asked (on the injected clock, so not in real time), a 502 backs off from 1 s."""
+    from channels.telegram_channel.channel import TelegramChannel
+    from tests.helpers import channel_in_process, make_config
+
+    settings = {
+        "enabled": True,
+        "token": api.token,
+        "baseUrl": api.base_url,
+        "allowFrom": ["1001"],
+        "pollTimeoutSeconds": 1,
+    }
+    cfg = make_config(tmp_path, llm.base_url, channels={"telegram": settings})
+    clock = VirtualClock()
+
+    def make(stack: object) -> TelegramChannel:
+        channel = TelegramChannel(
+            stack.bus,  # type: ignore[attr-defined]
+            cfg.channels.telegram,
+            cfg.agent.workspace_path,
+            cfg.agent.state_path,
+        )
+        channel.reconnect = Reconnect(clock)
+        return channel
+
+    api.fail("getUpdates", 429, retry_after=7)
+    api.fail("getUpdates", 502, "Bad Gateway")
+    async with channel_in_process(cfg, tmp_path / "config.json", make):
+        api.private_text("still there?", user_id=1001)
+        await api.wait_sent_async(1, 1001, 30)
+    assert clock.slept[:2] == [pytest.approx(7 + RETRY_AFTER_MARGIN), 1.0]

@@ -628,7 +628,7 @@ def _http_error(status: int, headers: dict[str, str] | None = None) -> Exception
     ],
 )
 def test_http_errors_map_to_our_vocabulary(status: int, expected: type) -> None:
-    from channels.discord_channel.channel import map_send_error
+    from channels.discord_channel.errors import map_send_error
 
     assert type(map_send_error(_http_error(status), "Create Message")) is expected
 
@@ -637,7 +637,7 @@ def test_rate_limits_map_to_retry_after() -> None:
     import aiohttp
     import discord
 
-    from channels.discord_channel.channel import map_send_error
+    from channels.discord_channel.errors import map_send_error
 
     def mapped(exc: BaseException) -> Exception | None:
         return map_send_error(exc, "Create Message")

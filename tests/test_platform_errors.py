@@ -28,7 +28,7 @@ from channels.errors import (
     UnexpectedError,
 )
 from channels.retry import Breaker, Retries, RetryPolicy
-from channels.telegram_channel.channel import send_error
+from channels.telegram_channel.errors import send_error
 from tests.fakes.llm_server import call, reply, tool_step
 from tests.fakes.telegram_api import BOT_USERNAME, NO_RESULT, FakeBotAPI, strip_html
 from tests.helpers import STREAMED_ANSWER as ANSWER
@@ -139,8 +139,8 @@ def test_only_a_401_on_a_send_is_the_token():
 def test_discord_and_slack_read_a_401_and_a_404_as_telegram_does():
     import discord
 
-    from channels.discord_channel.channel import map_send_error
-    from channels.slack_channel.channel import map_api_error
+    from channels.discord_channel.errors import map_send_error
+    from channels.slack_channel.errors import map_api_error
 
     def http(status: int) -> discord.HTTPException:
         response = SimpleNamespace(status=status, reason="scripted", headers={})

@@ -36,12 +36,12 @@ from channels.slack_channel.channel import (
     Incoming,
     SlackChannel,
     SlackEvent,
-    map_api_error,
     proxy_settings,
     route,
     slack_to_text,
     split_chat_id,
 )
+from channels.slack_channel.errors import map_api_error
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.slack_api import APP_TOKEN, BOT_ID, BOT_TOKEN, BOT_USER_ID, FakeSlack
 from tests.helpers import (

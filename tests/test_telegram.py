@@ -832,9 +832,10 @@ def test_ptb_errors_map_to_our_vocabulary():
     from telegram import error as tg
 
     from channels import errors
+    from channels.telegram_channel.errors import send_error
 
     def mapped(exc: Exception) -> Exception:
-        return telegram_channel.send_error(exc, "sendMessage")  # type: ignore[arg-type]
+        return send_error(exc, "sendMessage")  # type: ignore[arg-type]
 
     flood = mapped(tg.RetryAfter(dt.timedelta(seconds=3)))
     assert isinstance(flood, errors.RetryAfter) and flood.seconds == 3

@@ -63,15 +63,12 @@ from channels.access import (
 )
 from channels.base import Channel, PreviewMode
 from channels.errors import (
-    ErrorTable,
     FatalChannelError,
     FeatureUnavailable,
     PermanentError,
-    Refusal,
     RetryAfter,
     SendError,
     TransientError,
-    classify,
 )
 from channels.formatting import (
     SLACK_LIMIT,
@@ -84,6 +81,13 @@ from channels.formatting import (
 from channels.pacing import Limit
 from channels.retry import Reconnect
 from channels.slack_channel.config import SlackConfig
+from channels.slack_channel.errors import (
+    LOGIN,
+    NATIVE_STREAMS,
+    OPTIONAL_METHODS,
+)
+from channels.slack_channel.errors import api_error as _api_error
+from channels.slack_channel.errors import error_code as _error_code
 from channels.state import ChannelState
 
 log = logging.getLogger(__name__)
@@ -116,10 +120,6 @@ CHAT_COMMANDS = frozenset(c.removeprefix("/") for c in COMMANDS | COMMAND_SYNTAX
 ASKERS_KEPT = 1000  # (chat, message) -> sender and team, for a stream's recipient
 PREVIEWS_KEPT = 1000  # preview messages (streams or posts) this process knows
 STREAM_TEXT_MAX = 12000  # characters of markdown_text per chat.*Stream call (Slack's limit)
-NATIVE_STREAMS = "native streams"
-OPTIONAL_METHODS = {
-    "chat.startStream": (NATIVE_STREAMS, "answers stream by chat.postMessage and chat.update"),
-}
 # chat.startStream refusals meaning the app or the workspace offers no streaming (not
 # enabled, no chat:write, not a bot token): remembered for the process lifetime.
 STREAMING_UNAVAILABLE = frozenset(
@@ -140,20 +140,6 @@ STREAMING_NOT_HERE = frozenset(
 # message stays and chat.update edits it.
 STREAM_ENDED = frozenset({"message_not_in_streaming_state", "stopped_by_user"})
 
-# Token problems: retrying cannot help, the operator has to fix the config.
-FATAL_API_ERRORS = frozenset(
-    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired"}
-)
-# ... only when the login (auth.test) answers them: on any other call they are about that
-# call (a method the token type may not use), workspace (an org app not granted it) or post
-# (Enterprise Key Management suspended it), and the channel goes on.
-LOGIN = "auth.test"
-LOGIN_FATAL_API_ERRORS = frozenset(
-    {"not_allowed_token_type", "team_access_not_granted", "ekm_access_denied"}
-)
-TRANSIENT_API_ERRORS = frozenset(
-    {"internal_error", "fatal_error", "service_unavailable", "request_timeout"}
-)
 # Message subtypes that are still a person writing to us; the rest (edits, deletions, joins,
 # bot_message...) are ignored.
 USER_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
@@ -381,37 +367,6 @@ def split_chat_id(chat_id: str) -> tuple[str, str | None]:
     return channel, thread_ts or None
 
 
-def map_api_error(
-    status: int | None, error: str | None, retry_after: str | None = None, method: str = ""
-) -> SendError | FatalChannelError:
-    """Our error class for a failed Web API call ``method`` (``status`` HTTP, ``error``
-    Slack's code). Slack answers a refused token with HTTP 200 and a code of its own (the
-    FATAL_API_ERRORS; the LOGIN_FATAL_API_ERRORS too when ``method`` is the login), and a
-    method it does not offer with ``unknown_method``."""
-    detail = f"slack answered {status}: {error or 'no error code'}"
-    wait = None
-    if status == 429 or error == "ratelimited":
-        try:
-            wait = float(retry_after) if retry_after else 1.0
-        except ValueError:
-            wait = 1.0
-    found = Refusal(
-        method or "a Web API call", detail, status, error or "", wait, login=method == LOGIN
-    )
-    return classify(found, ERRORS)
-
-
-ERRORS = ErrorTable(
-    "{detail}: check channels.slack.botToken",
-    optional={m: feature for m, (feature, _) in OPTIONAL_METHODS.items()},
-    fatal_codes=FATAL_API_ERRORS,
-    login_fatal_codes=LOGIN_FATAL_API_ERRORS,
-    transient_codes=TRANSIENT_API_ERRORS,
-    unknown_method=lambda code: code == "unknown_method",
-    too_long=lambda code: code == "msg_too_long",
-)
-
-
 @contextlib.contextmanager
 def _network_errors() -> Iterator[None]:
     """A streaming call's network failures as ``TransientError``; Slack's refusals
@@ -445,15 +400,6 @@ class _Preview:
     posted: bool = False
 
 
-def _api_error(exc: SlackApiError, method: str = "") -> SendError | FatalChannelError:
-    response = exc.response
-    headers = getattr(response, "headers", None) or {}
-    # A body labelled JSON that does not parse (a proxy's error page) comes with aiohttp's
-    # own response, whose status is ``status``: still a 502 for the retry policy.
-    status = getattr(response, "status_code", None) or getattr(response, "status", None)
-    return map_api_error(status, _error_code(exc), headers.get("Retry-After"), method)
-
-
 def proxy_settings(proxy: str) -> tuple[str | None, Callable[[], aiohttp.BaseConnector] | None]:
     """(http proxy URL for aiohttp's ``proxy=``, connector factory for socks5) for
     ``channels.slack.proxy``. ``socks5h``: the proxy resolves host names."""
@@ -466,11 +412,6 @@ def proxy_settings(proxy: str) -> tuple[str | None, Callable[[], aiohttp.BaseCon
 
 def _safe_name(name: str) -> str:
     return _UNSAFE_NAME.sub("_", Path(name).name).strip("._") or "file"
-
-
-def _error_code(exc: SlackApiError) -> str | None:
-    data = getattr(exc.response, "data", None)  # none on an unreadable body (``_api_error``)
-    return data.get("error") if isinstance(data, dict) else None
 
 
 class _DownloadError(Exception):

@@ -30,13 +30,11 @@ costs about 0.25 ms of CPU on aiohttp against 1.6 ms on httpx, and a reply takes
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import functools
 import logging
 import re
 import stat
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +58,6 @@ from telegram.error import (
     BadRequest,
     ChatMigrated,
     Conflict,
-    Forbidden,
     InvalidToken,
     NetworkError,
     TelegramError,
@@ -68,7 +65,6 @@ from telegram.error import (
 )
 from telegram.error import RetryAfter as PTBRetryAfter
 from telegram.request import BaseRequest, RequestData
-from telegram.warnings import PTBDeprecationWarning
 
 from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
@@ -85,16 +81,10 @@ from channels.access import (
 )
 from channels.base import Channel, PreviewMode, State
 from channels.errors import (
-    NOT_FOUND,
-    UNAUTHORIZED,
-    ErrorTable,
     FatalChannelError,
     PermanentError,
-    Refusal,
-    RetryAfter,
     SendError,
     TransientError,
-    classify,
 )
 from channels.formatting import (
     TELEGRAM_LIMIT,
@@ -109,6 +99,12 @@ from channels.pacing import Limit
 from channels.retry import Reconnect
 from channels.state import ChannelState
 from channels.telegram_channel.config import TelegramConfig
+from channels.telegram_channel.errors import (
+    OPTIONAL_METHODS,
+    TOKEN_REJECTED,
+    flood,
+    send_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,17 +119,6 @@ MEDIA_MAX_BYTES = 20 * 1024 * 1024  # also the cloud Bot API's own getFile limit
 GROUP_TYPES = frozenset({"group", "supergroup", "channel"})
 _COMMAND = re.compile(r"^/([A-Za-z0-9_]+)(?:@([A-Za-z0-9_]+))?(?:\s|$)")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-TOKEN_REJECTED = (
-    "Telegram rejected the bot token (401/404): check channels.telegram.token (and baseUrl if "
-    "set); polling stopped"
-)
-# Methods newer than some Bot API servers (a self-hosted telegram-bot-api is as old as its
-# build): method -> (feature, what serves instead while it is off).
-OPTIONAL_METHODS = {
-    "sendMessageDraft": ("drafts", "answers are shown as a message edited while written"),
-}
-_OPTIONAL_FEATURES = {method: feature for method, (feature, _) in OPTIONAL_METHODS.items()}
-_UNKNOWN_METHOD = re.compile(r"method not found|unknown method", re.I)
 
 
 # -- pure helpers ----------------------------------------------------------------------------
@@ -215,46 +200,6 @@ def text_without_mention(message: Message, me: User) -> str:
     if not spans:
         return text
     return re.sub(r"[ \t]{2,}", " ", _utf16_cut(text, spans)).strip() or text
-
-
-def send_error(exc: TelegramError, method: str) -> SendError | FatalChannelError:
-    """Map one python-telegram-bot exception, raised by Bot API ``method`` (not getMe or
-    getUpdates: those decide about the token themselves), to our error vocabulary."""
-    return classify(refusal(exc, method), ERRORS)
-
-
-def refusal(exc: TelegramError, method: str) -> Refusal:
-    """What Telegram answered, as the Bot API said it (PTB keeps only the description)."""
-    words = exc.message
-    if isinstance(exc, PTBRetryAfter):
-        return Refusal(method, words, 429, retry_after=retry_seconds(exc))
-    if isinstance(exc, InvalidToken):
-        # PTB raises it for a 401 and for every 404 (its message is the answer's description,
-        # or "Not Found (404)"), and a Bot API server answers 404 "Not Found: method not
-        # found" to a method it does not know: only a 401 ("Unauthorized", Telegram's words
-        # and PTB's) or a message naming the token is the token. Any other wording is not:
-        # the poll's getUpdates, which decides about the token, fails the channel if it is.
-        refused = words.lower().startswith("unauthorized") or "token" in words.lower()
-        return Refusal(method, words, UNAUTHORIZED if refused else NOT_FOUND, words)
-    if isinstance(exc, ChatMigrated):
-        return Refusal(method, f"the group became supergroup {exc.new_chat_id}", 400)
-    if isinstance(exc, BadRequest):  # before NetworkError: PTB derives BadRequest from it
-        return Refusal(method, words, 400, words)
-    if isinstance(exc, Forbidden):
-        return Refusal(method, words, 403, words)
-    if isinstance(exc, NetworkError | Conflict):
-        return Refusal(method, words, unreachable=True)
-    return Refusal(method, words, code=words)
-
-
-ERRORS = ErrorTable(
-    TOKEN_REJECTED,
-    optional=_OPTIONAL_FEATURES,
-    unknown_method=lambda words: bool(_UNKNOWN_METHOD.search(words)),
-    # "message is too long", "message caption is too long"
-    too_long=lambda words: "too long" in words.lower(),
-    formatting=lambda words: "can't parse entities" in words.lower(),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,7 +465,7 @@ class TelegramChannel(Channel):
                 self._token_rejected()
                 return False
             except PTBRetryAfter as exc:
-                await self._retry_later("Telegram asked to slow down", _flood(exc))
+                await self._retry_later("Telegram asked to slow down", flood(exc))
             except (TelegramError, TimeoutError) as exc:
                 await self._retry_later(f"cannot reach Telegram: {_describe(exc)}", exc)
                 continue
@@ -566,7 +511,7 @@ class TelegramChannel(Channel):
             await self._conflict(exc)
             return "ok"
         except PTBRetryAfter as exc:
-            await self._retry_later("Telegram asked to slow down", _flood(exc))
+            await self._retry_later("Telegram asked to slow down", flood(exc))
             return "ok"
         except NetworkError as exc:
             await self._retry_later(f"getUpdates failed: {_describe(exc)}", exc)
@@ -1060,18 +1005,6 @@ def approval_keyboard(msg: OutboundMessage, cut: bool = False) -> InlineKeyboard
     return InlineKeyboardMarkup(
         [[InlineKeyboardButton(label, callback_data=data)] for data, label in buttons]
     )
-
-
-def retry_seconds(exc: PTBRetryAfter) -> float:
-    """``retry_after`` is an int today and a timedelta in a future PTB; accept both."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PTBDeprecationWarning)  # the int -> timedelta notice
-        wait: Any = exc.retry_after
-    return wait.total_seconds() if isinstance(wait, dt.timedelta) else float(wait)
-
-
-def _flood(exc: PTBRetryAfter) -> RetryAfter:
-    return RetryAfter(retry_seconds(exc))
 
 
 def _describe(exc: BaseException) -> str:

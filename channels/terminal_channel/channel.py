@@ -8,9 +8,10 @@ was not printed yet (normally its line end), so stdout carries each answer once.
 run, an interactive terminal shows one dim line per tool call (on stdout, which is the
 terminal then; never in piped output).
 
-Markdown: an interactive terminal shows each answer rendered (``channels.terminal_channel.live``), as
-it is written. On a terminal the model's text is stripped of control characters (an escape
-sequence from a hostile web page must not reach the terminal); pipes get it byte for byte.
+Markdown: an interactive terminal shows each answer rendered
+(``channels.terminal_channel.live``), as it is written. On a terminal the model's text is
+stripped of control characters (an escape sequence from a hostile web page must not reach
+the terminal); pipes get it byte for byte.
 Without colour (``NO_COLOR``, ``TERM=dumb``: ``colour_allowed``) no escape sequence is written
 at all, and answers are printed as the model wrote them.
 """

@@ -30,6 +30,7 @@ from bot.layout import layout_problem
 from bot.proxy import check_proxy_url
 from bot.service.logs import SECRET_PARAM, redact, remember_secrets
 from bot.urls import endpoint_access
+from channels.registry import specs  # light: the specs and their config models import no SDK
 
 EX_CONFIG = 78  # sysexits.h: configuration error; systemd units refuse to restart-loop on it
 DEFAULT_HOME = Path("~/.memobot")
@@ -382,8 +383,6 @@ class _ChannelsBase(_Model):
 
 
 def _channels_model() -> type[_ChannelsBase]:
-    from channels.registry import specs  # light: the specs import no SDK
-
     sections: dict[str, Any] = {
         s.name: (s.config, s.config()) for s in specs().values() if s.config is not None
     }

@@ -144,7 +144,7 @@ class Reconnect:
     ``clock`` sleeps (tests pass a virtual one, so no test waits in real time).
     """
 
-    __slots__ = ("backoff", "clock", "factor", "maximum", "start")
+    __slots__ = ("backoff", "clock", "factor", "maximum", "start", "timeouts_at_once")
 
     def __init__(
         self,
@@ -152,9 +152,14 @@ class Reconnect:
         start: float = BACKOFF_START,
         factor: float = BACKOFF_FACTOR,
         maximum: float = BACKOFF_MAX,
+        *,
+        timeouts_at_once: bool = True,
     ) -> None:
+        """``timeouts_at_once`` False: a timeout backs off like any failure (an MCP server
+        whose connect timed out stays "failed" in status for the wait, as any failure)."""
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.start, self.factor, self.maximum = start, factor, maximum
+        self.timeouts_at_once = timeouts_at_once
         self.backoff = start
 
     def wait_after(self, exc: BaseException) -> float | None:
@@ -163,7 +168,7 @@ class Reconnect:
             return None
         if isinstance(exc, RetryAfter):
             return exc.seconds + RETRY_AFTER_MARGIN
-        if isinstance(exc, TimeoutError):
+        if isinstance(exc, TimeoutError) and self.timeouts_at_once:
             return 0.0
         wait = self.backoff
         self.backoff = min(self.maximum, self.backoff * self.factor)

@@ -36,6 +36,8 @@ async def test_a_timeout_is_tried_again_at_once():
     assert await reconnect.pause(TimeoutError())
     assert clock.slept == [0.0]
     assert reconnect.wait_after(OSError()) == 1.0
+    # Where a timeout is a failure to show (an MCP server's connect), it backs off too.
+    assert Reconnect(clock, timeouts_at_once=False).wait_after(TimeoutError()) == 1.0
 
 
 async def test_a_refused_token_stops_the_loop_without_waiting():

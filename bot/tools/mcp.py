@@ -258,7 +258,9 @@ class McpServer:
     # -- the connection task ----------------------------------------------------------------
 
     async def _run(self) -> None:
-        reconnect = Reconnect()  # the channels' policy: x1.5 up to 30 s, a timeout at once
+        # The channels' policy (x1.5 up to 30 s), but a timed-out connect waits too: it is a
+        # failure shown in status, not a lost long poll.
+        reconnect = Reconnect(timeouts_at_once=False)
         while not self._stopping:
             self._broken.clear()
             self._was_up = False

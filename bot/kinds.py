@@ -24,7 +24,7 @@ from bot.gate.approval import APPROVAL_ID
 if TYPE_CHECKING:
     from bot.bus import InboundMessage
 
-TERMINAL = "cli"  # channels.terminal.CHANNEL: the person at the keyboard is the owner
+TERMINAL = "cli"  # channels.terminal_channel.spec.NAME: the person at the keyboard is the owner
 # InboundMessage.metadata keys, as the channels and the scheduler write them. Only this
 # module reads them (the scheduler and the channels write them; the pending entry keeps them).
 APPROVAL_KEY = "approval"  # a press: {"id", "choice"} (OutboundMessage: a request)

@@ -53,12 +53,10 @@ from channels.retry import Breaker, Clock, MonotonicClock
 log = logging.getLogger(__name__)
 
 TYPING_REFRESH_SECONDS = 4.0
-TYPING_MAX_SECONDS = 600.0
+TYPING_MAX_SECONDS = preview.DRAFT_KEPT_SECONDS  # a draft is kept up as long as typing
 # Answers (all chats together) whose late stream events are ignored. A chat's state leaves
 # memory when it falls idle, so this is kept by the manager, not per chat.
 FINISHED_REMEMBERED = 1024
-
-__all__ = ["ChannelManager", "Ledger"]
 
 
 class _Chat:

@@ -418,15 +418,20 @@ class ChannelManager:
 
     def _activity(self, signal: TurnActivity) -> None:
         """Working shows typing; waiting (for a person, for the model) stops it, whichever
-        turn it was for; done stops it only if it is that turn's."""
+        turn it was for; done stops it only if it is that turn's, and not before its answer
+        goes out (an answer waiting for its turn to be sent still shows typing)."""
         if signal.activity is Activity.WORKING:
             self._start_typing(signal)
             return
         chat = self._chats.get((signal.channel, signal.chat_id))
         if chat is None or chat.typing is None:
             return
-        if signal.activity is not Activity.DONE or chat.typing_for == signal.reply_to:
-            chat.typing.cancel()
+        if signal.activity is Activity.DONE and (
+            chat.typing_for != signal.reply_to
+            or any(m.final and m.reply_to == signal.reply_to for m in chat.queue)
+        ):
+            return  # another turn's typing; or the answer, queued, stops it as it goes out
+        chat.typing.cancel()
 
     def _start_typing(self, signal: TurnActivity) -> None:
         channel = self.channels.get(signal.channel)

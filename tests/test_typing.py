@@ -18,6 +18,7 @@ from channels import manager as manager_module
 from channels import preview as preview_module
 from channels.base import Channel
 from channels.manager import ChannelManager
+from channels.pacing import Limit
 from tests.fakes.clock import FakeClock
 from tests.fakes.ledger import NoLedger
 from tests.fakes.llm_server import FakeLLM, call, reply, tool_step
@@ -115,6 +116,31 @@ async def test_the_turns_done_stops_its_typing_and_another_turns_does_not() -> N
         await clock.sleep(0.05)
         assert await _actions_within(channel, clock, 0.3) == 0
         assert manager.chats_in_memory == 0
+
+
+class _Paced(_Typing):
+    def pace_limits(self, chat_id: str) -> list[Limit]:
+        return [Limit(f"chat:{chat_id}", 1, 1.0)]  # one send a second
+
+
+async def test_typing_goes_on_while_the_done_turns_answer_waits_to_be_sent() -> None:
+    bus, clock = MessageBus(), FakeClock()
+    channel = _Paced(bus)
+    manager = ChannelManager(bus, NoLedger(), [channel], clock=clock)  # type: ignore[arg-type]
+    await manager.start()
+    try:
+        await bus.publish_outbound(TurnActivity("fake", "1", "m1", Activity.WORKING))
+        for note in ("a note", "another note"):  # sent at 0 s and 1 s
+            await bus.publish_outbound(OutboundMessage("fake", "1", note, reply_to="m1"))
+        await bus.publish_outbound(OutboundMessage("fake", "1", "done", reply_to="m1", final=True))
+        await bus.publish_outbound(TurnActivity("fake", "1", "m1", Activity.DONE))
+        # The answer waits in the chat's queue behind the notes: the bot is still seen at
+        # work until it is taken to be sent (at 1 s; it goes out at 2 s).
+        assert await _actions_within(channel, clock, 0.9) >= 3
+        await clock.sleep(0.2)
+        assert await _actions_within(channel, clock, 0.3) == 0
+    finally:
+        await manager.stop()
 
 
 async def test_waiting_for_a_person_stops_typing_until_the_turn_works_again() -> None:

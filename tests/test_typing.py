@@ -66,11 +66,13 @@ async def _actions_within(channel: _Typing, clock: FakeClock, seconds: float) ->
 
 
 @asynccontextmanager
-async def _manager_alone() -> AsyncIterator[tuple[MessageBus, _Typing, ChannelManager, FakeClock]]:
+async def _manager_alone(
+    channel_type: type[_Typing] | None = None,
+) -> AsyncIterator[tuple[MessageBus, _Typing, ChannelManager, FakeClock]]:
     """The manager alone, on a virtual clock (``clock.sleep``: let that much time pass)."""
     clock = FakeClock()
     bus = MessageBus()
-    channel = _Typing(bus)
+    channel = (channel_type or _Typing)(bus)
     manager = ChannelManager(bus, NoLedger(), [channel], clock=clock)  # type: ignore[arg-type]
     await manager.start()
     try:
@@ -124,11 +126,7 @@ class _Paced(_Typing):
 
 
 async def test_typing_goes_on_while_the_done_turns_answer_waits_to_be_sent() -> None:
-    bus, clock = MessageBus(), FakeClock()
-    channel = _Paced(bus)
-    manager = ChannelManager(bus, NoLedger(), [channel], clock=clock)  # type: ignore[arg-type]
-    await manager.start()
-    try:
+    async with _manager_alone(_Paced) as (bus, channel, _, clock):
         await bus.publish_outbound(TurnActivity("fake", "1", "m1", Activity.WORKING))
         for note in ("a note", "another note"):  # sent at 0 s and 1 s
             await bus.publish_outbound(OutboundMessage("fake", "1", note, reply_to="m1"))
@@ -139,8 +137,6 @@ async def test_typing_goes_on_while_the_done_turns_answer_waits_to_be_sent() -> 
         assert await _actions_within(channel, clock, 0.9) >= 3
         await clock.sleep(0.2)
         assert await _actions_within(channel, clock, 0.3) == 0
-    finally:
-        await manager.stop()
 
 
 async def test_waiting_for_a_person_stops_typing_until_the_turn_works_again() -> None:

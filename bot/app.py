@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from bot import workspace_files
 from bot.approvals import ApprovalDesk
-from bot.bus import MessageBus, admin_notice
+from bot.bus import AdminNotice, MessageBus
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.cron import heartbeat
@@ -125,7 +125,7 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
     if wait_for_model:  # the daemon: a wrong key or model is reported to the admins
 
         def on_refused(text: str) -> None:
-            background.spawn(bus.publish_outbound(admin_notice(text)))
+            background.spawn(bus.publish_outbound(AdminNotice(text)))
 
     provider = LLMProvider(cfg.llm, str(config_path), on_refused=on_refused)
     workspace = cfg.agent.workspace_path

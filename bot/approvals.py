@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bot import failpoints
-from bot.bus import InboundMessage, MessageBus, OutboundMessage, typing_notice
+from bot.bus import Activity, InboundMessage, MessageBus, OutboundMessage, TurnActivity
 from bot.config import Config
 from bot.gate.approval import (
     CHOICES,
@@ -203,13 +203,13 @@ class ApprovalDesk:
                 # A terminal's question dies with its process: ask again. Platforms keep
                 # the old buttons, which still work; asking there again would only repeat.
                 ask = msg.channel == TERMINAL
-            await self._typing(msg, on=False)  # waiting for the person is not working
+            await self._activity(msg, Activity.WAITING_FOR_PERSON)
             if ask:
                 await self._ask(msg, record, question)
             outcome = await self._wait(session, msg, record)
             log.info("approval %s session=%s id=%s", outcome, msg.session_key, record["id"])
             if outcome != "stopped":  # the turn goes on (a stopped one is ending)
-                await self._typing(msg, on=True)
+                await self._activity(msg, Activity.WORKING)
             if outcome in ("once", "always"):
                 failpoints.hit("approval_recorded")
                 return None
@@ -253,10 +253,10 @@ class ApprovalDesk:
             log.exception("cannot find the admins' chats session=%s", msg.session_key)
             return []
 
-    async def _typing(self, msg: InboundMessage, on: bool) -> None:
+    async def _activity(self, msg: InboundMessage, activity: Activity) -> None:
         if msg.policy.shows_typing:  # a heartbeat's turn never shows typing
             await self.bus.publish_outbound(
-                typing_notice(msg.channel, msg.chat_id, msg.message_id, on=on)
+                TurnActivity(msg.channel, msg.chat_id, msg.message_id, activity)
             )
 
     def _chats(

@@ -4,6 +4,7 @@ ephemeral stream events beside them."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -81,27 +82,45 @@ class OutboundMessage:
         return session_key(self.channel, self.chat_id)
 
 
-# An outbound message with this metadata flag goes to every channel's admins, in their private
-# chats (the channels know where those are; the core does not).
-TO_ADMINS = "to_admins"
+@dataclass(frozen=True, slots=True)
+class AdminNotice:
+    """A notice for the owner (a wrong API key, a missing model), not an answer to anyone:
+    it goes to every channel's admins, in their private chats (the channels know where those
+    are; the core does not)."""
+
+    text: str
 
 
-def admin_notice(text: str) -> OutboundMessage:
-    """A notice for the owner (a wrong API key, a missing model), not an answer to anyone."""
-    return OutboundMessage("", "", text, metadata={TO_ADMINS: True})
+class Activity(enum.Enum):
+    """What a turn is doing, as far as its chat should see: only ``WORKING`` shows (typing,
+    a draft kept up); the others stop showing it."""
+
+    WORKING = "working"
+    WAITING_FOR_PERSON = "waiting for a person"  # an approval question is open
+    WAITING_FOR_MODEL = "waiting for the model"  # a model outage: the turn waits
+    DONE = "done"  # the turn has given its answer
 
 
-# An outbound message with this metadata key only starts (True) or stops (False) the chat's
-# "typing..." indicator; it shows nothing else.
-TYPING = "typing"
+@dataclass(frozen=True, slots=True)
+class TurnActivity:
+    """The one activity signal of the turn answering ``reply_to`` in a chat. The core says
+    what the turn does; the channel manager alone turns that into platform calls (typing,
+    drafts)."""
+
+    channel: str
+    chat_id: str
+    reply_to: str | None
+    activity: Activity
+
+    @property
+    def session_key(self) -> str:
+        return session_key(self.channel, self.chat_id)
 
 
-def typing_notice(
-    channel: str, chat_id: str, reply_to: str | None, on: bool = True
-) -> OutboundMessage:
-    """Start (or stop) showing that the bot is working in this chat, on the turn answering
-    ``reply_to``: that turn's final answer (or its approval question) stops it."""
-    return OutboundMessage(channel, chat_id, "", reply_to=reply_to, metadata={TYPING: on})
+# What the core hands the channel manager on the outbound queue. An ``OutboundMessage`` is an
+# answer (``final``: kept in the delivery ledger, exactly once) or a notice (shown once, or
+# an approval question); stream deltas go beside the queue (``publish_stream``), never on it.
+Outbound = OutboundMessage | TurnActivity | AdminNotice
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +158,7 @@ class MessageBus:
 
     def __init__(self) -> None:
         self.inbound: asyncio.Queue[InboundMessage] = asyncio.Queue()
-        self.outbound: asyncio.Queue[OutboundMessage] = asyncio.Queue()
+        self.outbound: asyncio.Queue[Outbound] = asyncio.Queue()
         self._intake: IntakeHook | None = None
         self._stream: StreamListener | None = None
         self._owner_chats: OwnerChats | None = None
@@ -169,7 +188,7 @@ class MessageBus:
             await self.inbound.put(msg)
         return verdict
 
-    async def publish_outbound(self, msg: OutboundMessage) -> None:
+    async def publish_outbound(self, msg: Outbound) -> None:
         await self.outbound.put(msg)
 
     def on_stream(self, listener: StreamListener | None) -> None:
@@ -198,5 +217,5 @@ class MessageBus:
     async def consume_inbound(self) -> InboundMessage:
         return await self.inbound.get()
 
-    async def consume_outbound(self) -> OutboundMessage:
+    async def consume_outbound(self) -> Outbound:
         return await self.outbound.get()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from bot.bus import InboundMessage, Intake, MessageBus, typing_notice
+from bot.bus import Activity, InboundMessage, Intake, MessageBus, TurnActivity
 from bot.commands import CommandRouter, CommandSyntax, format_duration, help_text
 from bot.config import Config
 from bot.cron.scheduler import describe_jobs
@@ -435,7 +435,7 @@ class AgentLoop:
         if msg.policy.shows_typing:
             # Waiting is not working: the turn shows typing again when it runs again.
             await self.bus.publish_outbound(
-                typing_notice(msg.channel, msg.chat_id, msg.message_id, on=False)
+                TurnActivity(msg.channel, msg.chat_id, msg.message_id, Activity.WAITING_FOR_MODEL)
             )
         started = wall_seconds(since) or time.time()
         deadline = started + self.outage.cfg.max_wait_minutes * 60

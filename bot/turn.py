@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from bot import failpoints, workspace_files
 from bot.approvals import ApprovalDesk, offered_tools
-from bot.bus import InboundMessage, MessageBus, OutboundMessage, typing_notice
+from bot.bus import Activity, InboundMessage, MessageBus, OutboundMessage, TurnActivity
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.cron import heartbeat
@@ -238,7 +238,9 @@ class Turns:
         # A turn resumed on its open question goes back to waiting for the person: typing
         # comes once the question is answered.
         if msg.policy.shows_typing and approval is None:
-            await self.bus.publish_outbound(typing_notice(msg.channel, msg.chat_id, msg.message_id))
+            await self.bus.publish_outbound(
+                TurnActivity(msg.channel, msg.chat_id, msg.message_id, Activity.WORKING)
+            )
         failpoints.hit("before_llm")
         stream = None
         if msg.channel in self.bus.streaming:  # the chat shows answers while they are written
@@ -377,6 +379,10 @@ class Turns:
             log.info("heartbeat: nothing to tell session=%s", msg.session_key)
         else:
             await self.bus.publish_outbound(out)
+        if msg.policy.shows_typing:
+            await self.bus.publish_outbound(
+                TurnActivity(msg.channel, msg.chat_id, msg.message_id, Activity.DONE)
+            )
         self.last_active[msg.session_key] = time.monotonic()
         self.consolidator.schedule(msg.session_key)
 

@@ -1,26 +1,27 @@
-"""Pacing: the token bucket on its own, then through the real python-telegram-bot against the
-fake Bot API (limits shortened by config so the tests run fast)."""
+"""Pacing: the token bucket on its own, then through the channel manager with Telegram's
+buckets (``TelegramChannel.pace_limits`` from config), on a virtual clock: every send is
+timed exactly where the manager makes it, so no assertion needs a tolerance."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bot.bus import MessageBus, OutboundMessage
 from bot.config import parse_config
+from channels.errors import RetryAfter
+from channels.manager import ChannelManager
 from channels.pacing import Limit, Pacer, TokenBucket
-from tests.fakes.llm_server import FakeLLM
-from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, FloodControl, mention_entities
-from tests.test_telegram import ALICE, GROUP, running
+from channels.telegram_channel import TelegramChannel
+from tests.fakes.clock import FakeClock
+from tests.fakes.ledger import NoLedger
 
-BOT = f"@{BOT_USERNAME}"
-
-
-@pytest.fixture
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
+ALICE, BOB, GROUP = 1001, 7007, -1001234
 
 
 # -- the bucket, pure ------------------------------------------------------------------------
@@ -98,92 +99,122 @@ def test_rate_limits_are_config_with_the_platform_defaults():
     assert cfg.channels.slack.rate_limits.channel.messages == 1
 
 
-# -- through the Telegram channel ------------------------------------------------------------
+# -- through the manager, with Telegram's buckets -----------------------------------------------
 
 
-def _alice(api: FakeBotAPI, text: str) -> dict[str, Any]:
-    return api.message(text, chat=api.private_chat(ALICE), sender=api.user(ALICE))
+class _Telegram(TelegramChannel):
+    """Telegram's buckets and rendering; sends are kept with the virtual time they went at
+    (``refuse``: an exception to raise instead, once, for the sends it matches)."""
+
+    def __init__(self, bus: MessageBus, clock: FakeClock, tmp_path: Path, limits: Any) -> None:
+        cfg = parse_config({"channels": {"telegram": {"rateLimits": limits}}})
+        super().__init__(bus, cfg.channels.telegram, tmp_path, tmp_path)
+        self.clock = clock
+        self.sent: list[tuple[float, str, str]] = []  # (time, chat, text)
+        self.tried: list[tuple[float, str]] = []
+        self.refuse: dict[str, Exception] = {}  # chat -> raised on its next send
+        self.changed = asyncio.Event()
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def send_chunk(
+        self, msg: OutboundMessage, chunk: str, plain: bool = False, *, first: bool = False
+    ) -> None:
+        self.tried.append((self.clock.now(), msg.chat_id))
+        if (refusal := self.refuse.pop(msg.chat_id, None)) is not None:
+            raise refusal
+        self.sent.append((self.clock.now(), msg.chat_id, chunk))
+        self.changed.set()
+
+    async def wait_sent(self, n: int, chat: int | None = None) -> list[tuple[float, str]]:
+        """The first ``n`` sends (to ``chat``) as (time, text), once there are that many."""
+        while len(picked := self._sent_to(chat)) < n:
+            self.changed.clear()
+            await self.changed.wait()
+        return picked[:n]
+
+    def _sent_to(self, chat: int | None) -> list[tuple[float, str]]:
+        return [(t, text) for t, c, text in self.sent if chat is None or c == str(chat)]
 
 
-def _in_group(api: FakeBotAPI, text: str) -> dict[str, Any]:
-    entities = mention_entities(text, BOT_USERNAME)
-    return api.message(text, chat=api.group_chat(GROUP), sender=api.user(ALICE), entities=entities)
+@asynccontextmanager
+async def _manager(tmp_path: Path, limits: dict[str, Any]) -> AsyncIterator[_Telegram]:
+    bus, clock = MessageBus(), FakeClock()
+    channel = _Telegram(bus, clock, tmp_path, limits)
+    manager = ChannelManager(bus, NoLedger(), [channel], clock=clock)  # type: ignore[arg-type]
+    await manager.start()
+    try:
+        async with asyncio.timeout(30):  # real seconds: a hang fails, it does not stall
+            yield channel
+    finally:
+        await manager.stop()
 
 
-def _times(calls: list[Any]) -> list[float]:
-    return sorted(c.at for c in calls)
+async def _answer(channel: _Telegram, chat: int, text: str) -> None:
+    await channel.bus.publish_outbound(OutboundMessage("telegram", str(chat), text, final=True))
 
 
-def _at_most_in_window(times: list[float], n: int, window: float, jitter: float = 0.03) -> bool:
-    """No ``window`` seconds hold more than ``n`` of ``times`` (``jitter``: the share of the
-    window that arrival times may be compressed by the event loop and the HTTP round trip)."""
-    return all(times[i + n] - times[i] >= window * (1 - jitter) for i in range(len(times) - n))
+def _at_most_in_window(times: list[float], n: int, window: float) -> bool:
+    """No ``window`` seconds hold more than ``n`` of ``times`` (exact times; 1e-9 is float
+    rounding, not a tolerance)."""
+    times = sorted(times)
+    return all(times[i + n] - times[i] >= window - 1e-9 for i in range(len(times) - n))
 
 
-async def test_ten_answers_to_one_chat_go_out_after_the_burst_at_the_chat_rate(tmp_path, llm):
+async def test_ten_answers_to_one_chat_go_out_after_the_burst_at_the_chat_rate(tmp_path):
     limits = {"chat": {"messages": 1, "perSeconds": 0.1, "burst": 3}}
-    async with FakeBotAPI() as api, running(tmp_path, llm, api, rateLimits=limits):
-        api.inject_many([_alice(api, f"m{i}") for i in range(10)])
-        sent = await api.wait_sent_async(10, ALICE)
-    assert [c.params["text"] for c in sent] == [f"echo: m{i}" for i in range(10)]  # in order
-    times = _times(sent)
-    # After the burst of 3: one per 0.1 s; a loop stall (two cores, the whole suite) may
-    # compress arrivals by a quarter of the window, as in the tests below.
-    assert _at_most_in_window(times, 3, 0.1, jitter=0.25)
-    assert times[-1] - times[0] >= 0.65
+    async with _manager(tmp_path, limits) as tg:
+        for i in range(10):
+            await _answer(tg, ALICE, f"m{i}")
+        sent = await tg.wait_sent(10, ALICE)
+    assert [text for _, text in sent] == [f"m{i}" for i in range(10)]  # in order
+    times = [t for t, _ in sent]
+    # The burst of 3 at once (the bot's 28 a second spaces even those), then one per 0.1 s.
+    assert times[:3] == pytest.approx([0, 1 / 28, 2 / 28])
+    assert _at_most_in_window(times, 3, 0.1)
+    assert times[-1] == pytest.approx(0.7)  # 7 after the burst, at 0.1 s each
 
 
-async def test_forty_chats_at_once_stay_within_thirty_a_second(tmp_path, llm):
-    async with FakeBotAPI() as api, running(tmp_path, llm, api, allowFrom=["*"]):
-        api.inject_many(
-            [
-                api.message(f"hi {i}", chat=api.private_chat(5000 + i), sender=api.user(5000 + i))
-                for i in range(40)
-            ]
-        )
-        sent = await api.wait_sent_async(40)
-    times = _times(sent)
-    # 40 chats' answers race through one event loop, which the fake's clock shares: a stall
-    # of the loop (the whole suite runs on two cores) compresses arrivals by a few intervals;
-    # an unpaced burst puts all 40 within about 0.1 s, far inside this margin.
-    assert _at_most_in_window(times, 30, 1.0, jitter=0.25)
-    assert times[-1] - times[0] >= 1.2  # 40 at 30 a second
+async def test_forty_chats_at_once_stay_within_thirty_a_second(tmp_path):
+    async with _manager(tmp_path, {}) as tg:
+        for i in range(40):
+            await _answer(tg, 5000 + i, f"hi {i}")
+        sent = await tg.wait_sent(40)
+    times = [t for t, _ in sent]
+    assert _at_most_in_window(times, 30, 1.0)
+    assert max(times) == pytest.approx(39 / 28)  # the bot's 28 a second, one after another
 
 
-async def test_a_group_stays_within_its_per_minute_limit(tmp_path, llm):
+async def test_a_group_stays_within_its_per_minute_limit(tmp_path):
     limits = {  # Telegram's 20 a minute, shortened; the per-chat rate out of the way
         "group": {"messages": 5, "perSeconds": 0.5},
         "chat": {"messages": 100, "perSeconds": 1, "burst": 10},
     }
-    async with FakeBotAPI() as api, running(tmp_path, llm, api, rateLimits=limits):
-        api.inject_many([_in_group(api, f"{BOT} g{i}") for i in range(10)])
-        sent = await api.wait_sent_async(10, GROUP)
-    assert [c.params["text"] for c in sent] == [f"echo: g{i}" for i in range(10)]
-    # The fake shares the gateway's loop and clock: allow for a stall, as for forty chats.
-    assert _at_most_in_window(_times(sent), 5, 0.5, jitter=0.25)
+    async with _manager(tmp_path, limits) as tg:
+        for i in range(10):
+            await _answer(tg, GROUP, f"g{i}")
+        sent = await tg.wait_sent(10, GROUP)
+    assert [text for _, text in sent] == [f"g{i}" for i in range(10)]
+    assert _at_most_in_window([t for t, _ in sent], 5, 0.5)
+    assert sent[-1][0] == pytest.approx(0.9)  # one per 0.1 s (5 per 0.5 s, no burst)
 
 
-async def test_flood_wait_pauses_that_chat_only_and_the_queue_behind_goes_paced(tmp_path, llm):
+async def test_flood_wait_pauses_that_chat_only_and_the_queue_behind_goes_paced(tmp_path):
     limits = {"chat": {"messages": 1, "perSeconds": 0.2, "burst": 3}}
-    flood = FloodControl(chat=2, chat_window=0.2, fractional=True)  # ours: 3 at once
-    async with (
-        FakeBotAPI(flood=flood) as api,
-        running(tmp_path, llm, api, rateLimits=limits, allowFrom=["*"]),
-    ):
-        api.fail("sendMessage", 429, retry_after=0.6, when=lambda p: p.get("chat_id") == ALICE)
-        api.inject_many([_alice(api, f"m{i}") for i in range(5)])
-        await api.wait_for_async(lambda: api.calls("sendMessage") != [])
-        other = api.message("me too", chat=api.private_chat(7007), sender=api.user(7007))
-        api.inject_many([other])
-        [bob] = await api.wait_sent_async(1, 7007)
-        sent = await api.wait_sent_async(5, ALICE)
-    attempts = [c for c in api.calls("sendMessage") if c.params.get("chat_id") == ALICE]
-    assert attempts[0].status == 429
-    assert [c.params["text"] for c in sent] == [f"echo: m{i}" for i in range(5)]
-    assert bob.at < sent[0].at  # the other chat was not held by this one's pause
-    assert sent[0].at - attempts[0].at >= 0.6
-    # After the pause: the steady rate, no burst (the fake's own rule is never hit either);
-    # a quarter of the gap for arrival jitter, as in the tests above (a flush is 1 ms apart).
-    times = _times(sent)
-    assert _at_most_in_window(times, 1, 0.2, jitter=0.25), times
-    assert api.flooded == 0
+    async with _manager(tmp_path, limits) as tg:
+        tg.refuse[str(ALICE)] = RetryAfter(0.6)
+        for i in range(5):
+            await _answer(tg, ALICE, f"m{i}")
+        await _answer(tg, BOB, "me too")
+        [(bob_at, _)] = await tg.wait_sent(1, BOB)
+        sent = await tg.wait_sent(5, ALICE)
+    refused_at = tg.tried[0][0]
+    assert [text for _, text in sent] == [f"m{i}" for i in range(5)]
+    assert bob_at < sent[0][0]  # the other chat was not held by this one's pause
+    assert sent[0][0] - refused_at >= 0.6  # the wait asked for (and its margin)
+    # After the pause: the steady rate, no burst.
+    assert _at_most_in_window([t for t, _ in sent], 1, 0.2)

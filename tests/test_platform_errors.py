@@ -168,8 +168,15 @@ async def test_an_edit_answered_with_null_does_not_hold_the_chat(tmp_path, llm, 
     # telegram-test-api answers editMessageText with "result": null: python-telegram-bot
     # raises AttributeError, which is no network blip.
     api.garble("editMessageText", times=1000, result=None)
-    async with running(tmp_path, llm, api, **FAST) as tg:
-        clock = tg.manager.clock = VirtualClock()
+    # Pacing runs on the same virtual clock as the retries: limits it never waits for, so
+    # the clock's sleeps are the retries' alone.
+    unpaced = {
+        "rateLimits": {
+            k: {"messages": 1000, "perSeconds": 1, "burst": 100} for k in ("chat", "group", "bot")
+        }
+    }
+    async with running(tmp_path, llm, api, **{**FAST, **unpaced}) as tg:
+        clock = tg.manager.delivery.clock = VirtualClock()
         api.group_text(f"{BOT} plan my day")
         await api.wait_for_async(lambda: api.sent(GROUP), 10)  # the preview message
         api.group_text(f"{BOT} and next?")
@@ -196,7 +203,7 @@ async def test_a_message_the_platform_took_but_answered_oddly_is_not_sent_again(
     # read (AttributeError): a 200 says the message is in the chat.
     api.garble("sendMessage", delivered=True, when=lambda p: "The answer." in str(p.get("text")))
     async with running(tmp_path, llm, api, streaming=False, **FAST) as tg:
-        tg.manager.clock = VirtualClock()
+        tg.manager.delivery.clock = VirtualClock()
         api.private_text("hi")
         await api.wait_for_async(lambda: "The answer." in _shown(api, ALICE), 10)
         await asyncio.sleep(0.3)  # a second copy would be here by now
@@ -214,7 +221,7 @@ async def test_network_trouble_holds_a_chat_a_minute_then_its_next_answer_goes(t
         when=lambda p: "first" in str(p.get("text")) and not second_shown(),
     )
     async with running(tmp_path, llm, api, streaming=False, **FAST) as tg:
-        clock = tg.manager.clock = VirtualClock()
+        clock = tg.manager.delivery.clock = VirtualClock()
         api.private_text("one")
         await api.wait_for_async(lambda: len(api.calls("sendMessage")) >= 3, 10)
         api.private_text("two")
@@ -235,7 +242,7 @@ async def test_an_answer_outside_the_ledger_sent_again_goes_on_from_its_piece(tm
     async with running(tmp_path, llm, api, streaming=False, **FAST) as tg:
         api.private_text("hi")
         await api.wait_for_async(lambda: _shown(api, ALICE) == ["Hello."], 10)
-        clock = tg.manager.clock = VirtualClock()
+        clock = tg.manager.delivery.clock = VirtualClock()
         pieces = _rendered(tg, words)
         assert len(pieces) >= 3
         second = pieces[1].split()[0] + " "
@@ -259,7 +266,7 @@ async def test_an_approval_question_held_a_minute_is_asked_again_later(tmp_path,
     nobody can answer it unseen: held a minute, it comes again later, as answers do."""
     llm.script(tool_step(call("exec", {"command": "echo ran >> ran.txt"})), reply("It ran."))
     async with _approving(tmp_path, llm, api) as tg:
-        clock = tg.manager.clock = VirtualClock()
+        clock = tg.manager.delivery.clock = VirtualClock()
         # The question (the message with buttons) fails (502) for longer than a hold.
         api.fail(
             "sendMessage",

@@ -486,7 +486,7 @@ async def test_a_5xx_whose_body_is_not_json_is_network_trouble(tmp_path, llm, sl
     5xx, retried with backoff, not an odd exception given up after three tries."""
     slack.answer_raw("chat.postMessage", "<html><h1>502 Bad Gateway</h1></html>", 502, times=4)
     async with Rig(tmp_path, llm, slack) as rig:
-        clock = rig.manager.clock = VirtualClock()
+        clock = rig.manager.delivery.clock = VirtualClock()
         await slack.push_event(dm("anyone?", "1700000016.000100"), event_id="P2")
         (post,) = await slack.wait_posts(1)
         assert post.text == "echo: anyone?"

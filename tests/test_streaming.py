@@ -9,7 +9,6 @@ message, edited while the answer is written and edited into the answer at the en
 from __future__ import annotations
 
 import asyncio
-import itertools
 from typing import Any
 
 from bot.bus import StreamEvent
@@ -17,7 +16,7 @@ from bot.delivery import preview_ids_in
 from bot.session import SessionState
 from bot.session.records import clean_metadata
 from bot.streaming import STOPPED_MARK
-from channels import manager as manager_module
+from channels import preview as preview_module
 from tests.fakes.llm_server import reply, tool_step
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, strip_html, utf16_len
 from tests.helpers import STREAMED_ANSWER as ANSWER
@@ -122,10 +121,8 @@ async def test_group_preview_is_edited_into_the_one_answer(tmp_path, llm, api):
         assert len(api.sent(GROUP)) == 1  # no second copy
         edits = api.calls("editMessageText")
         assert len(edits) >= 3 and shown[0]["edits"] >= 3  # it grew while written
-        # Within one message: the edits keep the configured interval per chat.
-        previews = [c for c in edits if "parse_mode" not in c.params]
-        gaps = [b.at - a.at for a, b in itertools.pairwise([first, *previews])]
-        assert min(gaps) >= 0.09
+        # (That the edits keep the configured interval is asserted on exact, virtual times
+        # in test_streaming_virtual.py: times taken here include the HTTP round trips.)
         meta = tg.stack.store.get(f"telegram:{GROUP}").metadata
         assert not meta.get("previews") and not meta.get("outbox")
 
@@ -380,7 +377,7 @@ def test_damaged_preview_records_are_dropped_on_load_and_ignored_when_peeked():
 async def test_a_draft_is_sent_again_while_a_long_tool_runs(tmp_path, llm, api, monkeypatch):
     # Telegram shows a draft for about 30 s: a tool running longer must not leave the chat
     # looking idle. (0.3 s here instead of 20 s.)
-    monkeypatch.setattr(manager_module, "DRAFT_REFRESH_SECONDS", 0.3)
+    monkeypatch.setattr(preview_module, "DRAFT_REFRESH_SECONDS", 0.3)
     llm.script(
         tool_step(("exec", {"command": "sleep 1.5"}), text="Checking.", pieces=2),
         reply("All done.", pieces=2),

@@ -399,7 +399,7 @@ async def test_unexpected_error_at_piece_two_resumes_at_piece_two(tmp_path, llm,
     llm.script(reply(_four_pieces()))
     api.garble("sendMessage", when=lambda p: str(p.get("text", "")).startswith("PIECE2"))
     async with running(tmp_path, llm, api) as tg:
-        tg.manager.clock = VirtualClock()  # the retry's backoff, without the wait
+        tg.manager.delivery.clock = VirtualClock()  # the retry's backoff, without the wait
         api.private_text("four pieces")
         await api.wait_sent_async(4)
         await asyncio.sleep(0.2)  # a repeated piece would be here by now

@@ -12,11 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from bot.bus import MessageBus, OutboundMessage, typing_notice
+from bot.bus import Activity, MessageBus, OutboundMessage, TurnActivity
 from bot.outage import NOTICE_TEXT, Outage
 from channels import manager as manager_module
+from channels import preview as preview_module
 from channels.base import Channel
 from channels.manager import ChannelManager
+from channels.pacing import Limit
+from tests.fakes.clock import FakeClock
+from tests.fakes.ledger import NoLedger
 from tests.fakes.llm_server import FakeLLM, call, reply, tool_step
 from tests.fakes.telegram_api import FakeBotAPI
 from tests.helpers import make_config, telegram_in_process
@@ -27,33 +31,10 @@ from tests.test_outage import FAST_OUTAGE, _llm
 @pytest.fixture(autouse=True)
 def fast_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(manager_module, "TYPING_REFRESH_SECONDS", 0.05)
-    monkeypatch.setattr(manager_module, "DRAFT_REFRESH_SECONDS", 0.3)
+    monkeypatch.setattr(preview_module, "DRAFT_REFRESH_SECONDS", 0.3)
 
 
 # -- the manager alone ------------------------------------------------------------------------
-
-
-class _Ledger:
-    def progress(self, msg: OutboundMessage) -> tuple[None, int]:
-        return None, 0
-
-    async def sending(self, msg: OutboundMessage, pieces: object = None, index: int = 0) -> bool:
-        return True
-
-    async def sent(self, msg: OutboundMessage) -> None:
-        pass
-
-    async def postponed(self, msg: OutboundMessage, index: int = 0) -> None:
-        pass
-
-    async def failed(self, msg: OutboundMessage, reason: str = "", index: int = 0) -> None:
-        pass
-
-    def preview_ids(self, key: str, reply_to: str | None) -> list[str]:
-        return []
-
-    async def previewing(self, key: str, reply_to: str | None, ids: list[str]) -> None:
-        pass
 
 
 class _Typing(Channel):
@@ -78,20 +59,24 @@ class _Typing(Channel):
         pass
 
 
-async def _actions_within(channel: _Typing, seconds: float) -> int:
+async def _actions_within(channel: _Typing, clock: FakeClock, seconds: float) -> int:
     before = channel.actions
-    await asyncio.sleep(seconds)
+    await clock.sleep(seconds)
     return channel.actions - before
 
 
 @asynccontextmanager
-async def _manager_alone() -> AsyncIterator[tuple[MessageBus, _Typing, ChannelManager]]:
+async def _manager_alone(
+    channel_type: type[_Typing] | None = None,
+) -> AsyncIterator[tuple[MessageBus, _Typing, ChannelManager, FakeClock]]:
+    """The manager alone, on a virtual clock (``clock.sleep``: let that much time pass)."""
+    clock = FakeClock()
     bus = MessageBus()
-    channel = _Typing(bus)
-    manager = ChannelManager(bus, _Ledger(), [channel])  # type: ignore[arg-type]
+    channel = (channel_type or _Typing)(bus)
+    manager = ChannelManager(bus, NoLedger(), [channel], clock=clock)  # type: ignore[arg-type]
     await manager.start()
     try:
-        yield bus, channel, manager
+        yield bus, channel, manager, clock
     finally:
         await manager.stop()
 
@@ -99,28 +84,70 @@ async def _manager_alone() -> AsyncIterator[tuple[MessageBus, _Typing, ChannelMa
 async def test_a_stop_and_a_start_at_once_leave_typing_shown() -> None:
     # The wait for the model ends before the manager ran: the start must not be lost to the
     # stopped task that is still on its way out.
-    async with _manager_alone() as (bus, channel, _):
-        await bus.publish_outbound(typing_notice("fake", "1", "m1"))
-        await asyncio.sleep(0.1)
-        await bus.publish_outbound(typing_notice("fake", "1", "m1", on=False))
-        await bus.publish_outbound(typing_notice("fake", "1", "m1"))
-        await asyncio.sleep(0.05)
-        assert await _actions_within(channel, 0.3) >= 3
+    async with _manager_alone() as (bus, channel, _, clock):
+        await bus.publish_outbound(TurnActivity("fake", "1", "m1", Activity.WORKING))
+        await clock.sleep(0.1)
+        await bus.publish_outbound(TurnActivity("fake", "1", "m1", Activity.WAITING_FOR_MODEL))
+        await bus.publish_outbound(TurnActivity("fake", "1", "m1", Activity.WORKING))
+        await clock.sleep(0.05)
+        assert await _actions_within(channel, clock, 0.3) >= 3
 
 
 async def test_only_the_turns_own_answer_stops_its_typing() -> None:
-    async with _manager_alone() as (bus, channel, manager):
-        await bus.publish_outbound(typing_notice("fake", "1", "m1"))  # the turn answering m1
-        await asyncio.sleep(0.1)
+    async with _manager_alone() as (bus, channel, manager, clock):
+        working = TurnActivity("fake", "1", "m1", Activity.WORKING)  # the turn answering m1
+        await bus.publish_outbound(working)
+        await clock.sleep(0.1)
         # /status, answered while m1's turn works: a final answer to another message
         status = OutboundMessage("fake", "1", "status", reply_to="m2", final=True)
         await bus.publish_outbound(status)
-        await asyncio.sleep(0.05)
-        assert await _actions_within(channel, 0.3) >= 3
+        await clock.sleep(0.05)
+        assert await _actions_within(channel, clock, 0.3) >= 3
         await bus.publish_outbound(OutboundMessage("fake", "1", "done", reply_to="m1", final=True))
-        await asyncio.sleep(0.05)
-        assert await _actions_within(channel, 0.3) == 0
+        await clock.sleep(0.05)
+        assert await _actions_within(channel, clock, 0.3) == 0
         assert manager.chats_in_memory == 0
+
+
+async def test_the_turns_done_stops_its_typing_and_another_turns_does_not() -> None:
+    async with _manager_alone() as (bus, channel, manager, clock):
+        await bus.publish_outbound(TurnActivity("fake", "1", "m1", Activity.WORKING))
+        await bus.publish_outbound(TurnActivity("fake", "1", "m2", Activity.DONE))
+        assert await _actions_within(channel, clock, 0.3) >= 3
+        await bus.publish_outbound(TurnActivity("fake", "1", "m1", Activity.DONE))
+        await clock.sleep(0.05)
+        assert await _actions_within(channel, clock, 0.3) == 0
+        assert manager.chats_in_memory == 0
+
+
+class _Paced(_Typing):
+    def pace_limits(self, chat_id: str) -> list[Limit]:
+        return [Limit(f"chat:{chat_id}", 1, 1.0)]  # one send a second
+
+
+async def test_typing_goes_on_while_the_done_turns_answer_waits_to_be_sent() -> None:
+    async with _manager_alone(_Paced) as (bus, channel, _, clock):
+        await bus.publish_outbound(TurnActivity("fake", "1", "m1", Activity.WORKING))
+        for note in ("a note", "another note"):  # sent at 0 s and 1 s
+            await bus.publish_outbound(OutboundMessage("fake", "1", note, reply_to="m1"))
+        await bus.publish_outbound(OutboundMessage("fake", "1", "done", reply_to="m1", final=True))
+        await bus.publish_outbound(TurnActivity("fake", "1", "m1", Activity.DONE))
+        # The answer waits in the chat's queue behind the notes: the bot is still seen at
+        # work until it is taken to be sent (at 1 s; it goes out at 2 s).
+        assert await _actions_within(channel, clock, 0.9) >= 3
+        await clock.sleep(0.2)
+        assert await _actions_within(channel, clock, 0.3) == 0
+
+
+async def test_waiting_for_a_person_stops_typing_until_the_turn_works_again() -> None:
+    async with _manager_alone() as (bus, channel, _, clock):
+        await bus.publish_outbound(TurnActivity("fake", "1", "m1", Activity.WORKING))
+        await clock.sleep(0.1)
+        await bus.publish_outbound(TurnActivity("fake", "1", "m1", Activity.WAITING_FOR_PERSON))
+        await clock.sleep(0.05)
+        assert await _actions_within(channel, clock, 0.3) == 0
+        await bus.publish_outbound(TurnActivity("fake", "1", "m1", Activity.WORKING))
+        assert await _actions_within(channel, clock, 0.3) >= 3
 
 
 # -- through the Telegram channel -------------------------------------------------------------

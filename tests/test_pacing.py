@@ -17,7 +17,7 @@ from bot.config import parse_config
 from channels.errors import RetryAfter
 from channels.manager import ChannelManager
 from channels.pacing import Limit, Pacer, TokenBucket
-from channels.telegram_channel import TelegramChannel
+from channels.telegram_channel.channel import TelegramChannel
 from tests.fakes.clock import FakeClock
 from tests.fakes.ledger import NoLedger
 

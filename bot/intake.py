@@ -17,7 +17,7 @@ from typing import Any
 
 from bot import failpoints
 from bot.bus import InboundMessage, Intake
-from bot.kinds import Classified, classify
+from bot.kinds import Classified, classify, no_more_than
 from bot.session import SessionStore, now_iso, transitions
 
 log = logging.getLogger(__name__)
@@ -91,5 +91,9 @@ def inbound_from_pending(key: str, p: Mapping[str, Any]) -> InboundMessage:
         reply_to=p.get("reply_to"),
         metadata=dict(p.get("metadata") or {}),
     )
-    kind = Classified.from_record(p.get("kind")) or classify(msg)
-    return replace(msg, classified=kind)
+    fresh = classify(msg)
+    stored = Classified.from_record(p.get("kind"))
+    if stored is not None and not no_more_than(stored, fresh):
+        log.warning("pending turn %s: stored kind not believed, classified again", msg.message_id)
+        stored = None
+    return replace(msg, classified=stored or fresh)

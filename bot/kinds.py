@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
-from bot.commands import ANSWER_COMMANDS, IMMEDIATE, Command, parse_command
+from bot.commands import ANSWER_COMMANDS, IMMEDIATE, ROUTED, Command, parse_command
 from bot.gate.approval import APPROVAL_ID
 
 if TYPE_CHECKING:
@@ -176,6 +176,25 @@ class Classified:
             )
         except (ValueError, TypeError, KeyError):
             return None
+
+
+def no_more_than(stored: Classified, fresh: Classified) -> bool:
+    """Whether a pending entry's stored classification (``stored``) may stand for the one its
+    own text and metadata give (``fresh``): it grants nothing they do not. The session file is
+    memobot's own, but a torn, hand-edited or other-version one must not turn a non-admin's
+    message resumed after a crash into an admin's, a private one, an owner's job, an
+    un-narrowed one, a heartbeat answering into another chat, or a command nothing answers."""
+    s, f = stored.sender, fresh.sender
+    if s.id != f.id or (s.is_admin and not f.is_admin) or (f.is_group and not s.is_group):
+        return False
+    if stored.kind is TurnKind.APPROVAL:  # a press is never a pending turn
+        return False
+    if stored.command is not None and stored.command.name not in ROUTED:
+        return False
+    if stored.deliver_to != fresh.deliver_to or (fresh.narrowed and not stored.narrowed):
+        return False
+    # An unattended turn nobody narrowed has the owner's scope: only as its metadata says.
+    return stored.kind is fresh.kind or not stored.policy.unattended or bool(stored.narrowed)
 
 
 def _text_or_none(value: Any) -> str | None:

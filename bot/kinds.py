@@ -3,8 +3,9 @@
 DESIGN.md section 11. A person's message, a chat command, an approval press, a reminder, an
 agent job and a heartbeat all arrive as :class:`bot.bus.InboundMessage`. The bus classifies
 each one as it is published (:func:`with_kind`), and a pending turn read back after a crash
-gets the classification it was stored with (:meth:`Classified.from_record`; an entry written
-before kinds existed is classified from its text and metadata, exactly as it was then). From
+gets the classification it was stored with (:meth:`Classified.from_record`) when that grants
+no more than the entry's own text and metadata (:func:`no_more_than`); an entry written before
+kinds existed is classified from its text and metadata, exactly as it was then. From
 there on every layer asks the message (``msg.kind``, ``msg.sender``, ``msg.policy``): nobody
 parses its text for a command or looks for a heartbeat in its metadata again.
 

@@ -204,13 +204,18 @@ def _text_or_none(value: Any) -> str | None:
 
 def sender_of(msg: InboundMessage) -> Sender:
     """Who sent ``msg``, as its channel said (``is_admin``, ``is_group`` in the metadata).
-    A message that does not say is the terminal's (the owner at the keyboard, in private) or
-    nobody's (not an admin, not a group)."""
-    admin = msg.metadata.get("is_admin")
+    What a message does not say is the least it could be: on the terminal, the owner at the
+    keyboard in private; elsewhere not an admin, in private (a guest sees only their own
+    memory). An admin's message that does not say where it came from is read as a group's:
+    a channel that forgot the key must not turn a group message into an owner turn."""
+    local = msg.channel == TERMINAL
+    said = msg.metadata.get("is_admin")
+    admin = bool(said) if said is not None else local
+    group = msg.metadata.get("is_group")
     return Sender(
         msg.sender_id,
-        bool(admin) if admin is not None else msg.channel == TERMINAL,
-        bool(msg.metadata.get("is_group", False)),
+        admin,
+        bool(group) if group is not None else admin and not local,
     )
 
 

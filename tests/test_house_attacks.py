@@ -76,3 +76,12 @@ def test_a_stored_command_this_memobot_does_not_answer_is_read_again() -> None:
     ):
         resumed = inbound_from_pending("telegram:42", _entry("hello", GUEST, stored))
         assert resumed.kind is TurnKind.MESSAGE, stored
+
+
+def test_a_channel_that_forgets_is_group_gets_a_group_turn_not_an_owner_turn() -> None:
+    forgot = with_kind(InboundMessage("matrix", "!room", "7", "hi", metadata={"is_admin": True}))
+    assert forgot.sender == Sender("7", is_admin=True, is_group=True)
+    assert not _scope(forgot).is_owner
+    keyboard = with_kind(InboundMessage("cli", "direct", "user", "hi"))
+    assert keyboard.sender == Sender("user", is_admin=True, is_group=False)
+    assert _scope(keyboard).is_owner

@@ -14,16 +14,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from bot.app import AgentStack
 from bot.approvals import EXPIRED, ApprovalDesk, describe_open, offered_tools, policy_for
 from bot.bus import InboundMessage, MessageBus
 from bot.gate import launcher
@@ -62,16 +58,29 @@ from channels.formatting import (
     telegram_length,
 )
 from tests.fakes.llm_server import FakeLLM, call, reply, tool_step
-from tests.fakes.telegram_api import BOT_USERNAME, Call, FakeBotAPI, strip_html
-from tests.helpers import REPO, config_dict, make_config, run_memobot, telegram_in_process
+from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, strip_html
+from tests.helpers import (
+    REPO,
+    T0,
+    Clock,
+    config_dict,
+    make_config,
+    run_memobot,
+)
+from tests.helpers.approvals import (
+    ALICE,
+    BOB,
+    CAROL,
+    GROUP,
+    MALLORY,
+    RISKY,
+    WAIT,
+    Running,
+    button_data,
+    running,
+    settings,
+)
 
-ALICE = 1001  # allowed, admin
-BOB = 3003  # allowed, not an admin
-CAROL = 5005  # allowed, not an admin
-MALLORY = 4004  # not allowed
-GROUP = -1001234
-RISKY = "echo ran >> ran.txt"  # a redirection: never matched by the allow list
-WAIT = 30.0  # seconds; generous: the machine running the suite may be busy
 RAW_MCP_SERVER = REPO / "tests" / "fakes" / "mcp_raw_server.py"
 
 # -- the decision (pure) -------------------------------------------------------------------
@@ -293,82 +302,6 @@ def test_every_tool_memobot_ships_declares_what_it_does() -> None:
 # -- end to end through Telegram -----------------------------------------------------------
 
 
-@dataclass
-class Running:
-    api: FakeBotAPI
-    llm: FakeLLM
-    stack: AgentStack
-    tmp: Path
-
-    @property
-    def ran(self) -> int:
-        path = self.tmp / "ws" / "ran.txt"
-        return len(path.read_text().splitlines()) if path.exists() else 0
-
-    async def request(self, chat: int = ALICE) -> Call:
-        """The approval request that was sent to ``chat`` (the message with buttons)."""
-        await self.api.wait_for_async(
-            lambda: any(self.api.markup(c) for c in self.api.sent(chat)), WAIT
-        )
-        return [c for c in self.api.sent(chat) if self.api.markup(c)][-1]
-
-    async def said(self, text: str, chat: int = ALICE) -> Call:
-        await self.api.wait_for_async(
-            lambda: any(text in c.params["text"] for c in self.api.sent(chat)), WAIT
-        )
-        return next(c for c in self.api.sent(chat) if text in c.params["text"])
-
-    def tool_results(self) -> list[str]:
-        """The tool results the model was given, in order."""
-        return [
-            str(m.get("content"))
-            for r in self.llm.requests
-            for m in r["body"]["messages"]
-            if m.get("role") == "tool"
-        ]
-
-
-def _settings(api: FakeBotAPI, **extra: Any) -> dict[str, Any]:
-    return {
-        "enabled": True,
-        "token": api.token,
-        "baseUrl": api.base_url,
-        "allowFrom": [str(ALICE), str(BOB), str(CAROL)],
-        "admins": [str(ALICE)],
-        "pollTimeoutSeconds": 2,
-        "rateLimits": {"group": {"messages": 20, "perSeconds": 1}},
-        **extra,
-    }
-
-
-@asynccontextmanager
-async def running(
-    tmp_path: Path,
-    llm: FakeLLM,
-    api: FakeBotAPI,
-    tools: dict[str, Any] | None = None,
-    agent: dict[str, Any] | None = None,
-    **tg: Any,
-) -> AsyncIterator[Running]:
-    cfg = make_config(
-        tmp_path,
-        llm.base_url,
-        channels={"telegram": _settings(api, **tg)},
-        tools={"exec": {"timeoutSeconds": 20}, "approval": "risky", **(tools or {})},
-        agent=agent or {},
-    )
-    async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, _channel, _manager):
-        yield Running(api, llm, stack, tmp_path)
-
-
-def _data(request: Call, choice: str) -> str:
-    for row in FakeBotAPI.markup(request):
-        for button in row:
-            if button["callback_data"].endswith(f":{choice}"):
-                return str(button["callback_data"])
-    raise AssertionError(f"no {choice} button")
-
-
 async def test_allowed_once_runs_the_command_and_the_model_gets_its_output(tmp_path, llm, api):
     llm.script(tool_step(call("exec", {"command": RISKY})), reply("it ran"))
     async with running(tmp_path, llm, api) as tg:
@@ -378,7 +311,7 @@ async def test_allowed_once_runs_the_command_and_the_model_gets_its_output(tmp_p
         labels = [b["text"] for row in api.markup(request) for b in row]
         assert labels == ["Allow once", "Always allow this command", "Deny"]
         assert tg.ran == 0  # nothing runs before the answer
-        api.press(request, _data(request, "once"))
+        api.press(request, button_data(request, "once"))
         await tg.said("it ran")
         assert tg.ran == 1
         assert [q.status for q in api.calls("answerCallbackQuery")] == [200]
@@ -405,7 +338,7 @@ async def test_no_typing_while_a_question_waits_for_the_person(tmp_path, llm, ap
         assert typing and typing[0].at < request.at  # shown while the model worked
         assert [c for c in typing if c.at > request.at + 0.1] == []
         pressed_at = time.monotonic()
-        api.press(request, _data(request, "once"))
+        api.press(request, button_data(request, "once"))
         answer = await tg.said("it ran")
         after = [c for c in api.calls("sendChatAction") if c.at > request.at + 0.1]
         assert after and after[0].at < answer.at  # shown again while the turn went on
@@ -419,12 +352,12 @@ async def test_denied_command_never_runs_and_the_model_is_told(tmp_path, llm, ap
     async with running(tmp_path, llm, api) as tg:
         api.private_text("please run it")
         request = await tg.request()
-        api.press(request, _data(request, "deny"))
+        api.press(request, button_data(request, "deny"))
         await tg.said("ok, not running it")
         assert tg.ran == 0
         assert "the user denied this call" in tg.tool_results()[-1]
         # A second press on the answered request changes nothing.
-        api.press(request, _data(request, "once"))
+        api.press(request, button_data(request, "once"))
         await tg.said("already answered")
         assert tg.ran == 0
 
@@ -434,7 +367,7 @@ async def test_always_allow_is_remembered_for_this_chat(tmp_path, llm, api):
     async with running(tmp_path, llm, api) as tg:
         api.private_text("run it")
         request = await tg.request()
-        api.press(request, _data(request, "always"))
+        api.press(request, button_data(request, "always"))
         await tg.said("first")
         llm.script(tool_step(call("exec", {"command": RISKY})), reply("second"))
         api.private_text("run it again")
@@ -453,7 +386,7 @@ async def test_no_answer_in_time_is_a_deny_and_a_late_press_is_expired(tmp_path,
         request = await tg.request()
         await tg.said("gave up")
         assert "nobody approved this call within 0.01 minutes" in tg.tool_results()[-1]
-        api.press(request, _data(request, "once"))
+        api.press(request, button_data(request, "once"))
         await tg.said("expired")
         await asyncio.sleep(0.3)
         assert tg.ran == 0
@@ -466,15 +399,15 @@ async def test_in_a_group_only_the_asker_or_an_admin_may_answer(tmp_path, llm, a
         api.group_text(f"@{BOT_USERNAME} run it", user_id=BOB)
         request = await tg.request(GROUP)
         # Not in allowFrom: refused by the channel, the query answered with why.
-        api.press(request, _data(request, "once"), user_id=MALLORY, username="mallory")
+        api.press(request, button_data(request, "once"), user_id=MALLORY, username="mallory")
         await api.wait_for_async(lambda: len(api.calls("answerCallbackQuery")) == 1, WAIT)
         assert "not allowed" in api.calls("answerCallbackQuery")[0].params["text"]
         # Allowed, but neither the asker nor an admin: refused by the desk.
-        api.press(request, _data(request, "once"), user_id=CAROL, username="carol")
+        api.press(request, button_data(request, "once"), user_id=CAROL, username="carol")
         await tg.said("Only the person who asked, or an admin,", GROUP)
         assert tg.ran == 0
         # An admin answers for Bob.
-        api.press(request, _data(request, "once"), user_id=ALICE)
+        api.press(request, button_data(request, "once"), user_id=ALICE)
         await tg.said("done", GROUP)
         assert tg.ran == 1
 
@@ -488,7 +421,7 @@ async def test_a_waiting_question_holds_no_turn_slot(tmp_path, llm, api):
         api.private_text("hello", user_id=BOB, username="bob")
         await tg.said("bob's answer", BOB)
         llm.script(reply("alice's answer"))
-        api.press(request, _data(request, "once"))
+        api.press(request, button_data(request, "once"))
         await tg.said("alice's answer")
         assert tg.ran == 1
         # The slot came back: one more turn still runs (a leaked or lost slot would show).
@@ -504,7 +437,7 @@ async def test_stop_cancels_a_waiting_approval(tmp_path, llm, api):
         request = await tg.request()
         api.private_text("/stop")
         await tg.said("Stopped.")
-        api.press(request, _data(request, "once"))
+        api.press(request, button_data(request, "once"))
         await tg.said("cancelled (/stop)")
         assert tg.ran == 0
     assert describe_open(tmp_path / "state") == []
@@ -544,7 +477,7 @@ async def test_typed_answer_works_where_there_are_no_buttons(tmp_path, llm, api)
     async with running(tmp_path, llm, api) as tg:
         api.private_text("run it")
         request = await tg.request()
-        approval_id = _data(request, "once").split(":")[1]
+        approval_id = button_data(request, "once").split(":")[1]
         api.private_text(f"/allow {approval_id}")
         await tg.said("typed ok")
         assert tg.ran == 1
@@ -585,15 +518,15 @@ async def test_a_command_cannot_close_its_quoting_on_telegram(tmp_path, llm, api
         assert before == f"{INTRO}\n"
         assert inside == MIMIC  # the whole command, in the block, as it will run
         assert after.startswith("\nAllow it?") and "Approval needed" not in after
-        api.press(request, _data(request, "deny"))
+        api.press(request, button_data(request, "deny"))
         await tg.said("not run")
 
 
 async def test_a_command_cannot_close_its_quoting_on_discord(tmp_path, llm):
     from tests.fakes.discord_api import FakeDiscord
-    from tests.test_discord import ALICE as D_ALICE
-    from tests.test_discord import ALICE_DM as D_ALICE_DM
-    from tests.test_discord import running as discord_running
+    from tests.helpers.discord import ALICE as D_ALICE
+    from tests.helpers.discord import ALICE_DM as D_ALICE_DM
+    from tests.helpers.discord import running as discord_running
 
     llm.script(tool_step(call("exec", {"command": MIMIC})))
     async with FakeDiscord() as server:
@@ -612,8 +545,8 @@ async def test_a_command_cannot_close_its_quoting_on_discord(tmp_path, llm):
 
 async def test_a_command_cannot_close_its_quoting_on_slack(tmp_path, llm):
     from tests.fakes.slack_api import FakeSlack
-    from tests.test_slack import ALICE as S_ALICE
-    from tests.test_slack import Rig, mention
+    from tests.helpers.slack import ALICE as S_ALICE
+    from tests.helpers.slack import Rig, mention
 
     llm.script(tool_step(call("exec", {"command": MIMIC})))
     users = {S_ALICE: {"id": S_ALICE, "profile": {"display_name": "alice"}}}
@@ -649,7 +582,7 @@ async def test_padding_cannot_push_the_command_out_of_its_question(
         request = await tg.request()
         _, inside, _ = _one_pre(request.params["text"])
         assert inside == f"{shown} ran >> ran.txt"  # whole, in the message with the buttons
-        api.press(request, _data(request, "deny"))
+        api.press(request, button_data(request, "deny"))
         await tg.said("denied it")
         # Nothing else was sent for the question: no second piece without the command.
         texts = [strip_html(c.params["text"]) for c in api.sent(ALICE)]
@@ -688,7 +621,7 @@ async def test_a_long_argument_is_cut_visibly_and_shown_whole_on_request(tmp_pat
         assert cut is not None and int(cut[1].replace(",", "")) > 1000
         labels = [b["text"] for row in api.markup(request) for b in row]
         assert labels == ["Show all", "Allow once", "Always allow this exact call", "Deny"]
-        api.press(request, _data(request, "show"))
+        api.press(request, button_data(request, "show"))
         await api.wait_for_async(
             lambda: any("HIDDEN-END" in c.params["text"] for c in api.sent(ALICE)), WAIT
         )
@@ -697,7 +630,7 @@ async def test_a_long_argument_is_cut_visibly_and_shown_whole_on_request(tmp_pat
         # Every piece is quoted; together they hold the whole argument, end included.
         whole = "".join(_one_pre(p.params["text"])[1] for p in pieces)
         assert f'"path": "{hidden}"' in whole
-        api.press(request, _data(request, "once"))
+        api.press(request, button_data(request, "once"))
         await tg.said("read it")
         assert tg.tool_results()[-1].startswith("cannot read")  # it ran, with all of it
 
@@ -721,7 +654,7 @@ async def test_always_for_an_mcp_call_allows_those_arguments_only(tmp_path, llm,
             api.private_text("read a")
             request = await tg.request()  # the old entry no longer allows it
         assert "old 'always allow' entry" in caplog.text and "mcp_raw_read" in caplog.text
-        api.press(request, _data(request, "always"))
+        api.press(request, button_data(request, "always"))
         await tg.said("one")
         llm.script(tool_step(call("mcp_raw_read", {"path": first})), reply("two"))
         api.private_text("read a again")
@@ -730,7 +663,7 @@ async def test_always_for_an_mcp_call_allows_those_arguments_only(tmp_path, llm,
         llm.script(tool_step(call("mcp_raw_read", {"path": second})), reply("three"))
         api.private_text("read b")
         await api.wait_for_async(lambda: questions() == 2, WAIT)  # other arguments: asked
-        api.press(await tg.request(), _data(await tg.request(), "deny"))
+        api.press(await tg.request(), button_data(await tg.request(), "deny"))
         await tg.said("three")
     meta = SessionStore(state).get(f"telegram:{ALICE}").metadata
     assert meta["approved_calls"] == [f'call:mcp_raw_read:{{"path":{json.dumps(first)}}}']
@@ -755,7 +688,6 @@ async def test_a_scheduled_jobs_question_reaches_the_owner_and_her_press_runs_it
     from bot.cron.schedule import Schedule
     from bot.cron.scheduler import Scheduler
     from bot.cron.store import JobStore, new_job
-    from tests.test_cron import T0, Clock
 
     async with running(tmp_path, llm, api, groupTools=["*"]) as tg:
         for chat in {ALICE, job_chat}:
@@ -782,10 +714,10 @@ async def test_a_scheduled_jobs_question_reaches_the_owner_and_her_press_runs_it
         await sched.tick()
         request = await tg.request(ALICE)  # in her private chat, wherever the job is
         assert not any(api.markup(c) for c in api.sent(GROUP))
-        api.press(request, _data(request, "once"), user_id=BOB, username="bob")
+        api.press(request, button_data(request, "once"), user_id=BOB, username="bob")
         await tg.said("Only an admin of this bot may answer", ALICE)
         assert tg.ran == 0
-        api.press(request, _data(request, "once"))
+        api.press(request, button_data(request, "once"))
         await tg.said("job done", job_chat)
         assert tg.ran == 1
         assert not tg.tool_results()[-1].startswith("Error")
@@ -797,7 +729,6 @@ async def test_a_jobs_question_survives_a_restart_and_its_old_button_still_works
     from bot.cron.schedule import Schedule
     from bot.cron.scheduler import Scheduler
     from bot.cron.store import JobStore, new_job
-    from tests.test_cron import T0, Clock
 
     async with running(tmp_path, llm, api, groupTools=["*"]) as tg:
         for chat in (ALICE, GROUP):
@@ -824,7 +755,7 @@ async def test_a_jobs_question_survives_a_restart_and_its_old_button_still_works
         request = await tg.request(ALICE)
     # Stopped while the question waits: the pause stays in the group's checkpoint.
     async with running(tmp_path, llm, api, groupTools=["*"]) as tg:
-        api.press(request, _data(request, "once"))  # Alice's old button, in her chat
+        api.press(request, button_data(request, "once"))  # Alice's old button, in her chat
         await tg.said("done after restart", GROUP)
         assert tg.ran == 1
         assert sum(bool(api.markup(c)) for c in api.sent()) == 1  # not asked again
@@ -880,9 +811,8 @@ async def test_on_discord_a_jobs_question_goes_to_the_admins_direct_messages(tmp
     from bot.cron.scheduler import Scheduler
     from bot.cron.store import JobStore, new_job
     from tests.fakes.discord_api import TEXT_CHANNEL_ID, FakeDiscord
-    from tests.test_cron import T0, Clock
-    from tests.test_discord import ALICE as D_ALICE
-    from tests.test_discord import running as discord_running
+    from tests.helpers.discord import ALICE as D_ALICE
+    from tests.helpers.discord import running as discord_running
 
     async with FakeDiscord() as server:
         with server.patch():
@@ -931,7 +861,6 @@ async def test_on_discord_a_jobs_question_goes_to_the_admins_direct_messages(tmp
 async def test_the_heartbeats_question_reaches_the_owner(tmp_path, llm, api):
     from bot.cron.scheduler import Scheduler
     from bot.cron.store import JobStore
-    from tests.test_cron import T0, Clock
 
     (tmp_path / "ws").mkdir(exist_ok=True)
     (tmp_path / "ws" / "HEARTBEAT.md").write_text("- [ ] record that it ran\n")
@@ -948,7 +877,7 @@ async def test_the_heartbeats_question_reaches_the_owner(tmp_path, llm, api):
         clock.now = T0 + timedelta(minutes=30)
         await sched.tick()
         request = await tg.request(ALICE)
-        api.press(request, _data(request, "once"))
+        api.press(request, button_data(request, "once"))
         await tg.said("the check ran", ALICE)
         assert tg.ran == 1
 
@@ -956,7 +885,6 @@ async def test_the_heartbeats_question_reaches_the_owner(tmp_path, llm, api):
 async def test_a_heartbeat_with_nobody_to_ask_is_refused_at_once(tmp_path, llm, api):
     from bot.cron.scheduler import Scheduler
     from bot.cron.store import JobStore
-    from tests.test_cron import T0, Clock
 
     (tmp_path / "ws").mkdir(exist_ok=True)
     (tmp_path / "ws" / "HEARTBEAT.md").write_text("- [ ] record that it ran\n")
@@ -1014,7 +942,7 @@ def test_sigkill_after_the_answer_never_runs_the_command_twice(tmp_path):
         data = config_dict(
             tmp_path,
             llm.base_url,
-            channels={"telegram": {**_settings(api.api), "pollTimeoutSeconds": 5}},
+            channels={"telegram": {**settings(api.api), "pollTimeoutSeconds": 5}},
             tools={"exec": {"timeoutSeconds": 20}, "approval": "risky"},
         )
         config.write_text(json.dumps(data))
@@ -1023,7 +951,7 @@ def test_sigkill_after_the_answer_never_runs_the_command_twice(tmp_path):
             api.private_text("run it")
             api.wait_for(lambda: any(api.markup(c) for c in api.sent()), 30)
             request = next(c for c in api.sent() if api.markup(c))
-            api.press(request, _data(request, "once"))
+            api.press(request, button_data(request, "once"))
             assert proc.wait(20) == -signal.SIGKILL
         finally:
             _stop(proc)
@@ -1048,7 +976,7 @@ def test_sigkill_while_waiting_keeps_the_question_and_runs_the_command_once(tmp_
         data = config_dict(
             tmp_path,
             llm.base_url,
-            channels={"telegram": {**_settings(api.api), "pollTimeoutSeconds": 5}},
+            channels={"telegram": {**settings(api.api), "pollTimeoutSeconds": 5}},
             tools={"exec": {"timeoutSeconds": 20}, "approval": "risky"},
         )
         config.write_text(json.dumps(data))
@@ -1070,7 +998,7 @@ def test_sigkill_while_waiting_keeps_the_question_and_runs_the_command_once(tmp_
             time.sleep(1.0)  # the restarted turn waits again; it must not run or deny
             assert not ran.exists()
             assert sum(bool(api.markup(c)) for c in api.sent()) == 1  # not asked twice
-            api.press(request, _data(request, "once"))  # the old button still works
+            api.press(request, button_data(request, "once"))  # the old button still works
             api.wait_for(
                 lambda: any("ran after restart" in c.params["text"] for c in api.sent()), 30
             )
@@ -1140,10 +1068,10 @@ def test_git_status_asks_first_and_runs_no_program_the_repository_names(tmp_path
 
 async def test_discord_buttons_answer_an_approval(tmp_path, llm):
     from tests.fakes.discord_api import FakeDiscord
-    from tests.test_discord import ALICE as D_ALICE
-    from tests.test_discord import ALICE_DM as D_ALICE_DM
-    from tests.test_discord import BOB as D_BOB
-    from tests.test_discord import running as discord_running
+    from tests.helpers.discord import ALICE as D_ALICE
+    from tests.helpers.discord import ALICE_DM as D_ALICE_DM
+    from tests.helpers.discord import BOB as D_BOB
+    from tests.helpers.discord import running as discord_running
 
     llm.script(tool_step(call("exec", {"command": RISKY})), reply("discord ran it"))
     async with FakeDiscord() as server:
@@ -1182,8 +1110,8 @@ async def test_discord_buttons_answer_an_approval(tmp_path, llm):
 
 async def test_slack_buttons_answer_an_approval_in_a_thread(tmp_path, llm):
     from tests.fakes.slack_api import FakeSlack
-    from tests.test_slack import ALICE as S_ALICE
-    from tests.test_slack import CHAN, MALLORY, Rig, mention
+    from tests.helpers.slack import ALICE as S_ALICE
+    from tests.helpers.slack import CHAN, MALLORY, Rig, mention
 
     llm.script(tool_step(call("exec", {"command": RISKY})), reply("slack ran it"))
     users = {S_ALICE: {"id": S_ALICE, "profile": {"display_name": "alice"}}}
@@ -1211,7 +1139,7 @@ async def test_slack_buttons_answer_an_approval_in_a_thread(tmp_path, llm):
 
 
 def test_terminal_asks_again_after_a_sigkill_while_waiting(tmp_path):
-    from tests.crash_support import Memobot
+    from tests.helpers.crash import Memobot
 
     with FakeLLM.start_in_thread() as llm:
         llm.script(tool_step(call("exec", {"command": RISKY})), reply("finished later"))

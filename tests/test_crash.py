@@ -28,7 +28,9 @@ from bot.bus import InboundMessage
 from bot.recovery import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS
 from bot.runner import INTERRUPTED_TOOL_RESULT
 from bot.session import Session, SessionStore
-from tests.crash_support import (
+from tests.fakes.llm_server import FakeLLM, FakeLLMThread, hang, history_problem
+from tests.helpers import Harness, make_config, request_messages, write_config
+from tests.helpers.crash import (
     RESUME_NOTE_START,
     RUNTIME_MARK,
     ConversationLLM,
@@ -45,8 +47,6 @@ from tests.crash_support import (
     user_text,
     wait_until,
 )
-from tests.fakes.llm_server import FakeLLM, FakeLLMThread, hang, history_problem
-from tests.helpers import Harness, make_config, request_messages, write_config
 
 KEY = "cli:k"
 EXEC_MARK = "exec-ran"

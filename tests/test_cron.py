@@ -19,7 +19,7 @@ from bot.cron import heartbeat
 from bot.cron.schedule import Schedule, ScheduleError, from_iso, to_iso
 from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY, Scheduler
 from bot.cron.store import JobStore, new_job
-from tests.helpers import make_config
+from tests.helpers import T0, Clock, make_config
 
 BERLIN = ZoneInfo("Europe/Berlin")
 KEY = "telegram:1001"
@@ -105,17 +105,6 @@ def test_heartbeat_open_tasks_and_sentinel() -> None:
 
 
 # -- the scheduler against the real intake ---------------------------------------------------
-
-
-class Clock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
 
 
 @pytest.fixture

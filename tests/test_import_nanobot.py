@@ -1,5 +1,6 @@
 """``memobot import nanobot``: a nanobot installation built from the shapes in
-tests/nanobot_shapes.py, imported by the real command, then used by memobot (issue 10 item 4)."""
+tests/helpers/nanobot_shapes.py, imported by the real command, then used by memobot
+(issue 10 item 4)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from bot.memory.versioning import MemoryRepo
 from bot.session import SessionStore
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, tool_step
 from tests.helpers import request_messages, run_memobot
-from tests.nanobot_shapes import (
+from tests.helpers.nanobot_shapes import (
     CLI_SESSION_MESSAGES,
     HISTORY_LINES,
     NANOBOT_AUTHOR,

@@ -17,7 +17,6 @@ from bot.bus import InboundMessage, MessageBus, OutboundMessage
 from bot.long_answers import HEAD_CHARS, LONG_ANSWER_CHARS
 from bot.session import SessionStore
 from channels.base import Channel
-from tests.crash_support import Memobot
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply
 from tests.helpers import (
     Harness,
@@ -27,6 +26,7 @@ from tests.helpers import (
     telegram_in_process,
     write_config,
 )
+from tests.helpers.crash import Memobot
 
 ALICE = 1001
 KEY = f"telegram:{ALICE}"
@@ -209,8 +209,8 @@ async def test_on_discord_a_long_reply_is_its_beginning_and_the_file(tmp_path, s
     """Up to Discord's 10 MiB a bot may upload, the whole answer arrives as a file after its
     beginning; past that, a note says where memobot keeps it (the upload would be refused)."""
     from tests.fakes.discord_api import FakeDiscord
-    from tests.test_discord import ALICE, ALICE_DM
-    from tests.test_discord import running as discord_running
+    from tests.helpers.discord import ALICE, ALICE_DM
+    from tests.helpers.discord import running as discord_running
 
     text = long_reply(size)
     async with FakeLLM() as llm, FakeDiscord() as server:
@@ -246,7 +246,7 @@ async def test_on_slack_a_long_reply_is_its_beginning_and_the_file(tmp_path, sco
     completeUploadExternal into the DM); an app without files:write gets the note instead
     of an undelivered answer."""
     from tests.fakes.slack_api import FakeSlack
-    from tests.test_slack import ALICE, DM, Rig, dm
+    from tests.helpers.slack import ALICE, DM, Rig, dm
 
     text = long_reply(LONG_ANSWER_CHARS + 1)
     users = {ALICE: {"id": ALICE, "profile": {"display_name": "alice"}}}

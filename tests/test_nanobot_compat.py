@@ -27,7 +27,7 @@ from bot.memory.versioning import MemoryRepo
 from bot.service.doctor import check_history
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, tool_step
 from tests.helpers import config_dict, request_messages, run_memobot, write_config
-from tests.nanobot_shapes import (
+from tests.helpers.nanobot_shapes import (
     HISTORY_LINES,
     NANOBOT_AUTHOR,
     nanobot_git,

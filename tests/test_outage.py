@@ -18,26 +18,18 @@ import pytest
 from bot.outage import NOTICE_TEXT, Outage
 from bot.recovery import MAX_RESUME_ATTEMPTS
 from bot.session import SessionStore
-from tests.crash_support import REPO, wait_until
 from tests.fakes.llm_server import FakeLLM, disconnect, error, reply
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import Harness, closed_port, config_dict, make_config, request_messages
-
-FAST_OUTAGE = {"probeMaxSeconds": 0.2, "maxWaitMinutes": 5}
-
-
-def _llm(base_url: str, fallback_url: str | None = None, **extra: Any) -> dict[str, Any]:
-    llm: dict[str, Any] = {
-        "baseUrl": base_url,
-        "apiKey": "test-key",
-        "model": "primary-model",
-        "retry": {"attempts": 2, "initialDelaySeconds": 0.01, "maxDelaySeconds": 0.05},
-        "timeoutSeconds": 10,
-        **extra,
-    }
-    if fallback_url:
-        llm["fallbacks"] = [{"baseUrl": fallback_url, "model": "fallback-model"}]
-    return llm
+from tests.helpers import (
+    FAST_OUTAGE,
+    Harness,
+    closed_port,
+    config_dict,
+    llm_settings,
+    make_config,
+    request_messages,
+)
+from tests.helpers.crash import REPO, wait_until
 
 
 def _harness(tmp_path: Path, llm: dict[str, Any], wait: bool = False) -> Harness:
@@ -64,7 +56,7 @@ async def fallback():
 
 async def test_failover_on_connection_refused(tmp_path: Path, fallback: FakeLLM) -> None:
     dead = f"http://127.0.0.1:{closed_port()}/v1"
-    async with _harness(tmp_path, _llm(dead, fallback.base_url)) as h:
+    async with _harness(tmp_path, llm_settings(dead, fallback.base_url)) as h:
         assert await h.ask("hi") == "echo: hi"
         status = h.stack.loop.status_text("cli:t")
     [req] = fallback.requests
@@ -79,7 +71,7 @@ async def test_failover_on_500_keeps_the_request_bytes(
     tmp_path: Path, primary: FakeLLM, fallback: FakeLLM
 ) -> None:
     primary.script(reply("first"))
-    async with _harness(tmp_path, _llm(primary.base_url, fallback.base_url)) as h:
+    async with _harness(tmp_path, llm_settings(primary.base_url, fallback.base_url)) as h:
         assert await h.ask("one") == "first"
         primary.script(error(500), error(500))
         assert await h.ask("two") == "echo: two"
@@ -99,7 +91,7 @@ async def test_429_retry_after_is_honoured_before_failing_over(
     tmp_path: Path, primary: FakeLLM, fallback: FakeLLM
 ) -> None:
     primary.script(error(429, retry_after=0.5), error(429, retry_after=0.5))
-    async with _harness(tmp_path, _llm(primary.base_url, fallback.base_url)) as h:
+    async with _harness(tmp_path, llm_settings(primary.base_url, fallback.base_url)) as h:
         assert await h.ask("hi") == "echo: hi"
     first, second = primary.requests
     assert second["time"] - first["time"] >= 0.45  # waited as asked, on the primary
@@ -111,7 +103,9 @@ async def test_no_failover_on_a_refused_request(
     tmp_path: Path, primary: FakeLLM, fallback: FakeLLM, status: int, caplog: Any
 ) -> None:
     primary.script(error(status), error(status))
-    async with _harness(tmp_path, _llm(primary.base_url, fallback.base_url), wait=True) as h:
+    async with _harness(
+        tmp_path, llm_settings(primary.base_url, fallback.base_url), wait=True
+    ) as h:
         answer = await h.ask("hi")
         assert f"refused the request ({status}" in answer  # answered, not waiting
         await h.ask("again")
@@ -127,7 +121,7 @@ async def test_no_failover_on_a_refused_request(
 
 async def test_outage_with_several_chats(tmp_path: Path, primary: FakeLLM) -> None:
     primary.configure(mode="strict")  # every unscripted request: HTTP 500
-    llm = _llm(primary.base_url, outage=FAST_OUTAGE)
+    llm = llm_settings(primary.base_url, outage=FAST_OUTAGE)
     async with _harness(tmp_path, llm, wait=True) as h:
         futures = {}
         for n in range(3):
@@ -158,7 +152,7 @@ async def test_a_waiting_turn_is_answered_with_the_error_after_the_maximum_wait(
     tmp_path: Path, primary: FakeLLM
 ) -> None:
     primary.configure(mode="strict")
-    llm = _llm(primary.base_url, outage={"probeMaxSeconds": 5, "maxWaitMinutes": 0.01})
+    llm = llm_settings(primary.base_url, outage={"probeMaxSeconds": 5, "maxWaitMinutes": 0.01})
     async with _harness(tmp_path, llm, wait=True) as h:
         started = time.monotonic()
         answer = await h.ask("still there?")
@@ -173,7 +167,9 @@ async def test_a_waiting_turn_is_answered_with_the_error_after_the_maximum_wait(
 async def test_stop_ends_a_waiting_turn(tmp_path: Path, primary: FakeLLM) -> None:
     primary.script(disconnect(), disconnect())
     primary.configure(mode="strict")
-    async with _harness(tmp_path, _llm(primary.base_url, outage=FAST_OUTAGE), wait=True) as h:
+    async with _harness(
+        tmp_path, llm_settings(primary.base_url, outage=FAST_OUTAGE), wait=True
+    ) as h:
         waiting = await h.send("wait for me")
         await _until(lambda: any(m.text == NOTICE_TEXT for m in h.outbox))
         stop = await h.send("/stop")
@@ -190,7 +186,9 @@ async def test_shutdown_as_the_model_comes_back_keeps_the_turn_for_the_next_star
     """The worker is cancelled (shutdown) in the same loop pass as the wait ends: that is not
     /stop, so no "Stopped." answer; the question stays pending for the next start."""
     primary.configure(mode="strict")
-    async with _harness(tmp_path, _llm(primary.base_url, outage=FAST_OUTAGE), wait=True) as h:
+    async with _harness(
+        tmp_path, llm_settings(primary.base_url, outage=FAST_OUTAGE), wait=True
+    ) as h:
         loop, outage = h.stack.loop, h.stack.loop.outage
         assert outage is not None
         back = asyncio.Event()

@@ -212,8 +212,8 @@ async def test_a_reload_that_changes_allow_from_keeps_pairing(tmp_path, llm, api
 
 async def test_discord_dm_from_a_stranger_gets_a_code(tmp_path, llm):
     from tests.fakes.discord_api import FakeDiscord
-    from tests.test_discord import BOB, BOB_DM
-    from tests.test_discord import running as discord_running
+    from tests.helpers.discord import BOB, BOB_DM
+    from tests.helpers.discord import running as discord_running
 
     async with FakeDiscord() as server:
         with server.patch():
@@ -238,7 +238,7 @@ async def test_discord_dm_from_a_stranger_gets_a_code(tmp_path, llm):
 
 async def test_slack_dm_from_a_stranger_gets_a_code(tmp_path, llm):
     from tests.fakes.slack_api import FakeSlack
-    from tests.test_slack import DM, MALLORY, Rig, dm
+    from tests.helpers.slack import DM, MALLORY, Rig, dm
 
     async with FakeSlack(post_interval=0.05) as slack:
         async with Rig(tmp_path, llm, slack, dmPolicy="pairing"):

@@ -34,7 +34,7 @@ from tests.fakes.telegram_api import BOT_USERNAME, NO_RESULT, FakeBotAPI, strip_
 from tests.helpers import STREAMED_ANSWER as ANSWER
 from tests.helpers import TELEGRAM_FAST_PREVIEWS as FAST
 from tests.helpers import VirtualClock, make_config, telegram_in_process
-from tests.test_telegram import Running, running
+from tests.helpers.telegram import Running, running
 
 ALICE = 1001
 GROUP = -1001234

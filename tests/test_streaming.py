@@ -21,7 +21,7 @@ from tests.fakes.llm_server import reply, tool_step
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, strip_html, utf16_len
 from tests.helpers import STREAMED_ANSWER as ANSWER
 from tests.helpers import TELEGRAM_FAST_PREVIEWS as FAST
-from tests.test_telegram import running
+from tests.helpers.telegram import running
 
 ALICE = 1001
 GROUP = -1001234

@@ -16,8 +16,7 @@ from typing import Any
 
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI
-from tests.helpers import config_dict
-from tests.test_telegram import _gateway, _stop
+from tests.helpers import config_dict, start_gateway, stop_gateway
 
 ALICE = 1001
 GROUP = -1001234
@@ -55,7 +54,7 @@ def test_sigkill_mid_stream_then_restart_leaves_one_message_per_answer(tmp_path)
             reply("The private answer, resumed.", when_user_contains="private question"),
         )
         config = _config(tmp_path, llm, api)
-        proc = _gateway(config)
+        proc = start_gateway(config)
         try:
             api.group_text(f"{BOT} group question")
             api.private_text("private question")
@@ -67,12 +66,12 @@ def test_sigkill_mid_stream_then_restart_leaves_one_message_per_answer(tmp_path)
             proc.kill()
             assert proc.wait(10) == -signal.SIGKILL
         finally:
-            _stop(proc)
+            stop_gateway(proc)
         [preview] = api.shown(GROUP)
         assert preview["text"].startswith("first try")  # half an answer, being edited
         assert api.shown(ALICE) == []  # drafts are stored nowhere
 
-        proc = _gateway(config)
+        proc = start_gateway(config)
         try:
             api.wait_for(
                 lambda: (
@@ -83,7 +82,7 @@ def test_sigkill_mid_stream_then_restart_leaves_one_message_per_answer(tmp_path)
             )
             time.sleep(1.0)  # a second copy would arrive by now
         finally:
-            _stop(proc)
+            stop_gateway(proc)
         assert proc.returncode == 0, (tmp_path / "gateway.log").read_text()
         # The resumed turn's answer landed in the preview message itself: one message each.
         assert [m["message_id"] for m in api.shown(GROUP)] == [preview["message_id"]]
@@ -100,20 +99,20 @@ def test_sigkill_after_the_answer_was_stored_finishes_the_preview(tmp_path):
         llm.script(reply(answer, pieces=10, chunk_delay=0.1))
         config = _config(tmp_path, llm, api)
         # Killed once the answer is in the ledger, before it was delivered.
-        proc = _gateway(config, {"MEMOBOT_FAILPOINTS": "before_delivery"})
+        proc = start_gateway(config, {"MEMOBOT_FAILPOINTS": "before_delivery"})
         try:
             api.group_text(f"{BOT} store it")
             assert proc.wait(30) == -signal.SIGKILL
         finally:
-            _stop(proc)
+            stop_gateway(proc)
         [preview] = api.shown(GROUP)
         assert "**finished**" in preview["text"] or len(preview["text"]) < len(answer)
-        proc = _gateway(config)
+        proc = start_gateway(config)
         try:
             api.wait_for(lambda: any("finished after" in t for t in _texts(api, GROUP)), 30)
             time.sleep(1.0)
         finally:
-            _stop(proc)
+            stop_gateway(proc)
         assert proc.returncode == 0, (tmp_path / "gateway.log").read_text()
         shown = api.shown(GROUP)
         assert [m["message_id"] for m in shown] == [preview["message_id"]]

@@ -12,7 +12,7 @@ import pytest
 
 from tests.fakes.discord_api import BOT_USER, TEXT_CHANNEL_ID, FakeDiscord
 from tests.fakes.llm_server import FakeLLM, reply
-from tests.test_discord import ALICE, ALICE_DM, MENTION, running, until
+from tests.helpers.discord import ALICE, ALICE_DM, MENTION, running, until
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.slack_api import FakeSlack
-from tests.test_slack import ALICE, DM, Rig, dm
+from tests.helpers.slack import ALICE, DM, Rig, dm
 
 FAST = {
     "streaming": True,

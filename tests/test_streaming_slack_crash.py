@@ -19,9 +19,8 @@ import pytest
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.slack_api import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.fakes.threaded import ServerThread
-from tests.helpers import config_dict
-from tests.test_slack import ALICE, CHAN, DM, dm, mention
-from tests.test_telegram import _gateway, _stop
+from tests.helpers import config_dict, start_gateway, stop_gateway
+from tests.helpers.slack import ALICE, CHAN, DM, dm, mention
 
 ROOT = "1700000040.000100"
 DM_THREAD = "1700000040.000500"
@@ -73,7 +72,7 @@ def test_sigkill_mid_stream_then_restart_leaves_one_message_per_answer(tmp_path,
             reply("The DM answer, resumed.", when_user_contains="dm question"),
         )
         config = _config(tmp_path, llm, fake)
-        proc = _gateway(config)
+        proc = start_gateway(config)
         try:
             thread.run(fake.wait_connected(1, 20))
             thread.run(fake.push_event(mention("thread question", ROOT), event_id="K1"))
@@ -88,13 +87,13 @@ def test_sigkill_mid_stream_then_restart_leaves_one_message_per_answer(tmp_path,
             proc.kill()
             assert proc.wait(10) == -signal.SIGKILL
         finally:
-            _stop(proc)
+            stop_gateway(proc)
         streams = {s["channel"]: s["ts"] for s in fake.streams}
         assert set(streams) == {CHAN, DM} and fake.posts == []
         for shown in fake.shown():
             assert shown["streaming"] and shown["text"].startswith("first try")  # left open
 
-        proc = _gateway(config)
+        proc = start_gateway(config)
         try:
             expected = {CHAN: "The thread answer, resumed.", DM: "The DM answer, resumed."}
             _wait(
@@ -107,7 +106,7 @@ def test_sigkill_mid_stream_then_restart_leaves_one_message_per_answer(tmp_path,
             )
             time.sleep(1.0)  # a second copy would arrive by now
         finally:
-            _stop(proc)
+            stop_gateway(proc)
         assert proc.returncode == 0, (tmp_path / "gateway.log").read_text()
     # The resumed answers landed in the streamed messages themselves: one message each.
     shown = fake.shown()

@@ -17,7 +17,7 @@ import pytest
 from bot.streaming import STOPPED_MARK
 from tests.fakes.llm_server import FakeLLM, reply, tool_step
 from tests.fakes.slack_api import TEAM_ID, FakeSlack
-from tests.test_slack import ALICE, CHAN, DM, Rig, dm, mention
+from tests.helpers.slack import ALICE, CHAN, DM, Rig, dm, mention
 
 FAST = {
     "streaming": True,

@@ -8,94 +8,30 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bot.app import AgentStack
 from bot.config import ConfigError, parse_config
 from channels.formatting import TELEGRAM_LIMIT, telegram_length
-from channels.manager import ChannelManager
 from channels.telegram_channel import channel as telegram_channel
-from channels.telegram_channel.channel import TelegramChannel
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.socks_proxy import FakeSocks5
 from tests.fakes.telegram_api import BOT_USERNAME, FakeBotAPI, mention_entities, strip_html
 from tests.helpers import (
-    REPO,
     VirtualClock,
     closed_port,
     config_dict,
     listed_commands,
-    make_config,
     readme_commands,
     run_memobot,
-    telegram_in_process,
+    start_gateway,
+    stop_gateway,
     write_config,
 )
-
-ALICE = 1001  # in allowFrom
-MALLORY = 2002  # not in allowFrom
-GROUP = -1001234
-BOT = f"@{BOT_USERNAME}"
-
-
-@dataclass
-class Running:
-    api: FakeBotAPI
-    llm: FakeLLM
-    stack: AgentStack
-    channel: TelegramChannel
-    manager: ChannelManager
-    tmp: Path
-
-    def user_texts(self) -> list[str]:
-        """The last user line of every LLM request (the runtime block cut off)."""
-        out = []
-        for r in self.llm.requests:
-            content = r["body"]["messages"][-1]["content"]
-            if isinstance(content, list):
-                content = content[0]["text"]
-            out.append(content.split("\n\n[runtime context", 1)[0])
-        return out
-
-    async def handled(self, update_id: int) -> None:
-        """Wait until ``update_id`` is confirmed: saved, and sent back as a getUpdates offset."""
-
-        def confirmed() -> bool:
-            polls = self.api.calls("getUpdates")
-            return (self.channel.offset or 0) > update_id and any(
-                (c.params.get("offset") or 0) > update_id for c in polls
-            )
-
-        await self.api.wait_for_async(confirmed)
-
-
-@asynccontextmanager
-async def running(
-    tmp_path: Path, llm: FakeLLM, api: FakeBotAPI, **telegram: Any
-) -> AsyncIterator[Running]:
-    settings = {
-        "enabled": True,
-        "token": api.token,
-        "baseUrl": api.base_url,
-        "allowFrom": [str(ALICE)],
-        "pollTimeoutSeconds": 2,
-        # Telegram's 20 a minute per group, shortened; pacing itself is in test_pacing.py.
-        "rateLimits": {"group": {"messages": 20, "perSeconds": 1}},
-        **telegram,
-    }
-    cfg = make_config(tmp_path, llm.base_url, channels={"telegram": settings})
-    async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, channel, manager):
-        yield Running(api, llm, stack, channel, manager, tmp_path)
-
+from tests.helpers.telegram import ALICE, BOT, GROUP, MALLORY, running
 
 # -- private chats and allowFrom --------------------------------------------------------------
 
@@ -658,30 +594,6 @@ async def test_stop_landing_as_a_poll_returns_still_stops_the_channel(
 # -- the daemon: SIGKILL between fetch and processing -----------------------------------------
 
 
-def _gateway(config: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    full_env = {**os.environ, **(env or {})}
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MEMOBOT_FAILPOINTS"):
-        if not env or name not in env:
-            full_env.pop(name, None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(config), "gateway"],
-        cwd=REPO,
-        env=full_env,
-        stdout=subprocess.DEVNULL,
-        stderr=open(config.parent / "gateway.log", "ab"),  # the child keeps writing after we return
-    )
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
 def _answers_to(api: Any, text: str) -> int:
     return sum(f"echo: {text}" in c.params["text"] for c in api.sent())
 
@@ -710,26 +622,26 @@ def test_sigkill_between_fetch_and_processing_loses_nothing_and_repeats_nothing(
         config.write_text(json.dumps(data))
 
         # 1. Killed the instant the getUpdates answer carrying the message has left the server.
-        proc = _gateway(config)
+        proc = start_gateway(config)
         try:
             api.after_get_updates = lambda ids: os.kill(proc.pid, signal.SIGKILL)
             api.private_text("first")
             assert proc.wait(20) == -signal.SIGKILL
         finally:
             api.after_get_updates = None
-            _stop(proc)
+            stop_gateway(proc)
         assert api.sent() == []
 
         # 2. Killed right after intake stored the next message (before the offset moved).
-        proc = _gateway(config, {"MEMOBOT_FAILPOINTS": "after_intake@2"})
+        proc = start_gateway(config, {"MEMOBOT_FAILPOINTS": "after_intake@2"})
         try:
             api.private_text("second")
             assert proc.wait(30) == -signal.SIGKILL
         finally:
-            _stop(proc)
+            stop_gateway(proc)
 
         # 3. A clean restart answers each message exactly once.
-        proc = _gateway(config)
+        proc = start_gateway(config)
         try:
             api.wait_for(lambda: _answers_to(api, "first") and _answers_to(api, "second"), 30)
             time.sleep(1.0)  # a duplicate would arrive by now
@@ -737,7 +649,7 @@ def test_sigkill_between_fetch_and_processing_loses_nothing_and_repeats_nothing(
             assert _answers_to(api, "second") == 1
             assert "telegram: connected" in _status_when_written(config)
         finally:
-            _stop(proc)
+            stop_gateway(proc)
         assert proc.returncode == 0, (tmp_path / "gateway.log").read_text()
 
 
@@ -755,20 +667,20 @@ def test_sigkill_between_pieces_resumes_without_repeating(tmp_path):
         data = config_dict(tmp_path, llm.base_url, channels={"telegram": settings})
         config.write_text(json.dumps(data))
         # Killed after pieces 1 and 2 went out, before piece 3 was marked.
-        proc = _gateway(config, {"MEMOBOT_FAILPOINTS": "between_pieces@2"})
+        proc = start_gateway(config, {"MEMOBOT_FAILPOINTS": "between_pieces@2"})
         try:
             api.private_text("four pieces")
             assert proc.wait(30) == -signal.SIGKILL
         finally:
-            _stop(proc)
+            stop_gateway(proc)
         assert _piece_numbers(api.sent()) == [1, 2]
-        proc = _gateway(config)
+        proc = start_gateway(config)
         try:
             api.wait_for(lambda: len(api.sent()) >= 4, 30)
             time.sleep(0.5)  # a repeated piece would arrive by now
             assert _piece_numbers(api.sent()) == [1, 2, 3, 4]
         finally:
-            _stop(proc)
+            stop_gateway(proc)
         assert proc.returncode == 0, (tmp_path / "gateway.log").read_text()
 
 
@@ -776,11 +688,11 @@ def test_wrong_token_makes_the_gateway_exit_78_with_one_line(tmp_path):
     with FakeBotAPI.start_in_thread() as api:
         settings = {"enabled": True, "token": "999:WRONG", "baseUrl": api.base_url}
         config = write_config(tmp_path, "http://127.0.0.1:9", channels={"telegram": settings})
-        proc = _gateway(config)
+        proc = start_gateway(config)
         try:
             assert proc.wait(30) == 78
         finally:
-            _stop(proc)
+            stop_gateway(proc)
     log_text = (tmp_path / "gateway.log").read_text()
     lines = [line for line in log_text.splitlines() if "cannot work" in line]
     assert len(lines) == 1 and "channel telegram" in lines[0]

@@ -57,7 +57,7 @@ async def test_stop_after_trailing_whitespace_does_not_print_the_text_twice(mark
         "cli", "c", final, reply_to="r", final=True, metadata={"outcome": "stopped"}
     )
     await ch.send_chunk(msg, final)
-    from tests.test_terminal_render import screen_after
+    from tests.helpers.terminal import screen_after
 
     # What stays on screen (rendered lines are redrawn in place): the text once, then the mark.
     screen = "\n".join(screen_after(out.getvalue(), 80))
@@ -78,7 +78,7 @@ async def test_an_answer_the_runner_strips_is_shown_once(markdown, streamed):
     await ch.send_chunk(OutboundMessage("cli", "c", final, reply_to="r", final=True), final)
     # What stays on screen: rendered output is redrawn in place, so count after the last
     # erase of each line (pyte would be exact; plain mode has no erase at all).
-    from tests.test_terminal_render import screen_after
+    from tests.helpers.terminal import screen_after
 
     shown = [line for line in screen_after(out.getvalue(), 80) if line]
     assert shown == ["Hello world."], shown

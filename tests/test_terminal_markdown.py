@@ -29,7 +29,7 @@ from channels.formatting import markdown_to_ansi
 from channels.terminal_channel.channel import TerminalChannel, colour_allowed
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, call, reply, tool_step
 from tests.helpers import REPO, channel_in_process, make_config, run_memobot, write_config
-from tests.test_terminal_render import XtermScreen, plain, screen_after
+from tests.helpers.terminal import XtermScreen, plain, screen_after
 
 COLUMNS, ROWS = 60, 50
 ANSWER = (

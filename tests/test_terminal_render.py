@@ -10,17 +10,12 @@ import re
 
 import pyte
 import pytest
-from wcwidth import wcwidth
 
 from channels.formatting import AnsiMarkdown, markdown_to_ansi, strip_controls
 from channels.terminal_channel.live import LiveMarkdown, cursor_rows
+from tests.helpers.terminal import SGR_RE, XtermScreen, plain, screen_after
 
-SGR_RE = re.compile(r"\x1b\[[0-9;]*m")
 BOLD, ITALIC, UNDERLINE, STRIKE, DIM, CODE = "1", "3", "4", "9", "2", "36"
-
-
-def plain(rendered: str) -> str:
-    return SGR_RE.sub("", rendered)
 
 
 def styled_runs(rendered: str) -> list[tuple[str, set[str]]]:
@@ -285,24 +280,6 @@ def test_line_at_a_time_renders_as_the_whole_text():
 
 
 # --- the live region on a screen -------------------------------------------------------------
-
-
-class XtermScreen(pyte.Screen):
-    """pyte's screen, wrapping as xterm, VTE and kitty do: a wide character that does not fit
-    in the last column goes to the next row, leaving that column empty (pyte would cut it)."""
-
-    def draw(self, data: str) -> None:
-        for ch in data:
-            if wcwidth(ch) == 2 and self.cursor.x == self.columns - 1:
-                super().draw(" ")
-            super().draw(ch)
-
-
-def screen_after(data: str, columns: int, rows: int = 120) -> list[str]:
-    """What a VT100 ``columns`` wide shows after ``data`` (the tty turns "\\n" into CR LF)."""
-    screen = XtermScreen(columns, rows)
-    pyte.Stream(screen).feed(data.replace("\n", "\r\n"))
-    return [line.rstrip() for line in screen.display]
 
 
 def stream_live(text: str, columns: int, step: int = 1) -> str:

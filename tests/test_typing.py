@@ -23,9 +23,8 @@ from tests.fakes.clock import FakeClock
 from tests.fakes.ledger import NoLedger
 from tests.fakes.llm_server import FakeLLM, call, reply, tool_step
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import make_config, telegram_in_process
-from tests.test_approvals import ALICE, RISKY, _data, running
-from tests.test_outage import FAST_OUTAGE, _llm
+from tests.helpers import FAST_OUTAGE, llm_settings, make_config, telegram_in_process
+from tests.helpers.approvals import ALICE, RISKY, button_data, running
 
 
 @pytest.fixture(autouse=True)
@@ -163,7 +162,7 @@ async def test_a_question_restored_after_a_restart_waits_without_typing(tmp_path
         await asyncio.sleep(1.0)  # twenty refreshes, were it shown
         assert [c for c in api.calls("sendChatAction") if c.at > restarted] == []
         assert sum(bool(api.markup(c)) for c in api.sent()) == 1  # waited for, not asked again
-        api.press(request, _data(request, "once"))
+        api.press(request, button_data(request, "once"))
         answer = await tg.said("ran after restart")
         again = [c for c in api.calls("sendChatAction") if c.at > restarted]
         assert again and again[0].at < answer.at  # the turn went on: shown again
@@ -177,12 +176,12 @@ async def test_no_typing_while_the_second_question_of_a_turn_waits(tmp_path, llm
     async with running(tmp_path, llm, api, typingDelaySeconds=0) as tg:
         api.private_text("please run both")
         first = await tg.request()
-        api.press(first, _data(first, "once"))
+        api.press(first, button_data(first, "once"))
         await api.wait_for_async(lambda: sum(bool(api.markup(c)) for c in api.sent()) == 2, 30)
         second = [c for c in api.sent() if api.markup(c)][-1]
         await asyncio.sleep(0.6)
         assert [c for c in api.calls("sendChatAction") if c.at > second.at + 0.1] == []
-        api.press(second, _data(second, "once"))
+        api.press(second, button_data(second, "once"))
         await tg.said("both ran")
 
 
@@ -198,7 +197,7 @@ async def test_no_draft_kept_up_while_a_question_waits(tmp_path, llm, api):
         request = await tg.request()
         await asyncio.sleep(1.5)  # five draft refreshes, were it kept up
         assert [d for d in api.drafts(ALICE) if d.at > request.at + 0.05] == []
-        api.press(request, _data(request, "once"))
+        api.press(request, button_data(request, "once"))
         await tg.said("ran")
 
 
@@ -218,7 +217,7 @@ async def test_neither_typing_nor_draft_while_a_turn_waits_for_the_model(
             "pollTimeoutSeconds": 1,
             "typingDelaySeconds": 0,
         }
-        model = _llm(llm.base_url, outage=FAST_OUTAGE)
+        model = llm_settings(llm.base_url, outage=FAST_OUTAGE)
         cfg = make_config(tmp_path, llm.base_url, llm=model, channels={"telegram": settings})
         async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, _, _):
             stack.loop.outage = Outage(stack.provider.probe, cfg.llm.outage)

@@ -36,7 +36,12 @@ from bot.service.doctor import check_memory_history
 from bot.workspace import init_workspace
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
 from tests.helpers import Harness, config_dict, make_config, run_memobot
-from tests.nanobot_shapes import NANOBOT_AUTHOR, nanobot_git, write_history, write_memory_files
+from tests.helpers.nanobot_shapes import (
+    NANOBOT_AUTHOR,
+    nanobot_git,
+    write_history,
+    write_memory_files,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GIT = shutil.which("git")

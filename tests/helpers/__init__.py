@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from bot.config import Config, parse_config
 from channels.base import Channel
 from channels.manager import ChannelManager
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 PLATFORMS = ("telegram", "discord", "slack", "cli")
@@ -262,13 +264,62 @@ def wait_for(predicate: Any, within: float = 10.0) -> bool:
     return False
 
 
+def start_gateway(config: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``memobot gateway`` as its own process, stderr appended to ``gateway.log`` beside the
+    config; ``env`` adds to this process's environment (MEMOBOT_FAILPOINTS only if given)."""
+    full_env = {**os.environ, **(env or {})}
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MEMOBOT_FAILPOINTS"):
+        if not env or name not in env:
+            full_env.pop(name, None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bot", "--config", str(config), "gateway"],
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(config.parent / "gateway.log", "ab"),  # the child keeps writing after we return
+    )
+
+
+def stop_gateway(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, as systemd stops it; SIGKILL if it is still there 20 s later."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+# -- the model ----------------------------------------------------------------------------------
+
+# The outage settings that make a probe come quickly.
+FAST_OUTAGE = {"probeMaxSeconds": 0.2, "maxWaitMinutes": 5}
+
+
+def llm_settings(base_url: str, fallback_url: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The config's ``llm`` section for a primary model at ``base_url`` (and a fallback),
+    retrying fast."""
+    llm: dict[str, Any] = {
+        "baseUrl": base_url,
+        "apiKey": "test-key",
+        "model": "primary-model",
+        "retry": {"attempts": 2, "initialDelaySeconds": 0.01, "maxDelaySeconds": 0.05},
+        "timeoutSeconds": 10,
+        **extra,
+    }
+    if fallback_url:
+        llm["fallbacks"] = [{"baseUrl": fallback_url, "model": "fallback-model"}]
+    return llm
+
+
 # -- the heartbeat -------------------------------------------------------------------------------
 
 
 async def fire_heartbeat(harness: Harness, llm: Any, requests_before: int) -> dict[str, Any]:
     """Run the heartbeat once now, on a fake clock (one tick to plan it, one past its
     interval), against ``harness``'s real loop; the body of its request to the model."""
-    from datetime import UTC, datetime, timedelta
+    from datetime import timedelta
 
     from bot.cron.scheduler import Scheduler
     from bot.cron.store import JobStore
@@ -285,6 +336,20 @@ async def fire_heartbeat(harness: Harness, llm: Any, requests_before: int) -> di
     await sched.tick()
     requests = await llm.wait_for_requests(requests_before + 1)
     return requests[requests_before]["body"]
+
+
+class Clock:
+    """A wall clock for the scheduler (``Scheduler(clock=...)``) that moves when a test sets
+    ``now``."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)  # a Sunday morning, for the scheduler tests
 
 
 class VirtualClock:

@@ -23,7 +23,7 @@ from typing import Any
 from bot.session import Session, SessionStore
 from tests.fakes.llm_server import FakeLLM, Step, call, reply, tool_step
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUNTIME_MARK = "\n\n[runtime context"
 RESUME_NOTE_START = "[memobot: your previous run"
 # Metadata keys that only exist while a turn or a delivery is unfinished.

@@ -24,14 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from bot import durable, startup
-from bot.app import build_agent, exec_limits_line
 from bot.config import EX_CONFIG, Config
 from bot.cron import heartbeat
-from bot.cron.scheduler import Scheduler
-from bot.cron.store import JobStore
-from bot.pairing import announce_approvals, stores
-from bot.service import heap
-from bot.service.daemon import ServiceHooks
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +61,12 @@ class GatewayLocked(RuntimeError):
 
 class Gateway:
     def __init__(self, cfg: Config, config_path: Path) -> None:
+        # The agent, the channels and the scheduler are imported here, not at the top:
+        # `memobot status` reads the status file through this module and needs none of them.
+        from bot.app import build_agent
+        from bot.cron.scheduler import Scheduler
+        from bot.cron.store import JobStore
+        from bot.service.daemon import ServiceHooks
         from channels import registry
         from channels.manager import ChannelManager
 
@@ -90,6 +90,8 @@ class Gateway:
         self.service = ServiceHooks(self, config_path)  # systemd notify, SIGHUP reload
 
     def status(self) -> dict[str, Any]:
+        from bot.app import exec_limits_line
+
         return {
             "pid": os.getpid(),
             "started_at": self.started,
@@ -137,6 +139,8 @@ class Gateway:
             ) from None
 
     async def run(self) -> int:
+        from bot.pairing import announce_approvals, stores
+
         self._lock()
         aio = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -200,6 +204,8 @@ class Gateway:
 
 
 async def _release_free_memory_forever() -> None:
+    from bot.service import heap
+
     while True:
         await asyncio.sleep(heap.TRIM_EVERY_SECONDS)
         if await asyncio.to_thread(heap.release_free_memory) is None:

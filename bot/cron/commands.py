@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from bot.config import Config
 from bot.cron.heartbeat import private_chat
 from bot.cron.schedule import Schedule, ScheduleError, describe_moment, zone
-from bot.cron.scheduler import describe_jobs
 from bot.cron.store import Job, Jobs, JobStore, new_job
 
 
@@ -69,6 +68,10 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
     now = datetime.now(UTC)
     try:
         if args.cron_command == "list":
+            # The scheduler brings the session store and the bus: only `list` needs it, and
+            # every command line builds this module's parsers.
+            from bot.cron.scheduler import describe_jobs
+
             jobs = store.load().jobs
             enabled = {name for name, c in cfg.channels if c.enabled}
             shown = [j for j in jobs if args.all or j.session.partition(":")[0] in enabled]

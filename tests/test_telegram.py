@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from bot.config import ConfigError, parse_config
+from bot.gateway import read_status
 from channels.formatting import TELEGRAM_LIMIT, telegram_length
 from channels.telegram_channel import channel as telegram_channel
 from tests.fakes.llm_server import FakeLLM, reply
@@ -29,6 +30,7 @@ from tests.helpers import (
     run_memobot,
     start_gateway,
     stop_gateway,
+    wait_for,
     write_config,
 )
 from tests.helpers.telegram import ALICE, BOT, GROUP, MALLORY, running
@@ -599,13 +601,15 @@ def _answers_to(api: Any, text: str) -> int:
 
 
 def _status_when_written(config: Path) -> str:
-    """``memobot status`` once the gateway's periodic snapshot shows the channel connected."""
-    deadline = time.monotonic() + 8
-    while True:
-        out = run_memobot("status", config=config).stdout
-        if "telegram: connected" in out or time.monotonic() > deadline:
-            return out
-        time.sleep(0.5)
+    """``memobot status`` once the gateway's periodic snapshot shows the channel connected
+    (the snapshot is read here, so only one ``memobot status`` process is started)."""
+
+    def connected() -> bool:
+        live = read_status(config.parent / "state") or {}
+        return (live.get("channels") or {}).get("telegram", {}).get("state") == "connected"
+
+    wait_for(connected, within=8)
+    return run_memobot("status", config=config).stdout
 
 
 def test_sigkill_between_fetch_and_processing_loses_nothing_and_repeats_nothing(tmp_path):

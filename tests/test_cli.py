@@ -11,7 +11,7 @@ import pytest
 
 from bot.session import SessionStore
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply
-from tests.helpers import request_messages, run_memobot, write_config
+from tests.helpers import converse, request_messages, run_memobot, write_config
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_bad_config_exits_78_with_json_path(tmp_path: Path) -> None:
 
 def test_torn_session_line_recovered_by_next_run(tmp_path: Path, llm: FakeLLMThread) -> None:
     cfg = write_config(tmp_path, llm.base_url)
-    assert run_memobot("agent", "-m", "one", "-s", "cli:x", config=cfg).returncode == 0
+    assert converse(cfg, "cli:x", "one") == ["echo: one"]
     path = SessionStore(tmp_path / "state").path_for("cli:x")
     with open(path, "ab") as fh:
         fh.write(b'{"role":"assistant","content":"half a li')  # a crash mid-append
@@ -121,8 +121,8 @@ def test_onboard_then_status(tmp_path: Path) -> None:
 
 def test_status_counts_sessions(tmp_path: Path, llm: FakeLLMThread) -> None:
     cfg = write_config(tmp_path, llm.base_url)
-    run_memobot("agent", "-m", "a", "-s", "cli:one", config=cfg)
-    run_memobot("agent", "-m", "b", "-s", "cli:two", config=cfg)
+    converse(cfg, "cli:one", "a")
+    converse(cfg, "cli:two", "b")
     out = run_memobot("status", config=cfg).stdout
     row = next(line for line in out.splitlines() if line.startswith("sessions"))
     assert row.split()[-1] == "2"

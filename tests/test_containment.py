@@ -49,6 +49,7 @@ from tests.helpers import (
     REPO,
     Harness,
     config_dict,
+    converse,
     make_config,
     request_messages,
     run_memobot,
@@ -726,7 +727,7 @@ def test_good_entries_of_a_damaged_list_are_kept_and_answered(
 ) -> None:
     """The good pending entry next to a bad one is resumed: a bad field loses only itself."""
     cfg = write_config(tmp_path, llm.base_url)
-    assert run_memobot("agent", "-m", "hello", "-s", KEY, config=cfg).returncode == 0
+    assert converse(cfg, KEY, "hello") == ["echo: hello"]
     path = session_path(tmp_path)
     append_lines(path, *ATTACKS["pending entry without id"](path))
     done = run_memobot("agent", "-m", "next", "-s", KEY, config=cfg)
@@ -737,7 +738,7 @@ def test_good_entries_of_a_damaged_list_are_kept_and_answered(
 
 def test_bad_pointer_keeps_the_previous_one(tmp_path: Path, llm: FakeLLMThread) -> None:
     cfg = write_config(tmp_path, llm.base_url)
-    assert run_memobot("agent", "-m", "one", "-s", KEY, config=cfg).returncode == 0
+    assert converse(cfg, KEY, "one") == ["echo: one"]
     store = SessionStore(tmp_path / "state")
     store.append(store.get(KEY), last_consolidated=2)
     path = session_path(tmp_path)
@@ -761,7 +762,7 @@ def test_wrong_kind_of_path_is_one_line_and_a_non_zero_exit(
     tmp_path: Path, llm: FakeLLMThread, where: str
 ) -> None:
     cfg = write_config(tmp_path, llm.base_url)
-    assert run_memobot("agent", "-m", "set up", "-s", "cli:other", config=cfg).returncode == 0
+    assert converse(cfg, "cli:other", "set up") == ["echo: set up"]
     state, ws = tmp_path / "state", tmp_path / "ws"
     target = {
         "session file": session_path(tmp_path),
@@ -1094,7 +1095,7 @@ def test_doctor_reports_shape_errors_and_fix_repairs_them(
     tmp_path: Path, llm: FakeLLMThread
 ) -> None:
     cfg = write_config(tmp_path, llm.base_url)
-    assert run_memobot("agent", "-m", "keep me", "-s", KEY, config=cfg).returncode == 0
+    assert converse(cfg, KEY, "keep me") == ["echo: keep me"]
     path = session_path(tmp_path)
     append_lines(path, *with_record({"role": "wizard", "content": "x"})(path))
     append_lines(path, *with_meta(seen_ids=5)(path))

@@ -20,7 +20,7 @@ from typing import Any
 
 from bot.app import AgentStack, build_agent
 from bot.bus import InboundMessage, OutboundMessage
-from bot.config import Config, parse_config
+from bot.config import Config, load_config, parse_config
 from channels.base import Channel
 from channels.manager import ChannelManager
 
@@ -197,6 +197,24 @@ class Harness:
     async def ask(self, text: str, chat: str = "t", wait: float = 15) -> str:
         fut = await self.send(text, chat)
         return (await asyncio.wait_for(fut, wait)).text
+
+
+def converse(config: Path, session: str, *texts: str) -> list[str]:
+    """The answers to ``texts``, said one after another in the terminal session ``session``
+    (``cli:NAME``) by the real agent loop run in this process against ``config``.
+
+    Set-up for a test whose point is what a later ``memobot`` process makes of the state: it
+    leaves the same session on disk as ``memobot agent -m TEXT -s SESSION`` runs would, without
+    starting a process for each."""
+    channel, _, chat = session.partition(":")
+    assert channel == "cli" and chat, f"a terminal session is cli:NAME, not {session!r}"
+
+    async def talk() -> list[str]:
+        cfg, path = load_config(config)
+        async with Harness(cfg, path) as harness:
+            return [await harness.ask(text, chat, wait=30) for text in texts]
+
+    return asyncio.run(talk())
 
 
 def run_memobot(

@@ -122,16 +122,6 @@ async def test_whoami_in_dm_answers_a_denied_user(tmp_path: Path, llm: FakeLLM, 
     assert llm.requests == []
 
 
-async def test_duplicate_delivery_is_answered_once(tmp_path: Path, llm: FakeLLM, api) -> None:
-    async with running(tmp_path, llm, api) as bot:
-        first = await api.send_message(ALICE_DM, ALICE, "once", guild_id=None)
-        await api.send_message(ALICE_DM, ALICE, "once", guild_id=None, message_id=first["id"])
-        await bot.answered(ALICE_DM)
-        await api.send_message(ALICE_DM, ALICE, "twice", guild_id=None)
-        await bot.answered(ALICE_DM, 2)
-        assert [c.body["content"] for c in api.posts(ALICE_DM)] == ["echo: once", "echo: twice"]
-
-
 # --- guilds -----------------------------------------------------------------------------------
 
 

@@ -66,6 +66,7 @@ from tests.helpers import (
     config_dict,
     make_config,
     run_memobot,
+    stop_gateway,
 )
 from tests.helpers.approvals import (
     ALICE,
@@ -923,16 +924,6 @@ def _gateway(config: Path, failpoints: str = "") -> subprocess.Popen[bytes]:
     )
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
 def test_sigkill_after_the_answer_never_runs_the_command_twice(tmp_path):
     """Killed between the recorded "allow" and the command: the restart does not run it
     again blindly (it may have started); the model is told it was interrupted."""
@@ -954,7 +945,7 @@ def test_sigkill_after_the_answer_never_runs_the_command_twice(tmp_path):
             api.press(request, button_data(request, "once"))
             assert proc.wait(20) == -signal.SIGKILL
         finally:
-            _stop(proc)
+            stop_gateway(proc)
         proc = _gateway(config)
         try:
             api.wait_for(
@@ -962,7 +953,7 @@ def test_sigkill_after_the_answer_never_runs_the_command_twice(tmp_path):
             )
             time.sleep(0.5)
         finally:
-            _stop(proc)
+            stop_gateway(proc)
         assert not (tmp_path / "ws" / "ran.txt").exists()
         results = [m for m in llm.requests[-1]["body"]["messages"] if m.get("role") == "tool"]
         assert results[-1]["content"] == INTERRUPTED_TOOL_RESULT
@@ -989,7 +980,7 @@ def test_sigkill_while_waiting_keeps_the_question_and_runs_the_command_once(tmp_
             proc.send_signal(signal.SIGKILL)
             assert proc.wait(10) == -signal.SIGKILL
         finally:
-            _stop(proc)
+            stop_gateway(proc)
         assert not ran.exists()
         status = run_memobot("status", config=config).stdout
         assert re.search(rf"approvals +1 open: telegram:{ALICE} ap-\w+: exec: {RISKY}", status)
@@ -1005,7 +996,7 @@ def test_sigkill_while_waiting_keeps_the_question_and_runs_the_command_once(tmp_
             time.sleep(0.5)
             assert ran.read_text().splitlines() == ["ran"]
         finally:
-            _stop(proc)
+            stop_gateway(proc)
         assert proc.returncode == 0, (tmp_path / "gateway.log").read_text()
         assert re.search(r"approvals +none open", run_memobot("status", config=config).stdout)
 

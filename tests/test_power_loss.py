@@ -47,6 +47,7 @@ from tests.helpers import (
     channel_in_process,
     config_dict,
     make_config,
+    stop_gateway,
     telegram_in_process,
 )
 
@@ -335,14 +336,14 @@ def test_kill_inside_the_send_window_never_sends_twice_and_says_so(tmp_path: Pat
             # Telegram finishes the held request on its side: the chat shows the answer.
             api.wait_for(lambda: _answers(api, answer) == 1, 5)
         finally:
-            _stop(first)
+            stop_gateway(first)
         second = _gateway(config)
         try:
             log = tmp_path / "gateway.log"
             wait_until_text(log, "not sending it again", 20)
             time.sleep(0.5)  # a second copy would have been sent by now
         finally:
-            _stop(second)
+            stop_gateway(second)
         assert second.returncode == 0, log.read_text()
         assert _answers(api, answer) == 1, [c.params for c in api.calls("sendMessage")]
 
@@ -370,13 +371,3 @@ def _gateway(config: Path) -> subprocess.Popen[bytes]:
             stdout=subprocess.DEVNULL,
             stderr=log,
         )
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)

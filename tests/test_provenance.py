@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import pytest
 
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import REPO, Harness, config_dict, fire_heartbeat, make_config
+from tests.helpers import REPO, Harness, config_dict, fire_heartbeat, make_config, stop_gateway
 
 
 @pytest.fixture
@@ -71,16 +70,6 @@ def _gateway(config: Path, failpoints: str = "") -> subprocess.Popen[bytes]:
         )  # fmt: skip
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
 def test_a_guests_skill_is_not_trusted_after_memobot_died_during_its_turn(
     tmp_path: Path, llm: FakeLLMThread
 ) -> None:
@@ -109,7 +98,7 @@ def test_a_guests_skill_is_not_trusted_after_memobot_died_during_its_turn(
         try:
             first.wait(30)
         finally:
-            _stop(first)
+            stop_gateway(first)
         assert (tmp_path / "ws" / "skills" / "evil" / "SKILL.md").exists()
         second = _gateway(config)
         try:
@@ -120,7 +109,7 @@ def test_a_guests_skill_is_not_trusted_after_memobot_died_during_its_turn(
             api.wait_for(lambda: any("hello owner" in c.params.get("text", "")
                                      for c in api.sent(ALICE)), 30)  # fmt: skip
         finally:
-            _stop(second)
+            stop_gateway(second)
         [owner] = [r for r in llm.requests if "owner here" in json.dumps(r["body"]["messages"])]
     assert "PLANTED-SKILL" not in owner["body"]["messages"][0]["content"]
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from bot.bus import InboundMessage, MessageBus
 from channels.formatting import (
     DISCORD_LIMIT,
     SLACK_LIMIT,
@@ -192,3 +193,25 @@ async def test_a_message_delivered_twice_is_answered_once(platform: Platform) ->
     await platform.say("twice")
     await platform.wait_posts(2)
     assert platform.posts() == ["echo: once", "echo: twice"]
+
+
+async def test_every_message_says_who_sent_it_and_whether_in_a_group(
+    platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A channel that leaves either out makes the core guess (bot.kinds.sender_of); the guess
+    # is the least it could be, but a channel must say.
+    seen: list[InboundMessage] = []
+    publish = MessageBus.publish_inbound
+
+    async def recording(bus: MessageBus, msg: InboundMessage) -> Any:
+        seen.append(msg)
+        return await publish(bus, msg)
+
+    monkeypatch.setattr(MessageBus, "publish_inbound", recording)
+    await platform.say("who am I")
+    await platform.wait_posts(1)
+    said = [m for m in seen if m.text == "who am I"]
+    assert said, platform.name
+    for msg in said:
+        assert isinstance(msg.metadata.get("is_admin"), bool), msg.metadata
+        assert msg.metadata.get("is_group") is False, msg.metadata

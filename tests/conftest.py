@@ -65,7 +65,8 @@ _LONG_FIRST = (
     "test_crash.py", "test_cron_gateway.py", "test_containment.py", "test_outage.py",
     "test_import_nanobot.py", "test_approvals.py", "test_mcp.py", "test_cli_first_hour.py",
     "test_streaming_crash.py", "test_streaming_slack_crash.py", "test_telegram.py",
-    "test_provenance.py", "test_power_loss.py", "test_limits.py",
+    "test_provenance.py", "test_power_loss.py", "test_limits.py", "test_versioning.py",
+    "test_cli.py", "test_hostile_workspace.py", "test_nanobot_compat.py",
 )  # fmt: skip
 
 

@@ -144,6 +144,18 @@ class RecordingChannel(Channel):
             waiter.set_result(msg)
 
 
+async def stop_agent(
+    stack: AgentStack, loop_task: asyncio.Task[None] | None, manager: ChannelManager
+) -> None:
+    """Stop an in-process agent as the gateway does: drain the loop, then the channels."""
+    await stack.loop.shutdown(0)
+    if loop_task:
+        loop_task.cancel()
+        await asyncio.gather(loop_task, return_exceptions=True)
+    await manager.stop()
+    await stack.close()
+
+
 class Harness:
     """Runs the real agent loop and channel manager in-process and collects what they send."""
 
@@ -164,12 +176,7 @@ class Harness:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.stack.loop.shutdown(0)
-        if self._loop_task:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
-        await self.manager.stop()
-        await self.stack.close()
+        await stop_agent(self.stack, self._loop_task, self.manager)
 
     def expect(self, message_id: str) -> asyncio.Future[OutboundMessage]:
         fut: asyncio.Future[OutboundMessage] = asyncio.get_running_loop().create_future()

@@ -16,7 +16,7 @@ from channels.manager import ChannelManager
 from channels.slack_channel.channel import SlackChannel
 from tests.fakes.llm_server import FakeLLM
 from tests.fakes.slack_api import APP_TOKEN, BOT_TOKEN, BOT_USER_ID, FakeSlack
-from tests.helpers import config_dict, request_messages
+from tests.helpers import config_dict, request_messages, stop_agent
 
 ALICE = "U0ALICE01"  # in allowFrom
 MALLORY = "U0MALLORY"  # not in allowFrom
@@ -96,12 +96,7 @@ class Rig:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.stack.loop.shutdown(0)
-        if self._loop_task:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
-        await self.manager.stop()
-        await self.stack.close()
+        await stop_agent(self.stack, self._loop_task, self.manager)
 
     def session_file(self, chat_id: str) -> Path:
         return self.stack.store.path_for(f"slack:{chat_id}")

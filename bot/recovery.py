@@ -17,11 +17,10 @@ from typing import Any
 
 from bot.bus import InboundMessage, MessageBus
 from bot.delivery import DeliveryLedger
-from bot.gate.approval import WAITING
 from bot.intake import inbound_from_pending
 from bot.runner import close_open_tool_calls, close_turn
 from bot.session import Session, SessionStore, transitions
-from bot.session.state import open_approval
+from bot.session.state import WAITING, open_approval
 
 log = logging.getLogger(__name__)
 

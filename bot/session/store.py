@@ -174,6 +174,9 @@ class SessionStore:
 
     def peek_state(self, key: str) -> SessionState | None:
         """``peek_metadata`` as a ``SessionState`` (None when there is no such session)."""
+        cached = self._cached(key)
+        if cached is not None:
+            return cached.state  # built once per metadata change, not per peek
         meta = self.peek_metadata(key)
         return None if meta is None else SessionState.of(meta)
 

@@ -213,7 +213,7 @@ class DiscordChannel(Channel):
         self.set_state("stopped")
 
     async def _run(self) -> None:
-        reconnect = Reconnect(start=RECONNECT_START, maximum=RECONNECT_MAX)
+        reconnect = Reconnect(start=RECONNECT_START, maximum=RECONNECT_MAX, timeouts_at_once=False)
         while not self._stopping:
             cause: Exception
             self.client = client = _Client(

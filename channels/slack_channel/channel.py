@@ -619,7 +619,9 @@ class SlackChannel(Channel):
 
         Once connected, slack_sdk's client reconnects by itself (new URL, new socket) and the
         watchdog reports the state. A rejected token stops the channel ("failed")."""
-        reconnect = Reconnect(start=CONNECT_BACKOFF_START, maximum=CONNECT_BACKOFF_MAX)
+        reconnect = Reconnect(
+            start=CONNECT_BACKOFF_START, maximum=CONNECT_BACKOFF_MAX, timeouts_at_once=False
+        )
         while True:
             cause: Exception
             try:

@@ -466,6 +466,7 @@ class TelegramChannel(Channel):
                 return False
             except PTBRetryAfter as exc:
                 await self._retry_later("Telegram asked to slow down", flood(exc))
+                continue
             except (TelegramError, TimeoutError) as exc:
                 await self._retry_later(f"cannot reach Telegram: {_describe(exc)}", exc)
                 continue

@@ -72,7 +72,8 @@ def refusal(exc: TelegramError, method: str) -> Refusal:
         return Refusal(method, words, 403, words)
     if isinstance(exc, NetworkError | Conflict):
         return Refusal(method, words, unreachable=True)
-    return Refusal(method, words, code=words)
+    # No code to read: never taken for a length or formatting refusal (that would re-send).
+    return Refusal(method, words)
 
 
 ERRORS = ErrorTable(

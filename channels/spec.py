@@ -27,9 +27,9 @@ class TokenProbe:
 
     channel: str  # "telegram", or "slack botToken" for one of several tokens
     method: str
-    url: str
-    headers: dict[str, str]
-    secret: str  # never printed: removed from every message
+    url: str = field(repr=False)  # may carry the token (Telegram's /bot<token>/)
+    headers: dict[str, str] = field(repr=False)
+    secret: str = field(repr=False)  # never printed: removed from every message
     fix: str = ""  # where the owner finds the right value, when the platform refused it
 
 

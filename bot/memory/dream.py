@@ -438,8 +438,13 @@ class Dream:
         if result.skills:
             # Written from the owner's own chats (other chats' passes write no skill): the
             # owner's, as an admin's private turn's would be.
+            # Only its own skills: a watched file someone else changed meanwhile keeps the
+            # record of whoever wrote it.
+            ours = set(result.skills)
             after = await asyncio.to_thread(watched_stamps, self.workspace)
-            await asyncio.to_thread(self.provenance.record, before, after, SESSION, True)
+            mine_before = {rel: st for rel, st in before.items() if rel in ours}
+            mine_after = {rel: st for rel, st in after.items() if rel in ours}
+            await asyncio.to_thread(self.provenance.record, mine_before, mine_after, SESSION, True)
         if changed:
             try:
                 message = commit_message(result, entries[0].cursor, entries[-1].cursor)

@@ -24,13 +24,8 @@ def token_probes(cfg: SlackConfig) -> list[TokenProbe]:
             f"check channels.slack.{key} ({where})",
         )
         for key, method, token, where in (
-            ("botToken", "auth.test", cfg.bot_token, "xoxb-..., OAuth & Permissions"),
-            (
-                "appToken",
-                "apps.connections.open",
-                cfg.app_token,
-                "xapp-..., with connections:write",
-            ),
+            ("botToken", "auth.test", cfg.bot_token, BOT_TOKEN_HELP),
+            ("appToken", "apps.connections.open", cfg.app_token, APP_TOKEN_HELP),
         )
     ]
 

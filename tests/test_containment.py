@@ -94,7 +94,7 @@ def run_attack(
     llm.script(tool_step(*calls), reply("done"))
     done = run_memobot(
         "agent", "-m", "please run these", "-s", "cli:attack", config=cfg,
-        env={"MEMOBOT_TEST_BOT_TOKEN": ENV_TOKEN},
+        env={"MEMOBOT_TEST_BOT_TOKEN": ENV_TOKEN}, fresh=True,  # /proc/PID/environ holds it
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout == "done\n"
@@ -191,7 +191,7 @@ def test_file_tools_refuse_the_config_and_the_state_folder(
         ),
         reply("done"),
     )
-    done = run_memobot("agent", "-m", "go", "-s", "cli:files", config=cfg)
+    done = run_memobot("agent", "-m", "go", "-s", "cli:files", config=cfg, fresh=True)
     assert done.returncode == 0, done.stderr
     results = tool_results(llm)
     for cid in ("read_cfg", "read_rel", "w", "environ", "w_system"):

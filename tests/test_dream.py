@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from bot.memory.history import HistoryArchive
 from bot.provenance import Provenance, Writer
 from bot.workspace import init_workspace
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, error, reply, tool_step
-from tests.helpers import REPO, Harness, make_config, write_config
+from tests.helpers import REPO, Harness, make_config, run_memobot, write_config
 
 
 @pytest.fixture
@@ -241,14 +240,7 @@ def _killed_dream(tmp_path: Path, server: FakeLLMThread) -> None:
     # Run again to completion: each fact exactly once, cursor moved.
     server.reset()
     server.script(*steps)
-    done = subprocess.run(
-        [sys.executable, "-m", "bot", "--config", str(cfg_path), "dream"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ},
-    )
+    done = run_memobot("dream", config=cfg_path)
     assert done.returncode == 0, done.stderr
     assert "2 added" in done.stdout
     assert (ws / "USER.md").read_text().count("Drinks tea") == 1

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread
-from tests.helpers import REPO, write_config
+from tests.helpers import REPO, run_memobot, write_config
 
 
 @pytest.fixture
@@ -50,13 +50,7 @@ def test_single_instance_and_graceful_stop(tmp_path: Path, llm: FakeLLMThread) -
         second = start_gateway(cfg)
         _, err = second.communicate(timeout=30)
         assert second.returncode == 1 and "already running" in err
-        status = subprocess.run(
-            [sys.executable, "-m", "bot", "--config", str(cfg), "status"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        status = run_memobot("status", config=cfg, timeout=30)
         assert f"running (pid {first.pid})" in status.stdout
         assert "processes per command" in status.stdout
         assert "(in the running gateway)" in status.stdout  # its cgroup, not this shell's

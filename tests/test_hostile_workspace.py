@@ -66,8 +66,9 @@ def test_prompt_files_and_skills_behind_links_never_reach_the_model(
     (ws / "skills" / "planted").symlink_to(outside)
     llm.script(reply("fine"))
     done = run_memobot(
-        "agent", "-m", "hello", "-s", "cli:x", config=config, env={"PLANTED_VAR": ENV_SECRET}
-    )
+        "agent", "-m", "hello", "-s", "cli:x", config=config, env={"PLANTED_VAR": ENV_SECRET},
+        fresh=True,  # TOOLS.md links to /proc/self/environ: the exec'd environment
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     body = json.dumps(llm.requests[0]["body"])
     for secret in (API_KEY, ENV_SECRET, TRANSCRIPT, "PLANTED-SKILL", "PATH="):

@@ -6,7 +6,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from bot.memory.search import (
     iter_history,
 )
 from bot.tools import ToolContext, build_default_tools
-from tests.helpers import REPO
+from tests.helpers import run_memobot
 
 LOCAL_TZ = "XYZ-1"  # POSIX: one hour east of UTC, no tz database needed
 
@@ -445,16 +444,7 @@ def memobot(tmp_path: Path, ws: Path, *args: str) -> subprocess.CompletedProcess
     cfg = tmp_path / "config.json"
     agent = {"workspace": str(ws), "stateDir": str(tmp_path / "state")}
     cfg.write_text(json.dumps({"agent": agent}))
-    env = {**os.environ, "TZ": LOCAL_TZ}
-    env.pop("OPENAI_API_KEY", None)
-    return subprocess.run(
-        [sys.executable, "-m", "bot", "--config", str(cfg), "memory", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=REPO,
-    )
+    return run_memobot("memory", *args, config=cfg, env={"TZ": LOCAL_TZ})
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from bot.bus import InboundMessage, OutboundMessage
 from bot.config import Config, load_config, parse_config
 from channels.base import Channel
 from channels.manager import ChannelManager
+from tests.helpers import zygote
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -230,21 +231,21 @@ def run_memobot(
     stdin: str | None = None,
     timeout: float = 60,
     env: dict[str, str] | None = None,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
+    """``memobot ARGS`` as a process of its own (forked from the suite's pre-imported zygote
+    unless ``fresh``: see :func:`tests.helpers.zygote.run`)."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("OPENAI_API_KEY", None)
     full_env.pop("OPENAI_BASE_URL", None)
-    cmd = [sys.executable, "-m", "bot"]
-    if config is not None:
-        cmd += ["--config", str(config)]
-    return subprocess.run(
-        [*cmd, *args],
+    argv = ["--config", str(config)] if config is not None else []
+    return zygote.run(
+        [*argv, *args],
         input=stdin if stdin is not None else "",
-        capture_output=True,
-        text=True,
         timeout=timeout,
         env=full_env,
         cwd=REPO,
+        fresh=fresh,
     )
 
 

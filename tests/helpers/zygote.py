@@ -1,0 +1,147 @@
+"""``python -m bot ARGS`` as :func:`subprocess.run` does it, forked from a pre-imported server.
+
+See :mod:`tests.helpers.zygote_server` for why and what differs from a fresh interpreter. One
+server per pytest process, started on first use, gone with it. ``MEMOBOT_TEST_EXEC=1`` runs every
+command in a fresh interpreter instead (to rule the zygote out when a test behaves oddly).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_lock = threading.Lock()
+_server: tuple[subprocess.Popen[bytes], str] | None = None
+
+
+def _socket_path() -> str:
+    with _lock:
+        global _server
+        if _server is None or _server[0].poll() is not None:
+            folder = tempfile.mkdtemp(prefix="memobot-zygote-")
+            path = os.path.join(folder, "sock")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.helpers.zygote_server", path],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                cwd=REPO,
+                env={k: v for k, v in os.environ.items() if k != "MEMOBOT_FAILPOINTS"},
+            )
+            assert proc.stdout is not None
+            if proc.stdout.readline() != b"ready\n":
+                raise RuntimeError("the test zygote did not start (see stderr above)")
+            atexit.register(proc.kill)
+            _server = (proc, path)
+        return _server[1]
+
+
+def run(
+    argv: list[str],
+    *,
+    input: str,
+    env: dict[str, str],
+    cwd: Path | str = REPO,
+    timeout: float,
+    fresh: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run([python, "-m", "bot", *argv], input=..., capture_output=True,
+    text=True, timeout=..., env=..., cwd=...)``; on timeout the child is killed and
+    :class:`subprocess.TimeoutExpired` raised, as subprocess.run does.
+
+    ``fresh`` execs a new interpreter, for a test whose point needs one: what the kernel shows
+    of the process (``/proc/PID/environ`` is the environment it was exec'd with, which a forked
+    child cannot change), or what a cold start imports."""
+    if fresh or os.environ.get("MEMOBOT_TEST_EXEC") == "1":
+        return subprocess.run(
+            [sys.executable, "-m", "bot", *argv],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=cwd,
+        )
+    stdin_r, stdin_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(_socket_path())
+        conn.settimeout(timeout)
+        request = {"argv": argv, "env": env, "cwd": str(cwd)}
+        socket.send_fds(conn, [json.dumps(request).encode()], [stdin_r, out_w, err_w])
+    finally:
+        for fd in (stdin_r, out_w, err_w):
+            os.close(fd)
+    replies = conn.makefile("rb")
+    pid = int(replies.readline())
+    try:
+        out, err = _communicate(input.encode(), stdin_w, out_r, err_r, timeout)
+        code = int(replies.readline())
+    except (subprocess.TimeoutExpired, TimeoutError):
+        os.kill(pid, signal.SIGKILL)
+        raise subprocess.TimeoutExpired([sys.executable, "-m", "bot", *argv], timeout) from None
+    finally:
+        replies.close()
+        conn.close()
+    return subprocess.CompletedProcess(
+        [sys.executable, "-m", "bot", *argv], code, out.decode(), err.decode()
+    )
+
+
+def _communicate(
+    data: bytes, stdin_w: int, out_r: int, err_r: int, timeout: float
+) -> tuple[bytes, bytes]:
+    """Write ``data`` to the child's stdin and read its stdout and stderr to their ends."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+    sel = selectors.DefaultSelector()
+    os.set_blocking(stdin_w, False)
+    pending = memoryview(data)
+    if pending:
+        sel.register(stdin_w, selectors.EVENT_WRITE)
+    else:
+        os.close(stdin_w)
+    for fd in chunks:
+        sel.register(fd, selectors.EVENT_READ)
+    try:
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired("memobot", timeout)
+            for key, _ in sel.select(left):
+                if key.fd == stdin_w:
+                    try:
+                        pending = pending[os.write(stdin_w, pending[:65536]) :]
+                    except BrokenPipeError:
+                        pending = pending[:0]
+                    if not pending:
+                        sel.unregister(stdin_w)
+                        os.close(stdin_w)
+                    continue
+                chunk = os.read(key.fd, 65536)
+                if chunk:
+                    chunks[key.fd].append(chunk)
+                else:
+                    sel.unregister(key.fd)
+    finally:
+        for key in list(sel.get_map().values()):
+            sel.unregister(key.fd)
+            if key.fd == stdin_w:
+                os.close(stdin_w)
+        sel.close()
+        os.close(out_r)
+        os.close(err_r)
+    return b"".join(chunks[out_r]), b"".join(chunks[err_r])

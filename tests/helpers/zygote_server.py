@@ -1,0 +1,128 @@
+"""A pre-imported ``python -m bot`` that forks a fresh process per request (a zygote).
+
+Most of a short ``memobot`` command's CPU is the interpreter importing the openai SDK, pydantic
+and memobot itself (about 1 s of a 1.4 s ``agent -m`` under the suite's load). The suite runs
+such commands a few hundred times; this server imports them once and forks a child per command.
+The child is a real process with its own pid, argv, environment, working directory and the
+caller's pipes as fds 0-2; it leaves the accept loop and runs ``bot/__main__.py`` as
+``python -m bot`` would, so exit codes, atexit handlers and interpreter shutdown are the
+ordinary ones. What a child cannot differ in: modules already imported here (so tests about
+start-up imports or cold start spawn a real interpreter instead).
+
+Protocol, one connection per command: the client sends a JSON request (argv, env, cwd) with its
+three fds; the server answers one line with the child's pid, then one line with its exit code
+(negative: killed by that signal, like :attr:`subprocess.Popen.returncode`).
+
+    python -m tests.helpers.zygote_server SOCKET_PATH
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+# Imported once here. A module that reads the environment when imported must be listed in
+# REIMPORTED so a child sees its own environment.
+PRELOADED = (
+    "openai",
+    "bot.cli",
+    "bot.app",
+    "bot.llm",
+    "bot.loop",
+    "bot.service.doctor",
+    "bot.memory.commands",
+    "bot.memory.versioning",
+    "channels.terminal_channel.channel",
+)
+REIMPORTED = ("bot.failpoints",)
+
+
+def serve(path: str) -> dict[str, Any]:
+    """Accept requests until the parent goes away; returns only in a forked child, with its
+    request, after fds 0-2 are the caller's and nothing of the server is left open."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, None)
+    print("ready", flush=True)
+    # pidfd -> (pid, connection that waits for the exit code)
+    children: dict[int, tuple[int, socket.socket]] = {}
+    while True:
+        for key, _ in sel.select():
+            if key.data is not None:  # a child ended
+                pidfd = key.fd
+                pid, conn = children.pop(pidfd)
+                sel.unregister(pidfd)
+                os.close(pidfd)
+                _, status = os.waitpid(pid, 0)
+                _send_line(conn, os.waitstatus_to_exitcode(status))
+                conn.close()
+                continue
+            conn, _ = listener.accept()
+            raw, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            request = json.loads(raw)
+            assert threading.active_count() == 1, "the zygote must not fork with threads running"
+            pid = os.fork()
+            if pid == 0:
+                sel.close()
+                listener.close()
+                for pidfd, (_, other) in children.items():
+                    os.close(pidfd)
+                    other.close()
+                conn.close()
+                for target, fd in enumerate(fds):
+                    os.dup2(fd, target)
+                    os.close(fd)
+                return request
+            for fd in fds:
+                os.close(fd)
+            pidfd = os.pidfd_open(pid)
+            children[pidfd] = (pid, conn)
+            sel.register(pidfd, selectors.EVENT_READ, "child")
+            _send_line(conn, pid)
+
+
+def _send_line(conn: socket.socket, value: int) -> None:
+    try:
+        conn.sendall(f"{value}\n".encode())
+    except OSError:
+        pass  # the caller gave up (timeout); the child was killed or runs out on its own
+
+
+def become(request: dict[str, Any]) -> None:
+    """Turn this forked child into ``python -m bot ARGV`` run in the request's directory and
+    environment."""
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    time.tzset()  # the C library and the time module read TZ once; this child may have its own
+    for name in REIMPORTED:
+        importlib.reload(sys.modules[name])
+    import runpy
+
+    sys.argv = ["-m", *request["argv"]]
+    runpy.run_module("bot", run_name="__main__", alter_sys=True)
+
+
+def main() -> None:
+    # Die with the pytest worker that started us; children run out on their own.
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    for name in (*PRELOADED, *REIMPORTED):
+        importlib.import_module(name)
+    request = serve(sys.argv[1])
+    become(request)
+
+
+if __name__ == "__main__":
+    main()

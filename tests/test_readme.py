@@ -1,0 +1,180 @@
+"""The README is a first-hour page and docs/ the reference: short, readable lines, links that
+lead somewhere, and commands that run as written (parsed by memobot's own parser, in-process)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from bot.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
+FIRST_PART_MAX_LINES = 200
+MAX_LINE = 120
+
+FENCE = re.compile(r"^\s*```")
+# [text](target): the target up to the first space or closing parenthesis.
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def _prose_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of every line outside fenced code blocks."""
+    out, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            out.append((number, line))
+    return out
+
+
+def _code(text: str) -> list[str]:
+    """The text of every fenced block line and every inline code span."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        elif fenced:
+            out.append(line)
+        else:
+            out += [m.group(2) for m in CODE_SPAN.finditer(line)]
+    return out
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's anchor of each heading: lower case, punctuation dropped, spaces to hyphens,
+    a repeated anchor numbered -1, -2, ..."""
+    seen: dict[str, int] = {}
+    out = set()
+    for _, line in _prose_lines(text):
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        title = CODE_SPAN.sub(lambda c: c.group(2), m.group(1))
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def _readme_first_part() -> list[str]:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert "## Reference" in lines, "the README has no '## Reference' section"
+    return lines[: lines.index("## Reference")]
+
+
+def test_first_part_of_readme_is_short() -> None:
+    first = _readme_first_part()
+    assert len(first) < FIRST_PART_MAX_LINES, f"{len(first)} lines before '## Reference'"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_lines_are_of_normal_length(page: Path) -> None:
+    """Prose wraps; code blocks and table rows may run long."""
+    text = page.read_text(encoding="utf-8")
+    long = [
+        f"{_name(page)}:{n}: {len(line)} characters"
+        for n, line in _prose_lines(text)
+        if len(line) > MAX_LINE and not line.lstrip().startswith("|")
+    ]
+    assert not long, "\n".join(long)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_relative_links_lead_to_a_file_and_heading(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    broken = []
+    for n, line in _prose_lines(text):
+        for target in LINK.findall(CODE_SPAN.sub("", line)):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (page.parent / file).resolve() if file else page
+            if not dest.exists():
+                broken.append(f"{_name(page)}:{n}: {target}: no such file")
+            elif anchor and dest.suffix == ".md":
+                if anchor not in _anchors(dest.read_text(encoding="utf-8")):
+                    broken.append(f"{_name(page)}:{n}: {target}: no such heading")
+    assert not broken, "\n".join(broken)
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+# memobot as a command (`memobot status`, `.venv/bin/memobot status`), never the Slack slash
+# command `/memobot stop` or a file name such as `memobot.service`.
+INVOCATION = re.compile(
+    r"(?:^|(?<=[\s`(])|(?<=\.venv/bin/))memobot[ \t]+([a-z][\w-]*)(?:[ \t]+([a-z][\w-]*))?"
+)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_memobot_subcommand_named_is_real(page: Path) -> None:
+    commands = _subparsers(build_parser())
+    wrong = []
+    for code in _code(page.read_text(encoding="utf-8")):
+        for m in INVOCATION.finditer(code):
+            name, sub = m.group(1), m.group(2)
+            if name not in commands:
+                wrong.append(f"{_name(page)}: memobot {name}")
+                continue
+            nested = _subparsers(commands[name])
+            if nested and sub is not None and sub not in nested:
+                wrong.append(f"{_name(page)}: memobot {name} {sub}")
+    assert not wrong, "\n".join(wrong)
+
+
+def _readme_commands() -> list[list[str]]:
+    """Each `.venv/bin/memobot ...` command the README's first part writes, as argv (one
+    command of a `&&` chain or a pipe each)."""
+    out = []
+    for code in _code("\n".join(_readme_first_part())):
+        for piece in re.split(r"&&|\|\||[|;]", code):
+            words = shlex.split(piece)
+            if words and words[0] == ".venv/bin/memobot":
+                out.append(words[1:])
+    return out
+
+
+def test_every_command_in_the_readme_parses() -> None:
+    """Options and arguments too, not just the command's name: argparse reads each as it
+    would on the command line (a wrong option exits 2)."""
+    commands = _readme_commands()
+    assert len(commands) >= 10
+    for argv in commands:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            try:
+                build_parser().parse_args(argv)
+            except SystemExit as stop:
+                assert stop.code == 0, f"memobot {shlex.join(argv)}: {out.getvalue()}"
+
+
+def test_quick_start_has_two_commands_and_ci_runs_the_second() -> None:
+    text = README.read_text(encoding="utf-8")
+    section = text.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```sh\n(.*?)\n\s*```", section, re.DOTALL)
+    assert len(blocks) == 2, blocks
+    install, tests = (b.strip() for b in blocks)
+    assert ".venv/bin/memobot onboard" in install and ".venv/bin/memobot agent" in install
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert tests in ci.splitlines(), "the README's second Quick start command is not .ci/run's"

@@ -169,6 +169,18 @@ def test_every_command_in_the_readme_parses() -> None:
                 assert stop.code == 0, f"memobot {shlex.join(argv)}: {out.getvalue()}"
 
 
+def test_readme_commands_name_the_executable_the_quick_start_installs() -> None:
+    """The Quick start installs into .venv and puts nothing on PATH: a bare `memobot status`
+    in the first part would not run as written."""
+    bare = [
+        code
+        for code in _code("\n".join(_readme_first_part()))
+        for m in INVOCATION.finditer(code)
+        if not code[: m.start()].endswith(".venv/bin/")
+    ]
+    assert not bare, bare
+
+
 def test_quick_start_has_two_commands_and_ci_runs_the_second() -> None:
     text = README.read_text(encoding="utf-8")
     section = text.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]

@@ -1,11 +1,13 @@
 """The README is a first-hour page and docs/ the reference: short, readable lines, links that
-lead somewhere, and commands that run as written (parsed by memobot's own parser, in-process)."""
+lead somewhere, commands that run as written (parsed by memobot's own parser, in-process), and
+option defaults that are the code's."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import io
+import json
 import re
 import shlex
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bot.cli import build_parser
+from bot.config import Config, McpServerConfig
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -190,3 +193,41 @@ def test_quick_start_has_two_commands_and_ci_runs_the_second() -> None:
     assert ".venv/bin/memobot onboard" in install and ".venv/bin/memobot agent" in install
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert tests in ci.splitlines(), "the README's second Quick start command is not .ci/run's"
+
+
+def _option_rows() -> list[tuple[list[str], str]]:
+    """(keys, default cell) of each row of docs/configuration.md's option tables."""
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if len(cells) == 3 and cells[0].startswith("`") and "." in cells[0]:
+            rows.append((re.findall(r"`([^`]+)`", cells[0]), cells[1]))
+    return rows
+
+
+def test_docs_give_each_option_its_real_default() -> None:
+    """A default changed in code (say a channel's dmPolicy) fails here until the docs follow."""
+    defaults = json.loads(Config().model_dump_json(by_alias=True))
+    server = json.loads(McpServerConfig(command="x").model_dump_json(by_alias=True))
+    rows = _option_rows()
+    assert len(rows) > 100
+    wrong = []
+    for keys, cell in rows:
+        if not cell:
+            continue  # no default: a value the person gives (an MCP server's command or url)
+        try:
+            written = json.loads(cell.strip("`").replace("\\|", "|"))
+        except ValueError:
+            written = cell.strip("`")  # an unquoted string: `gpt-4o-mini`
+        for key in keys:
+            parts = key.split(".")
+            if parts[:2] == ["tools", "mcpServers"] and len(parts) == 4:
+                value: object = server[parts[3]]
+            else:
+                value = defaults
+                for part in ("telegram" if p == "<name>" else p for p in parts):
+                    value = value[part]  # type: ignore[index]
+            if value != written:
+                wrong.append(f"{key}: docs say {cell}, the code {json.dumps(value)}")
+    assert not wrong, "\n".join(wrong)

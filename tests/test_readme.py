@@ -13,9 +13,11 @@ import shlex
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from bot.cli import build_parser
 from bot.config import Config, McpServerConfig
+from bot.config_base import ChannelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -206,6 +208,42 @@ def _option_rows() -> list[tuple[list[str], str]]:
     return rows
 
 
+def _bounds(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
+    """``{key: "1 to 500"}`` for each option whose value the config bounds, as the docs write it
+    after "allowed:" (sections nested in ``model`` included, not lists or maps of them)."""
+    out: dict[str, str] = {}
+    for name, field in model.model_fields.items():
+        key = prefix + (field.alias or name)
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            out |= _bounds(field.annotation, key + ".")
+        rules = {
+            k: f"{getattr(r, k):,}"
+            for r in field.metadata
+            for k in ("ge", "gt", "le")
+            if hasattr(r, k)
+        }
+        if "le" in rules:
+            low = rules.get("ge") or (f"above {rules['gt']}," if "gt" in rules else "")
+            sep = " up to " if "gt" in rules else " to "
+            out[key] = f"{low}{sep}{rules['le']}" if low else f"at most {rules['le']}"
+        elif "ge" in rules or "gt" in rules:
+            out[key] = f"at least {rules['ge']}" if "ge" in rules else f"above {rules['gt']}"
+    return out
+
+
+def _all_bounds() -> dict[str, str]:
+    """Every bounded option, under the names the docs use (``channels.<name>.x`` for what all
+    channels share, ``tools.mcpServers.<name>.x``)."""
+    out = {k: text for k, text in _bounds(Config).items() if not k.startswith("channels.")}
+    shared = _bounds(ChannelConfig)
+    out |= {f"channels.<name>.{key}": text for key, text in shared.items()}
+    for channel in ("telegram", "discord", "slack"):
+        own = _bounds(type(getattr(Config().channels, channel)))
+        out |= {f"channels.{channel}.{k}": text for k, text in own.items() if k not in shared}
+    out |= {f"tools.mcpServers.<name>.{k}": text for k, text in _bounds(McpServerConfig).items()}
+    return out
+
+
 def test_docs_give_each_option_its_real_default() -> None:
     """A default changed in code (say a channel's dmPolicy) fails here until the docs follow."""
     defaults = json.loads(Config().model_dump_json(by_alias=True))
@@ -230,4 +268,22 @@ def test_docs_give_each_option_its_real_default() -> None:
                     value = value[part]  # type: ignore[index]
             if value != written:
                 wrong.append(f"{key}: docs say {cell}, the code {json.dumps(value)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_docs_give_each_option_its_real_bounds() -> None:
+    """Each bounded option's row says "(allowed: ...)" with the code's bounds; an unbounded one
+    says nothing of the kind."""
+    bounds = _all_bounds()
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    wrong = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if len(cells) != 3 or not cells[0].startswith("`") or "." not in cells[0]:
+            continue
+        keys = re.findall(r"`([^`]+)`", cells[0])
+        said = re.findall(r"\(allowed: ([^)]*)\)", cells[2])
+        real = sorted({bounds[k] for k in keys if k in bounds})
+        if said != real:
+            wrong.append(f"{', '.join(keys)}: docs say {said or 'nothing'}, the code {real}")
     assert not wrong, "\n".join(wrong)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("memobot")
 DEFAULT_SESSION = "cli:direct"
 STDIN_LINE_LIMIT = 16 * 1024 * 1024
-# Exit codes, one table in the README ("Exit codes").
+# Exit codes, one table in docs/commands.md ("Exit codes").
 EX_OK = 0
 EX_FAILED = 1  # a turn failed (model unreachable or refusing), or a command failed
 EX_USAGE = 2  # argparse's own code for a bad command line
@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; returns the exit code (see the README's table)."""
+    """Run one command; returns the exit code (see docs/commands.md's table)."""
     startup.starting()
     try:
         code = _main(argv)

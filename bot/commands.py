@@ -32,7 +32,7 @@ class CommandSpec:
 
 
 # Every chat command, in /help's order: the one list that /help, the parser and the channels
-# read (README.md's "In-chat commands" is checked against /help's answer by the tests).
+# read (docs/commands.md's "In-chat commands" is checked against /help's answer by the tests).
 SPECS = (
     CommandSpec("/new", "start a fresh conversation (the current one is archived to memory first)"),
     CommandSpec("/stop", "cancel the answer being worked on in this chat", immediate=True),

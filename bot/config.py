@@ -532,9 +532,9 @@ def _json_path(loc: tuple[int | str, ...]) -> str:
     return out or "<root>"
 
 
-# Installed wheels ship no config.example.json; the README (also the package description)
-# and ``memobot onboard`` are always at hand.
-OPTIONS_HELP = "the README's Configuration section lists every option"
+# Installed wheels ship no config.example.json; the docs page is in the repository the README
+# (also the package description) links to, and ``memobot onboard`` writes every option.
+OPTIONS_HELP = "docs/configuration.md lists every option"
 
 
 def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:

@@ -213,8 +213,8 @@ def test_usage_errors_exit_2_without_an_llm_call(tmp_path: Path, llm: FakeLLMThr
     assert llm.requests == []
 
 
-def test_readme_has_one_exit_code_table() -> None:
-    readme = (REPO / "README.md").read_text()
+def test_docs_have_one_exit_code_table() -> None:
+    readme = (REPO / "docs" / "commands.md").read_text()
     assert readme.count("| exit code |") == 1
     table = readme.split("| exit code |", 1)[1].split("\n\n", 1)[0]
     for code in ("| 0 |", "| 1 |", "| 2 |", "| 78 |", "| 130 |", "| 141 |"):
@@ -254,7 +254,7 @@ def test_unknown_key_did_you_mean_and_strict_booleans(tmp_path: Path) -> None:
     assert "channels.telegram.enabled" in done.stderr
     assert "tools.exec.network" in done.stderr
     assert "config.example.json" not in done.stderr
-    assert "README" in done.stderr
+    assert "docs/configuration.md" in done.stderr
 
 
 # -- onboard ---------------------------------------------------------------------------------

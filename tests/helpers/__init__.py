@@ -32,11 +32,11 @@ PLATFORMS = ("telegram", "discord", "slack", "cli")
 
 
 def readme_commands(platform: str) -> set[str]:
-    """The in-chat commands README.md's "In-chat commands" lists for ``platform``, as written
-    there: each bullet's commands (a bullet naming platforms, "(Telegram, Discord, Slack)",
+    """The in-chat commands docs/commands.md's "In-chat commands" lists for ``platform``, as
+    written there: each bullet's commands (a bullet naming platforms, "(Telegram, Discord, Slack)",
     only for those); on Slack the ``!`` forms its paragraph lists, and ``/memobot``."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n### In-chat commands\n", 1)[1].split("\n## ", 1)[0]
+    text = (REPO / "docs" / "commands.md").read_text(encoding="utf-8")
+    section = text.split("\n## In-chat commands\n", 1)[1].split("\n## ", 1)[0]
     found: set[str] = set()
     for bullet in re.findall(r"^- (.*)$", section, re.MULTILINE):
         head = bullet.split(":", 1)[0]
@@ -47,7 +47,7 @@ def readme_commands(platform: str) -> set[str]:
         return found
     slack = section[section.index("On Slack") :]
     bangs = set(re.findall(r"`(![a-z]+)", slack))
-    assert bangs == {"!" + c[1:] for c in found}, "the README's Slack list differs from its own"
+    assert bangs == {"!" + c[1:] for c in found}, "docs/commands.md's Slack list differs"
     return bangs | set(re.findall(r"`(/memobot)\b", slack))
 
 

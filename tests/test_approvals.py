@@ -67,6 +67,7 @@ from tests.helpers import (
     make_config,
     run_memobot,
     stop_gateway,
+    zygote,
 )
 from tests.helpers.approvals import (
     ALICE,
@@ -915,8 +916,8 @@ def _gateway(config: Path, failpoints: str = "") -> subprocess.Popen[bytes]:
     env = {**os.environ, "MEMOBOT_FAILPOINTS": failpoints}
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
         env.pop(name, None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(config), "gateway"],
+    return zygote.popen(
+        ["--config", str(config), "gateway"],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,

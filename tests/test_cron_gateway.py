@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -22,7 +21,7 @@ from bot.cron.schedule import Schedule
 from bot.cron.store import JobStore, new_job
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, call, reply, tool_step
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import REPO, config_dict, run_memobot
+from tests.helpers import REPO, config_dict, run_memobot, zygote
 
 ALICE = 1001
 HELLO = "hello"
@@ -71,8 +70,8 @@ class Gateway:
             env.pop(name, None)
         self.log = config.parent / "gateway.log"
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bot", "--config", str(config), "-v", "gateway"],
+            self.proc = zygote.popen(
+                ["--config", str(config), "-v", "gateway"],
                 cwd=REPO,
                 env=env,
                 stdout=subprocess.DEVNULL,

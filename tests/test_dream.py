@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from bot.memory.history import HistoryArchive
 from bot.provenance import Provenance, Writer
 from bot.workspace import init_workspace
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, error, reply, tool_step
-from tests.helpers import REPO, Harness, make_config, run_memobot, write_config
+from tests.helpers import REPO, Harness, make_config, run_memobot, write_config, zygote
 
 
 @pytest.fixture
@@ -226,8 +225,8 @@ def _killed_dream(tmp_path: Path, server: FakeLLMThread) -> None:
     ]
     # Kill it while the model "thinks" between the edits and the finish (edits not yet landed).
     server.script(steps[0], {**steps[1], "delay": 5})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(cfg_path), "dream"],
+    proc = zygote.popen(
+        ["--config", str(cfg_path), "dream"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread
-from tests.helpers import REPO, run_memobot, write_config
+from tests.helpers import REPO, run_memobot, write_config, zygote
 
 
 @pytest.fixture
@@ -24,8 +23,8 @@ def llm() -> Iterator[FakeLLMThread]:
 
 def start_gateway(cfg: Path) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    return subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(cfg), "gateway"],
+    return zygote.popen(
+        ["--config", str(cfg), "gateway"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -35,6 +35,7 @@ from tests.helpers import (
     sleepers,
     wait_for,
     write_config,
+    zygote,
 )
 
 FAKE_SERVER = REPO / "tests" / "fakes" / "mcp_server.py"
@@ -384,8 +385,8 @@ def test_a_sigkilled_memobot_leaves_no_server_and_no_child(
         tool_step(call("mcp_fake_hang", {"seconds": 60})),
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", "-m", "go"],
+    agent = zygote.popen(
+        ["--config", str(cfg), "agent", "-m", "go"],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
         cwd=REPO,
     )  # fmt: skip

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,6 +27,7 @@ from tests.helpers import (
     llm_settings,
     make_config,
     request_messages,
+    zygote,
 )
 from tests.helpers.crash import REPO, wait_until
 
@@ -226,8 +226,8 @@ def _gateway(config: Path) -> subprocess.Popen[bytes]:
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MEMOBOT_FAILPOINTS", "MEMOBOT_CONFIG"):
         env.pop(name, None)
     with open(config.parent / "gateway.log", "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "bot", "--config", str(config), "-v", "gateway"],
+        return zygote.popen(
+            ["--config", str(config), "-v", "gateway"],
             cwd=REPO,
             env=env,
             stdout=subprocess.DEVNULL,

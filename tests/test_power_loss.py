@@ -25,7 +25,6 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -49,6 +48,7 @@ from tests.helpers import (
     make_config,
     stop_gateway,
     telegram_in_process,
+    zygote,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -364,8 +364,8 @@ def _gateway(config: Path) -> subprocess.Popen[bytes]:
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MEMOBOT_FAILPOINTS", "MEMOBOT_CONFIG"):
         env.pop(name, None)
     with open(config.parent / "gateway.log", "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "bot", "--config", str(config), "gateway"],
+        return zygote.popen(
+            ["--config", str(config), "gateway"],
             cwd=REPO,
             env=env,
             stdout=subprocess.DEVNULL,

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,15 @@ import pytest
 
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import REPO, Harness, config_dict, fire_heartbeat, make_config, stop_gateway
+from tests.helpers import (
+    REPO,
+    Harness,
+    config_dict,
+    fire_heartbeat,
+    make_config,
+    stop_gateway,
+    zygote,
+)
 
 
 @pytest.fixture
@@ -64,8 +71,8 @@ def _gateway(config: Path, failpoints: str = "") -> subprocess.Popen[bytes]:
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MEMOBOT_CONFIG"):
         env.pop(name, None)
     with open(config.parent / "gateway.log", "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "bot", "--config", str(config), "-v", "gateway"],
+        return zygote.popen(
+            ["--config", str(config), "-v", "gateway"],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log,
         )  # fmt: skip
 

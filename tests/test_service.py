@@ -26,7 +26,7 @@ from bot.service import logs
 from bot.service.notify import Notifier, socket_address, stop_budget, watchdog_interval
 from bot.service.reload import apply_config
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread
-from tests.helpers import REPO, config_dict, make_config, write_config
+from tests.helpers import REPO, config_dict, make_config, write_config, zygote
 
 DRAIN_SECONDS = 20.0
 
@@ -83,8 +83,8 @@ def start_gateway(
 ) -> tuple[subprocess.Popen[str], Path]:
     err = tmp_path / "gateway.err"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(cfg), *args, "gateway"],
+    proc = zygote.popen(
+        ["--config", str(cfg), *args, "gateway"],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=err.open("w"),

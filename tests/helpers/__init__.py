@@ -9,7 +9,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -297,8 +296,8 @@ def start_gateway(config: Path, env: dict[str, str] | None = None) -> subprocess
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MEMOBOT_FAILPOINTS"):
         if not env or name not in env:
             full_env.pop(name, None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(config), "gateway"],
+    return zygote.popen(
+        ["--config", str(config), "gateway"],
         cwd=REPO,
         env=full_env,
         stdout=subprocess.DEVNULL,

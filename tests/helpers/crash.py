@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 
 from bot.session import Session, SessionStore
 from tests.fakes.llm_server import FakeLLM, Step, call, reply, tool_step
+from tests.helpers import zygote
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME_MARK = "\n\n[runtime context"
@@ -108,10 +108,9 @@ class Memobot:
         env = {**os.environ, "MEMOBOT_FAILPOINTS": failpoints}
         for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MEMOBOT_CONFIG"):
             env.pop(name, None)
-        cmd = [sys.executable, "-m", "bot", "--config", str(self.config), "-v"]
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                [*cmd, "agent", "-s", session],
+            proc = zygote.popen(
+                ["--config", str(self.config), "-v", "agent", "-s", session],
                 stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=err,

@@ -17,7 +17,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 _lock = threading.Lock()
@@ -74,20 +76,16 @@ def run(
     stdin_r, stdin_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect(_socket_path())
-        conn.settimeout(timeout)
-        request = {"argv": argv, "env": env, "cwd": str(cwd)}
-        socket.send_fds(conn, [json.dumps(request).encode()], [stdin_r, out_w, err_w])
+        conn, pid = _fork(argv, env, cwd, (stdin_r, out_w, err_w))
     finally:
         for fd in (stdin_r, out_w, err_w):
             os.close(fd)
+    conn.settimeout(timeout)
     replies = conn.makefile("rb")
-    pid = int(replies.readline())
     try:
         out, err = _communicate(input.encode(), stdin_w, out_r, err_r, timeout)
-        code = int(replies.readline())
+        code = os.waitstatus_to_exitcode(int(replies.readline()))
     except (subprocess.TimeoutExpired, TimeoutError):
         os.kill(pid, signal.SIGKILL)
         raise subprocess.TimeoutExpired([sys.executable, "-m", "bot", *argv], timeout) from None
@@ -97,6 +95,93 @@ def run(
     return subprocess.CompletedProcess(
         [sys.executable, "-m", "bot", *argv], code, out.decode(), err.decode()
     )
+
+
+def popen(argv: list[str], *, fresh: bool = False, **kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen([python, "-m", "bot", *argv], **kwargs)``: a process the caller can
+    poll, wait for, signal and SIGKILL, forked from the zygote unless ``fresh``."""
+    cls = subprocess.Popen if fresh or os.environ.get("MEMOBOT_TEST_EXEC") == "1" else _Forked
+    return cls([sys.executable, "-m", "bot", *argv], **kwargs)
+
+
+def _fork(
+    argv: list[str], env: Mapping[str, str], cwd: Path | str, fds: tuple[int, int, int]
+) -> tuple[socket.socket, int]:
+    """Ask the zygote for a child running ``python -m bot ARGV`` on ``fds`` as its 0, 1, 2;
+    returns the connection that will carry its wait status, and its pid."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(_socket_path())
+        request = {"argv": argv, "env": dict(env), "cwd": str(cwd)}
+        socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
+        pid = b""
+        while not pid.endswith(b"\n"):
+            chunk = conn.recv(1)
+            if not chunk:
+                raise RuntimeError("the test zygote closed the connection before forking")
+            pid += chunk
+    except BaseException:
+        conn.close()
+        raise
+    return conn, int(pid)
+
+
+class _Forked(subprocess.Popen[Any]):
+    """Popen whose child comes from the zygote: the child is not ours to waitpid, so its wait
+    status comes over the zygote's connection instead; everything else is Popen's."""
+
+    _conn: socket.socket
+    _pending: bytes
+
+    def _execute_child(  # type: ignore[override]
+        self, args: list[str], executable: Any, preexec_fn: Any, close_fds: bool,
+        pass_fds: Any, cwd: Any, env: Any, startupinfo: Any, creationflags: int, shell: bool,
+        p2cread: int, p2cwrite: int, c2pread: int, c2pwrite: int, errread: int, errwrite: int,
+        *rest: Any,
+    ) -> None:  # fmt: skip
+        if preexec_fn is not None or pass_fds or shell:
+            raise ValueError("a forked memobot takes no preexec_fn, pass_fds or shell")
+        fds = (
+            p2cread if p2cread != -1 else 0,
+            c2pwrite if c2pwrite != -1 else 1,
+            errwrite if errwrite != -1 else 2,
+        )
+        try:
+            self._conn, self.pid = _fork(
+                list(args)[3:], env if env is not None else os.environ, cwd or os.getcwd(), fds
+            )
+            self._pending = b""
+            self._child_created = True
+        finally:
+            self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+
+    def _status(self, block: bool) -> int | None:
+        while b"\n" not in self._pending:
+            self._conn.setblocking(block)
+            try:
+                chunk = self._conn.recv(64)
+            except BlockingIOError:
+                return None
+            if not chunk:  # the zygote died: the status is lost, the child may live on
+                return signal.SIGKILL
+            self._pending += chunk
+        self._conn.close()
+        return int(self._pending)
+
+    def _try_wait(self, wait_flags: int) -> tuple[int, int]:
+        status = self._status(block=not wait_flags & os.WNOHANG)
+        return (0, 0) if status is None else (self.pid, status)
+
+    def _internal_poll(self, _deadstate: int | None = None, **_: Any) -> int | None:
+        if self.returncode is None and self._waitpid_lock.acquire(False):
+            try:
+                if self.returncode is None:
+                    pid, status = self._try_wait(os.WNOHANG)
+                    if pid:
+                        self._handle_exitstatus(status)
+            finally:
+                self._waitpid_lock.release()
+        return self.returncode
 
 
 def _communicate(

@@ -10,8 +10,8 @@ ordinary ones. What a child cannot differ in: modules already imported here (so 
 start-up imports or cold start spawn a real interpreter instead).
 
 Protocol, one connection per command: the client sends a JSON request (argv, env, cwd) with its
-three fds; the server answers one line with the child's pid, then one line with its exit code
-(negative: killed by that signal, like :attr:`subprocess.Popen.returncode`).
+three fds; the server answers one line with the child's pid, then one line with its wait status
+(as :func:`os.waitpid` gives it) when it ends.
 
     python -m tests.helpers.zygote_server SOCKET_PATH
 """
@@ -43,6 +43,10 @@ PRELOADED = (
     "bot.memory.commands",
     "bot.memory.versioning",
     "channels.terminal_channel.channel",
+    "bot.gateway",
+    "channels.telegram_channel.channel",
+    "channels.discord_channel.channel",
+    "channels.slack_channel.channel",
 )
 REIMPORTED = ("bot.failpoints",)
 
@@ -66,7 +70,7 @@ def serve(path: str) -> dict[str, Any]:
                 sel.unregister(pidfd)
                 os.close(pidfd)
                 _, status = os.waitpid(pid, 0)
-                _send_line(conn, os.waitstatus_to_exitcode(status))
+                _send_line(conn, status)
                 conn.close()
                 continue
             conn, _ = listener.accept()

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from bot.bus import InboundMessage, MessageBus
+from channels.base import Channel
 from channels.formatting import (
     DISCORD_LIMIT,
     SLACK_LIMIT,
@@ -50,6 +51,10 @@ class Platform:
     posts: Callable[[], list[str]]  # what the bot posted to the private chat, as shown
     refuse_next_post: Callable[[float], None]  # a 429 with retry_after seconds
     post_attempts: Callable[[], int]  # posts tried, refused ones included
+    channel: Channel  # the real channel object, as the manager holds it
+    token_setting: str  # the config field of the credential the platform checks
+    revoke: Callable[[], Any]  # awaitable: the platform refuses the credential from now on
+    connects: Callable[[], int]  # how often the channel has tried to (re)connect
 
     async def wait_posts(self, n: int, timeout: float = 20) -> list[str]:  # noqa: ASYNC109
         deadline = time.monotonic() + timeout
@@ -65,7 +70,7 @@ async def _pause() -> None:
 
 async def telegram(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platform:
     api = await stack.enter_async_context(FakeBotAPI())
-    await stack.enter_async_context(tg.running(tmp_path, llm, api))
+    bot = await stack.enter_async_context(tg.running(tmp_path, llm, api))
 
     async def say(text: str) -> dict[str, Any]:
         message = api.message(text, chat=api.private_chat(tg.ALICE), sender=api.user(tg.ALICE))
@@ -74,6 +79,9 @@ async def telegram(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platf
 
     async def say_again(message: dict[str, Any]) -> None:
         api.inject(message)  # the same message in a new update, as after a lost confirmation
+
+    async def revoke() -> None:
+        api.token = "7700000000:revoked-in-botfather"  # every call with the old one: 401
 
     return Platform(
         "telegram",
@@ -84,13 +92,17 @@ async def telegram(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platf
         lambda: [strip_html(c.params["text"]) for c in api.sent(tg.ALICE)],
         lambda seconds: api.fail("sendMessage", 429, retry_after=int(seconds)),
         lambda: len(api.calls("sendMessage")),
+        bot.channel,
+        "channels.telegram.token",
+        revoke,
+        lambda: len(api.calls("getUpdates")),
     )
 
 
 async def discord(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platform:
     api = await stack.enter_async_context(FakeDiscord())
     stack.enter_context(api.patch())
-    await stack.enter_async_context(dc.running(tmp_path, llm, api))
+    bot = await stack.enter_async_context(dc.running(tmp_path, llm, api))
 
     async def say(text: str) -> dict[str, Any]:
         return await api.send_message(dc.ALICE_DM, dc.ALICE, text, guild_id=None)
@@ -99,6 +111,10 @@ async def discord(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platfo
         await api.send_message(
             dc.ALICE_DM, dc.ALICE, message["content"], guild_id=None, message_id=message["id"]
         )
+
+    async def revoke() -> None:
+        api.gateway_token = "revoked"  # the next IDENTIFY is closed with 4004
+        await api.drop_connections()
 
     return Platform(
         "discord",
@@ -109,13 +125,17 @@ async def discord(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platfo
         lambda: [c.body["content"] for c in api.posts(dc.ALICE_DM)],
         lambda seconds: api.fail_next(429, retry_after=seconds, via=False),
         lambda: len([c for c in api.calls if c.path.endswith("/messages")]),
+        bot.channel,
+        "channels.discord.token",
+        revoke,
+        lambda: len(api.identifies) + len(api.resumes),
     )
 
 
 async def slack(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platform:
     users = {sl.ALICE: {"id": sl.ALICE, "profile": {"display_name": "alice"}}}
     api = await stack.enter_async_context(FakeSlack(users=users, post_interval=0.05))
-    await stack.enter_async_context(sl.Rig(tmp_path, llm, api))
+    rig = await stack.enter_async_context(sl.Rig(tmp_path, llm, api))
     said = iter(range(1, 10_000))
 
     async def say(text: str) -> dict[str, Any]:
@@ -127,6 +147,10 @@ async def slack(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platform
     async def say_again(sent: dict[str, Any]) -> None:
         await api.push_event(sent["event"], event_id=sent["id"], retry_attempt=1)
 
+    async def revoke() -> None:
+        api.app_token = "xapp-regenerated"  # the next apps.connections.open: invalid_auth
+        await api.drop_connections()
+
     return Platform(
         "slack",
         SLACK_LIMIT,
@@ -136,6 +160,10 @@ async def slack(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platform
         lambda: [p.text for p in api.posts if p.channel == sl.DM],
         lambda seconds: api.post_script.append({"retry_after": int(seconds)}),
         lambda: int(api.calls["chat.postMessage"]),
+        rig.channel,
+        "channels.slack.appToken",
+        revoke,
+        lambda: int(api.calls["apps.connections.open"]),
     )
 
 
@@ -215,3 +243,22 @@ async def test_every_message_says_who_sent_it_and_whether_in_a_group(
     for msg in said:
         assert isinstance(msg.metadata.get("is_admin"), bool), msg.metadata
         assert msg.metadata.get("is_group") is False, msg.metadata
+
+
+async def test_a_credential_revoked_while_running_stops_the_channel_and_names_the_setting(
+    platform: Platform,
+) -> None:
+    await platform.say("still here?")
+    await platform.wait_posts(1)
+    reported: list[Channel] = []
+    platform.channel.on_fatal = reported.append  # what the channel manager listens to
+    await platform.revoke()
+    deadline = time.monotonic() + 20
+    while platform.channel.state != "failed":
+        assert time.monotonic() < deadline, (platform.name, platform.channel.state)
+        await _pause()
+    assert reported == [platform.channel]
+    assert platform.token_setting in str(platform.channel.fatal)
+    tries = platform.connects()
+    await asyncio.sleep(1.5)  # a channel that kept trying a dead credential would show here
+    assert platform.connects() == tries, f"{platform.name} went on retrying a revoked credential"

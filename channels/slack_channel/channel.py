@@ -461,6 +461,14 @@ class _NotTaken(Exception):
     """Raised by a listener so that bolt does not acknowledge the envelope."""
 
 
+def _app_token_refused(exc: SlackApiError) -> FatalChannelError:
+    return FatalChannelError(
+        f"Slack refused channels.slack.appToken (apps.connections.open: "
+        f"{_error_code(exc)}); it must be an app-level token (xapp-...) "
+        "with the connections:write scope, and Socket Mode must be enabled"
+    )
+
+
 class _SocketClient(SocketModeClient):
     """slack_sdk's client, with Slack's ``disconnect`` envelopes seen before it reconnects.
 
@@ -469,6 +477,23 @@ class _SocketClient(SocketModeClient):
     turned off, and no reconnection can help, so it goes to ``on_link_disabled`` instead."""
 
     on_disconnect: Callable[[str], Awaitable[bool]] | None = None
+    # Told when Slack refuses the app token while slack_sdk reconnects on its own (revoked or
+    # regenerated meanwhile): no later try can succeed, so the channel fails for good.
+    on_refused: Callable[[SlackApiError], None] | None = None
+
+    async def issue_new_wss_url(self) -> str:
+        # Not super(): it logs every refusal at ERROR, once per reconnect try, for ever.
+        try:
+            opened = await self.web_client.apps_connections_open(app_token=self.app_token)
+        except SlackApiError as exc:
+            mapped = _api_error(exc)
+            if isinstance(mapped, RetryAfter):
+                await asyncio.sleep(mapped.seconds)
+                return await self.issue_new_wss_url()
+            if not isinstance(mapped, TransientError) and self.on_refused is not None:
+                self.on_refused(exc)
+            raise
+        return str(opened["url"])
 
     async def run_message_listeners(self, message: dict[str, Any], raw_message: str) -> None:
         if message.get("type") == "disconnect" and self.on_disconnect is not None:
@@ -528,6 +553,7 @@ class SlackChannel(Channel):
         self._supervisor: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._settled: asyncio.Event | None = None
+        self._closing: asyncio.Future[None] | None = None  # a socket whose token was refused
         self._connected_once = False
         self._file_hosts = {urlsplit(cfg.api_url).hostname} if cfg.api_url else set()
         self._askers: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
@@ -664,11 +690,7 @@ class SlackChannel(Channel):
         except SlackApiError as exc:
             mapped = _api_error(exc)
             if not isinstance(mapped, RetryAfter | TransientError):
-                raise FatalChannelError(
-                    f"Slack refused channels.slack.appToken (apps.connections.open: "
-                    f"{_error_code(exc)}); it must be an app-level token (xapp-...) "
-                    "with the connections:write scope, and Socket Mode must be enabled"
-                ) from exc
+                raise _app_token_refused(exc) from exc
             raise
         client = _SocketClient(
             app_token=self.cfg.app_token,
@@ -681,6 +703,7 @@ class SlackChannel(Channel):
             client.aiohttp_client_session = aiohttp.ClientSession(connector=self._connector())
             client.proxy = None
         client.on_disconnect = self._on_disconnect
+        client.on_refused = self._on_app_token_refused
         _SocketModeHandler(self.app, client)
         client.message_listeners.append(self._on_message)
         client.on_close_listeners.append(self._on_close)
@@ -696,6 +719,12 @@ class SlackChannel(Channel):
                 await socket.close()
             except (aiohttp.ClientError, OSError) as exc:
                 log.debug("slack: closing a failed socket: %s", exc)
+
+    def _on_app_token_refused(self, exc: SlackApiError) -> None:
+        if self.state == "failed":
+            return
+        self._fail(str(_app_token_refused(exc)))
+        self._closing = asyncio.ensure_future(self._close_socket())
 
     def _fail(self, message: str) -> None:
         """Failed for good (``Channel.fail``: one error line, the manager is told)."""

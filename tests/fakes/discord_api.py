@@ -607,6 +607,9 @@ class FakeDiscord:
                     await self._identify(ws, msg["d"])
                 elif op == 6:
                     self.resumes.append(msg["d"])
+                    if msg["d"].get("token") != self.gateway_token:  # as IDENTIFY: 4004
+                        await self._close(ws, 4004, b"Authentication failed.")
+                        continue
                     await self._send_event(ws, "RESUMED", {})
                     await self._notify(ws_added=ws)
         finally:

@@ -19,7 +19,7 @@ from bot.cron import heartbeat
 from bot.cron.schedule import Schedule, ScheduleError, from_iso, to_iso
 from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY, Scheduler
 from bot.cron.store import JobStore, new_job
-from tests.helpers import T0, Clock, make_config
+from tests.helpers import T0, Clock, make_config, run_memobot, write_config
 
 BERLIN = ZoneInfo("Europe/Berlin")
 KEY = "telegram:1001"
@@ -361,3 +361,49 @@ def test_runtime_block_is_in_agent_timezone(tmp_path: Path) -> None:
     builder = ContextBuilder(tmp_path, timezone=ZoneInfo("Pacific/Kiritimati"))  # UTC+14
     content = builder.user_message("hi", "cli", "t")["content"]
     assert "+14" in content or "LINT" in content, content
+
+
+# -- `memobot cron add` refuses what would flood or wait for ever (issue 29) ---------------------
+
+
+def _cron_add(capsys: pytest.CaptureFixture[str], config: Path, *args: str) -> tuple[int, str]:
+    from bot.cli import main
+
+    try:
+        code = main(["--config", str(config), "cron", "add", *args])
+    except SystemExit as exc:  # argparse refuses a bad argument with exit 2
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_cron_add_refuses_an_agent_job_every_few_seconds(tmp_path: Path, capsys) -> None:
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    code, said = _cron_add(capsys, config, "--every", "5", "-s", "telegram:1", "-m", "check")
+    assert code == 2
+    assert "every 5 s" in said and "--every 60" in said and "--force" in said
+    assert JobStore(tmp_path / "state").load().jobs == []
+    for ok in (("--every", "5", "--force"), ("--every", "5", "--text"), ("--every", "60")):
+        code, said = _cron_add(capsys, config, *ok, "-s", "telegram:1", "-m", "check")
+        assert code == 0, said
+    assert len(JobStore(tmp_path / "state").load().jobs) == 3
+
+
+def test_cron_add_refuses_a_channel_memobot_does_not_have(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    done = run_memobot(
+        "cron", "add", "--every", "3600", "-s", "whatsapp:1", "-m", "x", config=config
+    )
+    assert done.returncode == 2
+    assert "no channel 'whatsapp'" in done.stderr and "telegram, discord, slack" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert JobStore(tmp_path / "state").load().jobs == []
+
+
+def test_cron_add_for_a_channel_not_enabled_warns(tmp_path: Path, capsys) -> None:
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    code, said = _cron_add(capsys, config, "--every", "3600", "-s", "cli:me", "-m", "x")
+    assert code == 2 and "the terminal (cli) runs no scheduled jobs" in said
+    code, said = _cron_add(capsys, config, "--every", "3600", "-s", "discord:5", "-m", "x")
+    assert code == 0
+    assert "warning: channel discord is not enabled (channels.discord.enabled" in said

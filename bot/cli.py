@@ -22,6 +22,7 @@ from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load
 from bot.invocation import command_for, program
 from bot.service.logs import LOG_FORMATS, redact
 from bot.urls import redact_url
+from bot.wording import counted
 
 if TYPE_CHECKING:
     from bot.loop import AgentLoop
@@ -927,7 +928,7 @@ def _outage_line(live: dict[str, Any] | None) -> str:
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(outage.get("since", 0)))
     n = outage.get("waiting", 0)
     return (
-        f"every model failing since {since}, {n} turn{'' if n == 1 else 's'} waiting "
+        f"every model failing since {since}, {counted(n, 'turn')} waiting "
         f"({outage.get('reason', '')})"
     )
 

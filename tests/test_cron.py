@@ -407,3 +407,46 @@ def test_cron_add_for_a_channel_not_enabled_warns(tmp_path: Path, capsys) -> Non
     code, said = _cron_add(capsys, config, "--every", "3600", "-s", "discord:5", "-m", "x")
     assert code == 0
     assert "warning: channel discord is not enabled (channels.discord.enabled" in said
+
+
+async def test_a_heartbeat_with_no_chat_warns_once_and_only_when_it_has_tasks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It warned at every start until an admin was named, though it had nothing to do."""
+    caplog.set_level(logging.WARNING, logger="bot.cron.scheduler")
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", heartbeat={"intervalMinutes": 30})
+    stack = build_agent(cfg, tmp_path / "config.json")
+    clock = Clock(T0)
+    sched = Scheduler(
+        cfg, JobStore(cfg.agent.state_path), stack.bus, stack.store, set(), clock=clock
+    )
+    try:
+        sched.start()
+        await sched.stop()
+        await sched.tick()
+        assert [r.getMessage() for r in caplog.records] == []  # the template has no task
+        (cfg.agent.workspace_path / "HEARTBEAT.md").write_text("- [ ] check the build\n")
+        for minutes in (31, 32, 70, 200):
+            clock.now = T0 + timedelta(minutes=minutes)
+            await sched.tick()
+        [warning] = [r.getMessage() for r in caplog.records]
+        assert "HEARTBEAT.md has open tasks" in warning and "heartbeat.deliverTo" in warning
+        assert queued(stack) == []
+    finally:
+        await stack.close()
+
+
+async def test_a_heartbeat_told_to_deliver_to_a_channel_not_running_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bot.cron.scheduler")
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", heartbeat={"deliverTo": "discord:5"})
+    stack = build_agent(cfg, tmp_path / "config.json")
+    sched = Scheduler(cfg, JobStore(cfg.agent.state_path), stack.bus, stack.store, {"telegram"})
+    try:
+        sched.start()
+        await sched.stop()
+    finally:
+        await stack.close()
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "heartbeat.deliverTo is discord:5" in warning and "channels.discord" in warning

@@ -22,6 +22,7 @@ from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load
 from bot.invocation import command_for, program
 from bot.service.logs import LOG_FORMATS, redact
 from bot.urls import redact_url
+from bot.wording import counted
 
 if TYPE_CHECKING:
     from bot.loop import AgentLoop
@@ -846,6 +847,7 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
 
     enabled = enabled_channels(cfg)
     live = read_status(state)
+    gateway = _gateway_line(live, state)
     if live:
         shown = []
         for name in enabled:
@@ -873,7 +875,7 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
         ("exec", _exec_line(cfg)),
         ("limits", _limits_line(cfg, live)),
         ("mcp", _mcp_line(cfg, live)),
-        ("gateway", f"running (pid {live['pid']})" if live else "not running"),
+        ("gateway", gateway),
         ("outage", _outage_line(live)),
         ("cron", cron_status_line(cfg)),
         ("unsent", _undelivered_line(cfg)),
@@ -885,6 +887,39 @@ def cmd_status(cfg: Config, config_path: Path) -> int:
     return 0
 
 
+def _gateway_line(live: dict[str, Any] | None, state: Path) -> str:
+    """Whether a gateway runs, and whether what its status file says is current: a file
+    left by a killed gateway, or one a live gateway stopped writing, is said to be old."""
+    from bot.gateway import STALE_AFTER_SECONDS, left_status, status_age
+
+    now = time.time()
+    if live is None:
+        left = left_status(state)
+        if left is None:
+            return "not running"
+        age = status_age(left, now)
+        when = f", {_ago(age)}" if age is not None else ""
+        return (
+            f"not running (pid {left.get('pid')} stopped without cleaning up{when}; what its "
+            "status file said is out of date)"
+        )
+    age = status_age(live, now)
+    if age is not None and age > STALE_AFTER_SECONDS:
+        return (
+            f"running (pid {live['pid']}), but its status was last written {_ago(age)}: it may "
+            "be stuck (see its log); the channel states above are from then"
+        )
+    return f"running (pid {live['pid']})"
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.0f} h ago"
+
+
 def _outage_line(live: dict[str, Any] | None) -> str:
     """The running gateway's model outage, if there is one, and how many turns wait for it."""
     outage = (live or {}).get("outage")
@@ -893,7 +928,7 @@ def _outage_line(live: dict[str, Any] | None) -> str:
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(outage.get("since", 0)))
     n = outage.get("waiting", 0)
     return (
-        f"every model failing since {since}, {n} turn{'' if n == 1 else 's'} waiting "
+        f"every model failing since {since}, {counted(n, 'turn')} waiting "
         f"({outage.get('reason', '')})"
     )
 

@@ -20,7 +20,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 
 from bot import durable
 from bot.config_base import ConfigModel as _Model
@@ -370,16 +369,6 @@ class ToolsConfig(_Model):
 class _ChannelsBase(_Model):
     """``channels.<name>``: one section per channel that ``channels.registry`` lists with a
     config model (each platform's package declares it)."""
-
-    @model_validator(mode="after")
-    def _tokens_when_enabled(self) -> _ChannelsBase:
-        for name, section in self:
-            for f in type(section).required_when_enabled:
-                if section.enabled and not getattr(section, f):
-                    raise ValueError(
-                        f"channels.{name}.{to_camel(f)} is required when the channel is enabled"
-                    )
-        return self
 
 
 def _channels_model() -> type[_ChannelsBase]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from bot.proxy import check_proxy_url
@@ -60,6 +60,18 @@ class ChannelConfig(ConfigModel):
     # How this platform's stable user ids look; "*" is always accepted.
     _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^[A-Za-z0-9_.:-]+$")
     _id_example: ClassVar[str] = "an id"
+
+    @model_validator(mode="after")
+    def _tokens_when_enabled(self) -> ChannelConfig:
+        # Here, not on the channels section: the error then points at this channel's own
+        # section (channels.slack), and shows that section, not the first one in the file.
+        for f in self.required_when_enabled:
+            if self.enabled and not getattr(self, f):
+                raise ValueError(
+                    f"{to_camel(f)} is required when the channel is enabled (set it, or set "
+                    '"enabled": false)'
+                )
+        return self
 
     @field_validator("allow_from", "admins", mode="before")
     @classmethod

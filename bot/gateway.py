@@ -14,6 +14,7 @@ channel saying what to fix, and exit status 78 (EX_CONFIG; the unit does not res
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import logging
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 STATUS_FILE = "gateway.json"
 STATUS_EVERY_SECONDS = 5.0
+# A live gateway's snapshot older than this: the gateway is stuck (or the pid is another
+# process's now), and what the snapshot says is no longer known to be true.
+STALE_AFTER_SECONDS = 6 * STATUS_EVERY_SECONDS
 
 
 def enabled_channels(cfg: Config) -> list[str]:
@@ -47,12 +51,37 @@ def write_status(path: Path, data: dict[str, Any]) -> None:
 
 def read_status(state_dir: Path) -> dict[str, Any] | None:
     """The running gateway's last status snapshot, if a live process wrote one."""
+    data = _status_file(state_dir)
+    if data is None:
+        return None
     try:
-        data = json.loads((state_dir / STATUS_FILE).read_text())
         os.kill(int(data["pid"]), 0)
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return data
+
+
+def left_status(state_dir: Path) -> dict[str, Any] | None:
+    """The snapshot a gateway left behind when it did not stop cleanly (killed, a power
+    cut): its process is gone, so nothing in it is current. None when there is none."""
+    data = _status_file(state_dir)
+    if data is None or read_status(state_dir) is not None:
+        return None
+    return data
+
+
+def status_age(data: dict[str, Any], now: float) -> float | None:
+    """Seconds since ``data`` was written; None when it does not say."""
+    at = data.get("updated_at")
+    return now - at if isinstance(at, int | float) else None
+
+
+def _status_file(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((state_dir / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 class GatewayLocked(RuntimeError):
@@ -87,6 +116,9 @@ class Gateway:
         self._all_failed = False
         self.manager.on_all_failed = self._every_channel_failed
         self._interrupts = 0
+        # Set when a channel's state changes: the status file is written at once, not at the
+        # next tick (`memobot status` showed "starting" seconds after the channel connected).
+        self._status_due = asyncio.Event()
         self.service = ServiceHooks(self, config_path)  # systemd notify, SIGHUP reload
 
     def status(self) -> dict[str, Any]:
@@ -146,6 +178,9 @@ class Gateway:
         for sig in (signal.SIGTERM, signal.SIGINT):
             aio.add_signal_handler(sig, self.request_stop, sig)
         aio.add_signal_handler(signal.SIGHUP, self.service.reload)
+        for channel in self.channels:
+            # A channel may change state from an SDK's thread: the event is set in the loop.
+            channel.on_state = lambda: aio.call_soon_threadsafe(self._status_due.set)
         watchdog_task = asyncio.create_task(self.service.watchdog(), name="watchdog")
         if not self.channels:
             log.warning("no channel is enabled: set channels.<name>.enabled in the config")
@@ -200,7 +235,10 @@ class Gateway:
             except OSError as exc:
                 log.warning("cannot write %s: %s", self.status_path, exc)
             self.service.tick()
-            await asyncio.sleep(STATUS_EVERY_SECONDS)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STATUS_EVERY_SECONDS):
+                    await self._status_due.wait()
+            self._status_due.clear()
 
 
 async def _release_free_memory_forever() -> None:

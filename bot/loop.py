@@ -40,6 +40,7 @@ from bot.recovery import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS, Recovery
 from bot.runner import close_open_tool_calls
 from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso, transitions
 from bot.turn import STOPPED_TEXT, Turns
+from bot.wording import counted
 
 if TYPE_CHECKING:
     from bot.tools.mcp import McpManager
@@ -528,7 +529,12 @@ class AgentLoop:
             msg,
             [],
             "New conversation started."
-            + (f" The previous {count} messages were archived to memory." if count else ""),
+            + (
+                f" The previous {counted(count, 'message')} "
+                f"{'was' if count == 1 else 'were'} archived to memory."
+                if count
+                else ""
+            ),
         )
 
     def status_text(self, key: str) -> str:
@@ -551,12 +557,14 @@ class AgentLoop:
             [
                 f"model: {self.cfg.llm.model}"
                 + (
-                    f" (+{len(self.cfg.llm.fallbacks)} fallbacks)" if self.cfg.llm.fallbacks else ""
+                    f" (+{counted(len(self.cfg.llm.fallbacks), 'fallback')})"
+                    if self.cfg.llm.fallbacks
+                    else ""
                 ),
                 *([f"last answer by: {answered_by}"] if answered_by else []),
                 *([f"outage: {outage}"] if outage else []),
                 f"session: {key}",
-                f"conversation: {live} messages, ~{tokens:,} tokens "
+                f"conversation: {counted(live, 'message')}, ~{tokens:,} tokens "
                 f"(context window {self.cfg.llm.context_window_tokens:,})",
                 f"archived messages: {session.last_consolidated}",
                 "memory: "

@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.config import OutageConfig
+from bot.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class Outage:
             return ""
         since = time.strftime("%H:%M:%S", time.localtime(self.since))
         n = self.waiting
-        return f"model outage since {since}, {n} turn{'' if n == 1 else 's'} waiting"
+        return f"model outage since {since}, {counted(n, 'turn')} waiting"
 
     def snapshot(self) -> dict[str, Any] | None:
         """For the gateway's status file."""

@@ -30,6 +30,7 @@ from bot.images import stored_form
 from bot.kinds import TurnKind
 from bot.llm import LLMError, LLMProvider, LLMUnavailable
 from bot.long_answers import spill
+from bot.long_messages import cut_message, message_char_limit, message_file, too_long_notice
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import chat_memory_file
 from bot.memory.files import memory_stamp
@@ -133,7 +134,53 @@ class Turns:
             except (LLMError, OSError) as exc:
                 log.warning("transcription failed session=%s: %s", msg.session_key, exc)
                 text += "\n[a voice message could not be transcribed]"
+        text = await self._fit_message(msg, text)
         return self.context.user_message(text, msg.channel, msg.chat_id, msg.media)
+
+    async def _fit_message(self, msg: InboundMessage, text: str) -> str:
+        """``text``, or for a message too long for the model's window its head and tail
+        around a marker, the whole of it kept in the workspace and the person told
+        (bot.long_messages)."""
+        llm = self.cfg.llm
+        limit = message_char_limit(llm.context_window_tokens, llm.max_tokens)
+        if len(text) <= limit:
+            return text
+        path = message_file(msg.channel, msg.chat_id, msg.message_id or uuid.uuid4().hex[:12])
+        try:
+            await asyncio.to_thread(
+                workspace_files.write_atomic,
+                self.cfg.agent.workspace_path,
+                path,
+                text,
+                make_parents=True,
+            )
+            kept_in = str(path)
+        except OSError as exc:
+            log.error("cannot keep a long message session=%s: %s", msg.session_key, exc)
+            kept_in = "(not saved: the workspace could not be written)"
+        cut = cut_message(text, limit, kept_in)
+        log.warning(
+            "message of %d characters cut to %d for the model's window (%d tokens) session=%s;"
+            " the whole message is %s",
+            len(text),
+            len(cut),
+            llm.context_window_tokens,
+            msg.session_key,
+            kept_in,
+        )
+        if msg.policy.sends:
+            notice = too_long_notice(len(text), len(cut), kept_in)
+            # Not an answer: the terminal shows it beside the answers (stderr), not among them.
+            await self.bus.publish_outbound(
+                OutboundMessage(
+                    msg.channel,
+                    msg.chat_id,
+                    notice,
+                    reply_to=msg.message_id,
+                    metadata={OUTCOME_KEY: "notice"},
+                )
+            )
+        return cut
 
     async def answerable_turn(self, session: Session, msg: InboundMessage) -> list[dict[str, Any]]:
         """What a turn that never reached the model leaves in history: its checkpoint's work

@@ -74,11 +74,16 @@ class Channel(ABC):
         self.fatal: FatalChannelError | None = None
         # Set by the channel manager: told once when this channel fails for good.
         self.on_fatal: Callable[[Channel], None] | None = None
+        # Set by the gateway: told of every change of state, so `memobot status` is current.
+        self.on_state: Callable[[], None] | None = None
         self.features_off: dict[str, str] = {}  # feature -> why (for as long as this runs)
 
     def set_state(self, state: State, detail: str = "") -> None:
+        changed = state != self.state or detail != self.state_detail
         self.state = state
         self.state_detail = detail
+        if changed and self.on_state is not None:
+            self.on_state()
 
     def fail(self, error: FatalChannelError) -> None:
         """This channel cannot work until its configuration is fixed: "failed", for good.

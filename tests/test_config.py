@@ -145,3 +145,22 @@ def test_an_api_key_no_header_can_carry_is_refused_without_echoing_it(key: str) 
         assert "apiKey: " in text and "copy it again" in text
         assert "sk-live" not in text and "abc" not in text
     assert parse_config({"llm": {"apiKey": "sk-proj_A1-b2.c3=="}}).llm.api_key
+
+
+def test_a_missing_slack_token_shows_the_slack_section_redacted() -> None:
+    """The error pointed at `channels` and printed the first section there (Telegram's) as
+    what it got (issue 29)."""
+    data = {
+        "channels": {
+            "telegram": {"enabled": True, "token": "123:TELEGRAM-SECRET", "allowFrom": ["1"]},
+            "slack": {"enabled": True, "botToken": "xoxb-SLACK-SECRET"},
+        }
+    }
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    lines = str(caught.value).splitlines()[1:]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("  channels.slack: ") and "appToken is required" in lines[0]
+    assert '"enabled": false' in lines[0]
+    assert "telegram" not in lines[0].lower() and "SECRET" not in lines[0]
+    assert '"botToken": "***"' in lines[0]

@@ -19,7 +19,7 @@ from bot.cron import heartbeat
 from bot.cron.schedule import Schedule, ScheduleError, from_iso, to_iso
 from bot.cron.scheduler import CRON_KEY, HEARTBEAT_KEY, Scheduler
 from bot.cron.store import JobStore, new_job
-from tests.helpers import T0, Clock, make_config
+from tests.helpers import T0, Clock, make_config, run_memobot, write_config
 
 BERLIN = ZoneInfo("Europe/Berlin")
 KEY = "telegram:1001"
@@ -361,3 +361,92 @@ def test_runtime_block_is_in_agent_timezone(tmp_path: Path) -> None:
     builder = ContextBuilder(tmp_path, timezone=ZoneInfo("Pacific/Kiritimati"))  # UTC+14
     content = builder.user_message("hi", "cli", "t")["content"]
     assert "+14" in content or "LINT" in content, content
+
+
+# -- `memobot cron add` refuses what would flood or wait for ever (issue 29) ---------------------
+
+
+def _cron_add(capsys: pytest.CaptureFixture[str], config: Path, *args: str) -> tuple[int, str]:
+    from bot.cli import main
+
+    try:
+        code = main(["--config", str(config), "cron", "add", *args])
+    except SystemExit as exc:  # argparse refuses a bad argument with exit 2
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_cron_add_refuses_an_agent_job_every_few_seconds(tmp_path: Path, capsys) -> None:
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    code, said = _cron_add(capsys, config, "--every", "5", "-s", "telegram:1", "-m", "check")
+    assert code == 2
+    assert "every 5 s" in said and "--every 60" in said and "--force" in said
+    assert JobStore(tmp_path / "state").load().jobs == []
+    for ok in (("--every", "5", "--force"), ("--every", "5", "--text"), ("--every", "60")):
+        code, said = _cron_add(capsys, config, *ok, "-s", "telegram:1", "-m", "check")
+        assert code == 0, said
+    assert len(JobStore(tmp_path / "state").load().jobs) == 3
+
+
+def test_cron_add_refuses_a_channel_memobot_does_not_have(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    done = run_memobot(
+        "cron", "add", "--every", "3600", "-s", "whatsapp:1", "-m", "x", config=config
+    )
+    assert done.returncode == 2
+    assert "no channel 'whatsapp'" in done.stderr and "telegram, discord, slack" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert JobStore(tmp_path / "state").load().jobs == []
+
+
+def test_cron_add_for_a_channel_not_enabled_warns(tmp_path: Path, capsys) -> None:
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    code, said = _cron_add(capsys, config, "--every", "3600", "-s", "cli:me", "-m", "x")
+    assert code == 2 and "the terminal (cli) runs no scheduled jobs" in said
+    code, said = _cron_add(capsys, config, "--every", "3600", "-s", "discord:5", "-m", "x")
+    assert code == 0
+    assert "warning: channel discord is not enabled (channels.discord.enabled" in said
+
+
+async def test_a_heartbeat_with_no_chat_warns_once_and_only_when_it_has_tasks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It warned at every start until an admin was named, though it had nothing to do."""
+    caplog.set_level(logging.WARNING, logger="bot.cron.scheduler")
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", heartbeat={"intervalMinutes": 30})
+    stack = build_agent(cfg, tmp_path / "config.json")
+    clock = Clock(T0)
+    sched = Scheduler(
+        cfg, JobStore(cfg.agent.state_path), stack.bus, stack.store, set(), clock=clock
+    )
+    try:
+        sched.start()
+        await sched.stop()
+        await sched.tick()
+        assert [r.getMessage() for r in caplog.records] == []  # the template has no task
+        (cfg.agent.workspace_path / "HEARTBEAT.md").write_text("- [ ] check the build\n")
+        for minutes in (31, 32, 70, 200):
+            clock.now = T0 + timedelta(minutes=minutes)
+            await sched.tick()
+        [warning] = [r.getMessage() for r in caplog.records]
+        assert "HEARTBEAT.md has open tasks" in warning and "heartbeat.deliverTo" in warning
+        assert queued(stack) == []
+    finally:
+        await stack.close()
+
+
+async def test_a_heartbeat_told_to_deliver_to_a_channel_not_running_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bot.cron.scheduler")
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", heartbeat={"deliverTo": "discord:5"})
+    stack = build_agent(cfg, tmp_path / "config.json")
+    sched = Scheduler(cfg, JobStore(cfg.agent.state_path), stack.bus, stack.store, {"telegram"})
+    try:
+        sched.start()
+        await sched.stop()
+    finally:
+        await stack.close()
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "heartbeat.deliverTo is discord:5" in warning and "channels.discord" in warning

@@ -127,8 +127,8 @@ def test_broken_installation_is_explained_and_fix_repairs_it(
     assert fixed.returncode == 1, fixed.stdout  # the LLM and the token are still wrong
     assert mode(cfg) == 0o600 and mode(tmp_path / "ws") == 0o700
     assert mode(tmp_path / "state") == 0o700
-    assert f"✓ session telegram:1 ({corrupt}): repaired (1 messages kept)" in fixed.stdout
-    assert f"✓ session telegram:2 ({torn}): repaired (1 messages kept)" in fixed.stdout
+    assert f"✓ session telegram:1 ({corrupt}): repaired (1 message kept)" in fixed.stdout
+    assert f"✓ session telegram:2 ({torn}): repaired (1 message kept)" in fixed.stdout
     assert scan_session(corrupt.read_bytes()).bad_lines == []
     assert not scan_session(torn.read_bytes()).torn_tail
     assert list(corrupt.parent.glob(f"{corrupt.name}.corrupt-*")), "the original is kept aside"

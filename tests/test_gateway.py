@@ -60,3 +60,20 @@ def test_single_instance_and_graceful_stop(tmp_path: Path, llm: FakeLLMThread) -
         assert not (tmp_path / "state" / "gateway.json").exists()
     finally:
         first.kill()
+
+
+def test_status_says_when_a_live_gateways_snapshot_is_old(tmp_path: Path, capsys) -> None:
+    from bot.cli import cmd_status
+    from bot.gateway import STATUS_FILE, write_status
+    from tests.helpers import make_config
+
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg.agent.state_path.mkdir(parents=True)
+    snapshot = {"pid": os.getpid(), "updated_at": time.time() - 600, "channels": {}}
+    write_status(cfg.agent.state_path / STATUS_FILE, snapshot)
+    cmd_status(cfg, tmp_path / "config.json")
+    out = capsys.readouterr().out
+    assert f"running (pid {os.getpid()}), but its status was last written 10 min ago" in out
+    write_status(cfg.agent.state_path / STATUS_FILE, {**snapshot, "updated_at": time.time()})
+    cmd_status(cfg, tmp_path / "config.json")
+    assert f"running (pid {os.getpid()})\n" in capsys.readouterr().out

@@ -26,6 +26,7 @@ from tests.helpers.nanobot_shapes import (
     NANOBOT_AUTHOR,
     nanobot_config,
     nanobot_home,
+    nanobot_recent_config,
     nanobot_workspace,
 )
 
@@ -286,3 +287,45 @@ def test_nanobot_heartbeat_setting_is_translated() -> None:
     assert every.config["heartbeat"] == {"intervalMinutes": 10}
     off = translate_config({"gateway": {"heartbeat": {"enabled": False, "intervalS": 600}}})
     assert off.config["heartbeat"] == {"intervalMinutes": 0}
+
+
+def test_a_recent_nanobot_config_maps_every_setting_with_a_memobot_home() -> None:
+    """Streaming, the zone, idle compaction, Dream's interval, the provider's headers and
+    proxy, the web tools' switch: carried over; none of them listed as having no home."""
+    t = translate_config(nanobot_recent_config(Path("/w"), "http://127.0.0.1:9/v1"))
+    cfg = parse_config(t.config)
+    assert cfg.agent.timezone == "UTC"
+    assert cfg.channels.telegram.streaming is False
+    assert cfg.channels.telegram.stream_edit_interval_seconds == 0.6
+    assert cfg.channels.discord.allow_channels == ["111222333"]
+    assert cfg.memory.idle_compact_minutes == 15
+    assert cfg.memory.dream.interval_minutes == 120 and cfg.memory.dream.enabled is True
+    assert cfg.llm.headers == {"X-Team": "bees"}
+    assert cfg.llm.proxy == "http://127.0.0.1:3128"
+    assert cfg.tools.web.enabled is False
+    dropped = dict(t.dropped)
+    carried = (
+        "agents.defaults.timezone", "agents.defaults.timezoneMode",
+        "agents.defaults.idleCompactAfterMinutes", "agents.defaults.dream",
+        "agents.defaults.dream.intervalH", "channels.telegram.streaming",
+        "channels.telegram.streamEditInterval", "channels.discord.allowChannels",
+        "channels.discord.streaming", "providers.custom.extraHeaders", "providers.custom.proxy",
+        "tools.web.enable",
+    )  # fmt: skip
+    assert [p for p in carried if p in dropped] == []
+    # What has no home is still listed, each by its path.
+    for path in ("agents.defaults.botName", "channels.telegram.reactEmoji", "api", "gateway.port"):
+        assert path in dropped, path
+
+
+def test_nanobot_timezone_auto_follows_the_system_zone_as_memobot_does() -> None:
+    auto = {"agents": {"defaults": {"timezone": "Asia/Tokyo", "timezoneMode": "auto"}}}
+    t = translate_config(auto)
+    assert "timezone" not in t.config["agent"]  # "": the system's zone, as nanobot's auto
+    assert "Asia/Tokyo" in dict(t.notes)["agent.timezone"]
+    manual = translate_config({"agents": {"defaults": {"timezone": "Asia/Tokyo"}}})
+    assert manual.config["agent"]["timezone"] == "Asia/Tokyo"
+    bad = translate_config({"agents": {"defaults": {"timezone": "Mars/Base"}}})
+    assert "agents.defaults.timezone" in dict(bad.dropped)
+    old = translate_config({"agents": {"defaults": {"memoryWindow": 50, "sessionTtlMinutes": 0}}})
+    assert old.config["memory"] == {"consolidateAtMessages": 50, "idleCompactMinutes": 0}

@@ -534,6 +534,18 @@ async def test_conflict_is_logged_and_polling_continues(tmp_path, llm, api, capl
     )
 
 
+async def test_connected_again_once_the_conflict_is_over(tmp_path, llm, api):
+    """After a 409 the next long poll is accepted: the channel is "connected" while that poll
+    waits, not "reconnecting (409 Conflict)" until it returns pollTimeoutSeconds later."""
+    api.fail("getUpdates", 409)
+    async with running(tmp_path, llm, api, pollTimeoutSeconds=30) as tg:
+        await api.wait_for_async(lambda: any(c.status == 409 for c in api.calls("getUpdates")))
+        await api.wait_for_async(lambda: "409" in tg.channel.state_detail)
+        assert tg.channel.state == "reconnecting"
+        await api.wait_for_async(lambda: tg.channel.state == "connected", 8)
+        assert tg.channel.state_detail == ""
+
+
 async def test_connected_at_once_and_back_after_network_errors(tmp_path, llm, api, caplog):
     caplog.set_level(logging.INFO)
     async with running(tmp_path, llm, api, pollTimeoutSeconds=30) as tg:
@@ -610,6 +622,39 @@ def _status_when_written(config: Path) -> str:
 
     wait_for(connected, within=8)
     return run_memobot("status", config=config).stdout
+
+
+def test_status_follows_the_channel_at_once_and_a_killed_gateways_is_old(tmp_path):
+    """`memobot status` showed "starting" seconds after the log said connected: the status
+    file is written when a channel's state changes, not only every few seconds. A file a
+    killed gateway left is shown as out of date."""
+    with FakeLLM.start_in_thread() as llm, FakeBotAPI.start_in_thread() as api:
+        api.fail("getMe", 0, delay=1.5)  # connected 1.5 s after the start
+        config = tmp_path / "config.json"
+        settings = {"enabled": True, "token": api.token, "baseUrl": api.base_url,
+                    "allowFrom": [str(ALICE)], "pollTimeoutSeconds": 30}  # fmt: skip
+        config.write_text(
+            json.dumps(config_dict(tmp_path, llm.base_url, channels={"telegram": settings}))
+        )
+        state = tmp_path / "state"
+        proc = start_gateway(config)
+        try:
+            assert wait_for(lambda: read_status(state) is not None, within=20)
+            first = time.monotonic()
+
+            def connected() -> bool:
+                telegram = ((read_status(state) or {}).get("channels") or {}).get("telegram")
+                return (telegram or {}).get("state") == "connected"
+
+            assert wait_for(connected, within=10)
+            assert time.monotonic() - first < 3.5  # not the next 5 s tick
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            stop_gateway(proc)
+        shown = run_memobot("status", config=config).stdout
+    assert f"not running (pid {proc.pid} stopped without cleaning up" in shown
+    assert "connected" not in shown
 
 
 def test_sigkill_between_fetch_and_processing_loses_nothing_and_repeats_nothing(tmp_path):

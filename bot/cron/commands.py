@@ -12,7 +12,14 @@ from datetime import UTC, datetime
 
 from bot.config import Config
 from bot.cron.heartbeat import private_chat
-from bot.cron.schedule import Schedule, ScheduleError, describe_moment, zone
+from bot.cron.schedule import (
+    MIN_EVERY_SECONDS,
+    Schedule,
+    ScheduleError,
+    describe_moment,
+    describe_period,
+    zone,
+)
 from bot.cron.store import Job, Jobs, JobStore, new_job
 
 
@@ -20,7 +27,35 @@ def _session_key(raw: str) -> str:
     channel, sep, chat = raw.partition(":")
     if not (sep and channel and chat.strip()):
         raise argparse.ArgumentTypeError(f"{raw!r}: expected a session key such as telegram:123")
+    from channels.registry import specs
+
+    # Jobs run in the gateway's channels (the configured ones): a job for any other would
+    # wait for ever.
+    known = [name for name, spec in specs().items() if spec.config is not None]
+    if channel not in known:
+        what = (
+            f"the terminal ({channel}) runs no scheduled jobs"
+            if channel in specs()
+            else f"memobot has no channel {channel!r}"
+        )
+        raise argparse.ArgumentTypeError(
+            f"{raw!r}: {what}; jobs run in the gateway's channels: {', '.join(known)} "
+            "(e.g. telegram:123)"
+        )
     return raw
+
+
+def too_often(schedule: Schedule, text: bool, force: bool) -> str | None:
+    """Why ``cron add`` refuses this schedule (an agent job repeating faster than once a
+    minute without --force), or None."""
+    every = schedule.every_seconds if schedule.kind == "every" else 0
+    if text or force or not every or every >= MIN_EVERY_SECONDS:
+        return None
+    return (
+        f"--every {every} would run a model turn every {describe_period(every)}; agent jobs "
+        f"repeat at most once a minute: use --every {MIN_EVERY_SECONDS} or more, --text for "
+        "a plain reminder without the model, or --force to run it this often anyway"
+    )
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -59,6 +94,11 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     )
     add.add_argument("-m", "--message", required=True, help="the task, or with --text the text")
     add.add_argument("--text", action="store_true", help="send the message as it is, no model")
+    add.add_argument(
+        "--force",
+        action="store_true",
+        help=f"allow an agent job with --every under {MIN_EVERY_SECONDS} seconds",
+    )
     rm = csub.add_parser("remove", parents=[common], help="remove a job by its id")
     rm.add_argument("job_id")
 
@@ -95,6 +135,10 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
             cron_expr=args.cron,
             tz=args.tz or cfg.agent.timezone or zone("").key,
         )
+        refused = too_often(schedule, args.text, args.force)
+        if refused is not None:
+            print(f"memobot: {refused}", file=sys.stderr)
+            return 2
 
         def add(jobs: Jobs) -> Job:
             return new_job(
@@ -120,8 +164,13 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
         f"{job.id} scheduled for {job.session}: {schedule.describe()}; next run "
         f"{describe_moment(job.next_moment, schedule.zone, now)}"
     )
-    if job.session.partition(":")[0] not in {n for n, c in cfg.channels if c.enabled}:
-        print(f"note: channel {job.session.partition(':')[0]} is not enabled; the job waits")
+    channel = job.session.partition(":")[0]
+    if not getattr(cfg.channels, channel).enabled:
+        print(
+            f"warning: channel {channel} is not enabled (channels.{channel}.enabled in "
+            f"the config): the job waits, and runs once the gateway starts with {channel} on",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -19,6 +19,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 Kind = Literal["at", "every", "cron"]
+# The shortest period of a repeating job that runs a model turn, unless an admin insists
+# (``cron add --force``): one every few seconds is a flood of model calls and messages.
+MIN_EVERY_SECONDS = 60
 
 
 class ScheduleError(ValueError):

@@ -115,15 +115,22 @@ class Scheduler:
         self._own_write = False
         self._earliest: datetime | None = None  # no job can be due before this
         self._told: set[str] = set()  # things logged once (a waiting job, a bad store)
+        self._nowhere_seen: datetime | None = None  # the heartbeat with no chat: last look
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self.cfg.heartbeat.interval_minutes > 0 and self.deliver_to is None:
-            log.warning(
-                "heartbeat: no heartbeat.deliverTo and no Telegram admin to default to; "
-                "heartbeat results are not delivered, so the heartbeat does not run"
-            )
+        target = self.cfg.heartbeat.deliver_to
+        if self.cfg.heartbeat.interval_minutes > 0 and target:
+            channel = target.partition(":")[0]
+            if channel not in self.channels:
+                log.warning(
+                    "heartbeat: heartbeat.deliverTo is %s, but channel %s is not running in "
+                    "this gateway; its results wait until it is (enable channels.%s)",
+                    target,
+                    channel,
+                    channel,
+                )
         self._task = asyncio.create_task(self._run(), name="scheduler")
 
     async def stop(self) -> None:
@@ -161,8 +168,11 @@ class Scheduler:
         now = self.clock()
         if self._earliest is not None and now >= self._earliest:
             await self._jobs_tick(now)
-        if self.cfg.heartbeat.interval_minutes > 0 and self.deliver_to is not None:
-            await self._heartbeat(now)
+        if self.cfg.heartbeat.interval_minutes > 0:
+            if self.deliver_to is not None:
+                await self._heartbeat(now)
+            else:
+                await self._heartbeat_nowhere(now)
 
     async def _jobs_tick(self, now: datetime) -> None:
         ready: list[Job] = []  # recorded, to be published
@@ -336,6 +346,23 @@ class Scheduler:
             )
 
     # -- heartbeat -------------------------------------------------------------------------
+
+    async def _heartbeat_nowhere(self, now: datetime) -> None:
+        """No chat to tell the heartbeat's results: said once, and only once HEARTBEAT.md has
+        a task the heartbeat would run (until then it has nothing to do, and a warning at
+        every start only taught people to ignore warnings). Looked at once per interval."""
+        period = timedelta(minutes=self.cfg.heartbeat.interval_minutes)
+        if self._nowhere_seen is not None and now < self._nowhere_seen + period:
+            return
+        self._nowhere_seen = now
+        if await asyncio.to_thread(self._read_tasks):
+            self._once(
+                "heartbeat:nowhere",
+                "heartbeat: HEARTBEAT.md has open tasks, but there is no chat to tell the "
+                "results in (no heartbeat.deliverTo, and no admin of an enabled channel); "
+                "set heartbeat.deliverTo (e.g. telegram:12345) or channels.<name>.admins. "
+                "Until then the heartbeat does not run",
+            )
 
     async def _heartbeat(self, now: datetime) -> None:
         record = self._jobs.heartbeat

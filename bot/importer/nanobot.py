@@ -43,6 +43,7 @@ from bot.importer.nanobot_config import nanobot_workspace_setting, translate_con
 from bot.importer.report import Report
 from bot.memory.history import parse_entry
 from bot.private import make_private_dirs
+from bot.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +420,7 @@ def _adopt_files(p: Plan) -> None:
                 continue
             total += 1
             without += not entry.session
-        detail = f"{total} entries, read as they are (never rewritten)"
+        detail = f"{counted(total, 'entry', 'entries')}, read as they are (never rewritten)"
         if without:
             detail += f"; {without} without a session"
         if bad:
@@ -538,7 +539,8 @@ def _migrate_legacy(p: Plan) -> None:
     p.report.add(
         "converted",
         "memory/HISTORY.md",
-        f"{count} entries appended to memory/history.jsonl; kept as memory/HISTORY.md.bak",
+        f"{counted(count, 'entry', 'entries')} appended to memory/history.jsonl; kept as "
+        "memory/HISTORY.md.bak",
     )
 
 
@@ -574,7 +576,8 @@ def _import_sessions(p: Plan) -> None:
         )
         detail = (
             f"session {key}{' (key guessed from the file name)' if item.key_guessed else ''}, "
-            f"{len(item.messages)} messages ({len(item.messages) - item.last_consolidated} not yet "
+            f"{counted(len(item.messages), 'message')} "
+            f"({len(item.messages) - item.last_consolidated} not yet "
             f"archived, in the next prompt) -> {session.path}"
         )
         if item.dropped_keys:

@@ -3,11 +3,12 @@
 nanobot's schema (camelCase aliases; nanobot also accepts snake_case, so both are read)::
 
     agents.defaults.{workspace, model, provider, maxTokens, temperature, maxToolIterations,
-                     contextWindowTokens, ...}
-    providers.<name>.{apiKey, apiBase, extraHeaders}
+                     contextWindowTokens, timezone, timezoneMode, idleCompactAfterMinutes
+                     (sessionTtlMinutes), memoryWindow (older), dream.{enabled, intervalH}, ...}
+    providers.<name>.{apiKey, apiBase, extraHeaders, proxy}
     channels.{telegram, discord, slack, whatsapp, ...}.{enabled, token | botToken/appToken,
-              allowFrom, groupPolicy, proxy, ...}
-    tools.{restrictToWorkspace, exec.{timeout, enable, pathAppend}, web.{proxy, search},
+              allowFrom, groupPolicy, proxy, streaming, streamEditInterval, allowChannels, ...}
+    tools.{restrictToWorkspace, exec.{timeout, enable, pathAppend}, web.{enable, proxy, search},
            mcpServers.<name>}
     gateway.{host, port, heartbeat}
 
@@ -29,10 +30,13 @@ from pydantic import BaseModel, ValidationError
 
 from bot.config import (
     AgentConfig,
+    DreamConfig,
     ExecConfig,
     HeartbeatConfig,
     LLMConfig,
     McpServerConfig,
+    MemoryConfig,
+    WebConfig,
     WebSearchConfig,
 )
 from bot.config_base import ChannelConfig
@@ -83,6 +87,12 @@ _TOKENS: dict[str, tuple[str, ...]] = {
     "telegram": ("token",),
     "discord": ("token",),
     "slack": ("botToken", "appToken"),
+}
+# Channel settings with a memobot home of the same meaning: nanobot's key -> memobot's.
+_CHANNEL_SAME: dict[str, dict[str, str]] = {
+    "telegram": {"streaming": "streaming", "streamEditInterval": "streamEditIntervalSeconds"},
+    "discord": {"streaming": "streaming", "allowChannels": "allowChannels"},
+    "slack": {"streaming": "streaming"},
 }
 _SNAKE = re.compile(r"_([a-z0-9])")
 
@@ -214,7 +224,56 @@ class _Translator:
                 self.put(model, dest, key, defaults[src], f"agents.defaults.{src}")
         used = {"workspace", "model", "provider", "maxTokens", "temperature"}
         used |= {"contextWindowTokens", "maxToolIterations"}
+        used |= self.timezone(defaults) | self.memory(defaults)
         self.leftovers("agents.defaults", defaults, used, "no memobot equivalent")
+
+    def timezone(self, defaults: dict[str, Any]) -> set[str]:
+        """``timezone`` and ``timezoneMode``: a zone set by hand is memobot's
+        ``agent.timezone``; nanobot's "auto" follows the system's zone, as memobot's ""."""
+        zone_name = defaults.get("timezone")
+        mode = defaults.get("timezoneMode") or ("manual" if zone_name else "auto")
+        if mode == "auto":
+            if zone_name:
+                self.result.notes.append(
+                    (
+                        "agent.timezone",
+                        f'"" (the system\'s zone): nanobot\'s timezoneMode "auto" followed the '
+                        f"system, which was {zone_name} when it last wrote its config",
+                    )
+                )
+        elif isinstance(zone_name, str) and zone_name:
+            self.put(
+                AgentConfig, self.out["agent"], "timezone", zone_name, "agents.defaults.timezone"
+            )
+        return {"timezone", "timezoneMode"}
+
+    def memory(self, defaults: dict[str, Any]) -> set[str]:
+        """Idle compaction, the consolidation window and Dream's schedule: memobot's
+        ``memory`` section."""
+        memory: dict[str, Any] = {}
+        for src in ("idleCompactAfterMinutes", "sessionTtlMinutes"):
+            if defaults.get(src) is not None:  # two names of one nanobot setting
+                where = f"agents.defaults.{src}"
+                self.put(MemoryConfig, memory, "idleCompactMinutes", defaults[src], where)
+        if defaults.get("memoryWindow") is not None:
+            where = "agents.defaults.memoryWindow"
+            self.put(MemoryConfig, memory, "consolidateAtMessages", defaults["memoryWindow"], where)
+        dream = defaults.get("dream")
+        if isinstance(dream, dict):
+            out: dict[str, Any] = {}
+            if isinstance(dream.get("enabled"), bool):
+                out["enabled"] = dream["enabled"]
+            hours = dream.get("intervalH")
+            if isinstance(hours, int | float) and not isinstance(hours, bool):
+                where = "agents.defaults.dream.intervalH"
+                self.put(DreamConfig, out, "intervalMinutes", hours * 60, where)
+            if out:
+                memory["dream"] = out
+            why = "memobot's Dream runs every memory.dream.intervalMinutes with the main model"
+            self.leftovers("agents.defaults.dream", dream, {"enabled", "intervalH"}, why)
+        if memory:
+            self.out["memory"] = memory
+        return {"idleCompactAfterMinutes", "sessionTtlMinutes", "memoryWindow", "dream"}
 
     def provider(self, model: str, wanted: Any) -> None:
         providers = self.data.get("providers")
@@ -258,9 +317,13 @@ class _Translator:
                 self.result.notes.append(
                     ("llm.baseUrl", f"no endpoint known for provider {name!r}: set llm.baseUrl")
                 )
-            self.leftovers(
-                f"providers.{name}", chosen, {"apiKey", "apiBase"}, "no memobot equivalent"
-            )
+            if isinstance(chosen.get("extraHeaders"), dict) and chosen["extraHeaders"]:
+                where = f"providers.{name}.extraHeaders"
+                self.put(LLMConfig, llm, "headers", chosen["extraHeaders"], where)
+            if not _empty(chosen.get("proxy")):
+                self.put(LLMConfig, llm, "proxy", chosen["proxy"], f"providers.{name}.proxy")
+            used = {"apiKey", "apiBase", "extraHeaders", "proxy"}
+            self.leftovers(f"providers.{name}", chosen, used, "no memobot equivalent")
         elif usable or wanted:
             self.drop("providers", "none of them could be matched to the model; set llm.* by hand")
         for other in usable:
@@ -316,6 +379,9 @@ class _Translator:
             for key, value in web.items():
                 if key == "search" and isinstance(value, dict):
                     self.web_search(value)
+                elif key in ("enable", "enabled") and isinstance(value, bool):
+                    web_out = out.setdefault("web", {})
+                    self.put(WebConfig, web_out, "enabled", value, f"tools.web.{key}")
                 elif not _empty(value):
                     self.drop(f"tools.web.{key}", "no memobot equivalent")
         servers = tools.get("mcpServers")
@@ -421,7 +487,13 @@ class _Translator:
         out["enabled"] = enabled
         if name == "slack" and src.get("mode") not in (None, "", "socket"):
             self.drop(f"{path}.mode {src['mode']!r}", "memobot connects over Socket Mode only")
-        used = {"enabled", "allowFrom", "groupPolicy", "proxy", "mode", *_TOKENS[name]}
+        if name == "telegram" and src.get("mode") not in (None, "", "polling"):
+            self.drop(f"{path}.mode {src['mode']!r}", "memobot polls Telegram (no webhook)")
+        same = _CHANNEL_SAME.get(name, {})
+        for key, dest in same.items():
+            if src.get(key) is not None:
+                self.put(model, out, dest, src[key], f"{path}.{key}")
+        used = {"enabled", "allowFrom", "groupPolicy", "proxy", "mode", *_TOKENS[name], *same}
         self.leftovers(path, src, used, "no memobot equivalent")
         self.out["channels"][name] = out
 

@@ -39,6 +39,7 @@ from bot.session import SUFFIX, key_to_filename
 from bot.tokens import estimate_text_tokens
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry
 from bot.tools.paths import path_policy
+from bot.wording import counted
 
 if TYPE_CHECKING:
     from bot.gate import Gate
@@ -224,9 +225,10 @@ class DreamResult:
             return f"Dream {self.status}: {self.detail}"
         changes = len(self.added) + len(self.replaced) + len(self.removed) + len(self.skills)
         return (
-            f"Dream digested {self.entries} history entries: {len(self.added)} added, "
+            f"Dream digested {counted(self.entries, 'history entry', 'history entries')}: "
+            f"{len(self.added)} added, "
             f"{len(self.replaced)} replaced, {len(self.removed)} removed, "
-            f"{len(self.skills)} skills written"
+            f"{counted(len(self.skills), 'skill')} written"
             + (f" (commit {self.commit[:8]})" if self.commit else "")
             + ("." if changes else "; nothing worth keeping.")
         )
@@ -288,8 +290,8 @@ class _Edits:
             total = count_entries(self.original[file])
             if total and removed > total * MAX_REMOVED_SHARE:
                 return (
-                    f"it would remove {removed} of {total} entries from {file} (more than a "
-                    "third); nothing was changed"
+                    f"it would remove {removed} of {counted(total, 'entry', 'entries')} from "
+                    f"{file} (more than a third); nothing was changed"
                 )
         return None
 
@@ -348,7 +350,10 @@ def budget_lines(workspace: Path, max_chars: int) -> list[str]:
 
 
 def commit_message(result: DreamResult, first: int, last: int) -> str:
-    lines = [f"dream: digest history {first}..{last} ({result.entries} entries)", ""]
+    lines = [
+        f"dream: digest history {first}..{last} ({counted(result.entries, 'entry', 'entries')})",
+        "",
+    ]
     for title, items in (
         ("Added", result.added),
         ("Replaced", result.replaced),

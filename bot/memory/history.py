@@ -20,6 +20,7 @@ from typing import Any
 
 from bot import safejson, workspace_files
 from bot.session import now_iso
+from bot.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,7 @@ def parse_entry(line: bytes | str) -> HistoryEntry | None:
 
 def format_raw(messages: list[dict[str, Any]]) -> str:
     """Plain-text rendering of messages for a ``[RAW]`` archive entry (capped)."""
-    lines = [f"[RAW] {len(messages)} messages"]
+    lines = [f"[RAW] {counted(len(messages), 'message')}"]
     for m in messages:
         role = str(m.get("role", "?")).upper()
         stamp = str(m.get("timestamp", ""))[:16].replace("T", " ")

@@ -25,6 +25,7 @@ from bot.config import Config, ConfigError, default_config_path, load_config
 from bot.invocation import program
 from bot.service.checks import Check, Status
 from bot.service.probes import check_llm, check_token, proxy_for, token_probes
+from bot.wording import counted
 
 CLOCK_SKEW_LIMIT_SECONDS = 300.0
 _MARKS = {"ok": ("✓", "OK"), "warn": ("!", "WARN"), "fail": ("✗", "FAIL"), "info": ("·", "INFO")}
@@ -204,7 +205,7 @@ def _repair_session(store: Any, key: str, where: str) -> Check:
     scan = scan_session(session.path.read_bytes())
     if scan.damaged or scan.torn_tail:
         return Check("fail", f"{where}: still damaged after repair", f"inspect {session.path}")
-    return Check("ok", f"{where}: repaired ({session.count} messages kept)")
+    return Check("ok", f"{where}: repaired ({counted(session.count, 'message')} kept)")
 
 
 def check_history(cfg: Config) -> Check:
@@ -232,7 +233,7 @@ def check_history(cfg: Config) -> Check:
         )
     if tail.strip():
         return Check("warn", f"{path}: torn last line (the next archive write starts a new line)")
-    return Check("ok", f"{path}: {len(lines)} entries parse")
+    return Check("ok", f"{path}: {counted(len(lines), 'entry', 'entries')} parse")
 
 
 def check_memory_history(cfg: Config) -> Iterator[Check]:

@@ -11,12 +11,10 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from bot.config import CronConfig
-from bot.cron.schedule import Schedule, ScheduleError, describe_moment, zone
+from bot.cron.schedule import MIN_EVERY_SECONDS, Schedule, ScheduleError, describe_moment, zone
 from bot.cron.scheduler import describe_jobs
 from bot.cron.store import Job, Jobs, JobStore, new_job
 from bot.tools.base import Effects, Tool, ToolContext, ToolError
-
-MIN_EVERY_SECONDS = 60  # for chats without an admin: a job every few seconds is a flood
 
 
 class CronTool(Tool):

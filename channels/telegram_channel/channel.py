@@ -111,6 +111,10 @@ log = logging.getLogger(__name__)
 CHANNEL = "telegram"
 ALLOWED_UPDATES = ("message", "callback_query")
 POLL_MARGIN_SECONDS = 10.0  # a getUpdates silent for pollTimeout + this is restarted
+# Telegram refuses a second poller (409) and a flood at once: a getUpdates still open this
+# long after a refusal is a working connection again, though it may wait pollTimeoutSeconds
+# before it returns (until then "reconnecting (409 Conflict)" stayed after the conflict ended).
+POLL_ACCEPTED_SECONDS = 2.0
 OFFSET_SAVE_SECONDS = 1.0  # the saved offset is a shortcut for the first poll after a restart
 # Chats of one batch taken in at once: about the worker threads that store them; more would
 # only queue there, ahead of the running turns' own writes, after a backlog of 100 updates.
@@ -493,11 +497,7 @@ class TelegramChannel(Channel):
         assert self.bot is not None
         try:
             async with asyncio.timeout(self.poll_timeout + POLL_MARGIN_SECONDS):
-                updates = await self.bot.get_updates(
-                    offset=self.offset,
-                    timeout=self.poll_timeout,
-                    allowed_updates=list(ALLOWED_UPDATES),
-                )
+                updates = await self._get_updates()
         except TimeoutError as exc:
             await self._retry_later(
                 f"getUpdates gave no answer for {self.poll_timeout + POLL_MARGIN_SECONDS:.0f} s; "
@@ -528,6 +528,25 @@ class TelegramChannel(Channel):
             except _Refused as exc:
                 await self._retry_later(f"{exc}; it stays unconfirmed and comes again", exc)
         return "ok"
+
+    async def _get_updates(self) -> Sequence[Update]:
+        """One getUpdates; when the channel is not "connected", "connected" as soon as the
+        request has stayed open ``POLL_ACCEPTED_SECONDS`` (a long poll may take
+        pollTimeoutSeconds to answer)."""
+        assert self.bot is not None
+        call = asyncio.ensure_future(
+            self.bot.get_updates(
+                offset=self.offset, timeout=self.poll_timeout, allowed_updates=list(ALLOWED_UPDATES)
+            )
+        )
+        try:
+            if self.state != "connected":
+                done, _ = await asyncio.wait({call}, timeout=POLL_ACCEPTED_SECONDS)
+                if not done:
+                    self._set_state("connected")
+            return await call
+        finally:
+            call.cancel()  # a stop or the poll's timeout: the request goes with it
 
     async def _conflict(self, exc: Conflict) -> None:
         assert self.bot is not None

@@ -177,6 +177,113 @@ def nanobot_config(workspace: Path, api_base: str) -> dict[str, Any]:
     }
 
 
+def nanobot_recent_config(workspace: Path, api_base: str) -> dict[str, Any]:
+    """A config as a recent nanobot (0.3.x, mid-2026) writes it: ``model_dump(by_alias=True)``
+    of its schema, every default spelt out, with the settings a person changed."""
+    return {
+        "agents": {
+            "defaults": {
+                "workspace": str(workspace),
+                "modelPreset": None,
+                "model": "fake-model",
+                "provider": "custom",
+                "maxTokens": 8192,
+                "contextWindowTokens": 65536,
+                "contextBlockLimit": None,
+                "temperature": 0.1,
+                "fallbackModels": [],
+                "maxToolIterations": 200,
+                "maxConcurrentSubagents": 1,
+                "failOnToolError": True,
+                "maxToolResultChars": 16000,
+                "providerRetryMode": "standard",
+                "toolHintMaxLength": 40,
+                "reasoningEffort": None,
+                "timezone": "UTC",
+                "timezoneMode": "manual",
+                "botName": "nanobot",
+                "botIcon": "🐈",
+                "unifiedSession": False,
+                "disabledSkills": [],
+                "idleCompactAfterMinutes": 15,
+                "idleCompactCheckIntervalSeconds": 60,
+                "consolidationRatio": 0.5,
+                "dream": {"enabled": True, "intervalH": 2, "modelOverride": None},
+            }
+        },
+        "channels": {
+            "sendProgress": True,
+            "sendToolHints": True,
+            "showReasoning": True,
+            "extractDocumentText": True,
+            "sendMaxRetries": 3,
+            "transcriptionProvider": "groq",
+            "transcriptionLanguage": None,
+            "telegram": {
+                "enabled": True,
+                "token": "123456:ABC-DEF1234ghIkl-zyx57W2v1u123ew11",
+                "mode": "polling",
+                "allowFrom": ["123456789"],
+                "proxy": None,
+                "replyToMessage": False,
+                "reactEmoji": "👀",
+                "groupPolicy": "mention",
+                "connectionPoolSize": 32,
+                "poolTimeout": 5.0,
+                "streaming": False,
+                "inlineKeyboards": False,
+                "richMessages": False,
+                "streamEditInterval": 0.6,
+                "webhookUrl": "",
+            },
+            "discord": {
+                "enabled": False,
+                "token": "",
+                "allowFrom": [],
+                "allowChannels": ["111222333"],
+                "intents": 37377,
+                "groupPolicy": "mention",
+                "streaming": True,
+            },
+        },
+        "transcription": {"enabled": True, "provider": None, "maxDurationSec": 120},
+        "providers": {
+            "custom": {
+                "apiKey": "sk-nano-test",
+                "apiBase": api_base,
+                "apiType": "auto",
+                "extraHeaders": {"X-Team": "bees"},
+                "extraBody": None,
+                "extraQuery": None,
+                "proxy": "http://127.0.0.1:3128",
+                "thinkingStyle": None,
+            },
+        },
+        "api": {"host": "127.0.0.1", "port": 8900, "timeout": 120.0, "apiKey": ""},
+        "gateway": {
+            "host": "127.0.0.1",
+            "port": 18790,
+            "restartMode": "auto",
+            "heartbeat": {"enabled": True, "intervalS": 1800, "keepRecentMessages": 8},
+        },
+        "tools": {
+            "web": {
+                "enable": False,
+                "proxy": None,
+                "userAgent": None,
+                "search": {"provider": "duckduckgo", "apiKey": "", "maxResults": 5},
+                "fetch": {"useJinaReader": True},
+            },
+            "exec": {"enable": True, "timeout": 60, "pathAppend": "", "sandbox": ""},
+            "maxSessionMessagesPerMinute": 6,
+            "restrictToWorkspace": True,
+            "mcpServers": {},
+            "ssrfWhitelist": [],
+        },
+        "modelPresets": {},
+    }
+
+
 def _jsonl(rows: list[dict[str, Any]]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 

@@ -34,6 +34,7 @@ from bot.long_answers import kept_where
 from channels.access import question_view
 from channels.base import Channel
 from channels.errors import (
+    AcceptedUnreadable,
     FatalChannelError,
     FormattingRejected,
     PermanentError,
@@ -360,6 +361,9 @@ class Delivery:
                     msg.session_key,
                     wait,
                 )
+            except AcceptedUnreadable as exc:
+                log.warning("counted as sent session=%s: %s", msg.session_key, exc)
+                return
             except (PermanentError, FatalChannelError):
                 raise
             except Exception as exc:  # TransientError, and whatever else an SDK raises

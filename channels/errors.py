@@ -50,6 +50,13 @@ class FeatureUnavailable(PermanentError):
         self.method = method
 
 
+class AcceptedUnreadable(SendError):
+    """The platform answered the call with success, but the SDK could not read the answer (a
+    self-hosted server or a proxy answering in another shape): the call took effect. For a new
+    message that means it is in the chat; sending it again would show it twice (DESIGN.md 11),
+    so the one retry policy counts it as sent."""
+
+
 class UnexpectedError(PermanentError):
     """A send kept failing with an exception outside this vocabulary (a bug in the SDK, an
     answer of a shape it cannot read): given up after a few tries, like a permanent refusal,

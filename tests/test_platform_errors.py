@@ -190,13 +190,6 @@ async def test_an_edit_answered_with_null_does_not_hold_the_chat(tmp_path, llm, 
         assert len(final_edits) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an exception outside the vocabulary is retried like any failure, also when the "
-    "platform answered 200 and only the SDK could not read the answer: a new message is then "
-    "sent again (DESIGN.md 11: a permanent message may never appear twice). Telling that "
-    "case apart (the request got a 2xx answer) and not sending again is a design call",
-)
 async def test_a_message_the_platform_took_but_answered_oddly_is_not_sent_again(tmp_path, llm, api):
     llm.script(reply("The answer."))
     # The server sends the message, then answers with a result python-telegram-bot cannot

@@ -30,12 +30,14 @@ costs about 0.25 ms of CPU on aiohttp against 1.6 ms on httpx, and a reply takes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import re
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -81,6 +83,7 @@ from channels.access import (
 )
 from channels.base import Channel, PreviewMode, State
 from channels.errors import (
+    AcceptedUnreadable,
     FatalChannelError,
     PermanentError,
     SendError,
@@ -249,6 +252,14 @@ def _file_ext(att: _Attachment, file_path: str | None) -> str:
     return att.default_ext or ".bin"
 
 
+# The HTTP statuses Telegram answered during the platform call in progress
+# (TelegramChannel.calling), so that an answer python-telegram-bot could not read is told apart
+# from one that never came. A list, not a value: PTB may run the request in a copied context.
+_ANSWERED: ContextVar[list[int] | None] = ContextVar("telegram_answered", default=None)
+# Calls that make something new in the chat: done twice, they show twice.
+_NOT_REPEATABLE = frozenset({"sendMessage", "sendDocument"})
+
+
 class AiohttpRequest(BaseRequest):
     """python-telegram-bot's networking on an aiohttp session (see the module docstring).
 
@@ -336,7 +347,10 @@ class AiohttpRequest(BaseRequest):
                 proxy=self._http_proxy,
                 timeout=self._timeout(read_timeout, connect_timeout, pool_timeout),
             ) as response:
-                return response.status, await response.read()
+                body = await response.read()
+                if (answered := _ANSWERED.get()) is not None:
+                    answered.append(response.status)
+                return response.status, body
         except TimeoutError as exc:
             raise TimedOut(f"no answer from Telegram in time ({type(exc).__name__})") from exc
         except aiohttp.ClientError as exc:
@@ -862,9 +876,26 @@ class TelegramChannel(Channel):
                 chat, InputFile(data, filename=Path(path).name), message_thread_id=thread
             )
 
+    @contextlib.contextmanager
+    def calling(self, method: str) -> Iterator[None]:
+        token = _ANSWERED.set([])
+        try:
+            with super().calling(method):
+                yield
+        finally:
+            _ANSWERED.reset(token)
+
     def classify(self, exc: Exception, method: str) -> SendError | FatalChannelError | None:
         if not isinstance(exc, TelegramError):
-            return None  # not an answer of Telegram's (AttributeError on an odd result...)
+            # Not an answer of Telegram's: a bug, or an answer PTB could not read
+            # (AttributeError on an odd result). After a 200, a new message is in the chat.
+            answered = _ANSWERED.get() or []
+            if method in _NOT_REPEATABLE and answered[-1:] == [200]:
+                return AcceptedUnreadable(
+                    f"{method}: Telegram answered 200, but its answer could not be read "
+                    f"({type(exc).__name__}: {exc})"
+                )
+            return None
         if isinstance(exc, ChatMigrated):
             log.warning(
                 "telegram: %s: the chat moved to supergroup %s; answers to the old id fail",

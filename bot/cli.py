@@ -94,7 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="create the config file and the workspace",
         description="Create the config file (mode 0600) and the workspace, or update the given "
         "fields of an existing config. With no LLM configured and no LLM flags, asks for the "
-        "endpoint, key and model in a terminal (presets: OpenAI, Ollama, vLLM, OpenRouter).",
+        "endpoint, key and model in a terminal (presets: OpenAI, Ollama, vLLM, OpenRouter). "
+        "A new or changed model is asked one question before the config is saved (on a "
+        "failure, a terminal is asked whether to save anyway). In a terminal, with no chat "
+        "channel enabled yet, asks which channels to connect (Telegram, Discord, Slack), "
+        "checks their tokens live and finds your own user id (Telegram: you message the "
+        "bot), so the bot answers you; without your id, newcomers get a pairing code.",
     )
     onboard.add_argument(
         "--workspace",
@@ -108,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     onboard.add_argument(
         "--state-dir",
         help="memobot's own records: sessions, search index (default: beside the config file)",
+    )
+    onboard.add_argument(
+        "--api-url",
+        action="append",
+        default=[],
+        metavar="CHANNEL=URL",
+        help="for the channel step: a self-hosted or test API server, e.g. "
+        "telegram=http://localhost:8081/bot (channels.telegram.baseUrl)",
     )
 
     agent = sub.add_parser(
@@ -155,8 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     from bot.memory.commands import add_parsers
 
     add_parsers(sub, common)
+    from bot import onboard as onboard_steps
     from bot import pairing
 
+    onboard_steps.add_parsers(sub, common)
     pairing.add_parsers(sub, common)
     from bot.cron import commands as cron_commands
 
@@ -230,6 +245,10 @@ def _main(argv: list[str] | None) -> int:
             return service_commands.run(args)
         if args.command == "onboard":
             return cmd_onboard(args, config_path)
+        if args.command == "channels":
+            from bot import onboard as onboard_steps
+
+            return onboard_steps.run_channels(args, config_path)
         if args.command == "import":  # writes the config: it need not exist yet
             from bot.importer import commands as import_commands
 
@@ -385,15 +404,41 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
     except MemoryRepoError as exc:
         print(f"memobot: {exc}", file=sys.stderr)
         return 1
+    from getpass import getpass
+
+    from bot import onboard as steps
+    from channels import registry
+
+    try:
+        api_urls = _api_urls(args.api_url)
+    except ValueError as exc:
+        print(f"memobot onboard: error: {exc}", file=sys.stderr)
+        return EX_USAGE
     llm_flags = (args.base_url, args.api_key, args.model)
     no_llm = not (cfg.llm.resolved_api_key() or cfg.llm.resolved_base_url())
-    if no_llm and all(v is None for v in llm_flags) and sys.stdin.isatty() and sys.stdout.isatty():
-        try:
+    llm_new = not existed or any(v is not None for v in llm_flags)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    plans: list[steps.ChannelPlan] = []
+    try:
+        if no_llm and all(v is None for v in llm_flags) and interactive:
             ask_llm(cfg)
-        except (EOFError, KeyboardInterrupt):
-            print("\nNothing written.", file=sys.stderr)
-            return EX_INTERRUPTED
-        changed, no_llm = True, False
+            changed, no_llm, llm_new = True, False, True
+        # Before anything is written: a model that cannot answer is found now, not at the
+        # first message.
+        if llm_new and not no_llm:
+            if not steps.model_check(cfg, config_path, input if interactive else None):
+                print(
+                    "Nothing written. Start the model's server or fix the answers, then run "
+                    f"{command_for(config_path, 'onboard')} again.",
+                    file=sys.stderr,
+                )
+                return EX_FAILED
+        if interactive and not registry.enabled(cfg):
+            plans = steps.ask_channels(cfg, config_path, input, getpass, api_urls)
+            changed = changed or bool(plans)
+    except (EOFError, KeyboardInterrupt):
+        print("\nNothing written.", file=sys.stderr)
+        return EX_INTERRUPTED
     if changed:
         save_config(cfg, config_path)
         print(f"Wrote config (mode 0600): {config_path}")
@@ -412,7 +457,30 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
     if no_llm:
         print(_llm_flags_help(config_path))
     print(f"Then chat: {command_for(config_path, 'agent')}")
+    for line in steps.next_steps(cfg, config_path, plans):
+        print(line)
+    if not registry.enabled(cfg):
+        add = command_for(config_path, "channels add telegram --token TOKEN --owner YOUR_ID")
+        print(f"To answer on Telegram, Discord or Slack: {add} (see channels add --help)")
     return 0
+
+
+def _api_urls(given: list[str]) -> dict[str, str]:
+    """``--api-url CHANNEL=URL`` options as {channel: url}; ValueError names a wrong one."""
+    from bot.onboard import setup_specs
+
+    takes = [n for n, s in setup_specs().items() if s.setup and s.setup.url_field]
+    urls: dict[str, str] = {}
+    for item in given:
+        name, sep, url = item.partition("=")
+        name = name.strip().lower()
+        if not sep or name not in takes or not url.strip():
+            raise ValueError(
+                f"--api-url {item!r}: expected CHANNEL=URL with CHANNEL one of "
+                f"{', '.join(takes)}, e.g. telegram=http://localhost:8081/bot"
+            )
+        urls[name] = url.strip()
+    return urls
 
 
 # -- agent -----------------------------------------------------------------------------------

@@ -46,8 +46,9 @@ class ChannelConfig(ConfigModel):
     # "typing..." only for an answer not there within this time: Telegram asks bots to show
     # it only when an answer takes noticeable time, and a quick answer then costs no call.
     typing_delay_seconds: float = Field(1.0, ge=0, le=60)
-    # "pairing": a stranger's private message gets a one-time code the owner approves.
-    dm_policy: Literal["allowlist", "pairing"] = "allowlist"
+    # "pairing": a stranger's private message gets a one-time code the owner approves; unset:
+    # "pairing" while allowFrom is empty, else "allowlist" (channels.access.dm_policy_of).
+    dm_policy: Literal["allowlist", "pairing"] | None = None
     # The tools offered in group chats (globs); None: the tools that touch no workspace file
     # (by their declared effects: bot.gate.approval.offered_by_default) and tools.safeMcpTools.
     group_tools: list[str] | None = None

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from bot.bus import OutboundMessage
 from bot.gate.question import SHOW_ALL, QuestionView
@@ -19,6 +19,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DENIAL_LOG_INTERVAL = 3600.0  # one log line per denied sender per hour
+DmPolicy = Literal["allowlist", "pairing"]
+
+
+def default_dm_policy(allow_from: Iterable[str]) -> DmPolicy:
+    """The dmPolicy of a section that does not set one: nobody listed yet means a newcomer
+    would meet silence, so strangers get a pairing code; a list means the owner chose."""
+    return "allowlist" if any(True for _ in allow_from) else "pairing"
+
+
+def dm_policy_of(section: ChannelConfig) -> DmPolicy:
+    """The dmPolicy ``section`` (``channels.<name>``) works with, set or defaulted."""
+    return section.dm_policy or default_dm_policy(section.allow_from)
 
 
 class AccessPolicy:
@@ -30,14 +42,16 @@ class AccessPolicy:
         allow_from: Iterable[str],
         admins: Iterable[str] | None = None,
         pairing: PairingStore | None = None,
-        dm_policy: str = "allowlist",
+        dm_policy: DmPolicy | None = "allowlist",
     ) -> None:
         """``pairing``: ids approved through pairing count as listed (whatever the policy);
-        with ``dm_policy`` "pairing" a stranger's private message gets a code."""
+        with ``dm_policy`` "pairing" a stranger's private message gets a code; None (the
+        config left it unset): "pairing" while ``allow_from`` is empty, else "allowlist"."""
         self.channel = channel
         self.pairing = pairing
-        self.dm_policy = dm_policy
+        self.configured_dm_policy = dm_policy
         self.allow = frozenset(allow_from)
+        self.dm_policy: DmPolicy = dm_policy or default_dm_policy(self.allow)
         self.admins = frozenset(self.allow if admins is None else admins)
         self.open = "*" in self.allow
         self._denied_logged: dict[str, float] = {}
@@ -55,10 +69,14 @@ class AccessPolicy:
 
     def reloaded(self, section: ChannelConfig) -> AccessPolicy:
         """This policy with ``section``'s allowFrom and admins (a SIGHUP reload), keeping
-        what only a restart changes: the pairing store and the dmPolicy. Refused senders
-        already logged this hour stay quiet."""
+        what only a restart changes: the pairing store and the configured dmPolicy (an unset
+        one follows the new allowFrom). Refused senders already logged this hour stay quiet."""
         policy = AccessPolicy(
-            self.channel, section.allow_from, section.admin_ids, self.pairing, self.dm_policy
+            self.channel,
+            section.allow_from,
+            section.admin_ids,
+            self.pairing,
+            self.configured_dm_policy,
         )
         policy._denied_logged = self._denied_logged
         return policy
@@ -70,10 +88,18 @@ class AccessPolicy:
                 "(and its tools)",
                 self.channel,
             )
+        elif not self.allow and self.dm_policy == "pairing":
+            log.warning(
+                "channel %s: allowFrom is empty: a private message from anyone gets a pairing "
+                "code, logged here and listed by `memobot pairing list`; approve it with "
+                "`memobot pairing approve CODE`",
+                self.channel,
+            )
         elif not self.allow:
             log.warning(
                 "channel %s: allowFrom is empty, so every sender is refused; denied senders' "
-                "ids are logged so you can add them",
+                'ids are logged so you can add them (or set channels.%s.dmPolicy to "pairing")',
+                self.channel,
                 self.channel,
             )
 

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class TokenProbe:
-    """One small request that says whether a token is accepted (``memobot doctor``)."""
+    """One small request to a platform's API with a secret in it: whether a token is accepted
+    (``memobot doctor``, ``memobot channels add``), or who wrote to the bot (``onboard``)."""
 
     channel: str  # "telegram", or "slack botToken" for one of several tokens
     method: str
@@ -31,6 +32,32 @@ class TokenProbe:
     headers: dict[str, str] = field(repr=False)
     secret: str = field(repr=False)  # never printed: removed from every message
     fix: str = ""  # where the owner finds the right value, when the platform refused it
+
+
+@dataclass(frozen=True, slots=True)
+class Person:
+    id: str  # the stable user id allowFrom takes
+    name: str  # as shown to the owner: "@alice (Alice Smith)"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerSearch:
+    """How ``memobot onboard`` finds the owner's id: the owner writes to the bot privately and
+    a request that leaves the messages where they are (the gateway answers them later) shows
+    who wrote."""
+
+    request: Callable[[Any, int], TokenProbe]  # (section, seconds to long-poll) -> request
+    senders: Callable[[Any], list[Person]]  # its JSON answer -> who wrote privately, in order
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What ``memobot onboard`` and ``memobot channels add`` ask for and tell the owner."""
+
+    tokens: tuple[tuple[str, str], ...]  # (section field, where the owner gets that token)
+    id_help: str  # where the owner finds their own user id on the platform
+    url_field: str = ""  # the section's API address (a self-hosted or test server), if any
+    owner_search: OwnerSearch | None = None
 
 
 def _never(chat: str) -> bool:
@@ -65,6 +92,7 @@ class ChannelSpec:
     owner_chat: Callable[[str, Any], bool] = field(default=_not_owner)
     # The chat id where notices for the owner go by default, when the section names one.
     admin_chat: Callable[[Any], str | None] = field(default=_nowhere)
+    setup: Setup | None = None  # None: not set up from the command line (the terminal)
 
     def section(self, cfg: Config) -> ChannelConfig | None:
         return getattr(cfg.channels, self.name, None) if self.config is not None else None

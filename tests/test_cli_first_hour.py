@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import select
 import signal
 import stat
 import subprocess
@@ -18,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, error, hang, reply
-from tests.helpers import REPO, config_dict, write_config
+from tests.helpers import REPO, closed_port, config_dict, write_config
+from tests.helpers.console import Pty
 
 VENV_MEMOBOT = Path(sys.executable).parent / "memobot"
 
@@ -58,61 +57,11 @@ def cli(
     )
 
 
-class Pty:
-    """A child process on a pseudo-terminal: what a person at a terminal sees and types."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path = REPO) -> None:
-        self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child: become the command
-            os.chdir(cwd)
-            os.execve(argv[0], argv, env)
-        self.out = b""
-
-    def read_until(self, needle: str, timeout: float = 20) -> str:
-        end = time.monotonic() + timeout
-        while needle.encode() not in self.out:
-            left = end - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"{needle!r} never appeared; output so far:\n{self.text}")
-            ready, _, _ = select.select([self.fd], [], [], left)
-            if ready:
-                try:
-                    chunk = os.read(self.fd, 4096)
-                except OSError:  # EIO: the child closed the terminal
-                    chunk = b""
-                if not chunk:
-                    raise AssertionError(f"{needle!r} never appeared; output:\n{self.text}")
-                self.out += chunk
-        return self.text
-
-    @property
-    def text(self) -> str:
-        return self.out.decode("utf-8", errors="replace")
-
-    def send(self, text: str) -> None:
-        os.write(self.fd, text.encode())
-
-    def wait(self, timeout: float = 20) -> int:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            try:  # keep draining so the child never blocks on a full terminal
-                ready, _, _ = select.select([self.fd], [], [], 0.05)
-                if ready:
-                    self.out += os.read(self.fd, 4096)
-            except OSError:
-                pass
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                os.close(self.fd)
-                return os.waitstatus_to_exitcode(status)
-        os.kill(self.pid, signal.SIGKILL)
-        os.waitpid(self.pid, 0)
-        raise AssertionError(f"still running after {timeout} s; output:\n{self.text}")
-
-
-def pty_memobot(*args: str, config: Path | None = None, cwd: Path = REPO) -> Pty:
+def pty_memobot(
+    *args: str, config: Path | None = None, cwd: Path = REPO, env: dict[str, str] | None = None
+) -> Pty:
     argv = [sys.executable, "-m", "bot", *(["--config", str(config)] if config else []), *args]
-    return Pty(argv, _env({"PYTHONPATH": str(REPO), "TERM": "dumb"}), cwd)
+    return Pty(argv, _env({"PYTHONPATH": str(REPO), "TERM": "dumb", **(env or {})}), cwd)
 
 
 # -- stdin of any kind -----------------------------------------------------------------------
@@ -302,6 +251,12 @@ def test_onboard_asks_for_the_llm_in_a_terminal(tmp_path: Path) -> None:
     term.send("\r")  # keep the preset's URL
     term.read_until("Model")
     term.send("qwen2.5\r")
+    # Nothing listens there: said before anything is written, and saved only when asked to.
+    term.read_until("Save this config anyway? [y/N]")
+    assert "✗ LLM http://localhost:11434/v1 unreachable" in term.text
+    term.send("y\r")
+    term.read_until("Which ones?")
+    term.send("\r")  # no chat channel
     assert term.wait() == 0, term.text
     llm = json.loads(cfg.read_text())["llm"]
     assert llm["baseUrl"] == "http://localhost:11434/v1" and llm["model"] == "qwen2.5"
@@ -310,13 +265,19 @@ def test_onboard_asks_for_the_llm_in_a_terminal(tmp_path: Path) -> None:
 
 def test_onboard_openai_preset_asks_for_the_key_unechoed(tmp_path: Path) -> None:
     cfg = tmp_path / "home" / "config.json"
-    term = pty_memobot("onboard", "--workspace", str(tmp_path / "ws"), config=cfg)
+    # The model check goes through a proxy that is not there: it never leaves this machine.
+    no_proxy = {"HTTPS_PROXY": f"http://127.0.0.1:{closed_port()}"}
+    term = pty_memobot("onboard", "--workspace", str(tmp_path / "ws"), config=cfg, env=no_proxy)
     term.read_until("Choose")
     term.send("1\r")
     term.read_until("API key")
     term.send("sk-test-abcdefghijklmnopqrstu\r")
     term.read_until("Model")
     term.send("\r")
+    term.read_until("Save this config anyway? [y/N]")
+    term.send("y\r")
+    term.read_until("Which ones?")
+    term.send("none\r")
     assert term.wait() == 0, term.text
     assert "sk-test-abcdefghijklmnopqrstu" not in term.text  # not echoed
     llm = json.loads(cfg.read_text())["llm"]

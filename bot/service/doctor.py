@@ -422,6 +422,28 @@ def check_mcp(cfg: Config, config_path: Path) -> Iterator[Check]:
         yield Check("fail", f"mcp server {st.name}: {st.detail}", fix)
 
 
+def check_channel_access(cfg: Config) -> Iterator[Check]:
+    """An enabled channel that would refuse everyone: dmPolicy "allowlist" with nobody in
+    allowFrom and nobody let in by pairing earlier."""
+    from bot.pairing import PairingStore
+    from channels import registry
+    from channels.access import dm_policy_of
+
+    for spec in registry.enabled(cfg):
+        section = spec.section(cfg)
+        if section is None or section.allow_from or dm_policy_of(section) == "pairing":
+            continue
+        if PairingStore(cfg.agent.state_path, spec.name).approved_ids():
+            continue
+        yield Check(
+            "warn",
+            f'channel {spec.name}: allowFrom is empty and dmPolicy is "allowlist": every '
+            "message is refused",
+            f"{program()} channels add {spec.name} --owner YOUR_ID (or set "
+            f'channels.{spec.name}.dmPolicy to "pairing": strangers get a code you approve)',
+        )
+
+
 def check_running_channels(cfg: Config) -> Iterator[Check]:
     """Channels the running gateway reports as failed (a token accepted here may still be
     refused there: intents, a revoked app token), and answers it could not deliver."""
@@ -486,6 +508,7 @@ def run_checks(config_path: Path | None, fix: bool) -> Iterator[Check]:
             yield Check("info", "channels: none enabled (set channels.<name>.enabled)")
         for token_probe in probes:
             yield asyncio.run(check_token(token_probe, proxy_for(cfg, token_probe)))
+        yield from check_channel_access(cfg)
         yield from check_running_channels(cfg)
     yield check_units(config_path)
     yield check_clock(server)

@@ -7,6 +7,7 @@ work", and an SDK would retry or reconnect instead of answering it.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,15 @@ from bot.urls import EndpointAccess, endpoint_access, redact_url
 from channels import registry
 from channels.spec import TokenProbe
 
-__all__ = ["LLMProbe", "TokenProbe", "check_llm", "check_token", "proxy_for", "token_probes"]
+__all__ = [
+    "LLMProbe",
+    "TokenProbe",
+    "check_llm",
+    "check_token",
+    "fetch_json",
+    "proxy_for",
+    "token_probes",
+]
 
 LLM_TIMEOUT_SECONDS = 20.0
 HTTP_TIMEOUT_SECONDS = 8.0
@@ -31,6 +40,9 @@ OPENAI_DEFAULT_BASE = "https://api.openai.com/v1"
 class LLMProbe:
     check: Check
     date_header: tuple[str, float] | None = None  # (host, server time) when the LLM answered
+    # The ids ``GET /models`` lists, when the server answered it (None: not asked, or no list).
+    models: list[str] | None = None
+    reached: bool = False  # the server answered (the model may still have refused)
 
 
 async def check_llm(cfg: Config, config_path: Path) -> LLMProbe:
@@ -60,7 +72,9 @@ async def check_llm(cfg: Config, config_path: Path) -> LLMProbe:
             [{"role": "user", "content": "Reply with the single word OK."}], max_tokens=8
         )
     except LLMRejected as exc:
-        return LLMProbe(Check("fail", f"LLM {shown} refused: {exc}", _rejected_fix(exc.status)))
+        refused = Check("fail", f"LLM {shown} refused: {exc}", _rejected_fix(exc.status))
+        _, models = await _server_info(endpoint_access(base, "llm.baseUrl"), provider.proxy)
+        return LLMProbe(refused, models=models, reached=True)
     except LLMUnavailable as exc:
         fix = "check that the server runs and llm.baseUrl is right"
         if provider.proxy:
@@ -74,7 +88,8 @@ async def check_llm(cfg: Config, config_path: Path) -> LLMProbe:
     check = Check(
         "ok", f"LLM {shown} model {llm.model} answered: {said!r} (provider {dialect}{told})"
     )
-    return LLMProbe(check, await _server_date(endpoint_access(base, "llm.baseUrl"), provider.proxy))
+    date, models = await _server_info(endpoint_access(base, "llm.baseUrl"), provider.proxy)
+    return LLMProbe(check, date, models, reached=True)
 
 
 def _rejected_fix(status: int) -> str:
@@ -85,11 +100,15 @@ def _rejected_fix(status: int) -> str:
     }.get(status, "see the error above")
 
 
-async def _server_date(access: EndpointAccess, proxy: str) -> tuple[str, float] | None:
-    """The Date header of the LLM server (any answer carries one), for the clock check; asked
-    the way the model calls go, through ``proxy`` when there is one."""
+async def _server_info(
+    access: EndpointAccess, proxy: str
+) -> tuple[tuple[str, float] | None, list[str] | None]:
+    """The Date header of the LLM server (any answer carries one), for the clock check, and
+    the model ids its ``GET /models`` lists; asked the way the model calls go, through
+    ``proxy`` when there is one."""
     import aiohttp
 
+    models: list[str] | None = None
     try:
         timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_SECONDS)
         async with (
@@ -102,10 +121,22 @@ async def _server_date(access: EndpointAccess, proxy: str) -> tuple[str, float] 
             ) as resp,
         ):
             value = resp.headers.get("Date")
+            if resp.status == 200:
+                with contextlib.suppress(ValueError, aiohttp.ContentTypeError):
+                    models = _model_ids(await resp.json(content_type=None))
     except (aiohttp.ClientError, TimeoutError):
-        return None
+        return None, None
     parsed = email.utils.parsedate_to_datetime(value) if value else None
-    return (urlsplit(access.url).hostname or access.url, parsed.timestamp()) if parsed else None
+    date = (urlsplit(access.url).hostname or access.url, parsed.timestamp()) if parsed else None
+    return date, models
+
+
+def _model_ids(body: Any) -> list[str] | None:
+    """The ids of an OpenAI-style model list ``{"data": [{"id": ...}, ...]}``; None if not one."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return None
+    return [str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")]
 
 
 def token_probes(cfg: Config) -> list[TokenProbe]:
@@ -117,21 +148,33 @@ def proxy_for(cfg: Config, probe: TokenProbe) -> str:
     return getattr(cfg.channels, probe.channel.split()[0]).proxy
 
 
+async def fetch_json(
+    probe: TokenProbe, proxy: str = "", seconds: float = HTTP_TIMEOUT_SECONDS
+) -> tuple[int, Any]:
+    """Make ``probe``'s request: (HTTP status, its JSON body; None for a 5xx). Raises
+    aiohttp.ClientConnectionError, TimeoutError or OSError when the server cannot be reached,
+    aiohttp.ClientError or ValueError for an answer that is not JSON."""
+    import aiohttp
+
+    # The channel's own rule: socks5h (the proxy resolves names) is not python-socks' scheme.
+    connector = socks_connector(proxy)
+    kwargs: dict[str, Any] = {"proxy": http_proxy(proxy)}
+    async with (
+        aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=seconds), connector=connector
+        ) as http,
+        http.request(probe.method, probe.url, headers=probe.headers, **kwargs) as resp,
+    ):
+        status = resp.status
+        return status, await resp.json(content_type=None) if status < 500 else None
+
+
 async def check_token(probe: TokenProbe, proxy: str = "") -> Check:
     import aiohttp
 
     host = urlsplit(probe.url).hostname or "?"
-    # The channel's own rule: socks5h (the proxy resolves names) is not python-socks' scheme.
-    connector = socks_connector(proxy)
-    kwargs: dict[str, Any] = {"proxy": http_proxy(proxy)}
     try:
-        timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_SECONDS)
-        async with (
-            aiohttp.ClientSession(timeout=timeout, connector=connector) as http,
-            http.request(probe.method, probe.url, headers=probe.headers, **kwargs) as resp,
-        ):
-            status = resp.status
-            body = await resp.json(content_type=None) if status < 500 else None
+        status, body = await fetch_json(probe, proxy)
     except (aiohttp.ClientConnectionError, TimeoutError, OSError) as exc:
         reason = str(exc).replace(probe.secret, "<token>") if probe.secret else str(exc)
         return Check("warn", f"{probe.channel}: cannot reach {host} (no network?): {reason}")

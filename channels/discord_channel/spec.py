@@ -5,7 +5,7 @@ owner's memory)."""
 from __future__ import annotations
 
 from channels.discord_channel.config import DiscordConfig
-from channels.spec import ChannelSpec, TokenProbe
+from channels.spec import ChannelSpec, Setup, TokenProbe
 
 NAME = "discord"
 ME_URL = "https://discord.com/api/v10/users/@me"
@@ -18,5 +18,13 @@ def token_probes(cfg: DiscordConfig) -> list[TokenProbe]:
 
 
 SPEC = ChannelSpec(
-    NAME, "channels.discord_channel.channel:DiscordChannel", DiscordConfig, token_probes
+    NAME,
+    "channels.discord_channel.channel:DiscordChannel",
+    DiscordConfig,
+    token_probes,
+    setup=Setup(
+        (("token", "Developer Portal, your application, Bot, Reset Token"),),
+        "in Discord, Settings, Advanced, Developer Mode on; then right-click your name, "
+        "Copy User ID",
+    ),
 )

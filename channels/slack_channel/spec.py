@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from channels.slack_channel.config import SlackConfig
-from channels.spec import ChannelSpec, TokenProbe
+from channels.spec import ChannelSpec, Setup, TokenProbe
 
 NAME = "slack"
 DEFAULT_API = "https://slack.com/api/"
@@ -37,5 +37,14 @@ def private_chat(chat: str) -> bool:
 
 
 SPEC = ChannelSpec(
-    NAME, "channels.slack_channel.channel:SlackChannel", SlackConfig, token_probes, private_chat
+    NAME,
+    "channels.slack_channel.channel:SlackChannel",
+    SlackConfig,
+    token_probes,
+    private_chat,
+    setup=Setup(
+        (("bot_token", BOT_TOKEN_HELP), ("app_token", APP_TOKEN_HELP)),
+        "in Slack, your profile, the ⋮ menu, Copy member ID (U...)",
+        url_field="api_url",
+    ),
 )

@@ -1,0 +1,199 @@
+"""Issue 29 item 2: a first Telegram message gets an answer. A fresh ``memobot onboard`` in a
+terminal (a pty, typed answers) with the fake Telegram and the fake LLM, then the gateway, then
+a first private message: the owner found during onboard is answered at once; without the
+owner's id, the newcomer gets a pairing code the owner approves with ``memobot pairing``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bot.config import load_config, parse_config
+from bot.pairing import ALPHABET, PairingStore
+from bot.service.doctor import check_channel_access
+from channels.access import AccessPolicy
+from tests.fakes.llm_server import FakeLLM, FakeLLMThread
+from tests.fakes.telegram_api import FakeBotAPI, FakeBotAPIThread
+from tests.helpers import (
+    REPO,
+    closed_port,
+    config_dict,
+    run_memobot,
+    start_gateway,
+    stop_gateway,
+    wait_for,
+)
+from tests.helpers.console import Pty
+
+OWNER = 4242
+NOWHERE = "http://127.0.0.1:9/v1"  # an LLM these tests never ask
+CODE = re.compile(rf"code: ([{ALPHABET}]{{8}})\n")
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMThread]:
+    with FakeLLM.start_in_thread() as server:
+        yield server
+
+
+@pytest.fixture
+def telegram() -> Iterator[FakeBotAPIThread]:
+    with FakeBotAPI.start_in_thread() as server:
+        yield server
+
+
+def onboard(config: Path, llm: FakeLLMThread, telegram: FakeBotAPIThread) -> Pty:
+    """``memobot onboard`` on a terminal: the model from flags, the channel step asked."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "MEMOBOT_"))}
+    argv = [sys.executable, "-m", "bot", "--config", str(config), "onboard"]
+    argv += ["--base-url", llm.base_url, "--api-key", "test-key", "--model", "fake-model"]
+    argv += ["--api-url", f"telegram={telegram.base_url}"]
+    term = Pty(argv, {**env, "PYTHONPATH": str(REPO), "TERM": "dumb"})
+    term.read_until("Which ones?")
+    term.send("telegram\r")
+    term.read_until("not shown")
+    term.send(telegram.token + "\r")
+    return term
+
+
+def said(telegram: FakeBotAPIThread, chat: int, text: str, within: float = 30) -> str:
+    def found() -> str | None:
+        return next(
+            (c.params["text"] for c in telegram.sent(chat) if text in c.params["text"]), None
+        )
+
+    assert wait_for(found, within), [c.params["text"] for c in telegram.sent(chat)]
+    return found() or ""
+
+
+def test_the_owner_found_in_onboard_gets_an_answer_to_the_first_message(
+    tmp_path: Path, llm: FakeLLMThread, telegram: FakeBotAPIThread
+) -> None:
+    config = tmp_path / "home" / "config.json"
+    term = onboard(config, llm, telegram)
+    term.read_until("✓ telegram: token accepted")
+    term.read_until("Find it now")
+    term.send("\r")
+    term.read_until("Send any message to your bot")
+    telegram.private_text("hello bot", user_id=OWNER, username="owner")
+    term.read_until(f"@owner (User{OWNER}), user id {OWNER}. Is that you?")
+    term.send("y\r")
+    assert term.wait() == 0, term.text
+    assert "model fake-model answered" in term.text
+    assert f"write to the bot; it answers you (user {OWNER})" in term.text
+    cfg, _ = load_config(config)
+    assert cfg.channels.telegram.enabled and cfg.channels.telegram.allow_from == [str(OWNER)]
+    gateway = start_gateway(config)
+    try:
+        # The message sent while onboard looked was left for the gateway: it is answered.
+        said(telegram, OWNER, "echo: hello bot")
+    finally:
+        stop_gateway(gateway)
+
+
+def test_without_the_owners_id_a_first_message_gets_a_code_the_owner_approves(
+    tmp_path: Path, llm: FakeLLMThread, telegram: FakeBotAPIThread
+) -> None:
+    config = tmp_path / "home" / "config.json"
+    term = onboard(config, llm, telegram)
+    term.read_until("Find it now")
+    term.send("n\r")
+    term.read_until("Enter for none")
+    term.send("\r")
+    assert term.wait() == 0, term.text
+    assert "pairing approve CODE" in term.text
+    gateway = start_gateway(config)
+    try:
+        telegram.private_text("hello bot", user_id=OWNER, username="owner")
+        code = CODE.search(said(telegram, OWNER, "code: "))
+        assert code is not None
+        assert wait_for(lambda: code[1] in (config.parent / "gateway.log").read_text(), 10)
+        listed = run_memobot("pairing", "list", config=config)
+        assert f"waiting  {code[1]}  {OWNER} (@owner)" in listed.stdout
+        approved = run_memobot("pairing", "approve", code[1], config=config)
+        assert approved.returncode == 0, approved.stderr
+        said(telegram, OWNER, "You have been approved")
+        telegram.private_text("and now?", user_id=OWNER, username="owner")
+        said(telegram, OWNER, "echo: and now?")
+    finally:
+        stop_gateway(gateway)
+
+
+# -- the default private-chat policy -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("section", "policy"),
+    [
+        ({}, "pairing"),  # nobody listed: strangers get a code, never silence
+        ({"allowFrom": ["1"]}, "allowlist"),  # the owner is listed: they chose
+        ({"dmPolicy": "allowlist"}, "allowlist"),  # written: kept as written
+        ({"allowFrom": ["1"], "dmPolicy": "pairing"}, "pairing"),
+    ],
+)
+def test_an_unset_dm_policy_pairs_only_while_nobody_is_listed(
+    tmp_path: Path, section: dict, policy: str
+) -> None:
+    cfg = parse_config(
+        config_dict(tmp_path, "http://127.0.0.1:1/v1", channels={"telegram": section})
+    )
+    access = AccessPolicy.for_channel("telegram", cfg.channels.telegram, tmp_path)
+    assert access.dm_policy == policy
+
+
+def test_a_reload_that_lists_someone_ends_the_default_pairing(tmp_path: Path) -> None:
+    cfg = parse_config(config_dict(tmp_path, NOWHERE))
+    access = AccessPolicy.for_channel("telegram", cfg.channels.telegram, tmp_path)
+    assert access.dm_policy == "pairing"
+    listed = cfg.channels.telegram.model_copy(update={"allow_from": ["1"]})
+    assert access.reloaded(listed).dm_policy == "allowlist"
+    written = cfg.channels.telegram.model_copy(update={"dm_policy": "pairing", "allow_from": ["1"]})
+    kept = AccessPolicy.for_channel("telegram", written, tmp_path)
+    assert kept.reloaded(written).dm_policy == "pairing"
+
+
+# -- doctor --------------------------------------------------------------------------------------
+
+
+def test_doctor_warns_of_a_channel_that_refuses_everyone(
+    tmp_path: Path, telegram: FakeBotAPIThread
+) -> None:
+    refusing = {
+        "enabled": True,
+        "token": telegram.token,
+        "baseUrl": telegram.base_url,
+        "dmPolicy": "allowlist",
+    }
+    config = tmp_path / "config.json"
+    data = config_dict(tmp_path, f"http://127.0.0.1:{closed_port()}/v1")
+    data["channels"] = {"telegram": refusing}
+    config.write_text(json.dumps(data))
+    done = run_memobot("doctor", config=config, env={"MEMOBOT_UNIT_DIR": str(tmp_path / "u")})
+    assert (
+        '! channel telegram: allowFrom is empty and dmPolicy is "allowlist": every message is '
+        "refused" in done.stdout
+    ), done.stdout
+    assert "fix: " in done.stdout and "channels add telegram --owner YOUR_ID" in done.stdout
+
+
+def test_doctor_is_quiet_when_someone_can_get_in(tmp_path: Path) -> None:
+    def warnings(section: dict) -> list[str]:
+        tg = {"enabled": True, "token": "1:x", **section}
+        cfg = parse_config(
+            config_dict(tmp_path, "http://127.0.0.1:1/v1", channels={"telegram": tg})
+        )
+        return [c.text for c in check_channel_access(cfg)]
+
+    assert warnings({"dmPolicy": "allowlist"})  # refuses everyone
+    assert warnings({}) == []  # pairing by default
+    assert warnings({"allowFrom": ["1"], "dmPolicy": "allowlist"}) == []
+    # Someone let in through pairing earlier still gets in.
+    store = PairingStore(tmp_path / "state", "telegram")
+    store.approve(store.request("77", "", "77") or "")
+    assert warnings({"dmPolicy": "allowlist"}) == []

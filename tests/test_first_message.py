@@ -5,6 +5,7 @@ owner's id, the newcomer gets a pairing code the owner approves with ``memobot p
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from bot.pairing import ALPHABET, PairingStore
 from bot.service.doctor import check_channel_access
 from channels.access import AccessPolicy
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread
+from tests.fakes.slack_api import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.fakes.telegram_api import FakeBotAPI, FakeBotAPIThread
 from tests.helpers import (
     REPO,
@@ -197,3 +199,101 @@ def test_doctor_is_quiet_when_someone_can_get_in(tmp_path: Path) -> None:
     store = PairingStore(tmp_path / "state", "telegram")
     store.approve(store.request("77", "", "77") or "")
     assert warnings({"dmPolicy": "allowlist"}) == []
+
+
+# -- memobot channels add ------------------------------------------------------------------------
+
+
+def test_channels_add_checks_the_token_then_writes_only_the_channel(
+    tmp_path: Path, telegram: FakeBotAPIThread
+) -> None:
+    config = tmp_path / "config.json"
+    data = config_dict(tmp_path, NOWHERE, memory={"historyKeepDays": 30})
+    data["llm"]["apiKey"] = "${MY_LLM_KEY}"  # stays a reference: never written out expanded
+    config.write_text(json.dumps(data))
+    config.chmod(0o600)
+    env = {"MY_LLM_KEY": "sk-secret-value"}
+    url = ["--api-url", telegram.base_url]
+    refused = run_memobot(
+        "channels", "add", "telegram", "--token", "1:WRONG", *url, config=config, env=env
+    )
+    assert refused.returncode == 1 and "Nothing written" in refused.stderr
+    assert json.loads(config.read_text()) == data
+    added = run_memobot(
+        "channels",
+        "add",
+        "telegram",
+        "--token",
+        telegram.token,
+        "--owner",
+        str(OWNER),
+        *url,
+        config=config,
+        env=env,
+    )
+    assert added.returncode == 0, added.stderr
+    assert "✓ telegram: token accepted" in added.stdout
+    assert "write to the bot; it answers you" in added.stdout
+    written = json.loads(config.read_text())
+    assert written["channels"] == {
+        "telegram": {
+            "enabled": True,
+            "token": telegram.token,
+            "baseUrl": telegram.base_url,
+            "allowFrom": [str(OWNER)],
+        }
+    }
+    assert {k: v for k, v in written.items() if k != "channels"} == data
+    assert config.stat().st_mode & 0o777 == 0o600
+
+
+def _add(config: Path, *argv: str) -> int:
+    from bot.cli import build_parser
+    from bot.onboard import run_channels
+
+    return run_channels(build_parser().parse_args(["channels", "add", *argv]), config)
+
+
+def test_channels_add_refuses_what_cannot_work(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "config.json"
+    assert _add(config, "telegram", "--token", "1:x") == 78  # no config yet
+    assert "onboard" in capsys.readouterr().err
+    config.write_text(json.dumps(config_dict(tmp_path, NOWHERE)))
+    assert _add(config, "slack", "--token", "xoxb-1") == 2
+    assert "slack takes --bot-token, --app-token, not --token" in capsys.readouterr().err
+    assert _add(config, "telegram", "--token", "1:x", "--owner", "@alice") == 2
+    assert "numeric user id" in capsys.readouterr().err
+    assert _add(config, "discord") == 2
+    assert "discord needs token: give --token" in capsys.readouterr().err
+    assert _add(config, "discord", "--token", "t", "--api-url", "http://x") == 2
+
+
+async def test_channels_add_slack_and_the_policy_that_refused_everyone(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    data = config_dict(tmp_path, NOWHERE)
+    # As an older onboard wrote every default: nobody listed, and an explicit allowlist.
+    data["channels"] = {"slack": {"allowFrom": [], "dmPolicy": "allowlist"}}
+    config.write_text(json.dumps(data))
+    async with FakeSlack() as slack:
+        argv = ["slack", "--bot-token", BOT_TOKEN, "--app-token", APP_TOKEN]
+        code = await asyncio.to_thread(_add, config, *argv, "--api-url", slack.api_url)
+    assert code == 0
+    section = json.loads(config.read_text())["channels"]["slack"]
+    assert section["dmPolicy"] == "pairing" and section["enabled"] is True
+    assert section["botToken"] == BOT_TOKEN and section["appToken"] == APP_TOKEN
+
+
+# -- the model, checked before onboard saves -------------------------------------------------------
+
+
+def test_onboard_says_the_model_is_unreachable_and_saves_only_when_told(tmp_path: Path) -> None:
+    config = tmp_path / "home" / "config.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "MEMOBOT_"))}
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    argv = [sys.executable, "-m", "bot", "--config", str(config), "onboard"]
+    term = Pty([*argv, "--base-url", url, "--model", "llama3.1"], {**env, "TERM": "dumb"})
+    term.read_until("Save this config anyway? [y/N]")
+    assert f"✗ LLM {url} unreachable: cannot reach the LLM endpoint" in term.text
+    term.send("\r")
+    assert term.wait() == 1, term.text
+    assert "Nothing written" in term.text and not config.exists()

@@ -538,9 +538,11 @@ async def _agent_main(
     )
     root = logging.getLogger()
     handlers = list(root.handlers)
-    if terminal.streaming and terminal.ansi and _same_terminal(sys.stdout, sys.stderr):
-        # A log line on this screen comes above the answer being written, not inside it.
-        root.handlers = [LogsAboveTheAnswer(h, terminal) for h in handlers]
+    same = _same_terminal(sys.stdout, sys.stderr)
+    if terminal.thinking or (terminal.streaming and terminal.ansi and same):
+        # A log line on this screen comes above the answer being written and the status
+        # line, not inside them; a model retry's notice is the status line.
+        root.handlers = [LogsAboveTheAnswer(h, terminal, same_screen=same) for h in handlers]
     manager = ChannelManager(stack.bus, stack.loop.ledger, [terminal])
     await manager.start()
     startup.started()

@@ -234,6 +234,47 @@ class _RetryAfterOrBackoff:
         return self._backoff(state)
 
 
+@dataclass(frozen=True, slots=True)
+class RetryNotice:
+    """A model request about to be tried again, for a person watching: the log record of each
+    retry carries one (``record.retry_notice``), so the terminal chat can show it as its
+    status line instead of a log line (channels.terminal_channel)."""
+
+    reason: str  # what failed, one line: "HTTP 503", "cannot connect"
+    unreachable: bool  # no answer at all (a connection or a timeout), not an error answer
+    retry: int  # this retry's number, from 1
+    retries: int  # how many there may be
+    delay: float  # seconds before it
+
+    def status_line(self) -> str:
+        what = "model unreachable" if self.unreachable else f"model unavailable ({self.reason})"
+        return f"{what}, retrying in {max(1, round(self.delay))} s ({self.retry}/{self.retries})..."
+
+
+def _log_retry(url: str, state: RetryCallState, tries: int, session_key: str) -> None:
+    import openai
+
+    exc = state.outcome.exception() if state.outcome else None
+    status = getattr(exc, "status_code", None)
+    notice = RetryNotice(
+        f"HTTP {status}" if status else type(exc).__name__,
+        isinstance(exc, openai.APIConnectionError),
+        state.attempt_number,
+        tries - 1,
+        state.upcoming_sleep,
+    )
+    log.warning(
+        "llm request to %s failed (%s), retry %d/%d in %.1fs session=%s",
+        url,
+        _describe(exc) if exc else "?",
+        state.attempt_number,
+        tries - 1,
+        state.upcoming_sleep,
+        session_key,
+        extra={"retry_notice": notice},
+    )
+
+
 def _describe(exc: BaseException) -> str:
     """``HTTP 500: <the server's words>``, or the exception's kind."""
     status = getattr(exc, "status_code", None)
@@ -696,15 +737,7 @@ class LLMProvider:
             stop=stop_after_attempt(tries),
             wait=_RetryAfterOrBackoff(cfg.retry.initial_delay_seconds, cfg.retry.max_delay_seconds),
             retry=retry_if_exception(lambda exc: is_retryable(exc, endpoint.dialect)),
-            before_sleep=lambda s: log.warning(
-                "llm request to %s failed (%s), retry %d/%d in %.1fs session=%s",
-                endpoint.url,
-                _describe(s.outcome.exception()) if s.outcome else "?",
-                s.attempt_number,
-                tries - 1,
-                s.upcoming_sleep,
-                session_key,
-            ),
+            before_sleep=lambda s: _log_retry(endpoint.url, s, tries, session_key),
             reraise=True,
         )
         try:

@@ -94,7 +94,10 @@ class TerminalChannel(Channel):
         self._live: LiveMarkdown | None = None  # the answer being rendered as it is written
         self._live_base = 0  # where its text starts in the streamed text
         self._waiting: dict[str, asyncio.Future[OutboundMessage]] = {}
-        self._thinking_shown = False
+        # The status line on screen under the prompt while an answer is awaited ("" for
+        # none): "thinking...", or a retry notice in its place.
+        self._status = ""
+        self._status_timer: asyncio.TimerHandle | None = None
         self._printed: dict[str | None, str] = {}  # streamed text on stdout, per answer
         self._streamed: dict[str | None, str] = {}  # the model's text behind it, per answer
         # (answer, its streamed text on the screen's last rows, from the start of their first
@@ -115,15 +118,58 @@ class TerminalChannel(Channel):
             return
         if self._printed or self._mid_line:
             return  # the answer is being printed: "thinking..." would land inside it
-        if not self._thinking_shown:
-            self.out.write(THINKING)
-            self.out.flush()
-            self._thinking_shown = True
+        if not self._status:
+            self._write_status(THINKING)
+
+    def show_status(self, text: str, lasts: float = 0.0) -> bool:
+        """Show ``text`` (one line: a retry notice) in place of "thinking..." while an answer
+        is awaited and none of it is on screen yet; "thinking..." comes back after ``lasts``
+        seconds. False when it is not shown (not a terminal, the answer is being printed,
+        or not the event loop's thread): the caller says it some other way."""
+        if (
+            not self.thinking
+            or not self._waiting
+            or self._printed
+            or self._mid_line
+            or self.closed
+            or threading.get_ident() != self._thread
+        ):
+            return False
+        line = strip_controls(" ".join(text.split()))[: max(20, self.columns() - 1)]
+        try:
+            self._erase_thinking()
+            self._write_status(line)
+        except BrokenPipeError:
+            self.closed = True
+            return True
+        if lasts > 0:
+            self._status_timer = asyncio.get_running_loop().call_later(
+                lasts, self._status_over, line
+            )
+        return True
+
+    def _status_over(self, line: str) -> None:
+        """A notice's time is up (the retry is running): "thinking..." again."""
+        if self._status != line or self.closed:
+            return
+        try:
+            self._erase_thinking()
+            self._write_status(THINKING)
+        except BrokenPipeError:
+            self.closed = True
+
+    def _write_status(self, line: str) -> None:
+        self.out.write(line)
+        self.out.flush()
+        self._status = line
 
     def _erase_thinking(self) -> None:
-        if self._thinking_shown:
-            self.out.write(ERASE_LINE if self.ansi else f"\r{' ' * len(THINKING)}\r")
-            self._thinking_shown = False
+        if self._status_timer is not None:
+            self._status_timer.cancel()
+            self._status_timer = None
+        if self._status:
+            self.out.write(ERASE_LINE if self.ansi else f"\r{' ' * len(self._status)}\r")
+            self._status = ""
 
     def _clean(self, text: str, stream: TextIO | None = None) -> str:
         clean = self.clean_err if stream is not None and stream is self.err else self.clean
@@ -234,10 +280,18 @@ class TerminalChannel(Channel):
         stays whole on the last rows, where a retried request can replace it. Written as it
         comes outside a stream, without escape sequences, or from another thread."""
         live, block = self._live, self._block
-        if self.closed or not self.ansi or threading.get_ident() != self._thread:
+        status = self._status
+        if self.closed or threading.get_ident() != self._thread:
+            live = block = None
+            status = ""
+        elif not self.ansi:
             live = block = None
         try:
-            if live is not None:
+            if status:
+                # Only the line is taken away: the notice's timer keeps running.
+                self.out.write(ERASE_LINE if self.ansi else f"\r{' ' * len(status)}\r")
+                self.out.flush()
+            elif live is not None:
                 live.erase()
             elif block is not None:
                 self._erase_block(block[1])
@@ -248,7 +302,10 @@ class TerminalChannel(Channel):
             yield
         finally:
             try:
-                if live is not None:
+                if status:
+                    self.out.write(status)
+                    self.out.flush()
+                elif live is not None:
                     raw = self._printed.get(self._live_reply, "")[self._live_base :]
                     self._live = LiveMarkdown(self.out, self.columns)
                     self._live.write(raw)
@@ -388,15 +445,28 @@ class TerminalChannel(Channel):
 
 
 class LogsAboveTheAnswer(logging.Handler):
-    """Hands each record to ``inner`` (which writes to the terminal's own screen) inside
-    ``terminal.above_the_answer()``: a log line comes above the answer being streamed."""
+    """Hands each record to ``inner`` inside ``terminal.above_the_answer()`` when ``inner``
+    writes to the terminal's own screen (``same_screen``): a log line comes above the answer
+    being streamed and above the status line, never glued to it. A record that carries a
+    retry notice (``bot.llm.RetryNotice``) becomes the status line instead, while it can be
+    shown there; on the same screen the log line would only say it again."""
 
-    def __init__(self, inner: logging.Handler, terminal: TerminalChannel) -> None:
+    def __init__(
+        self, inner: logging.Handler, terminal: TerminalChannel, same_screen: bool = True
+    ) -> None:
         super().__init__(inner.level)
         self.inner = inner
         self.terminal = terminal
+        self.same_screen = same_screen
 
     def handle(self, record: logging.LogRecord) -> bool | logging.LogRecord:
+        notice = getattr(record, "retry_notice", None)
+        if notice is not None and self.inner.level <= record.levelno:
+            shown = self.terminal.show_status(notice.status_line(), notice.delay)
+            if shown and self.same_screen:
+                return True
+        if not self.same_screen:
+            return self.inner.handle(record)
         with self.terminal.above_the_answer():
             return self.inner.handle(record)
 

@@ -343,13 +343,14 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "token(s) are checked with the platform first (nothing is written if it refuses "
         "them), the owner's id goes into allowFrom (and makes them an admin). Without "
         "--owner, a private message from someone new gets a pairing code "
-        "(memobot pairing approve CODE). Everything else in the config stays as written. A "
-        "running gateway connects the channel at its next start.",
+        "(memobot pairing approve CODE). A token the config already has may be left out "
+        "(to add --owner later). Everything else in the config stays as written. A running "
+        "gateway connects the channel at its next start.",
         epilog="Examples: channels add telegram --token 123456:ABC... --owner 987654321; "
         "channels add discord --token T; channels add slack --bot-token xoxb-... "
         "--app-token xapp-...",
     )
-    add.add_argument("channel", choices=("telegram", "discord", "slack"), help="the platform")
+    add.add_argument("channel", choices=tuple(setup_specs()), help="the platform")
     add.add_argument("--token", help="telegram, discord: the bot token")
     add.add_argument("--bot-token", help="slack: the bot token (xoxb-...)")
     add.add_argument("--app-token", help="slack: the app-level token (xapp-...), Socket Mode")

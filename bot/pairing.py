@@ -1,11 +1,11 @@
 """Pairing: a stranger's private message gets a one-time code; the owner approves it.
 
-With ``channels.<name>.dmPolicy: "pairing"`` a private message from someone allowFrom does not
-list is not processed; it is answered once with a code of 8 characters from an alphabet without
-look-alikes (no 0/O, 1/I/L), valid one hour. At most 3 codes wait per channel and a sender gets
-at most one reply per hour. ``memobot pairing approve CODE`` (or ``/approve CODE`` from an
-admin) moves the sender to the approved list, which adds to (never rewrites) the config's
-allowFrom. Groups never pair.
+With ``channels.<name>.dmPolicy: "pairing"`` (the default while allowFrom is empty) a private
+message from someone allowFrom does not list is not processed; it is answered once with a
+code of 8 characters from an alphabet without look-alikes (no 0/O, 1/I/L), valid one hour.
+At most 3 codes wait per channel and a sender gets at most one reply per hour.
+``memobot pairing approve CODE`` (or ``/approve CODE`` from an admin) moves the sender to the
+approved list, which adds to (never rewrites) the config's allowFrom. Groups never pair.
 
 One file per channel, ``<state>/pairing/<channel>.json``, written atomically (temporary file,
 fsync, rename, fsync of the folder) under an flock, so the CLI and the running gateway can both
@@ -267,8 +267,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "pairing",
         parents=[common],
         help="let new people in: list, approve or revoke pairing codes (dmPolicy pairing)",
-        description='With channels.<name>.dmPolicy "pairing", a stranger\'s private message '
-        "is answered with a one-time code (valid 1 hour). Approving the code lets that person "
+        description='With channels.<name>.dmPolicy "pairing" (the default while allowFrom is '
+        "empty), a stranger's private message is answered with a one-time code (valid 1 "
+        "hour); the gateway logs it too. Approving the code lets that person "
         "in at once, also in a running gateway; approved ids live in the state folder and add "
         "to the config's allowFrom.",
     )

@@ -435,11 +435,15 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
                 return EX_FAILED
         if interactive and not registry.enabled(cfg):
             plans = steps.ask_channels(cfg, config_path, input, getpass, api_urls)
-            changed = changed or bool(plans)
     except (EOFError, KeyboardInterrupt):
         print("\nNothing written.", file=sys.stderr)
         return EX_INTERRUPTED
-    if changed:
+    if plans and not changed:
+        # Only channels changed in a config that exists: the rest of the file stays as
+        # written (a ${VAR} reference is not written out expanded).
+        steps.write_plans(config_path, steps.read_raw(config_path), plans)
+        print(f"Wrote channels.{', channels.'.join(p.name for p in plans)} to {config_path}")
+    elif changed or plans:
         save_config(cfg, config_path)
         print(f"Wrote config (mode 0600): {config_path}")
     workspace = cfg.agent.workspace_path

@@ -364,8 +364,6 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def run_channels(args: argparse.Namespace, config_path: Path) -> int:
     """``memobot channels add``: exit 0 written, 1 a token refused, 2 usage, 78 config."""
-    from bot import durable
-
     spec = setup_specs()[args.channel]
     assert spec.setup is not None
     if not config_path.exists():
@@ -375,17 +373,7 @@ def run_channels(args: argparse.Namespace, config_path: Path) -> int:
         )
         return EX_CONFIG
     try:
-        data = json.loads(config_path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        _err(f"{config_path}: cannot read config: {exc.strerror}")
-        return EX_CONFIG
-    except json.JSONDecodeError as exc:
-        _err(f"{config_path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}")
-        return EX_CONFIG
-    if not isinstance(data, dict) or not isinstance(data.get("channels", {}), dict):
-        _err(f"{config_path}: the top level and channels must be JSON objects")
-        return EX_CONFIG
-    try:
+        data = read_raw(config_path)
         cfg = parse_config(copy.deepcopy(data), str(config_path))
     except ConfigError as exc:
         _err(str(exc))
@@ -394,7 +382,6 @@ def run_channels(args: argparse.Namespace, config_path: Path) -> int:
     if usage:
         _err(usage)
         return EX_USAGE
-    raw = data.setdefault("channels", {}).setdefault(spec.name, {})
     # The section as loaded (${VAR} expanded): what the tokens are checked with.
     loaded = getattr(cfg.channels, spec.name).model_dump(by_alias=True, exclude_unset=True)
     changes: dict[str, Any] = {"enabled": True}
@@ -420,31 +407,53 @@ def run_channels(args: argparse.Namespace, config_path: Path) -> int:
         _err(f"Nothing written: {spec.name} refused the token.")
         return EX_FAILED
     access, notes = access_changes(spec, {**loaded, **changes}, args.owner)
-    raw.update({**changes, **access})
+    plan = ChannelPlan(spec.name, {**changes, **access}, args.owner)
     try:
-        after = parse_config(copy.deepcopy(data), str(config_path))
+        after = write_plans(config_path, data, [plan])
     except ConfigError as exc:
         _err(str(exc))
         return EX_CONFIG
-    durable.replace_file(
-        config_path,
-        json.dumps(data, indent=2, ensure_ascii=False) + "\n",
-        mode=0o600,
-        chmod=0o600,
-    )
     for note in notes:
         _say(note)
     who = f", owner {args.owner} (in allowFrom, an admin)" if args.owner else ""
     _say(f"Wrote channels.{spec.name} (enabled{who}) to {config_path}")
-    plan = ChannelPlan(spec.name, changes, args.owner)
     for line in next_steps(after, config_path, [plan]):
         _say(line)
     return EX_OK
 
 
+def read_raw(config_path: Path) -> dict[str, Any]:
+    """The config file's JSON as written (``${VAR}`` not expanded); ConfigError if unusable."""
+    try:
+        data = json.loads(config_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{config_path}: cannot read config: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{config_path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("channels", {}), dict):
+        raise ConfigError(f"{config_path}: the top level and channels must be JSON objects")
+    return data
+
+
+def write_plans(config_path: Path, data: dict[str, Any], plans: list[ChannelPlan]) -> Config:
+    """Apply ``plans`` to ``data`` (the file's JSON, from ``read_raw``) and replace the file
+    durably, mode 0600 as ``save_config`` writes it; the rest of the file stays as written.
+    Returns the config as it now loads; ConfigError (nothing written) if it would not."""
+    from bot import durable
+
+    for plan in plans:
+        data.setdefault("channels", {}).setdefault(plan.name, {}).update(plan.changes)
+    after = parse_config(copy.deepcopy(data), str(config_path))
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    durable.replace_file(config_path, text, mode=0o600, chmod=0o600)
+    return after
+
+
 def _usage_problem(args: argparse.Namespace, spec: ChannelSpec) -> str | None:
     assert spec.setup is not None
-    takes = {k for k, _ in spec.setup.tokens}
+    takes = [k for k, _ in spec.setup.tokens]
     wrong = [k for k in ("token", "bot_token", "app_token") if getattr(args, k) and k not in takes]
     if wrong:
         flags = ", ".join("--" + k.replace("_", "-") for k in takes)

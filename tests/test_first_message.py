@@ -297,3 +297,57 @@ def test_onboard_says_the_model_is_unreachable_and_saves_only_when_told(tmp_path
     term.send("\r")
     assert term.wait() == 1, term.text
     assert "Nothing written" in term.text and not config.exists()
+
+
+async def test_the_channel_step_retries_a_refused_token_and_takes_a_typed_owner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bot.config import Config
+    from bot.onboard import ask_channels
+
+    answers = iter(["slack", "y", "U0BADID!", "U0OWNER1"])
+    secrets = iter(["xoxb-wrong", APP_TOKEN, BOT_TOKEN, APP_TOKEN])
+    cfg = Config()
+    async with FakeSlack() as slack:
+        plans = await asyncio.to_thread(
+            ask_channels,
+            cfg,
+            tmp_path / "config.json",
+            lambda q: next(answers),
+            lambda q: next(secrets),
+            {"slack": slack.api_url},
+        )
+    out = capsys.readouterr().out
+    assert "✗ slack botToken" in out and "xoxb-wrong" not in out
+    assert "is not a Slack member id" in out  # the typed id was checked, then asked again
+    assert [p.owner for p in plans] == ["U0OWNER1"]
+    slack_cfg = cfg.channels.slack
+    assert slack_cfg.enabled and slack_cfg.bot_token == BOT_TOKEN
+    assert slack_cfg.allow_from == ["U0OWNER1"] and slack_cfg.api_url == slack.api_url
+
+
+def test_onboard_adds_a_channel_to_an_existing_config_as_written(
+    tmp_path: Path, telegram: FakeBotAPIThread
+) -> None:
+    config = tmp_path / "config.json"
+    data = config_dict(tmp_path, NOWHERE)
+    data["llm"]["apiKey"] = "${MY_LLM_KEY}"
+    config.write_text(json.dumps(data))
+    config.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "MEMOBOT_"))}
+    argv = [sys.executable, "-m", "bot", "--config", str(config), "onboard"]
+    argv += ["--api-url", f"telegram={telegram.base_url}"]
+    term = Pty(argv, {**env, "MY_LLM_KEY": "sk-secret-value", "TERM": "dumb"})
+    term.read_until("Which ones?")
+    term.send("telegram\r")
+    term.read_until("not shown")
+    term.send(telegram.token + "\r")
+    term.read_until("Find it now")
+    term.send("n\r")
+    term.read_until("Enter for none")
+    term.send(f"{OWNER}\r")
+    assert term.wait() == 0, term.text
+    written = json.loads(config.read_text())
+    assert written["llm"]["apiKey"] == "${MY_LLM_KEY}"  # not written out expanded
+    assert written["channels"]["telegram"]["allowFrom"] == [str(OWNER)]
+    assert {k: v for k, v in written.items() if k != "channels"} == data

@@ -70,7 +70,10 @@ def model_check(cfg: Config, config_path: Path, ask: Ask | None) -> bool:
     if probe.check.status == "ok":
         return True
     if ask is None:
-        _say("  Saved anyway (not a terminal to ask); `memobot doctor` checks it again.")
+        _say(
+            f"  Saved anyway (not a terminal to ask); `{command_for(config_path, 'doctor')}` "
+            "checks it again."
+        )
         return True
     return _yes(ask("Save this config anyway? [y/N] "), default=False)
 

@@ -351,3 +351,26 @@ def test_onboard_adds_a_channel_to_an_existing_config_as_written(
     assert written["llm"]["apiKey"] == "${MY_LLM_KEY}"  # not written out expanded
     assert written["channels"]["telegram"]["allowFrom"] == [str(OWNER)]
     assert {k: v for k, v in written.items() if k != "channels"} == data
+
+
+def test_finding_the_owner_skips_someone_else_and_leaves_every_message_for_the_gateway(
+    telegram: FakeBotAPIThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bot.onboard import _find_owner, setup_specs
+
+    spec = setup_specs()["telegram"]
+    section = parse_config(
+        {"channels": {"telegram": {"token": telegram.token, "baseUrl": telegram.base_url}}}
+    ).channels.telegram
+    telegram.group_text("hi all", user_id=77)  # a group: never the owner's private chat
+    telegram.private_text("hi", user_id=77, username="someone")
+    telegram.private_text("it's me", user_id=OWNER, username="owner")
+    answers, asked = iter(["n", "y"]), []
+    assert _find_owner(spec, section, lambda q: asked.append(q) or next(answers)) == str(OWNER)
+    assert ["@someone" in q for q in asked] == [True, False]
+    assert all("offset" not in c.params for c in telegram.calls("getUpdates"))
+    assert len(telegram.pending_updates) == 3
+    # Another gateway polling the same bot: said, and the id is typed instead.
+    telegram.fail("getUpdates", 409, "Conflict: terminated by other getUpdates request")
+    assert _find_owner(spec, section, lambda q: "y") is None
+    assert "Could not read the bot's messages (HTTP 409: Conflict" in capsys.readouterr().out

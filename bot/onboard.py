@@ -2,9 +2,9 @@
 saved, and the chat channels (tokens checked live, the owner's own id found or typed); and
 ``memobot channels add``, the channel step without the wizard.
 
-A channel is set up as a plan of config changes (camelCase keys, as in the file), applied to
-the config model by onboard and to the file's own JSON by ``channels add``, which keeps
-everything else in the file as written (``${VAR}`` references included).
+A channel is set up as a plan of config changes (camelCase keys, as in the file). In a config
+file that exists, the plan is applied to the file's own JSON, which keeps everything else as
+written (``${VAR}`` references included); a new config is saved whole by onboard.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,14 +81,13 @@ def model_check(cfg: Config, config_path: Path, ask: Ask | None) -> bool:
 # -- a channel's plan ------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class ChannelPlan:
-    """The changes to ``channels.<name>`` (keys as in the file) and what to tell the owner."""
+    """The changes to ``channels.<name>`` (keys as in the file), and the owner let in."""
 
     name: str
-    changes: dict[str, Any] = field(default_factory=dict)
+    changes: dict[str, Any]
     owner: str | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def setup_specs() -> dict[str, ChannelSpec]:
@@ -244,10 +243,9 @@ def _ask_channel(
             _say(f"  {spec.name} left out.")
             return None
     owner = _ask_owner(spec, candidate, ask)
-    plan = ChannelPlan(spec.name, changes, owner)
-    access, plan.notes = access_changes(spec, {**current, **changes}, owner)
-    plan.changes.update(access)
-    for note in plan.notes:
+    access, notes = access_changes(spec, {**current, **changes}, owner)
+    plan = ChannelPlan(spec.name, {**changes, **access}, owner)
+    for note in notes:
         _say(f"  {note}")
     if owner is not None:
         _say(f"  Owner: {spec.name} user {owner}, in allowFrom and an admin.")

@@ -265,7 +265,7 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "pairing":
             from bot import pairing
 
-            return pairing.run(args, cfg.agent.state_path)
+            return pairing.run(args, cfg.agent.state_path, config_path)
         if args.command == "cron":
             from bot.cron import commands as cron_commands
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bot.invocation import command_for
 from bot.private import replace_durably
 
 log = logging.getLogger(__name__)
@@ -288,7 +289,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     revoke.add_argument("id", help="the person's user id on that channel")
 
 
-def run(args: argparse.Namespace, state_dir: Path) -> int:
+def run(args: argparse.Namespace, state_dir: Path, config_path: Path) -> int:
     if args.pairing_command == "approve":
         approved = approve_code(state_dir, args.code)
         if approved is None:
@@ -296,6 +297,12 @@ def run(args: argparse.Namespace, state_dir: Path) -> int:
             return 1
         who = f"{approved.sender_id} ({approved.name})" if approved.name else approved.sender_id
         print(f"Approved {approved.channel} user {who}. They will be told.")
+        add = f"channels add {approved.channel} --owner {approved.sender_id}"
+        owner = command_for(config_path, add)
+        print(
+            "They are a guest, not an admin. If this is you, the owner, make yourself the "
+            f"admin with: {owner} (then restart the gateway)"
+        )
         return 0
     if args.pairing_command == "revoke":
         if PairingStore(state_dir, args.channel).revoke(str(args.id)):

@@ -120,6 +120,7 @@ def test_without_the_owners_id_a_first_message_gets_a_code_the_owner_approves(
         assert f"waiting  {code[1]}  {OWNER} (@owner)" in listed.stdout
         approved = run_memobot("pairing", "approve", code[1], config=config)
         assert approved.returncode == 0, approved.stderr
+        assert "channels add telegram --owner 4242" in approved.stdout
         said(telegram, OWNER, "You have been approved")
         telegram.private_text("and now?", user_id=OWNER, username="owner")
         said(telegram, OWNER, "echo: and now?")

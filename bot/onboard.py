@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
-from bot.config import EX_CONFIG, Config, ConfigError, parse_config
+from bot.config import EX_CONFIG, Config, ConfigError, load_config, parse_config
 from bot.invocation import command_for
 
 if TYPE_CHECKING:
@@ -374,8 +374,8 @@ def run_channels(args: argparse.Namespace, config_path: Path) -> int:
         )
         return EX_CONFIG
     try:
+        cfg, _ = load_config(config_path)  # its errors (and layout checks) first
         data = read_raw(config_path)
-        cfg = parse_config(copy.deepcopy(data), str(config_path))
     except ConfigError as exc:
         _err(str(exc))
         return EX_CONFIG
@@ -424,17 +424,12 @@ def run_channels(args: argparse.Namespace, config_path: Path) -> int:
 
 
 def read_raw(config_path: Path) -> dict[str, Any]:
-    """The config file's JSON as written (``${VAR}`` not expanded); ConfigError if unusable."""
+    """The JSON of a config file ``load_config`` has just read (``${VAR}`` not expanded)."""
     try:
         data = json.loads(config_path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{config_path}: cannot read config: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{config_path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-        ) from None
-    if not isinstance(data, dict) or not isinstance(data.get("channels", {}), dict):
-        raise ConfigError(f"{config_path}: the top level and channels must be JSON objects")
+    except (OSError, ValueError) as exc:  # changed since it was loaded
+        raise ConfigError(f"{config_path}: cannot read config again: {exc}") from None
+    assert isinstance(data, dict)  # load_config refuses anything else
     return data
 
 

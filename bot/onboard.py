@@ -392,16 +392,17 @@ def run_channels(args: argparse.Namespace, config_path: Path) -> int:
             changes[to_camel(key)] = given
     if args.api_url:
         changes[to_camel(spec.setup.url_field)] = args.api_url
+    merged = {**loaded, **changes}
+    missing = [to_camel(k) for k, _ in spec.setup.tokens if not merged.get(to_camel(k))]
+    if missing:
+        flags = ", ".join("--" + k.replace("_", "-") for k, _ in spec.setup.tokens)
+        _err(f"{spec.name} needs {', '.join(missing)}: give {flags}")
+        return EX_USAGE
     try:
         candidate = _section(spec, loaded, changes)
     except ValidationError as exc:
         _err(_invalid(spec.name, exc))
         return EX_CONFIG
-    missing = [to_camel(k) for k, _ in spec.setup.tokens if not getattr(candidate, k)]
-    if missing:
-        flags = ", ".join("--" + k.replace("_", "-") for k, _ in spec.setup.tokens)
-        _err(f"{spec.name} needs {', '.join(missing)}: give {flags}")
-        return EX_USAGE
     checks = check_tokens(spec, candidate)
     _print_checks(checks)
     if any(c.status == "fail" for c in checks):
@@ -466,8 +467,8 @@ def _usage_problem(args: argparse.Namespace, spec: ChannelSpec) -> str | None:
 def _invalid(name: str, exc: ValidationError) -> str:
     lines = [f"channels.{name}: invalid"]
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"])
-        lines.append(f"  channels.{name}.{where}: {str(err['msg']).removeprefix('Value error, ')}")
+        where = "".join(f".{p}" for p in err["loc"])
+        lines.append(f"  channels.{name}{where}: {str(err['msg']).removeprefix('Value error, ')}")
     return "\n".join(lines)
 
 

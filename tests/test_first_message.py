@@ -375,3 +375,17 @@ def test_finding_the_owner_skips_someone_else_and_leaves_every_message_for_the_g
     telegram.fail("getUpdates", 409, "Conflict: terminated by other getUpdates request")
     assert _find_owner(spec, section, lambda q: "y") is None
     assert "Could not read the bot's messages (HTTP 409: Conflict" in capsys.readouterr().out
+
+
+def test_channels_add_an_owner_to_a_channel_that_has_its_token(
+    tmp_path: Path, telegram: FakeBotAPIThread
+) -> None:
+    """After approving their own pairing code (a guest), the owner becomes the admin."""
+    config = tmp_path / "config.json"
+    tg = {"enabled": True, "token": telegram.token, "baseUrl": telegram.base_url}
+    config.write_text(json.dumps(config_dict(tmp_path, NOWHERE, channels={"telegram": tg})))
+    assert _add(config, "telegram", "--owner", str(OWNER)) == 0
+    cfg, _ = load_config(config)
+    assert cfg.channels.telegram.allow_from == [str(OWNER)]
+    assert cfg.channels.telegram.admin_ids == [str(OWNER)]
+    assert [c.method for c in telegram.calls()] == ["getme"]  # the token checked again

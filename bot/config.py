@@ -445,12 +445,17 @@ def default_config_path() -> Path:
     return Path(env).expanduser() if env else DEFAULT_CONFIG_PATH.expanduser()
 
 
-def expand_env(value: Any, path: str = "", found: set[str] | None = None) -> Any:
+def expand_env(
+    value: Any, path: str = "", found: set[str] | None = None, whole: set[str] | None = None
+) -> Any:
     """Replace ``${NAME}`` in every string with the environment variable NAME, or else with
     the systemd credential NAME (``LoadCredential=NAME:...``, read from
     ``$CREDENTIALS_DIRECTORY``); neither is an error naming the field. Every value put in is
-    added to ``found``."""
+    added to ``found``; the path of every string that was one placeholder alone to
+    ``whole``."""
     if isinstance(value, str):
+        if whole is not None and _ENV_REF.fullmatch(value):
+            whole.add(path)
 
         def sub(m: re.Match[str]) -> str:
             name = m.group(1)
@@ -466,10 +471,43 @@ def expand_env(value: Any, path: str = "", found: set[str] | None = None) -> Any
 
         return _ENV_REF.sub(sub, value)
     if isinstance(value, dict):
-        return {k: expand_env(v, f"{path}.{k}" if path else k, found) for k, v in value.items()}
+        return {
+            k: expand_env(v, f"{path}.{k}" if path else k, found, whole) for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [expand_env(v, f"{path}[{i}]", found) for i, v in enumerate(value)]
+        return [expand_env(v, f"{path}[{i}]", found, whole) for i, v in enumerate(value)]
     return value
+
+
+_SCALAR_TYPES: dict[str, tuple[type, ...]] = {
+    "int_type": (int,),
+    "float_type": (int, float),
+    "bool_type": (bool,),
+}
+
+
+def _typed_placeholders(data: Any, exc: ValidationError, whole: set[str]) -> bool:
+    """Give a number or a boolean that came from a placeholder (``"${PORT}"``, where an
+    environment variable can only be text) its JSON type, in ``data``, where the field
+    wants one; True when anything changed. Written text is never retyped: that stays an
+    error."""
+    changed = False
+    for err in exc.errors():
+        wanted = _SCALAR_TYPES.get(err["type"])
+        if not wanted or _json_path(err["loc"]) not in whole or not isinstance(err["input"], str):
+            continue
+        try:
+            value = json.loads(err["input"])
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, wanted) and (bool in wanted) == isinstance(value, bool):
+            *parents, last = err["loc"]
+            holder = data
+            for part in parents:
+                holder = holder[part]
+            holder[last] = value
+            changed = True
+    return changed
 
 
 def secret_strings(value: Any, key: str = "") -> Iterator[str]:
@@ -553,6 +591,32 @@ def did_you_mean(loc: tuple[int | str, ...]) -> str | None:
     return close[0] if close else None
 
 
+# What a strict type error wants, by pydantic's error type (the config models are strict).
+_WANTED = {
+    "bool_type": "true or false, without quotes",
+    "int_type": "a whole number, without quotes",
+    "float_type": "a number, without quotes",
+    "string_type": "a string, in quotes",
+    "model_type": "an object { ... }",
+    "dict_type": "an object { ... }",
+    "list_type": "a list [ ... ]",
+}
+
+
+def _type_hint(kind: str, got: Any) -> str:
+    """How to write what was meant: ``4242`` for an id is ``"4242"``, ``"0.5"`` is ``0.5``."""
+    number = isinstance(got, int | float) and not isinstance(got, bool)
+    if kind == "string_type" and number:
+        return f': write "{got}"'
+    if kind in ("int_type", "float_type") and isinstance(got, str):
+        try:
+            value = int(got) if kind == "int_type" else float(got)
+        except ValueError:
+            return ""
+        return f": write {json.dumps(value)}"
+    return ""
+
+
 def _describe(err: dict[str, Any]) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
@@ -560,26 +624,35 @@ def _describe(err: dict[str, Any]) -> str:
         if guess:
             return f"unknown option; did you mean {guess!r}? ({OPTIONS_HELP})"
         return f"unknown option ({OPTIONS_HELP})"
-    if kind == "bool_type":
-        got = json.dumps(err.get("input"), default=str)[:80]
-        return f"expected true or false, without quotes (got {got})"
     if kind == "missing":
         return "required option is missing"
-    if err["loc"] and (_SECRET_KEY.search(str(err["loc"][-1])) or "headers" in err["loc"]):
-        # A secret is not echoed back, not even a mangled one; an extra header's value is
-        # often one (a gateway's token), under any name.
-        return str(err["msg"])
-    return f"{err['msg']} (got {json.dumps(err.get('input'), default=str)[:80]})"
+    # A secret is not echoed back, not even a mangled one; an extra header's value is often
+    # one (a gateway's token), under any name.
+    secret = bool(err["loc"]) and (
+        bool(_SECRET_KEY.search(str(err["loc"][-1]))) or "headers" in err["loc"]
+    )
+    got = err.get("input")
+    shown = f" (got {json.dumps(got, default=str)[:80]})"
+    if kind in _WANTED:
+        hint = "" if secret else _type_hint(kind, got)
+        return f"expected {_WANTED[kind]}{hint}{'' if secret else shown}"
+    return str(err["msg"]) if secret else f"{err['msg']}{shown}"
 
 
 def parse_config(data: Any, source: str = "<config>") -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a JSON object")
     expanded: set[str] = set()
-    data = expand_env(data, found=expanded)
+    whole: set[str] = set()
+    data = expand_env(data, found=expanded, whole=whole)
     # Known to the log filter before anything can log them, a refused config's included.
     remember_secrets([*expanded, *secret_strings(data)])
     try:
+        try:
+            return Config.model_validate(data)
+        except ValidationError as exc:
+            if not _typed_placeholders(data, exc, whole):
+                raise
         return Config.model_validate(data)
     except ValidationError as exc:
         lines = [f"{source}: invalid config"]

@@ -28,7 +28,7 @@ from bot.gate.approval import DEFAULT_EXEC_ALLOW, allow_pattern_problem
 from bot.layout import layout_problem
 from bot.proxy import check_proxy_url
 from bot.service.logs import SECRET_PARAM, redact, remember_secrets
-from bot.urls import endpoint_access
+from bot.urls import checked_url, endpoint_access, redact_url, without_trailing_slash
 from channels.registry import specs  # light: the specs and their config models import no SDK
 
 EX_CONFIG = 78  # sysexits.h: configuration error; systemd units refuse to restart-loop on it
@@ -124,6 +124,7 @@ class FallbackConfig(_Model):
     _api_key = field_validator("api_key")(_header_safe_key)
     _proxy = field_validator("proxy")(lambda v: v if v is None else check_proxy_url(v))
     _headers = field_validator("headers")(_header_problem)
+    _base_url = field_validator("base_url")(lambda v: v and without_trailing_slash(v))
 
 
 class LLMConfig(_Model):
@@ -153,6 +154,9 @@ class LLMConfig(_Model):
     _api_key = field_validator("api_key")(_header_safe_key)
     _proxy = field_validator("proxy")(check_proxy_url)
     _headers = field_validator("headers")(_header_problem)
+    # Stored without a trailing slash, so every URL built from it, and every one shown, has
+    # one form ("/v1/" and "/v1" are the same endpoint).
+    _base_url = field_validator("base_url")(without_trailing_slash)
 
     @model_validator(mode="after")
     def _credentials_fit(self) -> LLMConfig:
@@ -267,6 +271,8 @@ class WebSearchConfig(_Model):
     base_url: str = ""  # "": the provider's public endpoint; searxng: required
     max_results: int = Field(5, ge=1, le=MAX_SEARCH_RESULTS, description="when count is not given")
 
+    _base_url = field_validator("base_url")(without_trailing_slash)
+
     @model_validator(mode="after")
     def _searxng_needs_url(self) -> WebSearchConfig:
         if self.provider == "searxng" and not self.base_url:
@@ -322,8 +328,8 @@ class McpServerConfig(_Model):
             raise ValueError('type "stdio" needs a command')
         if self.type in ("streamableHttp", "sse") and not self.url:
             raise ValueError(f'type "{self.type}" needs a url')
-        if self.url and not self.url.startswith(("http://", "https://")):
-            raise ValueError("url must start with http:// or https://")
+        if self.url:
+            checked_url(self.url)
         return self
 
     @property
@@ -632,11 +638,15 @@ def _describe(err: dict[str, Any]) -> str:
         bool(_SECRET_KEY.search(str(err["loc"][-1]))) or "headers" in err["loc"]
     )
     got = err.get("input")
+    if isinstance(got, str) and "://" in got:
+        got = redact_url(got)  # a password, a key in the query, a bot token in the path
     shown = f" (got {json.dumps(got, default=str)[:80]})"
     if kind in _WANTED:
         hint = "" if secret else _type_hint(kind, got)
         return f"expected {_WANTED[kind]}{hint}{'' if secret else shown}"
-    return str(err["msg"]) if secret else f"{err['msg']}{shown}"
+    # Our validators' own words ("Value error, " is pydantic's prefix, not news to anyone).
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return msg if secret else f"{msg}{shown}"
 
 
 def parse_config(data: Any, source: str = "<config>") -> Config:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot import __version__, startup
 from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load_config
+from bot.file_errors import file_problem
 from bot.invocation import command_for, program
 from bot.service.logs import LOG_FORMATS, redact
 from bot.urls import redact_url
@@ -179,6 +180,15 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _closed_stdout()
+    except OSError as exc:
+        # One place for every command: a config, state folder or workspace memobot may not
+        # read or write (another user's, a folder in a file's place, a full or read-only
+        # disk) is one line naming the path, and EX_CONFIG, never a traceback.
+        problem = file_problem(exc)
+        if problem is None:
+            raise
+        print(f"memobot: {problem}", file=sys.stderr)
+        return EX_CONFIG
     finally:
         startup.started(freeze=False)  # a caller that goes on (a test) gets it back
 

@@ -24,6 +24,7 @@ from pydantic import (
 from bot import durable
 from bot.config_base import ConfigModel as _Model
 from bot.dialects import ProviderName
+from bot.file_errors import SETUP_ERRNOS, about
 from bot.gate.approval import DEFAULT_EXEC_ALLOW, allow_pattern_problem
 from bot.layout import layout_problem
 from bot.proxy import check_proxy_url
@@ -679,15 +680,22 @@ def check_layout(cfg: Config, config_path: Path) -> None:
 
 
 def load_config(path: Path | None = None) -> tuple[Config, Path]:
-    """Read and validate the config, and its layout. A missing file means all defaults."""
+    """Read and validate the config, and its layout. A missing file means all defaults.
+    Raises ConfigError; an OSError of ``bot.file_errors.SETUP_ERRNOS`` (another user's file,
+    a folder in its place) passes through marked with the path, for the one-line report."""
     path = (path or default_config_path()).expanduser()
-    if not path.exists():
+    with about(path, "read"):
+        exists = path.exists()
+        if exists:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as exc:
+                if exc.errno in SETUP_ERRNOS:
+                    raise
+                raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+    if not exists:
         check_layout(cfg := Config(), path)
         return cfg, path
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

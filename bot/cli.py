@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import selectors
@@ -440,6 +441,7 @@ def cmd_agent(args: argparse.Namespace, cfg: Config, config_path: Path) -> int:
     problem = workspace_shape_problem(cfg.agent.workspace_path)
     if problem:
         raise StateLayoutError(problem)
+    check_access(cfg, f"cli:{chat_id}")
     try:
         return asyncio.run(_agent_main(args, cfg, config_path, chat_id))
     except LLMNotConfigured as exc:
@@ -755,10 +757,34 @@ async def _interactive(loop: AgentLoop, terminal: TerminalChannel, cfg: Config) 
 # -- gateway ---------------------------------------------------------------------------------
 
 
+def check_access(cfg: Config, session: str | None = None) -> None:
+    """Open what every turn reads (the prompt files, the history, the sessions folder, and
+    ``session``'s file for reading and appending): one another user owns stops the command
+    here, with the one line of bot.file_errors, instead of failing each turn."""
+    from bot import workspace_files
+    from bot.file_errors import about
+    from bot.session import key_to_filename
+    from bot.workspace import HISTORY_FILE, WORKSPACE_PROMPT_FILES
+
+    workspace = cfg.agent.workspace_path
+    if workspace.exists():
+        for name in (*WORKSPACE_PROMPT_FILES, HISTORY_FILE):
+            with contextlib.suppress(FileNotFoundError):  # a link counts as absent, too
+                os.close(workspace_files.open_fd(workspace, name))
+    folder = cfg.agent.state_path / "sessions"
+    with about(folder), contextlib.suppress(FileNotFoundError):
+        os.listdir(folder)
+    if session is not None:
+        path = folder / key_to_filename(session)
+        with about(path), contextlib.suppress(FileNotFoundError):
+            os.close(os.open(path, os.O_RDWR | os.O_CLOEXEC))
+
+
 def cmd_gateway(cfg: Config, config_path: Path) -> int:
     from bot.gateway import run_gateway
     from bot.llm import LLMNotConfigured
 
+    check_access(cfg)
     try:
         return asyncio.run(run_gateway(cfg, config_path))
     except LLMNotConfigured as exc:

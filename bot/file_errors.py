@@ -73,17 +73,18 @@ def file_problem(exc: BaseException) -> FileAccessError | None:
 
 
 @contextlib.contextmanager
-def about(path: Path | str, action: str) -> Iterator[None]:
+def about(path: Path | str, action: str | None = None) -> Iterator[None]:
     """Mark a setup error in the block as being about ``path`` (when it names no file, or a
-    name relative to an open folder) and ``action`` ("read", "write", "create", "open"). The
-    exception keeps its type (a PermissionError stays one, for the code that handles it)."""
+    name relative to an open folder) and ``action`` ("read", "write", "create", "open"; None:
+    told from the path's permissions). The exception keeps its type (a PermissionError stays
+    one, for the code that handles it)."""
     try:
         yield
     except OSError as exc:
         if exc.errno in SETUP_ERRNOS:
             if not exc.filename or not os.path.isabs(os.fsdecode(exc.filename)):
                 exc.filename = str(path)
-            if not hasattr(exc, _ACTION):
+            if action is not None and not hasattr(exc, _ACTION):
                 setattr(exc, _ACTION, action)
         raise
 

@@ -37,6 +37,7 @@ class Stranger:
     prefix: tuple[str, ...]
     files_uid: int  # the owner to give the files that process must not read
     owner: str  # that owner as the message names it
+    own_uid: int  # the process's own uid, for the files it may use
 
 
 @functools.cache
@@ -47,13 +48,13 @@ def _stranger() -> Stranger | None:
     as_nobody = ("setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups")
     probe = [*as_nobody, sys.executable, "-c", "import bot.cli"]
     if subprocess.run(probe, env=env, cwd="/", capture_output=True).returncode == 0:
-        return Stranger(as_nobody, 0, "root")
+        return Stranger(as_nobody, 0, "root", NOBODY)
     # This interpreter lives where uid 65534 may not go (/root): the same test the other
     # way round. Without capabilities, root is held to the permission bits like anyone.
     no_caps = ("setpriv", "--bounding-set=-all", "--inh-caps=-all")
     if subprocess.run([*no_caps, "true"], capture_output=True).returncode != 0:
         return None
-    return Stranger(no_caps, NOBODY, "nobody")
+    return Stranger(no_caps, NOBODY, "nobody", 0)
 
 
 @pytest.fixture
@@ -99,7 +100,10 @@ def _run(stranger: Stranger, config: Path, *args: str) -> subprocess.CompletedPr
 
 
 # (command, what belongs to the other user: "all" the config too, "folders" only the
-# workspace and the state folder, the config readable), the path the line names.
+# workspace and the state folder, the config readable; or one file, the rest the process's
+# own), the path the line names.
+SESSION = "state/sessions/cli%3Adirect.jsonl"
+MEMORY = "workspace/memory/MEMORY.md"
 CASES = [
     ("status", "all", "config.json"),
     ("onboard", "all", "config.json"),
@@ -114,6 +118,8 @@ CASES = [
     ("memory log", "folders", "state"),
     ("pairing list", "folders", "state"),
     ("dream", "folders", "workspace"),
+    ("agent -m hi", SESSION, SESSION),  # the one chat it opens
+    ("gateway", MEMORY, MEMORY),  # read by every turn: not a failure per message
 ]
 
 
@@ -122,7 +128,14 @@ def test_another_users_files_are_one_line_and_exit_78(
     home: Path, stranger: Stranger, command: str, owned: str, named: str
 ) -> None:
     tmp_path = home
-    config = _home(tmp_path, stranger.files_uid, 0o600 if owned == "all" else 0o644)
+    if owned in ("all", "folders"):
+        config = _home(tmp_path, stranger.files_uid, 0o600 if owned == "all" else 0o644)
+    else:
+        config = _home(tmp_path, stranger.own_uid, 0o600)
+        (tmp_path / owned).parent.mkdir(exist_ok=True)
+        (tmp_path / owned).write_text('{"role": "user", "content": "hello"}\n')
+        os.chown(tmp_path / owned, stranger.files_uid, stranger.files_uid)
+        (tmp_path / owned).chmod(0o600)
     before = _snapshot(tmp_path)
     result = _run(stranger, config, *command.split())
     assert result.returncode == EX_CONFIG, result.stderr
@@ -131,8 +144,7 @@ def test_another_users_files_are_one_line_and_exit_78(
     assert line.startswith("memobot: cannot "), line
     assert str(tmp_path / named) in line and f"owner {stranger.owner}, mode 0" in line
     assert "permission denied" in line and "chown/chmod" in line
-    if command != "gateway":  # the gateway's start-up log lines come first
-        assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
     assert _snapshot(tmp_path) == before
 
 

@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="memobot",
         description="A self-hosted chat assistant that remembers, with tools in a workspace.",
         epilog=f"Exit codes: {EX_OK} success, {EX_FAILED} a turn or command failed, {EX_USAGE} "
-        f"usage, {EX_CONFIG} configuration, {EX_INTERRUPTED} interrupted (Ctrl-C), "
+        f"usage, {EX_CONFIG} configuration (or a file it cannot read or write), "
+        f"{EX_INTERRUPTED} interrupted (Ctrl-C), "
         f"{EX_CLOSED_PIPE} stdout closed early.",
         parents=[common],
     )
@@ -181,10 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _closed_stdout()
-    except OSError as exc:
+    except Exception as exc:
         # One place for every command: a config, state folder or workspace memobot may not
         # read or write (another user's, a folder in a file's place, a full or read-only
-        # disk) is one line naming the path, and EX_CONFIG, never a traceback.
+        # disk) is one line naming the path, and EX_CONFIG, never a traceback. Raised as an
+        # OSError, or as a command's own error raised from one (a memory history's).
         problem = file_problem(exc)
         if problem is None:
             raise

@@ -53,9 +53,9 @@ class FileAccessError(OSError):
 
 
 def file_problem(exc: BaseException) -> FileAccessError | None:
-    """``exc`` (or the OSError that caused it) as a FileAccessError when it is about a file's
-    place, permissions or file system; None for anything else (a network error, a missing
-    file, a bug)."""
+    """``exc`` (or the OSError it was raised from) as a FileAccessError when it is about a
+    file's place, permissions or file system; None for anything else (a network error, a
+    missing file, a bug)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -68,7 +68,8 @@ def file_problem(exc: BaseException) -> FileAccessError | None:
                 path = os.fsdecode(path) if path is not None else None
                 action = getattr(current, _ACTION, None) or _guess_action(current.errno, path)
                 return FileAccessError(current.errno, path, action)
-        current = current.__cause__ or current.__context__
+        # Only what it was raised from: an error met while handling one is another error.
+        current = current.__cause__
     return None
 
 

@@ -666,10 +666,14 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
                 raise
         return Config.model_validate(data)
     except ValidationError as exc:
-        lines = [f"{source}: invalid config"]
-        for err in exc.errors():
-            lines.append(f"  {_json_path(err['loc'])}: {_describe(err)}")
-        raise ConfigError(redact("\n".join(lines))) from None
+        raise _invalid(exc, source) from None
+
+
+def _invalid(exc: ValidationError, source: str) -> ConfigError:
+    lines = [f"{source}: invalid config"]
+    for err in exc.errors():
+        lines.append(f"  {_json_path(err['loc'])}: {_describe(err)}")
+    return ConfigError(redact("\n".join(lines)))
 
 
 def check_layout(cfg: Config, config_path: Path) -> None:
@@ -712,6 +716,13 @@ def config_to_json(cfg: Config) -> str:
 
 
 def save_config(cfg: Config, path: Path) -> None:
-    """Write the config with mode 0600 from the first byte (it may hold API keys)."""
+    """Write the config with mode 0600 from the first byte (it may hold API keys), as it
+    will be read back (URLs in their one form). Raises ConfigError naming the field, and
+    writes nothing, for a value set in code that would not load (``onboard --base-url
+    localhost:11434``)."""
+    try:
+        cfg = Config.model_validate(json.loads(config_to_json(cfg)))
+    except ValidationError as exc:
+        raise _invalid(exc, str(path)) from None
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     durable.replace_file(path, config_to_json(cfg), mode=0o600, chmod=0o600)

@@ -64,7 +64,8 @@ def checked_url(url: str, schemes: tuple[str, ...] = HTTP_SCHEMES) -> str:
     shown = redact_url(url)
     wanted = " or ".join(f"{s}://" for s in schemes)
     if "://" not in url:
-        example = f"{schemes[-1]}://{shown}"
+        local = shown.startswith(("localhost", "127.", "[::1]")) and "http" in schemes
+        example = f"{'http' if local else schemes[-1]}://{shown}"
         raise ValueError(f"{shown!r} has no scheme: it must start with {wanted} (e.g. {example!r})")
     if any(c.isspace() for c in url):
         raise ValueError(f"{shown!r} contains a space or a line break")

@@ -109,3 +109,18 @@ def test_a_malformed_url_stops_a_command_with_exit_78_and_the_field(tmp_path: Pa
     result = run_memobot("status", config=config)
     assert result.returncode == 78, result.stderr
     assert "channels.telegram.baseUrl" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_onboard_writes_no_url_that_would_not_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bot import cli
+
+    config = tmp_path / "config.json"
+    args = ["--config", str(config), "onboard", "--model", "m", "--base-url"]
+    assert cli.main([*args, "localhost:11434/v1"]) == 78
+    err = capsys.readouterr().err
+    assert "llm.baseUrl" in err and "'http://localhost:11434/v1'" in err
+    assert not config.exists()
+    assert cli.main([*args, "http://localhost:11434/v1/"]) == 0
+    assert json.loads(config.read_text())["llm"]["baseUrl"] == "http://localhost:11434/v1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import selectors
@@ -776,6 +777,13 @@ def check_access(cfg: Config, session: str | None = None) -> None:
     folder = cfg.agent.state_path / "sessions"
     with about(folder), contextlib.suppress(FileNotFoundError):
         os.listdir(folder)
+    # Where every turn writes (a new chat's file, the history, memory's commits).
+    for place in (workspace, workspace / "memory", cfg.agent.state_path, folder):
+        if place.is_dir() and not os.access(place, os.W_OK | os.X_OK):
+            read_only = os.statvfs(place).f_flag & os.ST_RDONLY
+            err = errno.EROFS if read_only else errno.EACCES
+            with about(place, "write to"):
+                raise OSError(err, os.strerror(err), str(place))
     if session is not None:
         path = folder / key_to_filename(session)
         with about(path), contextlib.suppress(FileNotFoundError):

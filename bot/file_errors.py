@@ -150,6 +150,9 @@ def describe(err: int, filename: str | None, action: str) -> tuple[str, str]:
         what = f"cannot {action} {path}"
     if err in (errno.EACCES, errno.EPERM) and path is not None:
         folder = _blocking_folder(path)
+        if folder is None and not os.path.lexists(path):
+            # Nothing there, every folder on the way open: the one above may not be written.
+            folder, what = path.parent, f"cannot create {path}"
         if folder is not None and folder != path:
             return (
                 f"{what}: permission denied by the folder {_shown(folder)}",

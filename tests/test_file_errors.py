@@ -120,6 +120,7 @@ CASES = [
     ("dream", "folders", "workspace"),
     ("agent -m hi", SESSION, SESSION),  # the one chat it opens
     ("gateway", MEMORY, MEMORY),  # read by every turn: not a failure per message
+    ("agent -m hi", "state/", "state"),  # readable, but a new chat's file cannot be made
 ]
 
 
@@ -130,9 +131,14 @@ def test_another_users_files_are_one_line_and_exit_78(
     tmp_path = home
     if owned in ("all", "folders"):
         config = _home(tmp_path, stranger.files_uid, 0o600 if owned == "all" else 0o644)
+    elif owned.endswith("/"):
+        config = _home(tmp_path, stranger.own_uid, 0o600)
+        os.chown(tmp_path / owned, stranger.files_uid, stranger.files_uid)
+        (tmp_path / owned).chmod(0o755)
     else:
         config = _home(tmp_path, stranger.own_uid, 0o600)
         (tmp_path / owned).parent.mkdir(exist_ok=True)
+        os.chown((tmp_path / owned).parent, stranger.own_uid, stranger.own_uid)
         (tmp_path / owned).write_text('{"role": "user", "content": "hello"}\n')
         os.chown(tmp_path / owned, stranger.files_uid, stranger.files_uid)
         (tmp_path / owned).chmod(0o600)

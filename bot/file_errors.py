@@ -147,6 +147,8 @@ def describe(err: int, filename: str | None, action: str) -> tuple[str, str]:
         path = None
     else:
         path = Path(os.path.abspath(filename))
+        if action == "read" and err in (errno.EACCES, errno.EPERM) and os.path.isdir(path):
+            action = "open"  # the folder on the way to the file
         what = f"cannot {action} {path}"
     if err in (errno.EACCES, errno.EPERM) and path is not None:
         folder = _blocking_folder(path)

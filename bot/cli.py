@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import errno
 import logging
 import os
 import selectors
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot import __version__, startup
 from bot.config import EX_CONFIG, Config, ConfigError, default_config_path, load_config
+from bot.file_errors import file_problem
 from bot.invocation import command_for, program
 from bot.service.logs import LOG_FORMATS, redact
 from bot.urls import redact_url
@@ -81,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="memobot",
         description="A self-hosted chat assistant that remembers, with tools in a workspace.",
         epilog=f"Exit codes: {EX_OK} success, {EX_FAILED} a turn or command failed, {EX_USAGE} "
-        f"usage, {EX_CONFIG} configuration, {EX_INTERRUPTED} interrupted (Ctrl-C), "
+        f"usage, {EX_CONFIG} configuration (or a file it cannot read or write), "
+        f"{EX_INTERRUPTED} interrupted (Ctrl-C), "
         f"{EX_CLOSED_PIPE} stdout closed early.",
         parents=[common],
     )
@@ -194,6 +198,16 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _closed_stdout()
+    except Exception as exc:
+        # One place for every command: a config, state folder or workspace memobot may not
+        # read or write (another user's, a folder in a file's place, a full or read-only
+        # disk) is one line naming the path, and EX_CONFIG, never a traceback. Raised as an
+        # OSError, or as a command's own error raised from one (a memory history's).
+        problem = file_problem(exc)
+        if problem is None:
+            raise
+        print(f"memobot: {problem}", file=sys.stderr)
+        return EX_CONFIG
     finally:
         startup.started(freeze=False)  # a caller that goes on (a test) gets it back
 
@@ -502,6 +516,7 @@ def cmd_agent(args: argparse.Namespace, cfg: Config, config_path: Path) -> int:
     problem = workspace_shape_problem(cfg.agent.workspace_path)
     if problem:
         raise StateLayoutError(problem)
+    check_access(cfg, f"cli:{chat_id}")
     try:
         return asyncio.run(_agent_main(args, cfg, config_path, chat_id))
     except LLMNotConfigured as exc:
@@ -819,10 +834,41 @@ async def _interactive(loop: AgentLoop, terminal: TerminalChannel, cfg: Config) 
 # -- gateway ---------------------------------------------------------------------------------
 
 
+def check_access(cfg: Config, session: str | None = None) -> None:
+    """Open what every turn reads (the prompt files, the history, the sessions folder, and
+    ``session``'s file for reading and appending): one another user owns stops the command
+    here, with the one line of bot.file_errors, instead of failing each turn."""
+    from bot import workspace_files
+    from bot.file_errors import about
+    from bot.session import key_to_filename
+    from bot.workspace import HISTORY_FILE, WORKSPACE_PROMPT_FILES
+
+    workspace = cfg.agent.workspace_path
+    if workspace.exists():
+        for name in (*WORKSPACE_PROMPT_FILES, HISTORY_FILE):
+            with contextlib.suppress(FileNotFoundError):  # a link counts as absent, too
+                os.close(workspace_files.open_fd(workspace, name))
+    folder = cfg.agent.state_path / "sessions"
+    with about(folder), contextlib.suppress(FileNotFoundError):
+        os.listdir(folder)
+    # Where every turn writes (a new chat's file, the history, memory's commits).
+    for place in (workspace, workspace / "memory", cfg.agent.state_path, folder):
+        if place.is_dir() and not os.access(place, os.W_OK | os.X_OK):
+            read_only = os.statvfs(place).f_flag & os.ST_RDONLY
+            err = errno.EROFS if read_only else errno.EACCES
+            with about(place, "write to"):
+                raise OSError(err, os.strerror(err), str(place))
+    if session is not None:
+        path = folder / key_to_filename(session)
+        with about(path), contextlib.suppress(FileNotFoundError):
+            os.close(os.open(path, os.O_RDWR | os.O_CLOEXEC))
+
+
 def cmd_gateway(cfg: Config, config_path: Path) -> int:
     from bot.gateway import run_gateway
     from bot.llm import LLMNotConfigured
 
+    check_access(cfg)
     try:
         return asyncio.run(run_gateway(cfg, config_path))
     except LLMNotConfigured as exc:

@@ -24,11 +24,12 @@ from pydantic import (
 from bot import durable
 from bot.config_base import ConfigModel as _Model
 from bot.dialects import ProviderName
+from bot.file_errors import SETUP_ERRNOS, about
 from bot.gate.approval import DEFAULT_EXEC_ALLOW, allow_pattern_problem
 from bot.layout import layout_problem
 from bot.proxy import check_proxy_url
 from bot.service.logs import SECRET_PARAM, redact, remember_secrets
-from bot.urls import endpoint_access
+from bot.urls import checked_url, endpoint_access, redact_url, without_trailing_slash
 from channels.registry import specs  # light: the specs and their config models import no SDK
 
 EX_CONFIG = 78  # sysexits.h: configuration error; systemd units refuse to restart-loop on it
@@ -124,6 +125,7 @@ class FallbackConfig(_Model):
     _api_key = field_validator("api_key")(_header_safe_key)
     _proxy = field_validator("proxy")(lambda v: v if v is None else check_proxy_url(v))
     _headers = field_validator("headers")(_header_problem)
+    _base_url = field_validator("base_url")(lambda v: v and without_trailing_slash(v))
 
 
 class LLMConfig(_Model):
@@ -153,6 +155,9 @@ class LLMConfig(_Model):
     _api_key = field_validator("api_key")(_header_safe_key)
     _proxy = field_validator("proxy")(check_proxy_url)
     _headers = field_validator("headers")(_header_problem)
+    # Stored without a trailing slash, so every URL built from it, and every one shown, has
+    # one form ("/v1/" and "/v1" are the same endpoint).
+    _base_url = field_validator("base_url")(without_trailing_slash)
 
     @model_validator(mode="after")
     def _credentials_fit(self) -> LLMConfig:
@@ -267,6 +272,8 @@ class WebSearchConfig(_Model):
     base_url: str = ""  # "": the provider's public endpoint; searxng: required
     max_results: int = Field(5, ge=1, le=MAX_SEARCH_RESULTS, description="when count is not given")
 
+    _base_url = field_validator("base_url")(without_trailing_slash)
+
     @model_validator(mode="after")
     def _searxng_needs_url(self) -> WebSearchConfig:
         if self.provider == "searxng" and not self.base_url:
@@ -322,8 +329,8 @@ class McpServerConfig(_Model):
             raise ValueError('type "stdio" needs a command')
         if self.type in ("streamableHttp", "sse") and not self.url:
             raise ValueError(f'type "{self.type}" needs a url')
-        if self.url and not self.url.startswith(("http://", "https://")):
-            raise ValueError("url must start with http:// or https://")
+        if self.url:
+            checked_url(self.url)
         return self
 
     @property
@@ -445,12 +452,17 @@ def default_config_path() -> Path:
     return Path(env).expanduser() if env else DEFAULT_CONFIG_PATH.expanduser()
 
 
-def expand_env(value: Any, path: str = "", found: set[str] | None = None) -> Any:
+def expand_env(
+    value: Any, path: str = "", found: set[str] | None = None, whole: set[str] | None = None
+) -> Any:
     """Replace ``${NAME}`` in every string with the environment variable NAME, or else with
     the systemd credential NAME (``LoadCredential=NAME:...``, read from
     ``$CREDENTIALS_DIRECTORY``); neither is an error naming the field. Every value put in is
-    added to ``found``."""
+    added to ``found``; the path of every string that was one placeholder alone to
+    ``whole``."""
     if isinstance(value, str):
+        if whole is not None and _ENV_REF.fullmatch(value):
+            whole.add(path)
 
         def sub(m: re.Match[str]) -> str:
             name = m.group(1)
@@ -466,10 +478,43 @@ def expand_env(value: Any, path: str = "", found: set[str] | None = None) -> Any
 
         return _ENV_REF.sub(sub, value)
     if isinstance(value, dict):
-        return {k: expand_env(v, f"{path}.{k}" if path else k, found) for k, v in value.items()}
+        return {
+            k: expand_env(v, f"{path}.{k}" if path else k, found, whole) for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [expand_env(v, f"{path}[{i}]", found) for i, v in enumerate(value)]
+        return [expand_env(v, f"{path}[{i}]", found, whole) for i, v in enumerate(value)]
     return value
+
+
+_SCALAR_TYPES: dict[str, tuple[type, ...]] = {
+    "int_type": (int,),
+    "float_type": (int, float),
+    "bool_type": (bool,),
+}
+
+
+def _typed_placeholders(data: Any, exc: ValidationError, whole: set[str]) -> bool:
+    """Give a number or a boolean that came from a placeholder (``"${PORT}"``, where an
+    environment variable can only be text) its JSON type, in ``data``, where the field
+    wants one; True when anything changed. Written text is never retyped: that stays an
+    error."""
+    changed = False
+    for err in exc.errors():
+        wanted = _SCALAR_TYPES.get(err["type"])
+        if not wanted or _json_path(err["loc"]) not in whole or not isinstance(err["input"], str):
+            continue
+        try:
+            value = json.loads(err["input"])
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, wanted) and (bool in wanted) == isinstance(value, bool):
+            *parents, last = err["loc"]
+            holder = data
+            for part in parents:
+                holder = holder[part]
+            holder[last] = value
+            changed = True
+    return changed
 
 
 def secret_strings(value: Any, key: str = "") -> Iterator[str]:
@@ -553,6 +598,32 @@ def did_you_mean(loc: tuple[int | str, ...]) -> str | None:
     return close[0] if close else None
 
 
+# What a strict type error wants, by pydantic's error type (the config models are strict).
+_WANTED = {
+    "bool_type": "true or false, without quotes",
+    "int_type": "a whole number, without quotes",
+    "float_type": "a number, without quotes",
+    "string_type": "a string, in quotes",
+    "model_type": "an object { ... }",
+    "dict_type": "an object { ... }",
+    "list_type": "a list [ ... ]",
+}
+
+
+def _type_hint(kind: str, got: Any) -> str:
+    """How to write what was meant: ``4242`` for an id is ``"4242"``, ``"0.5"`` is ``0.5``."""
+    number = isinstance(got, int | float) and not isinstance(got, bool)
+    if kind == "string_type" and number:
+        return f': write "{got}"'
+    if kind in ("int_type", "float_type") and isinstance(got, str):
+        try:
+            value = int(got) if kind == "int_type" else float(got)
+        except ValueError:
+            return ""
+        return f": write {json.dumps(value)}"
+    return ""
+
+
 def _describe(err: dict[str, Any]) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
@@ -560,32 +631,49 @@ def _describe(err: dict[str, Any]) -> str:
         if guess:
             return f"unknown option; did you mean {guess!r}? ({OPTIONS_HELP})"
         return f"unknown option ({OPTIONS_HELP})"
-    if kind == "bool_type":
-        got = json.dumps(err.get("input"), default=str)[:80]
-        return f"expected true or false, without quotes (got {got})"
     if kind == "missing":
         return "required option is missing"
-    if err["loc"] and (_SECRET_KEY.search(str(err["loc"][-1])) or "headers" in err["loc"]):
-        # A secret is not echoed back, not even a mangled one; an extra header's value is
-        # often one (a gateway's token), under any name.
-        return str(err["msg"])
-    return f"{err['msg']} (got {json.dumps(err.get('input'), default=str)[:80]})"
+    # A secret is not echoed back, not even a mangled one; an extra header's value is often
+    # one (a gateway's token), under any name.
+    secret = bool(err["loc"]) and (
+        bool(_SECRET_KEY.search(str(err["loc"][-1]))) or "headers" in err["loc"]
+    )
+    got = err.get("input")
+    if isinstance(got, str) and "://" in got:
+        got = redact_url(got)  # a password, a key in the query, a bot token in the path
+    shown = f" (got {json.dumps(got, default=str)[:80]})"
+    if kind in _WANTED:
+        hint = "" if secret else _type_hint(kind, got)
+        return f"expected {_WANTED[kind]}{hint}{'' if secret else shown}"
+    # Our validators' own words ("Value error, " is pydantic's prefix, not news to anyone).
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return msg if secret else f"{msg}{shown}"
 
 
 def parse_config(data: Any, source: str = "<config>") -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a JSON object")
     expanded: set[str] = set()
-    data = expand_env(data, found=expanded)
+    whole: set[str] = set()
+    data = expand_env(data, found=expanded, whole=whole)
     # Known to the log filter before anything can log them, a refused config's included.
     remember_secrets([*expanded, *secret_strings(data)])
     try:
+        try:
+            return Config.model_validate(data)
+        except ValidationError as exc:
+            if not _typed_placeholders(data, exc, whole):
+                raise
         return Config.model_validate(data)
     except ValidationError as exc:
-        lines = [f"{source}: invalid config"]
-        for err in exc.errors():
-            lines.append(f"  {_json_path(err['loc'])}: {_describe(err)}")
-        raise ConfigError(redact("\n".join(lines))) from None
+        raise _invalid(exc, source) from None
+
+
+def _invalid(exc: ValidationError, source: str) -> ConfigError:
+    lines = [f"{source}: invalid config"]
+    for err in exc.errors():
+        lines.append(f"  {_json_path(err['loc'])}: {_describe(err)}")
+    return ConfigError(redact("\n".join(lines)))
 
 
 def check_layout(cfg: Config, config_path: Path) -> None:
@@ -596,15 +684,22 @@ def check_layout(cfg: Config, config_path: Path) -> None:
 
 
 def load_config(path: Path | None = None) -> tuple[Config, Path]:
-    """Read and validate the config, and its layout. A missing file means all defaults."""
+    """Read and validate the config, and its layout. A missing file means all defaults.
+    Raises ConfigError; an OSError of ``bot.file_errors.SETUP_ERRNOS`` (another user's file,
+    a folder in its place) passes through marked with the path, for the one-line report."""
     path = (path or default_config_path()).expanduser()
-    if not path.exists():
+    with about(path, "read"):
+        exists = path.exists()
+        if exists:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as exc:
+                if exc.errno in SETUP_ERRNOS:
+                    raise
+                raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+    if not exists:
         check_layout(cfg := Config(), path)
         return cfg, path
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -621,6 +716,13 @@ def config_to_json(cfg: Config) -> str:
 
 
 def save_config(cfg: Config, path: Path) -> None:
-    """Write the config with mode 0600 from the first byte (it may hold API keys)."""
+    """Write the config with mode 0600 from the first byte (it may hold API keys), as it
+    will be read back (URLs in their one form). Raises ConfigError naming the field, and
+    writes nothing, for a value set in code that would not load (``onboard --base-url
+    localhost:11434``)."""
+    try:
+        cfg = Config.model_validate(json.loads(config_to_json(cfg)))
+    except ValidationError as exc:
+        raise _invalid(exc, str(path)) from None
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     durable.replace_file(path, config_to_json(cfg), mode=0o600, chmod=0o600)

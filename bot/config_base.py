@@ -5,7 +5,7 @@ platform package can declare its section (``channels/<platform>/config.py``) and
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -14,8 +14,15 @@ from bot.proxy import check_proxy_url
 
 
 class ConfigModel(BaseModel):
+    # strict: "0.5" is not a number and 4242 is not an id. A quoted number or an unquoted id
+    # is refused with the field's path (bot.config's messages say how to write it), rather
+    # than quietly converted: the README promises that wrong types are errors.
     model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_default=True
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        validate_default=True,
+        strict=True,
     )
 
 
@@ -73,14 +80,6 @@ class ChannelConfig(ConfigModel):
                     '"enabled": false)'
                 )
         return self
-
-    @field_validator("allow_from", "admins", mode="before")
-    @classmethod
-    def _ids_as_strings(cls, v: Any) -> Any:
-        # Numeric ids pasted without quotes are a common slip; they mean the same id.
-        if isinstance(v, list):
-            return [str(x) if isinstance(x, int) and not isinstance(x, bool) else x for x in v]
-        return v
 
     @field_validator("allow_from", "admins")
     @classmethod

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from bot.file_errors import about
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
@@ -102,13 +104,15 @@ def writer(
 ) -> Iterator[BinaryIO]:
     """:func:`writer_in` for a path memobot chose. The temporary file is ``.<name>.tmp``
     beside it; ``unique``: a random name instead (several writers may race for one file)."""
-    dir_fd = os.open(path.parent, _DIR_FLAGS)
-    try:
-        tmp = None if unique else f".{path.name}.tmp"
-        with writer_in(dir_fd, path.name, mode=mode, chmod=chmod, sync=sync, tmp=tmp) as fh:
-            yield fh
-    finally:
-        os.close(dir_fd)
+    # A full or read-only disk names no file, or only the temporary one: name the target.
+    with about(path, "write"):
+        dir_fd = os.open(path.parent, _DIR_FLAGS)
+        try:
+            tmp = None if unique else f".{path.name}.tmp"
+            with writer_in(dir_fd, path.name, mode=mode, chmod=chmod, sync=sync, tmp=tmp) as fh:
+                yield fh
+        finally:
+            os.close(dir_fd)
 
 
 def replace_file(

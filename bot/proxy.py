@@ -8,17 +8,15 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
-from bot.urls import redact_url
+from bot.urls import checked_url, redact_url
 
 SCHEMES = ("http://", "https://", "socks5://", "socks5h://")
 SOCKS_SCHEMES = ("socks5://", "socks5h://")
 
 
 def check_proxy_url(url: str) -> str:
-    """A config validator: "" (no proxy) or a URL of a scheme memobot can use."""
-    if url and not url.startswith(SCHEMES):
-        raise ValueError(f"proxy must start with one of {', '.join(SCHEMES)}")
-    return url
+    """A config validator: "" (no proxy) or a URL of a scheme memobot can use, with a host."""
+    return checked_url(url, tuple(s.removesuffix("://") for s in SCHEMES))
 
 
 def http_proxy(proxy: str) -> str | None:

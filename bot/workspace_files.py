@@ -34,6 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from bot import durable
+from bot.file_errors import about
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +206,26 @@ def open_fd(root: Path, path: Path | str, flags: int = os.O_RDONLY, mode: int = 
     Raises LinkRefused (a FileNotFoundError) when a link or ``..`` is met, and the usual
     OSError otherwise (FileNotFoundError, IsADirectoryError, PermissionError, ...).
     """
-    fd = _open_beneath(root, _parts(root, path), flags | os.O_NONBLOCK, mode)
+    parts = _parts(root, path)
+    with about(_shown(root, parts), _action(flags)):  # names the path for the command line
+        return _open_regular(root, parts, path, flags, mode)
+
+
+def _action(flags: int) -> str:
+    if flags & os.O_DIRECTORY:
+        return "open"
+    return "write" if flags & (os.O_WRONLY | os.O_RDWR) else "read"
+
+
+def _shown(root: Path, parts: tuple[str, ...]) -> Path:
+    """The absolute path of ``parts``, for an error message (never opened by this name)."""
+    return Path(root, *parts)
+
+
+def _open_regular(
+    root: Path, parts: tuple[str, ...], path: Path | str, flags: int, mode: int
+) -> int:
+    fd = _open_beneath(root, parts, flags | os.O_NONBLOCK, mode)
     if flags & os.O_DIRECTORY:
         return fd
     # O_NONBLOCK above: a FIFO the model made opens at once instead of hanging memobot's
@@ -215,9 +235,7 @@ def open_fd(root: Path, path: Path | str, flags: int = os.O_RDONLY, mode: int = 
         os.close(fd)
         if stat.S_ISDIR(kind):
             raise IsADirectoryError(errno.EISDIR, "is a folder", str(path))
-        raise _refuse(
-            root, _parts(root, path), kind="is not a regular file (a FIFO, socket or device)"
-        )
+        raise _refuse(root, parts, kind="is not a regular file (a FIFO, socket or device)")
     return fd
 
 
@@ -358,7 +376,7 @@ def make_dirs(root: Path, path: Path | str) -> None:
     """Create the folder ``path`` and its missing parents (0700) beneath ``root``; raises
     LinkRefused when a component is a link."""
     parts = _parts(root, path)
-    with _root_fd(root) as rfd:
+    with about(_shown(root, parts), "create"), _root_fd(root) as rfd:
         try:
             os.close(_walk_dirs(rfd, parts, create=True))
         except OSError as exc:
@@ -398,6 +416,7 @@ def atomic_writer(
     # The folder was opened without a link on the way; the temporary file beside the target
     # gets a random name, O_EXCL and O_NOFOLLOW (bot.durable), so nothing is written through.
     with (
+        about(_shown(root, parts), "write"),  # a full disk names no file by itself
         _parent(root, parts, create=make_parents) as dfd,
         durable.writer_in(dfd, parts[-1], mode=mode, sync=sync) as fh,
     ):
@@ -445,16 +464,17 @@ def append(
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fd = open_fd(root, path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, mode)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        start = st.st_size
-        view = memoryview(payload)
-        while view:
-            view = view[os.write(fd, view) :]
-        if sync:
-            os.fsync(fd)
-        return start
+        with about(_shown(root, _parts(root, path)), "write"):  # a full disk names no file
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", str(path))
+            start = st.st_size
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view) :]
+            if sync:
+                os.fsync(fd)
+            return start
     finally:
         os.close(fd)
 

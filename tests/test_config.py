@@ -33,7 +33,58 @@ def test_unknown_key_names_its_path() -> None:
 
 def test_wrong_type_names_path_and_expectation() -> None:
     msg = _error({"agent": {"maxToolIterations": "many"}})
-    assert "agent.maxToolIterations" in msg and "integer" in msg
+    assert "agent.maxToolIterations" in msg and "a whole number" in msg
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "hint"),
+    [
+        ({"llm": {"temperature": "0.5"}}, "llm.temperature", "a number, without quotes: write 0.5"),
+        (
+            {"agent": {"maxToolIterations": "20"}},
+            "agent.maxToolIterations",
+            "a whole number, without quotes: write 20",
+        ),
+        (
+            {"channels": {"telegram": {"allowFrom": ["1", 4242]}}},
+            "channels.telegram.allowFrom[1]",
+            'a string, in quotes: write "4242"',
+        ),
+        (
+            {"channels": {"slack": {"admins": [7]}}},
+            "channels.slack.admins[0]",
+            'a string, in quotes: write "7"',
+        ),
+        ({"tools": {"exec": {"enabled": "false"}}}, "tools.exec.enabled", "true or false"),
+        ({"memory": {"dream": {"enabled": 1}}}, "memory.dream.enabled", "true or false"),
+    ],
+)
+def test_strict_types_say_how_to_write_the_value(
+    data: dict[str, object], path: str, hint: str
+) -> None:
+    # Each was quietly converted before: a quoted number, an id without quotes.
+    msg = _error(data)
+    assert f"{path}: expected {hint}" in msg and "got" in msg
+
+
+def test_a_placeholder_gives_a_number_or_boolean_its_type(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An environment variable is text: "${N}" for a number still works; written text not.
+    for name, value in {"MB_N": "15", "MB_T": "0.2", "MB_ON": "false", "MB_ID": "4242"}.items():
+        monkeypatch.setenv(name, value)
+    cfg = parse_config(
+        {
+            "agent": {"maxToolIterations": "${MB_N}"},
+            "llm": {"temperature": "${MB_T}"},
+            "tools": {"exec": {"enabled": "${MB_ON}"}},
+            "channels": {"telegram": {"allowFrom": ["${MB_ID}"]}},
+        }
+    )
+    assert cfg.agent.max_tool_iterations == 15 and cfg.llm.temperature == 0.2
+    assert cfg.tools.exec.enabled is False and cfg.channels.telegram.allow_from == ["4242"]
+    assert "agent.maxToolIterations" in _error({"agent": {"maxToolIterations": "x${MB_N}"}})
+    assert "tools.exec.enabled" in _error({"tools": {"exec": {"enabled": "${MB_N}"}}})
 
 
 def test_out_of_range_and_list_index_paths() -> None:

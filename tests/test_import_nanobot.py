@@ -262,6 +262,18 @@ def test_config_translation_picks_the_provider_and_tolerates_junk() -> None:
     assert translate_config({}).config["llm"] == {}
 
 
+def test_config_translation_writes_numbers_nanobot_took_in_quotes() -> None:
+    # nanobot reads its config leniently; memobot's is strict, so the import converts.
+    t = translate_config(
+        {
+            "agents": {"defaults": {"maxTokens": "8192", "maxToolIterations": "15"}},
+            "channels": {"telegram": {"token": "1:a", "allowFrom": [4242], "enabled": True}},
+        }
+    )
+    assert t.config["llm"]["maxTokens"] == 8192 and t.config["agent"]["maxToolIterations"] == 15
+    assert t.dropped == [] and parse_config(t.config).channels.telegram.allow_from == ["4242"]
+
+
 def test_session_conversion_keeps_memobots_message_shape(tmp_path: Path) -> None:
     meta = {"_type": "metadata", "key": "telegram:5", "last_consolidated": 3, "metadata": {}}
     lines = [

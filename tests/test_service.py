@@ -180,7 +180,8 @@ def test_sighup_applies_a_good_config_and_refuses_a_bad_one(
         data = config_dict(tmp_path, llm.base_url)
         data["llm"]["model"] = "bigger-model"
         data["agent"]["maxToolIterations"] = 7
-        data["llm"]["baseUrl"] = llm.base_url + "/"  # an endpoint: only at the next start
+        # An endpoint: only at the next start ("/v1/" would be the same one: bot.urls).
+        data["llm"]["baseUrl"] = llm.base_url.replace("127.0.0.1", "localhost")
         cfg.write_text(json.dumps(data))
         proc.send_signal(signal.SIGHUP)
         notify_socket.wait_for("RELOADING=1", 10, proc)

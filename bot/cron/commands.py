@@ -21,6 +21,7 @@ from bot.cron.schedule import (
     zone,
 )
 from bot.cron.store import Job, Jobs, JobStore, new_job
+from bot.file_errors import file_problem
 
 
 def _session_key(raw: str) -> str:
@@ -157,6 +158,8 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
         print(f"memobot: {exc}", file=sys.stderr)
         return 1
     except (OSError, ValueError) as exc:
+        if file_problem(exc):
+            raise  # another user's file, a full disk...: the command line's one line, exit 78
         print(f"memobot: cannot use the job store {store.path}: {exc}", file=sys.stderr)
         return 1
     assert job.next_moment is not None

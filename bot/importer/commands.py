@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from bot.config import ConfigError
+from bot.file_errors import file_problem
 from bot.invocation import command_for
 
 
@@ -72,6 +73,8 @@ def run(args: argparse.Namespace, config_path: Path) -> int:
         print(f"memobot: {exc}", file=sys.stderr)
         return exc.code
     except (OSError, MemoryRepoError, ConfigError) as exc:
+        if file_problem(exc):
+            raise  # another user's file, a full disk...: the command line's one line, exit 78
         print(
             f"memobot: the import stopped part way: {exc}. Fix that and run it again (with "
             "--force if the config was written): what is done is kept, nothing is done twice",

@@ -27,6 +27,7 @@ from operator import itemgetter
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic.alias_generators import to_snake
 
 from bot.config import (
     AgentConfig,
@@ -136,6 +137,19 @@ def _fits(model: type[BaseModel], key: str, value: Any) -> str | None:
     return None
 
 
+def _as_typed(model: type[BaseModel], key: str, value: Any) -> Any:
+    """``value`` as memobot's strict ``model`` wants it for ``key``: nanobot's config is read
+    leniently, so a number it took in quotes ("8192") becomes the number; anything else
+    is returned as it was."""
+    if _fits(model, key, value) is None:
+        return value
+    try:
+        lax = model.model_validate({key: value}, strict=False)
+    except ValidationError:
+        return value
+    return lax.model_dump(by_alias=True, mode="json", include={to_snake(key)})[key]
+
+
 class _Translator:
     def __init__(self, data: dict[str, Any]) -> None:
         self.raw = data
@@ -157,6 +171,7 @@ class _Translator:
     def put(
         self, model: type[BaseModel], dest: dict[str, Any], key: str, value: Any, src: str
     ) -> None:
+        value = _as_typed(model, key, value)
         problem = _fits(model, key, value)
         if problem:
             self.drop(src, f"memobot refuses {value!r} for it ({problem})")

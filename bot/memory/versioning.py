@@ -71,6 +71,7 @@ from dulwich.repo import Repo
 
 from bot import durable, workspace_files
 from bot.config import Config
+from bot.file_errors import file_problem
 from bot.private import PRIVATE_FILE as _PRIVATE_FILE
 from bot.private import make_private_dirs
 
@@ -878,6 +879,8 @@ def _of(cfg: Config) -> MemoryRepo:
 
 
 def _fail(exc: Exception) -> int:
+    if file_problem(exc):
+        raise exc  # another user's folder, a full disk...: the command line's line, exit 78
     print(f"memobot: {exc}", file=sys.stderr)
     return 1
 

@@ -9,12 +9,13 @@ chat platform that cannot be reached is a warning, since a server may be offline
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shlex
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 
 from bot import workspace_files
 from bot.config import Config, ConfigError, default_config_path, load_config
+from bot.file_errors import file_problem
 from bot.invocation import program
 from bot.service.checks import Check, Status
 from bot.service.probes import check_llm, check_token, proxy_for, token_probes
@@ -59,6 +61,12 @@ def check_config(path: Path) -> tuple[Check, Config | None]:
         ), None
     try:
         cfg, _ = load_config(path)
+    except OSError as exc:
+        problem = file_problem(exc)
+        if problem is None:
+            raise
+        what, fix = problem.explained
+        return Check("fail", f"config: {what}", fix), None
     except ConfigError as exc:
         return Check(
             "fail", f"config is invalid:\n    {exc}".replace("\n", "\n    "), f"edit {path}"
@@ -139,7 +147,12 @@ def check_sessions(cfg: Config, fix: bool) -> Iterator[Check]:
     except StateLayoutError as exc:
         yield Check("fail", str(exc), "move that file away; memobot creates the folder at start")
         return
-    files = sorted(folder.glob(f"*{SUFFIX}")) if folder.is_dir() else []
+    # Listed so that a folder memobot may not read fails here, naming it (glob sees nothing).
+    files = (
+        sorted(p for p in folder.iterdir() if p.name.endswith(SUFFIX) and p.name[0] != ".")
+        if folder.is_dir()
+        else []
+    )
     damaged: list[tuple[str, Path, SessionScan]] = []
     for path in files:
         if not path.is_file():
@@ -149,7 +162,11 @@ def check_sessions(cfg: Config, fix: bool) -> Iterator[Check]:
             key = filename_to_key(path.name)
             scan = scan_session(path.read_bytes())
         except (OSError, ValueError, UnicodeDecodeError) as exc:
-            yield Check("fail", f"session file {path} cannot be read: {exc}")
+            problem = file_problem(exc)
+            if problem is not None:
+                yield Check("fail", *problem.explained)
+            else:
+                yield Check("fail", f"session file {path} cannot be read: {exc}")
             continue
         if scan.damaged or scan.torn_tail:
             damaged.append((key, path, scan))
@@ -478,28 +495,52 @@ def check_running_channels(cfg: Config) -> Iterator[Check]:
 # -- the command -------------------------------------------------------------------------------
 
 
+def _guarded(check: Callable[[], Check | Iterable[Check]], told: set[str]) -> Iterator[Check]:
+    """Run one check. A file or folder it may not use (another user's, a folder in a file's
+    place: bot.file_errors) is a failed check naming the path, once (``told``: the ones
+    already reported), and the next checks run."""
+    try:
+        found = check()
+        yield from [found] if isinstance(found, Check) else found
+    except OSError as exc:
+        problem = file_problem(exc)
+        if problem is None:
+            raise
+        what, fix = problem.explained
+        if what not in told:
+            told.add(what)
+            yield Check("fail", what, fix)
+
+
 def run_checks(config_path: Path | None, fix: bool) -> Iterator[Check]:
     path = (config_path or default_config_path()).expanduser()
     check, cfg = check_config(path)
     yield check
-    if path.exists():
-        yield check_mode(path, 0o600, "config file", fix)
+    guarded = functools.partial(_guarded, told=set())
+    yield from guarded(
+        lambda: [check_mode(path, 0o600, "config file", fix)] if path.exists() else []
+    )
     server = None
     if cfg is not None:
-        yield check_mode(cfg.agent.workspace_path, 0o700, "workspace", fix)
-        if cfg.agent.state_path.exists():
-            # Transcripts sit in its own 0700 sessions/ folder; the rest (terminal history,
-            # channel offsets) is less private: a warning, not a failure.
-            yield check_mode(cfg.agent.state_path, 0o700, "state folder", fix, severity="warn")
-        yield from check_sessions(cfg, fix)
-        yield check_history(cfg)
-        yield from check_memory_history(cfg)
+        ws, state = cfg.agent.workspace_path, cfg.agent.state_path
+        yield from guarded(lambda: check_mode(ws, 0o700, "workspace", fix))
+        # Transcripts sit in its own 0700 sessions/ folder; the rest (terminal history,
+        # channel offsets) is less private: a warning, not a failure.
+        yield from guarded(
+            lambda: (
+                [check_mode(state, 0o700, "state folder", fix, severity="warn")]
+                if state.exists()
+                else []
+            )
+        )
+        yield from guarded(lambda: check_sessions(cfg, fix))
+        yield from guarded(lambda: check_history(cfg))
+        yield from guarded(lambda: check_memory_history(cfg))
         yield check_confinement(cfg)
         yield from check_exec_allow(cfg)
-        yield check_limits(cfg)
-        if cfg.agent.workspace_path.is_dir():
-            yield check_workspace_size(cfg)
-        yield from check_mcp(cfg, path)
+        yield from guarded(lambda: check_limits(cfg))
+        yield from guarded(lambda: [check_workspace_size(cfg)] if ws.is_dir() else [])
+        yield from guarded(lambda: check_mcp(cfg, path))
         probe = asyncio.run(check_llm(cfg, path))
         server = probe.date_header
         yield probe.check
@@ -508,9 +549,9 @@ def run_checks(config_path: Path | None, fix: bool) -> Iterator[Check]:
             yield Check("info", "channels: none enabled (set channels.<name>.enabled)")
         for token_probe in probes:
             yield asyncio.run(check_token(token_probe, proxy_for(cfg, token_probe)))
-        yield from check_channel_access(cfg)
-        yield from check_running_channels(cfg)
-    yield check_units(config_path)
+        yield from guarded(lambda: check_channel_access(cfg))
+        yield from guarded(lambda: check_running_channels(cfg))
+    yield from guarded(lambda: check_units(config_path))
     yield check_clock(server)
 
 

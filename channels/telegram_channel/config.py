@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from bot.config_base import ChannelConfig, ConfigModel, RateLimitConfig
+from bot.urls import telegram_base_url
 
 
 class TelegramRateLimits(ConfigModel):
@@ -23,9 +24,16 @@ class TelegramRateLimits(ConfigModel):
 class TelegramConfig(ChannelConfig):
     required_when_enabled: ClassVar[tuple[str, ...]] = ("token",)
     token: str = ""
-    base_url: str = ""  # python-telegram-bot's meaning: "http://host:port/bot", token appended
+    # python-telegram-bot's meaning: "http://host:port/bot", the token appended. Known slips
+    # (a trailing slash, a bare host) are put right when the config loads, others refused.
+    base_url: str = ""
     base_file_url: str = ""
     poll_timeout_seconds: int = Field(30, ge=1, le=300)
     rate_limits: TelegramRateLimits = TelegramRateLimits()
     _id_pattern: ClassVar[re.Pattern[str]] = re.compile(r"^-?[0-9]+$")
     _id_example: ClassVar[str] = "a numeric Telegram user id"
+
+    _base_url = field_validator("base_url")(telegram_base_url)
+    _base_file_url = field_validator("base_file_url")(
+        lambda v: telegram_base_url(v, suffix="/file/bot")
+    )

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from bot.session import SessionStore
+from channels.discord_channel import channel as discord_channel
 from channels.errors import FatalChannelError, PermanentError, RetryAfter, TransientError
 from channels.registry import create_channel
 from tests.fakes.discord_api import (
@@ -30,6 +31,7 @@ from tests.fakes.discord_api import (
 )
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.helpers import (
+    VirtualClock,
     listed_commands,
     make_config,
     readme_commands,
@@ -251,6 +253,21 @@ async def test_rate_limit_is_waited_out_and_delivered(
     attempts = [c for c in api.calls if c.path.endswith("/messages")]
     assert [c.status for c in attempts] == [429, 200]
     assert attempts[1].at - attempts[0].at >= 0.3
+
+
+async def test_a_call_discord_never_answers_is_given_up_and_sent_again(
+    tmp_path: Path, llm: FakeLLM, api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # discord.py's session waits 300 s for an answer; the chat's later answers would wait too.
+    monkeypatch.setattr(discord_channel, "CALL_TIMEOUT_SECONDS", 0.5)
+    api.fail_next(0, stall=4)  # the first Create Message hangs (answered only after 4 s)
+    async with running(tmp_path, llm, api) as bot:
+        bot.harness.manager.delivery.clock = VirtualClock()  # the retry's backoff, no wait
+        await api.send_message(ALICE_DM, ALICE, "still there?", guild_id=None)
+        [body] = await bot.answered(ALICE_DM)
+    assert body["content"] == "echo: still there?"
+    attempts = [c for c in api.calls if c.path.endswith("/messages")]
+    assert len(attempts) == 2 and attempts[1].at - attempts[0].at < 5
 
 
 async def test_six_pieces_are_paced_by_the_rate_limit_headers(tmp_path: Path, llm: FakeLLM) -> None:

@@ -10,10 +10,12 @@ at all, and the bus verdict is only used to drop duplicates.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
 import logging
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,10 @@ RECONNECT_START, RECONNECT_MAX = 1.0, 30.0
 # discord.py sleeps through shorter 429s itself (per bucket, i.e. per channel); a longer wait
 # surfaces as RateLimited, so the channel manager's one retry policy decides and logs it.
 MAX_LIBRARY_RATELIMIT_WAIT = 30.0
+# One REST call, its rate-limit waits inside discord.py included: past this it counts as a
+# network failure (retried by the one retry policy). discord.py's own session would wait 300 s,
+# holding the chat's answers that long.
+CALL_TIMEOUT_SECONDS = MAX_LIBRARY_RATELIMIT_WAIT + 30.0
 # Gateway close codes after which reconnecting cannot help (bad token, intents, sharding).
 FATAL_CLOSE_CODES = frozenset({4004, 4010, 4011, 4012, 4013, 4014})
 _CLOSE_ADVICE = {
@@ -494,6 +500,18 @@ class DiscordChannel(Channel):
     def plain(self, chunk: str) -> str:
         return strip_markdown(chunk)
 
+    @contextlib.asynccontextmanager
+    async def _call(self, method: str) -> AsyncIterator[None]:
+        """``calling`` with a deadline: a call Discord never answers is a network failure."""
+        with self.calling(method):
+            try:
+                async with asyncio.timeout(CALL_TIMEOUT_SECONDS):
+                    yield
+            except TimeoutError as exc:
+                raise TransientError(
+                    f"{method}: no answer from Discord in {CALL_TIMEOUT_SECONDS:g} s"
+                ) from exc
+
     def classify(self, exc: Exception, method: str) -> SendError | FatalChannelError | None:
         return map_send_error(exc, method)
 
@@ -521,7 +539,7 @@ class DiscordChannel(Channel):
         view = approval_view(msg)
         if view is not None:
             extra["view"] = view
-        with self.calling("Create Message"):
+        async with self._call("Create Message"):
             return await channel.send(
                 chunk,
                 reference=reference,
@@ -536,7 +554,7 @@ class DiscordChannel(Channel):
             data = await asyncio.to_thread(Path(path).read_bytes)
         except OSError as exc:
             raise PermanentError(f"the file {Path(path).name} cannot be read: {exc}") from exc
-        with self.calling("Create Message"):
+        async with self._call("Create Message"):
             await channel.send(file=discord.File(io.BytesIO(data), filename=Path(path).name))
 
     # -- streaming: a message sent once there is text, then edited --------------------------
@@ -561,19 +579,19 @@ class DiscordChannel(Channel):
         self, chat_id: str, message_id: str, chunk: str, plain: bool = False
     ) -> None:
         channel = await self._messageable(chat_id)
-        with self.calling("Edit Message"):
+        async with self._call("Edit Message"):
             await channel.get_partial_message(int(message_id)).edit(
                 content=chunk, allowed_mentions=discord.AllowedMentions.none()
             )
 
     async def delete_message(self, chat_id: str, message_id: str) -> None:
         channel = await self._messageable(chat_id)
-        with self.calling("Delete Message"):
+        async with self._call("Delete Message"):
             await channel.get_partial_message(int(message_id)).delete()
 
     async def send_typing(self, chat_id: str) -> None:
         channel = await self._messageable(chat_id)
-        with self.calling("Trigger Typing Indicator"):
+        async with self._call("Trigger Typing Indicator"):
             await channel.typing()  # one POST /typing; the manager refreshes it
 
     @staticmethod
@@ -612,7 +630,7 @@ class DiscordChannel(Channel):
             raise TransientError("discord is not connected")
         channel = self._channels.get(chat_id) or client.get_channel(int(chat_id))
         if channel is None:
-            with self.calling("Get Channel"):
+            async with self._call("Get Channel"):
                 channel = await client.fetch_channel(int(chat_id))
             self._channels[chat_id] = channel
         return channel

@@ -197,6 +197,7 @@ class Failure:
     via: bool = True  # discord.py treats a 429 without "Via" as a Cloudflare ban (not retried)
     body: dict[str, Any] | None = None
     path_contains: str = "/messages"
+    stall: float = 0.0  # seconds before answering (status 0: then carry on as if unscripted)
 
 
 @dataclass
@@ -755,10 +756,13 @@ class FakeDiscord:
         self.calls.append(call)
         return call
 
-    def _scripted(self, request: web.Request) -> web.Response | None:
+    async def _scripted(self, request: web.Request) -> web.Response | None:
         for i, failure in enumerate(self.failures):
             if failure.path_contains in request.path:
                 del self.failures[i]
+                await asyncio.sleep(failure.stall)
+                if failure.status == 0:
+                    return None
                 headers = {"Via": "1.1 google"} if failure.via else {}
                 body = dict(failure.body or {"message": f"scripted {failure.status}", "code": 0})
                 if failure.retry_after is not None:
@@ -806,7 +810,7 @@ class FakeDiscord:
             body = await request.json()
         call = await self._record(request, body)
         call.files = files
-        failure = self._scripted(request)
+        failure = await self._scripted(request)
         if failure is not None:
             call.status = failure.status
             await self._notify()
@@ -860,7 +864,7 @@ class FakeDiscord:
             return self._unauthorized()
         body = await request.json()
         call = await self._record(request, body)
-        failure = self._scripted(request)
+        failure = await self._scripted(request)
         if failure is not None:
             call.status = failure.status
             await self._notify()
@@ -921,7 +925,7 @@ class FakeDiscord:
         if not self._authorized(request):
             return self._unauthorized()
         call = await self._record(request, None)
-        failure = self._scripted(request)
+        failure = await self._scripted(request)
         if failure is not None:
             call.status = failure.status
             await self._notify()

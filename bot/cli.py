@@ -358,6 +358,21 @@ def ask_llm(cfg: Config) -> None:
     cfg.llm.model = _ask("Model", preset.model)
 
 
+def _onboard_fields(
+    cfg: Config, args: argparse.Namespace, asked_llm: bool
+) -> dict[tuple[str, str], Any]:
+    """The settings onboard sets in a config that exists, as the file names them."""
+    fields: dict[tuple[str, str], Any] = {}
+    for attr, key in (("base_url", "baseUrl"), ("api_key", "apiKey"), ("model", "model")):
+        if asked_llm or getattr(args, attr) is not None:
+            fields["llm", key] = getattr(cfg.llm, attr)
+    if args.workspace:
+        fields["agent", "workspace"] = cfg.agent.workspace
+    if args.state_dir:
+        fields["agent", "stateDir"] = cfg.agent.state_dir
+    return fields
+
+
 def _llm_flags_help(config_path: Path) -> str:
     onboard = command_for(config_path, "onboard")
     return (
@@ -433,10 +448,11 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
     llm_new = not existed or any(v is not None for v in llm_flags)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     plans: list[steps.ChannelPlan] = []
+    asked_llm = False
     try:
         if no_llm and all(v is None for v in llm_flags) and interactive:
             ask_llm(cfg)
-            changed, no_llm, llm_new = True, False, True
+            changed, no_llm, llm_new, asked_llm = True, False, True, True
         # Before anything is written: a model that cannot answer is found now, not at the
         # first message.
         if llm_new and not no_llm:
@@ -452,11 +468,13 @@ def cmd_onboard(args: argparse.Namespace, config_path: Path) -> int:
     except (EOFError, KeyboardInterrupt):
         print("\nNothing written.", file=sys.stderr)
         return EX_INTERRUPTED
-    if plans and not changed:
-        # Only channels changed in a config that exists: the rest of the file stays as
-        # written (a ${VAR} reference is not written out expanded).
-        steps.write_plans(config_path, steps.read_raw(config_path), plans)
-        print(f"Wrote channels.{', channels.'.join(p.name for p in plans)} to {config_path}")
+    if existed and (changed or plans):
+        # Only what onboard was asked to change goes into a config that exists; the rest of
+        # the file stays as written (a ${VAR} reference is not written out expanded).
+        fields = _onboard_fields(cfg, args, asked_llm)
+        steps.write_plans(config_path, steps.read_raw(config_path), plans, fields)
+        written = [f"{s}.{k}" for s, k in fields] + [f"channels.{p.name}" for p in plans]
+        print(f"Wrote {', '.join(written)} to {config_path}")
     elif changed or plans:
         save_config(cfg, config_path)
         print(f"Wrote config (mode 0600): {config_path}")

@@ -434,12 +434,21 @@ def read_raw(config_path: Path) -> dict[str, Any]:
     return data
 
 
-def write_plans(config_path: Path, data: dict[str, Any], plans: list[ChannelPlan]) -> Config:
-    """Apply ``plans`` to ``data`` (the file's JSON, from ``read_raw``) and replace the file
-    durably, mode 0600 as ``save_config`` writes it; the rest of the file stays as written.
-    Returns the config as it now loads; ConfigError (nothing written) if it would not."""
+def write_plans(
+    config_path: Path,
+    data: dict[str, Any],
+    plans: list[ChannelPlan],
+    fields: dict[tuple[str, str], Any] | None = None,
+) -> Config:
+    """Apply ``plans`` and ``fields`` (``("llm", "model"): "x"``, camelCase as in the file) to
+    ``data`` (the file's JSON, from ``read_raw``) and replace the file durably, mode 0600 as
+    ``save_config`` writes it; the rest of the file stays as written (a ``${VAR}`` reference
+    is not written out expanded). Returns the config as it now loads; ConfigError (nothing
+    written) if it would not."""
     from bot import durable
 
+    for (section, key), value in (fields or {}).items():
+        data.setdefault(section, {})[key] = value
     for plan in plans:
         data.setdefault("channels", {}).setdefault(plan.name, {}).update(plan.changes)
     after = parse_config(copy.deepcopy(data), str(config_path))

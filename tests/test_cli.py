@@ -135,3 +135,27 @@ def test_python_dash_m_and_help() -> None:
         assert command in done.stdout
     agent_help = run_memobot("agent", "--help").stdout
     assert "--message" in agent_help and "--session" in agent_help and "--config" in agent_help
+
+
+def test_onboard_changes_only_what_it_was_asked_to_in_a_config_that_exists(
+    tmp_path: Path, llm: FakeLLMThread
+) -> None:
+    # Secrets kept out of the file as ${VAR} references stay references: onboard writing the
+    # loaded (expanded) config back would put the key and the token in the file.
+    cfg = write_config(
+        tmp_path,
+        llm.base_url,
+        llm={"apiKey": "${MEMOTEST_LLM_KEY}"},
+        channels={"telegram": {"token": "${MEMOTEST_TG_TOKEN}", "allowFrom": ["42"]}},
+    )
+    before = json.loads(cfg.read_text())
+    env = {"MEMOTEST_LLM_KEY": "sk-kept-out-of-the-file", "MEMOTEST_TG_TOKEN": "123:secret"}
+    done = run_memobot("onboard", "--model", "another-model", config=cfg, env=env)
+    assert done.returncode == 0, done.stderr
+    text = cfg.read_text()
+    assert "sk-kept-out-of-the-file" not in text and "123:secret" not in text
+    after = json.loads(text)
+    assert after["llm"]["model"] == "another-model"
+    after["llm"]["model"] = before["llm"]["model"]
+    assert after == before  # nothing else changed
+    assert "llm.model" in done.stdout

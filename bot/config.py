@@ -641,7 +641,8 @@ def _describe(err: dict[str, Any]) -> str:
     got = err.get("input")
     if isinstance(got, str) and "://" in got:
         got = redact_url(got)  # a password, a key in the query, a bot token in the path
-    shown = f" (got {json.dumps(got, default=str)[:80]})"
+    # Redacted before it is cut: a secret across the cut is no longer the one the filter knows.
+    shown = f" (got {redact(json.dumps(got, default=str))[:80]})"
     if kind in _WANTED:
         hint = "" if secret else _type_hint(kind, got)
         return f"expected {_WANTED[kind]}{hint}{'' if secret else shown}"

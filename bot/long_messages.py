@@ -16,7 +16,7 @@ from pathlib import PurePosixPath
 
 from bot.workspace import chat_media_dir
 
-CHARS_PER_TOKEN = 4  # bot.tokens' estimate
+CHARS_PER_TOKEN = 4  # bot.tokens' estimate, for ASCII text
 # What a message may take of the window left after the answer (``llm.maxTokens``).
 MESSAGE_SHARE = 0.5
 MIN_MESSAGE_CHARS = 2_000
@@ -26,9 +26,33 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def message_char_limit(context_window: int, max_tokens: int) -> int:
-    """The longest user message (in characters) sent whole to a model with this window."""
+    """The longest user message (in ASCII characters, see :func:`message_size`) sent whole
+    to a model with this window."""
     room = max(0, context_window - max_tokens)
     return max(MIN_MESSAGE_CHARS, int(room * MESSAGE_SHARE) * CHARS_PER_TOKEN)
+
+
+def message_size(text: str) -> int:
+    """``text``'s length as :func:`message_char_limit` counts it: an ASCII character is one,
+    any other two per UTF-8 byte. Four characters a token holds for English only: a Chinese,
+    Japanese or Korean character (3 bytes, 6 here: 1.5 tokens) or an emoji (4 bytes, 2
+    tokens) takes a token or more, and a message of them cut by character count alone still
+    overflowed the window."""
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    return 2 * len(text.encode("utf-8", "surrogatepass")) - ascii_chars
+
+
+def _fitting(text: str, budget: int, *, from_end: bool) -> str:
+    """The longest head (or tail) of ``text`` whose :func:`message_size` is within ``budget``."""
+    lo, hi = 0, min(len(text), budget)  # every character counts at least one
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        part = text[len(text) - mid :] if from_end else text[:mid]
+        if message_size(part) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return (text[len(text) - lo :] if lo else "") if from_end else text[:lo]
 
 
 def message_file(channel: str, chat_id: str, message_id: str) -> PurePosixPath:
@@ -41,12 +65,13 @@ def message_file(channel: str, chat_id: str, message_id: str) -> PurePosixPath:
 def cut_message(text: str, limit: int, kept_in: str) -> str:
     """``text`` cut to about ``limit`` characters: its head and tail (back to a line or
     word end when one is near) around a marker saying how much is left out and where the
-    whole text is. ``text`` itself when it fits."""
-    if len(text) <= limit:
+    whole text is. ``text`` itself when it fits. ``limit`` and the fit are in
+    :func:`message_size`."""
+    if message_size(text) <= limit:
         return text
     keep = max(0, limit - 400)  # the marker's own room
-    head = _to_break(text[: int(keep * HEAD_SHARE)], from_end=False)
-    tail = _to_break(text[len(text) - (keep - int(keep * HEAD_SHARE)) :], from_end=True)
+    head = _to_break(_fitting(text, int(keep * HEAD_SHARE), from_end=False), from_end=False)
+    tail = _to_break(_fitting(text, keep - int(keep * HEAD_SHARE), from_end=True), from_end=True)
     left_out = len(text) - len(head) - len(tail)
     marker = (
         f"[… memobot: this message is {len(text):,} characters long, too long for the model's "

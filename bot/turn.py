@@ -30,7 +30,13 @@ from bot.images import stored_form
 from bot.kinds import TurnKind
 from bot.llm import LLMError, LLMProvider, LLMUnavailable
 from bot.long_answers import spill
-from bot.long_messages import cut_message, message_char_limit, message_file, too_long_notice
+from bot.long_messages import (
+    cut_message,
+    message_char_limit,
+    message_file,
+    message_size,
+    too_long_notice,
+)
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import chat_memory_file
 from bot.memory.files import memory_stamp
@@ -143,7 +149,7 @@ class Turns:
         (bot.long_messages)."""
         llm = self.cfg.llm
         limit = message_char_limit(llm.context_window_tokens, llm.max_tokens)
-        if len(text) <= limit:
+        if message_size(text) <= limit:
             return text
         path = message_file(msg.channel, msg.chat_id, msg.message_id or uuid.uuid4().hex[:12])
         try:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from bot.bus import MessageBus, OutboundMessage, StreamEvent
 from bot.commands import CommandSyntax
 from bot.gate.question import QuestionView, question_markdown
+from bot.service.logs import redact
 from channels.access import AccessPolicy, question_view
 from channels.errors import FatalChannelError, FeatureUnavailable, PermanentError, SendError
 from channels.pacing import Limit
@@ -78,12 +79,17 @@ class Channel(ABC):
         self.on_state: Callable[[], None] | None = None
         self.features_off: dict[str, str] = {}  # feature -> why (for as long as this runs)
 
-    def set_state(self, state: State, detail: str = "") -> None:
+    def set_state(self, state: State, detail: str = "") -> bool:
+        """Whether this is a change. ``detail`` is kept redacted: it often quotes an SDK's
+        error, whose URL may carry the token (Telegram's /bot<token>/), and it goes into the
+        gateway's status file and `memobot status`, which no log filter sees."""
+        detail = redact(detail)
         changed = state != self.state or detail != self.state_detail
         self.state = state
         self.state_detail = detail
         if changed and self.on_state is not None:
             self.on_state()
+        return changed
 
     def fail(self, error: FatalChannelError) -> None:
         """This channel cannot work until its configuration is fixed: "failed", for good.

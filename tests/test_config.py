@@ -215,3 +215,16 @@ def test_a_missing_slack_token_shows_the_slack_section_redacted() -> None:
     assert '"enabled": false' in lines[0]
     assert "telegram" not in lines[0].lower() and "SECRET" not in lines[0]
     assert '"botToken": "***"' in lines[0]
+
+
+def test_a_section_shown_in_an_error_is_redacted_before_it_is_cut() -> None:
+    """The section is shown cut to 80 characters: cut first, a token across the cut was no
+    longer the whole secret the filter knows, and its first part was printed (a Slack-
+    compatible server's bot token, which has no xoxb- shape to be recognised by)."""
+    token = "zz-" + "secretpart" * 6
+    data = {"channels": {"slack": {"enabled": True, "allowFrom": ["U1"], "botToken": token}}}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    text = str(caught.value)
+    assert "appToken is required" in text
+    assert "secretpart" not in text and "zz-" not in text

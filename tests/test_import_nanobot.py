@@ -341,3 +341,30 @@ def test_nanobot_timezone_auto_follows_the_system_zone_as_memobot_does() -> None
     assert "agents.defaults.timezone" in dict(bad.dropped)
     old = translate_config({"agents": {"defaults": {"memoryWindow": 50, "sessionTtlMinutes": 0}}})
     assert old.config["memory"] == {"consolidateAtMessages": 50, "idleCompactMinutes": 0}
+
+
+def test_a_refused_header_or_proxy_is_not_echoed_with_its_secret() -> None:
+    """`memobot import nanobot` prints what it did not carry and why: a refused setting was
+    shown as it was, so a provider's extraHeaders put its token on the screen (and into the
+    bug report it gets pasted in), and a proxy of a scheme memobot lacks its password."""
+    data = {
+        "agents": {"defaults": {"model": "openai/gpt-4o", "provider": "openai"}},
+        "providers": {
+            "openai": {
+                "apiKey": "sk-the-api-key-0123456789",
+                "extraHeaders": {"Authorization": "Gw HEADER-SECRET-1", "X-Bad": "a\nb"},
+                "proxy": "socks4://bee:PROXY-PASS-2@proxy:1080",
+            }
+        },
+        "channels": {
+            "telegram": {"enabled": True, "token": "1:T", "proxy": "ftp://u:CHANNEL-PASS-3@h"}
+        },
+    }
+    dropped = dict(translate_config(data).dropped)
+    shown = "\n".join(f"{k}: {v}" for k, v in dropped.items())
+    for path in ("providers.openai.extraHeaders", "providers.openai.proxy"):
+        assert path in dropped, path
+    assert "channels.telegram.proxy" in dropped
+    for secret in ("HEADER-SECRET-1", "PROXY-PASS-2", "CHANNEL-PASS-3"):
+        assert secret not in shown, secret
+    assert "X-Bad" in dropped["providers.openai.extraHeaders"]  # still says what is wrong

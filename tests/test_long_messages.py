@@ -85,3 +85,35 @@ def test_cut_keeps_head_and_tail_at_word_ends() -> None:
     left_out = len(text) - len(head) - len(tail)
     assert f"{left_out:,} characters" in marker and "media/cli/x/message-1.txt" in marker
     assert cut_message("short", 5_000, "x") == "short"
+
+
+def test_cjk_is_cut_to_the_window_not_to_its_character_count() -> None:
+    """Four characters a token holds for English, not for Chinese, Japanese, Korean or emoji,
+    which take a token or more each: a 120,000-character Chinese message was under the
+    character limit, sent whole, and refused for length by a 65,536-token model."""
+    room = WINDOW - 4096
+    limit = message_char_limit(WINDOW, 4096)
+    for text in ("漢字" * 60_000, "🙂" * 120_000, "x " * 30_000 + "漢" * 100_000):
+        cut = cut_message(text, limit, "media/telegram/42/message-1.txt")
+        wide = sum(1 for c in cut if ord(c) > 127)
+        assert wide <= room // 2, (text[:3], wide)  # even at one token each: half the room
+        assert "characters in the middle are left out" in cut
+    ascii_text = "word " * 30_000
+    assert len(cut_message(ascii_text, limit, "x")) > limit - 500  # English keeps its share
+
+
+async def test_a_chinese_message_under_the_character_limit_is_still_cut(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    llm.script(reply("ok"))
+    cfg = make_config(tmp_path, llm.base_url, llm={"contextWindowTokens": 8192})
+    room = 8192 - cfg.llm.max_tokens
+    text = "长" * (message_char_limit(8192, cfg.llm.max_tokens) - 10)  # fewer chars than the limit
+    async with Harness(cfg, tmp_path / "config.json", ("telegram",)) as h:
+        fut = await h.send(text, chat="42", channel="telegram")
+        assert (await fut).text == "ok"
+    assert len([m for m in h.outbox if not m.final]) == 1  # the person is told
+    user = request_messages(llm.requests[0])[-1]["content"]
+    assert user.count("长") <= room // 2
+    kept = list((tmp_path / "ws" / "media" / "telegram" / "42").glob("message-*.txt"))
+    assert len(kept) == 1 and kept[0].read_text() == text

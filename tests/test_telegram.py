@@ -833,3 +833,27 @@ def test_commands_and_mentions_are_read_like_telegram_does():
     assert telegram_channel.split_chat_key("-1001234:7") == (-1001234, 7)
     assert telegram_channel.split_chat_key("42") == (42, None)
     assert telegram_channel.telegram_message_id("-1001234:99") == 99
+
+
+async def test_an_error_quoting_the_url_never_puts_the_token_in_the_status(tmp_path, llm, api):
+    """aiohttp quotes the request URL, /bot<token>/getMe, in some errors (too many redirects
+    from a baseUrl behind a misconfigured reverse proxy): the log filter hid it, but the
+    channel's state detail went as it was into state/gateway.json and `memobot status`."""
+
+    async def loop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        target = head.split(b" ", 2)[1]
+        writer.write(b"HTTP/1.1 302 Found\r\nLocation: " + target + b"\r\n")
+        writer.write(b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(loop, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with running(tmp_path, llm, api, baseUrl=f"http://127.0.0.1:{port}/bot") as tg:
+            await api.wait_for_async(lambda: tg.channel.state == "reconnecting", 10)
+            assert "TooManyRedirects" in tg.channel.state_detail
+            assert api.token not in json.dumps(tg.channel.status())
+    finally:
+        server.close()

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_snake
 
 from bot.config import (
+    _SECRET_KEY,
     AgentConfig,
     DreamConfig,
     ExecConfig,
@@ -42,6 +43,8 @@ from bot.config import (
 )
 from bot.config_base import ChannelConfig
 from bot.dialects import PROVIDERS, detect_provider
+from bot.service.logs import redact
+from bot.urls import redact_url
 from channels.discord_channel.config import DiscordConfig
 from channels.slack_channel.config import SlackConfig
 from channels.telegram_channel.config import TelegramConfig
@@ -150,6 +153,15 @@ def _as_typed(model: type[BaseModel], key: str, value: Any) -> Any:
     return lax.model_dump(by_alias=True, mode="json", include={to_snake(key)})[key]
 
 
+def _shown(key: str, value: Any) -> str:
+    """A refused value as the report shows it (it is printed, and pasted into bug reports):
+    as bot.config's errors do, an extra header's value or a secret not at all (nor a mangled
+    one), a URL (a proxy) without its user name and password."""
+    if key == "headers" or _SECRET_KEY.search(key):
+        return "its value"
+    return repr(redact_url(value)) if isinstance(value, str) else repr(value)
+
+
 class _Translator:
     def __init__(self, data: dict[str, Any]) -> None:
         self.raw = data
@@ -174,7 +186,7 @@ class _Translator:
         value = _as_typed(model, key, value)
         problem = _fits(model, key, value)
         if problem:
-            self.drop(src, f"memobot refuses {value!r} for it ({problem})")
+            self.drop(src, redact(f"memobot refuses {_shown(key, value)} for it ({problem})"))
         else:
             dest[key] = value
 

@@ -450,9 +450,8 @@ class TelegramChannel(Channel):
 
     def _set_state(self, state: State, detail: str = "", level: int = logging.INFO) -> None:
         """Log a state change once, not once per failed attempt."""
-        if state != self.state or detail != self.state_detail:
+        if self.set_state(state, detail):
             log.log(level, "telegram: %s%s", state, f" ({detail})" if detail else "")
-        self.set_state(state, detail)
 
     # -- polling --
 

@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from pydantic import (
     BaseModel,
     Field,
+    PrivateAttr,
     StrictBool,
     ValidationError,
     create_model,
@@ -151,6 +152,8 @@ class LLMConfig(_Model):
     # Tried in order when this endpoint (and then each one before) stays unavailable.
     fallbacks: list[FallbackConfig] = Field(default_factory=list)
     outage: OutageConfig = OutageConfig()
+    # False for a fallback on a server of its own: OPENAI_API_KEY is llm's, not its.
+    _key_from_environment: bool = PrivateAttr(True)
 
     _api_key = field_validator("api_key")(_header_safe_key)
     _proxy = field_validator("proxy")(check_proxy_url)
@@ -176,18 +179,23 @@ class LLMConfig(_Model):
 
     def endpoints(self) -> list[LLMConfig]:
         """This config and then each fallback, with its unset fields taken from this one
-        (a fallback on another server keeps none of llm's provider, apiVersion, headers
-        and dialect)."""
+        (a fallback on another server keeps none of llm's provider, apiVersion, headers,
+        dialect and key: llm's key, or OPENAI_API_KEY, is never sent to another server)."""
         own = self.model_copy(update={"fallbacks": []})
         chain = [own]
         for fb in self.fallbacks:
             update: dict[str, Any] = dict(_ENDPOINT_OWN) if fb.base_url else {}
             update |= {k: v for k in fb.model_fields_set if (v := getattr(fb, k)) is not None}
-            chain.append(own.model_copy(update=update))
+            endpoint = own.model_copy(update=update)
+            if fb.base_url:
+                endpoint._key_from_environment = False
+            chain.append(endpoint)
         return chain
 
     def resolved_api_key(self) -> str:
-        return self.api_key or os.environ.get("OPENAI_API_KEY", "")
+        if self.api_key or not self._key_from_environment:
+            return self.api_key
+        return os.environ.get("OPENAI_API_KEY", "")
 
     def resolved_base_url(self) -> str:
         return self.base_url or os.environ.get("OPENAI_BASE_URL", "")
@@ -198,6 +206,7 @@ _ENDPOINT_OWN: dict[str, Any] = {
     "api_version": "",
     "headers": {},
     "dialect": DialectConfig(),
+    "api_key": "",
 }
 
 

@@ -188,3 +188,51 @@ async def test_a_server_that_stops_reading_the_request_times_out() -> None:
             for writer in held:
                 writer.close()
     assert "APITimeoutError" in str(info.value)
+
+
+async def test_a_fallback_on_another_server_never_gets_llms_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """llm's key (or OPENAI_API_KEY) belongs to llm's server: a fallback at a baseUrl of its
+    own (a local model, another provider) gets its own apiKey or none, never that one."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-environment")
+    async with FakeLLM() as main, FakeLLM() as local, FakeLLM() as keyed:
+        for server in (main, local, keyed):
+            server.script({"error": 503}, {"error": 503})  # every endpoint down...
+        keyed.reset()
+        keyed.script(reply("from the keyed fallback"))  # ...but the last
+        retry = {"attempts": 1}
+        for llm in (
+            {"apiKey": "sk-main-secret"},
+            {},  # the key comes from OPENAI_API_KEY
+        ):
+            provider = LLMProvider(
+                LLMConfig.model_validate(
+                    {
+                        "baseUrl": main.base_url,
+                        "model": "m",
+                        "retry": retry,
+                        **llm,
+                        "fallbacks": [
+                            {"model": "same-server"},
+                            {"baseUrl": local.base_url, "model": "llama"},
+                            {"baseUrl": keyed.base_url, "model": "k", "apiKey": "sk-keyed"},
+                        ],
+                    }
+                )
+            )
+            try:
+                answer = await provider.chat([{"role": "user", "content": "hi"}])
+            finally:
+                await provider.close()
+            assert answer.content == "from the keyed fallback"
+            key = llm.get("apiKey", "sk-from-the-environment")
+            assert {r["headers"]["authorization"] for r in main.requests} == {f"Bearer {key}"}
+            assert key not in str([r["headers"] for r in local.requests])
+            assert local.requests, "the local fallback was tried"
+            assert {r["headers"]["authorization"] for r in keyed.requests} == {"Bearer sk-keyed"}
+            for server in (main, local, keyed):
+                server.reset()
+            for server in (main, local):
+                server.script({"error": 503}, {"error": 503})
+            keyed.script(reply("from the keyed fallback"))

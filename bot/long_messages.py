@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import PurePosixPath
 
+from bot.tokens import message_size
 from bot.workspace import chat_media_dir
 
 CHARS_PER_TOKEN = 4  # bot.tokens' estimate, for ASCII text
@@ -30,16 +31,6 @@ def message_char_limit(context_window: int, max_tokens: int) -> int:
     to a model with this window."""
     room = max(0, context_window - max_tokens)
     return max(MIN_MESSAGE_CHARS, int(room * MESSAGE_SHARE) * CHARS_PER_TOKEN)
-
-
-def message_size(text: str) -> int:
-    """``text``'s length as :func:`message_char_limit` counts it: an ASCII character is one,
-    any other two per UTF-8 byte. Four characters a token holds for English only: a Chinese,
-    Japanese or Korean character (3 bytes, 6 here: 1.5 tokens) or an emoji (4 bytes, 2
-    tokens) takes a token or more, and a message of them cut by character count alone still
-    overflowed the window."""
-    ascii_chars = len(text.encode("ascii", "ignore"))
-    return 2 * len(text.encode("utf-8", "surrogatepass")) - ascii_chars
 
 
 def _fitting(text: str, budget: int, *, from_end: bool) -> str:

@@ -1,4 +1,5 @@
-"""Cheap token estimates: about four characters a token, good enough for budgets."""
+"""Cheap token estimates, good enough for budgets: about four characters a token in English,
+weighted by UTF-8 bytes elsewhere (:func:`message_size`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,19 @@ from typing import Any
 _PER_MESSAGE_OVERHEAD = 4
 
 
+def message_size(text: str) -> int:
+    """``text``'s length in quarter tokens: an ASCII character is one, any other two per UTF-8
+    byte. Four characters a token holds for English only: a Chinese, Japanese or Korean
+    character (3 bytes, 6 here: 1.5 tokens) or an emoji (4 bytes, 2 tokens) takes a token or
+    more, and counted as a quarter the window overflowed."""
+    if text.isascii():
+        return len(text)
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    return 2 * len(text.encode("utf-8", "surrogatepass")) - ascii_chars
+
+
 def estimate_text_tokens(text: str) -> int:
-    return (len(text) + 3) // 4
+    return (message_size(text) + 3) // 4
 
 
 def estimate_message_tokens(message: dict[str, Any]) -> int:

@@ -34,7 +34,6 @@ from bot.long_messages import (
     cut_message,
     message_char_limit,
     message_file,
-    message_size,
     too_long_notice,
 )
 from bot.memory.consolidate import Consolidator
@@ -51,7 +50,7 @@ from bot.runner import (
 )
 from bot.session import Session, SessionStore, now_iso, transitions
 from bot.streaming import TurnStream, stopped_answer
-from bot.tokens import estimate_text_tokens
+from bot.tokens import estimate_text_tokens, message_size
 from bot.tools.base import ToolContext, ToolRegistry
 
 log = logging.getLogger(__name__)

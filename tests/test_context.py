@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bot.context import ContextBuilder, api_messages, trim_start
 from bot.session import SessionStore
+from bot.tokens import estimate_text_tokens
 from bot.workspace import init_workspace
 from tests.fakes.llm_server import alternation_problem, history_problem
 
@@ -90,6 +91,19 @@ def test_history_respects_last_consolidated_and_budget(tmp_path: Path) -> None:
     store.append(s, [{"role": "user", "content": "new"}])
     again = ctx.history(s, 300)
     assert again[: len(small)] == small
+
+
+def test_a_history_in_chinese_is_trimmed_by_its_weight_not_its_characters(tmp_path: Path) -> None:
+    # 200 characters of Chinese are about 300 tokens, not 50: counted as English, a window of
+    # them overflowed the model's context.
+    store = SessionStore(tmp_path)
+    s = store.get("cli:zh")
+    turn = [{"role": "user", "content": "漢字" * 100}, {"role": "assistant", "content": "好"}]
+    store.append(s, turn * 20)
+    window = ContextBuilder(tmp_path).history(s, 3000)
+    assert 2 * 5 <= len(window) <= 2 * 10  # 300 tokens and more a turn: not all 40 turns
+    assert estimate_text_tokens("漢字" * 100) == 300
+    assert estimate_text_tokens("plain English words") == 5  # as before: four characters a token
 
 
 def test_the_settled_history_is_cleaned_once_and_the_request_is_the_same(tmp_path: Path) -> None:

@@ -1152,7 +1152,7 @@ def test_gateway_with_a_file_where_the_sessions_folder_belongs_says_so_in_one_li
     assert done.returncode == 78  # EX_CONFIG: systemd does not restart-loop on it
     assert "Traceback" not in done.stderr
     [line] = [x for x in done.stderr.splitlines() if str(sessions) in x]
-    assert "must be a folder" in line
+    assert "is a file where a folder should be" in line
 
 
 # == tool-call limit, secrets in logs, folder layout (items 3, 5, 6) ===============================

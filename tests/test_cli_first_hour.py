@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, error, hang, reply
-from tests.helpers import REPO, closed_port, config_dict, write_config
+from tests.helpers import REPO, closed_port, config_dict, write_config, zygote
 from tests.helpers.console import Pty
 
 VENV_MEMOBOT = Path(sys.executable).parent / "memobot"
@@ -42,18 +42,16 @@ def cli(
     cwd: Path = REPO,
     timeout: float = 30,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m bot ARGS`` with stdin from a file descriptor (``subprocess.DEVNULL``) or text."""
-    cmd = [sys.executable, "-m", "bot", *(["--config", str(config)] if config else []), *args]
-    return subprocess.run(
-        cmd,
+    """``python -m bot ARGS`` with stdin from a file descriptor (``subprocess.DEVNULL``) or text
+    (forked from the suite's zygote: tests.helpers.zygote)."""
+    return zygote.run(
+        [*(["--config", str(config)] if config else []), *args],
         stdin=stdin if isinstance(stdin, int) else None,
-        input=stdin if isinstance(stdin, str) else None,
-        capture_output=True,
-        text=True,
+        input=stdin if isinstance(stdin, str) else "",
         timeout=timeout,
         env=_env({"PYTHONPATH": str(REPO), **(env or {})}),
         cwd=cwd,
-        preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,
+        umask=umask,
     )
 
 

@@ -50,15 +50,19 @@ def _socket_path() -> str:
 def run(
     argv: list[str],
     *,
-    input: str,
+    input: str = "",
+    stdin: int | None = None,
     env: dict[str, str],
     cwd: Path | str = REPO,
     timeout: float,
+    umask: int | None = None,
     fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run([python, "-m", "bot", *argv], input=..., capture_output=True,
     text=True, timeout=..., env=..., cwd=...)``; on timeout the child is killed and
-    :class:`subprocess.TimeoutExpired` raised, as subprocess.run does.
+    :class:`subprocess.TimeoutExpired` raised, as subprocess.run does. ``stdin``: a file
+    descriptor (or ``subprocess.DEVNULL``) instead of a pipe carrying ``input``; ``umask``:
+    the child's.
 
     ``fresh`` execs a new interpreter, for a test whose point needs one: what the kernel shows
     of the process (``/proc/PID/environ`` is the environment it was exec'd with, which a forked
@@ -66,25 +70,33 @@ def run(
     if fresh or os.environ.get("MEMOBOT_TEST_EXEC") == "1":
         return subprocess.run(
             [sys.executable, "-m", "bot", *argv],
-            input=input,
+            input=input if stdin is None else None,
+            stdin=stdin,
             capture_output=True,
             text=True,
             timeout=timeout,
             env=env,
             cwd=cwd,
+            preexec_fn=None if umask is None else (lambda: os.umask(umask)),
         )
-    stdin_r, stdin_w = os.pipe()
+    if stdin is None:
+        stdin_r, stdin_w = os.pipe()
+    elif stdin == subprocess.DEVNULL:
+        stdin_r, stdin_w = os.open(os.devnull, os.O_RDONLY), -1
+    else:  # the caller's own descriptor, theirs to close
+        stdin_r, stdin_w = os.dup(stdin), -1
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        conn, pid = _fork(argv, env, cwd, (stdin_r, out_w, err_w))
+        conn, pid = _fork(argv, env, cwd, (stdin_r, out_w, err_w), umask)
     finally:
         for fd in (stdin_r, out_w, err_w):
             os.close(fd)
     conn.settimeout(timeout)
     replies = conn.makefile("rb")
     try:
-        out, err = _communicate(input.encode(), stdin_w, out_r, err_r, timeout)
+        data = input.encode() if stdin_w != -1 else b""
+        out, err = _communicate(data, stdin_w, out_r, err_r, timeout)
         code = os.waitstatus_to_exitcode(int(replies.readline()))
     except (subprocess.TimeoutExpired, TimeoutError):
         os.kill(pid, signal.SIGKILL)
@@ -105,14 +117,18 @@ def popen(argv: list[str], *, fresh: bool = False, **kwargs: Any) -> subprocess.
 
 
 def _fork(
-    argv: list[str], env: Mapping[str, str], cwd: Path | str, fds: tuple[int, int, int]
+    argv: list[str],
+    env: Mapping[str, str],
+    cwd: Path | str,
+    fds: tuple[int, int, int],
+    umask: int | None = None,
 ) -> tuple[socket.socket, int]:
     """Ask the zygote for a child running ``python -m bot ARGV`` on ``fds`` as its 0, 1, 2;
     returns the connection that will carry its wait status, and its pid."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(_socket_path())
-        request = {"argv": argv, "env": dict(env), "cwd": str(cwd)}
+        request = {"argv": argv, "env": dict(env), "cwd": str(cwd), "umask": umask}
         socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
         pid = b""
         while not pid.endswith(b"\n"):
@@ -193,11 +209,11 @@ def _communicate(
     deadline = time.monotonic() + timeout
     chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
     sel = selectors.DefaultSelector()
-    os.set_blocking(stdin_w, False)
     pending = memoryview(data)
     if pending:
+        os.set_blocking(stdin_w, False)
         sel.register(stdin_w, selectors.EVENT_WRITE)
-    else:
+    elif stdin_w != -1:  # -1: the child reads /dev/null
         os.close(stdin_w)
     for fd in chunks:
         sel.register(fd, selectors.EVENT_READ)

@@ -108,6 +108,8 @@ def become(request: dict[str, Any]) -> None:
     """Turn this forked child into ``python -m bot ARGV`` run in the request's directory and
     environment."""
     os.chdir(request["cwd"])
+    if request.get("umask") is not None:
+        os.umask(request["umask"])
     os.environ.clear()
     os.environ.update(request["env"])
     time.tzset()  # the C library and the time module read TZ once; this child may have its own

@@ -164,7 +164,7 @@ async def test_cancellation_kills_the_group_and_reraises(ctx: ToolContext, ws: P
     with pytest.raises(asyncio.CancelledError):
         await task
     assert time.monotonic() - started < 3
-    assert await wait_dead(bg_pid) and await wait_dead(sh_pid)
+    assert await wait_dead(bg_pid, within=10) and await wait_dead(sh_pid, within=10)
 
 
 async def test_cancellation_sigkills_what_ignores_sigterm(ctx: ToolContext, ws: Path) -> None:

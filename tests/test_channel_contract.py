@@ -55,6 +55,8 @@ class Platform:
     token_setting: str  # the config field of the credential the platform checks
     revoke: Callable[[], Any]  # awaitable: the platform refuses the credential from now on
     connects: Callable[[], int]  # how often the channel has tried to (re)connect
+    partials: Callable[[], int]  # answers shown while being written (drafts, edits, appends)
+    shown: Callable[[], list[str]]  # the bot's messages the private chat shows now (edited)
 
     async def wait_posts(self, n: int, timeout: float = 20) -> list[str]:  # noqa: ASYNC109
         deadline = time.monotonic() + timeout
@@ -68,9 +70,11 @@ async def _pause() -> None:
     await asyncio.sleep(0.02)
 
 
-async def telegram(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platform:
+async def telegram(
+    stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM, **settings: Any
+) -> Platform:
     api = await stack.enter_async_context(FakeBotAPI())
-    bot = await stack.enter_async_context(tg.running(tmp_path, llm, api))
+    bot = await stack.enter_async_context(tg.running(tmp_path, llm, api, **settings))
 
     async def say(text: str) -> dict[str, Any]:
         message = api.message(text, chat=api.private_chat(tg.ALICE), sender=api.user(tg.ALICE))
@@ -96,13 +100,15 @@ async def telegram(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platf
         "channels.telegram.token",
         revoke,
         lambda: len(api.calls("getUpdates")),
+        lambda: len(api.drafts(tg.ALICE)) + len(api.calls("editMessageText")),
+        lambda: [strip_html(m["text"]) for m in api.shown(tg.ALICE)],
     )
 
 
-async def discord(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platform:
+async def discord(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM, **settings: Any) -> Platform:
     api = await stack.enter_async_context(FakeDiscord())
     stack.enter_context(api.patch())
-    bot = await stack.enter_async_context(dc.running(tmp_path, llm, api))
+    bot = await stack.enter_async_context(dc.running(tmp_path, llm, api, **settings))
 
     async def say(text: str) -> dict[str, Any]:
         return await api.send_message(dc.ALICE_DM, dc.ALICE, text, guild_id=None)
@@ -129,13 +135,15 @@ async def discord(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platfo
         "channels.discord.token",
         revoke,
         lambda: len(api.identifies) + len(api.resumes),
+        lambda: len(api.edits(dc.ALICE_DM)),
+        lambda: [m["content"] for m in api.shown(dc.ALICE_DM)],
     )
 
 
-async def slack(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platform:
+async def slack(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM, **settings: Any) -> Platform:
     users = {sl.ALICE: {"id": sl.ALICE, "profile": {"display_name": "alice"}}}
     api = await stack.enter_async_context(FakeSlack(users=users, post_interval=0.05))
-    rig = await stack.enter_async_context(sl.Rig(tmp_path, llm, api))
+    rig = await stack.enter_async_context(sl.Rig(tmp_path, llm, api, **settings))
     said = iter(range(1, 10_000))
 
     async def say(text: str) -> dict[str, Any]:
@@ -164,6 +172,8 @@ async def slack(stack: AsyncExitStack, tmp_path: Path, llm: FakeLLM) -> Platform
         "channels.slack.appToken",
         revoke,
         lambda: int(api.calls["apps.connections.open"]),
+        lambda: sum(api.calls.get(m, 0) for m in ("chat.update", "chat.appendStream")),
+        lambda: [m["text"] for m in api.shown(sl.DM)],
     )
 
 
@@ -173,6 +183,17 @@ async def platform(
 ) -> AsyncIterator[Platform]:
     async with AsyncExitStack() as stack:
         yield await request.param(stack, tmp_path, llm)
+
+
+STREAMING = {"streaming": True, "streamEditIntervalSeconds": 0.2}
+
+
+@pytest.fixture(params=[telegram, discord, slack], ids=lambda p: p.__name__)
+async def streaming(
+    request: pytest.FixtureRequest, tmp_path: Path, llm: FakeLLM
+) -> AsyncIterator[Platform]:
+    async with AsyncExitStack() as stack:
+        yield await request.param(stack, tmp_path, llm, **STREAMING)
 
 
 async def test_a_private_message_is_answered_once(platform: Platform) -> None:
@@ -262,3 +283,18 @@ async def test_a_credential_revoked_while_running_stops_the_channel_and_names_th
     tries = platform.connects()
     await asyncio.sleep(1.5)  # a channel that kept trying a dead credential would show here
     assert platform.connects() == tries, f"{platform.name} went on retrying a revoked credential"
+
+
+async def test_a_streamed_answer_is_shown_while_written_and_ends_as_one_message(
+    streaming: Platform, llm: FakeLLM
+) -> None:
+    answer = " ".join(f"word{i}" for i in range(80))
+    llm.script(reply(answer, pieces=10, chunk_delay=0.15))
+    await streaming.say("write it out")
+    deadline = time.monotonic() + 20
+    while streaming.shown() != [answer]:
+        assert time.monotonic() < deadline, (streaming.name, streaming.shown())
+        await _pause()
+    await asyncio.sleep(0.5)  # a late edit or a second copy would land by now
+    assert streaming.shown() == [answer], streaming.name  # one message, the whole answer
+    assert streaming.partials() >= 2, f"{streaming.name} showed nothing while it was written"

@@ -166,6 +166,22 @@ class Provenance:
             log.log(level, "provenance: %r written session=%s trusted=%s", rel, by, trusted)
         return changed
 
+    def carry(self, rel: str, writer: Writer | None) -> None:
+        """``rel``, just put back as it was, is again ``writer``'s (None: written outside any
+        recorded turn, the owner's own), at its status now."""
+        with self._lock:
+            data = self._read()
+            files = data["files"]
+            if "*" in files:
+                return  # unreadable: everything stays untrusted
+            now = watched_stamps(self.workspace).get(rel)
+            if writer is None or now is None:
+                files.pop(rel, None)
+            else:
+                files[rel] = {"stamp": list(now), "by": writer.by, "trusted": writer.trusted}
+                files[rel]["at"] = _now()
+            self._write(files, data["open"])
+
     def writer(self, rel: str) -> Writer | None:
         """Who wrote the version of ``rel`` on disk now, when a turn did; None when it was
         written outside any recorded turn (the owner's own edit) or is absent."""

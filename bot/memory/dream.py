@@ -438,6 +438,9 @@ class Dream:
         result.entries = len(entries)
         result.cursor = entries[-1].cursor
         before = await asyncio.to_thread(watched_stamps, self.workspace)
+        # Who shaped each file before this run, for a run taken back: a guest's skill put back
+        # stays the guest's, not a file of no record (which reads as the owner's own edit).
+        prior = {rel: self.provenance.writer(rel) for rel in changed if rel in before}
         for rel, text in changed.items():
             await asyncio.to_thread(_write, self.workspace, rel, text)
         if result.skills:
@@ -458,7 +461,10 @@ class Dream:
                 # The repository changed under us since the check: take the edits back, so
                 # the next run does them once, not on top of themselves.
                 for edits, _, _ in passes:
-                    await asyncio.to_thread(edits.restore, [r for r in changed if r in edits.files])
+                    restored = [r for r in changed if r in edits.files]
+                    await asyncio.to_thread(edits.restore, restored)
+                    for rel in restored:
+                        await asyncio.to_thread(self.provenance.carry, rel, prior.get(rel))
                 log.error("dream: commit failed, edits taken back: %s", exc)
                 return DreamResult("failed", len(entries), detail=str(exc))
         # Last: the cursor. A crash before this line re-digests the same entries next time,

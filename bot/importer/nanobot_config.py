@@ -21,6 +21,7 @@ never put into a report line.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -211,7 +212,24 @@ class _Translator:
                     self.heartbeat(value)
                 elif not _empty(value):
                     self.drop(f"gateway.{key}", why.get(key, "no memobot equivalent"))
+        self.without_placeholders(self.out, "")
         return self.result
+
+    def without_placeholders(self, section: dict[str, Any], path: str) -> None:
+        """Take out every setting whose text holds ``${``: nanobot never fills one in, memobot
+        fills it from its own environment, so an imported ``"http://${OPENAI_API_KEY}@host"``
+        would carry memobot's secrets to that host. The owner writes such references by hand."""
+        for key, value in list(section.items()):
+            where = f"{path}.{key}" if path else key
+            if isinstance(value, dict):
+                self.without_placeholders(value, where)
+            elif "${" in json.dumps(value):
+                del section[key]
+                self.drop(
+                    f"(memobot's {where})",
+                    "it holds ${...}, which memobot would fill from its own environment; "
+                    "write the value, or the reference, into memobot's config yourself",
+                )
 
     def heartbeat(self, section: Any) -> None:
         """nanobot's ``gateway.heartbeat {enabled, intervalS}``: memobot's ``heartbeat``."""

@@ -355,6 +355,20 @@ async def test_a_piece_taken_but_answered_oddly_is_not_repeated_and_the_rest_fol
         assert not meta.get("outbox")  # delivered: the ledger is empty
 
 
+async def test_a_200_that_is_not_telegrams_answer_is_not_counted_as_sent(tmp_path, llm, api):
+    # A proxy or gateway in front of the Bot API (a baseUrl to a relay) answers 200 with JSON
+    # of its own, not {"ok": true, ...}: Telegram never took the message. It is sent again,
+    # not counted as sent and lost.
+    llm.script(reply("The answer."))
+    api.garble("sendMessage", body={"error": "upstream unavailable"})
+    async with running(tmp_path, llm, api) as tg:
+        tg.manager.delivery.clock = VirtualClock()  # the retry's backoff, without the wait
+        api.private_text("hello")
+        await api.wait_sent_async(1)
+        assert [m["text"] for m in api.shown(ALICE)] == ["The answer."]
+        assert [c.garbled for c in api.calls("sendMessage")] == [True, False]
+
+
 async def test_piece_refused_as_too_long_is_split_smaller(tmp_path, llm, api):
     llm.script(reply(_four_pieces()))
     api.fail(

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import re
 import stat
@@ -252,12 +253,27 @@ def _file_ext(att: _Attachment, file_path: str | None) -> str:
     return att.default_ext or ".bin"
 
 
-# The HTTP statuses Telegram answered during the platform call in progress
-# (TelegramChannel.calling), so that an answer python-telegram-bot could not read is told apart
-# from one that never came. A list, not a value: PTB may run the request in a copied context.
-_ANSWERED: ContextVar[list[int] | None] = ContextVar("telegram_answered", default=None)
+# The answers (HTTP status, body) to the platform call in progress (TelegramChannel.calling),
+# so that an answer python-telegram-bot could not read is told apart from one that never came.
+# A list, not a value: PTB may run the request in a copied context. The body is looked at only
+# when PTB failed to read it (_took): a 200 is Telegram's word only when it says {"ok": true};
+# a proxy or relay in front of the Bot API answering 200 with its own JSON took nothing.
+_ANSWERED: ContextVar[list[tuple[int, bytes]] | None] = ContextVar(
+    "telegram_answered", default=None
+)
 # Calls that make something new in the chat: done twice, they show twice.
 _NOT_REPEATABLE = frozenset({"sendMessage", "sendDocument"})
+
+
+def _took(status: int, body: bytes) -> bool:
+    """Whether an answer says the Bot API carried the call out: 200 and {"ok": true}."""
+    if status != 200:
+        return False
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and answer.get("ok") is True
 
 
 class AiohttpRequest(BaseRequest):
@@ -349,7 +365,7 @@ class AiohttpRequest(BaseRequest):
             ) as response:
                 body = await response.read()
                 if (answered := _ANSWERED.get()) is not None:
-                    answered.append(response.status)
+                    answered.append((response.status, body))
                 return response.status, body
         except TimeoutError as exc:
             raise TimedOut(f"no answer from Telegram in time ({type(exc).__name__})") from exc
@@ -889,7 +905,7 @@ class TelegramChannel(Channel):
             # Not an answer of Telegram's: a bug, or an answer PTB could not read
             # (AttributeError on an odd result). After a 200, a new message is in the chat.
             answered = _ANSWERED.get() or []
-            if method in _NOT_REPEATABLE and answered[-1:] == [200]:
+            if method in _NOT_REPEATABLE and answered and _took(*answered[-1]):
                 return AcceptedUnreadable(
                     f"{method}: Telegram answered 200, but its answer could not be read "
                     f"({type(exc).__name__}: {exc})"

@@ -209,6 +209,7 @@ class Failure:
     garble: bool = False
     result: Any = None  # garble: the result answered
     delivered: bool = False  # garble: the call was carried out all the same
+    body: Any = None  # garble: the whole JSON answered instead of Telegram's (a proxy's)
 
 
 class FakeBotAPI:
@@ -323,16 +324,21 @@ class FakeBotAPI:
         when: Callable[[Params], bool] | None = None,
         result: Any = "garbled",
         delivered: bool = False,
+        body: Any = None,
     ) -> None:
         """Answer the next ``times`` calls of ``method`` (matching ``when``) with HTTP 200 and
         ``result``, of the wrong shape (``None``: ``"result": null``); nothing is delivered,
         unless ``delivered``: then the call is carried out first (a server that did the send
         and answered oddly, as a 200 says it did). python-telegram-bot then raises a plain
         Python exception (AttributeError; KeyError for ``NO_RESULT``, an answer without a
-        result), not a TelegramError."""
+        result), not a TelegramError. ``body``: the whole answer is that JSON instead, not
+        Telegram's {"ok": ...} (a proxy or gateway in the way that answered 200)."""
         with self._lock:
             self._failures.setdefault(method.lower(), []).append(
-                Failure(200, "", None, times, when, 0.0, True, result=result, delivered=delivered)
+                Failure(
+                    200, "", None, times, when, 0.0, True,
+                    result=result, delivered=delivered, body=body,
+                )
             )
 
     def add_file(self, content: bytes, suffix: str = ".jpg") -> dict[str, Any]:
@@ -674,6 +680,11 @@ class FakeBotAPI:
             if failure.delivered and handler is not None:
                 await handler(request, params)
             call.garbled = True
+            if failure.body is not None:
+                with self._lock:
+                    call.status, call.result = 200, failure.body
+                    self._lock.notify_all()
+                return web.json_response(failure.body)
             return self._answer(request, 200, failure.result)
         if failure is not None and failure.status:
             extra = {"retry_after": failure.retry_after} if failure.retry_after else None

@@ -457,6 +457,29 @@ async def test_reconnects_after_slack_drops_the_socket(tmp_path, llm, slack):
     assert slack.calls["apps.connections.open"] == 2
 
 
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (403, "<html><body>Forbidden by proxy policy</body></html>"),  # a proxy on the way
+        (200, '{"ok": false, "error": "team_added_to_org"}'),  # a migration, for a while
+    ],
+)
+async def test_a_reconnect_refused_for_another_reason_than_the_token_is_tried_again(
+    tmp_path, llm, slack, status, body
+):
+    # Only a refused token (channels.errors' FatalChannelError) fails the channel for good
+    # while slack_sdk reconnects; anything else may pass, and the next try connects.
+    async with Rig(tmp_path, llm, slack) as rig:
+        await slack.wait_connected(1)
+        slack.answer_raw("apps.connections.open", body, status=status)
+        await slack.drop_connections()
+        await slack.wait_connected(2, timeout=30.0)
+        assert rig.channel.state != "failed"
+        await slack.push_event(dm("still there?", "1700000017.000200"), event_id="C2")
+        (post,) = await slack.wait_posts(1)
+        assert post.text == "echo: still there?"
+
+
 async def test_rejected_app_token_fails_the_channel_clearly(tmp_path, llm, caplog):
     caplog.set_level(logging.ERROR, logger="channels.slack_channel.channel")
     async with FakeSlack(app_token="xapp-some-other-token") as slack:

@@ -490,7 +490,11 @@ class _SocketClient(SocketModeClient):
             if isinstance(mapped, RetryAfter):
                 await asyncio.sleep(mapped.seconds)
                 return await self.issue_new_wss_url()
-            if not isinstance(mapped, TransientError) and self.on_refused is not None:
+            # Only a refused token (invalid_auth, token_revoked..., and as at a login the wrong
+            # kind of token): a proxy's 403, or a code for a passing state
+            # (team_added_to_org), is tried again as slack_sdk does.
+            refused = isinstance(_api_error(exc, LOGIN), FatalChannelError)
+            if refused and self.on_refused is not None:
                 self.on_refused(exc)
             raise
         return str(opened["url"])

@@ -184,10 +184,13 @@ class LLMConfig(_Model):
         own = self.model_copy(update={"fallbacks": []})
         chain = [own]
         for fb in self.fallbacks:
-            update: dict[str, Any] = dict(_ENDPOINT_OWN) if fb.base_url else {}
+            # "" is the SDK's own endpoint (OPENAI_BASE_URL, else OpenAI's): not llm's server
+            # when llm names one.
+            elsewhere = bool(fb.base_url) or (fb.base_url == "" and bool(self.base_url))
+            update: dict[str, Any] = dict(_ENDPOINT_OWN) if elsewhere else {}
             update |= {k: v for k in fb.model_fields_set if (v := getattr(fb, k)) is not None}
             endpoint = own.model_copy(update=update)
-            if fb.base_url:
+            if elsewhere:
                 endpoint._key_from_environment = False
             chain.append(endpoint)
         return chain

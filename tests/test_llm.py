@@ -236,3 +236,35 @@ async def test_a_fallback_on_another_server_never_gets_llms_key(
             for server in (main, local):
                 server.script({"error": 503}, {"error": 503})
             keyed.script(reply("from the keyed fallback"))
+
+
+async def test_a_fallback_whose_base_url_is_empty_never_gets_llms_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``"baseUrl": ""`` (or a ``${VAR}`` that is unset) in a fallback is the SDK's own
+    endpoint, OPENAI_BASE_URL or api.openai.com: not llm's server, so not llm's key nor its
+    headers."""
+    async with FakeLLM() as main, FakeLLM() as other:
+        monkeypatch.setenv("OPENAI_BASE_URL", other.base_url)
+        main.script({"error": 503}, {"error": 503})
+        other.script(reply("from the other server"))
+        provider = LLMProvider(
+            LLMConfig.model_validate(
+                {
+                    "baseUrl": main.base_url,
+                    "apiKey": "sk-main-secret",
+                    "headers": {"X-Main-Token": "main-header-secret"},
+                    "model": "m",
+                    "retry": {"attempts": 1},
+                    "fallbacks": [{"baseUrl": "", "model": "x"}],
+                }
+            )
+        )
+        try:
+            answer = await provider.chat([{"role": "user", "content": "hi"}])
+        finally:
+            await provider.close()
+        assert answer.content == "from the other server"
+        assert main.requests and other.requests
+        sent = str([r["headers"] for r in other.requests])
+        assert "sk-main-secret" not in sent and "main-header-secret" not in sent

@@ -34,7 +34,7 @@ from bot.memory.entries import EntryError, add_entry, count_entries, remove_entr
 from bot.memory.files import MEMORY_FILES
 from bot.memory.history import HistoryArchive, HistoryEntry
 from bot.privacy import owner_scope
-from bot.provenance import Provenance, watched_stamps
+from bot.provenance import Provenance, Writer, watched_stamps
 from bot.session import SUFFIX, key_to_filename
 from bot.tokens import estimate_text_tokens
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry
@@ -238,11 +238,19 @@ class _Edits:
     """The run's working copy of the memory files and a record of every change."""
 
     def __init__(
-        self, workspace: Path, files: tuple[str, ...] = MEMORY_FILES, skills: bool = True
+        self,
+        workspace: Path,
+        files: tuple[str, ...] = MEMORY_FILES,
+        skills: bool = True,
+        writer_of: Callable[[str], Writer | None] | None = None,
     ) -> None:
         self.workspace = workspace
         self.skills = skills
         self.original: dict[str, str] = {}
+        # Who wrote each watched file's ``original``, taken as it is read: the version a
+        # failed run puts back is that writer's, whoever changed the file meanwhile.
+        self.writer_of = writer_of
+        self.prior: dict[str, Writer | None] = {}
         self.files: dict[str, str] = {}
         for name in files:
             self.original[name] = _read(workspace, name)
@@ -278,8 +286,11 @@ class _Edits:
         body = instructions.strip()
         rel = skill_file(name)
         self.files[rel] = f'---\nname: {name}\ndescription: "{description}"\n---\n\n{body}\n'
-        if rel not in self.original and workspace_files.is_file(self.workspace, rel):
-            self.existed.add(rel)
+        if rel not in self.original:
+            if self.writer_of is not None:
+                self.prior[rel] = self.writer_of(rel)
+            if workspace_files.is_file(self.workspace, rel):
+                self.existed.add(rel)
         self.original.setdefault(rel, _read(self.workspace, rel))
         self.result.skills.append(rel)
         return f"Wrote {rel}."
@@ -438,9 +449,10 @@ class Dream:
         result.entries = len(entries)
         result.cursor = entries[-1].cursor
         before = await asyncio.to_thread(watched_stamps, self.workspace)
-        # Who shaped each file before this run, for a run taken back: a guest's skill put back
-        # stays the guest's, not a file of no record (which reads as the owner's own edit).
-        prior = {rel: self.provenance.writer(rel) for rel in changed if rel in before}
+        # Who shaped each file Dream read, for a run taken back: a guest's skill put back stays
+        # the guest's, not a file of no record (which reads as the owner's own edit), also
+        # when the owner changed it meanwhile.
+        prior = {rel: w for edits, _, _ in passes for rel, w in edits.prior.items()}
         for rel, text in changed.items():
             await asyncio.to_thread(_write, self.workspace, rel, text)
         if result.skills:
@@ -488,7 +500,8 @@ class Dream:
         for e in entries:
             if not self._owners(e):
                 others.setdefault(e.session, []).append(e)
-        passes = [(_Edits(self.workspace), own, DREAM_INSTRUCTIONS)] if own else []
+        own_edits = _Edits(self.workspace, writer_of=self.provenance.writer)
+        passes = [(own_edits, own, DREAM_INSTRUCTIONS)] if own else []
         for session, subset in others.items():
             edits = _Edits(self.workspace, (chat_memory_file(session),), skills=False)
             passes.append((edits, subset, CHAT_INSTRUCTIONS))

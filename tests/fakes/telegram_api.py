@@ -336,8 +336,16 @@ class FakeBotAPI:
         with self._lock:
             self._failures.setdefault(method.lower(), []).append(
                 Failure(
-                    200, "", None, times, when, 0.0, True,
-                    result=result, delivered=delivered, body=body,
+                    200,
+                    "",
+                    None,
+                    times,
+                    when,
+                    0.0,
+                    True,
+                    result=result,
+                    delivered=delivered,
+                    body=body,
                 )
             )
 

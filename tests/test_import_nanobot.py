@@ -391,3 +391,28 @@ def test_a_setting_holding_a_placeholder_is_not_carried_over() -> None:
         assert f"(memobot's {where})" in dropped, dropped
     assert result.config["llm"]["baseUrl"] == "https://api.openai.com/v1"  # the rest carried
     assert result.config["channels"]["telegram"]["token"] == "1:T"
+
+
+def test_a_workspace_path_holding_a_placeholder_is_not_adopted_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nanobot's agents.defaults.workspace names a folder whose name holds ${NAME} (planted:
+    nanobot never fills one in). Written into memobot's agent.workspace, memobot would fill it
+    from its own environment: the key becomes part of the workspace path, which the prompt,
+    the logs and the file tools show."""
+    from bot.importer.nanobot import ImportRefused, Options, plan
+
+    monkeypatch.setenv("MEMOBOT_TEST_SECRET", "sk-planted-secret")
+    home = nanobot_home(tmp_path / ".nanobot", "http://127.0.0.1:9/v1")
+    planted = tmp_path / "ws-${MEMOBOT_TEST_SECRET}"
+    (home / "workspace").rename(planted)
+    config = json.loads((home / "config.json").read_text())
+    config["agents"]["defaults"]["workspace"] = str(planted)
+    (home / "config.json").write_text(json.dumps(config))
+    cfg_path = tmp_path / "memobot" / "config.json"
+    with pytest.raises(ImportRefused) as refused:
+        plan(Options(home, cfg_path))
+    assert "${" in str(refused.value) and "--copy" in str(refused.value)
+    assert not cfg_path.exists()
+    copied = plan(Options(home, cfg_path, copy=True))  # a copy goes where memobot says
+    assert "${" not in copied.config.agent.workspace

@@ -325,11 +325,19 @@ def plan(opts: Options) -> Plan:
         workspace = (opts.copy_to or config_path.parent / "workspace").expanduser().absolute()
         if workspace.exists() and (not workspace.is_dir() or any(workspace.iterdir())):
             raise ImportRefused(f"cannot copy the workspace to {workspace}: it is not empty")
+    paths = {"workspace": str(workspace), "stateDir": str(config_path.parent.absolute() / "state")}
+    for key, value in paths.items():
+        if "${" in value:
+            # memobot fills ${NAME} in from its own environment, and has no way to write one
+            # that it leaves alone: the path would name another folder, or a secret.
+            raise ImportRefused(
+                f"agent.{key} would be {value}, which holds ${{...}}: memobot would fill it in "
+                "from its own environment. Import with --copy (the workspace goes next to the "
+                "config, or to --workspace), and a --config path without ${"
+            )
     translation = translate_config(source.config or {})
     data = translation.config
-    data["agent"].update(
-        workspace=str(workspace), stateDir=str(config_path.parent.absolute() / "state")
-    )
+    data["agent"].update(paths)
     try:
         cfg = parse_config(json.loads(json.dumps(data)), "the translated nanobot config")
         check_layout(cfg, config_path)

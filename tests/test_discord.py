@@ -270,6 +270,30 @@ async def test_a_call_discord_never_answers_is_given_up_and_sent_again(
     assert len(attempts) == 2 and attempts[1].at - attempts[0].at < 5
 
 
+async def test_a_file_upload_slower_than_the_call_deadline_is_not_sent_twice(
+    tmp_path: Path, llm: FakeLLM, api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 10 MB file on a slow uplink takes longer than a text message's deadline; cut, it was
+    # sent again while Discord took the first (or never got through at all).
+    from bot.bus import OutboundMessage
+
+    monkeypatch.setattr(discord_channel, "CALL_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(discord_channel, "UPLOAD_BYTES_PER_SECOND", 1000)
+    report = tmp_path / "report.bin"
+    report.write_bytes(b"x" * 3000)  # 3 s at this test's upload rate
+    async with running(tmp_path, llm, api) as bot:
+        bot.harness.manager.delivery.clock = VirtualClock()
+        await api.send_message(ALICE_DM, ALICE, "send me the report", guild_id=None)
+        await bot.answered(ALICE_DM)
+        api.fail_next(0, stall=1.5)  # the upload takes 1.5 s; then Discord takes it
+        msg = OutboundMessage("discord", str(ALICE_DM), "", media=(str(report),))
+        await bot.harness.manager.delivery.with_retries(
+            bot.channel, msg, lambda _plain: bot.channel.send_file(msg, str(report))
+        )
+        await asyncio.sleep(2)  # a second upload would be here by now
+        assert len([c for c in api.posts(ALICE_DM) if c.files]) == 1
+
+
 async def test_six_pieces_are_paced_by_the_rate_limit_headers(tmp_path: Path, llm: FakeLLM) -> None:
     # 5 messages per window per channel: discord.py reads X-RateLimit-Remaining/Reset-After
     # and waits for the window itself, so the 6th piece goes out after it without any 429.

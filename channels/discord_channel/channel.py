@@ -63,6 +63,10 @@ MAX_LIBRARY_RATELIMIT_WAIT = 30.0
 # network failure (retried by the one retry policy). discord.py's own session would wait 300 s,
 # holding the chat's answers that long.
 CALL_TIMEOUT_SECONDS = MAX_LIBRARY_RATELIMIT_WAIT + 30.0
+# An upload gets that and the time its file takes at this rate (64 KiB/s, a slow uplink: a
+# 10 MB file, 160 s more): cut while Discord still reads it, or before its answer, a file it
+# took would be sent again (DESIGN.md 11), one it never got would never get through.
+UPLOAD_BYTES_PER_SECOND = 64 * 1024
 # Gateway close codes after which reconnecting cannot help (bad token, intents, sharding).
 FATAL_CLOSE_CODES = frozenset({4004, 4010, 4011, 4012, 4013, 4014})
 _CLOSE_ADVICE = {
@@ -501,16 +505,16 @@ class DiscordChannel(Channel):
         return strip_markdown(chunk)
 
     @contextlib.asynccontextmanager
-    async def _call(self, method: str) -> AsyncIterator[None]:
-        """``calling`` with a deadline: a call Discord never answers is a network failure."""
+    async def _call(self, method: str, upload: int = 0) -> AsyncIterator[None]:
+        """``calling`` with a deadline: a call Discord never answers is a network failure.
+        ``upload``: the bytes the call sends, which get time of their own."""
+        seconds = CALL_TIMEOUT_SECONDS + upload / UPLOAD_BYTES_PER_SECOND
         with self.calling(method):
             try:
-                async with asyncio.timeout(CALL_TIMEOUT_SECONDS):
+                async with asyncio.timeout(seconds):
                     yield
             except TimeoutError as exc:
-                raise TransientError(
-                    f"{method}: no answer from Discord in {CALL_TIMEOUT_SECONDS:g} s"
-                ) from exc
+                raise TransientError(f"{method}: no answer from Discord in {seconds:g} s") from exc
 
     def classify(self, exc: Exception, method: str) -> SendError | FatalChannelError | None:
         return map_send_error(exc, method)
@@ -554,7 +558,7 @@ class DiscordChannel(Channel):
             data = await asyncio.to_thread(Path(path).read_bytes)
         except OSError as exc:
             raise PermanentError(f"the file {Path(path).name} cannot be read: {exc}") from exc
-        async with self._call("Create Message"):
+        async with self._call("Create Message", upload=len(data)):
             await channel.send(file=discord.File(io.BytesIO(data), filename=Path(path).name))
 
     # -- streaming: a message sent once there is text, then edited --------------------------

@@ -369,6 +369,19 @@ async def test_a_200_that_is_not_telegrams_answer_is_not_counted_as_sent(tmp_pat
         assert [c.garbled for c in api.calls("sendMessage")] == [True, False]
 
 
+async def test_a_200_page_that_is_not_json_is_sent_again_not_given_up(tmp_path, llm, api):
+    # A captive portal or a proxy answers 200 with an HTML page: python-telegram-bot raises
+    # its bare TelegramError("Invalid server response"), which has no code to read. Telegram
+    # never answers so, and never took the message: it is sent again, not dropped.
+    llm.script(reply("The answer."))
+    api.garble("sendMessage", body="<html><body>Sign in to the Wi-Fi</body></html>")
+    async with running(tmp_path, llm, api) as tg:
+        tg.manager.delivery.clock = VirtualClock()  # the retry's backoff, without the wait
+        api.private_text("hello")
+        await api.wait_sent_async(1)
+        assert [m["text"] for m in api.shown(ALICE)] == ["The answer."]
+
+
 async def test_piece_refused_as_too_long_is_split_smaller(tmp_path, llm, api):
     llm.script(reply(_four_pieces()))
     api.fail(

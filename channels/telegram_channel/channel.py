@@ -911,6 +911,11 @@ class TelegramChannel(Channel):
                     f"({type(exc).__name__}: {exc})"
                 )
             return None
+        answered = _ANSWERED.get() or []
+        if type(exc) is TelegramError and answered and not _took(*answered[-1]):
+            # PTB's bare "Invalid server response": a 200 that is not JSON, which Telegram
+            # never sends (a captive portal, a proxy's page). Nothing was taken: try again.
+            return TransientError(f"{method}: {exc.message} (not Telegram's answer)")
         if isinstance(exc, ChatMigrated):
             log.warning(
                 "telegram: %s: the chat moved to supergroup %s; answers to the old id fail",

@@ -332,7 +332,8 @@ class FakeBotAPI:
         and answered oddly, as a 200 says it did). python-telegram-bot then raises a plain
         Python exception (AttributeError; KeyError for ``NO_RESULT``, an answer without a
         result), not a TelegramError. ``body``: the whole answer is that JSON instead, not
-        Telegram's {"ok": ...} (a proxy or gateway in the way that answered 200)."""
+        Telegram's {"ok": ...} (a proxy or gateway in the way that answered 200); a string
+        is answered as an HTML page (a captive portal)."""
         with self._lock:
             self._failures.setdefault(method.lower(), []).append(
                 Failure(
@@ -692,6 +693,8 @@ class FakeBotAPI:
                 with self._lock:
                     call.status, call.result = 200, failure.body
                     self._lock.notify_all()
+                if isinstance(failure.body, str):  # a page, not JSON (a captive portal)
+                    return web.Response(text=failure.body, content_type="text/html")
                 return web.json_response(failure.body)
             return self._answer(request, 200, failure.result)
         if failure is not None and failure.status:

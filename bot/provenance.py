@@ -175,6 +175,14 @@ class Provenance:
             if "*" in files:
                 return  # unreadable: everything stays untrusted
             now = watched_stamps(self.workspace).get(rel)
+            old = files.get(rel)
+            if (
+                old is not None
+                and not old.get("trusted", False)
+                and now is not None
+                and tuple(old.get("stamp") or ()) == now
+            ):
+                return  # a non-admin's turn wrote and recorded this very version since
             if writer is None or now is None:
                 files.pop(rel, None)
             else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,9 @@ OwnerChats = Callable[[str, str], Awaitable[list[tuple[str, str]]]]
 def session_key(channel: str, chat_id: str) -> str:
     """The one name a chat has everywhere in memobot: ``channel:chat_id``."""
     return f"{channel}:{chat_id}"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +186,11 @@ class MessageBus:
             return "refused"
         if msg.message_id is None:  # sources without ids still need one for the ledger
             msg = replace(msg, message_id=f"local-{uuid.uuid4().hex[:12]}")
+        if not msg.text.isascii() and _SURROGATE.search(msg.text):
+            # A lone surrogate (JSON's "\ud800", an argument or file read with
+            # surrogateescape) is no text UTF-8 can hold: the journal refused to store it, and
+            # the message was never taken. Shown as the replacement character instead.
+            msg = replace(msg, text=_SURROGATE.sub("\ufffd", msg.text))
         msg = with_kind(msg)  # the one place a published message gets its kind
         verdict: Intake = await self._intake(msg) if self._intake else "accepted"
         if verdict == "accepted":

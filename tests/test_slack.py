@@ -711,3 +711,13 @@ async def test_unknown_web_api_method_is_refused_as_slack_does(tmp_path, llm, sl
             await rig.channel.web.api_call("chat.postEphemeralTypo")
     assert caught.value.response["error"] == "unknown_method"
     assert caught.value.response.status_code == 200
+
+
+async def test_a_message_with_a_lone_surrogate_is_taken_and_answered(tmp_path, llm, slack):
+    # JSON may carry "\ud800" alone; UTF-8 cannot hold it, and the journal refused the
+    # message: never taken, redelivered by Slack and refused again, never answered.
+    async with Rig(tmp_path, llm, slack):
+        await slack.wait_connected(1)
+        await slack.push_event(dm("bad \ud800 text", "1700000017.000300"), event_id="S1")
+        (post,) = await slack.wait_posts(1)
+        assert post.text == "echo: bad \ufffd text"

@@ -193,6 +193,19 @@ class PairingStore:
         log.info("channel %s: %s approved through pairing", self.channel, match["id"])
         return Approved(self.channel, entry["id"], entry["name"], entry["chat_id"], now)
 
+    def refuse(self, code: str) -> dict[str, Any] | None:
+        """Drop the waiting ``code`` (its sender gets no new one within the hour: their
+        reply time stays); the entry it was, or None when no such code waits."""
+        code = normalise_code(code)
+        with self._locked() as data:
+            self._prune(data, self.clock())
+            match = next((p for p in data["pending"] if p["code"] == code), None)
+            if match is None:
+                return None
+            data["pending"] = [p for p in data["pending"] if p is not match]
+        log.info("channel %s: pairing request of %s refused", self.channel, match["id"])
+        return dict(match)
+
     def revoke(self, sender_id: str) -> bool:
         with self._locked() as data:
             before = len(data["approved"])
@@ -260,7 +273,16 @@ def approve_code(state_dir: Path, code: str) -> Approved | None:
     return None
 
 
-# -- the CLI: memobot pairing list | approve CODE | revoke CHANNEL ID ------------------------
+def refuse_code(state_dir: Path, code: str) -> tuple[str, dict[str, Any]] | None:
+    """(channel, the refused request), or None when no channel has ``code`` waiting."""
+    for store in stores(state_dir):
+        refused = store.refuse(code)
+        if refused is not None:
+            return store.channel, refused
+    return None
+
+
+# -- the CLI: memobot pairing list | approve CODE | refuse CODE | revoke CHANNEL ID ----------
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -282,6 +304,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "approve", parents=[common], help="let in the person who was given CODE"
     )
     approve.add_argument("code", help="the 8-character code the person received")
+    refuse = verbs.add_parser(
+        "refuse", parents=[common], help="drop the waiting CODE: that person is not let in"
+    )
+    refuse.add_argument("code", help="the 8-character code the person received")
     revoke = verbs.add_parser(
         "revoke", parents=[common], help="take back an approval made through pairing"
     )
@@ -303,6 +329,14 @@ def run(args: argparse.Namespace, state_dir: Path, config_path: Path) -> int:
             "They are a guest, not an admin. If this is you, the owner, make yourself the "
             f"admin with: {owner} (then restart the gateway)"
         )
+        return 0
+    if args.pairing_command == "refuse":
+        refused = refuse_code(state_dir, args.code)
+        if refused is None:
+            print(f"No waiting pairing code {normalise_code(args.code)} (codes expire after 1 h).")
+            return 1
+        channel, request = refused
+        print(f"Refused {channel} user {request['id']}; no new code for them within the hour.")
         return 0
     if args.pairing_command == "revoke":
         if PairingStore(state_dir, args.channel).revoke(str(args.id)):

@@ -311,3 +311,25 @@ async def test_a_browser_is_not_needed_for_anything(tmp_path):
         _, text, _ = await b.get("/access")
         assert text.count('method="post"') >= 3  # logout, approve, refuse
         assert "<script" not in text
+
+
+async def test_what_a_stranger_calls_themselves_is_shown_as_text(tmp_path):
+    async with panel_on(tmp_path) as b:
+        name = '<script>alert(1)</script><img src=x onerror="alert(2)">'
+        PairingStore(tmp_path / "state", "telegram").request("2002", name, "2002")
+        await b.login()
+        _, text, _ = await b.get("/access")
+        assert "<script>alert" not in text and "<img" not in text
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x onerror=&quot;" in text
+
+
+def test_the_login_limit_lets_an_address_in_again_after_its_window():
+    now = [0.0]
+    limiter = AttemptLimiter(attempts=2, per_seconds=60, clock=lambda: now[0])
+    assert limiter.attempt("a") is None and limiter.attempt("a") is None
+    assert limiter.attempt("a") == 60
+    assert limiter.attempt("b") is None  # another address is not held
+    now[0] = 45.0
+    assert limiter.attempt("a") == 15
+    now[0] = 60.0
+    assert limiter.attempt("a") is None

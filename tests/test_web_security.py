@@ -159,7 +159,7 @@ async def test_a_change_needs_the_sessions_csrf_field(tmp_path):
         code = await _with_waiting_code(tmp_path)
         await b.login()
         csrf = await b.csrf()
-        for form in ({"code": code}, {"code": code, "csrf": "wrong"}):
+        for form in ({"code": code}, {"code": code, "csrf": "wrong"}, {"code": code, "csrf": "é"}):
             status, text, _ = await b.post("/access/refuse", form)
             assert status == 403 and "token" in text
         assert PairingStore(tmp_path / "state", "telegram").snapshot()["pending"]

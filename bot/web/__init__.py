@@ -3,8 +3,8 @@ server, or by ``memobot web`` alone while no gateway runs.
 
 One job per module: ``addresses`` (listen, publicUrl, the hosts and origins the panel
 answers to), ``passwords`` (scrypt), ``links`` (one-time login links handed over through the
-state folder), ``sessions`` (logged-in browsers), ``limits`` (login attempts), ``guard``
-(the checks and headers every request passes), ``render`` (escaped templates), ``pages``
-(what each page shows), ``server`` (routes and the listening socket), ``command``
-(``memobot web``).
+state folder), ``sessions`` (logged-in browsers), ``limits`` (login attempts), ``pages``
+(what each page shows, read with the CLI's own functions), ``views`` (those pages as HTML),
+``render`` (escaped templates), ``server`` (routes, the checks and headers every request
+passes, the listening socket), ``command`` (``memobot web``).
 """

@@ -74,7 +74,8 @@ class LinkBook:
         wanted = _digest(token)
         with self._locked() as entries:
             for i, entry in enumerate(entries):
-                if hmac.compare_digest(str(entry.get("sha256", "")), wanted):
+                stored = str(entry.get("sha256", "")).encode("utf-8")
+                if hmac.compare_digest(stored, wanted.encode("ascii")):
                     del entries[i]
                     return True
         return False

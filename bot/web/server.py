@@ -100,7 +100,7 @@ class Panel:
                 f"{exc.strerror or exc} (set web.listen to a free address, or web.enabled "
                 "to false)"
             )
-            log.error("%s; %s", why, "memobot runs on without it" if self.in_gateway else "")
+            log.error("%s%s", why, "; memobot runs on without it" if self.in_gateway else "")
             return why
         self._runner = runner
         log.info("web panel on %s (memobot web prints a login link)", self.base_url)
@@ -146,7 +146,7 @@ class Panel:
             raise web.HTTPSeeOther("/expired" if expired else "/login")
         if changes and session is not None and request.path != "/login":
             form = await request.post()
-            if not hmac.compare_digest(str(form.get("csrf", "")), session.csrf):
+            if not same_secret(form.get("csrf"), session.csrf):
                 log.warning("web: refused a POST %s without its form's token", request.path)
                 return _refused("Refused: the form's token is missing or out of date.")
         return await handler(request)
@@ -271,7 +271,7 @@ class Panel:
             return limited
         form = await request.post()
         expected = request.cookies.get(LOGIN_COOKIE, "")
-        if not expected or not hmac.compare_digest(str(form.get("csrf", "")), expected):
+        if not expected or not same_secret(form.get("csrf"), expected):
             return self._login_form("The login form was out of date: try again.", 403)
         password = str(form.get("password", ""))[:MAX_PASSWORD]
         if not await asyncio.to_thread(verify_password, password, stored):
@@ -294,6 +294,14 @@ class Panel:
     async def _expired(self, request: web.Request) -> web.Response:
         text = "Your session has expired (after 12 hours without use, or a restart of memobot)."
         return _page(views.message_page("Session expired", text))
+
+
+def same_secret(given: object, expected: str) -> bool:
+    """``given`` (a form field: text, a file, absent) is ``expected``, compared in constant
+    time (as bytes: compare_digest refuses text that is not ASCII)."""
+    if not isinstance(given, str):
+        return False
+    return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
 
 
 def _session() -> Session:

@@ -13,7 +13,7 @@ from bot.web.render import Html, escape, fill, join, tag, void
 PAGES = (("/", "Overview"), ("/access", "Access"))
 NOT_RUNNING = (
     "The gateway is not running: memobot answers on no channel now. This panel is served by "
-    "`memobot web` alone; what you change here counts when the gateway starts."
+    "“memobot web” alone; what you change here counts when the gateway starts."
 )
 
 

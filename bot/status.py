@@ -94,7 +94,20 @@ def status_rows(cfg: Config, config_path: Path) -> list[tuple[str, str]]:
         ("cron", cron_status_line(cfg)),
         ("unsent", undelivered_line(cfg)),
         ("approvals", approvals_line(cfg)),
+        ("panel", panel_line(cfg, live)),
     ]
+
+
+def panel_line(cfg: Config, live: dict[str, Any] | None) -> str:
+    """Where the control panel is, as the running gateway says (bot.web)."""
+    if not cfg.web.enabled:
+        return "off (web.enabled is false)"
+    if live is None:
+        return "no gateway serves it now; `memobot web` serves it alone"
+    url = live.get("web")
+    if not url:
+        return "the running gateway does not serve it (its log says why)"
+    return f"{url} (`memobot web` prints a login link)"
 
 
 def exec_line(cfg: Config) -> str:
@@ -110,14 +123,14 @@ def exec_line(cfg: Config) -> str:
 
 def limits_line(cfg: Config, live: dict[str, Any] | None) -> str:
     """The running gateway's limits (its cgroup may differ from this shell's), else ours."""
-    from bot.app import execlimits_line
+    from bot.app import exec_limits_line
 
     if not cfg.tools.exec.enabled:
         return "exec disabled"
     shown = (live or {}).get("exec_limits")
     if isinstance(shown, str):
         return f"{shown} (in the running gateway)"
-    return f"{execlimits_line(cfg)} (for a gateway started from here)"
+    return f"{exec_limits_line(cfg)} (for a gateway started from here)"
 
 
 def workspace_line(cfg: Config) -> str:

@@ -142,6 +142,8 @@ def test_a_taken_panel_address_is_one_log_line_and_the_gateway_runs_on(
             said = run_memobot("web", config=config)
             assert said.returncode == 1 and said.stdout == ""
             assert "without the panel" in said.stderr and "address was taken" in said.stderr
+            status_said = run_memobot("status", config=config).stdout
+            assert "panel      the running gateway does not serve it" in status_said
         finally:
             stop_gateway(gateway)
 

@@ -142,6 +142,21 @@ async def test_codes_expire_after_an_hour(tmp_path, llm, api):
         assert second != code
 
 
+async def test_a_refused_code_lets_nobody_in_and_gives_no_new_code_that_hour(tmp_path, llm, api):
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("hello?", user_id=STRANGER)
+        await api.wait_sent_async(1, STRANGER, 30)
+        [code] = tg.codes(STRANGER)
+        refused = await _cli("refuse", code.lower(), config=tg.config)
+        assert refused.returncode == 0 and f"Refused telegram user {STRANGER}" in refused.stdout
+        assert tg.store().snapshot()["pending"] == []
+        assert (await _cli("approve", code, config=tg.config)).returncode == 1
+        assert (await _cli("refuse", code, config=tg.config)).returncode == 1
+        api.private_text("hello??", user_id=STRANGER)
+        await asyncio.sleep(0.5)
+        assert len(api.sent(STRANGER)) == 1 and llm.requests == []
+
+
 async def test_at_most_three_codes_wait_per_channel(tmp_path, llm, api):
     async with running(tmp_path, llm, api) as tg:
         strangers = [3001, 3002, 3003, 3004]

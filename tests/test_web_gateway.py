@@ -101,9 +101,19 @@ def api_thread() -> Iterator[Any]:
         yield server
 
 
+async def _overview_through(link: str) -> str:
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        async with http.get(link) as r:
+            assert r.status == 200
+        async with http.get(link.split("/login")[0] + "/") as r:
+            return await r.text()
+
+
 def test_a_taken_panel_address_is_one_log_line_and_the_gateway_runs_on(
     tmp_path: Path, llm_thread: FakeLLMThread, api_thread: Any
 ):
+    """Then, the address free and the gateway started again, it serves the panel and
+    ``memobot web``'s link (another process's) logs in to it."""
     telegram = {
         "enabled": True,
         "token": api_thread.token,
@@ -146,6 +156,16 @@ def test_a_taken_panel_address_is_one_log_line_and_the_gateway_runs_on(
             assert "panel      the running gateway does not serve it" in status_said
         finally:
             stop_gateway(gateway)
+    gateway = start_gateway(config)
+    try:
+        assert wait_for(lambda: bool(status.exists() and json.loads(status.read_text())["web"]), 30)
+        said = run_memobot("web", config=config)
+        assert said.returncode == 0, said.stderr
+        page = asyncio.run(_overview_through(said.stdout.strip()))
+        assert f"running (pid {gateway.pid})" in page and "not running" not in page
+        assert re.search(r"<td>telegram</td><td>connected</td>", page), page
+    finally:
+        stop_gateway(gateway)
 
 
 async def test_memobot_web_alone_serves_the_panel_and_prints_only_the_link(tmp_path):

@@ -67,6 +67,10 @@ class Approved:
     chat_id: str
     approved_at: float
 
+    @property
+    def who(self) -> str:
+        return f"{self.sender_id} ({self.name})" if self.name else self.sender_id
+
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -273,6 +277,15 @@ def approve_code(state_dir: Path, code: str) -> Approved | None:
     return None
 
 
+def no_code_text(code: str) -> str:
+    """What the owner is told when ``code`` waits nowhere (CLI and panel alike)."""
+    return f"No waiting pairing code {normalise_code(code)} (codes expire after 1 h)."
+
+
+def refused_text(channel: str, sender_id: str) -> str:
+    return f"Refused {channel} user {sender_id}; no new code for them within the hour."
+
+
 def refuse_code(state_dir: Path, code: str) -> tuple[str, dict[str, Any]] | None:
     """(channel, the refused request), or None when no channel has ``code`` waiting."""
     for store in stores(state_dir):
@@ -319,10 +332,9 @@ def run(args: argparse.Namespace, state_dir: Path, config_path: Path) -> int:
     if args.pairing_command == "approve":
         approved = approve_code(state_dir, args.code)
         if approved is None:
-            print(f"No waiting pairing code {normalise_code(args.code)} (codes expire after 1 h).")
+            print(no_code_text(args.code))
             return 1
-        who = f"{approved.sender_id} ({approved.name})" if approved.name else approved.sender_id
-        print(f"Approved {approved.channel} user {who}. They will be told.")
+        print(f"Approved {approved.channel} user {approved.who}. They will be told.")
         add = f"channels add {approved.channel} --owner {approved.sender_id}"
         owner = command_for(config_path, add)
         print(
@@ -333,10 +345,9 @@ def run(args: argparse.Namespace, state_dir: Path, config_path: Path) -> int:
     if args.pairing_command == "refuse":
         refused = refuse_code(state_dir, args.code)
         if refused is None:
-            print(f"No waiting pairing code {normalise_code(args.code)} (codes expire after 1 h).")
+            print(no_code_text(args.code))
             return 1
-        channel, request = refused
-        print(f"Refused {channel} user {request['id']}; no new code for them within the hour.")
+        print(refused_text(refused[0], refused[1]["id"]))
         return 0
     if args.pairing_command == "revoke":
         if PairingStore(state_dir, args.channel).revoke(str(args.id)):

@@ -185,32 +185,31 @@ class Panel:
         return _page(views.access_page(channels, frame, problem))
 
     async def _approve(self, request: web.Request) -> web.Response:
-        from bot.pairing import approve_code, normalise_code
+        """What ``memobot pairing approve CODE`` does."""
+        from bot.pairing import approve_code, no_code_text
 
         code = str((await request.post()).get("code", ""))
         approved = await asyncio.to_thread(approve_code, self.state_dir, code)
         if approved is None:
-            notice = f"No waiting pairing code {normalise_code(code)} (codes expire after 1 h)."
-        else:
-            who = f"{approved.sender_id} ({approved.name})" if approved.name else approved.sender_id
-            log.info("pairing: %s user %s approved by web", approved.channel, approved.sender_id)
-            notice = f"Approved {approved.channel} user {who}: they are let in and will be told."
-        return self._back(request, "/access", notice)
+            return self._back("/access", no_code_text(code))
+        log.info("pairing: %s user %s approved by web", approved.channel, approved.sender_id)
+        return self._back(
+            "/access", f"Approved {approved.channel} user {approved.who}: let in, and told so."
+        )
 
     async def _refuse(self, request: web.Request) -> web.Response:
-        from bot.pairing import normalise_code, refuse_code
+        """What ``memobot pairing refuse CODE`` does."""
+        from bot.pairing import no_code_text, refuse_code, refused_text
 
         code = str((await request.post()).get("code", ""))
         refused = await asyncio.to_thread(refuse_code, self.state_dir, code)
         if refused is None:
-            notice = f"No waiting pairing code {normalise_code(code)} (codes expire after 1 h)."
-        else:
-            channel, entry = refused
-            log.info("pairing: request of %s user %s refused by web", channel, entry["id"])
-            notice = f"Refused {channel} user {entry['id']}; no new code for them within the hour."
-        return self._back(request, "/access", notice)
+            return self._back("/access", no_code_text(code))
+        channel, entry = refused
+        log.info("pairing: request of %s user %s refused by web", channel, entry["id"])
+        return self._back("/access", refused_text(channel, entry["id"]))
 
-    def _back(self, request: web.Request, path: str, notice: str) -> web.Response:
+    def _back(self, path: str, notice: str) -> web.Response:
         """After an action: to the page again (a reload does not repeat it), with its result."""
         self._notices[_session().id] = notice
         return _see_other(path)

@@ -26,6 +26,7 @@ from tests.helpers import (
     telegram_in_process,
     write_config,
 )
+from tests.helpers.telegram import settings as telegram_settings
 
 OWNER = 1001  # in allowFrom, admin
 STRANGER = 2002
@@ -59,15 +60,7 @@ class Running:
 async def running(
     tmp_path: Path, llm: FakeLLM, api: FakeBotAPI, **tg: Any
 ) -> AsyncIterator[Running]:
-    settings = {
-        "enabled": True,
-        "token": api.token,
-        "baseUrl": api.base_url,
-        "allowFrom": [str(OWNER)],
-        "dmPolicy": "pairing",
-        "pollTimeoutSeconds": 2,
-        **tg,
-    }
+    settings = telegram_settings(api, **{"dmPolicy": "pairing", **tg})  # OWNER is Alice
     config = write_config(tmp_path, llm.base_url, channels={"telegram": settings})
     cfg = make_config(tmp_path, llm.base_url, channels={"telegram": settings})
     async with telegram_in_process(cfg, config) as (stack, channel, _manager):

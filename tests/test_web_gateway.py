@@ -33,23 +33,17 @@ from tests.helpers import (
     write_config,
     zygote,
 )
+from tests.helpers.telegram import ALICE as OWNER
+from tests.helpers.telegram import settings as telegram_settings
 from tests.helpers.web import browsing
 
-OWNER = 1001
 STRANGER = 2002
 CODE = re.compile(rf"code: ([{ALPHABET}]{{8}})\n")
 
 
 async def test_a_code_approved_in_the_panel_lets_the_stranger_in(tmp_path, llm, api, caplog):
     caplog.set_level(logging.INFO, logger="bot.web")
-    telegram = {
-        "enabled": True,
-        "token": api.token,
-        "baseUrl": api.base_url,
-        "allowFrom": [str(OWNER)],
-        "dmPolicy": "pairing",
-        "pollTimeoutSeconds": 2,
-    }
+    telegram = telegram_settings(api, dmPolicy="pairing")  # the owner is Alice
     web = {"listen": f"127.0.0.1:{closed_port()}"}
     config = write_config(tmp_path, llm.base_url, channels={"telegram": telegram}, web=web)
     cfg, _ = load_config(config)
@@ -114,13 +108,7 @@ def test_a_taken_panel_address_is_one_log_line_and_the_gateway_runs_on(
 ):
     """Then, the address free and the gateway started again, it serves the panel and
     ``memobot web``'s link (another process's) logs in to it."""
-    telegram = {
-        "enabled": True,
-        "token": api_thread.token,
-        "baseUrl": api_thread.base_url,
-        "allowFrom": [str(OWNER)],
-        "pollTimeoutSeconds": 1,
-    }
+    telegram = telegram_settings(api_thread, pollTimeoutSeconds=1)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

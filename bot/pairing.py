@@ -72,6 +72,32 @@ class Approved:
         return f"{self.sender_id} ({self.name})" if self.name else self.sender_id
 
 
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A code waiting for the owner."""
+
+    channel: str
+    code: str
+    sender_id: str
+    name: str
+    created: float
+
+    @property
+    def who(self) -> str:
+        return f"{self.sender_id} ({self.name})" if self.name else self.sender_id
+
+    def minutes_left(self, now: float) -> float:
+        return max(0.0, (CODE_TTL_SECONDS - (now - self.created)) / 60)
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """``memobot pairing list`` of one channel: the codes waiting, the people let in."""
+
+    waiting: list[Request]
+    approved: list[Approved]
+
+
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     replace_durably(path, json.dumps(data, indent=1))
@@ -197,7 +223,7 @@ class PairingStore:
         log.info("channel %s: %s approved through pairing", self.channel, match["id"])
         return Approved(self.channel, entry["id"], entry["name"], entry["chat_id"], now)
 
-    def refuse(self, code: str) -> dict[str, Any] | None:
+    def refuse(self, code: str) -> Request | None:
         """Drop the waiting ``code`` (its sender gets no new one within the hour: their
         reply time stays); the entry it was, or None when no such code waits."""
         code = normalise_code(code)
@@ -208,7 +234,12 @@ class PairingStore:
                 return None
             data["pending"] = [p for p in data["pending"] if p is not match]
         log.info("channel %s: pairing request of %s refused", self.channel, match["id"])
-        return dict(match)
+        return self._request(match)
+
+    def _request(self, entry: dict[str, Any]) -> Request:
+        return Request(
+            self.channel, entry["code"], str(entry["id"]), entry.get("name", ""), entry["created"]
+        )
 
     def revoke(self, sender_id: str) -> bool:
         with self._locked() as data:
@@ -234,6 +265,19 @@ class PairingStore:
         data = self._read()
         self._prune(data, self.clock())
         return data
+
+    def listing(self) -> Listing:
+        data = self.snapshot()
+        return Listing(
+            [self._request(p) for p in data["pending"]],
+            [
+                Approved(
+                    self.channel, str(a["id"]), a.get("name", ""), a.get("chat_id", ""),
+                    a.get("approved_at", 0.0),
+                )
+                for a in data["approved"]
+            ],
+        )  # fmt: skip
 
 
 Announce = Callable[[str, str, str, str], Awaitable[bool]]
@@ -286,12 +330,12 @@ def refused_text(channel: str, sender_id: str) -> str:
     return f"Refused {channel} user {sender_id}; no new code for them within the hour."
 
 
-def refuse_code(state_dir: Path, code: str) -> tuple[str, dict[str, Any]] | None:
-    """(channel, the refused request), or None when no channel has ``code`` waiting."""
+def refuse_code(state_dir: Path, code: str) -> Request | None:
+    """The refused request, or None when no channel has ``code`` waiting."""
     for store in stores(state_dir):
         refused = store.refuse(code)
         if refused is not None:
-            return store.channel, refused
+            return refused
     return None
 
 
@@ -347,7 +391,7 @@ def run(args: argparse.Namespace, state_dir: Path, config_path: Path) -> int:
         if refused is None:
             print(no_code_text(args.code))
             return 1
-        print(refused_text(refused[0], refused[1]["id"]))
+        print(refused_text(refused.channel, refused.sender_id))
         return 0
     if args.pairing_command == "revoke":
         if PairingStore(state_dir, args.channel).revoke(str(args.id)):
@@ -360,15 +404,12 @@ def run(args: argparse.Namespace, state_dir: Path, config_path: Path) -> int:
         print("No pairing requests yet.")
     now = time.time()
     for store in found:
-        data = store.snapshot()
+        listing = store.listing()
         print(f"{store.channel}:")
-        for p in data["pending"]:
-            left = (CODE_TTL_SECONDS - (now - p["created"])) / 60
-            name = f" ({p['name']})" if p.get("name") else ""
-            print(f"  waiting  {p['code']}  {p['id']}{name}, {left:.0f} min left")
-        for a in data["approved"]:
-            name = f" ({a['name']})" if a.get("name") else ""
-            print(f"  approved {a['id']}{name}")
-        if not data["pending"] and not data["approved"]:
+        for p in listing.waiting:
+            print(f"  waiting  {p.code}  {p.who}, {p.minutes_left(now):.0f} min left")
+        for a in listing.approved:
+            print(f"  approved {a.who}")
+        if not listing.waiting and not listing.approved:
             print("  nothing")
     return 0

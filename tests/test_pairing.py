@@ -142,7 +142,7 @@ async def test_a_refused_code_lets_nobody_in_and_gives_no_new_code_that_hour(tmp
         [code] = tg.codes(STRANGER)
         refused = await _cli("refuse", code.lower(), config=tg.config)
         assert refused.returncode == 0 and f"Refused telegram user {STRANGER}" in refused.stdout
-        assert tg.store().snapshot()["pending"] == []
+        assert tg.store().listing().waiting == []
         assert (await _cli("approve", code, config=tg.config)).returncode == 1
         assert (await _cli("refuse", code, config=tg.config)).returncode == 1
         api.private_text("hello??", user_id=STRANGER)

@@ -162,14 +162,14 @@ async def test_a_change_needs_the_sessions_csrf_field(tmp_path):
         for form in ({"code": code}, {"code": code, "csrf": "wrong"}, {"code": code, "csrf": "é"}):
             status, text, _ = await b.post("/access/refuse", form)
             assert status == 403 and "token" in text
-        assert PairingStore(tmp_path / "state", "telegram").snapshot()["pending"]
+        assert PairingStore(tmp_path / "state", "telegram").listing().waiting
         # Another session's token is no good either.
         other = b.panel.sessions.create()
         status, _, _ = await b.post("/access/refuse", {"code": code, "csrf": other.csrf})
         assert status == 403
         status, _, r = await b.post("/access/refuse", {"code": code, "csrf": csrf})
         assert status == 303 and r.headers["Location"] == "/access"
-        assert not PairingStore(tmp_path / "state", "telegram").snapshot()["pending"]
+        assert not PairingStore(tmp_path / "state", "telegram").listing().waiting
         _, text, _ = await b.get("/access")
         assert "Refused telegram user 2002" in text
 

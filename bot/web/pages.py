@@ -4,12 +4,12 @@ reads: the server calls these in a thread."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from bot import __version__
 from bot.config import Config
+from bot.pairing import Listing
 from bot.status import ChannelLine
 
 
@@ -48,16 +48,6 @@ def overview(cfg: Config) -> Overview:
 
 
 @dataclass(frozen=True, slots=True)
-class Waiting:
-    """A pairing code waiting for the owner (``memobot pairing list``'s "waiting" line)."""
-
-    code: str
-    sender_id: str
-    name: str
-    minutes_left: int
-
-
-@dataclass(frozen=True, slots=True)
 class ChannelAccess:
     name: str
     enabled: bool
@@ -66,36 +56,21 @@ class ChannelAccess:
     admins_set: bool  # False: admins are the allowFrom ids (no "admins" in the config)
     dm_policy: str
     dm_policy_set: bool
-    waiting: list[Waiting]
-    paired: list[str]  # ids let in through pairing, with their names
+    pairing: Listing  # codes waiting, people let in through pairing
 
 
 def access(cfg: Config) -> list[ChannelAccess]:
     """Every configurable channel: who may talk, who administers, and pairing."""
-    from bot.pairing import CODE_TTL_SECONDS, PairingStore
+    from bot.pairing import PairingStore
     from channels import registry
     from channels.access import dm_policy_of
 
     state: Path = cfg.agent.state_path
-    now = time.time()
     out = []
     for spec in registry.specs().values():
         section = spec.section(cfg)
         if section is None:
             continue
-        data = PairingStore(state, spec.name).snapshot()
-        waiting = [
-            Waiting(
-                str(p["code"]),
-                str(p["id"]),
-                str(p.get("name", "")),
-                max(0, round((CODE_TTL_SECONDS - (now - p["created"])) / 60)),
-            )
-            for p in data["pending"]
-        ]
-        paired = [
-            f"{a['id']} ({a['name']})" if a.get("name") else str(a["id"]) for a in data["approved"]
-        ]
         out.append(
             ChannelAccess(
                 name=spec.name,
@@ -105,8 +80,7 @@ def access(cfg: Config) -> list[ChannelAccess]:
                 admins_set=section.admins is not None,
                 dm_policy=dm_policy_of(section),
                 dm_policy_set=section.dm_policy is not None,
-                waiting=waiting,
-                paired=paired,
+                pairing=PairingStore(state, spec.name).listing(),
             )
         )
     return out

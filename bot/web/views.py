@@ -3,6 +3,7 @@ form POST carrying the session's CSRF field; no script."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from bot.status import ChannelLine
@@ -104,7 +105,7 @@ def _ids(ids: list[str], empty: str) -> Html:
     return join([tag("code", i) for i in ids], ", ") if ids else tag("span", empty, class_="muted")
 
 
-def _channel_access(c: ChannelAccess, csrf: str) -> Html:
+def _channel_access(c: ChannelAccess, csrf: str, now: float) -> Html:
     state = "enabled" if c.enabled else "not enabled"
     admins_note = "" if c.admins_set else " (the allowFrom ids: admins is not set)"
     policy_note = "" if c.dm_policy_set else " (not set: the default for this allowFrom)"
@@ -119,17 +120,17 @@ def _channel_access(c: ChannelAccess, csrf: str) -> Html:
                 tag("dt", "dmPolicy"),
                 tag("dd", join([tag("code", c.dm_policy), policy_note])),
                 tag("dt", "Let in through pairing"),
-                tag("dd", _ids(c.paired, "nobody")),
+                tag("dd", _ids([a.who for a in c.pairing.approved], "nobody")),
             ]
         ),
         class_="facts",
     )
-    if c.waiting:
+    if c.pairing.waiting:
         rows: list[list[object]] = [
             [
                 tag("code", w.code),
-                f"{w.sender_id} ({w.name})" if w.name else w.sender_id,
-                f"{w.minutes_left} min",
+                w.who,
+                f"{w.minutes_left(now):.0f} min",
                 join(
                     [
                         post_button("/access/approve", "Approve", csrf, True, code=w.code),
@@ -138,7 +139,7 @@ def _channel_access(c: ChannelAccess, csrf: str) -> Html:
                     ]
                 ),
             ]
-            for w in c.waiting
+            for w in c.pairing.waiting
         ]
         waiting = join(
             [tag("h3", "Waiting for you"), table(("Code", "Who", "Time left", ""), rows)]
@@ -159,7 +160,8 @@ def access_page(channels: list[ChannelAccess], frame: Frame, problem: str = "") 
     parts = [intro]
     if problem:
         parts.append(tag("p", problem, class_="banner", role="alert"))
-    parts.extend(_channel_access(c, frame.csrf) for c in channels)
+    now = time.time()
+    parts.extend(_channel_access(c, frame.csrf, now) for c in channels)
     return page("Access", join(parts), frame)
 
 

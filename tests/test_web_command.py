@@ -17,14 +17,14 @@ from bot.gateway import STATUS_FILE
 from bot.web import command
 from bot.web.passwords import verify_password
 from bot.web.server import Panel
-from tests.helpers import closed_port, config_dict, run_memobot, write_config
-from tests.helpers.web import browsing
+from tests.helpers import config_dict, run_memobot, write_config
+from tests.helpers.web import browsing, panel_section
 
 NO_LLM = "http://127.0.0.1:9/v1"
 
 
 async def test_a_link_printed_by_the_command_logs_in_to_the_gateways_panel(tmp_path):
-    config = write_config(tmp_path, NO_LLM, web={"listen": f"127.0.0.1:{closed_port()}"})
+    config = write_config(tmp_path, NO_LLM, web=panel_section())
     cfg, _ = load_config(config)
     async with browsing(cfg, config, in_gateway=True) as b:
         # A gateway's status file, as Gateway.status() writes it (this process is alive).
@@ -81,7 +81,7 @@ def test_set_password_refuses_two_different_answers_and_a_pipe(tmp_path, monkeyp
 
 
 async def test_a_panel_nobody_opens_runs_nothing(tmp_path: Path):
-    config = write_config(tmp_path, NO_LLM, web={"listen": f"127.0.0.1:{closed_port()}"})
+    config = write_config(tmp_path, NO_LLM, web=panel_section())
     cfg, _ = load_config(config)
     before = asyncio.all_tasks()
     panel = Panel(cfg, config, in_gateway=True)

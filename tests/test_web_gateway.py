@@ -24,7 +24,6 @@ from tests.fakes.llm_server import FakeLLM, FakeLLMThread
 from tests.fakes.telegram_api import FakeBotAPI
 from tests.helpers import (
     REPO,
-    closed_port,
     run_memobot,
     start_gateway,
     stop_gateway,
@@ -35,7 +34,7 @@ from tests.helpers import (
 )
 from tests.helpers.telegram import ALICE as OWNER
 from tests.helpers.telegram import settings as telegram_settings
-from tests.helpers.web import browsing
+from tests.helpers.web import browsing, panel_section
 
 STRANGER = 2002
 CODE = re.compile(rf"code: ([{ALPHABET}]{{8}})\n")
@@ -44,7 +43,7 @@ CODE = re.compile(rf"code: ([{ALPHABET}]{{8}})\n")
 async def test_a_code_approved_in_the_panel_lets_the_stranger_in(tmp_path, llm, api, caplog):
     caplog.set_level(logging.INFO, logger="bot.web")
     telegram = telegram_settings(api, dmPolicy="pairing")  # the owner is Alice
-    web = {"listen": f"127.0.0.1:{closed_port()}"}
+    web = panel_section()
     config = write_config(tmp_path, llm.base_url, channels={"telegram": telegram}, web=web)
     cfg, _ = load_config(config)
     async with (
@@ -117,7 +116,7 @@ def test_a_taken_panel_address_is_one_log_line_and_the_gateway_runs_on(
             tmp_path,
             llm_thread.base_url,
             channels={"telegram": telegram},
-            web={"listen": f"127.0.0.1:{port}"},
+            web={"enabled": True, "listen": f"127.0.0.1:{port}"},
             heartbeat={"intervalMinutes": 0},
         )
         gateway = start_gateway(config)
@@ -157,9 +156,7 @@ def test_a_taken_panel_address_is_one_log_line_and_the_gateway_runs_on(
 
 
 async def test_memobot_web_alone_serves_the_panel_and_prints_only_the_link(tmp_path):
-    config = write_config(
-        tmp_path, "http://127.0.0.1:9/v1", web={"listen": f"127.0.0.1:{closed_port()}"}
-    )
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1", web=panel_section())
     proc = zygote.popen(
         ["--config", str(config), "web"],
         cwd=REPO,

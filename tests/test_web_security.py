@@ -16,8 +16,8 @@ from bot.pairing import PairingStore
 from bot.web.limits import AttemptLimiter
 from bot.web.passwords import hash_password
 from bot.web.server import Panel
-from tests.helpers import closed_port, config_dict
-from tests.helpers.web import PAGES, PUBLIC_PAGES, browsing
+from tests.helpers import config_dict
+from tests.helpers.web import PAGES, PUBLIC_PAGES, browsing, panel_section
 
 NO_LLM = "http://127.0.0.1:9/v1"  # the panel's pages never call the model
 PASSWORD = "correct horse battery staple"
@@ -33,7 +33,7 @@ SECRETS = {
 
 
 def write(tmp_path: Path, **web: Any) -> Path:
-    data = config_dict(tmp_path, NO_LLM, web={"listen": f"127.0.0.1:{closed_port()}", **web})
+    data = config_dict(tmp_path, NO_LLM, web=panel_section(**web))
     data["llm"]["apiKey"] = SECRETS["llm"]
     data["llm"]["headers"] = {"X-Gateway": SECRETS["header"]}
     data["tools"]["web"] = {"search": {"provider": "brave", "apiKey": SECRETS["search"]}}

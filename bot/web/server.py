@@ -210,6 +210,8 @@ class Panel:
 
     def _back(self, path: str, notice: str) -> web.Response:
         """After an action: to the page again (a reload does not repeat it), with its result."""
+        # Kept for live sessions only: one whose browser never came back leaves nothing.
+        self._notices = {k: v for k, v in self._notices.items() if k in self.sessions}
         self._notices[_session().id] = notice
         return _see_other(path)
 

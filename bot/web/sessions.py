@@ -59,3 +59,6 @@ class Sessions:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._by_id

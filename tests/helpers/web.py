@@ -16,10 +16,16 @@ import aiohttp
 from bot.config import Config
 from bot.web.limits import AttemptLimiter
 from bot.web.server import Panel, login_url
+from tests.helpers import closed_port
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 PAGES = ("/", "/access")  # every page of a logged-in browser
 PUBLIC_PAGES = ("/login", "/logged-out", "/expired", "/static/panel.css")
+
+
+def panel_section(**extra: Any) -> dict[str, Any]:
+    """The config's ``web`` section: the panel on, at a free port of 127.0.0.1."""
+    return {"enabled": True, "listen": f"127.0.0.1:{closed_port()}", **extra}
 
 
 @dataclass

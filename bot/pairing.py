@@ -346,7 +346,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     pairing = sub.add_parser(
         "pairing",
         parents=[common],
-        help="let new people in: list, approve or revoke pairing codes (dmPolicy pairing)",
+        help="let new people in: list, approve, refuse or revoke pairing codes (dmPolicy pairing)",
         description='With channels.<name>.dmPolicy "pairing" (the default while allowFrom is '
         "empty), a stranger's private message is answered with a one-time code (valid 1 "
         "hour); the gateway logs it too. Approving the code lets that person "

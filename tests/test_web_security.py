@@ -333,3 +333,21 @@ def test_the_login_limit_lets_an_address_in_again_after_its_window():
     assert limiter.attempt("a") == 15
     now[0] = 60.0
     assert limiter.attempt("a") is None
+
+
+def test_the_names_a_panel_answers_to():
+    from bot.web.addresses import served
+
+    local = served("127.0.0.1:8765", "")
+    assert local.hosts == {"127.0.0.1:8765", "localhost:8765", "[::1]:8765"}
+    assert local.base_url == "http://127.0.0.1:8765"
+    assert not local.host_ok("127.0.0.1.evil.example:8765") and not local.host_ok(None)
+    six = served("[::1]:9000", "")
+    assert six.host_ok("[::1]:9000") and six.base_url == "http://[::1]:9000"
+    # Every address of the machine: its own names only through publicUrl.
+    anywhere = served("0.0.0.0:8765", "https://bot.example.org")
+    assert anywhere.host_ok("bot.example.org") and not anywhere.host_ok("192.168.1.5:8765")
+    assert anywhere.base_url == "https://bot.example.org"
+    assert anywhere.origin_ok("https://bot.example.org") and anywhere.origin_ok(
+        "http://localhost:8765"
+    )

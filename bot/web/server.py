@@ -133,7 +133,11 @@ class Panel:
         host = request.headers.get("Host")
         if not self.served.host_ok(host):
             log.info("web: refused a request for host %r: not one the panel serves", host)
-            return _refused("This panel does not answer to that host name.", 421)
+            return _refused(
+                "This panel does not answer to that host name (web.publicUrl names the "
+                "address it is opened at).",
+                421,
+            )
         changes = request.method not in ("GET", "HEAD")
         if changes and not self.served.origin_ok(_origin(request)):
             log.warning("web: refused a %s %s from another origin", request.method, request.path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import os
@@ -793,8 +794,6 @@ def set_options(
     file with it: everything else stays as written, and a ``${VAR}`` reference is never
     written out expanded. Durable, mode 0600 as ``save_config`` writes it. Returns the config
     as it now loads; ConfigError (nothing written) if it would not."""
-    import copy
-
     for path, value in changes.items():
         holder = data
         for key in path[:-1]:

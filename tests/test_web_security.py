@@ -292,6 +292,9 @@ def test_listening_beyond_loopback_needs_a_password(tmp_path):
             load_config(write(tmp_path, listen=bad))
     with pytest.raises(ConfigError, match=r"web\.passwordHash"):
         load_config(write(tmp_path, passwordHash="hunter2"))
+    for bad in ("ftp://bot.example.org", "https://bot.example.org/panel", "https://u:p@host"):
+        with pytest.raises(ConfigError, match=r"web\.publicUrl"):
+            load_config(write(tmp_path, publicUrl=bad))
 
 
 def test_a_panel_reads_its_addresses_from_the_config(tmp_path):

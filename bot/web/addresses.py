@@ -37,7 +37,7 @@ def is_loopback(host: str) -> bool:
 
 
 def check_public_url(value: str) -> str:
-    """``web.publicUrl``: "" or an http(s) URL with a host and nothing after its path; returned
+    """``web.publicUrl``: "" or an http(s) URL of a host (and port), without a path; returned
     without a trailing slash."""
     if not value:
         return value
@@ -46,6 +46,9 @@ def check_public_url(value: str) -> str:
         raise ValueError(f"{value!r} is not an http:// or https:// address")
     if parts.username or parts.password or parts.query or parts.fragment:
         raise ValueError(f"{value!r}: give the address only (no user, ?query or #fragment)")
+    if parts.path not in ("", "/"):
+        # The panel's pages, forms and cookie live at the root of its own host name.
+        raise ValueError(f"{value!r}: give the host only, e.g. https://bot.example.org (no path)")
     return value.rstrip("/")
 
 

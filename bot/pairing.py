@@ -59,6 +59,11 @@ def code_text(code: str, channel: str, sender_id: str) -> str:
     )
 
 
+def _who(sender_id: str, name: str) -> str:
+    """A person as the owner is shown them: ``2002 (@eve)``."""
+    return f"{sender_id} ({name})" if name else sender_id
+
+
 @dataclass(frozen=True, slots=True)
 class Approved:
     channel: str
@@ -69,7 +74,7 @@ class Approved:
 
     @property
     def who(self) -> str:
-        return f"{self.sender_id} ({self.name})" if self.name else self.sender_id
+        return _who(self.sender_id, self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +89,7 @@ class Request:
 
     @property
     def who(self) -> str:
-        return f"{self.sender_id} ({self.name})" if self.name else self.sender_id
+        return _who(self.sender_id, self.name)
 
     def minutes_left(self, now: float) -> float:
         return max(0.0, (CODE_TTL_SECONDS - (now - self.created)) / 60)

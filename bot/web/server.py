@@ -209,8 +209,9 @@ class Panel:
         refused = await asyncio.to_thread(refuse_code, self.state_dir, code)
         if refused is None:
             return self._back("/access", no_code_text(code))
-        log.info("pairing: request of %s user %s refused by web", refused.channel, refused.who)
-        return self._back("/access", refused_text(refused.channel, refused.sender_id))
+        channel, sender = refused.channel, refused.sender_id
+        log.info("pairing: request of %s user %s refused by web", channel, sender)
+        return self._back("/access", refused_text(channel, sender))
 
     def _back(self, path: str, notice: str) -> web.Response:
         """After an action: to the page again (a reload does not repeat it), with its result."""

@@ -11,8 +11,12 @@ from typing import Any
 
 import pytest
 
+from bot.app import build_gate
 from bot.config import ConfigError, load_config
+from bot.gate import launcher
 from bot.pairing import PairingStore
+from bot.tools.base import ToolContext, ToolRegistry
+from bot.tools.shell import ExecTool
 from bot.web.limits import AttemptLimiter
 from bot.web.passwords import hash_password
 from bot.web.server import Panel
@@ -354,3 +358,31 @@ def test_the_names_a_panel_answers_to():
     assert anywhere.origin_ok("https://bot.example.org") and anywhere.origin_ok(
         "http://localhost:8765"
     )
+
+
+@pytest.mark.skipif(launcher.landlock_abi() < 1, reason="needs Landlock")
+async def test_a_command_the_model_runs_cannot_act_as_the_owner(tmp_path):
+    """The link file is in the state folder, which the model's commands can neither read nor
+    write; what they ask the panel themselves is asked without a session."""
+    config = write(tmp_path)
+    cfg, _ = load_config(config)
+    cfg.agent.workspace_path.mkdir(parents=True)
+    gate = build_gate(cfg, config)  # as the gateway builds it: config and state out of reach
+    registry = ToolRegistry()
+    registry.register(ExecTool(cfg.tools.exec))
+    ctx = ToolContext(workspace=cfg.agent.workspace_path, gate=gate)
+
+    async def run(command: str) -> str:
+        return await registry.execute("exec", json.dumps({"command": command}), ctx)
+
+    try:
+        async with browsing(cfg, config) as b:
+            link = b.link()  # a link waits in the state folder
+            links = tmp_path / "state" / "web" / "links.json"
+            assert "Permission denied" in await run(f"cat {links}")
+            assert "Permission denied" in await run(f"echo '{{\"links\": []}}' > {links}")
+            assert (await b.get(link.removeprefix(b.base)))[0] == 200  # still there, unread
+            seen = await run(f"curl -sL {b.base}/")
+            assert "<title>Log in" in seen and "Overview" not in seen
+    finally:
+        gate.close()

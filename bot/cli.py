@@ -13,7 +13,6 @@ import signal
 import stat
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,6 @@ from bot.file_errors import file_problem
 from bot.invocation import command_for, program
 from bot.service.logs import LOG_FORMATS, redact
 from bot.urls import redact_url
-from bot.wording import counted
 
 if TYPE_CHECKING:
     from bot.loop import AgentLoop
@@ -186,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bot.importer import commands as import_commands
 
     import_commands.add_parsers(sub, common)
+    from bot.web import command as web_command
+
+    web_command.add_parsers(sub, common)
     return parser
 
 
@@ -238,7 +239,8 @@ def _main(argv: list[str] | None) -> int:
         print("memobot agent: error: -m/--message is empty: nothing to send", file=sys.stderr)
         return EX_USAGE
     verbose = getattr(args, "verbose", 0)
-    quiet = args.command != "gateway"  # dream prints its one result line itself
+    # dream prints its one result line itself; the panel's server says what it did.
+    quiet = args.command not in ("gateway", "web")
     _setup_logging(verbose, quiet, getattr(args, "log_format", "text"))
     given = "--config" if getattr(args, "config", None) else None
     if not given and os.environ.get("MEMOBOT_CONFIG"):
@@ -263,6 +265,12 @@ def _main(argv: list[str] | None) -> int:
             from bot import onboard as onboard_steps
 
             return onboard_steps.run_channels(args, config_path)
+        if args.command == "web" and args.set_password:
+            # Before the config is loaded: a listen address refused for want of a password
+            # is what setting one fixes.
+            from bot.web import command as web_command
+
+            return web_command.set_password(config_path)
         if args.command == "import":  # writes the config: it need not exist yet
             from bot.importer import commands as import_commands
 
@@ -284,6 +292,10 @@ def _main(argv: list[str] | None) -> int:
             from bot.cron import commands as cron_commands
 
             return cron_commands.run(args, cfg)
+        if args.command == "web":
+            from bot.web import command as web_command
+
+            return web_command.run(args, cfg, config_path)
         if args.command in ("memory", "dream"):
             from bot.memory.commands import run
 
@@ -897,52 +909,6 @@ def cmd_gateway(cfg: Config, config_path: Path) -> int:
 # -- status ----------------------------------------------------------------------------------
 
 
-def _exec_line(cfg: Config) -> str:
-    from bot.gate import describe_confinement
-
-    tools = cfg.tools
-    if not tools.exec.enabled:
-        return "disabled"
-    return describe_confinement(
-        tools.restrict_to_workspace, tools.exec.sandbox, tools.exec.network
-    ).summary
-
-
-def _limits_line(cfg: Config, live: dict[str, Any] | None) -> str:
-    """The running gateway's limits (its cgroup may differ from this shell's), else ours."""
-    from bot.app import exec_limits_line
-
-    if not cfg.tools.exec.enabled:
-        return "exec disabled"
-    shown = (live or {}).get("exec_limits")
-    if isinstance(shown, str):
-        return f"{shown} (in the running gateway)"
-    return f"{exec_limits_line(cfg)} (for a gateway started from here)"
-
-
-def _workspace_line(cfg: Config) -> str:
-    from bot.gate.usage import describe, measure
-
-    path = cfg.agent.workspace_path
-    if not path.is_dir():
-        return str(path)
-    warn = cfg.agent.workspace_warn_bytes
-    return f"{path} ({describe(*measure(path), warn)})"
-
-
-def _mcp_line(cfg: Config, live: dict[str, Any] | None) -> str:
-    servers = cfg.tools.mcp_servers
-    if not servers:
-        return "no servers configured"
-    shown = (live or {}).get("mcp")
-    if not isinstance(shown, dict):
-        return f"{len(servers)} server(s) configured; states while the gateway runs"
-    up = sum(1 for s in shown.values() if s.get("state") == "connected")
-    tools = sum(int(s.get("tools", 0)) for s in shown.values())
-    parts = [f"{name}: {info.get('state', '?')}" for name, info in sorted(shown.items())]
-    return f"{len(shown)} server(s), {up} connected, {tools} tool(s) ({', '.join(parts)})"
-
-
 def cmd_mcp_list(cfg: Config, config_path: Path) -> int:
     """Start each MCP server once, print its state and tools; 1 if one failed."""
     from bot.app import mcp_log_dir, probe_mcp_servers
@@ -971,126 +937,13 @@ def cmd_mcp_list(cfg: Config, config_path: Path) -> int:
 
 
 def cmd_status(cfg: Config, config_path: Path) -> int:
-    from bot.cron.commands import status_line as cron_status_line
-    from bot.memory.dream import budget_lines, read_dream_cursor
+    from bot.status import status_rows
 
-    state = cfg.agent.state_path
-    sessions_dir = state / "sessions"
-    count = len(list(sessions_dir.glob("*.jsonl"))) if sessions_dir.is_dir() else 0
-    llm = cfg.llm
-    endpoint = redact_url(llm.resolved_base_url()) or (
-        "api.openai.com" if llm.resolved_api_key() else ""
-    )
-    from bot.gateway import enabled_channels, read_status
-
-    enabled = enabled_channels(cfg)
-    live = read_status(state)
-    gateway = _gateway_line(live, state)
-    if live:
-        shown = []
-        for name in enabled:
-            info = live["channels"].get(name, {})
-            when = info.get("last_event_at")
-            last = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "never"
-            detail = f" ({info['detail']})" if info.get("detail") else ""
-            off = "".join(f", {f} off ({why})" for f, why in info.get("features_off", {}).items())
-            shown.append(f"{name}: {info.get('state', '?')}{detail}{off}, last event {last}")
-        enabled = shown
-    exists = (
-        ""
-        if config_path.exists()
-        else f" (missing: defaults in use; run {command_for(config_path, 'onboard')})"
-    )
-    rows = [
-        ("config", f"{config_path}{exists}"),
-        ("workspace", _workspace_line(cfg)),
-        ("state", str(state)),
-        ("model", f"{llm.model} @ {endpoint}" if endpoint else f"{llm.model} (no LLM configured)"),
-        ("sessions", str(count)),
-        ("memory", ", ".join(budget_lines(cfg.agent.workspace_path, cfg.memory.max_chars))),
-        ("dream", f"digested up to history cursor {read_dream_cursor(cfg.agent.workspace_path)}"),
-        ("channels", "; ".join(enabled) if enabled else "none enabled"),
-        ("exec", _exec_line(cfg)),
-        ("limits", _limits_line(cfg, live)),
-        ("mcp", _mcp_line(cfg, live)),
-        ("gateway", gateway),
-        ("outage", _outage_line(live)),
-        ("cron", cron_status_line(cfg)),
-        ("unsent", _undelivered_line(cfg)),
-        ("approvals", _approvals_line(cfg)),
-    ]
+    rows = status_rows(cfg, config_path)
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k.ljust(width)}  {v}")
     return 0
-
-
-def _gateway_line(live: dict[str, Any] | None, state: Path) -> str:
-    """Whether a gateway runs, and whether what its status file says is current: a file
-    left by a killed gateway, or one a live gateway stopped writing, is said to be old."""
-    from bot.gateway import STALE_AFTER_SECONDS, left_status, status_age
-
-    now = time.time()
-    if live is None:
-        left = left_status(state)
-        if left is None:
-            return "not running"
-        age = status_age(left, now)
-        when = f", {_ago(age)}" if age is not None else ""
-        return (
-            f"not running (pid {left.get('pid')} stopped without cleaning up{when}; what its "
-            "status file said is out of date)"
-        )
-    age = status_age(live, now)
-    if age is not None and age > STALE_AFTER_SECONDS:
-        return (
-            f"running (pid {live['pid']}), but its status was last written {_ago(age)}: it may "
-            "be stuck (see its log); the channel states above are from then"
-        )
-    return f"running (pid {live['pid']})"
-
-
-def _ago(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min ago"
-    return f"{seconds / 3600:.0f} h ago"
-
-
-def _outage_line(live: dict[str, Any] | None) -> str:
-    """The running gateway's model outage, if there is one, and how many turns wait for it."""
-    outage = (live or {}).get("outage")
-    if not outage:
-        return "none"
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(outage.get("since", 0)))
-    n = outage.get("waiting", 0)
-    return (
-        f"every model failing since {since}, {counted(n, 'turn')} waiting "
-        f"({outage.get('reason', '')})"
-    )
-
-
-def _approvals_line(cfg: Config) -> str:
-    """Tool calls waiting for a person's answer (tools.approval), read from the sessions."""
-    from bot.approvals import describe_open
-
-    lines = describe_open(cfg.agent.state_path)
-    return f"{len(lines)} open: " + "; ".join(lines) if lines else "none open"
-
-
-def _undelivered_line(cfg: Config) -> str:
-    """Answers still in a delivery ledger: refused for good (with why), or waiting to be sent."""
-    from bot.delivery import undelivered
-
-    entries = list(undelivered(cfg.agent.state_path))
-    if not entries:
-        return "none"
-    failed = [(k, e) for k, e in entries if e.get("state") == "failed"]
-    parts = [f"{k} {e.get('id')}: {e.get('reason')}" for k, e in failed[-5:]]
-    waiting = len(entries) - len(failed)
-    head = f"{len(failed)} could not be delivered" + (f" ({'; '.join(parts)})" if parts else "")
-    return head + (f", {waiting} waiting to be sent" if waiting else "")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import os
@@ -17,6 +18,7 @@ from pydantic import (
     PrivateAttr,
     StrictBool,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
@@ -38,7 +40,7 @@ DEFAULT_HOME = Path("~/.memobot")
 DEFAULT_CONFIG_PATH = DEFAULT_HOME / "config.json"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # apiKey, token, botToken, an MCP server's env GITHUB_TOKEN or its Authorization header, ...
-_SECRET_KEY = re.compile(r"(?i)(token|key|secret|password|authorization)$")
+_SECRET_KEY = re.compile(r"(?i)(token|key|secret|password|passwordhash|authorization)$")
 
 
 class ConfigError(Exception):
@@ -448,6 +450,54 @@ class HeartbeatConfig(_Model):
         return v
 
 
+DEFAULT_PANEL_LISTEN = "127.0.0.1:8765"
+
+
+class PanelConfig(_Model):
+    """``web``: the control panel in the browser, served by the gateway (docs/panel.md)."""
+
+    enabled: StrictBool = True
+    # Before listen, which is checked against it.
+    # scrypt$N$r$p$salt$hash, written by `memobot web --set-password`; "": links only.
+    password_hash: str = ""
+    listen: str = DEFAULT_PANEL_LISTEN  # host:port; a non-loopback host needs passwordHash
+    # The address people open when a reverse proxy stands in front ("https://bot.example.org").
+    public_url: str = ""
+
+    @field_validator("password_hash")
+    @classmethod
+    def _hash_format(cls, v: str) -> str:
+        from bot.web.passwords import parse_hash
+
+        if v:
+            parse_hash(v)  # ValueError says what is wrong
+        return v
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_address(cls, v: str, info: ValidationInfo) -> str:
+        from bot.web.addresses import is_loopback, parse_listen
+
+        host, _ = parse_listen(v)
+        if not is_loopback(host) and not info.data.get("password_hash"):
+            raise ValueError(
+                f"{v!r} can be reached from other machines: set a password first (memobot "
+                "web --set-password), or listen on 127.0.0.1"
+            )
+        return v
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, v: str) -> str:
+        from bot.web.addresses import check_public_url
+
+        return check_public_url(v)
+
+    @property
+    def secure_cookies(self) -> bool:
+        return self.public_url.startswith("https://")
+
+
 class Config(_Model):
     llm: LLMConfig = LLMConfig()
     agent: AgentConfig = AgentConfig()
@@ -457,6 +507,7 @@ class Config(_Model):
     gateway: GatewayConfig = GatewayConfig()
     cron: CronConfig = CronConfig()
     heartbeat: HeartbeatConfig = HeartbeatConfig()
+    web: PanelConfig = PanelConfig()
 
 
 def default_config_path() -> Path:
@@ -722,6 +773,41 @@ def load_config(path: Path | None = None) -> tuple[Config, Path]:
     cfg = parse_config(data, str(path))
     check_layout(cfg, path)
     return cfg, path
+
+
+def read_raw(config_path: Path) -> dict[str, Any]:
+    """The JSON of a config file ``load_config`` has just read (``${VAR}`` not expanded); {}
+    when there is no file (the defaults)."""
+    if not config_path.exists():
+        return {}
+    try:
+        data = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # changed since it was loaded
+        raise ConfigError(f"{config_path}: cannot read config again: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{config_path}: the top level must be a JSON object")
+    return data
+
+
+def set_options(
+    config_path: Path, data: dict[str, Any], changes: dict[tuple[str, ...], Any]
+) -> Config:
+    """Set each option (its path of keys, camelCase as in the file: ``("web",
+    "passwordHash")``) in ``data``, the file's own JSON from ``read_raw``, and replace the
+    file with it: everything else stays as written, and a ``${VAR}`` reference is never
+    written out expanded. Durable, mode 0600 as ``save_config`` writes it. Returns the config
+    as it now loads; ConfigError (nothing written) if it would not."""
+    for path, value in changes.items():
+        holder = data
+        for key in path[:-1]:
+            holder = holder.setdefault(key, {})
+        holder[path[-1]] = value
+    after = parse_config(copy.deepcopy(data), str(config_path))
+    check_layout(after, config_path)
+    config_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    durable.replace_file(config_path, text, mode=0o600, chmod=0o600)
+    return after
 
 
 def config_to_json(cfg: Config) -> str:

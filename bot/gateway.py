@@ -22,11 +22,14 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot import durable, startup
 from bot.config import EX_CONFIG, Config
 from bot.cron import heartbeat
+
+if TYPE_CHECKING:
+    from bot.web.server import Panel
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +103,7 @@ class Gateway:
         from channels.manager import ChannelManager
 
         self.cfg = cfg
+        self.config_path = config_path
         self.stack = build_agent(cfg, config_path, wait_for_model=True)
         self.channels = [s.build(self.stack.bus, cfg) for s in registry.enabled(cfg)]
         self.manager = ChannelManager(self.stack.bus, self.stack.loop.ledger, self.channels)
@@ -120,6 +124,7 @@ class Gateway:
         # next tick (`memobot status` showed "starting" seconds after the channel connected).
         self._status_due = asyncio.Event()
         self.service = ServiceHooks(self, config_path)  # systemd notify, SIGHUP reload
+        self.panel: Panel | None = None
 
     def status(self) -> dict[str, Any]:
         from bot.app import exec_limits_line
@@ -138,6 +143,8 @@ class Gateway:
             },
             # What holds in this process (its cgroup is the service's, not the shell's).
             "exec_limits": exec_limits_line(self.cfg, self.stack.gate),
+            # Where the panel listens (memobot web's links), None when it does not.
+            "web": self.panel.base_url if self.panel else None,
         }
 
     def _every_channel_failed(self, channels: list[Any]) -> None:
@@ -192,6 +199,7 @@ class Gateway:
         loop_task = asyncio.create_task(self.stack.loop.run(schedule_dream=True), name="agent")
         self.stack.mcp.start()  # in the background: a slow server never delays the start
         await self.manager.start()
+        await self._start_panel()
         startup.started()
         # After recovery (a recorded occurrence is found as a duplicate) and the channels.
         self.scheduler.start()
@@ -215,6 +223,8 @@ class Gateway:
             await self._stop.wait()
         finally:
             self.service.stopping(self.cfg.gateway.drain_seconds)
+            if self.panel is not None:
+                await self.panel.stop()
             await self.scheduler.stop()  # nothing new is due once intake closes
             await self.stack.loop.shutdown(self.cfg.gateway.drain_seconds)
             await self.manager.flush(10)
@@ -227,6 +237,17 @@ class Gateway:
             self.status_path.unlink(missing_ok=True)
             log.info("gateway stopped")
         return EX_CONFIG if self._all_failed else 0
+
+    async def _start_panel(self) -> None:
+        """The control panel, unless web.enabled is false; an address it cannot have is one
+        log line (Panel.start's), and the gateway runs on without it."""
+        if not self.cfg.web.enabled:
+            return
+        from bot.web.server import Panel
+
+        panel = Panel(self.cfg, self.config_path, in_gateway=True)
+        if await panel.start() is None:
+            self.panel = panel
 
     async def _write_status_forever(self) -> None:
         while True:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -23,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
-from bot.config import EX_CONFIG, Config, ConfigError, load_config, parse_config
+from bot.config import EX_CONFIG, Config, ConfigError, load_config, read_raw, set_options
 from bot.invocation import command_for
 
 if TYPE_CHECKING:
@@ -424,16 +422,6 @@ def run_channels(args: argparse.Namespace, config_path: Path) -> int:
     return EX_OK
 
 
-def read_raw(config_path: Path) -> dict[str, Any]:
-    """The JSON of a config file ``load_config`` has just read (``${VAR}`` not expanded)."""
-    try:
-        data = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # changed since it was loaded
-        raise ConfigError(f"{config_path}: cannot read config again: {exc}") from None
-    assert isinstance(data, dict)  # load_config refuses anything else
-    return data
-
-
 def write_plans(
     config_path: Path,
     data: dict[str, Any],
@@ -441,20 +429,11 @@ def write_plans(
     fields: dict[tuple[str, str], Any] | None = None,
 ) -> Config:
     """Apply ``plans`` and ``fields`` (``("llm", "model"): "x"``, camelCase as in the file) to
-    ``data`` (the file's JSON, from ``read_raw``) and replace the file durably, mode 0600 as
-    ``save_config`` writes it; the rest of the file stays as written (a ``${VAR}`` reference
-    is not written out expanded). Returns the config as it now loads; ConfigError (nothing
-    written) if it would not."""
-    from bot import durable
-
-    for (section, key), value in (fields or {}).items():
-        data.setdefault(section, {})[key] = value
+    ``data`` (the file's JSON, from ``read_raw``) with ``bot.config.set_options``."""
+    changes: dict[tuple[str, ...], Any] = dict(fields or {})
     for plan in plans:
-        data.setdefault("channels", {}).setdefault(plan.name, {}).update(plan.changes)
-    after = parse_config(copy.deepcopy(data), str(config_path))
-    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    durable.replace_file(config_path, text, mode=0o600, chmod=0o600)
-    return after
+        changes.update({("channels", plan.name, k): v for k, v in plan.changes.items()})
+    return set_options(config_path, data, changes)
 
 
 def _usage_problem(args: argparse.Namespace, spec: ChannelSpec) -> str | None:

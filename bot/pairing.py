@@ -59,6 +59,11 @@ def code_text(code: str, channel: str, sender_id: str) -> str:
     )
 
 
+def _who(sender_id: str, name: str) -> str:
+    """A person as the owner is shown them: ``2002 (@eve)``."""
+    return f"{sender_id} ({name})" if name else sender_id
+
+
 @dataclass(frozen=True, slots=True)
 class Approved:
     channel: str
@@ -66,6 +71,36 @@ class Approved:
     name: str
     chat_id: str
     approved_at: float
+
+    @property
+    def who(self) -> str:
+        return _who(self.sender_id, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A code waiting for the owner."""
+
+    channel: str
+    code: str
+    sender_id: str
+    name: str
+    created: float
+
+    @property
+    def who(self) -> str:
+        return _who(self.sender_id, self.name)
+
+    def minutes_left(self, now: float) -> float:
+        return max(0.0, (CODE_TTL_SECONDS - (now - self.created)) / 60)
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """``memobot pairing list`` of one channel: the codes waiting, the people let in."""
+
+    waiting: list[Request]
+    approved: list[Approved]
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -193,6 +228,24 @@ class PairingStore:
         log.info("channel %s: %s approved through pairing", self.channel, match["id"])
         return Approved(self.channel, entry["id"], entry["name"], entry["chat_id"], now)
 
+    def refuse(self, code: str) -> Request | None:
+        """Drop the waiting ``code`` (its sender gets no new one within the hour: their
+        reply time stays); the entry it was, or None when no such code waits."""
+        code = normalise_code(code)
+        with self._locked() as data:
+            self._prune(data, self.clock())
+            match = next((p for p in data["pending"] if p["code"] == code), None)
+            if match is None:
+                return None
+            data["pending"] = [p for p in data["pending"] if p is not match]
+        log.info("channel %s: pairing request of %s refused", self.channel, match["id"])
+        return self._request(match)
+
+    def _request(self, entry: dict[str, Any]) -> Request:
+        return Request(
+            self.channel, entry["code"], str(entry["id"]), entry.get("name", ""), entry["created"]
+        )
+
     def revoke(self, sender_id: str) -> bool:
         with self._locked() as data:
             before = len(data["approved"])
@@ -217,6 +270,19 @@ class PairingStore:
         data = self._read()
         self._prune(data, self.clock())
         return data
+
+    def listing(self) -> Listing:
+        data = self.snapshot()
+        return Listing(
+            [self._request(p) for p in data["pending"]],
+            [
+                Approved(
+                    self.channel, str(a["id"]), a.get("name", ""), a.get("chat_id", ""),
+                    a.get("approved_at", 0.0),
+                )
+                for a in data["approved"]
+            ],
+        )  # fmt: skip
 
 
 Announce = Callable[[str, str, str, str], Awaitable[bool]]
@@ -260,14 +326,32 @@ def approve_code(state_dir: Path, code: str) -> Approved | None:
     return None
 
 
-# -- the CLI: memobot pairing list | approve CODE | revoke CHANNEL ID ------------------------
+def no_code_text(code: str) -> str:
+    """What the owner is told when ``code`` waits nowhere (CLI and panel alike)."""
+    return f"No waiting pairing code {normalise_code(code)} (codes expire after 1 h)."
+
+
+def refused_text(channel: str, sender_id: str) -> str:
+    return f"Refused {channel} user {sender_id}; no new code for them within the hour."
+
+
+def refuse_code(state_dir: Path, code: str) -> Request | None:
+    """The refused request, or None when no channel has ``code`` waiting."""
+    for store in stores(state_dir):
+        refused = store.refuse(code)
+        if refused is not None:
+            return refused
+    return None
+
+
+# -- the CLI: memobot pairing list | approve CODE | refuse CODE | revoke CHANNEL ID ----------
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     pairing = sub.add_parser(
         "pairing",
         parents=[common],
-        help="let new people in: list, approve or revoke pairing codes (dmPolicy pairing)",
+        help="let new people in: list, approve, refuse or revoke pairing codes (dmPolicy pairing)",
         description='With channels.<name>.dmPolicy "pairing" (the default while allowFrom is '
         "empty), a stranger's private message is answered with a one-time code (valid 1 "
         "hour); the gateway logs it too. Approving the code lets that person "
@@ -282,6 +366,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "approve", parents=[common], help="let in the person who was given CODE"
     )
     approve.add_argument("code", help="the 8-character code the person received")
+    refuse = verbs.add_parser(
+        "refuse", parents=[common], help="drop the waiting CODE: that person is not let in"
+    )
+    refuse.add_argument("code", help="the 8-character code the person received")
     revoke = verbs.add_parser(
         "revoke", parents=[common], help="take back an approval made through pairing"
     )
@@ -293,16 +381,22 @@ def run(args: argparse.Namespace, state_dir: Path, config_path: Path) -> int:
     if args.pairing_command == "approve":
         approved = approve_code(state_dir, args.code)
         if approved is None:
-            print(f"No waiting pairing code {normalise_code(args.code)} (codes expire after 1 h).")
+            print(no_code_text(args.code))
             return 1
-        who = f"{approved.sender_id} ({approved.name})" if approved.name else approved.sender_id
-        print(f"Approved {approved.channel} user {who}. They will be told.")
+        print(f"Approved {approved.channel} user {approved.who}. They will be told.")
         add = f"channels add {approved.channel} --owner {approved.sender_id}"
         owner = command_for(config_path, add)
         print(
             "They are a guest, not an admin. If this is you, the owner, make yourself the "
             f"admin with: {owner} (then restart the gateway)"
         )
+        return 0
+    if args.pairing_command == "refuse":
+        refused = refuse_code(state_dir, args.code)
+        if refused is None:
+            print(no_code_text(args.code))
+            return 1
+        print(refused_text(refused.channel, refused.sender_id))
         return 0
     if args.pairing_command == "revoke":
         if PairingStore(state_dir, args.channel).revoke(str(args.id)):
@@ -315,15 +409,12 @@ def run(args: argparse.Namespace, state_dir: Path, config_path: Path) -> int:
         print("No pairing requests yet.")
     now = time.time()
     for store in found:
-        data = store.snapshot()
+        listing = store.listing()
         print(f"{store.channel}:")
-        for p in data["pending"]:
-            left = (CODE_TTL_SECONDS - (now - p["created"])) / 60
-            name = f" ({p['name']})" if p.get("name") else ""
-            print(f"  waiting  {p['code']}  {p['id']}{name}, {left:.0f} min left")
-        for a in data["approved"]:
-            name = f" ({a['name']})" if a.get("name") else ""
-            print(f"  approved {a['id']}{name}")
-        if not data["pending"] and not data["approved"]:
+        for p in listing.waiting:
+            print(f"  waiting  {p.code}  {p.who}, {p.minutes_left(now):.0f} min left")
+        for a in listing.approved:
+            print(f"  approved {a.who}")
+        if not listing.waiting and not listing.approved:
             print("  nothing")
     return 0

@@ -26,6 +26,7 @@ from tests.helpers import (
     telegram_in_process,
     write_config,
 )
+from tests.helpers.telegram import settings as telegram_settings
 
 OWNER = 1001  # in allowFrom, admin
 STRANGER = 2002
@@ -59,15 +60,7 @@ class Running:
 async def running(
     tmp_path: Path, llm: FakeLLM, api: FakeBotAPI, **tg: Any
 ) -> AsyncIterator[Running]:
-    settings = {
-        "enabled": True,
-        "token": api.token,
-        "baseUrl": api.base_url,
-        "allowFrom": [str(OWNER)],
-        "dmPolicy": "pairing",
-        "pollTimeoutSeconds": 2,
-        **tg,
-    }
+    settings = telegram_settings(api, **{"dmPolicy": "pairing", **tg})  # OWNER is Alice
     config = write_config(tmp_path, llm.base_url, channels={"telegram": settings})
     cfg = make_config(tmp_path, llm.base_url, channels={"telegram": settings})
     async with telegram_in_process(cfg, config) as (stack, channel, _manager):
@@ -140,6 +133,21 @@ async def test_codes_expire_after_an_hour(tmp_path, llm, api):
         await api.wait_sent_async(2, STRANGER, 30)
         [_, second] = tg.codes(STRANGER)
         assert second != code
+
+
+async def test_a_refused_code_lets_nobody_in_and_gives_no_new_code_that_hour(tmp_path, llm, api):
+    async with running(tmp_path, llm, api) as tg:
+        api.private_text("hello?", user_id=STRANGER)
+        await api.wait_sent_async(1, STRANGER, 30)
+        [code] = tg.codes(STRANGER)
+        refused = await _cli("refuse", code.lower(), config=tg.config)
+        assert refused.returncode == 0 and f"Refused telegram user {STRANGER}" in refused.stdout
+        assert tg.store().listing().waiting == []
+        assert (await _cli("approve", code, config=tg.config)).returncode == 1
+        assert (await _cli("refuse", code, config=tg.config)).returncode == 1
+        api.private_text("hello??", user_id=STRANGER)
+        await asyncio.sleep(0.5)
+        assert len(api.sent(STRANGER)) == 1 and llm.requests == []
 
 
 async def test_at_most_three_codes_wait_per_channel(tmp_path, llm, api):

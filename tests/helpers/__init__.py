@@ -67,6 +67,9 @@ def config_dict(tmp_path: Path, base_url: str, **sections: dict[str, Any]) -> di
         "agent": {"workspace": str(tmp_path / "ws"), "stateDir": str(tmp_path / "state")},
         # Approvals have their own tests (test_approvals.py); elsewhere tools run unasked.
         "tools": {"exec": {"timeoutSeconds": 20}, "approval": "off"},
+        # A test's gateway takes no fixed port of the machine; the panel's tests (test_web_*)
+        # turn it on at a free one (tests.helpers.web.panel_section).
+        "web": {"enabled": False},
     }
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)

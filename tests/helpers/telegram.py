@@ -53,20 +53,28 @@ class Running:
         await self.api.wait_for_async(confirmed)
 
 
-@asynccontextmanager
-async def running(
-    tmp_path: Path, llm: FakeLLM, api: FakeBotAPI, **telegram: Any
-) -> AsyncIterator[Running]:
-    settings = {
+def settings(api: Any, **extra: Any) -> dict[str, Any]:
+    """``channels.telegram`` against the fake Bot API ``api``, Alice let in; ``extra`` over it."""
+    return {
         "enabled": True,
         "token": api.token,
         "baseUrl": api.base_url,
         "allowFrom": [str(ALICE)],
         "pollTimeoutSeconds": 2,
+        **extra,
+    }
+
+
+@asynccontextmanager
+async def running(
+    tmp_path: Path, llm: FakeLLM, api: FakeBotAPI, **telegram: Any
+) -> AsyncIterator[Running]:
+    section = {
+        **settings(api),
         # Telegram's 20 a minute per group, shortened; pacing itself is in test_pacing.py.
         "rateLimits": {"group": {"messages": 20, "perSeconds": 1}},
         **telegram,
     }
-    cfg = make_config(tmp_path, llm.base_url, channels={"telegram": settings})
+    cfg = make_config(tmp_path, llm.base_url, channels={"telegram": section})
     async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, channel, manager):
         yield Running(api, llm, stack, channel, manager, tmp_path)

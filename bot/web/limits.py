@@ -1,0 +1,47 @@
+"""Login attempts per client address: at most ``attempts`` in ``per_seconds`` (a sliding
+window); a flood is told when to come back (HTTP 429, Retry-After)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+
+LOGIN_ATTEMPTS = 10
+LOGIN_WINDOW_SECONDS = 60.0
+MAX_TRACKED = 10_000  # addresses remembered at once
+
+
+class AttemptLimiter:
+    def __init__(
+        self,
+        attempts: int = LOGIN_ATTEMPTS,
+        per_seconds: float = LOGIN_WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.attempts = attempts
+        self.per_seconds = per_seconds
+        self.clock = clock
+        self._seen: dict[str, deque[float]] = {}
+
+    def attempt(self, who: str) -> int | None:
+        """Count one attempt from ``who``; None when it may go ahead, else the whole seconds
+        to wait (the refused attempt is not counted)."""
+        now = self.clock()
+        times = self._seen.get(who)
+        if times is None:
+            if len(self._seen) >= MAX_TRACKED:
+                self._forget(now)
+            times = self._seen[who] = deque()
+        while times and now - times[0] >= self.per_seconds:
+            times.popleft()
+        if len(times) >= self.attempts:
+            return max(1, math.ceil(self.per_seconds - (now - times[0])))
+        times.append(now)
+        return None
+
+    def _forget(self, now: float) -> None:
+        self._seen = {k: t for k, t in self._seen.items() if t and now - t[-1] < self.per_seconds}
+        if len(self._seen) >= MAX_TRACKED:  # a flood from many addresses: start over
+            self._seen.clear()

@@ -1,0 +1,88 @@
+"""The panel's side of the tests: a real panel server on 127.0.0.1 and a real HTTP client
+that keeps its cookies, as a browser would (without the browser)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bot.config import Config
+from bot.web.limits import AttemptLimiter
+from bot.web.server import Panel, login_url
+from tests.helpers import closed_port
+
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+PAGES = ("/", "/access")  # every page of a logged-in browser
+PUBLIC_PAGES = ("/login", "/logged-out", "/expired", "/static/panel.css")
+
+
+def panel_section(**extra: Any) -> dict[str, Any]:
+    """The config's ``web`` section: the panel on, at a free port of 127.0.0.1."""
+    return {"enabled": True, "listen": f"127.0.0.1:{closed_port()}", **extra}
+
+
+@dataclass
+class Browser:
+    panel: Panel
+    http: aiohttp.ClientSession
+
+    @property
+    def base(self) -> str:
+        return self.panel.base_url
+
+    def link(self) -> str:
+        return login_url(self.base, self.panel.links.issue())
+
+    async def login(self) -> None:
+        async with self.http.get(self.link()) as r:
+            assert r.status == 200, await r.text()
+
+    async def get(self, path: str, **kw: Any) -> tuple[int, str, aiohttp.ClientResponse]:
+        async with self.http.get(self.base + path, **kw) as r:
+            return r.status, await r.text(), r
+
+    async def csrf(self, path: str = "/access") -> str:
+        _, text, _ = await self.get(path)
+        found = CSRF.search(text)
+        assert found, text
+        return found.group(1)
+
+    async def post(
+        self, path: str, data: dict[str, str], *, origin: str | None = "own", **kw: Any
+    ) -> tuple[int, str, aiohttp.ClientResponse]:
+        headers = dict(kw.pop("headers", {}))
+        if origin == "own":
+            headers["Origin"] = self.base
+        elif origin is not None:
+            headers["Origin"] = origin
+        async with self.http.post(
+            self.base + path, data=data, headers=headers, allow_redirects=False, **kw
+        ) as r:
+            return r.status, await r.text(), r
+
+
+@asynccontextmanager
+async def browsing(
+    cfg: Config,
+    config_path: Path,
+    *,
+    clock: Callable[[], float] = time.time,
+    limiter: AttemptLimiter | None = None,
+    in_gateway: bool = False,
+) -> AsyncIterator[Browser]:
+    """A started panel over ``cfg`` and a cookie-keeping client (cookies of 127.0.0.1 too)."""
+    panel = Panel(cfg, config_path, in_gateway=in_gateway, clock=clock, limiter=limiter)
+    assert await panel.start() is None
+    try:
+        jar = aiohttp.CookieJar(unsafe=True)
+        async with aiohttp.ClientSession(cookie_jar=jar) as http:
+            yield Browser(panel, http)
+    finally:
+        await panel.stop()

@@ -7,11 +7,17 @@ import os
 import socket
 import sys
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import pytest
+import pytest_asyncio
 
 from tests.fakes.llm_server import FakeLLM
 from tests.fakes.telegram_api import FakeBotAPI
+from tests.helpers import browser
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser, Page
 
 # The suite starts memobot several hundred times. A machine that sets PYTHONDONTWRITEBYTECODE
 # (this one does) would have each start compile memobot's modules again, a third of a second
@@ -87,3 +93,31 @@ async def llm() -> AsyncIterator[FakeLLM]:
 async def api() -> AsyncIterator[FakeBotAPI]:
     async with FakeBotAPI() as server:
         yield server
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    # -q prints no skip reasons: say once how to get the browser tests to run.
+    skipped = terminalreporter.stats.get("skipped", [])
+    if any(browser.INSTALL_HINT in str(report.longrepr) for report in skipped):
+        terminalreporter.write_line(
+            f"The browser tests were skipped: no Chromium. `{browser.INSTALL_HINT}` (as root) "
+            "runs them."
+        )
+
+
+# Real-browser tests (tests/helpers/browser.py): one Chromium per worker, launched by the first
+# browser test that worker runs (about a second), a fresh context and page for each test.
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def chromium() -> AsyncIterator[Browser]:
+    async for launched in browser.launch():
+        yield launched
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def browser_page(request: pytest.FixtureRequest, chromium: Browser) -> AsyncIterator[Page]:
+    if problems := browser.loop_mismatches(request.node):
+        pytest.fail(
+            "not on the browser's event loop (tests/helpers/browser.py): " + "; ".join(problems)
+        )
+    async for page in browser.new_page(chromium):
+        yield page

@@ -110,8 +110,8 @@ async def new_page(browser: Browser) -> AsyncIterator[Page]:
 
 
 async def csp_violations(page: Page) -> list[str]:
-    """The console's Content-Security-Policy reports since the page's last navigation."""
-    messages = await page.console_messages(filter="since-navigation")
+    """The console's Content-Security-Policy reports on ``page``, every page it showed."""
+    messages = await page.console_messages(filter="all")
     return [m.text for m in messages if "Content Security Policy" in m.text]
 
 

@@ -16,6 +16,7 @@ Every rename in ``bot/`` and ``channels/`` goes through here (ruff bans ``os.rep
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 from collections.abc import Iterator
@@ -138,3 +139,17 @@ def move(src: Path, dst: Path, *, sync: bool = True) -> None:
         fsync_dir(dst.parent)
         if src.parent != dst.parent:
             fsync_dir(src.parent)
+
+
+@contextlib.contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock`` (created 0600; its folder 0700 when missing):
+    a read-change-write of a state file by the gateway and a command at once, one at a time.
+    One descriptor per holder, so threads exclude each other too; closing it releases."""
+    lock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -28,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bot import durable
 from bot.invocation import command_for
 from bot.private import replace_durably
 
@@ -153,10 +152,7 @@ class PairingStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, Any]]:
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with durable.exclusive(self.folder / ".lock"):
             data = self._read()
             if data.get("damaged"):
                 raise OSError(f"pairing file {self.path} is damaged; fix or remove it")
@@ -164,8 +160,6 @@ class PairingStore:
             yield data
             if json.dumps(data, sort_keys=True) != before:
                 _write_atomic(self.path, data)
-        finally:
-            os.close(fd)
 
     def _prune(self, data: dict[str, Any], now: float) -> None:
         data["pending"] = [p for p in data["pending"] if now - p["created"] < CODE_TTL_SECONDS]

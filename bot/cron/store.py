@@ -10,18 +10,16 @@ Readers need no lock. The gateway notices a change by the file's inode, mtime an
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from bot import durable
 from bot.cron.schedule import Schedule, from_iso, to_iso
 from bot.private import replace_durably
 
@@ -168,20 +166,10 @@ class JobStore:
                 log.error("cron: unreadable job in %s left out: %s (%r)", self.path, exc, item)
         return Jobs(jobs, dict(data.get("heartbeat") or {}))
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
-
     def update(self, change: Callable[[Jobs], T]) -> T:
         """Apply ``change`` to the current document under the lock and write it durably
         (only when ``change`` did not raise). Returns what ``change`` returned."""
-        with self._locked():
+        with durable.exclusive(self.lock_path):
             jobs = self.load()
             before = self._dump(jobs)
             result = change(jobs)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
-import fcntl
 import io
 import logging
 import os
@@ -72,7 +71,6 @@ from dulwich.repo import Repo
 from bot import durable, workspace_files
 from bot.config import Config
 from bot.file_errors import file_problem
-from bot.private import PRIVATE_FILE as _PRIVATE_FILE
 from bot.private import make_private_dirs
 
 log = logging.getLogger(__name__)
@@ -623,14 +621,8 @@ class MemoryRepo:
     @contextmanager
     def _file_lock(self) -> Iterator[None]:
         """An exclusive flock shared by threads and processes (one descriptor per holder)."""
-        fd = os.open(
-            self.state_dir / _LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _PRIVATE_FILE
-        )
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with durable.exclusive(self.state_dir / _LOCK_FILE):
             yield
-        finally:
-            os.close(fd)  # closing the descriptor releases the lock
 
     @contextmanager
     def _locked(self, create: bool) -> Iterator[Repo]:

@@ -11,11 +11,9 @@ both log in, and a used link stays used across a restart.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import hmac
 import json
-import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -42,10 +40,7 @@ class LinkBook:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[list[dict[str, Any]]]:
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with durable.exclusive(self.folder / ".lock"):
             try:
                 entries = json.loads(self.path.read_text(encoding="utf-8"))["links"]
             except FileNotFoundError:
@@ -57,8 +52,6 @@ class LinkBook:
             yield entries
             text = json.dumps({"links": entries[-MAX_OPEN_LINKS:]})
             durable.replace_file(self.path, text, mode=0o600, chmod=0o600)
-        finally:
-            os.close(fd)
 
     def issue(self) -> str:
         """A new token, valid once for LINK_TTL_SECONDS."""

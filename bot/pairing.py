@@ -24,13 +24,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bot import durable
 from bot.invocation import command_for
 from bot.private import replace_durably
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I/L
 CODE_LENGTH = 8
@@ -312,12 +313,17 @@ def stores(state_dir: Path, channels: list[str] | None = None) -> list[PairingSt
     return [PairingStore(state_dir, c) for c in channels]
 
 
-def approve_code(state_dir: Path, code: str) -> Approved | None:
+def _first(state_dir: Path, act: Callable[[PairingStore], _T | None]) -> _T | None:
+    """``act`` on each channel's store until one has the code (its answer), else None."""
     for store in stores(state_dir):
-        approved = store.approve(code)
-        if approved is not None:
-            return approved
+        found = act(store)
+        if found is not None:
+            return found
     return None
+
+
+def approve_code(state_dir: Path, code: str) -> Approved | None:
+    return _first(state_dir, lambda store: store.approve(code))
 
 
 def no_code_text(code: str) -> str:
@@ -331,11 +337,7 @@ def refused_text(channel: str, sender_id: str) -> str:
 
 def refuse_code(state_dir: Path, code: str) -> Request | None:
     """The refused request, or None when no channel has ``code`` waiting."""
-    for store in stores(state_dir):
-        refused = store.refuse(code)
-        if refused is not None:
-            return refused
-    return None
+    return _first(state_dir, lambda store: store.refuse(code))
 
 
 # -- the CLI: memobot pairing list | approve CODE | refuse CODE | revoke CHANNEL ID ----------

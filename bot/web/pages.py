@@ -26,9 +26,10 @@ class Overview:
 
 
 def overview(cfg: Config) -> Overview:
-    from bot.approvals import describe_open
+    from bot.approvals import open_approvals
     from bot.cron.commands import status_line as cron_status_line
     from bot.gateway import read_status
+    from bot.session import SessionStore
     from bot.status import channel_lines, gateway_line, model_line, sessions_count
 
     state = cfg.agent.state_path
@@ -43,7 +44,7 @@ def overview(cfg: Config) -> Overview:
         schedule=cron_status_line(cfg),
         # The count only: a waiting call's summary is the model's text, shown where it is
         # answered (its chat), not here.
-        open_approvals=len(describe_open(state)),
+        open_approvals=len(open_approvals(SessionStore(state))),
     )
 
 

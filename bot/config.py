@@ -733,11 +733,18 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
         raise _invalid(exc, source) from None
 
 
-def _invalid(exc: ValidationError, source: str) -> ConfigError:
+def _invalid(exc: ValidationError, source: str, within: tuple[str, ...] = ()) -> ConfigError:
+    """One line per refused field, secrets left out; ``within``: the path of the section that
+    was validated alone (``("channels", "telegram")``), so each field is named in full."""
     lines = [f"{source}: invalid config"]
     for err in exc.errors():
-        lines.append(f"  {_json_path(err['loc'])}: {_describe(err)}")
+        lines.append(f"  {_json_path((*within, *err['loc']))}: {_describe(err)}")
     return ConfigError(redact("\n".join(lines)))
+
+
+def invalid_section(exc: ValidationError, *within: str) -> str:
+    """The report of a config section validated on its own (``channels add``)."""
+    return str(_invalid(exc, ".".join(within), within))
 
 
 def check_layout(cfg: Config, config_path: Path) -> None:

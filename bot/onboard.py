@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
-from bot.config import EX_CONFIG, Config, ConfigError, load_config, read_raw, set_options
+from bot.config import (
+    EX_CONFIG,
+    Config,
+    ConfigError,
+    invalid_section,
+    load_config,
+    read_raw,
+    set_options,
+)
 from bot.invocation import command_for
 
 if TYPE_CHECKING:
@@ -399,7 +407,7 @@ def run_channels(args: argparse.Namespace, config_path: Path) -> int:
     try:
         candidate = _section(spec, loaded, changes)
     except ValidationError as exc:
-        _err(_invalid(spec.name, exc))
+        _err(invalid_section(exc, "channels", spec.name))
         return EX_CONFIG
     checks = check_tokens(spec, candidate)
     _print_checks(checks)
@@ -450,14 +458,6 @@ def _usage_problem(args: argparse.Namespace, spec: ChannelSpec) -> str | None:
         if problem:
             return f"--owner {args.owner!r}: {problem}"
     return None
-
-
-def _invalid(name: str, exc: ValidationError) -> str:
-    lines = [f"channels.{name}: invalid"]
-    for err in exc.errors():
-        where = "".join(f".{p}" for p in err["loc"])
-        lines.append(f"  channels.{name}{where}: {str(err['msg']).removeprefix('Value error, ')}")
-    return "\n".join(lines)
 
 
 def _err(text: str) -> None:

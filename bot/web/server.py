@@ -172,6 +172,9 @@ class Panel:
             cfg, _ = await asyncio.to_thread(load_config, self.config_path)
         except (ConfigError, OSError) as exc:
             return self.cfg, f"The config file cannot be loaded now; shown as it was. {exc}"
+        # The state folder is this process's for its lifetime (a new agent.stateDir takes a
+        # restart): pages show the records the panel's actions change, never another folder's.
+        cfg.agent.state_dir = str(self.state_dir)
         return cfg, ""
 
     # -- pages --

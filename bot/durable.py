@@ -28,10 +28,10 @@ from bot.file_errors import about
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def fsync_dir(path: Path, *, follow_links: bool = True) -> None:
-    """Make the entries of the folder ``path`` durable (a rename, a new or removed file).
-    ``follow_links`` False: the folder itself must not be a link (a workspace folder)."""
-    fd = os.open(path, _DIR_FLAGS | (0 if follow_links else os.O_NOFOLLOW))
+def fsync_dir(path: Path) -> None:
+    """Make the entries of the folder ``path`` durable (a rename, a new or removed file). For
+    a folder memobot chose; a workspace folder is fsynced by :mod:`bot.workspace_files`."""
+    fd = os.open(path, _DIR_FLAGS)
     try:
         os.fsync(fd)
     finally:

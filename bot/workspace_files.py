@@ -479,20 +479,23 @@ def append(
         os.close(fd)
 
 
-def unlink(root: Path, path: Path | str, *, missing_ok: bool = True) -> None:
-    """Remove the file (or link) ``path`` itself; never what a link points at."""
+def unlink(root: Path, path: Path | str, *, missing_ok: bool = True, sync: bool = False) -> None:
+    """Remove the file (or link) ``path`` itself; never what a link points at. ``sync``: the
+    folder is fsynced after, through the descriptor the removal used."""
     parts = _parts(root, path)
     try:
         with _parent(root, parts, create=False) as dfd:
             os.unlink(parts[-1], dir_fd=dfd)
+            if sync:
+                os.fsync(dfd)
     except FileNotFoundError:
         if not missing_ok:
             raise
 
 
-def rename(root: Path, src: Path | str, dst: Path | str) -> None:
+def rename(root: Path, src: Path | str, dst: Path | str, *, sync: bool = False) -> None:
     """Rename ``src`` to ``dst`` (both beneath ``root``), replacing ``dst`` itself if it is
-    there; no link on either way is followed."""
+    there; no link on either way is followed. ``sync``: both folders are fsynced after."""
     sparts, dparts = _parts(root, src), _parts(root, dst)
     with _parent(root, sparts, create=False) as sfd, _parent(root, dparts, create=False) as dfd:
-        durable.rename_in(sfd, sparts[-1], dfd, dparts[-1], sync=False)
+        durable.rename_in(sfd, sparts[-1], dfd, dparts[-1], sync=sync)

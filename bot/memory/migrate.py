@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bot import durable, failpoints, workspace_files
+from bot import failpoints, workspace_files
 from bot.memory.history import HistoryArchive, HistoryEntry
 
 log = logging.getLogger(__name__)
@@ -160,13 +160,11 @@ def _retire(workspace: Path, legacy: Path) -> None:
     n = 1
     while workspace_files.lexists(workspace, target):
         if _same_file_data(workspace, target, legacy):
-            workspace_files.unlink(workspace, legacy)
-            durable.fsync_dir(legacy.parent, follow_links=False)
+            workspace_files.unlink(workspace, legacy, sync=True)
             return
         target = legacy.with_name(f"{legacy.name}.bak.{n}")
         n += 1
-    workspace_files.rename(workspace, legacy, target)
-    durable.fsync_dir(legacy.parent, follow_links=False)
+    workspace_files.rename(workspace, legacy, target, sync=True)
 
 
 def _same_file_data(workspace: Path, a: Path, b: Path) -> bool:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from bot.bus import MessageBus, OutboundMessage, StreamEvent
@@ -225,6 +227,15 @@ class Channel(ABC):
         """Upload the file at ``path`` (memobot's own, e.g. a long answer's whole text) to
         ``msg``'s chat, as ``send_chunk`` raises. Only called when ``sends_files``."""
         raise self.not_offered("send_file")
+
+    @staticmethod
+    async def file_to_send(path: str) -> bytes:
+        """The bytes of ``path`` for ``send_file``, read off the event loop; a file that
+        cannot be read is a ``PermanentError`` (sending it again cannot help)."""
+        try:
+            return await asyncio.to_thread(Path(path).read_bytes)
+        except OSError as exc:
+            raise PermanentError(f"the file {Path(path).name} cannot be read: {exc}") from exc
 
     async def admin_chats(self) -> list[str]:
         """The chat ids of the admins' private chats, for notices to the owner; [] if the

@@ -40,7 +40,6 @@ from channels.discord_channel.config import DiscordConfig
 from channels.discord_channel.errors import map_send_error
 from channels.errors import (
     FatalChannelError,
-    PermanentError,
     SendError,
     TransientError,
 )
@@ -554,10 +553,7 @@ class DiscordChannel(Channel):
 
     async def send_file(self, msg: OutboundMessage, path: str) -> None:
         channel = await self._messageable(msg.chat_id)
-        try:
-            data = await asyncio.to_thread(Path(path).read_bytes)
-        except OSError as exc:
-            raise PermanentError(f"the file {Path(path).name} cannot be read: {exc}") from exc
+        data = await self.file_to_send(path)
         async with self._call("Create Message", upload=len(data)):
             await channel.send(file=discord.File(io.BytesIO(data), filename=Path(path).name))
 

@@ -1245,10 +1245,7 @@ class SlackChannel(Channel):
             raise TransientError("slack channel is not started")
         channel, thread_ts = split_chat_id(msg.chat_id)
         name = Path(path).name
-        try:
-            data = await asyncio.to_thread(Path(path).read_bytes)
-        except OSError as exc:
-            raise PermanentError(f"the file {name} cannot be read: {exc}") from exc
+        data = await self.file_to_send(path)
         with self.calling("files.uploadV2"):
             await self.web.files_upload_v2(
                 channel=channel, thread_ts=thread_ts, file=data, filename=name, title=name

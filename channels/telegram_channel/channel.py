@@ -86,7 +86,6 @@ from channels.base import Channel, PreviewMode, State
 from channels.errors import (
     AcceptedUnreadable,
     FatalChannelError,
-    PermanentError,
     SendError,
     TransientError,
 )
@@ -882,10 +881,7 @@ class TelegramChannel(Channel):
         if self.bot is None:
             raise TransientError("the Telegram client is not running")
         chat, thread = split_chat_key(msg.chat_id)
-        try:
-            data = await asyncio.to_thread(Path(path).read_bytes)
-        except OSError as exc:
-            raise PermanentError(f"the file {Path(path).name} cannot be read: {exc}") from exc
+        data = await self.file_to_send(path)
         with self.calling("sendDocument"):
             await self.bot.send_document(
                 chat, InputFile(data, filename=Path(path).name), message_thread_id=thread

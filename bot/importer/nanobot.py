@@ -525,7 +525,7 @@ def _fill_template(p: Plan) -> None:
     had_history = bool(repo.log(limit=1))
     created = init_workspace(p.workspace)
     for path in created:
-        if path.is_file():
+        if workspace_files.is_file(p.workspace, path):
             p.report.add("added", str(path.relative_to(p.workspace)), "from memobot's template")
     if not had_history:
         repo.commit("memobot: memory files as imported from nanobot\n")
@@ -539,7 +539,7 @@ def _fill_template(p: Plan) -> None:
 
 
 def _migrate_legacy(p: Plan) -> None:
-    if not (p.workspace / "memory" / "HISTORY.md").is_file():
+    if not workspace_files.is_file(p.workspace, "memory/HISTORY.md"):
         return
     from bot.memory.migrate import migrate_legacy_history
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,6 +24,15 @@ if TYPE_CHECKING:
     from bot.config_base import ChannelConfig
 
 log = logging.getLogger(__name__)
+
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_file_name(name: str) -> str:
+    """A sender's file name as a name in a chat's media folder: its last part, characters
+    outside ``A-Za-z0-9._-`` as ``_``, no leading or trailing dot ("file" if nothing is left)."""
+    return _UNSAFE_NAME.sub("_", Path(name).name).strip("._") or "file"
+
 
 State = Literal["stopped", "starting", "connected", "reconnecting", "failed"]
 # How a chat shows an answer while it is written: "draft" (a platform draft, stored nowhere),

@@ -35,7 +35,7 @@ from channels.access import (
     question_view,
     whoami_text,
 )
-from channels.base import Channel, PreviewMode
+from channels.base import Channel, PreviewMode, safe_file_name
 from channels.discord_channel.config import DiscordConfig
 from channels.discord_channel.errors import map_send_error
 from channels.errors import (
@@ -73,7 +73,6 @@ _CLOSE_ADVICE = {
     "in channels.discord.token",
 }
 _CHAT_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
-_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 # --- pure helpers ---------------------------------------------------------------------------
@@ -133,10 +132,6 @@ def approval_view(msg: OutboundMessage) -> discord.ui.View | None:
 def discord_question(view: QuestionView) -> tuple[str, bool]:
     """An approval question as one message's content, and whether its text was cut."""
     return fit_question(view, markdown_to_discord, len, DISCORD_LIMIT)
-
-
-def _safe_name(name: str) -> str:
-    return _UNSAFE_NAME.sub("_", Path(name).name).strip("._") or "file"
 
 
 # --- the channel ----------------------------------------------------------------------------
@@ -468,7 +463,7 @@ class DiscordChannel(Channel):
                 )
                 notes.append(f"[attachment {attachment.filename} not saved: too large]")
                 continue
-            path = folder / f"{message.id}-{_safe_name(attachment.filename)}"
+            path = folder / f"{message.id}-{safe_file_name(attachment.filename)}"
             try:
                 # In the workspace, which the model writes: no link is followed on the way.
                 with workspace_files.atomic_writer(self.workspace, path, make_parents=True) as fh:

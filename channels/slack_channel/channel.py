@@ -61,7 +61,7 @@ from channels.access import (
     question_view,
     whoami_text,
 )
-from channels.base import Channel, PreviewMode
+from channels.base import Channel, PreviewMode, safe_file_name
 from channels.errors import (
     FatalChannelError,
     FeatureUnavailable,
@@ -146,7 +146,6 @@ USER_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
 GROUP_CHANNEL_TYPES = frozenset({"channel", "group", "mpim"})
 UNHOSTED_FILE_MODES = frozenset({"external", "tombstone", "hidden_by_limit"})
 
-_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 _ANGLE = re.compile(r"<([^<>]*)>")
 
 
@@ -408,10 +407,6 @@ def proxy_settings(proxy: str) -> tuple[str | None, Callable[[], aiohttp.BaseCon
     if http_proxy(proxy):
         return proxy, None
     return None, lambda: socks_connector(proxy)
-
-
-def _safe_name(name: str) -> str:
-    return _UNSAFE_NAME.sub("_", Path(name).name).strip("._") or "file"
 
 
 class _DownloadError(Exception):
@@ -1138,7 +1133,7 @@ class SlackChannel(Channel):
             elif not self._may_send_token(url):
                 problem = f"unexpected file host {urlsplit(url).hostname}"
             if problem is None:
-                path = folder / f"{_safe_name(f.id)}-{_safe_name(label)}"
+                path = folder / f"{safe_file_name(f.id)}-{safe_file_name(label)}"
                 try:
                     await self._fetch(url, path)
                     paths.append(str(path))

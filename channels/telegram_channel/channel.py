@@ -35,7 +35,6 @@ import functools
 import json
 import logging
 import re
-import stat
 import time
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
@@ -813,15 +812,15 @@ class TelegramChannel(Channel):
         assert self.bot is not None
         folder = self.workspace / chat_media_dir(CHANNEL, chat)
         stem = _UNSAFE.sub("_", att.file_unique_id)
-        # A redelivered update: the file is already here under its stable unique id. The
-        # folder is in the workspace, which the model writes: no link is ever followed.
-        for name, st in workspace_files.list_dir(self.workspace, folder):
-            if name.startswith(f"{stem}.") and stat.S_ISREG(st.st_mode):
-                return folder / name
         tg_file = await self.bot.get_file(att.file_id)
         if tg_file.file_size and tg_file.file_size > MEDIA_MAX_BYTES:
             return None
         path = folder / f"{stem}{_file_ext(att, tg_file.file_path)}"
+        # A redelivered update: the file is already here under its stable unique id (one
+        # look by name, not a listing of the chat's folder). The folder is in the workspace,
+        # which the model writes: no link is ever followed.
+        if workspace_files.is_file(self.workspace, path):
+            return path
         # Never a half file under the final name, never written through a planted link.
         with workspace_files.atomic_writer(self.workspace, path, make_parents=True) as fh:
             await tg_file.download_to_memory(out=fh)

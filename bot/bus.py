@@ -29,6 +29,44 @@ def session_key(channel: str, chat_id: str) -> str:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def _no_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings (also in lists and dicts) made the
+    replacement character; ``value`` itself when it has none."""
+    if isinstance(value, str):
+        if value.isascii() or not _SURROGATE.search(value):
+            return value
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        out, same = {}, True
+        for k, v in value.items():
+            k2, v2 = _no_surrogates(k), _no_surrogates(v)
+            same = same and k2 is k and v2 is v
+            out[k2] = v2
+        return value if same else out
+    if isinstance(value, list | tuple):
+        items = [_no_surrogates(v) for v in value]
+        return (
+            value if all(a is b for a, b in zip(items, value, strict=True)) else type(value)(items)
+        )
+    return value
+
+
+def _storable(msg: InboundMessage) -> InboundMessage:
+    """``msg`` as the journal can store it. A lone surrogate (JSON's "\ud800" in a text or a
+    display name, an argument or file read with surrogateescape) is no text UTF-8 can hold:
+    the journal refused the whole message, and it was never taken. Shown as the replacement
+    character instead, wherever in the message it is."""
+    fields = {
+        "text": msg.text,
+        "sender_id": msg.sender_id,
+        "reply_to": msg.reply_to,
+        "media": msg.media,
+        "metadata": msg.metadata,
+    }
+    changed = {k: c for k, v in fields.items() if (c := _no_surrogates(v)) is not v}
+    return replace(msg, **changed) if changed else msg
+
+
 @dataclass(frozen=True, slots=True)
 class InboundMessage:
     """A message a person sent, already let in by the channel's allowFrom check (or a due job,
@@ -186,11 +224,7 @@ class MessageBus:
             return "refused"
         if msg.message_id is None:  # sources without ids still need one for the ledger
             msg = replace(msg, message_id=f"local-{uuid.uuid4().hex[:12]}")
-        if not msg.text.isascii() and _SURROGATE.search(msg.text):
-            # A lone surrogate (JSON's "\ud800", an argument or file read with
-            # surrogateescape) is no text UTF-8 can hold: the journal refused to store it, and
-            # the message was never taken. Shown as the replacement character instead.
-            msg = replace(msg, text=_SURROGATE.sub("\ufffd", msg.text))
+        msg = _storable(msg)
         msg = with_kind(msg)  # the one place a published message gets its kind
         verdict: Intake = await self._intake(msg) if self._intake else "accepted"
         if verdict == "accepted":

@@ -146,8 +146,14 @@ class DeliveryLedger:
             # A progress note or notice answering the same message: the answer's preview is
             # still being written, and its record must stay for a restart to finish it.
             return
-        session = self.store.get(msg.session_key)
         # Unsynced, so written here: a thread hop cost more than the write.
+        kept_in = ledger_session(msg)
+        if delivery_id and kept_in != msg.session_key:
+            # Kept in another session's outbox (a heartbeat's answer): it leaves that one.
+            done = transitions.delivered(delivery_id, None, False)
+            self.store.apply(self.store.get(kept_in), done, fsync=False)
+            delivery_id = None
+        session = self.store.get(msg.session_key)
         self.store.apply(
             session, transitions.delivered(delivery_id, msg.reply_to, msg.final), fsync=False
         )

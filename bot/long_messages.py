@@ -14,10 +14,9 @@ from __future__ import annotations
 import re
 from pathlib import PurePosixPath
 
-from bot.tokens import message_size
+from bot.tokens import SIZE_PER_TOKEN, message_size
 from bot.workspace import chat_media_dir
 
-CHARS_PER_TOKEN = 4  # bot.tokens' estimate, for ASCII text
 # What a message may take of the window left after the answer (``llm.maxTokens``).
 MESSAGE_SHARE = 0.5
 MIN_MESSAGE_CHARS = 2_000
@@ -30,7 +29,7 @@ def message_char_limit(context_window: int, max_tokens: int) -> int:
     """The longest user message (in ASCII characters, see :func:`message_size`) sent whole
     to a model with this window."""
     room = max(0, context_window - max_tokens)
-    return max(MIN_MESSAGE_CHARS, int(room * MESSAGE_SHARE) * CHARS_PER_TOKEN)
+    return max(MIN_MESSAGE_CHARS, int(room * MESSAGE_SHARE) * SIZE_PER_TOKEN)
 
 
 def _fitting(text: str, budget: int, *, from_end: bool) -> str:

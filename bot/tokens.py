@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 _PER_MESSAGE_OVERHEAD = 4
+SIZE_PER_TOKEN = 4  # message_size units (quarter tokens: ASCII characters) in a token
 
 
 def message_size(text: str) -> int:
@@ -21,7 +22,7 @@ def message_size(text: str) -> int:
 
 
 def estimate_text_tokens(text: str) -> int:
-    return (message_size(text) + 3) // 4
+    return -(-message_size(text) // SIZE_PER_TOKEN)
 
 
 def estimate_message_tokens(message: dict[str, Any]) -> int:

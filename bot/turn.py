@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +26,7 @@ from bot.context import ContextBuilder
 from bot.cron import heartbeat
 from bot.delivery import DELIVERY_KEY, LEDGER_SESSION_KEY, outbox_entry
 from bot.gate import Gate, ProcessScope
+from bot.gate.effects import Effects
 from bot.images import stored_form
 from bot.kinds import TurnKind
 from bot.llm import LLMError, LLMProvider, LLMUnavailable
@@ -107,6 +108,7 @@ class Turns:
         self.last_active: dict[str, float] = {}
         # (registry version, estimate): recounted only when MCP servers change the tools.
         self._tools_estimate = (-1, 0)
+        self._tool_effects: tuple[int, Mapping[str, Effects]] = (-1, {})
 
     def _tools_tokens(self) -> int:
         version, tokens = self._tools_estimate
@@ -114,6 +116,14 @@ class Turns:
             tokens = estimate_text_tokens(str(self.tools.schemas()))
             self._tools_estimate = (self.tools.version, tokens)
         return tokens
+
+    def _effects(self) -> Mapping[str, Effects]:
+        """The registry's tool effects, rebuilt only when MCP servers change the tools."""
+        version, effects = self._tool_effects
+        if version != self.tools.version:
+            effects = self.tools.effects()
+            self._tool_effects = (self.tools.version, effects)
+        return effects
 
     def scope(self, msg: InboundMessage) -> PrivacyScope:
         """What of the owner's data this turn may show, decided once when it starts: by the
@@ -224,7 +234,7 @@ class Turns:
             # A heartbeat turn has no chat of its own: it speaks only through its answer.
             send=(lambda t: self.publish(msg, t, False)) if msg.policy.sends else None,
             sender=msg.sender,
-            extra={"offered": offered_tools(self.cfg, msg, self.tools.effects(), scope)},
+            extra={"offered": offered_tools(self.cfg, msg, self._effects(), scope)},
             gate=self.gate,
             processes=ProcessScope(),
             scope=scope,

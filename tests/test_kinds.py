@@ -5,13 +5,14 @@ router's, no files."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bot.bus import InboundMessage, MessageBus
 from bot.commands import COMMANDS, IMMEDIATE, ROUTED, CommandRouter
-from bot.intake import inbound_from_pending, pending_entry
+from bot.intake import DurableIntake, inbound_from_pending, pending_entry
 from bot.kinds import (
     POLICIES,
     Classified,
@@ -21,6 +22,7 @@ from bot.kinds import (
     classify,
     with_kind,
 )
+from bot.session import SessionStore
 
 PRIVATE = {"is_admin": False, "is_group": False}
 ADMIN = {"is_admin": True, "is_group": False}
@@ -185,3 +187,22 @@ def test_the_router_refuses_a_table_with_a_command_missing_or_unknown() -> None:
         CommandRouter({**handlers, "/shout": _answer("/shout")})
     # Typed approval answers are presses, not routed commands; every immediate one is routed.
     assert ROUTED == COMMANDS - {"/allow", "/always", "/deny"} and IMMEDIATE <= ROUTED
+
+
+async def test_a_lone_surrogate_anywhere_in_a_message_does_not_stop_its_intake(
+    tmp_path: Path,
+) -> None:
+    # A Slack or Telegram display name may carry "\ud800" alone, as the text may: UTF-8
+    # cannot hold it, and the journal refused the whole message (never taken, redelivered).
+    bus = MessageBus()
+    replies: list[str] = []
+
+    async def reply(msg: InboundMessage, text: str) -> None:
+        replies.append(text)
+
+    bus.set_intake(DurableIntake(SessionStore(tmp_path), reply).accept)
+    msg = _msg("hi \ud800", {**PRIVATE, "sender_name": "Bad \udcff name"})
+    assert await bus.publish_inbound(msg) == "accepted"
+    queued = bus.inbound.get_nowait()
+    assert queued.text == "hi \ufffd" and queued.metadata["sender_name"] == "Bad \ufffd name"
+    assert replies == []

@@ -18,7 +18,7 @@ from bot.config import MemoryConfig
 from bot.llm import LLMError, LLMProvider
 from bot.memory.history import HistoryArchive, format_raw
 from bot.safejson import BadArguments, parse_arguments
-from bot.session import Session, SessionStore
+from bot.session import Session, SessionStore, transitions
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class Consolidator:
                 log.error("cannot write history archive session=%s: %s", key, exc)
                 return None
             # Only now, with the archive durable, may the pointer move past these messages.
-            await self.store.append_async(session, last_consolidated=end)
+            await self.store.apply_async(session, transitions.unchanged, last_consolidated=end)
             log.info(
                 "consolidated session=%s messages=%d cursor=%d raw=%s",
                 key,

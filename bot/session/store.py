@@ -310,20 +310,6 @@ class SessionStore:
         if new_file and fsync:
             fsync_dir(session.path.parent)
 
-    async def append_async(
-        self,
-        session: Session,
-        messages: list[dict[str, Any]] = (),  # type: ignore[assignment]
-        metadata: MetadataUpdate | None = None,
-        last_consolidated: int | None = None,
-        fsync: bool = True,
-    ) -> bool:
-        """``append`` in a worker thread: an fsync never stalls the event loop (and every chat
-        on it); appends to one session still happen one at a time, in call order per task."""
-        return await asyncio.to_thread(
-            self.append, session, messages, metadata, last_consolidated, fsync
-        )
-
     def append(
         self,
         session: Session,
@@ -382,10 +368,19 @@ class SessionStore:
         transition: Transition,
         messages: list[dict[str, Any]] = (),  # type: ignore[assignment]
         *,
+        last_consolidated: int | None = None,
         fsync: bool = True,
     ) -> bool:
-        """``apply`` in a worker thread (an fsync never stalls the event loop)."""
-        return await asyncio.to_thread(self.apply, session, transition, messages, fsync=fsync)
+        """``apply`` in a worker thread: an fsync never stalls the event loop (and every chat
+        on it); writes to one session still happen one at a time, in call order per task."""
+        return await asyncio.to_thread(
+            self.apply,
+            session,
+            transition,
+            messages,
+            last_consolidated=last_consolidated,
+            fsync=fsync,
+        )
 
     def fsync(self, session: Session) -> None:
         """Make earlier unsynced appends durable (for writes that used ``fsync=False``)."""

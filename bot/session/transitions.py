@@ -282,6 +282,14 @@ def forget_approved_calls(drop: Callable[[str], bool]) -> Transition:
     return run
 
 
+# -- memory --------------------------------------------------------------------------------
+
+
+def unchanged(state: SessionState) -> SessionState:
+    """No state change: for a write that only moves ``last_consolidated`` (consolidation)."""
+    return state
+
+
 # -- import --------------------------------------------------------------------------------
 
 

@@ -245,7 +245,7 @@ class Gateway:
             return
         from bot.web.server import Panel
 
-        panel = Panel(self.cfg, self.config_path, in_gateway=True)
+        panel = Panel(self.cfg, self.config_path, in_gateway=True, gateway=self)
         if await panel.start() is None:
             self.panel = panel
 

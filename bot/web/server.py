@@ -5,7 +5,8 @@ no gateway runs. It sets no timer and polls nothing: a panel nobody opens costs 
 Every request: the Host must be one the panel serves (``bot.web.addresses``; DNS
 rebinding). Every request that changes something: an Origin (or a Referer) of the panel's
 own, a live session and its CSRF field. Every response: a strict Content-Security-Policy
-(no script at all), nosniff, no framing, not cached.
+(script only from the panel's own static files, never inline), nosniff, no framing, not
+cached. Every page works without script; script only enhances (live parts).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode, urlsplit
 
 from aiohttp import web
 
 from bot.config import Config, ConfigError, load_config
 from bot.invocation import command_for
-from bot.web import pages, views
+from bot.web import screens, views
 from bot.web.addresses import parse_listen, served
 from bot.web.limits import AttemptLimiter
 from bot.web.links import LinkBook
@@ -32,10 +34,13 @@ from bot.web.passwords import verify_password
 from bot.web.render import Html, static, tag
 from bot.web.sessions import COOKIE, Session, Sessions
 
+if TYPE_CHECKING:
+    from bot.gateway import Gateway
+
 log = logging.getLogger(__name__)
 
 CSP = (
-    "default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 )
 # same-origin, not no-referrer: under no-referrer a browser sends "Origin: null" with the
@@ -65,12 +70,16 @@ class Panel:
         config_path: Path,
         *,
         in_gateway: bool,
+        gateway: Gateway | None = None,
         clock: Callable[[], float] = time.time,
         limiter: AttemptLimiter | None = None,
     ) -> None:
         self.cfg = cfg
         self.config_path = config_path
         self.in_gateway = in_gateway
+        # The running gateway this panel is part of (its bus, loop and channels), for the
+        # screens that act on it live; None when ``memobot web`` serves the panel alone.
+        self.gateway = gateway
         self.state_dir = cfg.agent.state_path
         self.served = served(cfg.web.listen, cfg.web.public_url)
         self.links = LinkBook(self.state_dir, clock)
@@ -116,16 +125,14 @@ class Panel:
     def _build(self) -> web.Application:
         app = web.Application(middlewares=[self._guard], client_max_size=MAX_BODY)
         app.on_response_prepare.append(_security_headers)
-        app.router.add_get("/", self._overview)
-        app.router.add_get("/access", self._access)
-        app.router.add_post("/access/approve", self._approve)
-        app.router.add_post("/access/refuse", self._refuse)
+        for screen in screens.load():
+            app.router.add_routes(screen.routes(self))
         app.router.add_get("/login", self._login_page)
         app.router.add_post("/login", self._password_login)
         app.router.add_post("/logout", self._logout)
         app.router.add_get("/logged-out", self._logged_out)
         app.router.add_get("/expired", self._expired)
-        app.router.add_get("/static/panel.css", _stylesheet)
+        app.router.add_get("/static/{name}", _static)
         return app
 
     @web.middleware
@@ -155,17 +162,19 @@ class Panel:
                 return _refused("Refused: the form's token is missing or out of date.")
         return await handler(request)
 
-    def _frame(self, request: web.Request, running: bool) -> views.Frame:
+    def frame(self, request: web.Request, running: bool) -> views.Frame:
+        """What the page answering ``request`` carries: its CSRF field, the nav, whether a
+        gateway runs and the result of the session's last action."""
         session = _session()
         notice = self._notices.pop(session.id, "")
         return views.Frame(request.path, session.csrf, running, notice)
 
-    async def _gateway_running(self) -> bool:
+    async def gateway_running(self) -> bool:
         from bot.gateway import read_status
 
         return self.in_gateway or await asyncio.to_thread(read_status, self.state_dir) is not None
 
-    async def _config(self) -> tuple[Config, str]:
+    async def config(self) -> tuple[Config, str]:
         """The config as the file says now, or (when it cannot be loaded) the one this panel
         started with, and why."""
         try:
@@ -177,51 +186,12 @@ class Panel:
         cfg.agent.state_dir = str(self.state_dir)
         return cfg, ""
 
-    # -- pages --
-
-    async def _overview(self, request: web.Request) -> web.Response:
-        cfg, _ = await self._config()
-        data = await asyncio.to_thread(pages.overview, cfg)
-        frame = self._frame(request, self.in_gateway or data.gateway_running)
-        return _page(views.overview_page(data, frame))
-
-    async def _access(self, request: web.Request) -> web.Response:
-        cfg, problem = await self._config()
-        channels = await asyncio.to_thread(pages.access, cfg)
-        frame = self._frame(request, await self._gateway_running())
-        return _page(views.access_page(channels, frame, problem))
-
-    async def _approve(self, request: web.Request) -> web.Response:
-        """What ``memobot pairing approve CODE`` does."""
-        from bot.pairing import approve_code, no_code_text
-
-        code = str((await request.post()).get("code", ""))
-        approved = await asyncio.to_thread(approve_code, self.state_dir, code)
-        if approved is None:
-            return self._back("/access", no_code_text(code))
-        log.info("pairing: %s user %s approved by web", approved.channel, approved.sender_id)
-        return self._back(
-            "/access", f"Approved {approved.channel} user {approved.who}: let in, and told so."
-        )
-
-    async def _refuse(self, request: web.Request) -> web.Response:
-        """What ``memobot pairing refuse CODE`` does."""
-        from bot.pairing import no_code_text, refuse_code, refused_text
-
-        code = str((await request.post()).get("code", ""))
-        refused = await asyncio.to_thread(refuse_code, self.state_dir, code)
-        if refused is None:
-            return self._back("/access", no_code_text(code))
-        channel, sender = refused.channel, refused.sender_id
-        log.info("pairing: request of %s user %s refused by web", channel, sender)
-        return self._back("/access", refused_text(channel, sender))
-
-    def _back(self, path: str, notice: str) -> web.Response:
+    def back(self, path: str, notice: str) -> web.Response:
         """After an action: to the page again (a reload does not repeat it), with its result."""
         # Kept for live sessions only: one whose browser never came back leaves nothing.
         self._notices = {k: v for k, v in self._notices.items() if k in self.sessions}
         self._notices[_session().id] = notice
-        return _see_other(path)
+        return see_other(path)
 
     # -- logging in and out --
 
@@ -231,12 +201,12 @@ class Panel:
             return None
         log.warning("web: too many login attempts from %s; refused for %d s", request.remote, wait)
         page = views.page("Too many attempts", tag("p", f"Try again in {wait} seconds."))
-        return _page(page, 429, {"Retry-After": str(wait)})
+        return page_response(page, 429, {"Retry-After": str(wait)})
 
     def _login_form(self, reason: str, status: int = 200) -> web.Response:
         command = command_for(self.config_path, "web")
         csrf = secrets.token_urlsafe(32) if self.cfg.web.password_hash else None
-        response = _page(views.login_page(reason, command, csrf), status)
+        response = page_response(views.login_page(reason, command, csrf), status)
         if csrf:
             self._cookie(response, LOGIN_COOKIE, csrf, "/login")
         return response
@@ -269,7 +239,7 @@ class Panel:
                 "minutes.",
                 403,
             )
-        return self._logged_in(_page(views.logged_in_page()), "a login link", request)
+        return self._logged_in(page_response(views.logged_in_page()), "a login link", request)
 
     async def _password_login(self, request: web.Request) -> web.Response:
         stored = self.cfg.web.password_hash
@@ -285,23 +255,23 @@ class Panel:
         if not await asyncio.to_thread(verify_password, password, stored):
             log.warning("web: a wrong password was given from %s", request.remote)
             return self._login_form("Wrong password.", 403)
-        return self._logged_in(_see_other("/"), "the password", request)
+        return self._logged_in(see_other("/"), "the password", request)
 
     async def _logout(self, request: web.Request) -> web.Response:
         session = _session()
         self.sessions.drop(session.id)
         self._notices.pop(session.id, None)
         log.info("web: logged out")
-        response = _see_other("/logged-out")
+        response = see_other("/logged-out")
         response.del_cookie(COOKIE, path="/")
         return response
 
     async def _logged_out(self, request: web.Request) -> web.Response:
-        return _page(views.message_page("Logged out", "You are logged out of the panel."))
+        return page_response(views.message_page("Logged out", "You are logged out of the panel."))
 
     async def _expired(self, request: web.Request) -> web.Response:
         text = "Your session has expired (after 12 hours without use, or a restart of memobot)."
-        return _page(views.message_page("Session expired", text))
+        return page_response(views.message_page("Session expired", text))
 
 
 def same_secret(given: object, expected: str) -> bool:
@@ -331,22 +301,36 @@ def _origin(request: web.Request) -> str | None:
     return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else None
 
 
-def _page(body: Html, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+def page_response(
+    body: Html, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
     return web.Response(
         text=body, status=status, content_type="text/html", charset="utf-8", headers=headers
     )
 
 
-def _see_other(path: str) -> web.Response:
+def see_other(path: str) -> web.Response:
     return web.Response(status=303, headers={"Location": path})
 
 
 def _refused(text: str, status: int = 403) -> web.Response:
-    return _page(views.refused(text), status)
+    return page_response(views.refused(text), status)
 
 
-async def _stylesheet(request: web.Request) -> web.Response:
-    return web.Response(body=static("panel.css"), content_type="text/css", charset="utf-8")
+STATIC_TYPES = {".css": "text/css", ".js": "text/javascript"}
+
+
+async def _static(request: web.Request) -> web.Response:
+    """A file of ``bot/web/static`` (the stylesheet before login, scripts after)."""
+    name = request.match_info["name"]
+    kind = STATIC_TYPES.get(Path(name).suffix)
+    if kind is None or "/" in name or name.startswith("."):
+        raise web.HTTPNotFound()
+    try:
+        body = static(name)
+    except (FileNotFoundError, IsADirectoryError):
+        raise web.HTTPNotFound() from None
+    return web.Response(body=body, content_type=kind, charset="utf-8")
 
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -1,0 +1,93 @@
+"""Overview: what runs and how it is, as ``memobot status`` says it (the same functions)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from bot import __version__
+from bot.config import Config
+from bot.status import ChannelLine
+from bot.web.render import Html, fill, tag
+from bot.web.server import page_response
+from bot.web.views import Frame, page, table
+
+if TYPE_CHECKING:
+    from bot.web.server import Panel
+
+NAV = ("/", "Overview")
+
+
+def routes(panel: Panel) -> list[web.RouteDef]:
+    async def show(request: web.Request) -> web.Response:
+        cfg, _ = await panel.config()
+        data = await asyncio.to_thread(overview, cfg)
+        frame = panel.frame(request, panel.in_gateway or data.gateway_running)
+        return page_response(overview_page(data, frame))
+
+    return [web.get("/", show)]
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    version: str
+    model: str
+    gateway: str
+    gateway_running: bool
+    channels: list[ChannelLine]
+    sessions: int
+    schedule: str  # the jobs and the next one due, as ``memobot status`` says it
+    open_approvals: int
+
+
+def overview(cfg: Config) -> Overview:
+    from bot.approvals import open_approvals
+    from bot.cron.commands import status_line as cron_status_line
+    from bot.gateway import read_status
+    from bot.session import SessionStore
+    from bot.status import channel_lines, gateway_line, model_line, sessions_count
+
+    state = cfg.agent.state_path
+    live = read_status(state)
+    return Overview(
+        version=__version__,
+        model=model_line(cfg),
+        gateway=gateway_line(live, state),
+        gateway_running=live is not None,
+        channels=channel_lines(cfg, live),
+        sessions=sessions_count(cfg),
+        schedule=cron_status_line(cfg),
+        # The count only: a waiting call's summary is the model's text, shown where it is
+        # answered (its chat), not here.
+        open_approvals=len(open_approvals(SessionStore(state))),
+    )
+
+
+def overview_page(data: Overview, frame: Frame) -> Html:
+    rows: list[list[object]] = [[c.name, c.state, _why(c)] for c in data.channels]
+    channels = (
+        table(("Channel", "State", "Why"), rows)
+        if rows
+        else tag("p", "No channel is enabled.", class_="muted")
+    )
+    body = fill(
+        "overview.html",
+        version=data.version,
+        model=data.model,
+        gateway=data.gateway,
+        sessions=data.sessions,
+        schedule=data.schedule,
+        approvals=data.open_approvals,
+        channels=channels,
+    )
+    return page("Overview", body, frame)
+
+
+def _why(c: ChannelLine) -> str:
+    if c.state == "not running":
+        return "the gateway is not running"
+    parts = [c.reason, *c.features_off, f"last event {c.last_event}"]
+    return "; ".join(p for p in parts if p)

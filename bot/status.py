@@ -55,6 +55,41 @@ def sessions_count(cfg: Config) -> int:
     return len(list(folder.glob("*.jsonl"))) if folder.is_dir() else 0
 
 
+def chats_since(cfg: Config, since: float) -> int:
+    """Sessions written to since ``since`` (a time stamp): the chats active today."""
+    folder = cfg.agent.state_path / "sessions"
+    if not folder.is_dir():
+        return 0
+    count = 0
+    for path in folder.glob("*.jsonl"):
+        try:
+            count += path.stat().st_mtime >= since
+        except OSError:
+            continue  # gone between the listing and the look
+    return count
+
+
+def uptime_line(live: dict[str, Any] | None, now: float | None = None) -> str:
+    """How long the running gateway has run."""
+    if live is None or not isinstance(live.get("started_at"), int | float):
+        return "not running"
+    seconds = max(0.0, (now or time.time()) - float(live["started_at"]))
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    shown = f"{days} d {hours} h" if days else f"{hours} h {rest // 60} min"
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(live["started_at"])))
+    return f"{shown} (since {started})"
+
+
+def answering_line(live: dict[str, Any] | None) -> str:
+    """Whether the model answers, as the running gateway saw its last calls."""
+    if live is None:
+        return "unknown: the gateway is not running"
+    if live.get("outage"):
+        return outage_line(live)
+    return "yes (no outage seen)"
+
+
 def model_line(cfg: Config) -> str:
     llm = cfg.llm
     endpoint = redact_url(llm.resolved_base_url()) or (

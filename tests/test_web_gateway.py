@@ -184,3 +184,44 @@ async def test_memobot_web_alone_serves_the_panel_and_prints_only_the_link(tmp_p
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+async def test_the_overview_says_how_long_memobot_runs_whether_the_model_answers_and_more(
+    tmp_path,
+):
+    """The lines the overview adds to ``memobot status``'s, from the running gateway's status
+    file: uptime, the model's outage, today's chats, memory budgets, MCP servers."""
+    import os
+    import time
+
+    from bot.gateway import STATUS_FILE, write_status
+
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1", web=panel_section())
+    cfg, _ = load_config(config)
+    state = cfg.agent.state_path
+    (state / "sessions").mkdir(parents=True, exist_ok=True)
+    (state / "sessions" / "telegram_1.jsonl").write_text("{}\n")
+    old = state / "sessions" / "telegram_2.jsonl"
+    old.write_text("{}\n")
+    os.utime(old, (time.time() - 3 * 86400,) * 2)
+    memory = cfg.agent.workspace_path / "memory"
+    memory.mkdir(parents=True, exist_ok=True)
+    (memory / "MEMORY.md").write_text("x" * 1234)
+    now = time.time()
+    live = {"pid": os.getpid(), "started_at": now - 2 * 86400 - 3 * 3600 - 60, "updated_at": now}
+    write_status(state / STATUS_FILE, {**live, "channels": {}, "outage": None})
+    async with browsing(cfg, config) as b:
+        await b.login()
+        _, text, _ = await b.get("/")
+        assert "2 d 3 h" in text
+        assert "yes (no outage seen)" in text
+        assert "2 (1 active today)" in text
+        assert "MEMORY.md 1,234/" in text
+        assert "no servers configured" in text
+        outage = {"since": now - 60, "waiting": 2, "reason": "HTTP 503 from the model"}
+        write_status(state / STATUS_FILE, {**live, "channels": {}, "outage": outage})
+        _, text, _ = await b.get("/")
+        assert "every model failing since" in text and "2 turns waiting" in text
+        (state / STATUS_FILE).unlink()
+        _, text, _ = await b.get("/")
+        assert "unknown: the gateway is not running" in text

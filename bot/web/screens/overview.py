@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,7 @@ from aiohttp import web
 from bot import __version__
 from bot.config import Config
 from bot.status import ChannelLine
-from bot.web.render import Html, fill, tag
+from bot.web.render import Html, fill, join, tag
 from bot.web.server import page_response
 from bot.web.views import Frame, page, table
 
@@ -37,8 +38,14 @@ class Overview:
     model: str
     gateway: str
     gateway_running: bool
+    uptime: str
+    answering: str  # whether the model answers, as the running gateway saw it
     channels: list[ChannelLine]
     sessions: int
+    chats_today: int
+    memory: list[str]  # each budgeted memory file's size against its budget
+    mcp: str
+    unsent: str
     schedule: str  # the jobs and the next one due, as ``memobot status`` says it
     open_approvals: int
 
@@ -47,8 +54,19 @@ def overview(cfg: Config) -> Overview:
     from bot.approvals import open_approvals
     from bot.cron.commands import status_line as cron_status_line
     from bot.gateway import read_status
+    from bot.memory.dream import budget_lines
     from bot.session import SessionStore
-    from bot.status import channel_lines, gateway_line, model_line, sessions_count
+    from bot.status import (
+        answering_line,
+        channel_lines,
+        chats_since,
+        gateway_line,
+        mcp_line,
+        model_line,
+        sessions_count,
+        undelivered_line,
+        uptime_line,
+    )
 
     state = cfg.agent.state_path
     live = read_status(state)
@@ -57,8 +75,14 @@ def overview(cfg: Config) -> Overview:
         model=model_line(cfg),
         gateway=gateway_line(live, state),
         gateway_running=live is not None,
+        uptime=uptime_line(live),
+        answering=answering_line(live),
         channels=channel_lines(cfg, live),
         sessions=sessions_count(cfg),
+        chats_today=chats_since(cfg, _midnight()),
+        memory=budget_lines(cfg.agent.workspace_path, cfg.memory.max_chars),
+        mcp=mcp_line(cfg, live),
+        unsent=undelivered_line(cfg),
         schedule=cron_status_line(cfg),
         # The count only: a waiting call's summary is the model's text, shown where it is
         # answered (its chat), not here.
@@ -78,12 +102,24 @@ def overview_page(data: Overview, frame: Frame) -> Html:
         version=data.version,
         model=data.model,
         gateway=data.gateway,
+        uptime=data.uptime,
+        answering=data.answering,
         sessions=data.sessions,
+        chats_today=data.chats_today,
+        memory=join(data.memory, "; "),
+        mcp=data.mcp,
+        unsent=data.unsent,
         schedule=data.schedule,
         approvals=data.open_approvals,
         channels=channels,
     )
     return page("Overview", body, frame)
+
+
+def _midnight() -> float:
+    """Today's local midnight, as a time stamp."""
+    now = time.localtime()
+    return time.mktime((now.tm_year, now.tm_mon, now.tm_mday, 0, 0, 0, 0, 0, -1))
 
 
 def _why(c: ChannelLine) -> str:

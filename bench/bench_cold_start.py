@@ -6,6 +6,8 @@ process. Targets (issue 29): under 0.7 s wall.
 
 Gateway: ``memobot gateway`` with only Telegram enabled, against the fake Bot API in this
 process; its resident set once connected and idle for a few seconds. Target: under 70 MiB.
+Measured with the control panel off and on (issue 30: the panel nobody opens should cost under
+2 MiB and no wakeups): RSS, CPU seconds and context switches (wakeups) over the idle window.
 
     .venv/bin/python bench/bench_cold_start.py [--runs 5]
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -51,8 +54,27 @@ def run_once(config: Path) -> tuple[float, float, float]:
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
-def gateway_idle_rss(tmp: Path, llm_url: str, settle: float) -> float:
-    """MiB resident of a Telegram-only gateway, ``settle`` seconds after it connected."""
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _proc(pid: int) -> tuple[float, float, int]:
+    """RSS MiB, CPU seconds and context switches (voluntary + not) of process ``pid``."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = {ln.split(":")[0]: ln.split(":", 1)[1].split() for ln in status}
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+    switches = int(fields["voluntary_ctxt_switches"][0]) + int(
+        fields["nonvoluntary_ctxt_switches"][0]
+    )
+    return int(fields["VmRSS"][0]) / 1024, cpu, switches
+
+
+def gateway_idle(tmp: Path, llm_url: str, settle: float, panel: bool) -> tuple[float, float, int]:
+    """RSS MiB of a Telegram-only gateway ``settle`` seconds after it connected, and the CPU
+    seconds and context switches it used in those seconds."""
     from tests.fakes.telegram_api import FakeBotAPI, FakeBotAPIThread
 
     config = tmp / "gateway.json"
@@ -64,6 +86,7 @@ def gateway_idle_rss(tmp: Path, llm_url: str, settle: float) -> float:
                     "llm": {"baseUrl": llm_url, "apiKey": "x", "model": "fake"},
                     "agent": {"workspace": str(tmp / "ws"), "stateDir": str(tmp / "gw-state")},
                     "channels": {"telegram": {**telegram, "allowFrom": ["1"]}},
+                    "web": {"enabled": panel, "listen": f"127.0.0.1:{_free_port()}"},
                 }
             )
         )
@@ -79,13 +102,14 @@ def gateway_idle_rss(tmp: Path, llm_url: str, settle: float) -> float:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("the gateway did not connect to the fake Telegram")
                 time.sleep(0.1)
+            time.sleep(1.0)  # the start's last writes
+            _, cpu0, switches0 = _proc(proc.pid)
             time.sleep(settle)
-            status = Path(f"/proc/{proc.pid}/status").read_text()
-            rss_line = next(ln for ln in status.splitlines() if ln.startswith("VmRSS"))
+            rss, cpu1, switches1 = _proc(proc.pid)
         finally:
             proc.terminate()
             proc.wait(30)
-    return int(rss_line.split()[1]) / 1024
+    return rss, cpu1 - cpu0, switches1 - switches0
 
 
 def main() -> None:
@@ -114,8 +138,13 @@ def main() -> None:
             f"wall median={statistics.median(walls):.3f} s  max={max(walls):.3f} s  "
             f"CPU median={statistics.median(cpus):.3f} s  peak RSS max={max(rss):.1f} MiB"
         )
-        idle = gateway_idle_rss(tmp, llm.base_url, args.settle)
-        print(f"gateway, Telegram only, {args.settle:g} s idle after connect: {idle:.1f} MiB RSS")
+        for panel in (False, True):
+            rss, cpu, switches = gateway_idle(tmp, llm.base_url, args.settle, panel)
+            print(
+                f"gateway, Telegram only, panel {'on' if panel else 'off'}, {args.settle:g} s "
+                f"idle after connect: {rss:.1f} MiB RSS, {cpu * 1000:.0f} ms CPU, "
+                f"{switches} context switches"
+            )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from bot.config import EX_CONFIG, Config
 from bot.cron import heartbeat
 
 if TYPE_CHECKING:
-    from bot.web.server import Panel
+    from bot.web.listener import DeferredPanel
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class Gateway:
         # next tick (`memobot status` showed "starting" seconds after the channel connected).
         self._status_due = asyncio.Event()
         self.service = ServiceHooks(self, config_path)  # systemd notify, SIGHUP reload
-        self.panel: Panel | None = None
+        self.panel: DeferredPanel | None = None
 
     def status(self) -> dict[str, Any]:
         from bot.app import exec_limits_line
@@ -243,10 +243,10 @@ class Gateway:
         log line (Panel.start's), and the gateway runs on without it."""
         if not self.cfg.web.enabled:
             return
-        from bot.web.server import Panel
+        from bot.web.listener import DeferredPanel
 
-        panel = Panel(self.cfg, self.config_path, in_gateway=True, gateway=self)
-        if await panel.start() is None:
+        panel = DeferredPanel(self.cfg, self.config_path, self)
+        if panel.start() is None:
             self.panel = panel
 
     async def _write_status_forever(self) -> None:

@@ -144,3 +144,17 @@ def test_the_core_imports_no_platform_sdk() -> None:
         if name.startswith("bot.") and sdks & set(PLATFORM_SDKS)
     }
     assert offenders == {}
+
+
+def test_a_gateway_does_not_import_the_panel_server_until_someone_opens_it() -> None:
+    """The panel's server (aiohttp.web, its screens: ~2 MiB) is built at the first connection
+    (bot.web.listener); nothing the gateway imports at its start reaches it."""
+    edges, _ = _graph()
+    seen, todo = set(), ["bot.gateway", "bot.cli", "bot.web.listener"]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(edges.get(name, ()))
+    assert "bot.web.server" not in seen
+    assert not any(n.startswith("bot.web.screens") for n in seen)

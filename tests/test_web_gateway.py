@@ -225,3 +225,31 @@ async def test_the_overview_says_how_long_memobot_runs_whether_the_model_answers
         (state / STATUS_FILE).unlink()
         _, text, _ = await b.get("/")
         assert "unknown: the gateway is not running" in text
+
+
+async def test_the_gateway_panel_is_built_at_its_first_connection_and_not_before(tmp_path):
+    """A bound socket until someone connects (a taken port is said at the start); the first
+    connection, waiting in the backlog, is answered by the panel built for it."""
+    from types import SimpleNamespace
+
+    from bot.web.listener import DeferredPanel
+
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1", web=panel_section())
+    cfg, _ = load_config(config)
+    deferred = DeferredPanel(cfg, config, SimpleNamespace())  # type: ignore[arg-type]
+    assert deferred.start() is None
+    try:
+        assert deferred.panel is None
+        taken = DeferredPanel(cfg, config, SimpleNamespace())  # type: ignore[arg-type]
+        assert "cannot listen on" in (taken.start() or "")
+        async with aiohttp.ClientSession() as http:
+            async with http.get(deferred.base_url + "/", allow_redirects=False) as r:
+                assert r.status == 303 and r.headers["Location"] == "/login"
+        assert deferred.panel is not None and deferred.panel.gateway is not None
+    finally:
+        await deferred.stop()
+    idle = DeferredPanel(cfg, config, SimpleNamespace())  # type: ignore[arg-type]
+    assert idle.start() is None  # the address is free again after stop
+    await idle.stop()
+    assert idle.start() is None  # and after a stop with no connection ever
+    await idle.stop()

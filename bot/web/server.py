@@ -15,6 +15,7 @@ import asyncio
 import hmac
 import logging
 import secrets
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -95,13 +96,15 @@ class Panel:
 
     # -- lifecycle --
 
-    async def start(self) -> str | None:
-        """Listen; None when listening, else why not (also logged, as one line)."""
+    async def start(self, sock: socket.socket | None = None) -> str | None:
+        """Listen (on ``sock`` when one is given: bound already); None when listening, else
+        why not (also logged, as one line)."""
         runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await runner.setup()
         host, port = parse_listen(self.cfg.web.listen)
         try:
-            await web.TCPSite(runner, host, port).start()
+            site = web.SockSite(runner, sock) if sock else web.TCPSite(runner, host, port)
+            await site.start()
         except OSError as exc:
             await runner.cleanup()
             why = (

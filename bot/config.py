@@ -44,7 +44,13 @@ _SECRET_KEY = re.compile(r"(?i)(token|key|secret|password|passwordhash|authoriza
 
 
 class ConfigError(Exception):
-    """The config cannot be used. ``str()`` is a message for a person, naming file and field."""
+    """The config cannot be used. ``str()`` is a message for a person, naming file and field;
+    ``fields``: (JSON path, what is wrong) for each refused field, secrets left out (the
+    panel marks each at its field)."""
+
+    def __init__(self, message: str, fields: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 class RetryConfig(_Model):
@@ -531,10 +537,11 @@ def expand_env(
             name = m.group(1)
             secret = os.environ[name] if name in os.environ else _credential(name)
             if secret is None:
-                raise ConfigError(
-                    f"{path or '<root>'}: environment variable {name} is not set "
-                    "(and there is no systemd credential of that name)"
+                why = (
+                    f"environment variable {name} is not set (and there is no systemd "
+                    "credential of that name)"
                 )
+                raise ConfigError(f"{path or '<root>'}: {why}", ((path or "<root>", why),))
             if found is not None:
                 found.add(secret)
             return secret
@@ -736,10 +743,11 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
 def _invalid(exc: ValidationError, source: str, within: tuple[str, ...] = ()) -> ConfigError:
     """One line per refused field, secrets left out; ``within``: the path of the section that
     was validated alone (``("channels", "telegram")``), so each field is named in full."""
-    lines = [f"{source}: invalid config"]
-    for err in exc.errors():
-        lines.append(f"  {_json_path((*within, *err['loc']))}: {_describe(err)}")
-    return ConfigError(redact("\n".join(lines)))
+    fields = tuple(
+        (_json_path((*within, *err["loc"])), redact(_describe(err))) for err in exc.errors()
+    )
+    lines = [f"{source}: invalid config", *(f"  {path}: {why}" for path, why in fields)]
+    return ConfigError(redact("\n".join(lines)), fields)
 
 
 def invalid_section(exc: ValidationError, *within: str) -> str:

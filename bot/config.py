@@ -43,6 +43,11 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_KEY = re.compile(r"(?i)(token|key|secret|password|passwordhash|authorization)$")
 
 
+def is_secret_key(key: str) -> bool:
+    """An option whose value is a secret by its name (apiKey, token, botToken, passwordHash)."""
+    return bool(_SECRET_KEY.search(key))
+
+
 class ConfigError(Exception):
     """The config cannot be used. ``str()`` is a message for a person, naming file and field;
     ``fields``: (JSON path, what is wrong) for each refused field, secrets left out (the
@@ -804,6 +809,16 @@ def read_raw(config_path: Path) -> dict[str, Any]:
     return data
 
 
+def apply_options(data: dict[str, Any], changes: dict[tuple[str, ...], Any]) -> dict[str, Any]:
+    """``data`` (a config's raw JSON) with each option of ``changes`` set in place."""
+    for path, value in changes.items():
+        holder = data
+        for key in path[:-1]:
+            holder = holder.setdefault(key, {})
+        holder[path[-1]] = value
+    return data
+
+
 def set_options(
     config_path: Path, data: dict[str, Any], changes: dict[tuple[str, ...], Any]
 ) -> Config:
@@ -812,11 +827,7 @@ def set_options(
     file with it: everything else stays as written, and a ``${VAR}`` reference is never
     written out expanded. Durable, mode 0600 as ``save_config`` writes it. Returns the config
     as it now loads; ConfigError (nothing written) if it would not."""
-    for path, value in changes.items():
-        holder = data
-        for key in path[:-1]:
-            holder = holder.setdefault(key, {})
-        holder[path[-1]] = value
+    apply_options(data, changes)
     after = parse_config(copy.deepcopy(data), str(config_path))
     check_layout(after, config_path)
     config_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -19,7 +19,17 @@ from bot.web.server import Panel, login_url
 from tests.helpers import closed_port
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
-PAGES = ("/", "/access")  # every page of a logged-in browser
+PAGES = (  # every page of a logged-in browser
+    "/",
+    "/access",
+    "/settings",
+    "/settings/llm",
+    "/settings/tools",
+    "/settings/channels.telegram",
+    "/settings/channels.slack",
+    "/settings/web",
+    "/settings/raw",
+)
 PUBLIC_PAGES = ("/login", "/logged-out", "/expired", "/static/panel.css")
 
 

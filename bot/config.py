@@ -43,8 +43,19 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_KEY = re.compile(r"(?i)(token|key|secret|password|passwordhash|authorization)$")
 
 
+def is_secret_key(key: str) -> bool:
+    """An option whose value is a secret by its name (apiKey, token, botToken, passwordHash)."""
+    return bool(_SECRET_KEY.search(key))
+
+
 class ConfigError(Exception):
-    """The config cannot be used. ``str()`` is a message for a person, naming file and field."""
+    """The config cannot be used. ``str()`` is a message for a person, naming file and field;
+    ``fields``: (JSON path, what is wrong) for each refused field, secrets left out (the
+    panel marks each at its field)."""
+
+    def __init__(self, message: str, fields: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 class RetryConfig(_Model):
@@ -531,10 +542,11 @@ def expand_env(
             name = m.group(1)
             secret = os.environ[name] if name in os.environ else _credential(name)
             if secret is None:
-                raise ConfigError(
-                    f"{path or '<root>'}: environment variable {name} is not set "
-                    "(and there is no systemd credential of that name)"
+                why = (
+                    f"environment variable {name} is not set (and there is no systemd "
+                    "credential of that name)"
                 )
+                raise ConfigError(f"{path or '<root>'}: {why}", ((path or "<root>", why),))
             if found is not None:
                 found.add(secret)
             return secret
@@ -736,10 +748,11 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
 def _invalid(exc: ValidationError, source: str, within: tuple[str, ...] = ()) -> ConfigError:
     """One line per refused field, secrets left out; ``within``: the path of the section that
     was validated alone (``("channels", "telegram")``), so each field is named in full."""
-    lines = [f"{source}: invalid config"]
-    for err in exc.errors():
-        lines.append(f"  {_json_path((*within, *err['loc']))}: {_describe(err)}")
-    return ConfigError(redact("\n".join(lines)))
+    fields = tuple(
+        (_json_path((*within, *err["loc"])), redact(_describe(err))) for err in exc.errors()
+    )
+    lines = [f"{source}: invalid config", *(f"  {path}: {why}" for path, why in fields)]
+    return ConfigError(redact("\n".join(lines)), fields)
 
 
 def invalid_section(exc: ValidationError, *within: str) -> str:
@@ -796,6 +809,16 @@ def read_raw(config_path: Path) -> dict[str, Any]:
     return data
 
 
+def apply_options(data: dict[str, Any], changes: dict[tuple[str, ...], Any]) -> dict[str, Any]:
+    """``data`` (a config's raw JSON) with each option of ``changes`` set in place."""
+    for path, value in changes.items():
+        holder = data
+        for key in path[:-1]:
+            holder = holder.setdefault(key, {})
+        holder[path[-1]] = value
+    return data
+
+
 def set_options(
     config_path: Path, data: dict[str, Any], changes: dict[tuple[str, ...], Any]
 ) -> Config:
@@ -804,11 +827,7 @@ def set_options(
     file with it: everything else stays as written, and a ``${VAR}`` reference is never
     written out expanded. Durable, mode 0600 as ``save_config`` writes it. Returns the config
     as it now loads; ConfigError (nothing written) if it would not."""
-    for path, value in changes.items():
-        holder = data
-        for key in path[:-1]:
-            holder = holder.setdefault(key, {})
-        holder[path[-1]] = value
+    apply_options(data, changes)
     after = parse_config(copy.deepcopy(data), str(config_path))
     check_layout(after, config_path)
     config_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

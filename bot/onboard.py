@@ -152,6 +152,20 @@ def access_changes(
     return changes, notes
 
 
+def let_in_changes(section: ChannelConfig, sender_id: str, admin: bool) -> dict[str, Any]:
+    """allowFrom/admins changes that let ``sender_id`` in: as an admin, or as a guest (then
+    an unset ``admins``, which means "the allowFrom ids", is pinned to who they are now, so
+    the newcomer gets no admin rights by being listed)."""
+    changes: dict[str, Any] = {}
+    if sender_id not in section.allow_from:
+        changes["allowFrom"] = [*section.allow_from, sender_id]
+    if admin and section.admins is not None and sender_id not in section.admins:
+        changes["admins"] = [*section.admins, sender_id]
+    if not admin and section.admins is None:
+        changes["admins"] = list(section.admin_ids)
+    return changes
+
+
 def next_steps(cfg: Config, config_path: Path, plans: list[ChannelPlan]) -> list[str]:
     from bot.gateway import read_status
 

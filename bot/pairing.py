@@ -340,6 +340,14 @@ def refuse_code(state_dir: Path, code: str) -> Request | None:
     return _first(state_dir, lambda store: store.refuse(code))
 
 
+def revoke_paired(state_dir: Path, channel: str, sender_id: str) -> str:
+    """Take back an approval made through pairing (CLI and panel alike); what to tell the
+    owner (it starts with "Revoked" when there was one)."""
+    if PairingStore(state_dir, channel).revoke(sender_id):
+        return f"Revoked {channel} user {sender_id}: pairing lets them in no more."
+    return f"{channel} user {sender_id} was not approved through pairing."
+
+
 # -- the CLI: memobot pairing list | approve CODE | refuse CODE | revoke CHANNEL ID ----------
 
 
@@ -395,11 +403,9 @@ def run(args: argparse.Namespace, state_dir: Path, config_path: Path) -> int:
         print(refused_text(refused.channel, refused.sender_id))
         return 0
     if args.pairing_command == "revoke":
-        if PairingStore(state_dir, args.channel).revoke(str(args.id)):
-            print(f"Revoked {args.channel} user {args.id}.")
-            return 0
-        print(f"{args.channel} user {args.id} was not approved through pairing.")
-        return 1
+        text = revoke_paired(state_dir, args.channel, str(args.id))
+        print(text)
+        return 0 if text.startswith("Revoked") else 1
     found = stores(state_dir)
     if not found:
         print("No pairing requests yet.")

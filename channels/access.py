@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 from bot.bus import OutboundMessage
 from bot.gate.question import SHOW_ALL, QuestionView
 from bot.pairing import PairingStore, code_text
+from channels.refused import Chat, RefusedSenders
 
 if TYPE_CHECKING:
     from bot.config_base import ChannelConfig
@@ -43,18 +44,22 @@ class AccessPolicy:
         admins: Iterable[str] | None = None,
         pairing: PairingStore | None = None,
         dm_policy: DmPolicy | None = "allowlist",
+        refused: RefusedSenders | None = None,
     ) -> None:
         """``pairing``: ids approved through pairing count as listed (whatever the policy);
         with ``dm_policy`` "pairing" a stranger's private message gets a code; None (the
-        config left it unset): "pairing" while ``allow_from`` is empty, else "allowlist"."""
+        config left it unset): "pairing" while ``allow_from`` is empty, else "allowlist".
+        ``refused``: where refused senders are recorded for the owner (the panel)."""
         self.channel = channel
         self.pairing = pairing
+        self.refused = refused
         self.configured_dm_policy = dm_policy
         self.allow = frozenset(allow_from)
         self.dm_policy: DmPolicy = dm_policy or default_dm_policy(self.allow)
         self.admins = frozenset(self.allow if admins is None else admins)
         self.open = "*" in self.allow
         self._denied_logged: dict[str, float] = {}
+        self._paired_noted: dict[str, float] = {}  # strangers given a code, noted this hour
 
     @classmethod
     def for_channel(cls, channel: str, section: ChannelConfig, state_dir: Path) -> AccessPolicy:
@@ -65,6 +70,7 @@ class AccessPolicy:
             section.admin_ids,
             PairingStore(state_dir, channel),
             section.dm_policy,
+            RefusedSenders(state_dir, channel),
         )
 
     def reloaded(self, section: ChannelConfig) -> AccessPolicy:
@@ -77,8 +83,10 @@ class AccessPolicy:
             section.admin_ids,
             self.pairing,
             self.configured_dm_policy,
+            self.refused,
         )
         policy._denied_logged = self._denied_logged
+        policy._paired_noted = self._paired_noted
         return policy
 
     def log_startup(self) -> None:
@@ -117,6 +125,9 @@ class AccessPolicy:
         callers only ask for private chats."""
         if self.dm_policy != "pairing" or self.pairing is None:
             return None
+        noted = _first_this_hour(self._paired_noted, sender_id, time.monotonic())
+        if noted and self.refused is not None:
+            self.refused.note(sender_id, name, "private", paired=True)
         try:
             code = await asyncio.to_thread(self.pairing.request, sender_id, name, chat_id)
         except OSError as exc:
@@ -127,13 +138,17 @@ class AccessPolicy:
     def is_admin(self, sender_id: str) -> bool:
         return "*" in self.admins or sender_id in self.admins
 
-    def deny(self, sender_id: str, name: str = "", now: float | None = None) -> bool:
-        """Record a refused sender; logs at most once per sender per hour. True if logged."""
-        now = time.monotonic() if now is None else now
-        last = self._denied_logged.get(sender_id)
-        if last is not None and now - last < DENIAL_LOG_INTERVAL:
+    def deny(
+        self, sender_id: str, name: str = "", now: float | None = None, chat: Chat = "private"
+    ) -> bool:
+        """Record a refused sender (where they wrote: ``chat``); logs, and notes them for
+        the owner's panel, at most once per sender per hour. True if logged."""
+        if not _first_this_hour(
+            self._denied_logged, sender_id, time.monotonic() if now is None else now
+        ):
             return False
-        self._denied_logged[sender_id] = now
+        if self.refused is not None:
+            self.refused.note(sender_id, name, chat)
         log.warning(
             "channel %s: message from %s%s refused: not in allowFrom. To let them in, add "
             '"%s" to channels.%s.allowFrom',
@@ -144,6 +159,15 @@ class AccessPolicy:
             self.channel,
         )
         return True
+
+
+def _first_this_hour(seen: dict[str, float], sender_id: str, now: float) -> bool:
+    """True (and remembered) unless ``sender_id`` was seen within the hour."""
+    last = seen.get(sender_id)
+    if last is not None and now - last < DENIAL_LOG_INTERVAL:
+        return False
+    seen[sender_id] = now
+    return True
 
 
 # -- approval buttons: the same press data on every platform ---------------------------------

@@ -33,6 +33,10 @@ SECRETS = {
     "slack_app": "xapp-SECRET-slack-app-token",
     "search": "SECRETsearchKEY987654",
     "header": "Bearer SECRETheaderVALUE",
+    "proxy_password": "SECRETproxyPASSWORD",
+    "fallback": "sk-SECRETfallbackKEY",
+    "mcp_env": "ghp_SECRETmcpENVvalue",
+    "mcp_header": "SECRETmcpHEADER",
 }
 
 
@@ -40,6 +44,12 @@ def write(tmp_path: Path, **web: Any) -> Path:
     data = config_dict(tmp_path, NO_LLM, web=panel_section(**web))
     data["llm"]["apiKey"] = SECRETS["llm"]
     data["llm"]["headers"] = {"X-Gateway": SECRETS["header"]}
+    data["llm"]["proxy"] = f"http://me:{SECRETS['proxy_password']}@127.0.0.1:3128"
+    data["llm"]["fallbacks"] = [{"model": "other", "apiKey": SECRETS["fallback"]}]
+    data["tools"]["mcpServers"] = {
+        "gh": {"command": "gh-mcp", "env": {"GH": SECRETS["mcp_env"]}},
+        "web": {"url": "https://mcp.example.org/mcp", "headers": {"X": SECRETS["mcp_header"]}},
+    }
     data["tools"]["web"] = {"search": {"provider": "brave", "apiKey": SECRETS["search"]}}
     data["channels"] = {
         "telegram": {"token": SECRETS["telegram"], "allowFrom": ["1001"]},

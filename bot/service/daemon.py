@@ -11,9 +11,9 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bot.config import ConfigError, load_config
+from bot.config import Config, ConfigError, load_config
 from bot.service.notify import Notifier, stop_budget
-from bot.service.reload import apply_config
+from bot.service.reload import ReloadResult, apply_config
 
 if TYPE_CHECKING:
     from bot.gateway import Gateway
@@ -78,20 +78,23 @@ class ServiceHooks:
 
     def reload(self) -> None:
         """SIGHUP: re-read the config file; a bad one is refused and the running one kept."""
-        self.notify.reloading()
-        try:
-            self._reload()
-        finally:
-            self.notify.reloaded()
-
-    def _reload(self) -> None:
         try:
             new, _ = load_config(self.config_path)
         except ConfigError as exc:
             log.error("config reload refused, the running config is kept: %s", exc)
             return
-        gw = self.gateway
-        result = apply_config(gw.cfg, new, gw.stack, gw.channels)
+        self.apply(new)
+
+    def apply(self, new: Config) -> ReloadResult:
+        """Make the running gateway work with ``new`` (the file as it now loads): what can
+        change live is applied, the rest is listed as needing a restart (and logged). SIGHUP
+        and the panel's saves both come here."""
+        self.notify.reloading()
+        try:
+            gw = self.gateway
+            result = apply_config(gw.cfg, new, gw.stack, gw.channels)
+        finally:
+            self.notify.reloaded()
         if not result.applied and not result.restart_needed:
             log.info("config reloaded from %s: no changes", self.config_path)
         if result.applied:
@@ -101,6 +104,7 @@ class ServiceHooks:
                 "config reloaded, these changes need a restart (systemctl restart memobot): %s",
                 ", ".join(result.restart_needed),
             )
+        return result
 
     def close(self) -> None:
         self.notify.close()

@@ -328,7 +328,7 @@ class DiscordChannel(Channel):
             if is_dm and self.policy.dm_policy == "pairing":
                 await self._pairing_reply(channel, sender_id, str(message.author), chat_id)
                 return
-            self.policy.deny(sender_id, str(message.author))
+            self.policy.deny(sender_id, str(message.author), chat="private" if is_dm else "group")
             return
         self._channels[chat_id] = channel
         media, notes = await self._download(message, chat_id)
@@ -391,7 +391,7 @@ class DiscordChannel(Channel):
                 )
                 return
             if not self.policy.allowed(sender_id):
-                self.policy.deny(sender_id, str(interaction.user))
+                self.policy.deny(sender_id, str(interaction.user), chat="button")
                 await interaction.response.send_message(
                     "You are not allowed to use this bot.", ephemeral=True
                 )

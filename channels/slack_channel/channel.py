@@ -843,7 +843,7 @@ class SlackChannel(Channel):
         allowed = self.policy.allowed(user)
         if sub == "whoami" or not allowed:
             if not allowed:
-                self.policy.deny(user, str(command.get("user_name") or ""))
+                self.policy.deny(user, str(command.get("user_name") or ""), chat="command")
             return await ack(text=whoami_text(NAME, user, allowed))
         if sub not in CHAT_COMMANDS:
             usage = "|".join(sorted(CHAT_COMMANDS))
@@ -886,7 +886,8 @@ class SlackChannel(Channel):
             await ack()
             return
         if not self.policy.allowed(user):
-            self.policy.deny(user, str((body.get("user") or {}).get("username") or ""))
+            name = str((body.get("user") or {}).get("username") or "")
+            self.policy.deny(user, name, chat="button")
             await ack()
             return
         thread = message.get("thread_ts")
@@ -948,7 +949,7 @@ class SlackChannel(Channel):
                         OutboundMessage(NAME, inc.chat_id, text, final=True)
                     )
                 return "ignored"
-            self.policy.deny(inc.user, inc.sender_name)
+            self.policy.deny(inc.user, inc.sender_name, chat="private" if inc.is_dm else "group")
             return "ignored"
         self._last_thread[(inc.channel, inc.user)] = inc.chat_id
         if not inc.is_dm and inc.chat_id not in self._threads:

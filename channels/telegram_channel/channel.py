@@ -715,7 +715,8 @@ class TelegramChannel(Channel):
             if not is_group and self.policy.dm_policy == "pairing":
                 await self._pairing_reply(message, sender)
                 return None
-            self.policy.deny(sender_id, f"@{sender.username}" if sender.username else "")
+            name = f"@{sender.username}" if sender.username else ""
+            self.policy.deny(sender_id, name, chat="group" if is_group else "private")
             return None
         if is_group and command and command[0] == "whoami":
             await self._whoami(message, sender_id)
@@ -995,7 +996,8 @@ class TelegramChannel(Channel):
             return None
         sender_id = str(sender.id)
         if not self.policy.allowed(sender_id):
-            self.policy.deny(sender_id, f"@{sender.username}" if sender.username else "")
+            name = f"@{sender.username}" if sender.username else ""
+            self.policy.deny(sender_id, name, chat="button")
             await self._answer_query(query, "You are not allowed to use this bot.")
             return None
         is_group = message.chat.type in GROUP_TYPES

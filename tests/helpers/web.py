@@ -19,7 +19,17 @@ from bot.web.server import Panel, login_url
 from tests.helpers import closed_port
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
-PAGES = ("/", "/access")  # every page of a logged-in browser
+PAGES = (  # every page of a logged-in browser
+    "/",
+    "/access",
+    "/settings",
+    "/settings/llm",
+    "/settings/tools",
+    "/settings/channels.telegram",
+    "/settings/channels.slack",
+    "/settings/web",
+    "/settings/raw",
+)
 PUBLIC_PAGES = ("/login", "/logged-out", "/expired", "/static/panel.css")
 
 
@@ -68,6 +78,22 @@ class Browser:
             return r.status, await r.text(), r
 
 
+@dataclass
+class GatewayInProcess:
+    """What a panel acts on in a running gateway (its live config, agent stack, channels and
+    reload path: the real ``ServiceHooks``), over ``channel_in_process``'s stack and channel."""
+
+    cfg: Config
+    config_path: Path
+    stack: Any
+    channels: list[Any]
+
+    def __post_init__(self) -> None:
+        from bot.service.daemon import ServiceHooks
+
+        self.service = ServiceHooks(self, self.config_path)  # type: ignore[arg-type]
+
+
 @asynccontextmanager
 async def browsing(
     cfg: Config,
@@ -76,9 +102,18 @@ async def browsing(
     clock: Callable[[], float] = time.time,
     limiter: AttemptLimiter | None = None,
     in_gateway: bool = False,
+    gateway: Any = None,
 ) -> AsyncIterator[Browser]:
-    """A started panel over ``cfg`` and a cookie-keeping client (cookies of 127.0.0.1 too)."""
-    panel = Panel(cfg, config_path, in_gateway=in_gateway, clock=clock, limiter=limiter)
+    """A started panel over ``cfg`` and a cookie-keeping client (cookies of 127.0.0.1 too);
+    ``gateway``: the running gateway it is part of (a :class:`GatewayInProcess`)."""
+    panel = Panel(
+        cfg,
+        config_path,
+        in_gateway=in_gateway or gateway is not None,
+        gateway=gateway,
+        clock=clock,
+        limiter=limiter,
+    )
     assert await panel.start() is None
     try:
         jar = aiohttp.CookieJar(unsafe=True)

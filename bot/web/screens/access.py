@@ -17,6 +17,7 @@ from bot.pairing import Listing
 from bot.web.render import Html, join, tag
 from bot.web.server import page_response
 from bot.web.views import Frame, page, post_button, table
+from channels.refused import Refused
 
 if TYPE_CHECKING:
     from bot.web.server import Panel
@@ -57,11 +58,60 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         log.info("pairing: request of %s user %s refused by web", channel, sender)
         return panel.back("/access", refused_text(channel, sender))
 
+    async def revoke(request: web.Request) -> web.Response:
+        """What ``memobot pairing revoke CHANNEL ID`` does."""
+        from bot.pairing import revoke_paired
+
+        form = await request.post()
+        channel, sender = str(form.get("channel", "")), str(form.get("id", ""))
+        if channel not in _channel_names():
+            return panel.back("/access", f"No channel {channel!r}.")
+        text = await asyncio.to_thread(revoke_paired, panel.state_dir, channel, sender)
+        if text.startswith("Revoked"):
+            log.info("pairing: %s user %s revoked by web", channel, sender)
+        return panel.back("/access", text)
+
+    async def let_in(request: web.Request) -> web.Response:
+        """A refused sender's id added to allowFrom (as a guest, or as an admin), saved as
+        a settings change is and applied to the running gateway at once."""
+        from bot.config import ConfigError, read_raw, set_options
+        from bot.onboard import let_in_changes
+        from bot.web.screens.settings import applied
+
+        form = await request.post()
+        channel, sender = str(form.get("channel", "")), str(form.get("id", ""))
+        admin = form.get("admin") == "yes"
+        cfg, problem = await panel.config()
+        if problem:
+            return panel.back("/access", problem)
+        if channel not in _channel_names():
+            return panel.back("/access", f"No channel {channel!r}.")
+        section = getattr(cfg.channels, channel)
+        changes = let_in_changes(section, sender, admin)
+        try:
+            raw = await asyncio.to_thread(read_raw, panel.config_path)
+            paths = {("channels", channel, k): v for k, v in changes.items()}
+            after = await asyncio.to_thread(set_options, panel.config_path, raw, paths)
+        except ConfigError as exc:
+            return panel.back("/access", f"Nothing saved: {exc}")
+        role = "an admin" if admin else "a guest"
+        log.info("access: %s user %s let in as %s (allowFrom) by web", channel, sender, role)
+        text = f"Let in {channel} user {sender} as {role}: added to channels.{channel}.allowFrom."
+        return panel.back("/access", f"{text} {applied(panel, after)}")
+
     return [
         web.get("/access", show),
         web.post("/access/approve", approve),
         web.post("/access/refuse", refuse),
+        web.post("/access/revoke", revoke),
+        web.post("/access/let-in", let_in),
     ]
+
+
+def _channel_names() -> set[str]:
+    from channels import registry
+
+    return {n for n, s in registry.specs().items() if s.config is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +124,7 @@ class ChannelAccess:
     dm_policy: str
     dm_policy_set: bool
     pairing: Listing  # codes waiting, people let in through pairing
+    refused: list[Refused]  # refused recently and not let in since, newest first
 
 
 def access(cfg: Config) -> list[ChannelAccess]:
@@ -81,6 +132,7 @@ def access(cfg: Config) -> list[ChannelAccess]:
     from bot.pairing import PairingStore
     from channels import registry
     from channels.access import dm_policy_of
+    from channels.refused import RefusedSenders
 
     state: Path = cfg.agent.state_path
     out = []
@@ -88,6 +140,13 @@ def access(cfg: Config) -> list[ChannelAccess]:
         section = spec.section(cfg)
         if section is None:
             continue
+        pairing = PairingStore(state, spec.name).listing()
+        let_in = {*section.allow_from, *(a.sender_id for a in pairing.approved)}
+        refused = [
+            r
+            for r in RefusedSenders(state, spec.name).listing()
+            if r.sender_id not in let_in and "*" not in let_in
+        ]
         out.append(
             ChannelAccess(
                 name=spec.name,
@@ -97,7 +156,8 @@ def access(cfg: Config) -> list[ChannelAccess]:
                 admins_set=section.admins is not None,
                 dm_policy=dm_policy_of(section),
                 dm_policy_set=section.dm_policy is not None,
-                pairing=PairingStore(state, spec.name).listing(),
+                pairing=pairing,
+                refused=refused,
             )
         )
     return out
@@ -121,12 +181,19 @@ def _channel_access(c: ChannelAccess, csrf: str, now: float) -> Html:
                 tag("dd", join([_ids(c.admins, "none"), admins_note])),
                 tag("dt", "dmPolicy"),
                 tag("dd", join([tag("code", c.dm_policy), policy_note])),
-                tag("dt", "Let in through pairing"),
-                tag("dd", _ids([a.who for a in c.pairing.approved], "nobody")),
             ]
         ),
         class_="facts",
     )
+    if c.pairing.approved:
+        rows_in: list[list[object]] = [
+            [a.who, post_button("/access/revoke", "Revoke", csrf, channel=c.name, id=a.sender_id)]
+            for a in c.pairing.approved
+        ]
+        paired = join([tag("h3", "Let in through pairing"), table(("Who", ""), rows_in)])
+    else:
+        paired = tag("p", "Nobody was let in through pairing.", class_="muted")
+    refused = _refused(c, csrf, now)
     if c.pairing.waiting:
         rows: list[list[object]] = [
             [
@@ -149,7 +216,42 @@ def _channel_access(c: ChannelAccess, csrf: str, now: float) -> Html:
     else:
         waiting = tag("p", "No pairing code waits.", class_="muted")
     title = tag("h2", join([c.name, " ", tag("span", f"({state})", class_="muted")]))
-    return tag("section", join([title, facts, waiting]), aria_label=c.name)
+    return tag("section", join([title, facts, refused, waiting, paired]), aria_label=c.name)
+
+
+def _ago(seconds: float) -> str:
+    minutes = max(0, int(seconds // 60))
+    if minutes < 60:
+        return f"{minutes} min ago"
+    return f"{minutes // 60} h ago" if minutes < 48 * 60 else f"{minutes // 1440} days ago"
+
+
+def _refused(c: ChannelAccess, csrf: str, now: float) -> Html:
+    """Senders refused recently, each with the id memobot saw and the way in."""
+    if not c.refused:
+        return tag("p", "Nobody was refused recently.", class_="muted")
+    rows: list[list[object]] = []
+    for r in c.refused:
+        where = f"{r.chat}, given a pairing code" if r.paired else r.chat
+        actions = join(
+            [
+                post_button("/access/let-in", "Let in", csrf, True, channel=c.name, id=r.sender_id),
+                " ",
+                post_button(
+                    "/access/let-in", "Let in as admin", csrf, channel=c.name, id=r.sender_id,
+                    admin="yes",
+                ),
+            ]
+        )  # fmt: skip
+        rows.append([tag("code", r.sender_id), r.name, where, _ago(now - r.at), actions])
+    note = tag(
+        "p",
+        "Let in adds the id to allowFrom (a guest: admins are pinned to who they are now); "
+        "as admin, it also gets the owner's rights. A running gateway takes it at once.",
+        class_="muted",
+    )
+    head = ("Id", "Name", "Where", "When", "")
+    return join([tag("h3", "Refused recently"), table(head, rows), note])
 
 
 def access_page(channels: list[ChannelAccess], frame: Frame, problem: str = "") -> Html:

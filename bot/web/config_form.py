@@ -1,0 +1,281 @@
+"""The config as forms: one per section, its fields read from the config models, each
+option's help from docs/configuration.md (``bot.config_help``), and what a browser may see.
+
+Pure functions over the file's raw JSON (``bot.config.read_raw``: ``${VAR}`` as written)
+and the loaded config (for the values the file leaves to their defaults). Nothing here
+writes: the screen saves through ``bot.config.set_options``.
+
+Secrets never reach the browser: a token or key is a write-only field shown as set or not
+set (or "from ${VAR}" when the file names a variable); inside a JSON value (headers, an MCP
+server's env, a fallback's key) and in the raw view each secret is replaced by :data:`MASK`,
+which a save turns back into the value it hid.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from pydantic import BaseModel
+
+from bot.config import Config, is_secret_key
+from bot.config_help import help_for
+from bot.service.logs import SECRET_PARAM
+
+MASK = "<secret: kept as it is>"
+# Values under these keys are secrets whatever their names (a gateway's token in a header,
+# GITHUB_TOKEN in an MCP server's environment).
+_SECRET_MAPS = ("headers", "env")
+_ENV_REF = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+# A reference with at most a scheme word before it ("Bearer ${TOKEN}"): no secret in the text.
+_ONLY_REF = re.compile(r"(?:[A-Za-z]+ )?\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+# Set by a command, never typed in a form (shown as set or not set only).
+READ_ONLY = frozenset({"web.passwordHash"})
+
+Kind = Literal["bool", "choice", "number", "text", "secret", "lines", "json"]
+
+
+@dataclass(frozen=True, slots=True)
+class FormField:
+    path: tuple[str, ...]  # camelCase keys, as in the file: ("llm", "retry", "attempts")
+    kind: Kind
+    optional: bool  # None ("not set") is a value of its own
+    choices: tuple[str, ...] = ()
+    group: str = ""  # the nested section it belongs to ("retry"), "" for the section's own
+
+    @property
+    def name(self) -> str:
+        return ".".join(self.path)
+
+    @property
+    def label(self) -> str:
+        return self.path[-1]
+
+    @property
+    def help(self) -> str:
+        return help_for(self.name)
+
+    @property
+    def read_only(self) -> bool:
+        return self.name in READ_ONLY
+
+
+def sections(cfg: Config) -> list[tuple[str, ...]]:
+    """Every form: the top-level sections, and one per channel (``channels.telegram``)."""
+    out: list[tuple[str, ...]] = []
+    for name, field in Config.model_fields.items():
+        alias = field.alias or name
+        if alias == "channels":
+            out.extend(("channels", c) for c in type(cfg.channels).model_fields)
+        else:
+            out.append((alias,))
+    return out
+
+
+def model_at(section: tuple[str, ...]) -> type[BaseModel]:
+    model: type[BaseModel] = Config
+    for key in section:
+        field = next(f for n, f in model.model_fields.items() if key in (n, f.alias))
+        assert isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        model = field.annotation
+    return model
+
+
+def fields(section: tuple[str, ...]) -> list[FormField]:
+    """The section's options in the models' order, nested models flattened after its own."""
+    return _fields(model_at(section), section, "")
+
+
+def _fields(model: type[BaseModel], prefix: tuple[str, ...], group: str) -> list[FormField]:
+    own: list[FormField] = []
+    nested: list[FormField] = []
+    for name, info in model.model_fields.items():
+        key = info.alias or name
+        path = (*prefix, key)
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            inner = f"{group}.{key}" if group else key
+            nested.extend(_fields(annotation, path, inner))
+            continue
+        own.append(_field(path, annotation, group))
+    return own + nested
+
+
+def _field(path: tuple[str, ...], annotation: Any, group: str) -> FormField:
+    args = typing.get_args(annotation)
+    optional = typing.get_origin(annotation) in (Union, types.UnionType) and type(None) in args
+    inner = next(a for a in args if a is not type(None)) if optional else annotation
+    if typing.get_origin(inner) is typing.Annotated:  # StrictBool inside "| None"
+        inner = typing.get_args(inner)[0]
+    origin = typing.get_origin(inner)
+    if inner is bool:
+        return FormField(path, "bool", optional, ("true", "false"), group)
+    if origin is Literal:
+        return FormField(
+            path, "choice", optional, tuple(str(a) for a in typing.get_args(inner)), group
+        )
+    if inner in (int, float):
+        return FormField(path, "number", optional, (), group)
+    if inner is str:
+        kind: Kind = "secret" if is_secret_key(path[-1]) else "text"
+        return FormField(path, kind, optional, (), group)
+    if origin is list and typing.get_args(inner) == (str,):
+        return FormField(path, "lines", optional, (), group)
+    return FormField(path, "json", optional, (), group)
+
+
+# -- values ----------------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+def value_at(data: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(data, dict) or key not in data:
+            return _MISSING
+        data = data[key]
+    return data
+
+
+def current(field: FormField, raw: dict[str, Any], loaded: dict[str, Any]) -> Any:
+    """The option's value as the file writes it, or (left out) as it loads: its default."""
+    value = value_at(raw, field.path)
+    if value is _MISSING:
+        value = value_at(loaded, field.path)
+    return None if value is _MISSING else value
+
+
+def secret_state(value: Any) -> str:
+    """How a secret option is shown: never its value."""
+    if isinstance(value, str) and _ENV_REF.fullmatch(value):
+        return f"from {value}"
+    return "set" if value else "not set"
+
+
+def shown(field: FormField, value: Any) -> str:
+    """The text a form field holds for ``value`` (secrets masked; a secret field holds "")."""
+    if field.kind == "secret":
+        return ""
+    value = mask({field.path[-1]: value})[field.path[-1]]  # as it sits in its section
+    if value is None:
+        return ""
+    if field.kind == "bool":
+        return "true" if value else "false"
+    if field.kind == "lines" and isinstance(value, list):
+        return "\n".join(str(v) for v in value)
+    if field.kind == "json":
+        return json.dumps(value, indent=1, ensure_ascii=False)
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+class FieldError(ValueError):
+    """A submitted text that is not a value of the field's form (bad JSON, a stray mask)."""
+
+
+def parsed(field: FormField, text: str, before: Any) -> Any:
+    """The value a submitted ``text`` stands for. Numbers and the rest are passed on as
+    typed so the config's own validator judges them (and says so at the field)."""
+    text = text.replace("\r\n", "\n")
+    if field.optional and not text.strip() and field.kind != "json":
+        return None
+    if field.kind == "bool":
+        return {"true": True, "false": False}.get(text, text)
+    if field.kind == "number":
+        try:
+            number = json.loads(text)
+        except ValueError:
+            return text
+        return number if isinstance(number, int | float) and not isinstance(number, bool) else text
+    if field.kind == "lines":
+        return [line.strip() for line in text.split("\n") if line.strip()]
+    if field.kind == "json":
+        if not text.strip():
+            return None if field.optional else {} if isinstance(before, dict) else []
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise FieldError(
+                f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+            ) from None
+        return unmask(value, before, field.name)
+    if text == MASK:  # a URL with a password in it, shown masked and sent back as it was
+        return before
+    return text
+
+
+# -- secrets inside values -------------------------------------------------------------------
+
+
+def is_secret(key: str, value: str, in_map: bool = False) -> bool:
+    """Whether ``value`` (under ``key``) holds a secret written in the file itself (a
+    ``${VAR}`` reference holds none: the secret is in the environment)."""
+    if not value or _ONLY_REF.fullmatch(value):
+        return False
+    if in_map or is_secret_key(key):
+        return True
+    if "://" not in value:
+        return False
+    try:
+        parts = urlsplit(value)
+        password = parts.password
+    except ValueError:
+        return True  # not a URL one can read: shown as nothing rather than guessed at
+    if password and not _ONLY_REF.fullmatch(unquote(password)):
+        return True
+    return any(
+        SECRET_PARAM.search(name) and not _ONLY_REF.fullmatch(v)
+        for name, v in parse_qsl(parts.query)
+    )
+
+
+def mask(value: Any, key: str = "", in_map: bool = False) -> Any:
+    """``value`` with every secret string in it replaced by :data:`MASK`."""
+    if isinstance(value, dict):
+        return {
+            k: mask(v, str(k), in_map or (str(k) in _SECRET_MAPS and isinstance(v, dict)))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [mask(v, key, in_map) for v in value]
+    if isinstance(value, str) and is_secret(key, value, in_map):
+        return MASK
+    return value
+
+
+def unmask(value: Any, before: Any, where: str) -> Any:
+    """``value`` (as sent back) with each :data:`MASK` replaced by what it hid in ``before``
+    (the same place of the value it was shown from). FieldError for a MASK at a place that
+    held no secret (typed, or moved)."""
+    if isinstance(value, dict):
+        old = before if isinstance(before, dict) else {}
+        return {k: unmask(v, old.get(k, _MISSING), f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        old_list = before if isinstance(before, list) else []
+        return [
+            unmask(v, old_list[i] if i < len(old_list) else _MISSING, f"{where}[{i}]")
+            for i, v in enumerate(value)
+        ]
+    if value == MASK:
+        if not isinstance(before, str):
+            raise FieldError(f"{where}: write the value itself here, not {MASK!r}")
+        return before
+    return value
+
+
+def error_field(path: str, names: list[str]) -> str | None:
+    """The form field a validator's error path (``channels.telegram.allowFrom[0]``) belongs
+    to, or None (an error of the whole section)."""
+    best = None
+    for name in names:
+        if (path == name or path.startswith((name + ".", name + "["))) and (
+            best is None or len(name) > len(best)
+        ):
+            best = name
+    return best

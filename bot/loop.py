@@ -19,7 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -331,6 +331,11 @@ class AgentLoop:
     async def _work_through(self, key: str, work: _SessionWork) -> None:
         while work.queue and not self._draining:
             job = work.queue.popleft()
+            if job.msg.files:
+                # Outside a slot (a download is no model turn) and in the chat's order.
+                # Cancelled by a shutdown, the turn stays pending with its files named, and
+                # they are fetched at the next start.
+                job = await self._with_media(key, job)
             if self.outage is not None and self.outage.active and job.turn is None:
                 # The model is known to be down: wait without spending a slot on retries.
                 if job.msg.policy.waits_for_model:
@@ -358,6 +363,25 @@ class AgentLoop:
             if work.waiting is not None:
                 turn, work.waiting = work.waiting, None
                 await self._wait_for_model(key, work, job, turn)
+
+    async def _with_media(self, key: str, job: _Job) -> _Job:
+        """``job`` with the files its message names fetched by its channel (``bot.media``).
+        Not for a turn whose user message is already written: a checkpoint's, or one that
+        waited out a model outage, or a command's (no user message at all)."""
+        msg = job.msg
+        if job.turn is not None or not msg.policy.uses_model:
+            return job
+        if self.store.get(key).state.checkpoint_of(msg.message_id):
+            return job
+        fetched = await self.bus.fetch_media(msg)
+        log.info(
+            "files fetched session=%s id=%s saved=%d of %d",
+            key,
+            msg.message_id,
+            len(fetched.media) - len(msg.media),
+            len(msg.files),
+        )
+        return replace(job, msg=fetched)
 
     # -- one turn --------------------------------------------------------------------------
 

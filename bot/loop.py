@@ -6,6 +6,7 @@ outbound message, whatever happens to its turn: an answer, an error message, or 
 
 The walk of a message (DESIGN.md sections 1 and 5): ``bot.intake`` makes it a durable pending
 turn before the platform is told it arrived; ``dispatch`` queues it on its session; the worker
+has the message's channel fetch the files it names, if any (``bot.media``), then
 takes a slot and runs it with ``bot.turn`` (checkpoints, the one final answer through the
 delivery ledger); ``bot.recovery`` turns whatever a crash left into resumed turns at start.
 This module keeps what is between them: order and concurrency, chat commands, ``/stop``,

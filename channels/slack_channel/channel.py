@@ -979,7 +979,11 @@ class SlackChannel(Channel):
             try:
                 inc = _incoming_from_dict(entry)
             except (TypeError, ValidationError) as exc:
-                log.error("slack: old inbox entry %s unreadable, dropped: %s", entry, exc)
+                log.error(
+                    "slack: old inbox entry of message %s unreadable, dropped: %s",
+                    entry.get("message_id"),
+                    exc,
+                )
             else:
                 verdict = await self._publish(inc, str(entry["event_id"]), 0.0)
                 if verdict == "refused":

@@ -611,9 +611,7 @@ async def test_ack_beats_the_deadline_while_a_file_downloads_slowly(tmp_path, ll
     assert saved.read_bytes() == b"slow but here\n"
 
 
-async def test_files_not_fetched_before_a_stop_are_fetched_after_the_restart(
-    tmp_path, llm, slack
-):
+async def test_files_not_fetched_before_a_stop_are_fetched_after_the_restart(tmp_path, llm, slack):
     url = slack.add_file("n.txt", b"note\n")
     event = dm(
         "kept",

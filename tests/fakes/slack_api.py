@@ -36,10 +36,11 @@ One aiohttp server on 127.0.0.1 serves both sides of the wire:
   ``events_api`` envelopes with ``push_event`` (``slash_commands`` with ``push_command``) and the
   server records every ack the client sends back (``acks``), calling ``on_ack`` at the moment
   each one arrives, and marks one that came after the deadline ``late``. An envelope not
-  acknowledged within ``ack_deadline`` seconds (Slack: 3) is delivered again as a new envelope with the same ``event_id``, ``retry_attempt`` 1, 2, 3 and
-  ``retry_reason`` "timeout", as Slack does. ``send_disconnect`` sends a ``disconnect``
-  envelope and closes that connection shortly after. ``push_action`` clicks a Block Kit button
-  of a posted message (an ``interactive`` envelope with a ``block_actions`` payload; only a
+  acknowledged within ``ack_deadline`` seconds (Slack: 3) is delivered again as a new
+  envelope with the same ``event_id``, ``retry_attempt`` 1, 2, 3 and ``retry_reason``
+  "timeout", as Slack does. ``send_disconnect`` sends a ``disconnect`` envelope and closes
+  that connection shortly after. ``push_action`` clicks a Block Kit button of a posted
+  message (an ``interactive`` envelope with a ``block_actions`` payload; only a
   button the message has can be clicked).
 
 Use it as ``async with FakeSlack() as slack:`` and point the channel at ``slack.api_url``.

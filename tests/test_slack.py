@@ -429,8 +429,13 @@ async def test_files_are_downloaded_with_the_bot_token(tmp_path, llm, slack):
     event = dm("see attached", "1700000016.000100", subtype="file_share", files=files)
     async with Rig(tmp_path, llm, slack) as rig:
         await slack.push_event(event, event_id="F1")
+        # The same message again under another event id (Slack sends a mention as both
+        # app_mention and message; a redelivery after a restart): recognised by its ts.
+        await slack.wait_ack(await slack.push_event(event, event_id="F1b"))
         await slack.wait_posts(1)
+        await quiet()
         saved = rig.cfg.agent.workspace_path / "media" / "slack" / DM / "F01-notes.txt"
+    assert len(slack.posts) == 1 and len(llm.requests) == 1
     assert saved.read_bytes() == b"remember the milk\n"
     assert slack.file_auth == [f"Bearer {BOT_TOKEN}"]  # one download, with the token
     seen = last_user_text(llm.requests[0])

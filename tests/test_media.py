@@ -120,3 +120,29 @@ async def test_the_channel_fetches_before_the_turn_and_the_chat_keeps_its_order(
         assert str(cfg.agent.workspace_path / "media" / "plan.txt") in seen
         assert "[file gone.bin could not be fetched: HTTP 404]" in seen
         assert channel.asked == ["m1"]  # a message without files is not fetched for
+
+
+async def test_stop_while_the_files_come_ends_the_message_with_stopped(tmp_path):
+    # A download may take minutes; /stop must not answer "nothing is running" meanwhile.
+    async with FakeLLM() as llm:
+        cfg = make_config(tmp_path, llm.base_url)
+        harness = Harness(cfg, tmp_path / "config.json", channels=())
+        channel = FetchingChannel(harness, cfg.agent.workspace_path)
+        harness.manager = type(harness.manager)(
+            harness.stack.bus, harness.stack.loop.ledger, [channel]
+        )
+        async with harness as h:
+            first = h.expect("m1")
+            msg = InboundMessage("cli", "t", "user-1", "read it", message_id="m1", files=(PLAN,))
+            assert await h.stack.bus.publish_inbound(msg) == "accepted"
+            for _ in range(100):
+                if channel.asked:
+                    break
+                await asyncio.sleep(0.01)
+            stop = await h.send("/stop", message_id="s1")
+            assert (await asyncio.wait_for(stop, 15)).text == "Stopping the current answer."
+            assert (await asyncio.wait_for(first, 15)).text == "Stopped."
+            assert h.stack.store.get("cli:t").state.pending == ()
+            after = await h.send("still there?", message_id="m2")
+            assert (await asyncio.wait_for(after, 15)).text == "echo: still there?"
+        assert len(llm.requests) == 1  # only the message after the stop reached the model

@@ -1124,7 +1124,7 @@ class SlackChannel(Channel):
             except _TooLarge:
                 problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
             except (aiohttp.ClientError, TimeoutError, OSError, _DownloadError) as exc:
-                problem = f"download failed: {exc or type(exc).__name__}"
+                problem = f"download failed: {str(exc) or type(exc).__name__}"
         log.warning(
             "slack: file %s not fetched session=%s id=%s: %s",
             ref.label,

@@ -665,8 +665,12 @@ async def test_an_old_inbox_is_moved_into_the_intake_once(tmp_path, llm, slack):
     saved = rig.cfg.agent.workspace_path / "media" / "slack" / DM / "F27-old.txt"
     assert str(saved) in last_user_text(llm.requests[0])
     assert saved.read_bytes() == b"from before\n"
-    async with Rig(tmp_path, llm, slack):  # the next start: nothing left to move
+    # A crash after the move but before slack.json was rewritten: the next start finds the
+    # entry again, and the intake knows the message.
+    state.write_text(json.dumps({"inbox": [old], "threads": [f"{CHAN}:1.1"]}))
+    async with Rig(tmp_path, llm, slack):
         await quiet()
+        assert json.loads(state.read_text()) == {"threads": [f"{CHAN}:1.1"]}
     assert len(slack.posts) == 1 and len(llm.requests) == 1
 
 

@@ -13,12 +13,15 @@ from typing import Any, Literal
 
 from bot.commands import CommandSyntax
 from bot.kinds import Classified, KindPolicy, Sender, TurnKind, with_kind
+from bot.media import Fetched, FileRef, not_fetched, with_fetched
 
 Intake = Literal["accepted", "duplicate", "refused"]
 IntakeHook = Callable[["InboundMessage"], Awaitable[Intake]]
 StreamListener = Callable[["StreamEvent"], None]
 # (channel, chat) preferred -> the owner's private chats as (channel, chat id) pairs.
 OwnerChats = Callable[[str, str], Awaitable[list[tuple[str, str]]]]
+# A message with files named by reference -> what became of each (bot.media).
+MediaFetcher = Callable[["InboundMessage"], Awaitable[list[Fetched]]]
 
 
 def session_key(channel: str, chat_id: str) -> str:
@@ -64,6 +67,10 @@ def _storable(msg: InboundMessage) -> InboundMessage:
         "metadata": msg.metadata,
     }
     changed = {k: c for k, v in fields.items() if (c := _no_surrogates(v)) is not v}
+    if msg.files:
+        records = [f.record() for f in msg.files]
+        if (clean := _no_surrogates(records)) is not records:
+            changed["files"] = tuple(FileRef.from_record(r) for r in clean)
     return replace(msg, **changed) if changed else msg
 
 
@@ -82,6 +89,9 @@ class InboundMessage:
     reply_to: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     classified: Classified | None = None
+    # Files named but not fetched yet (bot.media): the channel fetches them before the turn
+    # runs, into ``media`` (or a note in ``text`` for each one it could not).
+    files: tuple[FileRef, ...] = ()
 
     @property
     def session_key(self) -> str:
@@ -204,6 +214,7 @@ class MessageBus:
         self._intake: IntakeHook | None = None
         self._stream: StreamListener | None = None
         self._owner_chats: OwnerChats | None = None
+        self._fetch_media: MediaFetcher | None = None
         # Channels (by name) that show answers as they are written: their turns stream.
         self.streaming: set[str] = set()
         # How each channel (by name) writes commands, for its /help (default: "/name").
@@ -242,6 +253,22 @@ class MessageBus:
         """Who knows where the owner can be asked (the channel manager: the channels know
         their admins' private chats; the core does not)."""
         self._owner_chats = finder
+
+    def on_fetch_media(self, fetcher: MediaFetcher | None) -> None:
+        """Who fetches the files a message names (the channel manager: each message's own
+        channel does, ``Channel.fetch_media``)."""
+        self._fetch_media = fetcher
+
+    async def fetch_media(self, msg: InboundMessage) -> InboundMessage:
+        """``msg`` with the files it names fetched (``bot.media.with_fetched``); ``msg`` itself
+        when it names none. Never raises for a file: one that cannot be had is a note."""
+        if not msg.files:
+            return msg
+        if self._fetch_media is None:
+            results = not_fetched(msg.files, f"no {msg.channel} channel is running here")
+        else:
+            results = await self._fetch_media(msg)
+        return with_fetched(msg, results)
 
     async def owner_chats(self, channel: str, chat_id: str) -> list[tuple[str, str]]:
         """The admins' private chats to ask an unattended turn's question in, preferring

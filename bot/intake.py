@@ -18,6 +18,7 @@ from typing import Any
 from bot import failpoints
 from bot.bus import InboundMessage, Intake
 from bot.kinds import Classified, classify, no_more_than
+from bot.media import FileRef
 from bot.session import SessionStore, now_iso, transitions
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class DurableIntake:
 
 def pending_entry(msg: InboundMessage) -> dict[str, Any]:
     """The on-disk form of a pending turn (the inverse of ``inbound_from_pending``)."""
-    return {
+    entry: dict[str, Any] = {
         "id": msg.message_id,
         "sender_id": msg.sender_id,
         "text": msg.text,
@@ -75,6 +76,9 @@ def pending_entry(msg: InboundMessage) -> dict[str, Any]:
         # The turn resumed after a crash is of the kind it was accepted as.
         "kind": msg.classification.record(),
     }
+    if msg.files:  # fetched by the channel when the turn runs (bot.media)
+        entry["files"] = [f.record() for f in msg.files]
+    return entry
 
 
 def inbound_from_pending(key: str, p: Mapping[str, Any]) -> InboundMessage:
@@ -90,6 +94,7 @@ def inbound_from_pending(key: str, p: Mapping[str, Any]) -> InboundMessage:
         message_id=p["id"],
         reply_to=p.get("reply_to"),
         metadata=dict(p.get("metadata") or {}),
+        files=tuple(FileRef.from_record(f) for f in p.get("files") or ()),
     )
     fresh = classify(msg)
     stored = Classified.from_record(p.get("kind"))

@@ -6,6 +6,7 @@ outbound message, whatever happens to its turn: an answer, an error message, or 
 
 The walk of a message (DESIGN.md sections 1 and 5): ``bot.intake`` makes it a durable pending
 turn before the platform is told it arrived; ``dispatch`` queues it on its session; the worker
+has the message's channel fetch the files it names, if any (``bot.media``), then
 takes a slot and runs it with ``bot.turn`` (checkpoints, the one final answer through the
 delivery ledger); ``bot.recovery`` turns whatever a crash left into resumed turns at start.
 This module keeps what is between them: order and concurrency, chat commands, ``/stop``,
@@ -19,7 +20,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from bot.delivery import DeliveryLedger
 from bot.intake import DurableIntake
 from bot.kinds import TurnKind
 from bot.llm import LLMUnavailable
+from bot.media import not_fetched, with_fetched
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import Dream, budget_lines
 from bot.outage import NOTICE_TEXT, Outage, wall_seconds
@@ -72,6 +74,7 @@ class _SessionWork:
     # Set by a turn that every model failed: the worker waits for the model (outside a slot).
     waiting: list[dict[str, Any]] | None = None
     wait: asyncio.Task[bool] | None = None
+    fetch: asyncio.Task[InboundMessage] | None = None  # the files of the next turn, fetched
 
 
 class Background:
@@ -295,10 +298,13 @@ class AgentLoop:
     def stop(self, key: str) -> bool:
         """Cancel the running turn of one chat (``/stop``); other chats are untouched."""
         work = self._work.get(key)
-        if work is not None and work.wait is not None and not work.wait.done():
-            work.stop_requested = True
-            work.wait.cancel()
-            return True
+        # Not a turn yet, but what its chat waits for: the model's return, or its files.
+        for task in (work.wait, work.fetch) if work is not None else ():
+            if task is not None and not task.done():
+                assert work is not None
+                work.stop_requested = True
+                task.cancel()
+                return True
         if work is None or work.turn is None or work.turn.done():
             return False
         work.stop_requested = True
@@ -331,6 +337,14 @@ class AgentLoop:
     async def _work_through(self, key: str, work: _SessionWork) -> None:
         while work.queue and not self._draining:
             job = work.queue.popleft()
+            if job.msg.files:
+                # Outside a slot (a download is no model turn) and in the chat's order.
+                # Cancelled by a shutdown, the turn stays pending with its files named, and
+                # they are fetched at the next start.
+                fetched = await self._with_media(key, work, job)
+                if fetched is None:
+                    continue  # /stop while its files came: answered "Stopped."
+                job = fetched
             if self.outage is not None and self.outage.active and job.turn is None:
                 # The model is known to be down: wait without spending a slot on retries.
                 if job.msg.policy.waits_for_model:
@@ -358,6 +372,42 @@ class AgentLoop:
             if work.waiting is not None:
                 turn, work.waiting = work.waiting, None
                 await self._wait_for_model(key, work, job, turn)
+
+    async def _with_media(self, key: str, work: _SessionWork, job: _Job) -> _Job | None:
+        """``job`` with the files its message names fetched by its channel (``bot.media``).
+        Not for a turn whose user message is already written: a checkpoint's, or one that
+        waited out a model outage, or a command's (no user message at all). None: ``/stop``
+        ended it meanwhile, and it is answered "Stopped." (a download may take minutes)."""
+        msg = job.msg
+        if job.turn is not None or not msg.policy.uses_model:
+            return job
+        if self.store.get(key).state.checkpoint_of(msg.message_id):
+            return job
+        work.stop_requested = False
+        work.turn_sender = msg.sender_id
+        work.fetch = asyncio.create_task(self.bus.fetch_media(msg), name=f"fetch:{key}")
+        try:
+            fetched = await asyncio.shield(work.fetch)
+        except asyncio.CancelledError:
+            if _cancelling() or not work.fetch.done():
+                work.fetch.cancel()  # shutdown: fetched again at the next start
+                raise
+            log.info("fetching files stopped session=%s id=%s", key, msg.message_id)
+            stopped = with_fetched(msg, not_fetched(msg.files, "stopped before it came"))
+            session = self.store.get(key)
+            turn = await self.turns.answerable_turn(session, stopped)
+            await self.turns.finish(session, stopped, turn, STOPPED_TEXT, "stopped")
+            return None
+        finally:
+            work.fetch = None
+        log.info(
+            "files fetched session=%s id=%s saved=%d of %d",
+            key,
+            msg.message_id,
+            len(fetched.media) - len(msg.media),
+            len(msg.files),
+        )
+        return replace(job, msg=fetched)
 
     # -- one turn --------------------------------------------------------------------------
 

@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from bot.bus import MessageBus, OutboundMessage, StreamEvent
+from bot.bus import InboundMessage, MessageBus, OutboundMessage, StreamEvent
 from bot.commands import CommandSyntax
 from bot.gate.question import QuestionView, question_markdown
+from bot.media import Fetched, not_fetched
 from bot.service.logs import redact
 from channels.access import AccessPolicy, question_view
 from channels.errors import FatalChannelError, FeatureUnavailable, PermanentError, SendError
@@ -246,6 +247,15 @@ class Channel(ABC):
             return await asyncio.to_thread(Path(path).read_bytes)
         except OSError as exc:
             raise PermanentError(f"the file {Path(path).name} cannot be read: {exc}") from exc
+
+    async def fetch_media(self, msg: InboundMessage) -> Sequence[Fetched]:
+        """Fetch the files ``msg`` names (``msg.files``, as this channel published them) into
+        the workspace, just before its turn runs; one ``Fetched`` per file, in order. Never
+        raises for a file the platform will not give: that file's ``problem`` says why (the
+        person reads it). Called again for the same message after a crash: a file already
+        saved may be found where it was saved instead of fetched again. Only a channel that
+        publishes ``files`` needs it; the others download before they publish."""
+        return not_fetched(msg.files, f"the {self.name} channel does not fetch files")
 
     async def admin_chats(self) -> list[str]:
         """The chat ids of the admins' private chats, for notices to the owner; [] if the

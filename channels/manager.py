@@ -36,6 +36,7 @@ from collections.abc import Callable
 from bot.bus import (
     Activity,
     AdminNotice,
+    InboundMessage,
     MessageBus,
     Outbound,
     OutboundMessage,
@@ -43,6 +44,7 @@ from bot.bus import (
     TurnActivity,
 )
 from bot.long_answers import LONG_ANSWER_CHARS
+from bot.media import Fetched, not_fetched
 from channels import preview
 from channels.base import Channel
 from channels.delivery import Delivery, Ledger, short_reason
@@ -126,7 +128,10 @@ class ChannelManager:
             bus.command_syntax[channel.name] = channel.command_syntax
         bus.on_stream(self._on_stream)
         bus.on_owner_chats(self.owner_chats)
+        bus.on_fetch_media(self.fetch_media)
         self._background: set[asyncio.Task[None]] = set()
+        # Set once every channel's start returned: a turn recovered at start runs before.
+        self._started = asyncio.Event()
 
     @property
     def chats_in_memory(self) -> int:
@@ -140,11 +145,14 @@ class ChannelManager:
             callback(channels)
 
     async def start(self) -> None:
-        for channel in self.channels.values():
-            try:
-                await channel.start()
-            except FatalChannelError as exc:
-                channel.fail(exc)
+        try:
+            for channel in self.channels.values():
+                try:
+                    await channel.start()
+                except FatalChannelError as exc:
+                    channel.fail(exc)
+        finally:
+            self._started.set()
         self._pump = asyncio.create_task(self._run(), name="outbound")
 
     async def stop(self) -> None:
@@ -395,6 +403,21 @@ class ChannelManager:
         except Exception as exc:
             log.warning("cannot find the admins' chats channel=%s: %s", channel.name, exc)
             return None
+
+    async def fetch_media(self, msg: InboundMessage) -> list[Fetched]:
+        """The files ``msg`` names, fetched by its own channel (``Channel.fetch_media``) once
+        the channels have started; a channel that is not here, or that fails with an error
+        of no kind it knows, gives a reason per file, so the turn runs and says so."""
+        channel = self.channels.get(msg.channel)
+        if channel is None:
+            return not_fetched(msg.files, f"no {msg.channel} channel is running here")
+        await self._started.wait()
+        try:
+            return list(await channel.fetch_media(msg))
+        except Exception as exc:
+            log.exception("fetching files failed session=%s id=%s", msg.session_key, msg.message_id)
+            why = f"the {channel.name} channel failed ({type(exc).__name__})"
+            return not_fetched(msg.files, why)
 
     async def owner_chats(self, channel_name: str, chat_id: str) -> list[tuple[str, str]]:
         """Where an unattended turn's approval question goes: the chat ``chat_id`` itself

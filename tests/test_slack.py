@@ -429,13 +429,39 @@ async def test_files_are_downloaded_with_the_bot_token(tmp_path, llm, slack):
     event = dm("see attached", "1700000016.000100", subtype="file_share", files=files)
     async with Rig(tmp_path, llm, slack) as rig:
         await slack.push_event(event, event_id="F1")
+        # The same message again under another event id (Slack sends a mention as both
+        # app_mention and message; a redelivery after a restart): recognised by its ts.
+        await slack.wait_ack(await slack.push_event(event, event_id="F1b"))
         await slack.wait_posts(1)
+        await quiet()
         saved = rig.cfg.agent.workspace_path / "media" / "slack" / DM / "F01-notes.txt"
+    assert len(slack.posts) == 1 and len(llm.requests) == 1
     assert saved.read_bytes() == b"remember the milk\n"
     assert slack.file_auth == [f"Bearer {BOT_TOKEN}"]  # one download, with the token
     seen = last_user_text(llm.requests[0])
     assert str(saved) in seen
-    assert "huge.bin not saved" in seen and "x.txt not saved" in seen
+    assert "[file huge.bin could not be fetched: larger than 20 MB]" in seen
+    assert "[file x.txt could not be fetched: unexpected file host evil.example]" in seen
+
+
+async def test_a_file_slack_no_longer_has_is_a_note_and_the_chat_goes_on(tmp_path, llm, slack):
+    # Deleted between the message and its turn (the fake answers 404 for a file it does not
+    # hold): the turn runs with a note, and the chat's next message is answered too.
+    gone = {"id": "F04", "name": "gone.txt", "size": 3, "url_private": f"{slack.url}/files/gone"}
+    event = dm("what does it say?", "1700000016.000200", subtype="file_share", files=[gone])
+    async with Rig(tmp_path, llm, slack) as rig:
+        await slack.push_event(event, event_id="F4")
+        await slack.push_event(dm("anyone there?", "1700000016.000300"), event_id="F5")
+        posts = await slack.wait_posts(2)
+        assert rig.pending_ids(DM) == {"1700000016.000200", "1700000016.000300"}
+        await quiet()
+    assert [p.text.splitlines()[0] for p in posts] == [
+        "echo: what does it say?",
+        "echo: anyone there?",
+    ]
+    first = last_user_text(llm.requests[0])
+    assert "[file gone.txt could not be fetched: download failed: HTTP 404]" in first
+    assert rig.stack.store.get(f"slack:{DM}").state.pending == ()
 
 
 # --- connection -------------------------------------------------------------------------------
@@ -555,11 +581,9 @@ async def test_proxy_settings():
 # --- Slack's rules: deadline, commands, threads, disconnects ----------------------------------
 
 
-def inbox_ids(rig: Rig) -> set[str]:
-    path = rig.cfg.agent.state_path / "channels" / "slack.json"
-    if not path.exists():
-        return set()
-    return {e["message_id"] for e in json.loads(path.read_text()).get("inbox") or []}
+def with_files_on_disk(rig: Rig) -> set[str]:
+    """The ids of the DM's pending turns on disk that name files."""
+    return {p["id"] for p in rig.pending_entries(DM) if p.get("files")}
 
 
 async def test_ack_beats_the_deadline_while_a_file_downloads_slowly(tmp_path, llm, slack):
@@ -572,22 +596,27 @@ async def test_ack_beats_the_deadline_while_a_file_downloads_slowly(tmp_path, ll
     file = {"id": "F20", "name": "big.txt", "size": 14, "url_private": url}
     event = dm("read this", ts, subtype="file_share", files=[file])
     async with Rig(tmp_path, llm, slack) as rig:
-        slack.on_ack = lambda _env: inbox_ids(rig)
+        slack.on_ack = lambda _env: with_files_on_disk(rig)
         started = time.monotonic()
         env = await slack.push_event(event, event_id="D1")
         ack = await slack.wait_ack(env)
         assert ack.at - started < slack.ack_deadline, "the ack waited for the download"
-        assert ts in ack.probe, "acknowledged before the message was on disk"
+        assert not ack.late
+        assert ts in ack.probe, "acknowledged before the message and its files were on disk"
+        assert slack.file_auth == [], "the download started before the ack"
         (post,) = await slack.wait_posts(1)
         assert post.text.startswith("echo: read this")
         saved = rig.cfg.agent.workspace_path / "media" / "slack" / DM / "F20-big.txt"
         assert str(saved) in last_user_text(llm.requests[0])
-        assert inbox_ids(rig) == set()  # taken off the inbox once on the bus
+        (entry,) = rig.pending_entries(DM)
+        assert entry["files"] == [{"id": "F20", "name": "big.txt", "size": 14, "url": url}]
+        assert BOT_TOKEN not in rig.session_file(DM).read_text()
+        assert rig.stack.store.get(f"slack:{DM}").state.pending == ()
     assert [d[2] for d in slack.deliveries] == [0]  # never redelivered
     assert saved.read_bytes() == b"slow but here\n"
 
 
-async def test_inbox_is_replayed_after_a_restart(tmp_path, llm, slack):
+async def test_files_not_fetched_before_a_stop_are_fetched_after_the_restart(tmp_path, llm, slack):
     url = slack.add_file("n.txt", b"note\n")
     event = dm(
         "kept",
@@ -598,11 +627,51 @@ async def test_inbox_is_replayed_after_a_restart(tmp_path, llm, slack):
     slack.file_delay = 10.0  # the first process stops before the download finishes
     async with Rig(tmp_path, llm, slack) as rig:
         await slack.wait_ack(await slack.push_event(event, event_id="I1"))
-        assert inbox_ids(rig) == {"1700000021.000100"}
+        await slack._wait(lambda: len(slack.file_auth) == 1, 10)  # downloading now
+    assert with_files_on_disk(rig) == {"1700000021.000100"}
     slack.file_delay = 0.0
-    async with Rig(tmp_path, llm, slack):
+    async with Rig(tmp_path, llm, slack) as rig:
         (post,) = await slack.wait_posts(1)
+        await quiet()
     assert post.text.startswith("echo: kept") and len(llm.requests) == 1
+    saved = rig.cfg.agent.workspace_path / "media" / "slack" / DM / "F21-n.txt"
+    assert str(saved) in last_user_text(llm.requests[0]) and saved.read_bytes() == b"note\n"
+
+
+async def test_an_old_inbox_is_moved_into_the_intake_once(tmp_path, llm, slack):
+    # What an earlier version left in state/channels/slack.json: acknowledged to Slack, its
+    # file not fetched yet. The upgrade answers it once, with its file, and drops the inbox.
+    url = slack.add_file("old.txt", b"from before\n")
+    old = {
+        "event_id": "Ev0OLD",
+        "chat_id": DM,
+        "channel": DM,
+        "thread_ts": None,
+        "user": ALICE,
+        "text": "left in the inbox",
+        "message_id": "1700000027.000100",
+        "is_dm": True,
+        "files": [{"id": "F27", "name": "old.txt", "size": 12, "url_private": url}],
+        "sender_name": "alice",
+        "team": "",
+    }
+    state = tmp_path / "state" / "channels" / "slack.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"inbox": [old], "threads": [f"{CHAN}:1.1"]}))
+    async with Rig(tmp_path, llm, slack) as rig:
+        (post,) = await slack.wait_posts(1)
+        assert json.loads(state.read_text()) == {"threads": [f"{CHAN}:1.1"]}
+    assert post.text.startswith("echo: left in the inbox")
+    saved = rig.cfg.agent.workspace_path / "media" / "slack" / DM / "F27-old.txt"
+    assert str(saved) in last_user_text(llm.requests[0])
+    assert saved.read_bytes() == b"from before\n"
+    # A crash after the move but before slack.json was rewritten: the next start finds the
+    # entry again, and the intake knows the message.
+    state.write_text(json.dumps({"inbox": [old], "threads": [f"{CHAN}:1.1"]}))
+    async with Rig(tmp_path, llm, slack):
+        await quiet()
+        assert json.loads(state.read_text()) == {"threads": [f"{CHAN}:1.1"]}
+    assert len(slack.posts) == 1 and len(llm.requests) == 1
 
 
 async def test_slash_command_and_bang_commands_stop_a_running_answer(tmp_path, llm, slack):

@@ -49,11 +49,23 @@ class MessageRecord(_Strict):
         return self
 
 
+class FileRefRecord(_Strict):
+    """A file a pending turn names, fetched by its channel when the turn runs (bot.media)."""
+
+    id: str
+    name: str = ""
+    size: int | None = None
+    mimetype: str = ""
+    url: str = ""
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
 class PendingEntry(_Strict):
     id: str | None  # required: redeliveries are recognised and turns finished by it
     sender_id: str = ""
     text: str = ""
     media: list[str] = Field(default_factory=list)
+    files: list[FileRefRecord] = Field(default_factory=list)  # not fetched yet
     reply_to: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     received_at: str | None = None

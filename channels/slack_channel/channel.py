@@ -6,11 +6,14 @@ that is not acknowledged within 3 seconds (up to three retries, ``retry_attempt`
 ``event_id``). The app runs with ``process_before_response=True``, so bolt sends the ack only
 after our listener returned, and not at all when it raised. The listener returns once the
 message is durable: a pending turn on disk (``bus.publish_inbound`` said "accepted" or
-"duplicate"), or, for a message with files, an entry in this channel's inbox
-(``state/channels/slack.json``). Downloads take up to two minutes, far past the deadline, so
-they run after the ack, from the inbox entry, and the message reaches the bus when its files are
-saved; a restart replays the inbox. "refused" (memobot is stopping) and unexpected errors raise,
-so nothing is acknowledged and Slack's redelivery brings the message back.
+"duplicate"). Downloads take up to two minutes, far past the deadline, so a message with files
+is accepted naming them (``bot.media.FileRef``: id, name, size, type, URL; never the token) and
+the files are fetched after the ack, when its turn is about to run (``fetch_media``, called by
+the core); a crash in between leaves the pending turn, whose files are fetched at the next
+start. "refused" (memobot is stopping) and unexpected errors raise, so nothing is acknowledged
+and Slack's redelivery brings the message back. Earlier versions kept such messages in an
+inbox of their own in ``state/channels/slack.json``; ``start`` moves what is left there into
+the core's intake, once.
 
 Sessions: a DM is one session (``slack:D0123``), a thread in a DM its own
 (``slack:D0123:1700000000.000100``); in channels every thread is its own session
@@ -51,6 +54,7 @@ from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import CHANNEL_COMMANDS, COMMANDS, CommandSyntax
 from bot.gate.question import QuestionView, fit_question
+from bot.media import Fetched, FileRef
 from bot.proxy import http_proxy, socks_connector
 from bot.workspace import chat_media_dir
 from channels.access import (
@@ -101,6 +105,7 @@ HTTP_TIMEOUT_SECONDS = 30.0
 DOWNLOAD_TIMEOUT_SECONDS = 120.0
 USER_LOOKUP_SECONDS = 3.0
 NAME_WAIT_BEFORE_ACK = 0.5  # of Slack's 3 s ack deadline, at most this for a sender's name
+DOWNLOADS_AT_ONCE = 4  # file downloads in flight, all chats together
 START_WAIT_SECONDS = 5.0  # start() returns by then even if Slack is not reachable yet
 CONNECT_TIMEOUT_SECONDS = 30.0
 CONNECT_BACKOFF_START, CONNECT_BACKOFF_MAX = 1.0, 30.0
@@ -297,6 +302,22 @@ def profile_name(profile: dict[str, Any] | None) -> str:
     return ""
 
 
+def file_refs(files: tuple[SlackFile, ...]) -> tuple[FileRef, ...]:
+    """A message's files as the pending turn names them: what fetching needs (the download
+    URL, the size, whether Slack hosts it), and never the token."""
+    return tuple(
+        FileRef(
+            id=f.id,
+            name=f.name,
+            size=f.size or None,
+            mimetype=f.mimetype,
+            url=f.url_private_download or f.url_private,
+            extra={"mode": f.mode} if f.mode else {},
+        )
+        for f in files
+    )
+
+
 def sender_team(event: SlackEvent, payload: dict[str, Any]) -> str:
     """The workspace of the person who wrote ``event``: ``user_team`` (a Slack Connect channel
     holds people of other workspaces), else the event's or the envelope's team."""
@@ -422,22 +443,8 @@ def _header(request: AsyncBoltRequest, name: str) -> str | None:
     return values[0] if values else None
 
 
-def _incoming_to_dict(inc: Incoming) -> dict[str, Any]:
-    return {
-        "chat_id": inc.chat_id,
-        "channel": inc.channel,
-        "thread_ts": inc.thread_ts,
-        "user": inc.user,
-        "text": inc.text,
-        "message_id": inc.message_id,
-        "is_dm": inc.is_dm,
-        "files": [f.model_dump() for f in inc.files],
-        "sender_name": inc.sender_name,
-        "team": inc.team,
-    }
-
-
 def _incoming_from_dict(entry: dict[str, Any]) -> Incoming:
+    """An entry of the inbox earlier versions kept in ``state/channels/slack.json``."""
     fields = {k: v for k, v in entry.items() if k in Incoming.__dataclass_fields__}
     fields["files"] = tuple(SlackFile.model_validate(f) for f in entry.get("files") or ())
     return Incoming(**fields)
@@ -537,11 +544,14 @@ class SlackChannel(Channel):
         self._http_proxy, self._connector = proxy_settings(cfg.proxy)
         self._store = ChannelState(state_dir, NAME) if state_dir is not None else None
         saved = self._store.load() if self._store else {}
-        # Messages acknowledged to Slack whose files are still being fetched, oldest first.
-        self._inbox: list[dict[str, Any]] = [e for e in saved.get("inbox") or [] if _valid(e)]
+        # Messages an earlier version acknowledged and kept in an inbox of its own, oldest
+        # first: moved into the core's intake at start (``_migrate_inbox``).
+        self._legacy_inbox: list[dict[str, Any]] = [
+            e for e in saved.get("inbox") or [] if _valid(e)
+        ]
         self._threads: OrderedDict[str, None] = OrderedDict.fromkeys(saved.get("threads") or [])
         self._last_thread: dict[tuple[str, str], str] = {}  # (channel, user) -> chat id
-        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._downloads = asyncio.Semaphore(DOWNLOADS_AT_ONCE)
         self._recent: OrderedDict[str, None] = OrderedDict()  # event ids taken or ignored
         self._names: OrderedDict[str, str] = OrderedDict()
         self._names_enabled = True
@@ -588,6 +598,7 @@ class SlackChannel(Channel):
         if self._connector:
             self.web.proxy = None  # the socks connector carries it; no env proxy on top
         self.app = self._build_app(self.web)
+        await self._migrate_inbox()
         self._supervisor = asyncio.create_task(self._connect_forever(), name="slack-connect")
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(START_WAIT_SECONDS):
@@ -604,7 +615,6 @@ class SlackChannel(Channel):
             for t in (
                 self._supervisor,
                 self._watchdog,
-                *self._workers.values(),
                 *self._lookups.values(),
             )
             if t
@@ -612,7 +622,6 @@ class SlackChannel(Channel):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._workers.clear()
         if self._handlers:  # events half-way through intake: let them finish or not ack
             await asyncio.wait(set(self._handlers), timeout=STOP_WAIT_SECONDS)
         await self._close_socket()
@@ -709,7 +718,6 @@ class SlackChannel(Channel):
         client.wss_uri = opened["url"]
         self.socket = client
         await client.connect()
-        self._resume_inbox()
 
     async def _close_socket(self) -> None:
         if self.socket is not None:
@@ -957,80 +965,47 @@ class SlackChannel(Channel):
             while len(self._threads) > THREADS_KEPT:
                 self._threads.popitem(last=False)
             await self._save()
-        if inc.files or any(e["chat_id"] == inc.chat_id for e in self._inbox):
-            return await self._hold(inc, event_id)
-        return await self._publish(inc, event_id, [], [])
+        return await self._publish(inc, event_id)
 
-    async def _hold(self, inc: Incoming, event_id: str) -> Intake:
-        """Keep ``inc`` in the inbox on disk; its files are fetched after the ack.
-
-        Later messages of the same chat queue behind it, so the model sees them in order."""
-        if any(
-            e["chat_id"] == inc.chat_id and e["message_id"] == inc.message_id for e in self._inbox
-        ):
-            return "duplicate"
-        entry = {"event_id": event_id, **_incoming_to_dict(inc)}
-        self._inbox.append(entry)
-        try:
-            await self._save()
-        except OSError:
-            self._inbox.remove(entry)
-            raise
-        self._drain_later(inc.chat_id)
-        return "accepted"
-
-    def _drain_later(self, chat_id: str) -> None:
-        if chat_id not in self._workers:
-            self._workers[chat_id] = asyncio.create_task(
-                self._drain(chat_id), name=f"slack-inbox-{chat_id}"
-            )
-
-    def _resume_inbox(self) -> None:
-        for chat_id in dict.fromkeys(e["chat_id"] for e in self._inbox):
-            log.info("slack: fetching the files of an earlier message chat=%s", chat_id)
-            self._drain_later(chat_id)
-
-    async def _drain(self, chat_id: str) -> None:
-        """Fetch the files of the chat's inbox entries and hand them to the bus, in order."""
-        try:
-            while entry := next((e for e in self._inbox if e["chat_id"] == chat_id), None):
+    async def _migrate_inbox(self) -> None:
+        """Move the messages an earlier version left in its inbox (acknowledged to Slack,
+        files not yet fetched) into the core's intake, in order, then drop the inbox from
+        ``slack.json``. Once: a message already taken (a crash between the two) is a
+        duplicate. A refusal (memobot stopping) keeps the rest for the next start."""
+        if not self._legacy_inbox:
+            return
+        log.info("slack: moving %d message(s) of the old inbox", len(self._legacy_inbox))
+        while self._legacy_inbox:
+            entry = self._legacy_inbox[0]
+            try:
                 inc = _incoming_from_dict(entry)
-                media, notes = await self._download(inc)
-                async with self._chat_lock(chat_id):
-                    verdict = await self._publish(
-                        inc, str(entry["event_id"]), media, notes, USER_LOOKUP_SECONDS
-                    )
-                    if verdict == "refused":
-                        log.warning(
-                            "slack: message %s chat=%s kept in the inbox: memobot is stopping",
-                            inc.message_id,
-                            chat_id,
-                        )
-                        return
-                    self._inbox.remove(entry)
-                    await self._save()
-        except Exception:
-            log.exception("slack: inbox of chat=%s stuck; it is retried at the next start", chat_id)
-        finally:
-            self._workers.pop(chat_id, None)
+            except (TypeError, ValidationError) as exc:
+                log.error(
+                    "slack: old inbox entry of message %s unreadable, dropped: %s",
+                    entry.get("message_id"),
+                    exc,
+                )
+            else:
+                verdict = await self._publish(inc, str(entry["event_id"]), 0.0)
+                if verdict == "refused":
+                    log.warning("slack: old inbox kept for the next start: memobot is stopping")
+                    return
+            self._legacy_inbox.pop(0)
+        await self._save()
 
     async def _publish(
-        self,
-        inc: Incoming,
-        event_id: str,
-        media: list[str],
-        notes: list[str],
-        name_wait: float = NAME_WAIT_BEFORE_ACK,
+        self, inc: Incoming, event_id: str, name_wait: float = NAME_WAIT_BEFORE_ACK
     ) -> Intake | Literal["ignored"]:
-        text = "\n".join([inc.text, *notes]).strip()
-        if not text and not media:
+        """``inc`` on the bus; its files named (``file_refs``), fetched when its turn runs."""
+        text = inc.text.strip()
+        if not text and not inc.files:
             return "ignored"
         msg = InboundMessage(
             NAME,
             inc.chat_id,
             inc.user,
             text,
-            media=tuple(media),
+            files=file_refs(inc.files),
             message_id=inc.message_id,
             metadata={
                 "is_group": not inc.is_dm,
@@ -1051,11 +1026,14 @@ class SlackChannel(Channel):
         return verdict
 
     async def _save(self) -> None:
-        """Inbox and threads to ``state/channels/slack.json`` (fsync'd: an ack depends on it)."""
+        """The threads memobot is in to ``state/channels/slack.json`` (and an old inbox not
+        yet moved into the core's intake)."""
         if self._store is None:
             return
         async with self._save_lock:
-            data = {"inbox": list(self._inbox), "threads": list(self._threads)}
+            data: dict[str, Any] = {"threads": list(self._threads)}
+            if self._legacy_inbox:
+                data["inbox"] = list(self._legacy_inbox)
             await asyncio.to_thread(self._store.save, data)
 
     def _remember(self, event_id: str) -> None:
@@ -1116,36 +1094,46 @@ class SlackChannel(Channel):
 
     # -- files -------------------------------------------------------------------------------
 
-    async def _download(self, inc: Incoming) -> tuple[list[str], list[str]]:
-        """Save the message's files under ``<workspace>/media/slack/<chat>/``.
+    async def fetch_media(self, msg: InboundMessage) -> list[Fetched]:
+        """Save the files ``msg`` names under ``<workspace>/media/slack/<chat>/``, with the
+        bot token (only to Slack's own hosts); called by the core just before the turn runs,
+        long after the ack. A file already saved there (a restart after the download) is
+        not fetched again."""
+        folder = self.workspace / chat_media_dir(NAME, msg.chat_id)
+        return [await self._fetch_file(msg, ref, folder) for ref in msg.files]
 
-        Returns (paths, notes): a note tells the model about each file that was not saved."""
-        paths: list[str] = []
-        notes: list[str] = []
-        folder = self.workspace / chat_media_dir(NAME, inc.chat_id)
-        for f in inc.files:
-            label = f.name or f.id
-            url = f.url_private_download or f.url_private
-            problem = None
-            if f.mode in UNHOSTED_FILE_MODES or not url:
-                problem = "not stored on Slack"
-            elif f.size > MEDIA_MAX_BYTES:
-                problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
-            elif not self._may_send_token(url):
-                problem = f"unexpected file host {urlsplit(url).hostname}"
-            if problem is None:
-                path = folder / f"{safe_file_name(f.id)}-{safe_file_name(label)}"
-                try:
+    async def _fetch_file(self, msg: InboundMessage, ref: FileRef, folder: Path) -> Fetched:
+        url = ref.url
+        problem = None
+        if ref.extra.get("mode") in UNHOSTED_FILE_MODES or not url:
+            problem = "not stored on Slack"
+        elif (ref.size or 0) > MEDIA_MAX_BYTES:
+            problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
+        elif not self._may_send_token(url):
+            problem = f"unexpected file host {urlsplit(url).hostname}"
+        elif self._http is None:
+            problem = "the Slack channel is not started"
+        if problem is None:
+            path = folder / f"{safe_file_name(ref.id)}-{safe_file_name(ref.label)}"
+            try:
+                # The folder is in the workspace, which the model writes: never via a link.
+                if await asyncio.to_thread(workspace_files.is_file, self.workspace, path):
+                    return Fetched(ref, str(path))
+                async with self._downloads:
                     await self._fetch(url, path)
-                    paths.append(str(path))
-                    continue
-                except _TooLarge:
-                    problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
-                except (aiohttp.ClientError, TimeoutError, OSError, _DownloadError) as exc:
-                    problem = f"download failed: {exc}"
-            log.warning("slack: file %s not saved chat=%s: %s", label, inc.chat_id, problem)
-            notes.append(f"[file {label} not saved: {problem}]")
-        return paths, notes
+                return Fetched(ref, str(path))
+            except _TooLarge:
+                problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
+            except (aiohttp.ClientError, TimeoutError, OSError, _DownloadError) as exc:
+                problem = f"download failed: {str(exc) or type(exc).__name__}"
+        log.warning(
+            "slack: file %s not fetched session=%s id=%s: %s",
+            ref.label,
+            msg.session_key,
+            msg.message_id,
+            problem,
+        )
+        return Fetched(ref, None, problem)
 
     def _may_send_token(self, url: str) -> bool:
         """The bot token goes only to Slack's own hosts (or the configured apiUrl's host)."""

@@ -31,15 +31,16 @@ One aiohttp server on 127.0.0.1 serves both sides of the wire:
   update of a live stream, so memobot stops a stream before it edits it.
   ``shown()`` entries carry ``streaming`` and ``appends``.
 * ``/files/<name>``: downloads of registered files, only with the bot token as bearer;
-  ``file_delay`` makes them slow.
+  ``file_delay`` makes them slow; a file it does not hold answers 404 (deleted on Slack).
 * ``/link/``: the Socket Mode WebSocket. It greets with ``hello``; the test pushes
   ``events_api`` envelopes with ``push_event`` (``slash_commands`` with ``push_command``) and the
   server records every ack the client sends back (``acks``), calling ``on_ack`` at the moment
-  each one arrives. An envelope not acknowledged within ``ack_deadline`` seconds (Slack: 3) is
-  delivered again as a new envelope with the same ``event_id``, ``retry_attempt`` 1, 2, 3 and
-  ``retry_reason`` "timeout", as Slack does. ``send_disconnect`` sends a ``disconnect``
-  envelope and closes that connection shortly after. ``push_action`` clicks a Block Kit button
-  of a posted message (an ``interactive`` envelope with a ``block_actions`` payload; only a
+  each one arrives, and marks one that came after the deadline ``late``. An envelope not
+  acknowledged within ``ack_deadline`` seconds (Slack: 3) is delivered again as a new
+  envelope with the same ``event_id``, ``retry_attempt`` 1, 2, 3 and ``retry_reason``
+  "timeout", as Slack does. ``send_disconnect`` sends a ``disconnect`` envelope and closes
+  that connection shortly after. ``push_action`` clicks a Block Kit button of a posted
+  message (an ``interactive`` envelope with a ``block_actions`` payload; only a
   button the message has can be clicked).
 
 Use it as ``async with FakeSlack() as slack:`` and point the channel at ``slack.api_url``.
@@ -74,6 +75,7 @@ class Ack:
     payload: dict[str, Any] | None
     at: float
     probe: Any = None  # what ``on_ack`` returned when this ack arrived
+    late: bool = False  # past the ack deadline: Slack has already delivered it again
 
 
 @dataclass(slots=True)
@@ -123,6 +125,7 @@ class FakeSlack:
         self.file_delay = 0.0
         self.users_delay = 0.0  # a slow users.info
         self.deliveries: list[tuple[str, str, int]] = []  # (envelope id, event id, attempt)
+        self._sent_at: dict[str, float] = {}  # envelope id -> when it was pushed (monotonic)
         self._last_post: dict[str, float] = {}
         self._last_update: dict[str, float] = {}
         self.shown_messages: dict[str, dict[str, Any]] = {}  # ts -> channel, text, edits
@@ -303,6 +306,7 @@ class FakeSlack:
             envelope["retry_attempt"] = attempt
             envelope["retry_reason"] = reason
         self.deliveries.append((envelope_id, event_id, attempt))
+        self._sent_at[envelope_id] = time.monotonic()
         await self.push_raw(envelope)
         if kind == "events_api" and attempt < self.max_retries:
             timer = asyncio.create_task(self._redeliver(envelope_id, payload, event_id, attempt))
@@ -638,6 +642,7 @@ class FakeSlack:
     async def _file(self, request: web.Request) -> web.Response:
         auth = request.headers.get("Authorization")
         self.file_auth.append(auth)
+        await self._notify()  # a test may wait for a download to have begun
         if self.file_delay:
             with contextlib.suppress(TimeoutError):  # a slow download ends when the fake stops
                 await asyncio.wait_for(self._stopping.wait(), self.file_delay)
@@ -673,10 +678,12 @@ class FakeSlack:
                     continue
                 data = json.loads(msg.data)
                 if "envelope_id" in data:
-                    probe = self.on_ack(data["envelope_id"]) if self.on_ack else None
-                    self.acks.append(
-                        Ack(data["envelope_id"], data.get("payload"), time.monotonic(), probe)
-                    )
+                    envelope_id = data["envelope_id"]
+                    probe = self.on_ack(envelope_id) if self.on_ack else None
+                    now = time.monotonic()
+                    sent = self._sent_at.get(envelope_id, now)
+                    late = now - sent > self.ack_deadline
+                    self.acks.append(Ack(envelope_id, data.get("payload"), now, probe, late))
                     await self._notify()
         finally:
             self._sockets.remove(ws)

@@ -19,7 +19,7 @@ from bot.web.server import Panel, login_url
 from tests.helpers import closed_port
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
-PAGES = ("/", "/access")  # every page of a logged-in browser
+PAGES = ("/", "/access", "/approvals", "/schedule")  # every page of a logged-in browser
 PUBLIC_PAGES = ("/login", "/logged-out", "/expired", "/static/panel.css")
 
 
@@ -76,9 +76,19 @@ async def browsing(
     clock: Callable[[], float] = time.time,
     limiter: AttemptLimiter | None = None,
     in_gateway: bool = False,
+    gateway: Any = None,
 ) -> AsyncIterator[Browser]:
-    """A started panel over ``cfg`` and a cookie-keeping client (cookies of 127.0.0.1 too)."""
-    panel = Panel(cfg, config_path, in_gateway=in_gateway, clock=clock, limiter=limiter)
+    """A started panel over ``cfg`` and a cookie-keeping client (cookies of 127.0.0.1 too).
+    ``gateway``: what the panel acts on live (a ``bot.gateway.Gateway``, or a stand-in with
+    its ``stack`` and ``scheduler``); None as under ``memobot web`` alone."""
+    panel = Panel(
+        cfg,
+        config_path,
+        in_gateway=in_gateway or gateway is not None,
+        gateway=gateway,
+        clock=clock,
+        limiter=limiter,
+    )
     assert await panel.start() is None
     try:
         jar = aiohttp.CookieJar(unsafe=True)

@@ -133,7 +133,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
 
     async def save_heartbeat(request: web.Request) -> web.Response:
         data = await request.post()
-        text = str(data.get("text", "")).replace("\r\n", "\n")
+        text = str(data.get("content", "")).replace("\r\n", "\n")
         shown = str(data.get("version", ""))
         workspace = (await panel.config())[0].agent.workspace_path
         notice = await asyncio.to_thread(_write_heartbeat, workspace, text, shown)
@@ -345,7 +345,9 @@ def schedule_data(cfg: Config) -> ScheduleData:
         interval_minutes=cfg.heartbeat.interval_minutes,
         deliver_to=heartbeat.deliver_to(cfg),
         heartbeat_next=(jobs.heartbeat.get("next_run") if jobs else None),
-        shaped_by=Provenance(state, workspace).untrusted(heartbeat.FILE),
+        shaped_by=(
+            Provenance(state, workspace).untrusted(heartbeat.FILE) if workspace.is_dir() else None
+        ),
         tz=_zone(cfg.agent.timezone),
     )
 
@@ -488,9 +490,12 @@ def _job_form(
                     errors,
                     hint="an IANA name such as Europe/Berlin; empty: memobot's",
                 ),
-                tag("span", when_error, class_="field-error", role="alert") if when_error else "",
+                tag("span", when_error, id="f-when-error", class_="field-error", role="alert")
+                if when_error
+                else "",
             ]
         ),
+        aria_describedby="f-when-error" if when_error else None,
     )
     body = join(
         [
@@ -570,7 +575,7 @@ def _heartbeat(data: ScheduleData, csrf: str, now: datetime) -> Html:
         parts.append(tag("p", data.file.problem, class_="banner", role="alert"))
     else:
         area = field(
-            "text",
+            "content",
             heartbeat.FILE,
             data.file.text,
             kind="textarea",

@@ -43,6 +43,10 @@ NEEDS_GATEWAY = (
     "Answering needs the running gateway: the turn that asked waits in it. Start it with "
     "“memobot gateway” (the questions wait again after a restart), or answer in the chat."
 )
+RUNS_ELSEWHERE = (
+    "A gateway runs without this panel (web.enabled is false there): it keeps each chat's "
+    "state itself. Remove the rule while it is stopped, or turn its panel on."
+)
 LABELS = {"once": "Allow once", "deny": "Deny"}
 
 
@@ -131,6 +135,10 @@ def routes(panel: Panel) -> list[web.RouteDef]:
     async def forget(request: web.Request) -> web.Response:
         data = await request.post()
         key, rule = str(data.get("key", "")), str(data.get("rule", ""))
+        if panel.gateway is None and await panel.gateway_running():
+            # A gateway elsewhere holds this chat's state in memory: a write beside it would
+            # be lost to it (and it to the file).
+            return panel.back("/approvals", RUNS_ELSEWHERE)
         sessions = store()
         if key not in await asyncio.to_thread(sessions.keys):
             return panel.back("/approvals", f"There is no chat {key}.")

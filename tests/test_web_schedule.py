@@ -10,6 +10,7 @@ import asyncio
 import html
 import logging
 import re
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 from bot.config import load_config
 from bot.cron import commands
 from bot.cron.runs import RunLog
-from bot.cron.schedule import Schedule
+from bot.cron.schedule import Schedule, from_iso, to_iso
 from bot.cron.scheduler import Scheduler
 from bot.cron.store import JobStore, new_job
 from tests.helpers import Harness, write_config
@@ -261,3 +262,40 @@ async def test_run_now_without_the_gateway_says_it_needs_it(tmp_path):
         _, page, _ = await browser.get("/schedule")
         assert "Run now needs the running gateway" in page
         assert JobStore(cfg.agent.state_path).load().jobs[0].firing is None
+
+
+MANUAL = "cron:{}:now-resubmitted"
+
+
+async def test_a_run_now_recorded_before_a_crash_fires_once_at_the_next_start(tmp_path):
+    # The gateway died between recording the occurrence and handing it over: the next
+    # start's first tick hands the same occurrence over, and the schedule stays as it was.
+    cfg, config = _config(tmp_path)
+    job_id = _reminder(cfg, "after the crash")
+    store = JobStore(cfg.agent.state_path)
+
+    def recorded(jobs: Any) -> str | None:
+        job = jobs.get(job_id)
+        # "Run now" a while after the job was made: its time is not on the job's grid.
+        due = to_iso(from_iso(job.created_at) + timedelta(seconds=1234))
+        job.firing = {"due": due, "message_id": MANUAL.format(job_id), "manual": True}
+        return job.next_run
+
+    next_run = store.update(recorded)
+    async with Harness(cfg, config, channels=("telegram",)) as harness:
+        stack = harness.stack
+        scheduler = Scheduler(cfg, store, stack.bus, stack.store, {"telegram"})
+        for _ in range(3):
+            await scheduler.tick()
+        for _ in range(200):
+            if any(m.final for m in harness.outbox):
+                break
+            await asyncio.sleep(0.02)
+        assert [m.text for m in harness.outbox if m.final] == ["after the crash"]
+        [job] = store.load().jobs
+        assert job.firing is None and job.next_run == next_run
+        assert job.last_message_id == MANUAL.format(job_id)
+        # The same request sent again after the restart: refused, nothing more.
+        said = await scheduler.run_now(job_id, "resubmitted")
+        assert "already run for this request" in said
+        assert len([m for m in harness.outbox if m.final]) == 1

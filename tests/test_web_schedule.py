@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 import pytest
 
 from bot.config import load_config
@@ -45,6 +46,14 @@ def cron_list(cfg: Any, capsys: pytest.CaptureFixture[str]) -> str:
     capsys.readouterr()
     assert commands.run(argparse.Namespace(cron_command="list", all=True), cfg) == 0
     return capsys.readouterr().out
+
+
+def multipart(fields: dict[str, str]) -> Any:
+    """``fields`` sent as the heartbeat's form sends them (multipart/form-data)."""
+    data = aiohttp.FormData()
+    for name, value in fields.items():
+        data.add_field(name, value, content_type="text/plain")
+    return data
 
 
 async def _add(browser: Browser, **fields: str) -> tuple[int, str]:
@@ -174,7 +183,7 @@ async def test_heartbeat_edits_go_through_the_workspace_door_and_a_planted_link_
         version = re.search(r'name="version" value="([0-9a-f]+)"', page)
         assert version and "- [ ] old task" in page
         form = {"csrf": csrf, "content": "- [ ] water\r\n- [x] done\r\n", "version": version[1]}
-        status, _, _ = await browser.post("/schedule/heartbeat", form)
+        status, _, _ = await browser.post("/schedule/heartbeat", multipart(form))
         assert status == 303 and beat.read_text() == "- [ ] water\n- [x] done\n"
         assert "HEARTBEAT.md edited by web" in caplog.text
         # Sent again (or the model changed it meanwhile): not the version shown, not saved.

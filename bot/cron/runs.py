@@ -9,8 +9,8 @@ its outcome (ok, failed, stopped; a heartbeat's "nothing to tell" is ok). A line
 
 It is a record for people, not a source of truth: nothing decides anything from it (the
 exactly-once guarantee lives in the job store and intake), so it is appended without fsync,
-and an unreadable line is skipped. It holds at most ``KEEP`` lines after each trim (it is
-cut back to ``KEEP`` when it passes about twice that, under its own lock).
+and an unreadable line is skipped. It stays small: past ``TRIM_BYTES`` it is cut back to its
+last ``KEEP`` lines (under its own lock).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from bot.private import make_private_dirs, replace_durably
 log = logging.getLogger(__name__)
 
 FILE = "runs.jsonl"
-KEEP = 200  # runs kept; the panel shows the most recent ones
+KEEP = 200  # lines kept at a trim; the panel shows the most recent runs
+TRIM_BYTES = 100 * 1024
 SHOWN = 30
 
 
@@ -63,11 +64,15 @@ class RunLog:
         try:
             make_private_dirs(self.folder)
             with durable.exclusive(self.lock_path):
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                with os.fdopen(fd, "a", encoding="utf-8") as fh:
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+                with os.fdopen(fd, "a+", encoding="utf-8") as fh:
+                    end = os.fstat(fd).st_size
+                    if end and os.pread(fd, 1, end - 1) != b"\n":
+                        text = "\n" + text  # after a torn line: that one stays on its own
                     fh.write(text)
-                    size = fh.tell()
-                if size > KEEP * 2 * 300:  # about twice KEEP lines: cut back
+                    fh.flush()
+                    size = os.fstat(fd).st_size
+                if size > TRIM_BYTES:
                     self._trim()
         except OSError as exc:
             log.warning("cron: cannot write the run log %s: %s", self.path, exc)

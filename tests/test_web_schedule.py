@@ -308,3 +308,34 @@ async def test_a_run_now_recorded_before_a_crash_fires_once_at_the_next_start(tm
         said = await scheduler.run_now(job_id, "resubmitted")
         assert "already run for this request" in said
         assert len([m for m in harness.outbox if m.final]) == 1
+
+
+async def test_a_job_a_group_member_made_stays_theirs_until_its_message_is_rewritten(tmp_path):
+    from datetime import UTC, datetime
+
+    cfg, config = _config(tmp_path)
+    store = JobStore(cfg.agent.state_path)
+    hourly = Schedule.make(every_seconds=3600, tz="UTC")
+    job_id = store.update(
+        lambda jobs: (
+            new_job(
+                jobs,
+                session="telegram:-100123",
+                message="post a summary of the chat",
+                schedule=hourly,
+                now=datetime.now(UTC),
+            ).id
+        )
+    )
+    async with browsing(cfg, config) as browser:
+        await browser.login()
+        csrf = await browser.csrf("/schedule")
+        form = {"csrf": csrf, "session": "telegram:-100123", "every": "7200"}
+        await browser.post(
+            f"/schedule/job/{job_id}", {**form, "message": "post a summary of the chat"}
+        )
+        [job] = store.load().jobs
+        assert job.schedule.every_seconds == 7200 and not job.by_admin  # still narrowed
+        await browser.post(f"/schedule/job/{job_id}", {**form, "message": "say good morning"})
+        [job] = store.load().jobs
+        assert job.by_admin and job.message == "say good morning"

@@ -95,8 +95,6 @@ def job_schedule(
             at=at, every_seconds=every_seconds, cron_expr=cron_expr, tz=tz_name
         )
         schedule.first_run(now)  # an "at" in the past could never fire
-    except FieldError:
-        raise
     except ScheduleError as exc:
         raise FieldError(field, str(exc)) from None
     refused = too_often(schedule, text, force)
@@ -269,20 +267,26 @@ def edit_job(
     text: bool,
     now: datetime,
 ) -> Job | None:
-    """Job ``job_id`` changed in place (same id) as the operator's, its next run counted
-    again from ``now``; None when there is no such job. JobBusy while an occurrence of it
-    is being handed over (the scheduler recorded it and is about to move the job on)."""
+    """Job ``job_id`` changed in place (same id), its next run counted again from ``now``;
+    None when there is no such job. JobBusy while an occurrence of it is being handed over
+    (the scheduler recorded it and is about to move the job on).
+
+    Rights follow provenance: a job a non-admin made stays theirs (its turns narrowed) when
+    only its schedule, chat or kind change; the operator who rewrites its message makes it
+    the operator's."""
     job = jobs.get(job_id)
     if job is None:
         return None
     if job.firing:
         raise JobBusy(f"job {job_id} is being run this moment; try again in a few seconds")
+    owned = job.by_admin or message != job.message
     job.session = session
     job.message = message
     job.schedule = schedule
     job.deliver = "text" if text else "agent"
-    job.by_admin = True
-    job.is_group = not private_chat(session)
+    job.by_admin = owned
+    # A non-admin's job runs as a group member's whatever its chat (scheduler.job_message).
+    job.is_group = not private_chat(session) if owned else True
     job.next_run = to_iso(schedule.first_run(now))
     return job
 

@@ -189,7 +189,8 @@ class Scheduler:
             return "That request is not valid; reload the page and try again."
         message_id = f"cron:{job_id}:now-{token}"
         async with self._ticking:
-            await self._refresh()
+            if not await self._refresh():
+                return f"The job store cannot be read now ({self.store.path}); see the log."
             current = self._jobs.get(job_id)
             if current is None:
                 return f"There is no job {job_id} (any more)."

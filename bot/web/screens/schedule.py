@@ -128,14 +128,15 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         gateway = panel.gateway
         if gateway is None:
             return panel.back("/schedule", NEEDS_GATEWAY)
-        log.info("cron job %s run now by web", job_id)
-        return panel.back("/schedule", await gateway.scheduler.run_now(job_id, token))
+        said = await gateway.scheduler.run_now(job_id, token)
+        log.info("cron job %s run now by web: %s", job_id, said)
+        return panel.back("/schedule", said)
 
     async def save_heartbeat(request: web.Request) -> web.Response:
         data = await request.post()
         text = str(data.get("content", "")).replace("\r\n", "\n")
         shown = str(data.get("version", ""))
-        workspace = (await panel.config())[0].agent.workspace_path
+        workspace = panel.cfg.agent.workspace_path
         notice = await asyncio.to_thread(_write_heartbeat, workspace, text, shown)
         if notice is not None:
             return panel.back("/schedule#heartbeat", notice)
@@ -325,11 +326,13 @@ class ScheduleData:
     tz: ZoneInfo  # agent.timezone, the heartbeat's
 
 
-def schedule_data(cfg: Config) -> ScheduleData:
+def schedule_data(cfg: Config, workspace: Path) -> ScheduleData:
+    """What the page shows. ``workspace``: the one this process started with (the running
+    gateway's heartbeat reads that one until a restart)."""
     from bot.provenance import Provenance
     from bot.session import SessionStore
 
-    state, workspace = cfg.agent.state_path, cfg.agent.workspace_path
+    state = cfg.agent.state_path
     problem = ""
     try:
         jobs = JobStore(state).load()
@@ -367,7 +370,7 @@ async def _page(
     status: int = 200,
 ) -> web.Response:
     cfg, problem = await panel.config()
-    data = await asyncio.to_thread(schedule_data, cfg)
+    data = await asyncio.to_thread(schedule_data, cfg, panel.cfg.agent.workspace_path)
     frame = panel.frame(request, await panel.gateway_running())
     body = schedule_page(data, frame, form_data, errors, panel.gateway is not None, problem)
     return page_response(body, status)
@@ -382,7 +385,7 @@ async def _edit_page(
     status: int = 200,
 ) -> web.Response:
     cfg, _ = await panel.config()
-    data = await asyncio.to_thread(schedule_data, cfg)
+    data = await asyncio.to_thread(schedule_data, cfg, panel.cfg.agent.workspace_path)
     frame = panel.frame(request, await panel.gateway_running())
     body = join(
         [

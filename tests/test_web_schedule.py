@@ -83,6 +83,7 @@ async def test_jobs_added_edited_and_removed_in_the_panel_are_the_command_lines(
         assert job.id in listed and "every 1 h" in listed and "water <the> plants" in listed
         _, page, _ = await browser.get("/schedule")
         assert f"Job {job.id} added" in page
+        assert "Channel telegram is not enabled" in page  # as `memobot cron add` warns
         assert "water &lt;the&gt; plants" in page and "water <the>" not in page
         assert f"cron job {job.id} added by web session={CHAT}" in caplog.text
 

@@ -79,7 +79,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         except (OSError, ValueError) as exc:
             return panel.back("/schedule", f"Cannot use the job store: {exc}")
         log.info("cron job %s added by web session=%s (%s)", job.id, job.session, _what(job))
-        return panel.back("/schedule", f"Job {job.id} added: {_what(job)}.{_waits(cfg, job)}")
+        notes = await asyncio.to_thread(_notes, cfg, job)
+        return panel.back("/schedule", f"Job {job.id} added: {_what(job)}.{notes}")
 
     async def edit_page(request: web.Request) -> web.Response:
         job_id = request.match_info["job_id"]
@@ -109,7 +110,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         if job is None:
             return panel.back("/schedule", f"There is no job {job_id} (any more).")
         log.info("cron job %s edited by web session=%s (%s)", job.id, job.session, _what(job))
-        return panel.back("/schedule", f"Job {job.id} changed: {_what(job)}.{_waits(cfg, job)}")
+        notes = await asyncio.to_thread(_notes, cfg, job)
+        return panel.back("/schedule", f"Job {job.id} changed: {_what(job)}.{notes}")
 
     async def remove(request: web.Request) -> web.Response:
         job_id = str((await request.post()).get("job_id", ""))
@@ -217,15 +219,23 @@ def _what(job: Job) -> str:
     return f"{kind} for {job.session}, {job.schedule.describe()}"
 
 
-def _waits(cfg: Config, job: Job) -> str:
+def _notes(cfg: Config, job: Job) -> str:
+    """What the person should know about where the job goes (as ``cron add`` warns)."""
+    from bot.session import SessionStore
+
     channel = job.session.partition(":")[0]
     section = getattr(cfg.channels, channel, None)
-    if section is not None and section.enabled:
-        return ""
-    return (
-        f" Channel {channel} is not enabled (channels.{channel}.enabled): the job waits, and "
-        f"runs once the gateway starts with {channel} on."
-    )
+    if section is None or not section.enabled:
+        return (
+            f" Channel {channel} is not enabled (channels.{channel}.enabled): the job waits, "
+            f"and runs once the gateway starts with {channel} on."
+        )
+    if job.session not in SessionStore(cfg.agent.state_path).keys():
+        return (
+            f" memobot has not talked in {job.session} yet: check the id (on Telegram a bot "
+            "may write only to people who wrote to it first)."
+        )
+    return ""
 
 
 # -- HEARTBEAT.md --------------------------------------------------------------------------------

@@ -170,4 +170,4 @@ async def test_without_the_gateway_questions_are_shown_but_not_answered(tmp_path
         csrf = await browser.csrf("/approvals")
         form = {"csrf": csrf, "key": KEY, "id": "ap-000000000000", "choice": "once"}
         await browser.post("/approvals/answer", {**form, "token": "a" * 16})
-        assert "Answering needs the running gateway" in await notice(browser)
+        assert "Answering needs the gateway" in await notice(browser)

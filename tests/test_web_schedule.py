@@ -266,11 +266,11 @@ async def test_run_now_without_the_gateway_says_it_needs_it(tmp_path):
     async with browsing(cfg, config) as browser:
         await browser.login()
         _, page, _ = await browser.get("/schedule")
-        assert "Run now needs the running gateway" in page and RUN_FORM.search(page) is None
+        assert "Run now needs the gateway" in page and RUN_FORM.search(page) is None
         form = {"csrf": await browser.csrf("/schedule"), "job_id": job_id, "token": "a" * 16}
         await browser.post("/schedule/run", form)
         _, page, _ = await browser.get("/schedule")
-        assert "Run now needs the running gateway" in page
+        assert "Run now needs the gateway" in page
         assert JobStore(cfg.agent.state_path).load().jobs[0].firing is None
 
 

@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 NAV = ("/approvals", "Approvals")
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 NEEDS_GATEWAY = (
-    "Answering needs the running gateway: the turn that asked waits in it. Start it with "
-    "“memobot gateway” (the questions wait again after a restart), or answer in the chat."
+    "Answering needs the gateway the turn that asked waits in, and this panel is not served by "
+    "a gateway: start it with “memobot gateway” (with web.enabled; the questions wait again "
+    "after a restart), or answer in the chat."
 )
 RUNS_ELSEWHERE = (
     "A gateway runs without this panel (web.enabled is false there): it keeps each chat's "

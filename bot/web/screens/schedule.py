@@ -54,8 +54,8 @@ log = logging.getLogger(__name__)
 NAV = ("/schedule", "Schedule")
 MAX_HEARTBEAT_BYTES = 48 * 1024  # edited in one form (the panel takes 64 KiB a request)
 NEEDS_GATEWAY = (
-    "Run now needs the running gateway (its scheduler fires the job): start it with "
-    "“memobot gateway”, or wait for the job's next run."
+    "Run now needs the gateway's scheduler, and this panel is not served by a gateway: start "
+    "it with “memobot gateway” (with web.enabled), or wait for the job's next run."
 )
 
 

@@ -396,21 +396,56 @@ class ApprovalDesk:
             return f"Only {who} may answer this approval."
         if choice == SHOW:
             return self._whole_text(session, record)
-        if time.time() >= float(record["deadline"]):
-            outcome = "timeout"
-        else:
-            outcome = choice
-        decide = transitions.decide_approval(
-            approval_id, outcome, by=msg.sender_id, press=msg.message_id or ""
+        where = "this chat" if session.key == msg.session_key else f"{session.key}'s turns"
+        return await self._decide(
+            session, record, choice, msg.sender_id, msg.message_id or "", where
         )
+
+    async def answer_as_owner(
+        self, key: str, approval_id: str, choice: str, by: str, press: str
+    ) -> str | None:
+        """The owner's answer given outside the chats (the control panel): the same record,
+        the same first-writer-wins decision and the same waiting turn as a button press, for
+        any waiting question of session ``key`` (the owner may answer every one). ``press``
+        names the request: the same one again returns None (recorded already). The chats the
+        question was shown in are told that it was answered, and how."""
+        if choice not in CHOICES:
+            return "That is not an answer to an approval."
+        session = self.store.get(key)
+        record = session.state.open_approval
+        if record is None or record.get("id") != approval_id or record["state"] != WAITING:
+            return self._late(session.state, approval_id, press, record)
+        shown_in = [(str(c[0]), str(c[1])) for c in record.get("asked_in") or []]
+        if not record.get("owner"):
+            shown_in = [(key.partition(":")[0], key.partition(":")[2])]
+        reply = await self._decide(session, record, choice, by, press, f"{key}'s turns")
+        if reply not in (None, EXPIRED, ANSWERED, STOPPED):
+            for channel, chat_id in shown_in:
+                note = f"Approval {approval_id} was answered in the control panel: {reply}"
+                await self.bus.publish_outbound(OutboundMessage(channel, chat_id, note))
+        return reply
+
+    async def _decide(
+        self,
+        session: Session,
+        record: Entry,
+        choice: str,
+        by: str,
+        press: str,
+        where: str,
+    ) -> str | None:
+        """Record ``choice`` for the waiting ``record`` (first writer wins: a press, the
+        timeout, /stop, the panel) and let its turn go on; the reply for whoever answered."""
+        approval_id = str(record["id"])
+        outcome = "timeout" if time.time() >= float(record["deadline"]) else choice
+        decide = transitions.decide_approval(approval_id, outcome, by=by, press=press)
         if not await self.store.apply_async(session, decide):
-            return self._late(session.state, approval_id, msg.message_id, None)
+            return self._late(session.state, approval_id, press, None)
         waiter = self._waiting.get(approval_id)
         if waiter is not None and not waiter.done():
             waiter.set_result(outcome)
         if outcome == "timeout":
             return EXPIRED
-        where = "this chat" if session.key == msg.session_key else f"{session.key}'s turns"
         return PRESS_REPLIES[outcome].format(where=where)
 
     def _whole_text(self, session: Session, record: dict[str, Any]) -> str:

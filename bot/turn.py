@@ -24,6 +24,7 @@ from bot.bus import Activity, InboundMessage, MessageBus, OutboundMessage, TurnA
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.cron import heartbeat
+from bot.cron.runs import RunLog
 from bot.delivery import DELIVERY_KEY, LEDGER_SESSION_KEY, outbox_entry
 from bot.gate import Gate, ProcessScope
 from bot.gate.effects import Effects
@@ -62,6 +63,7 @@ FAILED_TEXT = "Something went wrong while answering; see the logs."
 # reached or refused, or the turn crashed) or "stopped" (/stop, Ctrl-C).
 OUTCOME_KEY = "outcome"
 Outcome = Literal["ok", "failed", "stopped"]
+SCHEDULED = frozenset({TurnKind.JOB, TurnKind.REMINDER, TurnKind.HEARTBEAT})  # in the run log
 # A final_response checkpoint's file holding the whole answer, when it was too long for a chat.
 ANSWER_FILE_KEY = "answer_file"
 AUDIO_SUFFIXES = frozenset({".ogg", ".oga", ".opus", ".mp3", ".m4a", ".wav", ".webm", ".flac"})
@@ -104,6 +106,7 @@ class Turns:
         # Asks, waits for and records the answers to approval questions (tools.approval).
         self.approvals = approvals
         self.provenance = Provenance(cfg.agent.state_path, cfg.agent.workspace_path)
+        self.runs = RunLog(cfg.agent.state_path)  # how scheduled turns ended (the panel)
         # When each session last finished a turn (the idle compactor's clock).
         self.last_active: dict[str, float] = {}
         # (registry version, estimate): recounted only when MCP servers change the tools.
@@ -447,6 +450,11 @@ class Turns:
             )
         self.last_active[msg.session_key] = time.monotonic()
         self.consolidator.schedule(msg.session_key)
+        if msg.kind in SCHEDULED and msg.message_id:
+            told = " (nothing to tell)" if out is None and outcome == "ok" else ""
+            await asyncio.to_thread(
+                self.runs.append, "finished", msg.message_id, outcome=outcome + told
+            )
 
     async def announce_once(self, channel: str, chat_id: str, text: str, marker: str) -> bool:
         """A permanent message outside any turn (a pairing approval), exactly once: its

@@ -450,3 +450,31 @@ async def test_a_heartbeat_told_to_deliver_to_a_channel_not_running_warns(
         await stack.close()
     [warning] = [r.getMessage() for r in caplog.records]
     assert "heartbeat.deliverTo is discord:5" in warning and "channels.discord" in warning
+
+
+def test_the_run_log_pairs_runs_with_their_outcome_and_stays_small(tmp_path, monkeypatch):
+    from bot.cron import runs
+
+    log = runs.RunLog(tmp_path)
+    log.append("fired", "cron:a:1", job="a", session="telegram:1", intake="accepted")
+    log.append("fired", "cron:b:now-x", job="b", session="telegram:2", manual=True)
+    log.append("skipped", "cron:c:1", job="c", session="telegram:3")
+    log.append("finished", "cron:a:1", outcome="failed")
+    log.append("finished", "cron:unknown", outcome="ok")  # its start was trimmed away
+    with open(log.path, "a", encoding="utf-8") as fh:
+        fh.write('{"torn": ')  # a crash in the middle of a line: skipped when read
+    log.append("fired", "cron:e:1", job="e", session="telegram:5")
+    shown = {r.id: (r.job, r.manual, r.outcome) for r in log.recent()}
+    assert shown == {
+        "cron:a:1": ("a", False, "failed"),
+        "cron:b:now-x": ("b", True, "running"),
+        "cron:c:1": ("c", False, "skipped (late)"),
+        "cron:e:1": ("e", False, "running"),  # the line after a torn one is whole
+    }
+    monkeypatch.setattr(runs, "TRIM_BYTES", 2000)
+    for i in range(300):
+        log.append("fired", f"cron:d:{i}", job="d", session="telegram:4")
+    lines = log.path.read_text().splitlines()
+    assert len(lines) <= runs.KEEP and lines[-1].endswith('"session": "telegram:4"}')
+    assert [r.id for r in log.recent(2)] == ["cron:d:299", "cron:d:298"]
+    assert all(json.loads(line) for line in lines)  # the torn line gone with the trim

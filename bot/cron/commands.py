@@ -18,16 +18,19 @@ from bot.cron.schedule import (
     ScheduleError,
     describe_moment,
     describe_period,
+    to_iso,
     zone,
 )
 from bot.cron.store import Job, Jobs, JobStore, new_job
 from bot.file_errors import file_problem
 
 
-def _session_key(raw: str) -> str:
+def session_problem(raw: str) -> str | None:
+    """Why ``raw`` cannot be a job's chat (a session key of one of the gateway's channels),
+    or None. The command line and the panel refuse the same keys with the same words."""
     channel, sep, chat = raw.partition(":")
     if not (sep and channel and chat.strip()):
-        raise argparse.ArgumentTypeError(f"{raw!r}: expected a session key such as telegram:123")
+        return f"{raw!r}: expected a session key such as telegram:123"
     from channels.registry import specs
 
     # Jobs run in the gateway's channels (the configured ones): a job for any other would
@@ -39,11 +42,65 @@ def _session_key(raw: str) -> str:
             if channel in specs()
             else f"memobot has no channel {channel!r}"
         )
-        raise argparse.ArgumentTypeError(
+        return (
             f"{raw!r}: {what}; jobs run in the gateway's channels: {', '.join(known)} "
             "(e.g. telegram:123)"
         )
+    return None
+
+
+def _session_key(raw: str) -> str:
+    problem = session_problem(raw)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return raw
+
+
+class FieldError(ScheduleError):
+    """A job's input refused, with the field it is about (``at``, ``every``, ``cron``,
+    ``tz``, ``when`` for the choice between them, ``session``, ``message``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class TooOften(FieldError):
+    """An agent job repeating faster than once a minute, without --force."""
+
+
+def job_schedule(
+    cfg: Config,
+    *,
+    at: str | None,
+    every_seconds: int | None,
+    cron_expr: str | None,
+    tz: str | None,
+    text: bool,
+    force: bool,
+    now: datetime,
+) -> Schedule:
+    """The schedule of a new (or edited) job, checked as ``memobot cron add`` checks it:
+    FieldError naming the field at fault (TooOften for a too frequent agent job)."""
+    tz_name = tz or cfg.agent.timezone or zone("").key
+    try:
+        zone(tz_name)
+    except ScheduleError as exc:
+        raise FieldError("tz", str(exc)) from None
+    options = (("at", at), ("every", every_seconds), ("cron", cron_expr))
+    given = [f for f, v in options if v not in (None, "")]
+    field = given[0] if len(given) == 1 else "when"
+    try:
+        schedule = Schedule.make(
+            at=at, every_seconds=every_seconds, cron_expr=cron_expr, tz=tz_name
+        )
+        schedule.first_run(now)  # an "at" in the past could never fire
+    except ScheduleError as exc:
+        raise FieldError(field, str(exc)) from None
+    refused = too_often(schedule, text, force)
+    if refused is not None:
+        raise TooOften("every", refused)
+    return schedule
 
 
 def too_often(schedule: Schedule, text: bool, force: bool) -> str | None:
@@ -124,33 +181,35 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
                 print("No scheduled jobs.")
             return 0
         if args.cron_command == "remove":
-            removed = store.update(lambda jobs: _remove(jobs, args.job_id))
+            removed = store.update(lambda jobs: remove_job(jobs, args.job_id))
             if removed is None:
                 print(f"memobot: no job {args.job_id} (memobot cron list)", file=sys.stderr)
                 return 1
             print(f"{removed.id} removed ({removed.session}, {removed.schedule.describe()})")
             return 0
-        schedule = Schedule.make(
-            at=args.at,
-            every_seconds=args.every,
-            cron_expr=args.cron,
-            tz=args.tz or cfg.agent.timezone or zone("").key,
-        )
-        refused = too_often(schedule, args.text, args.force)
-        if refused is not None:
-            print(f"memobot: {refused}", file=sys.stderr)
+        try:
+            schedule = job_schedule(
+                cfg,
+                at=args.at,
+                every_seconds=args.every,
+                cron_expr=args.cron,
+                tz=args.tz,
+                text=args.text,
+                force=args.force,
+                now=now,
+            )
+        except TooOften as exc:
+            print(f"memobot: {exc}", file=sys.stderr)
             return 2
 
         def add(jobs: Jobs) -> Job:
-            return new_job(
+            return owner_job(
                 jobs,
                 session=args.session,
                 message=args.message,
                 schedule=schedule,
+                text=args.text,
                 now=now,
-                deliver="text" if args.text else "agent",
-                by_admin=True,
-                is_group=not private_chat(args.session),
             )
 
         job = store.update(add)
@@ -177,7 +236,62 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
     return 0
 
 
-def _remove(jobs: Jobs, job_id: str) -> Job | None:
+def owner_job(
+    jobs: Jobs, *, session: str, message: str, schedule: Schedule, text: bool, now: datetime
+) -> Job:
+    """A job the operator adds (the command line, the panel): it counts as an admin's; its
+    turns see the owner's memory only in a provably private chat."""
+    return new_job(
+        jobs,
+        session=session,
+        message=message,
+        schedule=schedule,
+        now=now,
+        deliver="text" if text else "agent",
+        by_admin=True,
+        is_group=not private_chat(session),
+    )
+
+
+class JobBusy(ValueError):
+    """The job's occurrence is being handed over right now: it cannot change this moment."""
+
+
+def edit_job(
+    jobs: Jobs,
+    job_id: str,
+    *,
+    session: str,
+    message: str,
+    schedule: Schedule,
+    text: bool,
+    now: datetime,
+) -> Job | None:
+    """Job ``job_id`` changed in place (same id), its next run counted again from ``now``;
+    None when there is no such job. JobBusy while an occurrence of it is being handed over
+    (the scheduler recorded it and is about to move the job on).
+
+    Rights follow provenance: a job a non-admin made stays theirs (its turns narrowed) when
+    only its schedule, chat or kind change; the operator who rewrites its message makes it
+    the operator's."""
+    job = jobs.get(job_id)
+    if job is None:
+        return None
+    if job.firing:
+        raise JobBusy(f"job {job_id} is being run this moment; try again in a few seconds")
+    owned = job.by_admin or message != job.message
+    job.session = session
+    job.message = message
+    job.schedule = schedule
+    job.deliver = "text" if text else "agent"
+    job.by_admin = owned
+    # A non-admin's job runs as a group member's whatever its chat (scheduler.job_message).
+    job.is_group = not private_chat(session) if owned else True
+    job.next_run = to_iso(schedule.first_run(now))
+    return job
+
+
+def remove_job(jobs: Jobs, job_id: str) -> Job | None:
     job = jobs.get(job_id)
     if job is not None:
         jobs.jobs.remove(job)

@@ -16,6 +16,12 @@ goes through the delivery ledger. So an occurrence fires once, never zero times 
 A job whose previous occurrence is still pending in its session waits (never stacks); an
 occurrence more than ``cron.maxLateMinutes`` old is skipped and logged; a recurring job that
 missed several occurrences fires once, marked late, then goes on from now.
+
+"Run now" (the panel) records an extra occurrence the same way, with a message id of its own
+request (``cron:<job>:now-<token>``) and ``manual`` set: it goes through steps 1 to 3 like a
+due one, so a double click or a resubmitted form fires it once, and it leaves the job's
+schedule as it was. Every occurrence handed over or skipped, and how its turn ended, goes to
+the run log (bot.cron.runs), which the panel shows.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -31,6 +38,7 @@ from bot import failpoints, workspace_files
 from bot.bus import InboundMessage, MessageBus
 from bot.config import Config
 from bot.cron import heartbeat
+from bot.cron.runs import RunLog
 from bot.cron.schedule import compact, describe_moment, from_iso, to_iso, zone
 from bot.cron.store import Job, Jobs, JobStore
 from bot.kinds import CRON_KEY, HEARTBEAT_KEY, NARROWED_KEY
@@ -43,6 +51,8 @@ TICK_SECONDS = 1.0
 # An occurrence handed over later than this after its due time is marked late.
 LATE_AFTER = timedelta(seconds=60)
 SENDER = "memobot-scheduler"
+# A "run now" request's token (the panel's form): a resubmitted form names the same one.
+RUN_TOKEN = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 
 
 def utc_now() -> datetime:
@@ -116,6 +126,10 @@ class Scheduler:
         self._earliest: datetime | None = None  # no job can be due before this
         self._told: set[str] = set()  # things logged once (a waiting job, a bad store)
         self._nowhere_seen: datetime | None = None  # the heartbeat with no chat: last look
+        self.runs = RunLog(cfg.agent.state_path)
+        # One tick at a time: "run now" hands its occurrence over between ticks, never beside
+        # one that might publish the same recorded occurrence again.
+        self._ticking = asyncio.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -163,6 +177,60 @@ class Scheduler:
         All occurrences due in one tick are recorded in one store write and moved on in
         another: two fsyncs per tick, however many jobs fire at 09:00.
         """
+        async with self._ticking:
+            await self._tick()
+
+    async def run_now(self, job_id: str, token: str) -> str:
+        """Fire job ``job_id`` once now, outside its schedule, through the same recorded
+        occurrence as a due one (the module's steps 1 to 3). ``token`` names the request: the
+        same token again (a double click, a resubmitted form) fires nothing more. Returns
+        what happened, in words for the person who asked."""
+        if not RUN_TOKEN.match(token):
+            return "That request is not valid; reload the page and try again."
+        message_id = f"cron:{job_id}:now-{token}"
+        async with self._ticking:
+            if not await self._refresh():
+                return f"The job store cannot be read now ({self.store.path}); see the log."
+            current = self._jobs.get(job_id)
+            if current is None:
+                return f"There is no job {job_id} (any more)."
+            if current.session.partition(":")[0] not in self.channels:
+                return (
+                    f"Job {job_id} is for {current.session}, a channel this gateway does not "
+                    "run; it cannot run now."
+                )
+            if current.last_message_id == message_id:
+                return f"Job {job_id} was already run for this request."
+            if await self._pending(current.session, current.last_message_id):
+                return f"Job {job_id}'s previous run is still going; it was not started again."
+            now = self.clock()
+
+            def record(jobs: Jobs) -> tuple[str, Job | None]:
+                job = jobs.get(job_id)
+                if job is None:
+                    return f"There is no job {job_id} (any more).", None
+                if job.firing:
+                    if job.firing.get("message_id") == message_id:
+                        return f"Job {job_id} is being run for this request already.", None
+                    return f"Job {job_id} is being run this moment; try again shortly.", None
+                if job.last_message_id == message_id:
+                    return f"Job {job_id} was already run for this request.", None
+                job.firing = {
+                    "due": to_iso(now),
+                    "message_id": message_id,
+                    "late": False,
+                    "manual": True,
+                }
+                return "", job
+
+            refused, job = await self._update(record)
+            if job is None:
+                return refused
+            failpoints.hit("cron_recorded")
+            await self._hand_over([job])
+        return f"Job {job_id} was started now ({job.session})."
+
+    async def _tick(self) -> None:
         if not await self._refresh():
             return
         now = self.clock()
@@ -288,6 +356,15 @@ class Scheduler:
             if verdict == "refused":
                 continue  # shutting down: still recorded, published again at the next start
             taken[job.id] = job.firing["message_id"]
+            await asyncio.to_thread(
+                self.runs.append,
+                "fired",
+                job.firing["message_id"],
+                job=job.id,
+                session=job.session,
+                intake=verdict,
+                manual=bool(job.firing.get("manual")),
+            )
             log.info(
                 "cron job %s fired session=%s id=%s intake=%s%s",
                 job.id,
@@ -311,6 +388,8 @@ class Scheduler:
                 current.firing = None
                 current.last_message_id = firing["message_id"]
                 current.last_run = to_iso(now)
+                if firing.get("manual"):
+                    continue  # run now: the schedule stays as it was
                 nxt = current.schedule.next_after(due, now)
                 if nxt is None:
                     jobs.jobs.remove(current)  # a one-off: done
@@ -334,6 +413,10 @@ class Scheduler:
 
         await self._update(skipped)
         for job in late:
+            due_id = f"cron:{job.id}:{compact(from_iso(job.next_run or ''))}"
+            await asyncio.to_thread(
+                self.runs.append, "skipped", due_id, job=job.id, session=job.session
+            )
             log.warning(
                 "cron job %s session=%s: the occurrence due %s was missed by %.0f min, more "
                 "than cron.maxLateMinutes (%g); skipped%s",
@@ -463,6 +546,14 @@ class Scheduler:
 
         await self._set_heartbeat(moved_on)
         log.info("heartbeat fired id=%s intake=%s", firing["message_id"], verdict)
+        await asyncio.to_thread(
+            self.runs.append,
+            "fired",
+            firing["message_id"],
+            job="heartbeat",
+            session=heartbeat.SESSION,
+            intake=verdict,
+        )
 
 
 def describe_jobs(jobs: list[Job], now: datetime) -> list[str]:

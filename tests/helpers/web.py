@@ -22,6 +22,8 @@ CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 PAGES = (  # every page of a logged-in browser
     "/",
     "/access",
+    "/approvals",
+    "/schedule",
     "/settings",
     "/settings/llm",
     "/settings/tools",
@@ -104,8 +106,9 @@ async def browsing(
     in_gateway: bool = False,
     gateway: Any = None,
 ) -> AsyncIterator[Browser]:
-    """A started panel over ``cfg`` and a cookie-keeping client (cookies of 127.0.0.1 too);
-    ``gateway``: the running gateway it is part of (a :class:`GatewayInProcess`)."""
+    """A started panel over ``cfg`` and a cookie-keeping client (cookies of 127.0.0.1 too).
+    ``gateway``: what the panel acts on live (a ``bot.gateway.Gateway``, or a stand-in with
+    its ``stack`` and ``scheduler``); None as under ``memobot web`` alone."""
     panel = Panel(
         cfg,
         config_path,

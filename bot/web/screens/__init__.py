@@ -15,6 +15,8 @@ from types import ModuleType
 SCREEN_MODULES = (
     "bot.web.screens.overview",
     "bot.web.screens.access",
+    "bot.web.screens.approvals",
+    "bot.web.screens.schedule",
     "bot.web.screens.settings",
 )
 

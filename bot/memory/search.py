@@ -700,18 +700,28 @@ def cmd_search(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
-    """``memobot memory history [--since D] [--until D]``: the archive by local day. A closed
-    stdout (``| head``) ends it through the CLI's one quiet exit."""
-    lo, hi = day_bounds(args.since, args.until)
-    printed = False
-    current_day: date | None = None
-    for _, entry in iter_history(cfg.agent.workspace_path):
+def dated_history(
+    workspace: Path, since: date | None = None, until: date | None = None
+) -> Iterator[tuple[date | None, HistoryEntry, datetime | None]]:
+    """(local day, entry, local time) of every history entry in cursor order, only those of
+    the local days ``since`` to ``until`` (inclusive) when given; streamed. An entry whose
+    time does not parse has no day (and is left out when a range is given). What
+    ``memobot memory history`` prints and the panel's archive shows."""
+    lo, hi = day_bounds(since, until)
+    for _, entry in iter_history(workspace):
         ts = normalize_timestamp(entry.timestamp)
         if (lo and (ts is None or ts < lo)) or (hi and (ts is None or ts >= hi)):
             continue
         moment = local_time(entry.timestamp)
-        day = moment.date() if moment else None
+        yield (moment.date() if moment else None), entry, moment
+
+
+def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
+    """``memobot memory history [--since D] [--until D]``: the archive by local day. A closed
+    stdout (``| head``) ends it through the CLI's one quiet exit."""
+    printed = False
+    current_day: date | None = None
+    for day, entry, moment in dated_history(cfg.agent.workspace_path, args.since, args.until):
         if day != current_day or not printed:
             if printed:
                 print()
@@ -720,7 +730,8 @@ def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
         print(format_history_entry(entry, moment))
         printed = True
     if not printed:
-        print("No history entries" + (" in that range." if lo or hi else " yet."))
+        ranged = args.since or args.until
+        print("No history entries" + (" in that range." if ranged else " yet."))
     return 0
 
 

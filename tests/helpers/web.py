@@ -19,7 +19,16 @@ from bot.web.server import Panel, login_url
 from tests.helpers import closed_port
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
-PAGES = ("/", "/access")  # every page of a logged-in browser
+PAGES = (  # every page of a logged-in browser
+    "/",
+    "/access",
+    "/memory",
+    "/memory/file?path=USER.md",
+    "/memory/edit?path=USER.md",
+    "/memory/log",
+    "/memory/archive",
+    "/memory/search?q=memobot",
+)
 PUBLIC_PAGES = ("/login", "/logged-out", "/expired", "/static/panel.css")
 
 
@@ -76,9 +85,13 @@ async def browsing(
     clock: Callable[[], float] = time.time,
     limiter: AttemptLimiter | None = None,
     in_gateway: bool = False,
+    gateway: Any = None,
 ) -> AsyncIterator[Browser]:
-    """A started panel over ``cfg`` and a cookie-keeping client (cookies of 127.0.0.1 too)."""
-    panel = Panel(cfg, config_path, in_gateway=in_gateway, clock=clock, limiter=limiter)
+    """A started panel over ``cfg`` and a cookie-keeping client (cookies of 127.0.0.1 too).
+    ``gateway``: what the panel's screens act on as the running gateway (its ``stack``)."""
+    panel = Panel(
+        cfg, config_path, in_gateway=in_gateway, gateway=gateway, clock=clock, limiter=limiter
+    )
     assert await panel.start() is None
     try:
         jar = aiohttp.CookieJar(unsafe=True)

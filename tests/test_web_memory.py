@@ -71,7 +71,7 @@ async def test_edit_preview_then_save_commits_that_file_by_web_keeping_its_mode(
         [head] = repo.log(limit=1)
         assert f"Saved USER.md: commit {head.short_id} (by web)." in page
         assert 'id="L' in page and "Prefers tea" in page
-    assert user.read_text() == new  # LF line ends, as the file had
+    assert user.read_bytes() == new.encode()  # LF line ends, as the file had
     assert user.stat().st_mode & 0o777 == 0o640
     assert head.author == WEB_AUTHOR and head.message == "web: USER.md edited by web"
     assert "+- Prefers tea" in repo.diff(head.id)

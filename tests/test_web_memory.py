@@ -261,12 +261,23 @@ async def test_a_huge_file_is_not_read_and_only_known_files_are_editable(tmp_pat
             assert status == 409 and "is not a memory file" in page, rel
             status, page, _ = await b.get(f"/memory/file?path={rel}")
             assert status == 404 and "is not a memory file" in page, rel
+        # Text larger than the panel saves: the preview says so and offers no Save.
+        seen, _ = await seen_of(b, "USER.md")
+        big = {"csrf": csrf, "path": "USER.md", "seen": seen, "text": "x" * (64 * 1024 + 1)}
+        status, page, _ = await b.post("/memory/preview", big)
+        assert "more than the panel saves" in page and 'formaction="/memory/save"' not in page
+        status, page, _ = await b.post("/memory/save", big)
+        assert status == 409 and "nothing was saved" in page
+        over = {**big, "text": "- a fact\n" * 500}  # over memory.maxChars: a note, not refused
+        status, page, _ = await b.post("/memory/preview", over)
+        assert "over the budget of 4,000" in page and 'formaction="/memory/save"' in page
         # A skill that does not exist is not created either.
         form = {"csrf": csrf, "path": "skills/new/SKILL.md", "seen": "absent", "text": "x\n"}
         status, page, _ = await b.post("/memory/save", form)
         assert status == 409 and "does not exist" in page
     assert (tmp_path / "config.json").read_text() == config_text
     assert not (ws / "AGENTS.md").read_text().startswith("planted")
+    assert "x" * 100 not in (ws / "USER.md").read_text()
     assert not (ws / "skills" / "new").exists()
 
 

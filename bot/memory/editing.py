@@ -156,6 +156,19 @@ def from_form(text: str, original: str) -> str:
     return text
 
 
+def text_problem(rel: str, text: str) -> str:
+    """Why ``text`` cannot be saved as ``rel`` ("" when it can)."""
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "the text holds characters that are not valid Unicode"
+    if size > EDIT_LIMIT:
+        return (
+            f"the new text of {rel} is {size:,} bytes, more than the panel saves ({EDIT_LIMIT:,})"
+        )
+    return ""
+
+
 def diff_lines(rel: str, old: str, new: str) -> list[str]:
     """A unified diff of ``old`` to ``new`` (git's a/ b/ names), one line per item, without
     line ends; [] when they are the same."""
@@ -174,15 +187,9 @@ def save(workspace: Path, state_dir: Path, rel: str, text: str, seen: str) -> st
     file's already). Raises Stale (nothing written) when it changed, EditError when it cannot
     be read or written as :func:`read_current` says, or the text is too large."""
     check_name(rel)
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise EditError("the text holds characters that are not valid Unicode") from None
-    if len(data) > EDIT_LIMIT:
-        raise EditError(
-            f"the new text of {rel} is larger than the panel saves ({EDIT_LIMIT:,} bytes): "
-            "nothing was saved"
-        )
+    if problem := text_problem(rel, text):
+        raise EditError(f"{problem}: nothing was saved")
+    data = text.encode("utf-8")
     repo = MemoryRepo(workspace, state_dir)
     try:
         repo.check()  # a history that cannot be written: say so before the file changes

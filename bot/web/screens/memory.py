@@ -109,7 +109,9 @@ def routes(panel: Panel) -> list[web.RouteDef]:
                 "it): the changes below are against the file as it is now, and saving undoes "
                 "what was written meanwhile where your text differs."
             )
-        return page_response(preview_page(current, text, frame, warning))
+        return page_response(
+            preview_page(current, text, frame, warning, budget=cfg.memory.max_chars)
+        )
 
     async def save(request: web.Request) -> web.Response:
         from bot.memory.editing import from_form, read_current
@@ -127,7 +129,9 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         except Stale as exc:
             log.info("memory: a save of %s by web refused: it changed meanwhile", rel)
             now = await asyncio.to_thread(read_current, workspace, rel)
-            body = preview_page(now, from_form(sent, now.text), frame, str(exc), stale=True)
+            text = from_form(sent, now.text)
+            budget = cfg.memory.max_chars
+            body = preview_page(now, text, frame, str(exc), stale=True, budget=budget)
             return page_response(body, 409)
         except (EditError, OSError) as exc:
             return page_response(_problem_page(rel, str(exc), frame), 409)
@@ -203,7 +207,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         if runner.running:
             return panel.back("/memory", "Dream is running already: wait for it to finish.")
         log.info("dream: run by web")
-        result = await runner.run()
+        # A browser that goes away does not cut a run short (its edits land whole or not).
+        result = await asyncio.shield(runner.run())
         said = result.describe()
         if result.commit:
             return panel.back("/memory/commit?" + urlencode({"rev": result.commit}), said)
@@ -314,7 +319,7 @@ def files_page(listing: list[FileLine], cfg: Config, frame: Frame, has_gateway: 
             )
         )
     head = tag("thead", tag("tr", join(tag("th", h) for h in ("File", "Now", "Budget", ""))))
-    table = tag("table", join([head, tag("tbody", join(rows))]))
+    table = tag("table", join([head, tag("tbody", join(rows))]), class_="files")
     intro = tag(
         "p",
         "What memobot keeps about you and itself, in every prompt: edit a file, see the change "
@@ -427,19 +432,38 @@ def _diff(lines: list[str]) -> Html:
 
 
 def preview_page(
-    current: Current, text: str, frame: Frame, warning: str = "", stale: bool = False
+    current: Current,
+    text: str,
+    frame: Frame,
+    warning: str = "",
+    *,
+    stale: bool = False,
+    budget: int = 0,
 ) -> Html:
-    from bot.memory.editing import diff_lines
+    """The changes ``text`` makes to the file as it is, and the form that saves them (with
+    the digest of that version). ``budget``: memory.maxChars, for the budgeted files."""
+    from bot.memory.dream import BUDGETED
+    from bot.memory.editing import diff_lines, text_problem
 
     lines = diff_lines(current.rel, current.text, text)
+    blocked = text_problem(current.rel, text)
     parts: list[Html] = [_subnav("")]
-    if warning:
-        parts.append(tag("p", warning, class_="banner", role="alert"))
+    for alert in (warning, blocked):
+        if alert:
+            parts.append(tag("p", alert, class_="banner", role="alert"))
     if stale:
         parts.append(tag("p", "Below: your text against the file as it is now.", class_="muted"))
-    if lines:
+    if current.rel in BUDGETED and budget and len(text) > budget:
+        over = (
+            f"{len(text):,} characters, over the budget of {budget:,} (memory.maxChars): "
+            "Dream will condense it."
+        )
+        parts.append(tag("p", over, class_="muted"))
+    if lines and not blocked:
         parts += [tag("h2", "Changes"), _diff(lines)]
         save = tag("button", "Save", type="submit", formaction="/memory/save", class_="primary")
+    elif blocked:
+        save = EMPTY
     else:
         parts.append(tag("p", "No changes: your text is the file as it is.", class_="notice"))
         save = EMPTY
@@ -687,8 +711,8 @@ def search_page(found: Found, frame: Frame) -> Html:
         join(
             [
                 field("q", "Words", found.query, "search", required=True),
-                field("since", "Since", found.since, placeholder="YYYY-MM-DD or 7d", size="12"),
-                field("until", "Until", found.until, placeholder="YYYY-MM-DD", size="12"),
+                field("since", "Since", found.since, placeholder="YYYY-MM-DD, 7d", size="14"),
+                field("until", "Until", found.until, placeholder="YYYY-MM-DD", size="14"),
                 tag("button", "Search", type="submit", class_="primary"),
             ]
         ),

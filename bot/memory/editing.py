@@ -42,6 +42,10 @@ class Stale(EditError):
     """The file changed after the person saw it: nothing was written."""
 
 
+class _Unchanged(Exception):
+    """The text is the file's already: nothing to write or commit."""
+
+
 @dataclass(frozen=True, slots=True)
 class Current:
     """A memory file as it is on disk now."""
@@ -181,11 +185,18 @@ def diff_lines(rel: str, old: str, new: str) -> list[str]:
     return [line.rstrip("\r\n") for line in lines]
 
 
-def save(workspace: Path, state_dir: Path, rel: str, text: str, seen: str) -> str | None:
+@dataclass(frozen=True, slots=True)
+class Saved:
+    written: bool  # False: the text was the file's already
+    commit: str | None  # None: nothing new for the history (the file is as HEAD has it)
+
+
+def save(workspace: Path, state_dir: Path, rel: str, text: str, seen: str) -> Saved:
     """Write ``text`` to ``rel`` when the file is still the version whose digest is ``seen``,
-    and commit that file alone as made by web. Returns the commit id (None: the text was the
-    file's already). Raises Stale (nothing written) when it changed, EditError when it cannot
-    be read or written as :func:`read_current` says, or the text is too large."""
+    and commit that file alone as made by web (when the text is the file's already, nothing
+    is written or committed). Raises Stale (nothing written) when it
+    changed, EditError when it cannot be read or written as :func:`read_current` says, or
+    the text is too large."""
     check_name(rel)
     if problem := text_problem(rel, text):
         raise EditError(f"{problem}: nothing was saved")
@@ -206,17 +217,22 @@ def save(workspace: Path, state_dir: Path, rel: str, text: str, seen: str) -> st
         if current.digest != seen:
             raise Stale(
                 f"{rel} changed after you opened it (the model, Dream or another edit wrote "
-                "it): nothing was saved. Your text is below; preview it again to see it "
-                "against the file as it is now."
+                "it): nothing was saved."
             )
-        if current.text != text:
-            workspace_files.write_atomic(workspace, rel, data, mode=current.mode, make_parents=True)
-            written = True
+        if current.text == text:
+            # Nothing to write, and nothing to commit: an edit of the model's not committed
+            # yet must not go into the history as made by web.
+            raise _Unchanged
+        workspace_files.write_atomic(workspace, rel, data, mode=current.mode, make_parents=True)
+        written = True
 
     message = f"web: {rel} edited by web\n"
     try:
-        return repo.commit(message, WEB_AUTHOR, paths=(rel,), prepare=write_if_unchanged)
+        commit = repo.commit(message, WEB_AUTHOR, paths=(rel,), prepare=write_if_unchanged)
+    except _Unchanged:
+        return Saved(False, None)
     except MemoryRepoError as exc:
         if written:
             raise EditError(f"{rel} was saved, but not committed to the history: {exc}") from None
         raise EditError(f"nothing was saved: {exc}") from None
+    return Saved(True, commit)

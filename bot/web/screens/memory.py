@@ -125,7 +125,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         try:
             current = await asyncio.to_thread(read_current, workspace, rel)
             text = from_form(sent, current.text)
-            commit = await asyncio.to_thread(save_file, workspace, state, rel, text, seen)
+            saved = await asyncio.to_thread(save_file, workspace, state, rel, text, seen)
         except Stale as exc:
             log.info("memory: a save of %s by web refused: it changed meanwhile", rel)
             now = await asyncio.to_thread(read_current, workspace, rel)
@@ -136,10 +136,13 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         except (EditError, OSError) as exc:
             return page_response(_problem_page(rel, str(exc), frame), 409)
         where = "/memory/file?" + urlencode({"path": rel})
-        if commit is None:
+        if not saved.written:
             return panel.back(where, f"{rel} is unchanged: nothing to save.")
-        log.info("memory: %s edited by web, commit %s", rel, commit[:7])
-        return panel.back(where, f"Saved {rel}: commit {commit[:7]} (by web).")
+        if saved.commit is None:
+            log.info("memory: %s edited by web, back to its last commit", rel)
+            return panel.back(where, f"Saved {rel}: it is as its last commit has it again.")
+        log.info("memory: %s edited by web, commit %s", rel, saved.commit[:7])
+        return panel.back(where, f"Saved {rel}: commit {saved.commit[:7]} (by web).")
 
     async def history_log(request: web.Request) -> web.Response:
         cfg, frame = await places(request)

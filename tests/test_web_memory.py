@@ -155,6 +155,8 @@ async def test_the_archive_by_day_and_search_citations_open_the_entry(tmp_path):
         assert 'href="/memory/file?path=USER.md#L5">USER.md#5</a>' in page
         _, entry, _ = await b.get("/memory/archive?cursor=1")
         assert 'id="c1"' in entry and "Ada booked the ferry to Skye" in entry
+        _, entry, _ = await b.get("/memory/archive?cursor=3")  # the whole day of entry 3
+        assert 'id="c3"' in entry and "Ada asked about kettles" in entry and "ferry" not in entry
         _, lines, _ = await b.get("/memory/file?path=USER.md")
         assert '<span id="L5" class="line">- Ada travels by ferry\n</span>' in lines
         _, page, _ = await b.get("/memory/search?q=ferry&since=2026-11-03")

@@ -709,9 +709,10 @@ def dated_history(
     ``memobot memory history`` prints and the panel's archive shows."""
     lo, hi = day_bounds(since, until)
     for _, entry in iter_history(workspace):
-        ts = normalize_timestamp(entry.timestamp)
-        if (lo and (ts is None or ts < lo)) or (hi and (ts is None or ts >= hi)):
-            continue
+        if lo or hi:
+            ts = normalize_timestamp(entry.timestamp)
+            if (lo and (ts is None or ts < lo)) or (hi and (ts is None or ts >= hi)):
+                continue
         moment = local_time(entry.timestamp)
         yield (moment.date() if moment else None), entry, moment
 

@@ -14,7 +14,7 @@ import logging
 import re
 from collections import Counter
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
@@ -128,7 +128,10 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             saved = await asyncio.to_thread(save_file, workspace, state, rel, text, seen)
         except Stale as exc:
             log.info("memory: a save of %s by web refused: it changed meanwhile", rel)
-            now = await asyncio.to_thread(read_current, workspace, rel)
+            try:
+                now = await asyncio.to_thread(read_current, workspace, rel)
+            except EditError as problem:  # replaced meanwhile by a link, a huge file...
+                return page_response(_problem_page(rel, f"{exc} {problem}", frame), 409)
             text = from_form(sent, now.text)
             budget = cfg.memory.max_chars
             body = preview_page(now, text, frame, str(exc), stale=True, budget=budget)
@@ -580,23 +583,25 @@ class Day:
 
 def archive_day(workspace: Path, day: date | None, cursor: int) -> Day:
     """The days of the archive and one day's entries: ``day``, the day of entry ``cursor``,
-    or the newest day."""
+    or the newest day. One pass over the archive (a second one to follow a citation)."""
     from bot.memory.search import dated_history
 
     counts: Counter[date | None] = Counter()
-    for when, entry, _ in dated_history(workspace):
+    shown: list[tuple[HistoryEntry, datetime | None]] = []
+    newest: date | None = None
+    for when, entry, moment in dated_history(workspace):
         counts[when] += 1
         if cursor and entry.cursor == cursor:
             day = when
+        if day is None and not cursor and when is not None and (newest is None or when > newest):
+            newest, shown = when, []  # a later day: the newest so far
+        if when is not None and when == (day or newest):
+            shown.append((entry, moment))
+    if cursor and day is not None:
+        shown = [(entry, moment) for _, entry, moment in dated_history(workspace, day, day)]
     days = sorted(((d, n) for d, n in counts.items() if d is not None), reverse=True)
-    if day is None and not cursor and days:
-        day = days[0][0]
-    entries, times = [], []
-    if day is not None:
-        for _, entry, moment in dated_history(workspace, day, day):
-            entries.append(entry)
-            times.append(moment.strftime("%H:%M") if moment else "--:--")
-    return Day(days, counts[None], day, entries, times)
+    times = [moment.strftime("%H:%M") if moment else "--:--" for _, moment in shown]
+    return Day(days, counts[None], day or newest, [entry for entry, _ in shown], times)
 
 
 def archive_page(shown: Day, frame: Frame) -> Html:

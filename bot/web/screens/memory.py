@@ -22,7 +22,8 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from bot.config import Config
-from bot.memory.editing import Current, EditError, Stale
+from bot.memory.editing import Current, EditError, Stale, from_form, read_current
+from bot.memory.editing import save as save_file
 from bot.memory.history import HistoryEntry
 from bot.memory.search import SearchHit
 from bot.memory.versioning import CommitInfo, MemoryRepo, MemoryRepoError
@@ -70,8 +71,6 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         return page_response(files_page(listing, cfg, frame, panel.gateway is not None))
 
     async def view(request: web.Request) -> web.Response:
-        from bot.memory.editing import read_current
-
         cfg, frame = await places(request)
         rel = request.query.get("path", "")
         try:
@@ -81,8 +80,6 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         return page_response(view_page(current, frame))
 
     async def edit(request: web.Request) -> web.Response:
-        from bot.memory.editing import read_current
-
         cfg, frame = await places(request)
         rel = request.query.get("path", "")
         try:
@@ -92,8 +89,6 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         return page_response(edit_page(current, current.text, current.digest, frame))
 
     async def preview(request: web.Request) -> web.Response:
-        from bot.memory.editing import from_form, read_current
-
         cfg, frame = await places(request)
         form = await request.post()
         rel, seen = str(form.get("path", "")), str(form.get("seen", ""))
@@ -114,9 +109,6 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         )
 
     async def save(request: web.Request) -> web.Response:
-        from bot.memory.editing import from_form, read_current
-        from bot.memory.editing import save as save_file
-
         cfg, frame = await places(request)
         workspace, state = cfg.agent.workspace_path, panel.state_dir
         form = await request.post()
@@ -278,7 +270,7 @@ class FileLine:
 def file_listing(cfg: Config) -> list[FileLine]:
     """Each memory file and skill: size, budget, whether the panel can edit it."""
     from bot.memory.dream import BUDGETED
-    from bot.memory.editing import editable_files, read_current
+    from bot.memory.editing import editable_files
     from bot.provenance import Provenance
 
     workspace = cfg.agent.workspace_path

@@ -14,9 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from bot.app import build_agent
 from bot.config import load_config
-from bot.llm import LLMProvider
-from bot.memory.dream import Dream
 from bot.memory.history import HistoryArchive
 from bot.memory.versioning import WEB_AUTHOR, MemoryRepo, cmd_log
 from bot.workspace import init_workspace
@@ -99,8 +98,17 @@ async def test_a_save_over_a_file_the_model_changed_meanwhile_is_refused(tmp_pat
         assert "changed after you opened it" in page and "nothing was saved" in page
         assert "- my own fact" in page  # the text is kept, shown against the file as it is now
         assert "-- Dream wrote this meanwhile" in html.unescape(page)
-    assert memory.read_text() == "# Memory\n\n- Dream wrote this meanwhile\n"
-    assert len(repo.log()) == heads  # nothing committed
+        assert memory.read_text() == "# Memory\n\n- Dream wrote this meanwhile\n"
+        assert len(repo.log()) == heads  # nothing committed
+        # The page's form carries the version it showed: saving from it is the person's
+        # informed choice, and works.
+        again = {**form, "seen": SEEN.search(page).group(1)}
+        status, _, _ = await b.post("/memory/save", again)
+        assert status == 303 and memory.read_text() == mine
+        # A preview of an editor opened before a change says the file changed.
+        memory.write_text("# Memory\n\n- the model again\n")
+        status, page, _ = await b.post("/memory/preview", again)
+        assert "changed after you opened it" in page and "saving undoes" in page
 
 
 async def test_the_log_shows_diffs_and_revert_undoes_a_change_by_web(tmp_path):
@@ -168,8 +176,7 @@ async def test_the_archive_by_day_and_search_citations_open_the_entry(tmp_path):
 async def test_run_dream_says_it_needs_the_gateway_or_runs_one_and_shows_its_commit(tmp_path):
     async with FakeLLM() as llm:
         cfg, config, ws, repo = setup(tmp_path, llm.base_url)
-        archive = HistoryArchive(ws)
-        await archive.append("telegram:1", "Ada said she prefers short answers")
+        await HistoryArchive(ws).append("cli:direct", "Ada said she prefers short answers")
         async with browsing(cfg, config) as b:
             await b.login()
             csrf = await b.csrf("/memory")
@@ -182,9 +189,8 @@ async def test_run_dream_says_it_needs_the_gateway_or_runs_one_and_shows_its_com
             tool_step(("add_entry", {"file": "USER.md", "entry": "Prefers short answers"})),
             tool_step(("finish", {"summary": "stored"})),
         )
-        provider = LLMProvider(cfg.llm)
-        dream = Dream(cfg.memory, ws, provider, archive, state_dir=cfg.agent.state_path)
-        gateway = SimpleNamespace(stack=SimpleNamespace(loop=SimpleNamespace(dream=dream)))
+        stack = build_agent(cfg, config)  # the gateway's agent: its loop's Dream, its gate
+        gateway = SimpleNamespace(stack=stack)
         try:
             async with browsing(cfg, config, gateway=gateway) as b:
                 await b.login()
@@ -197,7 +203,7 @@ async def test_run_dream_says_it_needs_the_gateway_or_runs_one_and_shows_its_com
                 assert "dream: digest history 1..1" in page
                 assert "+- Prefers short answers" in html.unescape(page)
         finally:
-            await provider.close()
+            await stack.close()
 
 
 # -- the workspace as hostile input --------------------------------------------------------

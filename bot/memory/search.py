@@ -63,6 +63,8 @@ MAX_ID = (1 << 63) - 1
 PROBE_BYTES = 4096  # bytes hashed at each end of a history file's indexed region
 BUSY_TIMEOUT_S = 30.0
 
+# Of a memory file or SKILL.md (text in every prompt, a budget of a few KB): what is indexed.
+MAX_MARKDOWN_BYTES = 1024 * 1024
 HISTORY_PREVIEW_LINES = 3
 HISTORY_PREVIEW_CHARS = 300
 
@@ -598,7 +600,16 @@ class MemoryIndex:
             return
         with os.fdopen(fd, "rb") as fh:
             st = os.fstat(fd)
-            text = fh.read().decode("utf-8", errors="replace")
+            # Only its head: the model can plant a sparse file of gigabytes here.
+            data = fh.read(MAX_MARKDOWN_BYTES + 1)
+        if len(data) > MAX_MARKDOWN_BYTES:
+            log.warning(
+                "memory index: %s is larger than %d bytes; only its start is searchable",
+                rel,
+                MAX_MARKDOWN_BYTES,
+            )
+            data = data[:MAX_MARKDOWN_BYTES]
+        text = data.decode("utf-8", errors="replace")
         if known and (known.size, known.mtime_ns) == (st.st_size, st.st_mtime_ns):
             return
         conn.execute("DELETE FROM doc WHERE file = ?", (rel,))

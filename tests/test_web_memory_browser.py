@@ -34,6 +34,8 @@ async def test_edit_user_md_see_the_commit_and_revert_it(
     cfg, _ = load_config(config)
     ws = cfg.agent.workspace_path
     init_workspace(ws)
+    user = ws / "USER.md"
+    user.write_text("\n" + user.read_text())  # a first blank line survives the textarea
     repo = MemoryRepo(ws, cfg.agent.state_path)
     repo.commit("memobot: memory files from the template\n")
     before = (ws / "USER.md").read_text()

@@ -164,6 +164,17 @@ def test_edited_memory_file_is_indexed_again(ws: Path, index: MemoryIndex):
     assert index.search("bergen") == []
 
 
+def test_a_huge_memory_file_is_indexed_only_up_to_its_limit(ws: Path, index: MemoryIndex):
+    # The model may plant a sparse file of gigabytes: a search must not read it all.
+    user = ws / "USER.md"
+    user.write_bytes(b"- Lives in Oslo\n" + b" " * (search_module.MAX_MARKDOWN_BYTES - 17) + b"\n")
+    with user.open("ab") as f:
+        f.write(b"- Owns a falcon\n")
+        f.truncate(4 * 1024**3)
+    assert sources(index.search("oslo")) == ["USER.md#1"]
+    assert index.search("falcon") == []  # past the limit: not read
+
+
 def test_chunks_are_paragraphs_bullets_headings_and_fences():
     text = (
         "# Title\nintro line one\n#not-a-heading\n\n- a\n  continued\n* b\n1. c\n\n"

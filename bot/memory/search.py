@@ -63,6 +63,8 @@ MAX_ID = (1 << 63) - 1
 PROBE_BYTES = 4096  # bytes hashed at each end of a history file's indexed region
 BUSY_TIMEOUT_S = 30.0
 
+# Of a memory file or SKILL.md (text in every prompt, a budget of a few KB): what is indexed.
+MAX_MARKDOWN_BYTES = 1024 * 1024
 HISTORY_PREVIEW_LINES = 3
 HISTORY_PREVIEW_CHARS = 300
 
@@ -598,7 +600,16 @@ class MemoryIndex:
             return
         with os.fdopen(fd, "rb") as fh:
             st = os.fstat(fd)
-            text = fh.read().decode("utf-8", errors="replace")
+            # Only its head: the model can plant a sparse file of gigabytes here.
+            data = fh.read(MAX_MARKDOWN_BYTES + 1)
+        if len(data) > MAX_MARKDOWN_BYTES:
+            log.warning(
+                "memory index: %s is larger than %d bytes; only its start is searchable",
+                rel,
+                MAX_MARKDOWN_BYTES,
+            )
+            data = data[:MAX_MARKDOWN_BYTES]
+        text = data.decode("utf-8", errors="replace")
         if known and (known.size, known.mtime_ns) == (st.st_size, st.st_mtime_ns):
             return
         conn.execute("DELETE FROM doc WHERE file = ?", (rel,))
@@ -700,18 +711,29 @@ def cmd_search(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def dated_history(
+    workspace: Path, since: date | None = None, until: date | None = None
+) -> Iterator[tuple[date | None, HistoryEntry, datetime | None]]:
+    """(local day, entry, local time) of every history entry in cursor order, only those of
+    the local days ``since`` to ``until`` (inclusive) when given; streamed. An entry whose
+    time does not parse has no day (and is left out when a range is given). What
+    ``memobot memory history`` prints and the panel's archive shows."""
+    lo, hi = day_bounds(since, until)
+    for _, entry in iter_history(workspace):
+        if lo or hi:
+            ts = normalize_timestamp(entry.timestamp)
+            if (lo and (ts is None or ts < lo)) or (hi and (ts is None or ts >= hi)):
+                continue
+        moment = local_time(entry.timestamp)
+        yield (moment.date() if moment else None), entry, moment
+
+
 def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
     """``memobot memory history [--since D] [--until D]``: the archive by local day. A closed
     stdout (``| head``) ends it through the CLI's one quiet exit."""
-    lo, hi = day_bounds(args.since, args.until)
     printed = False
     current_day: date | None = None
-    for _, entry in iter_history(cfg.agent.workspace_path):
-        ts = normalize_timestamp(entry.timestamp)
-        if (lo and (ts is None or ts < lo)) or (hi and (ts is None or ts >= hi)):
-            continue
-        moment = local_time(entry.timestamp)
-        day = moment.date() if moment else None
+    for day, entry, moment in dated_history(cfg.agent.workspace_path, args.since, args.until):
         if day != current_day or not printed:
             if printed:
                 print()
@@ -720,7 +742,8 @@ def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
         print(format_history_entry(entry, moment))
         printed = True
     if not printed:
-        print("No history entries" + (" in that range." if lo or hi else " yet."))
+        ranged = args.since or args.until
+        print("No history entries" + (" in that range." if ranged else " yet."))
     return 0
 
 

@@ -53,7 +53,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -77,6 +77,9 @@ log = logging.getLogger(__name__)
 
 TRACKED: tuple[str, ...] = ("USER.md", "SOUL.md", "memory/MEMORY.md", "memory/chats", "skills")
 DEFAULT_AUTHOR = "memobot <memobot@localhost>"
+# A change a person made in the control panel: its commits say so ("by web") in the author
+# and the message, so `memobot memory log` tells them from the agent's and Dream's.
+WEB_AUTHOR = "memobot by web <memobot@localhost>"
 MAX_FILE_BYTES = 1024 * 1024  # memory is text; a bigger file under skills/ is not versioned
 SHORT_ID_LEN = 7
 MIN_PREFIX_LEN = 4
@@ -401,8 +404,21 @@ class MemoryRepo:
 
     # -- public API ----------------------------------------------------------------------------
 
-    def commit(self, message: str, author: str = DEFAULT_AUTHOR) -> str | None:
+    def commit(
+        self,
+        message: str,
+        author: str = DEFAULT_AUTHOR,
+        *,
+        paths: tuple[str, ...] | None = None,
+        prepare: Callable[[], None] | None = None,
+    ) -> str | None:
         """Commit the tracked paths as they are on disk (adds, modifications, deletions).
+
+        ``paths``: only these tracked files enter the commit (their version on disk, or their
+        deletion); other uncommitted edits stay uncommitted, as after a revert. ``prepare``:
+        called under the write lock before anything is read (a write that must not interleave
+        with another memobot write of the memory files); what it raises is raised, with
+        nothing committed.
 
         Returns the new commit id (hex), or None when nothing changed since the last commit.
         Raises ValueError for a malformed ``author``, MemoryRepoError when the workspace is
@@ -412,16 +428,46 @@ class MemoryRepo:
         if not self.workspace.is_dir():
             raise MemoryRepoError(f"workspace {self.workspace} does not exist")
         with self._locked(create=True) as repo:
-            found = _scan(self.workspace)
-            entries = {path: (f.side.mode, self._store(repo, f.side)) for path, f in found.items()}
-            tree = commit_tree(repo.object_store, [(p, sha, m) for p, (m, sha) in entries.items()])
+            if prepare is not None:
+                prepare()
             head = self._head(repo)
+            if paths is None:
+                entries = {
+                    path: (f.side.mode, self._store(repo, f.side))
+                    for path, f in _scan(self.workspace).items()
+                }
+            else:
+                entries = self._only(repo, head, paths)
+            tree = commit_tree(repo.object_store, [(p, sha, m) for p, (m, sha) in entries.items()])
             if head is None and not entries:
                 return None
             if head is not None and self._commit(repo, head).tree == tree:
                 return None
             new_id = self._write_commit(repo, tree, head, _message_bytes(message), ident)
             return new_id.decode("ascii")
+
+    def _only(
+        self, repo: Repo, head: ObjectID | None, paths: tuple[str, ...]
+    ) -> dict[bytes, tuple[int, ObjectID]]:
+        """HEAD's entries with ``paths`` as they are on disk now (an absent one: deleted)."""
+        entries: dict[bytes, tuple[int, ObjectID]] = {}
+        if head is not None:
+            tree = self._commit(repo, head).tree
+            for entry in iter_tree_contents(repo.object_store, tree):
+                entries[entry.path] = (entry.mode, entry.sha)
+        for rel in paths:
+            path = os.fsencode(rel)
+            if not is_tracked(path):
+                raise MemoryRepoError(f"{rel!r} is not a memory file")
+            try:
+                side = self._disk_side(path)
+            except _Unusable as exc:
+                raise MemoryRepoError(f"{rel} cannot be versioned: it {exc}") from None
+            if side is None:
+                entries.pop(path, None)
+            else:
+                entries[path] = (side.mode, self._store(repo, side))
+        return entries
 
     def log(self, limit: int = 50) -> list[CommitInfo]:
         """Up to ``limit`` commits, newest first, following first parents. [] with no repo."""
@@ -451,8 +497,11 @@ class MemoryRepo:
         write_tree_diff(out, repo.object_store, parent_tree, commit.tree)
         return out.getvalue().decode("utf-8", "replace")
 
-    def revert(self, rev: str) -> str:
+    def revert(self, rev: str, by: str = "") -> str:
         """Undo the changes of commit ``rev`` on disk and record that as a new commit.
+
+        ``by``: who asked, when not the command line ("web": the message says "by web" and
+        the author is :data:`WEB_AUTHOR`).
 
         See the module docstring for the semantics. Returns the new commit id (hex). Raises
         MemoryRepoError for an unknown or ambiguous ``rev``, on conflicts (naming every file;
@@ -481,7 +530,11 @@ class MemoryRepo:
                 )
             self._apply_plan(plan)
             message = f"Revert {info.short_id}: {info.subject}\n\nThis reverts commit {info.id}.\n"
-            new_id = self._write_commit(repo, tree, head, message.encode(), DEFAULT_AUTHOR.encode())
+            author = DEFAULT_AUTHOR
+            if by:
+                message += f"Reverted by {by}.\n"
+                author = WEB_AUTHOR if by == "web" else DEFAULT_AUTHOR
+            new_id = self._write_commit(repo, tree, head, message.encode(), author.encode())
             return new_id.decode("ascii")
 
     def resolve(self, rev: str) -> bytes:
@@ -918,24 +971,31 @@ def cmd_diff(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def revert_commit(repo: MemoryRepo, rev: str, by: str = "") -> str:
+    """Undo commit ``rev`` (:meth:`MemoryRepo.revert`); returns the line that says so, the
+    same for ``memobot memory revert`` and the panel. Raises MemoryRepoError, OSError."""
+    info = repo.info(rev)
+    new_id = repo.revert(info.id, by=by)
+    return f"Reverted {info.short_id}: {_shown(info.subject)} as {_short(new_id)}"
+
+
 def cmd_revert(cfg: Config, args: argparse.Namespace) -> int:
     """``memobot memory revert REV``: undo one commit's changes with a new commit."""
-    repo = _of(cfg)
     try:
-        info = repo.info(args.rev)
-        new_id = repo.revert(info.id)
+        print(revert_commit(_of(cfg), args.rev))
     except (MemoryRepoError, OSError) as exc:
         return _fail(exc)
-    print(f"Reverted {info.short_id}: {info.subject} as {_short(new_id)}")
     return 0
 
 
 __all__ = [
     "TRACKED",
+    "WEB_AUTHOR",
     "CommitInfo",
     "MemoryRepo",
     "MemoryRepoError",
     "Migration",
     "commit_async",
     "merge3",
+    "revert_commit",
 ]

@@ -50,7 +50,9 @@ CSP = (
 REFERRER_POLICY = "same-origin"
 LOGIN_COOKIE = "memobot_login"  # the login form's CSRF value (there is no session yet)
 PUBLIC = frozenset({"/login", "/logged-out", "/expired", "/static/panel.css"})
-MAX_BODY = 64 * 1024
+# A form's body; the largest is a memory file saved on the Memory screen (64 KiB of text, sent
+# as multipart, its line breaks doubled to CRLF by the browser). Read only with a session.
+MAX_BODY = 256 * 1024
 MAX_PASSWORD = 1024
 _SESSION: ContextVar[Session | None] = ContextVar("panel_session", default=None)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -31,6 +31,12 @@ PAGES = (  # every page of a logged-in browser
     "/settings/channels.slack",
     "/settings/web",
     "/settings/raw",
+    "/memory",
+    "/memory/file?path=USER.md",
+    "/memory/edit?path=USER.md",
+    "/memory/log",
+    "/memory/archive",
+    "/memory/search?q=memobot",
 )
 PUBLIC_PAGES = ("/login", "/logged-out", "/expired", "/static/panel.css")
 

@@ -19,7 +19,7 @@ from bot.web.server import Panel, login_url
 from tests.helpers import closed_port
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
-PAGES = ("/", "/access")  # every page of a logged-in browser
+PAGES = ("/", "/access", "/chats", "/chats?q=hello")  # every page of a logged-in browser
 PUBLIC_PAGES = ("/login", "/logged-out", "/expired", "/static/panel.css")
 
 

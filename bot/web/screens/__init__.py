@@ -15,6 +15,7 @@ from types import ModuleType
 SCREEN_MODULES = (
     "bot.web.screens.overview",
     "bot.web.screens.access",
+    "bot.web.screens.chats",
 )
 
 

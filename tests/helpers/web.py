@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -18,8 +18,19 @@ from bot.web.limits import AttemptLimiter
 from bot.web.server import Panel, login_url
 from tests.helpers import closed_port
 
+if TYPE_CHECKING:
+    from bot.gateway import Gateway
+
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
-PAGES = ("/", "/access", "/chats", "/chats?q=hello")  # every page of a logged-in browser
+# Every page of a logged-in browser.
+PAGES = (
+    "/",
+    "/access",
+    "/chats",
+    "/chats?q=hello",
+    "/logs",
+    "/logs?level=DEBUG&session=telegram:1",
+)
 PUBLIC_PAGES = ("/login", "/logged-out", "/expired", "/static/panel.css")
 
 
@@ -76,9 +87,18 @@ async def browsing(
     clock: Callable[[], float] = time.time,
     limiter: AttemptLimiter | None = None,
     in_gateway: bool = False,
+    gateway: Gateway | None = None,
 ) -> AsyncIterator[Browser]:
-    """A started panel over ``cfg`` and a cookie-keeping client (cookies of 127.0.0.1 too)."""
-    panel = Panel(cfg, config_path, in_gateway=in_gateway, clock=clock, limiter=limiter)
+    """A started panel over ``cfg`` and a cookie-keeping client (cookies of 127.0.0.1 too);
+    with ``gateway`` (built, not necessarily running), the panel is that gateway's."""
+    panel = Panel(
+        cfg,
+        config_path,
+        in_gateway=in_gateway or gateway is not None,
+        gateway=gateway,
+        clock=clock,
+        limiter=limiter,
+    )
     assert await panel.start() is None
     try:
         jar = aiohttp.CookieJar(unsafe=True)

@@ -33,6 +33,8 @@ SECRETS = {
     "slack_app": "xapp-SECRET-slack-app-token",
     "search": "SECRETsearchKEY987654",
     "header": "Bearer SECRETheaderVALUE",
+    "mcp_env": "SECRETmcpENVvalue",
+    "mcp_header": "Bearer SECRETmcpHEADER",
 }
 
 
@@ -41,6 +43,13 @@ def write(tmp_path: Path, **web: Any) -> Path:
     data["llm"]["apiKey"] = SECRETS["llm"]
     data["llm"]["headers"] = {"X-Gateway": SECRETS["header"]}
     data["tools"]["web"] = {"search": {"provider": "brave", "apiKey": SECRETS["search"]}}
+    data["tools"]["mcpServers"] = {
+        "local": {"command": "mcp-local", "env": {"GITHUB_TOKEN": SECRETS["mcp_env"]}},
+        "remote": {
+            "url": "https://mcp.example.org/mcp",
+            "headers": {"Authorization": SECRETS["mcp_header"]},
+        },
+    }
     data["channels"] = {
         "telegram": {"token": SECRETS["telegram"], "allowFrom": ["1001"]},
         "discord": {"token": SECRETS["discord"]},

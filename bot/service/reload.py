@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 from pydantic.alias_generators import to_camel
 
+from bot.approvals import policy_for
 from bot.config import Config
+from bot.tools import switch_builtins
 
 if TYPE_CHECKING:
     from bot.app import AgentStack
@@ -37,6 +39,10 @@ LIVE = (
     "agent.maxToolCallsPerTurn",
     "agent.workspaceWarnBytes",
     "tools.restrictToWorkspace",
+    "tools.exec.enabled",
+    "tools.exec.allow",
+    "tools.web.enabled",
+    "tools.mcpServers",
     "tools.exec.timeoutSeconds",
     "tools.exec.maxOutputChars",
     "tools.exec.maxProcesses",
@@ -132,6 +138,13 @@ def refresh_copies(cfg: Config, stack: AgentStack, channels: list[Channel]) -> N
     stack.loop.runner.max_iterations = cfg.agent.max_tool_iterations
     stack.loop.runner.max_tool_calls = cfg.agent.max_tool_calls_per_turn
     stack.gate.usage.warn_bytes = cfg.agent.workspace_warn_bytes
+    # Which tools exist: the built-ins turned on or off, the MCP servers added, taken away or
+    # changed (each started or stopped here), and the approval policy's copy of exec.allow.
+    switched = switch_builtins(stack.loop.turns.tools, cfg.tools)
+    servers = stack.mcp.apply(cfg.tools)
+    if switched or servers:
+        log.info("tools now: %s", ", ".join([*switched, *servers]))
+    stack.loop.approvals.policy = policy_for(cfg)
     for channel in channels:
         section = getattr(cfg.channels, channel.name, None)
         if section is not None:

@@ -30,6 +30,7 @@ PAGES = (
     "/chats?q=hello",
     "/logs",
     "/logs?level=DEBUG&session=telegram:1",
+    "/tools",
 )
 PUBLIC_PAGES = ("/login", "/logged-out", "/expired", "/static/panel.css")
 

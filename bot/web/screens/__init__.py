@@ -16,6 +16,7 @@ SCREEN_MODULES = (
     "bot.web.screens.overview",
     "bot.web.screens.access",
     "bot.web.screens.chats",
+    "bot.web.screens.tools",
     "bot.web.screens.logs",
 )
 

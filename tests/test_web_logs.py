@@ -85,6 +85,13 @@ async def test_a_new_line_reaches_an_open_page(tmp_path):
                 assert event["level"] == "WARNING" and event["seq"] > last
                 assert event["text"].endswith("new line session=telegram:1 with ***")
                 assert gateway.logs.watching == 1
+                # Logged out in another tab: the stream ends at its next line.
+                status, _, _ = await b.post("/logout", {"csrf": await b.csrf("/logs")})
+                assert status == 303
+                log.warning("after logout session=telegram:1")
+                rest = await r.content.read()
+                assert b"after logout" not in rest
+                assert gateway.logs.watching == 0
 
 
 async def test_alone_the_page_says_where_the_log_is(tmp_path):

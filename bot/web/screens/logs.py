@@ -15,6 +15,7 @@ from aiohttp import web
 from bot.service.log_ring import RING_LINES, LogLine, LogRing
 from bot.web.render import Html, join, tag, void
 from bot.web.server import page_response
+from bot.web.sessions import COOKIE
 from bot.web.views import Frame, page
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
                         got.cancel()
                         break
                     line = got.result()
+                    if request.cookies.get(COOKIE) not in panel.sessions:
+                        break  # logged out (in another tab): no more lines for this page
                     if line.seq > seen and _passes(line, level, session):
                         await response.write(_event(line))
             except ConnectionError:  # the page was closed

@@ -20,7 +20,7 @@ from typing import Any
 from bot.session.archive import archive_path
 from bot.session.journal import open_session, parse_line
 from bot.session.records import check_record
-from bot.session.snapshot import read_from_snapshot, read_state
+from bot.session.snapshot import last_hot, read_state
 
 _META_PREFIX = b'{"_type":"metadata"'  # how memobot writes one (any other spelling is parsed)
 _CHUNK = 1 << 20
@@ -62,16 +62,14 @@ def describe(path: Path, key: str) -> SessionFile | None:
     return SessionFile(key, st.st_size + archived, st.st_mtime, tuple(people))
 
 
-def _archived_bytes(key: str, path: Path) -> int:
+def _archived_bytes(path: Path) -> int:
     """How many bytes of the archive the hot file says are committed (0 without a record
     that says so: a file written before the archive existed has none)."""
     try:
-        found = read_from_snapshot(key, path, messages=False, quiet=True)
+        hot = last_hot(path)
     except FileNotFoundError:
         return 0
-    if found is None or found[0].hot is None:
-        return 0
-    return int(found[0].hot["archived_bytes"])
+    return int(hot["archived_bytes"]) if hot is not None else 0
 
 
 def _lines(path: Path, limit: int | None = None) -> Iterator[bytes]:
@@ -106,7 +104,7 @@ def _is_metadata(raw: bytes) -> bool:
 
 def message_lines(key: str, path: Path) -> Iterator[bytes]:
     """Every committed message line of the session, oldest first, as stored (no newline)."""
-    for raw in _lines(archive_path(path), _archived_bytes(key, path)):
+    for raw in _lines(archive_path(path), _archived_bytes(path)):
         if raw.strip():
             yield raw
     uncommitted: list[bytes] = []  # message lines not yet followed by a metadata line
@@ -198,6 +196,7 @@ def search(
     needle = query.casefold()
     # JSON writes these as they are, so a line that does not hold them has no match.
     plain = needle.isascii() and needle.isprintable() and not any(c in needle for c in '"\\')
+    raw_needle = needle.encode("ascii") if plain else b""
     hits: list[Hit] = []
     read = 0
     for key, path in sessions:
@@ -206,7 +205,9 @@ def search(
             if read > max_bytes or len(hits) >= max_hits:
                 return Found(tuple(hits), complete=False)
             # The raw line first (cheap): only the lines that may match are parsed.
-            if plain and needle not in raw.decode("utf-8", "replace").casefold():
+            # (ASCII case only: a non-ASCII letter whose case folds to ASCII, such as the
+            # Kelvin sign, is not found by an ASCII query.)
+            if plain and raw_needle not in raw.lower():
                 continue
             message = message_of(raw)
             if message is None:

@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 
 from bot.approvals import policy_for
 from bot.config import Config
+from bot.gate import describe_confinement
 from bot.tools import switch_builtins
 
 if TYPE_CHECKING:
@@ -144,6 +145,14 @@ def refresh_copies(cfg: Config, stack: AgentStack, channels: list[Channel]) -> N
     servers = stack.mcp.apply(cfg.tools)
     if switched or servers:
         log.info("tools now: %s", ", ".join([*switched, *servers]))
+    if "+exec" in switched:  # as at start: say what confines the commands it will run
+        tools = cfg.tools
+        confinement = describe_confinement(
+            tools.restrict_to_workspace, tools.exec.sandbox, tools.exec.network
+        )
+        (log.info if confinement.active else log.warning)(
+            "exec confinement: %s", confinement.summary
+        )
     stack.loop.approvals.policy = policy_for(cfg)
     for channel in channels:
         section = getattr(cfg.channels, channel.name, None)

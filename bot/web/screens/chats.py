@@ -13,7 +13,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -100,8 +100,11 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         )
         await response.prepare(request)
         log.info("chats: session=%s exported as %s by web", key, kind)
-        while chunk := await asyncio.to_thread(next, chunks, b""):
-            await response.write(chunk)
+        try:
+            while chunk := await asyncio.to_thread(next, chunks, b""):
+                await response.write(chunk)
+        finally:
+            chunks.close()  # its files now, also when the download was cancelled
         await response.write_eof()
         return response
 
@@ -127,7 +130,7 @@ def export_name(key: str, kind: str) -> str:
     return f"memobot-{re.sub(r'[^A-Za-z0-9_-]+', '_', key)[:80]}.{kind}"
 
 
-def _batched(pieces: Iterator[bytes]) -> Iterator[bytes]:
+def _batched(pieces: Iterator[bytes]) -> Generator[bytes, None, None]:
     buf: list[bytes] = []
     size = 0
     for piece in pieces:
@@ -140,11 +143,11 @@ def _batched(pieces: Iterator[bytes]) -> Iterator[bytes]:
         yield b"".join(buf)
 
 
-def _jsonl_chunks(lines: Iterator[bytes]) -> Iterator[bytes]:
+def _jsonl_chunks(lines: Iterator[bytes]) -> Generator[bytes, None, None]:
     return _batched(raw + b"\n" for raw in lines)
 
 
-def _markdown_chunks(key: str, lines: Iterator[bytes]) -> Iterator[bytes]:
+def _markdown_chunks(key: str, lines: Iterator[bytes]) -> Generator[bytes, None, None]:
     def pieces() -> Iterator[bytes]:
         yield f"# memobot chat {key}\n".encode()
         for number, raw in enumerate(lines):

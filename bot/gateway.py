@@ -99,6 +99,7 @@ class Gateway:
         from bot.cron.scheduler import Scheduler
         from bot.cron.store import JobStore
         from bot.service.daemon import ServiceHooks
+        from bot.service.log_ring import LogRing
         from channels import registry
         from channels.manager import ChannelManager
 
@@ -125,6 +126,8 @@ class Gateway:
         self._status_due = asyncio.Event()
         self.service = ServiceHooks(self, config_path)  # systemd notify, SIGHUP reload
         self.panel: DeferredPanel | None = None
+        # The log's last lines for the panel (on the root logger while ``run`` runs).
+        self.logs = LogRing()
 
     def status(self) -> dict[str, Any]:
         from bot.app import exec_limits_line
@@ -181,6 +184,7 @@ class Gateway:
         from bot.pairing import announce_approvals, stores
 
         self._lock()
+        logging.getLogger().addHandler(self.logs)
         aio = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             aio.add_signal_handler(sig, self.request_stop, sig)
@@ -236,6 +240,7 @@ class Gateway:
             await self.stack.close()
             self.status_path.unlink(missing_ok=True)
             log.info("gateway stopped")
+            logging.getLogger().removeHandler(self.logs)
         return EX_CONFIG if self._all_failed else 0
 
     async def _start_panel(self) -> None:

@@ -49,6 +49,11 @@ def write(tmp_path: Path, **web: Any) -> Path:
     data["tools"]["mcpServers"] = {
         "gh": {"command": "gh-mcp", "env": {"GH": SECRETS["mcp_env"]}},
         "web": {"url": "https://mcp.example.org/mcp", "headers": {"X": SECRETS["mcp_header"]}},
+        "local": {"command": "mcp-local", "env": {"GITHUB_TOKEN": SECRETS["mcp_env"]}},
+        "remote": {
+            "url": "https://mcp.example.org/mcp",
+            "headers": {"Authorization": SECRETS["mcp_header"]},
+        },
     }
     data["tools"]["web"] = {"search": {"provider": "brave", "apiKey": SECRETS["search"]}}
     data["channels"] = {

@@ -167,9 +167,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": message,
         }
-        session = getattr(record, "session", None)
-        if session is None and (m := _SESSION.search(message)):
-            session = m.group(1)
+        session = session_of(record)
         if session is not None:
             out["session"] = session
         if record.exc_info and not record.exc_text:
@@ -179,12 +177,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
+def session_of(record: logging.LogRecord) -> str | None:
+    """The session a record is about: its ``session`` attribute, else the message's
+    ``session=<key>``."""
+    session = getattr(record, "session", None)
+    if session is None and (m := _SESSION.search(record.getMessage())):
+        session = m.group(1)
+    return None if session is None else str(session)
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def make_formatter(fmt: LogFormat) -> logging.Formatter:
     if fmt == "json":
         return JsonFormatter()
     if stderr_is_journal():
         return JournalFormatter()
-    return logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return logging.Formatter(TEXT_FORMAT)
 
 
 # Loggers of SDKs that log, with a full traceback, what memobot then reports itself in one line

@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 from pydantic.alias_generators import to_camel
 
+from bot.approvals import policy_for
 from bot.config import Config
+from bot.gate import describe_confinement
+from bot.tools import switch_builtins
 
 if TYPE_CHECKING:
     from bot.app import AgentStack
@@ -37,6 +40,10 @@ LIVE = (
     "agent.maxToolCallsPerTurn",
     "agent.workspaceWarnBytes",
     "tools.restrictToWorkspace",
+    "tools.exec.enabled",
+    "tools.exec.allow",
+    "tools.web.enabled",
+    "tools.mcpServers",
     "tools.exec.timeoutSeconds",
     "tools.exec.maxOutputChars",
     "tools.exec.maxProcesses",
@@ -132,6 +139,21 @@ def refresh_copies(cfg: Config, stack: AgentStack, channels: list[Channel]) -> N
     stack.loop.runner.max_iterations = cfg.agent.max_tool_iterations
     stack.loop.runner.max_tool_calls = cfg.agent.max_tool_calls_per_turn
     stack.gate.usage.warn_bytes = cfg.agent.workspace_warn_bytes
+    # Which tools exist: the built-ins turned on or off, the MCP servers added, taken away or
+    # changed (each started or stopped here), and the approval policy's copy of exec.allow.
+    switched = switch_builtins(stack.loop.turns.tools, cfg.tools)
+    servers = stack.mcp.apply(cfg.tools)
+    if switched or servers:
+        log.info("tools now: %s", ", ".join([*switched, *servers]))
+    if "+exec" in switched:  # as at start: say what confines the commands it will run
+        tools = cfg.tools
+        confinement = describe_confinement(
+            tools.restrict_to_workspace, tools.exec.sandbox, tools.exec.network
+        )
+        (log.info if confinement.active else log.warning)(
+            "exec confinement: %s", confinement.summary
+        )
+    stack.loop.approvals.policy = policy_for(cfg)
     for channel in channels:
         section = getattr(cfg.channels, channel.name, None)
         if section is not None:

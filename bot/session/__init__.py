@@ -11,6 +11,7 @@ The package is the only code that knows a session's metadata keys. Everyone else
 - ``model`` and ``store``: the in-memory session, the store and its cache.
 - ``records``: the shape check of every record read from a file.
 - ``state`` and ``transitions``: the typed state and its named changes.
+- ``reading``: read-only, streamed reading for people (the panel's pages, search, exports).
 """
 
 from bot.session import transitions

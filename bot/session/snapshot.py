@@ -136,6 +136,29 @@ def read_from_snapshot(
     return parsed, lc
 
 
+def last_hot(path: Path) -> dict[str, Any] | None:
+    """The ``hot`` field of the file's last full record (where the file stands), reading
+    only that record and the last metadata line; None when there is none to trust (the
+    file has no full record with one, or its offsets do not hold). Read only."""
+    with open_session(path) as fh:
+        found = _last_metadata(fh)
+        if found is None:
+            return None
+        at, record = found
+        if "changes" in record:
+            at, gen = record["snap"]
+            if not _at_line_start(fh, at):
+                return None
+            fh.seek(at)
+            record = parse_line(fh.readline())
+            if record is None or check_record(record).problems:
+                return None
+            if not isinstance(record.get("hot"), dict) or record["hot"].get("gen") != gen:
+                return None
+        hot = record.get("hot")
+        return hot if isinstance(hot, dict) else None
+
+
 def read_metadata(path: Path) -> dict[str, Any] | None:
     """The current metadata of a session file, read only (nothing is repaired or set aside):
     from its last full record when the file has one, else from the whole file."""

@@ -14,7 +14,44 @@ from bot.tools.search import WebSearchTool
 from bot.tools.shell import ExecTool
 from bot.tools.web import WebFetchTool
 
-__all__ = ["Tool", "ToolContext", "ToolError", "ToolRegistry", "build_default_tools"]
+__all__ = [
+    "SWITCHABLE",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolRegistry",
+    "build_default_tools",
+    "switch_builtins",
+]
+
+# The built-in tools the config turns on or off: ``tools.<section>.enabled`` and the tools
+# that section brings.
+SWITCHABLE: dict[str, tuple[str, ...]] = {
+    "exec": ("exec",),
+    "web": ("web_fetch", "web_search"),
+}
+
+
+def _switchable(cfg_tools: ToolsConfig, section: str) -> list[Tool]:
+    if section == "exec":
+        return [ExecTool(cfg_tools.exec)]
+    return [WebFetchTool(cfg_tools.web), WebSearchTool(cfg_tools.web)]
+
+
+def switch_builtins(registry: ToolRegistry, cfg_tools: ToolsConfig) -> list[str]:
+    """Register or take away the switchable built-ins as ``cfg_tools`` says now (a reload);
+    what changed (``+exec``, ``-web_fetch``)."""
+    changed = []
+    for section, names in SWITCHABLE.items():
+        on = getattr(cfg_tools, section).enabled
+        for tool in _switchable(cfg_tools, section) if on else ():
+            if registry.get(tool.name) is None:
+                registry.register(tool)
+                changed.append("+" + tool.name)
+        for name in names if not on else ():
+            if registry.unregister(name):
+                changed.append("-" + name)
+    return changed
 
 
 def build_default_tools(
@@ -29,11 +66,10 @@ def build_default_tools(
     registry = ToolRegistry()
     for tool in (ReadFileTool(), WriteFileTool(), EditFileTool(), ListDirTool()):
         registry.register(tool)
-    if cfg_tools.exec.enabled:
-        registry.register(ExecTool(cfg_tools.exec))
-    if cfg_tools.web.enabled:
-        registry.register(WebFetchTool(cfg_tools.web))
-        registry.register(WebSearchTool(cfg_tools.web))
+    for section in SWITCHABLE:
+        if getattr(cfg_tools, section).enabled:
+            for tool in _switchable(cfg_tools, section):
+                registry.register(tool)
     registry.register(MessageTool())
     if workspace is not None and state_dir is not None:
         registry.register(MemorySearchTool(MemoryIndex(workspace, state_dir)))

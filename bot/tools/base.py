@@ -120,8 +120,17 @@ class ToolRegistry:
 
     def register(self, tool: Tool) -> None:
         self._tools[tool.name] = tool
+        self._put_groups_last()
         self._schemas = None
         self.version += 1
+
+    def unregister(self, name: str) -> bool:
+        """Take a built-in tool away (a reload that turns it off); whether it was there."""
+        if self._tools.pop(name, None) is None:
+            return False
+        self._schemas = None
+        self.version += 1
+        return True
 
     def replace_group(self, group: str, tools: list[Tool]) -> bool:
         """Make ``tools``, in this order, the tools of ``group`` (e.g. MCP servers), after the
@@ -137,15 +146,20 @@ class ToolRegistry:
         for tool in tools:
             self._tools[tool.name] = tool
         self._groups[group] = [t.name for t in tools]
-        # Groups after the built-ins, in a fixed order of groups.
+        self._put_groups_last()
+        self._schemas = None
+        self.version += 1
+        return True
+
+    def _put_groups_last(self) -> None:
+        """Groups after the built-ins, in a fixed order of groups."""
+        if not self._groups:
+            return
         grouped = {n for names in self._groups.values() for n in names}
         order = [n for n in self._tools if n not in grouped]
         for g in sorted(self._groups):
             order += self._groups[g]
         self._tools = {n: self._tools[n] for n in order}
-        self._schemas = None
-        self.version += 1
-        return True
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)

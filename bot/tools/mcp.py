@@ -505,34 +505,91 @@ class McpManager:
         log_dir: Path | None = None,
     ) -> None:
         self.registry = registry
+        self.tools_cfg = tools_cfg
+        self.gate = gate
+        self.workspace = workspace
+        self.log_dir = log_dir
+        self.started = False
+        # Servers taken away by a reload or a restart, still shutting down: stop() waits.
+        self._leaving: set[asyncio.Task[None]] = set()
         self.servers = [
-            McpServer(
-                name,
-                cfg,
-                tools_cfg,
-                gate=gate,
-                workspace=workspace,
-                log_dir=log_dir,
-                on_tools=self._tools_changed,
-            )
-            for name, cfg in sorted(tools_cfg.mcp_servers.items())
+            self._server(name, cfg) for name, cfg in sorted(tools_cfg.mcp_servers.items())
         ]
-        if self.servers:
-            _watch_transport_logs()
-        for name, cfg in sorted(tools_cfg.mcp_servers.items()):
-            if cfg.cwd and within(real_path(Path(cfg.cwd).expanduser()), real_path(workspace)):
-                log.warning(
-                    "mcp server %s: its cwd %s lies in the workspace, where the model can plant "
-                    "a module or node_modules the server would load; pass the workspace as an "
-                    "argument instead",
-                    name,
-                    cfg.cwd,
-                )
+
+    def _server(self, name: str, cfg: McpServerConfig) -> McpServer:
+        _watch_transport_logs()
+        if cfg.cwd and within(real_path(Path(cfg.cwd).expanduser()), real_path(self.workspace)):
+            log.warning(
+                "mcp server %s: its cwd %s lies in the workspace, where the model can plant "
+                "a module or node_modules the server would load; pass the workspace as an "
+                "argument instead",
+                name,
+                cfg.cwd,
+            )
+        return McpServer(
+            name,
+            cfg,
+            self.tools_cfg,
+            gate=self.gate,
+            workspace=self.workspace,
+            log_dir=self.log_dir,
+            on_tools=self._tools_changed,
+        )
 
     def start(self) -> None:
         """Begin connecting every server in the background; returns at once."""
+        self.started = True
         for server in self.servers:
             server.start()
+
+    def apply(self, tools_cfg: ToolsConfig) -> list[str]:
+        """Make the servers those of ``tools_cfg`` (a reload): a new one starts, one taken
+        away stops, one whose settings changed starts afresh; the others keep their
+        connection. Returns what changed (``+name``, ``-name``, ``~name``). On the loop."""
+        self.tools_cfg = tools_cfg
+        wanted = tools_cfg.mcp_servers
+        have = {s.name: s for s in self.servers}
+        changed = []
+        kept = []
+        for server in self.servers:
+            if wanted.get(server.name) == server.cfg:
+                server.tools_cfg = tools_cfg
+                kept.append(server)
+            else:
+                self._retire(server)
+                changed.append(("~" if server.name in wanted else "-") + server.name)
+        for name, cfg in sorted(wanted.items()):
+            if name in have and have[name].cfg == cfg:
+                continue
+            if name not in have:
+                changed.append("+" + name)
+            kept.append(self._begin(self._server(name, cfg)))
+        self.servers = sorted(kept, key=lambda s: s.name)
+        if changed:
+            self._tools_changed()
+        return changed
+
+    async def restart(self, name: str) -> bool:
+        """Stop server ``name`` (a stdio server's process ends) and start it afresh, at once
+        (no backoff wait); False when there is no such server."""
+        old = next((s for s in self.servers if s.name == name), None)
+        if old is None:
+            return False
+        await old.stop()
+        new = self._begin(self._server(name, old.cfg))
+        self.servers = [new if s is old else s for s in self.servers]
+        self._tools_changed()  # its tools come back when it has listed them again
+        return True
+
+    def _begin(self, server: McpServer) -> McpServer:
+        if self.started:
+            server.start()
+        return server
+
+    def _retire(self, server: McpServer) -> None:
+        task = asyncio.ensure_future(server.stop())
+        self._leaving.add(task)
+        task.add_done_callback(self._leaving.discard)
 
     async def wait_ready(self, seconds: float) -> None:
         """Wait until every server has connected or failed once, at most ``seconds``."""
@@ -551,7 +608,7 @@ class McpManager:
             )
 
     async def stop(self) -> None:
-        await asyncio.gather(*(s.stop() for s in self.servers))
+        await asyncio.gather(*(s.stop() for s in self.servers), *self._leaving)
 
     def statuses(self) -> list[ServerStatus]:
         return [s.status() for s in self.servers]

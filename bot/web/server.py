@@ -90,6 +90,9 @@ class Panel:
         self.limiter = limiter or AttemptLimiter()
         self._notices: dict[str, str] = {}  # session id -> the result of its last action
         self._runner: web.AppRunner | None = None
+        # Set when the panel stops: a live part (an SSE stream) ends then, rather than holding
+        # the stop for aiohttp's shutdown timeout.
+        self.closing = asyncio.Event()
         self.app = self._build()
 
     @property
@@ -125,11 +128,15 @@ class Panel:
             await self._runner.cleanup()
             self._runner = None
 
+    async def _close_streams(self, app: web.Application) -> None:
+        self.closing.set()
+
     # -- the application --
 
     def _build(self) -> web.Application:
         app = web.Application(middlewares=[self._guard], client_max_size=MAX_BODY)
         app.on_response_prepare.append(_security_headers)
+        app.on_shutdown.append(self._close_streams)
         for screen in screens.load():
             app.router.add_routes(screen.routes(self))
         app.router.add_get("/login", self._login_page)

@@ -37,6 +37,11 @@ PAGES = (  # every page of a logged-in browser
     "/memory/log",
     "/memory/archive",
     "/memory/search?q=memobot",
+    "/chats",
+    "/chats?q=hello",
+    "/logs",
+    "/logs?level=DEBUG&session=telegram:1",
+    "/tools",
 )
 PUBLIC_PAGES = ("/login", "/logged-out", "/expired", "/static/panel.css")
 

@@ -14,11 +14,14 @@ from types import ModuleType
 
 SCREEN_MODULES = (
     "bot.web.screens.overview",
+    "bot.web.screens.chats",
     "bot.web.screens.memory",
     "bot.web.screens.access",
     "bot.web.screens.approvals",
     "bot.web.screens.schedule",
+    "bot.web.screens.tools",
     "bot.web.screens.settings",
+    "bot.web.screens.logs",
 )
 
 

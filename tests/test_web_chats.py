@@ -1,0 +1,132 @@
+"""The panel's Chats screen over real session files: the list, a transcript (escaped, tool
+calls folded, a page at a time across the archive and the hot file), search, and exports; a
+key that is not a session's is a 404, never a path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bot.config import load_config
+from bot.session import SessionStore, archive_path
+from tests.helpers import write_config
+from tests.helpers.web import browsing, panel_section
+
+HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+NO_LLM = "http://127.0.0.1:9/v1"
+
+
+def panel(tmp_path: Path) -> Any:
+    config = write_config(tmp_path, NO_LLM, web=panel_section())
+    cfg, _ = load_config(config)
+    return cfg, browsing(cfg, config)
+
+
+def hostile_chat(store: SessionStore) -> None:
+    session = store.get("telegram:1001")
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "exec", "arguments": json.dumps({"cmd": HOSTILE})},
+    }
+    store.append(
+        session,
+        [
+            {"role": "user", "content": f"hello {HOSTILE} needle-one"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": f"ran {HOSTILE}"},
+            {"role": "assistant", "content": "done"},
+        ],
+    )
+
+
+async def test_the_list_and_a_transcript_show_hostile_text_as_text(tmp_path):
+    cfg, browsing_ = panel(tmp_path)
+    hostile_chat(SessionStore(cfg.agent.state_path))
+    async with browsing_ as b:
+        await b.login()
+        status, text, _ = await b.get("/chats")
+        assert status == 200
+        assert 'href="/chats/view?key=telegram%3A1001"' in text and "<td>1001</td>" in text
+        status, text, _ = await b.get("/chats/view", params={"key": "telegram:1001"})
+        assert status == 200
+        assert "<script>alert" not in text and "<img src=x" not in text
+        assert "hello &lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in text
+        # The call and its result are folded, their text escaped inside.
+        assert "<details><summary>tool call <code>exec</code></summary><pre>" in text
+        assert "<details><summary>tool result (" in text
+        assert text.count("<article") == 4 and "Messages 0–3 of 4" in text
+
+
+async def test_a_key_that_is_not_a_session_is_a_404(tmp_path):
+    cfg, browsing_ = panel(tmp_path)
+    hostile_chat(SessionStore(cfg.agent.state_path))
+    async with browsing_ as b:
+        await b.login()
+        for key in ("../../config.json", "../config", "telegram:1002", "", "telegram%3A1001"):
+            for path, extra in (("/chats/view", {}), ("/chats/export", {"format": "jsonl"})):
+                status, text, _ = await b.get(path, params={"key": key, **extra})
+                assert status == 404, (path, key)
+                assert "llm" not in text  # nothing of the config file
+
+
+async def test_a_long_session_is_paged_across_its_archive(tmp_path):
+    cfg, browsing_ = panel(tmp_path)
+    store = SessionStore(cfg.agent.state_path)
+    session = store.get("slack:C1")
+    filler = "x" * 3000
+    for i in range(0, 300, 10):
+        batch = [{"role": "user", "content": f"message {n} {filler}"} for n in range(i, i + 10)]
+        store.append(session, batch)
+    store.append(session, last_consolidated=280)  # consolidated lines move to the archive
+    assert archive_path(session.path).stat().st_size > 0
+    async with browsing_ as b:
+        await b.login()
+        _, text, _ = await b.get("/chats/view", params={"key": "slack:C1"})
+        assert text.count("<article") == 50  # the newest page only
+        assert "message 299 " in text and "message 250 " in text and "message 249 " not in text
+        assert "Messages 250–299 of 300" in text
+        _, text, _ = await b.get("/chats/view", params={"key": "slack:C1", "at": "57"})
+        assert "Messages 50–99 of 300" in text and 'id="m57"' in text
+        assert "message 50 " in text and "message 99 " in text and "message 100 " not in text
+        assert text.count("<article") == 50
+
+
+async def test_search_finds_a_message_and_links_to_its_page(tmp_path):
+    cfg, browsing_ = panel(tmp_path)
+    store = SessionStore(cfg.agent.state_path)
+    hostile_chat(store)
+    other = store.get("discord:77")
+    store.append(other, [{"role": "user", "content": f"m{n}"} for n in range(120)])
+    store.append(other, [{"role": "assistant", "content": "the NEEDLE-one is here"}])
+    async with browsing_ as b:
+        await b.login()
+        _, text, _ = await b.get("/chats", params={"q": "needle-ONE"})
+        assert 'href="/chats/view?key=discord%3A77&amp;at=120#m120"' in text
+        assert 'href="/chats/view?key=telegram%3A1001&amp;at=0#m0"' in text
+        assert "<script>alert" not in text and "&lt;script&gt;" in text
+        _, text, _ = await b.get("/chats", params={"q": "nowhere-at-all"})
+        assert "No message holds" in text
+
+
+async def test_exports_are_downloads_of_the_stored_messages(tmp_path):
+    cfg, browsing_ = panel(tmp_path)
+    store = SessionStore(cfg.agent.state_path)
+    hostile_chat(store)
+    async with browsing_ as b:
+        await b.login()
+        params = {"key": "telegram:1001", "format": "jsonl"}
+        status, text, r = await b.get("/chats/export", params=params)
+        assert status == 200
+        assert r.headers["Content-Disposition"] == (
+            'attachment; filename="memobot-telegram_1001.jsonl"'
+        )
+        lines = [json.loads(line) for line in text.splitlines()]
+        assert lines == store.history("telegram:1001")  # the messages as stored, no metadata
+        status, text, r = await b.get("/chats/export", params={**params, "format": "md"})
+        assert status == 200 and r.headers["Content-Type"].startswith("text/markdown")
+        assert "attachment;" in r.headers["Content-Disposition"]
+        assert "## 0: user" in text and "Tool call `exec`" in text and HOSTILE in text
+        status, _, _ = await b.get("/chats/export", params={**params, "format": "html"})
+        assert status == 404

@@ -14,7 +14,7 @@ from typing import Any
 
 from bot.config import load_config
 from bot.gateway import Gateway
-from tests.helpers import config_dict
+from tests.helpers import config_dict, write_config
 from tests.helpers.web import Browser, browsing, panel_section
 
 NO_LLM = "http://127.0.0.1:9/v1"
@@ -106,3 +106,21 @@ async def test_alone_the_page_says_where_the_log_is(tmp_path):
         assert "The gateway is not running" in text
         status, _, _ = await b.get("/logs/stream")
         assert status == 404
+
+
+async def test_the_overview_shows_the_last_warnings_and_errors(tmp_path):
+    async with gateway_panel(tmp_path) as (_, b):
+        log.info("an ordinary line")
+        log.warning("channel telegram reconnecting: <timeout> key %s", SECRET)
+        log.error("a turn failed session=telegram:1001")
+        _, text, _ = await b.get("/")
+        shown = text.split("Recent warnings and errors", 1)[1]
+        assert shown.index("a turn failed") < shown.index("reconnecting: &lt;timeout&gt; key ***")
+        assert "an ordinary line" not in shown and SECRET not in text
+    (tmp_path / "alone").mkdir()
+    config = write_config(tmp_path / "alone", NO_LLM, web=panel_section())
+    cfg, _ = load_config(config)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        _, text, _ = await b.get("/")
+        assert "Shown while the gateway runs" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -17,9 +18,11 @@ from bot.web.server import page_response
 from bot.web.views import Frame, page, table
 
 if TYPE_CHECKING:
+    from bot.service.log_ring import LogLine
     from bot.web.server import Panel
 
 NAV = ("/", "Overview")
+WARNINGS_SHOWN = 8
 
 
 def routes(panel: Panel) -> list[web.RouteDef]:
@@ -27,7 +30,9 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         cfg, _ = await panel.config()
         data = await asyncio.to_thread(overview, cfg)
         frame = panel.frame(request, panel.in_gateway or data.gateway_running)
-        return page_response(overview_page(data, frame))
+        ring = getattr(panel.gateway, "logs", None)
+        problems = recent_problems(ring.recent()) if ring is not None else None
+        return page_response(overview_page(data, frame, problems))
 
     return [web.get("/", show)]
 
@@ -90,7 +95,22 @@ def overview(cfg: Config) -> Overview:
     )
 
 
-def overview_page(data: Overview, frame: Frame) -> Html:
+def recent_problems(lines: list[LogLine], most: int = WARNINGS_SHOWN) -> list[LogLine]:
+    """The last warnings and errors of the running gateway's log, newest first."""
+    return [ln for ln in reversed(lines) if ln.levelno >= logging.WARNING][:most]
+
+
+def _problems(problems: list[LogLine] | None) -> Html:
+    if problems is None:
+        return tag("p", "Shown while the gateway runs (its log is its own).", class_="muted")
+    if not problems:
+        return tag("p", "None since the gateway started.", class_="muted")
+    items = join(tag("li", tag("code", ln.text)) for ln in problems)
+    more = tag("a", "All of the log", href="/logs?level=WARNING")
+    return join([tag("ul", items, class_="problems"), tag("p", more)])
+
+
+def overview_page(data: Overview, frame: Frame, problems: list[LogLine] | None = None) -> Html:
     rows: list[list[object]] = [[c.name, c.state, _why(c)] for c in data.channels]
     channels = (
         table(("Channel", "State", "Why"), rows)
@@ -112,6 +132,7 @@ def overview_page(data: Overview, frame: Frame) -> Html:
         schedule=data.schedule,
         approvals=data.open_approvals,
         channels=channels,
+        problems=_problems(problems),
     )
     return page("Overview", body, frame)
 

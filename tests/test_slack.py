@@ -674,6 +674,25 @@ async def test_an_old_inbox_is_moved_into_the_intake_once(tmp_path, llm, slack):
     assert len(slack.posts) == 1 and len(llm.requests) == 1
 
 
+async def test_an_unreadable_old_inbox_entry_is_dropped_and_the_gateway_starts(
+    tmp_path, llm, slack, caplog
+):
+    # A hand-edited slack.json: an entry with a field of the wrong type raised at start (the
+    # gateway stopped at every start); now it is dropped, named by its id, never its text.
+    base = {"event_id": "Ev1", "chat_id": DM, "channel": DM, "user": ALICE, "is_dm": True}
+    bad = {**base, "message_id": "1700000028.000100", "text": ["secret words"]}
+    good = {**base, "event_id": "Ev2", "message_id": "1700000028.000200", "text": "still here"}
+    state = tmp_path / "state" / "channels" / "slack.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"inbox": [bad, good], "threads": 5}))
+    async with Rig(tmp_path, llm, slack):
+        (post,) = await slack.wait_posts(1)
+        assert json.loads(state.read_text()) == {"threads": []}
+    assert post.text.startswith("echo: still here")
+    assert "old inbox entry of message 1700000028.000100 unreadable (text)" in caplog.text
+    assert "secret words" not in caplog.text
+
+
 async def test_slash_command_and_bang_commands_stop_a_running_answer(tmp_path, llm, slack):
     llm.script(reply("too late", delay=5.0), reply("also too late", delay=5.0))
     async with Rig(tmp_path, llm, slack):

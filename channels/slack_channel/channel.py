@@ -41,7 +41,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
 from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
@@ -443,17 +443,38 @@ def _header(request: AsyncBoltRequest, name: str) -> str | None:
     return values[0] if values else None
 
 
-def _incoming_from_dict(entry: dict[str, Any]) -> Incoming:
-    """An entry of the inbox earlier versions kept in ``state/channels/slack.json``."""
-    fields = {k: v for k, v in entry.items() if k in Incoming.__dataclass_fields__}
-    fields["files"] = tuple(SlackFile.model_validate(f) for f in entry.get("files") or ())
-    return Incoming(**fields)
+class _OldInboxEntry(BaseModel):
+    """An entry of the inbox earlier versions kept in ``state/channels/slack.json``, checked
+    field by field: one of the wrong type (a hand edit, a disk error) is dropped with a log
+    line, where it raised at start and stopped the gateway at every start."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    event_id: StrictStr
+    chat_id: StrictStr
+    channel: StrictStr
+    thread_ts: StrictStr | None = None
+    user: StrictStr
+    text: StrictStr
+    message_id: StrictStr
+    is_dm: StrictBool
+    files: tuple[SlackFile, ...] = ()
+    sender_name: StrictStr = ""
+    team: StrictStr = ""
+
+    def incoming(self) -> Incoming:
+        return Incoming(**{k: getattr(self, k) for k in Incoming.__dataclass_fields__})
 
 
 def _valid(entry: Any) -> bool:
     return isinstance(entry, dict) and all(
         isinstance(entry.get(k), str) for k in ("chat_id", "message_id", "event_id", "user")
     )
+
+
+def _listed(value: Any) -> list[Any]:
+    """A list kept in a state file, or [] for anything else there (a hand edit)."""
+    return value if isinstance(value, list) else []
 
 
 # --- the channel ----------------------------------------------------------------------------
@@ -547,9 +568,11 @@ class SlackChannel(Channel):
         # Messages an earlier version acknowledged and kept in an inbox of its own, oldest
         # first: moved into the core's intake at start (``_migrate_inbox``).
         self._legacy_inbox: list[dict[str, Any]] = [
-            e for e in saved.get("inbox") or [] if _valid(e)
+            e for e in _listed(saved.get("inbox")) if _valid(e)
         ]
-        self._threads: OrderedDict[str, None] = OrderedDict.fromkeys(saved.get("threads") or [])
+        self._threads: OrderedDict[str, None] = OrderedDict.fromkeys(
+            t for t in _listed(saved.get("threads")) if isinstance(t, str)
+        )
         self._last_thread: dict[tuple[str, str], str] = {}  # (channel, user) -> chat id
         self._downloads = asyncio.Semaphore(DOWNLOADS_AT_ONCE)
         self._recent: OrderedDict[str, None] = OrderedDict()  # event ids taken or ignored
@@ -978,12 +1001,16 @@ class SlackChannel(Channel):
         while self._legacy_inbox:
             entry = self._legacy_inbox[0]
             try:
-                inc = _incoming_from_dict(entry)
-            except (TypeError, ValidationError) as exc:
+                inc = _OldInboxEntry.model_validate(entry).incoming()
+            except ValidationError as exc:
+                # The fields named, never their values (a message's text).
+                wrong = ", ".join(
+                    ".".join(map(str, e["loc"])) for e in exc.errors(include_input=False)
+                )
                 log.error(
-                    "slack: old inbox entry of message %s unreadable, dropped: %s",
+                    "slack: old inbox entry of message %s unreadable (%s), dropped",
                     entry.get("message_id"),
-                    exc,
+                    wrong,
                 )
             else:
                 verdict = await self._publish(inc, str(entry["event_id"]), 0.0)

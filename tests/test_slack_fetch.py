@@ -1,0 +1,61 @@
+"""Slack's ``fetch_media`` under attack: a real SlackChannel (its aiohttp session, the
+workspace's link-safe writes) fetching from the fake Slack's file server, called directly as
+the channel manager does before a turn. No socket, no agent loop: each test is milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from bot.bus import InboundMessage, MessageBus
+from bot.media import FileRef
+from channels.base import SAFE_NAME_CHARS
+from channels.slack_channel.channel import SlackChannel
+from channels.slack_channel.config import SlackConfig
+from tests.fakes.slack_api import APP_TOKEN, BOT_TOKEN, FakeSlack
+
+pytestmark = pytest.mark.timeout(30)
+
+CHAT = "D0FETCH01"
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as s:
+        yield s
+
+
+@pytest.fixture
+async def channel(tmp_path: Path, slack: FakeSlack) -> AsyncIterator[SlackChannel]:
+    cfg = SlackConfig(enabled=True, bot_token=BOT_TOKEN, app_token=APP_TOKEN, api_url=slack.api_url)
+    (tmp_path / "workspace").mkdir()
+    ch = SlackChannel(MessageBus(), cfg, tmp_path / "workspace", tmp_path / "state")
+    ch._http = aiohttp.ClientSession()  # what start() opens, without connecting to Slack
+    yield ch
+    await ch._http.close()
+
+
+def content(path: str | None) -> bytes:
+    assert path is not None
+    return Path(path).read_bytes()
+
+
+def message(*files: FileRef) -> InboundMessage:
+    return InboundMessage("slack", CHAT, "U0ALICE01", "see", files=files, message_id="1.1")
+
+
+async def test_a_file_with_a_very_long_name_is_saved_under_a_shortened_one(channel, slack):
+    # 255 bytes is all a folder entry may have: a longer name failed at the rename, after
+    # the whole file had come, and the person's file was a note.
+    url = slack.add_file("long", b"long name\n")
+    name = "report " * 60 + ".pdf"
+    (got,) = await channel.fetch_media(message(FileRef("F1", name, 10, url=url)))
+    assert got.problem == "" and got.path is not None
+    assert content(got.path) == b"long name\n"
+    saved = Path(got.path)
+    assert saved.name.startswith("F1-report_report") and saved.name.endswith(".pdf")
+    assert len(saved.name) <= len("F1-") + SAFE_NAME_CHARS

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from bot.bus import InboundMessage, MessageBus
 from bot.media import FileRef
@@ -59,3 +60,47 @@ async def test_a_file_with_a_very_long_name_is_saved_under_a_shortened_one(chann
     saved = Path(got.path)
     assert saved.name.startswith("F1-report_report") and saved.name.endswith(".pdf")
     assert len(saved.name) <= len("F1-") + SAFE_NAME_CHARS
+
+
+@pytest.fixture
+async def redirector(slack: FakeSlack) -> AsyncIterator[str]:
+    """A path on the fake's own host (the token may go there) that redirects for ever, to
+    URLs whose query holds a credential (a signed link)."""
+
+    async def loop(request: web.Request) -> web.Response:
+        hop = int(request.query.get("hop", "0")) + 1
+        raise web.HTTPFound(f"/loop?hop={hop}&X-Amz-Signature=sig-{SIGNED}")
+
+    app = web.Application()
+    app.router.add_get("/loop", loop)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    assert site._server is not None
+    port = site._server.sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}/loop?X-Amz-Signature=sig-{SIGNED}"
+    await runner.cleanup()
+
+
+SIGNED = "s3cr3tsignature"
+
+
+async def test_a_failed_download_is_told_without_the_urls_it_went_through(channel, redirector):
+    # aiohttp's own text of a failure names the URL it ended at, query and all; the note is
+    # read by the model and kept in the transcript.
+    channel._file_origins.add(("http", "127.0.0.1"))  # the redirector's host, any port
+    (got,) = await channel.fetch_media(message(FileRef("F2", "a.pdf", 3, url=redirector)))
+    assert got.path is None
+    assert got.problem == "download failed: too many redirects"
+    assert SIGNED not in got.problem
+
+
+def test_the_token_goes_to_slack_over_https_only(channel, slack):
+    allowed = channel._may_send_token
+    assert allowed("https://files.slack.com/files-pri/T1-F1/a.pdf")
+    assert allowed(f"{slack.url}/files/a.pdf")  # the configured apiUrl's scheme and host
+    assert not allowed("http://files.slack.com/files-pri/T1-F1/a.pdf")  # in clear text
+    assert not allowed("https://files.slack.com.evil.example/a.pdf")
+    assert not allowed("https://evilslack.com/a.pdf")
+    assert not allowed("https://127.0.0.1/a.pdf")  # the apiUrl's host, another scheme

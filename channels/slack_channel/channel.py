@@ -438,6 +438,25 @@ class _TooLarge(_DownloadError):
     pass
 
 
+def _download_problem(exc: BaseException) -> str:
+    """Why a download failed, in words the person and the model read (the note in the
+    message): never the exception's own text, which names the URL a redirect led to, query
+    and all (a signed link is a credential), or a temporary file's name."""
+    if isinstance(exc, _DownloadError):
+        return str(exc)  # our own words
+    if isinstance(exc, aiohttp.TooManyRedirects):
+        return "too many redirects"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f"HTTP {exc.status}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect to {exc.host}"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, OSError) and not isinstance(exc, aiohttp.ClientError) and exc.strerror:
+        return exc.strerror  # the disk's trouble: "No space left on device"
+    return type(exc).__name__
+
+
 def _header(request: AsyncBoltRequest, name: str) -> str | None:
     values = request.headers.get(name) or []
     return values[0] if values else None
@@ -587,7 +606,10 @@ class SlackChannel(Channel):
         self._settled: asyncio.Event | None = None
         self._closing: asyncio.Future[None] | None = None  # a socket whose token was refused
         self._connected_once = False
-        self._file_hosts = {urlsplit(cfg.api_url).hostname} if cfg.api_url else set()
+        # Where else the bot token may go with a file download: the configured apiUrl's
+        # scheme and host (a proxy, a local test server).
+        api = urlsplit(cfg.api_url)
+        self._file_origins = {(api.scheme, api.hostname)} if cfg.api_url else set()
         self._askers: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
         self._previews: OrderedDict[str, _Preview] = OrderedDict()  # by ts
         self._native_off: dict[str, str] = {}  # a channel id -> Slack's refusal there
@@ -1152,7 +1174,7 @@ class SlackChannel(Channel):
             except _TooLarge:
                 problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
             except (aiohttp.ClientError, TimeoutError, OSError, _DownloadError) as exc:
-                problem = f"download failed: {str(exc) or type(exc).__name__}"
+                problem = f"download failed: {_download_problem(exc)}"
         log.warning(
             "slack: file %s not fetched session=%s id=%s: %s",
             ref.label,
@@ -1163,9 +1185,14 @@ class SlackChannel(Channel):
         return Fetched(ref, None, problem)
 
     def _may_send_token(self, url: str) -> bool:
-        """The bot token goes only to Slack's own hosts (or the configured apiUrl's host)."""
-        host = urlsplit(url).hostname or ""
-        return host == "slack.com" or host.endswith(".slack.com") or host in self._file_hosts
+        """The bot token goes only to Slack's own hosts over https (or to the configured
+        apiUrl's scheme and host): never in clear text, never to another host. A redirect to
+        another origin is followed without it (aiohttp drops Authorization there)."""
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if (parts.scheme, host) in self._file_origins:
+            return True
+        return parts.scheme == "https" and (host == "slack.com" or host.endswith(".slack.com"))
 
     async def _fetch(self, url: str, path: Path) -> None:
         assert self._http is not None

@@ -5,6 +5,9 @@ the channel manager does before a turn. No socket, no agent loop: each test is m
 
 from __future__ import annotations
 
+import asyncio
+import os
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -65,14 +68,25 @@ async def test_a_file_with_a_very_long_name_is_saved_under_a_shortened_one(chann
 @pytest.fixture
 async def redirector(slack: FakeSlack) -> AsyncIterator[str]:
     """A path on the fake's own host (the token may go there) that redirects for ever, to
-    URLs whose query holds a credential (a signed link)."""
+    URLs whose query holds a credential (a signed link); ``/stalls`` sends a first part of
+    a file, then nothing."""
 
     async def loop(request: web.Request) -> web.Response:
         hop = int(request.query.get("hop", "0")) + 1
         raise web.HTTPFound(f"/loop?hop={hop}&X-Amz-Signature=sig-{SIGNED}")
 
+    done = asyncio.Event()
+
+    async def stalls(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b"the first part")
+        await done.wait()  # the rest never comes
+        return resp
+
     app = web.Application()
     app.router.add_get("/loop", loop)
+    app.router.add_get("/stalls", stalls)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -80,6 +94,7 @@ async def redirector(slack: FakeSlack) -> AsyncIterator[str]:
     assert site._server is not None
     port = site._server.sockets[0].getsockname()[1]
     yield f"http://127.0.0.1:{port}/loop?X-Amz-Signature=sig-{SIGNED}"
+    done.set()
     await runner.cleanup()
 
 
@@ -104,3 +119,58 @@ def test_the_token_goes_to_slack_over_https_only(channel, slack):
     assert not allowed("https://files.slack.com.evil.example/a.pdf")
     assert not allowed("https://evilslack.com/a.pdf")
     assert not allowed("https://127.0.0.1/a.pdf")  # the apiUrl's host, another scheme
+
+
+async def test_the_download_is_written_off_the_event_loop(channel, slack, monkeypatch):
+    # The fsync of up to 20 MB (and the writes, the rename) ran on the event loop: every
+    # chat waited for the disk.
+    url = slack.add_file("disk", b"x" * (3 * 1024 * 1024))
+    loop_thread = threading.get_ident()
+    synced: list[bool] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(threading.get_ident() == loop_thread)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    (got,) = await channel.fetch_media(message(FileRef("F5", "big.bin", 3, url=url)))
+    assert got.problem == "" and len(content(got.path)) == 3 * 1024 * 1024
+    assert synced and not any(synced), "an fsync ran on the event loop's thread"
+
+
+async def test_a_crash_leftover_is_replaced_and_a_link_there_is_never_written_through(
+    tmp_path, channel, slack
+):
+    # A download killed half-way left its temporary file for ever (a new random name at each
+    # try); the model may plant a link where the next one is written.
+    url = slack.add_file("doc", b"the real file\n")
+    folder = channel.workspace / "media" / "slack" / CHAT
+    folder.mkdir(parents=True)
+    (folder / ".F6-a.txt.part").write_bytes(b"half a file from before a crash")
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"not yours")
+    (folder / ".F7-b.txt.part").symlink_to(outside)
+    got = await channel.fetch_media(
+        message(FileRef("F6", "a.txt", 14, url=url), FileRef("F7", "b.txt", 14, url=url))
+    )
+    assert [content(g.path) for g in got] == [b"the real file\n"] * 2
+    assert sorted(p.name for p in folder.iterdir()) == ["F6-a.txt", "F7-b.txt"]
+    assert outside.read_bytes() == b"not yours"
+
+
+async def test_a_download_cancelled_half_way_leaves_nothing_behind(channel, redirector):
+    # /stop, or a shutdown, while the file comes: no file, no temporary file.
+    channel._file_origins.add(("http", "127.0.0.1"))
+    url = redirector.split("/loop")[0] + "/stalls"
+    folder = channel.workspace / "media" / "slack" / CHAT
+    fetch = asyncio.create_task(channel.fetch_media(message(FileRef("F8", "c.txt", 99, url=url))))
+    for _ in range(500):
+        await asyncio.sleep(0.01)
+        if folder.is_dir() and list(folder.iterdir()):
+            break
+    assert [p.name for p in folder.iterdir()] == [".F8-c.txt.part"]
+    fetch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await fetch
+    assert list(folder.iterdir()) == []

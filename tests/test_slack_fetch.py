@@ -14,11 +14,17 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.bus import InboundMessage, MessageBus
 from bot.media import FileRef
 from channels.base import SAFE_NAME_CHARS
-from channels.slack_channel.channel import SlackChannel
+from channels.slack_channel.channel import (
+    FILES_PER_MESSAGE,
+    SlackChannel,
+    SlackFile,
+    file_refs,
+)
 from channels.slack_channel.config import SlackConfig
 from tests.fakes.slack_api import APP_TOKEN, BOT_TOKEN, FakeSlack
 
@@ -174,3 +180,36 @@ async def test_a_download_cancelled_half_way_leaves_nothing_behind(channel, redi
     with pytest.raises(asyncio.CancelledError):
         await fetch
     assert list(folder.iterdir()) == []
+
+
+async def test_a_slack_connect_file_is_described_by_files_info_then_fetched(channel, slack):
+    # Slack sends a file shared in a Slack Connect channel without its details; it was a
+    # note "not stored on Slack" and the person's file was never seen.
+    url = slack.add_file("connect", b"from another workspace\n")
+    slack.file_info["F9"] = {"id": "F9", "name": "shared.txt", "size": 23, "url_private": url}
+    channel.web = AsyncWebClient(token=BOT_TOKEN, base_url=slack.api_url)
+    (event_file,) = file_refs(
+        (
+            SlackFile.model_validate(
+                {"id": "F9", "mode": "file_access", "file_access": "check_file_info", "user": ""}
+            ),
+        )
+    )
+    gone = FileRef("F10", "", None, extra={"file_access": "check_file_info"})
+    got = await channel.fetch_media(message(event_file, gone))
+    assert content(got[0].path) == b"from another workspace\n"
+    assert Path(got[0].path or "").name == "F9-shared.txt" and got[0].ref is event_file
+    assert got[1].path is None
+    assert got[1].problem == "Slack did not describe it (files.info: file_not_found)"
+
+
+async def test_files_past_the_first_twenty_of_one_message_are_a_note(channel, slack):
+    url = slack.add_file("many", b"1")
+    refs = [FileRef(f"F{i:03d}", "n.txt", 1, url=url) for i in range(FILES_PER_MESSAGE + 5)]
+    got = await channel.fetch_media(message(*refs))
+    assert [g.ref for g in got] == refs
+    assert all(g.path for g in got[:FILES_PER_MESSAGE])
+    assert {g.problem for g in got[FILES_PER_MESSAGE:]} == {
+        f"more than {FILES_PER_MESSAGE} files in one message"
+    }
+    assert len(slack.file_auth) == FILES_PER_MESSAGE

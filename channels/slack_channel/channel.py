@@ -54,7 +54,7 @@ from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import CHANNEL_COMMANDS, COMMANDS, CommandSyntax
 from bot.gate.question import QuestionView, fit_question
-from bot.media import Fetched, FileRef
+from bot.media import Fetched, FileRef, not_fetched
 from bot.proxy import http_proxy, socks_connector
 from bot.workspace import chat_media_dir
 from channels.access import (
@@ -106,6 +106,9 @@ DOWNLOAD_TIMEOUT_SECONDS = 120.0
 USER_LOOKUP_SECONDS = 3.0
 NAME_WAIT_BEFORE_ACK = 0.5  # of Slack's 3 s ack deadline, at most this for a sender's name
 DOWNLOADS_AT_ONCE = 4  # file downloads in flight, all chats together
+# Files fetched of one message (Slack's clients attach at most 10): a message naming hundreds
+# (the Web API, a forged payload) would hold its chat for hours and fill the disk.
+FILES_PER_MESSAGE = 20
 START_WAIT_SECONDS = 5.0  # start() returns by then even if Slack is not reachable yet
 CONNECT_TIMEOUT_SECONDS = 30.0
 CONNECT_BACKOFF_START, CONNECT_BACKOFF_MAX = 1.0, 30.0
@@ -312,10 +315,21 @@ def file_refs(files: tuple[SlackFile, ...]) -> tuple[FileRef, ...]:
             size=f.size or None,
             mimetype=f.mimetype,
             url=f.url_private_download or f.url_private,
-            extra={"mode": f.mode} if f.mode else {},
+            extra=_file_extra(f),
         )
         for f in files
     )
+
+
+def _file_extra(f: SlackFile) -> dict[str, str]:
+    """What fetching needs beyond the URL: the file's ``mode`` (hosted by Slack or not), and
+    ``file_access`` "check_file_info" for a file Slack names without its details (a Slack
+    Connect channel's: ``files.info`` gives them)."""
+    extra = {"mode": f.mode} if f.mode else {}
+    access = (f.model_extra or {}).get("file_access")
+    if isinstance(access, str) and access:
+        extra["file_access"] = access
+    return extra
 
 
 def sender_team(event: SlackEvent, payload: dict[str, Any]) -> str:
@@ -1149,28 +1163,41 @@ class SlackChannel(Channel):
         long after the ack. A file already saved there (a restart after the download) is
         not fetched again."""
         folder = self.workspace / chat_media_dir(NAME, msg.chat_id)
-        return [await self._fetch_file(msg, ref, folder) for ref in msg.files]
+        kept, over = msg.files[:FILES_PER_MESSAGE], msg.files[FILES_PER_MESSAGE:]
+        fetched = [await self._fetch_file(msg, ref, folder) for ref in kept]
+        if over:
+            log.warning(
+                "slack: %d file(s) past the first %d not fetched session=%s id=%s",
+                len(over),
+                FILES_PER_MESSAGE,
+                msg.session_key,
+                msg.message_id,
+            )
+            fetched += not_fetched(over, f"more than {FILES_PER_MESSAGE} files in one message")
+        return fetched
 
     async def _fetch_file(self, msg: InboundMessage, ref: FileRef, folder: Path) -> Fetched:
+        """One file: saved under ``<id>-<name>``, or the reason it was not. ``ref`` is what
+        the pending turn names; a Slack Connect file's details come from ``files.info``."""
+        asked = ref
+        described: FileRef | str = ref
+        if not ref.url and ref.extra.get("file_access") == "check_file_info":
+            described = await self._file_info(ref)
+        if isinstance(described, str):
+            problem: str | None = described
+        else:
+            ref = described
+            problem = self._not_fetchable(ref)
         url = ref.url
-        problem = None
-        if ref.extra.get("mode") in UNHOSTED_FILE_MODES or not url:
-            problem = "not stored on Slack"
-        elif (ref.size or 0) > MEDIA_MAX_BYTES:
-            problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
-        elif not self._may_send_token(url):
-            problem = f"unexpected file host {urlsplit(url).hostname}"
-        elif self._http is None:
-            problem = "the Slack channel is not started"
         if problem is None:
             path = folder / f"{safe_file_name(ref.id)}-{safe_file_name(ref.label)}"
             try:
                 # The folder is in the workspace, which the model writes: never via a link.
                 if await asyncio.to_thread(workspace_files.is_file, self.workspace, path):
-                    return Fetched(ref, str(path))
+                    return Fetched(asked, str(path))
                 async with self._downloads:
                     await self._fetch(url, path)
-                return Fetched(ref, str(path))
+                return Fetched(asked, str(path))
             except _TooLarge:
                 problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
             except (aiohttp.ClientError, TimeoutError, OSError, _DownloadError) as exc:
@@ -1182,7 +1209,36 @@ class SlackChannel(Channel):
             msg.message_id,
             problem,
         )
-        return Fetched(ref, None, problem)
+        return Fetched(asked, None, problem)
+
+    def _not_fetchable(self, ref: FileRef) -> str | None:
+        """Why ``ref`` is not to be downloaded at all; None if it is."""
+        if ref.extra.get("mode") in UNHOSTED_FILE_MODES or not ref.url:
+            return "not stored on Slack"
+        if (ref.size or 0) > MEDIA_MAX_BYTES:
+            return f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
+        if not self._may_send_token(ref.url):
+            return f"unexpected file host {urlsplit(ref.url).hostname}"
+        if self._http is None:
+            return "the Slack channel is not started"
+        return None
+
+    async def _file_info(self, ref: FileRef) -> FileRef | str:
+        """``ref`` with the URL, name, size and mode ``files.info`` gives (Slack sends a file
+        of a Slack Connect channel as ``file_access: check_file_info``, without them); or why
+        not, in words for the note."""
+        if self.web is None:
+            return "the Slack channel is not started"
+        try:
+            with _network_errors():
+                answer = await self.web.files_info(file=ref.id)
+            (found,) = file_refs((SlackFile.model_validate(answer.get("file") or {}),))
+        except SlackApiError as exc:
+            return f"Slack did not describe it (files.info: {_error_code(exc) or 'refused'})"
+        except (SendError, ValidationError) as exc:
+            log.info("slack: files.info %s failed: %s", ref.id, exc)
+            return "Slack did not describe it (files.info failed)"
+        return replace(found, id=ref.id, name=found.name or ref.name)
 
     def _may_send_token(self, url: str) -> bool:
         """The bot token goes only to Slack's own hosts over https (or to the configured

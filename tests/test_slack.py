@@ -537,6 +537,13 @@ def test_route_sessions_and_gating():
     assert isinstance(route(edited, ME, "open"), Ignored)
 
 
+def test_a_file_with_null_fields_does_not_drop_its_message():
+    # One file described with nulls made the whole event malformed: ignored, never answered.
+    odd = {"id": "F1", "name": None, "size": None, "mimetype": None, "url_private": None}
+    event = SlackEvent.model_validate(dm("see the file", "6.0", files=[odd]))
+    assert route(event, ME, "mention").files[0].id == "F1"
+
+
 def test_slack_text_is_made_readable():
     wire = "see <https://a.io/x|the page> &amp; <https://b.io> in <#C1|general>, <!here> &lt;3"
     assert (

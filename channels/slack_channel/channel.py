@@ -41,7 +41,14 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
 from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
@@ -170,6 +177,15 @@ class SlackFile(BaseModel):
     mode: str = ""
     url_private: str = ""
     url_private_download: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_left_out(cls, data: Any) -> Any:
+        """A null field is one left out: one file described oddly (``"name": null``) made
+        the whole event malformed, and the person's message was dropped unanswered."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
 
 class SlackEvent(BaseModel):

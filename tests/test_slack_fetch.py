@@ -19,6 +19,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.bus import InboundMessage, MessageBus
 from bot.media import FileRef
 from channels.base import SAFE_NAME_CHARS
+from channels.slack_channel import channel as slack_channel
 from channels.slack_channel.channel import (
     FILES_PER_MESSAGE,
     SlackChannel,
@@ -213,3 +214,16 @@ async def test_files_past_the_first_twenty_of_one_message_are_a_note(channel, sl
         f"more than {FILES_PER_MESSAGE} files in one message"
     }
     assert len(slack.file_auth) == FILES_PER_MESSAGE
+
+
+async def test_a_download_that_stalls_ends_at_its_deadline_as_a_note(
+    channel, redirector, monkeypatch
+):
+    # A server that sends part of a file and then nothing: the chat waits at most the
+    # download deadline (two minutes; shortened here), then goes on with a note.
+    monkeypatch.setattr(slack_channel, "DOWNLOAD_TIMEOUT_SECONDS", 0.3)
+    channel._file_origins.add(("http", "127.0.0.1"))
+    url = redirector.split("/loop")[0] + "/stalls"
+    (got,) = await channel.fetch_media(message(FileRef("F11", "d.txt", 99, url=url)))
+    assert (got.path, got.problem) == (None, "download failed: timed out")
+    assert list((channel.workspace / "media" / "slack" / CHAT).iterdir()) == []

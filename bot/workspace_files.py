@@ -475,9 +475,10 @@ async def write_stream(
     name = PurePosixPath(str(path)).name
     stack = contextlib.ExitStack()
     writer = atomic_writer(root, path, make_parents=make_parents, tmp=f".{name}.part")
-    fh = await _in_thread(stack.enter_context, writer)
     size = 0
     try:
+        # Inside the try: a cancel that lands as the file is opened still closes it.
+        fh = await _in_thread(stack.enter_context, writer)
         pending = bytearray()
         async for block in blocks:
             pending += block

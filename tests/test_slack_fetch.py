@@ -10,6 +10,7 @@ import os
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import aiohttp
 import pytest
@@ -91,8 +92,12 @@ async def redirector(slack: FakeSlack) -> AsyncIterator[str]:
         await done.wait()  # the rest never comes
         return resp
 
+    async def elsewhere(request: web.Request) -> web.Response:
+        raise web.HTTPFound(request.query["to"])
+
     app = web.Application()
     app.router.add_get("/loop", loop)
+    app.router.add_get("/elsewhere", elsewhere)
     app.router.add_get("/stalls", stalls)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -227,3 +232,16 @@ async def test_a_download_that_stalls_ends_at_its_deadline_as_a_note(
     (got,) = await channel.fetch_media(message(FileRef("F11", "d.txt", 99, url=url)))
     assert (got.path, got.problem) == (None, "download failed: timed out")
     assert list((channel.workspace / "media" / "slack" / CHAT).iterdir()) == []
+
+
+async def test_a_redirect_to_another_origin_is_followed_without_the_token(
+    channel, slack, redirector
+):
+    # The token goes to the origin the file's URL names; where that origin sends the
+    # download on (another port is another origin) gets no Authorization header.
+    channel._file_origins.add(("http", "127.0.0.1"))
+    target = slack.add_file("moved", b"x")
+    url = redirector.split("/loop")[0] + "/elsewhere?" + urlencode({"to": target})
+    (got,) = await channel.fetch_media(message(FileRef("F12", "e.txt", 1, url=url)))
+    assert slack.file_auth == [None]
+    assert got.path is None and "sign-in page" in got.problem

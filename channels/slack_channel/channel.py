@@ -1176,8 +1176,8 @@ class SlackChannel(Channel):
     async def fetch_media(self, msg: InboundMessage) -> list[Fetched]:
         """Save the files ``msg`` names under ``<workspace>/media/slack/<chat>/``, with the
         bot token (only to Slack's own hosts); called by the core just before the turn runs,
-        long after the ack. A file already saved there (a restart after the download) is
-        not fetched again."""
+        long after the ack. A file already saved there (a restart after the download), at
+        the size Slack gave, is not fetched again."""
         folder = self.workspace / chat_media_dir(NAME, msg.chat_id)
         kept, over = msg.files[:FILES_PER_MESSAGE], msg.files[FILES_PER_MESSAGE:]
         fetched = [await self._fetch_file(msg, ref, folder) for ref in kept]
@@ -1208,8 +1208,11 @@ class SlackChannel(Channel):
         if problem is None:
             path = folder / f"{safe_file_name(ref.id)}-{safe_file_name(ref.label)}"
             try:
-                # The folder is in the workspace, which the model writes: never via a link.
-                if await asyncio.to_thread(workspace_files.is_file, self.workspace, path):
+                # Saved before a restart: kept. The folder is in the workspace, which the model
+                # writes: never via a link, and only at the size Slack gave (a file put there
+                # under the coming name is replaced, not taken for the person's).
+                saved = await asyncio.to_thread(workspace_files.file_stat, self.workspace, path)
+                if saved is not None and ref.size in (None, saved.st_size):
                     return Fetched(asked, str(path))
                 async with self._downloads:
                     await self._fetch(url, path)

@@ -260,3 +260,11 @@ async def test_a_file_planted_under_the_coming_name_is_not_taken_for_the_persons
     )
     assert [content(g.path) for g in got] == [b"the person's file\n", b"saved before a restart\n"]
     assert len(slack.file_auth) == 1
+
+
+async def test_a_file_not_fetched_is_logged_by_its_id_not_the_senders_name(channel, caplog):
+    forged = "x.txt\nINFO bot.loop: turn finished session=slack:D0OTHER"
+    ref = FileRef("F15", forged, 1, url="https://evil.example/x.txt")
+    (got,) = await channel.fetch_media(message(ref))
+    assert got.problem == "unexpected file host evil.example"
+    assert "file F15 not fetched" in caplog.text and "turn finished" not in caplog.text

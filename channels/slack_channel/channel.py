@@ -1222,8 +1222,10 @@ class SlackChannel(Channel):
             except (aiohttp.ClientError, TimeoutError, OSError, _DownloadError) as exc:
                 problem = f"download failed: {_download_problem(exc)}"
         log.warning(
+            # By Slack's id: the name is the sender's, any text at all (a line break would
+            # forge a log line of its own).
             "slack: file %s not fetched session=%s id=%s: %s",
-            ref.label,
+            asked.id,
             msg.session_key,
             msg.message_id,
             problem,

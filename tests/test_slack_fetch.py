@@ -268,3 +268,20 @@ async def test_a_file_not_fetched_is_logged_by_its_id_not_the_senders_name(chann
     (got,) = await channel.fetch_media(message(ref))
     assert got.problem == "unexpected file host evil.example"
     assert "file F15 not fetched" in caplog.text and "turn finished" not in caplog.text
+
+
+async def test_slacks_passing_trouble_is_tried_again_and_a_lasting_one_is_a_note(
+    channel, slack, monkeypatch
+):
+    # The turn runs once: a 503 (or a refused connection at a start before the network is
+    # up) cost the person's file for good.
+    monkeypatch.setattr(slack_channel, "DOWNLOAD_RETRY_WAITS", (0.0, 0.0))  # 2 s, 10 s
+    url = slack.add_file("blip", b"came on the third try\n")
+    slack.file_failures = 2
+    (got,) = await channel.fetch_media(message(FileRef("F16", "h.txt", 22, url=url)))
+    assert content(got.path) == b"came on the third try\n"
+    assert len(slack.file_auth) == 3
+    slack.file_failures = 3
+    (got,) = await channel.fetch_media(message(FileRef("F17", "i.txt", 22, url=url)))
+    assert (got.path, got.problem) == (None, "download failed: HTTP 503")
+    assert len(slack.file_auth) == 6

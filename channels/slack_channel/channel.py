@@ -110,6 +110,7 @@ RECENT_EVENTS_KEPT = 1000
 NAMES_KEPT = 1000
 HTTP_TIMEOUT_SECONDS = 30.0
 DOWNLOAD_TIMEOUT_SECONDS = 120.0
+DOWNLOAD_RETRY_WAITS = (2.0, 10.0)  # before the second and the third try of a download
 USER_LOOKUP_SECONDS = 3.0
 NAME_WAIT_BEFORE_ACK = 0.5  # of Slack's 3 s ack deadline, at most this for a sender's name
 DOWNLOADS_AT_ONCE = 4  # file downloads in flight, all chats together
@@ -466,6 +467,10 @@ class _DownloadError(Exception):
 
 class _TooLarge(_DownloadError):
     pass
+
+
+class _TryAgain(_DownloadError):
+    """Slack's passing trouble (HTTP 429, 5xx): the download is worth another try."""
 
 
 def _download_problem(exc: BaseException) -> str:
@@ -1214,8 +1219,7 @@ class SlackChannel(Channel):
                 saved = await asyncio.to_thread(workspace_files.file_stat, self.workspace, path)
                 if saved is not None and ref.size in (None, saved.st_size):
                     return Fetched(asked, str(path))
-                async with self._downloads:
-                    await self._fetch(url, path)
+                await self._fetch_with_retries(url, path)
                 return Fetched(asked, str(path))
             except _TooLarge:
                 problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
@@ -1231,6 +1235,27 @@ class SlackChannel(Channel):
             problem,
         )
         return Fetched(asked, None, problem)
+
+    async def _fetch_with_retries(self, url: str, path: Path) -> None:
+        """``_fetch``, tried again after Slack's passing trouble (a refused connection, a
+        dropped one, HTTP 429 or 5xx): the turn runs once, and a file it lacks is lost to
+        it, so a blip (a restart before the network is up) must not cost the file. Not
+        after a timeout: that try already took the whole deadline. The waits hold no
+        download slot; ``/stop`` ends them."""
+        for wait in (*DOWNLOAD_RETRY_WAITS, None):
+            try:
+                async with self._downloads:
+                    await self._fetch(url, path)
+                return
+            except (_TryAgain, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                if wait is None or isinstance(exc, TimeoutError):
+                    raise
+                log.info(
+                    "slack: download failed (%s); trying again in %.0f s",
+                    _download_problem(exc),
+                    wait,
+                )
+            await asyncio.sleep(wait)
 
     def _not_fetchable(self, ref: FileRef) -> str | None:
         """Why ``ref`` is not to be downloaded at all; None if it is."""
@@ -1280,6 +1305,8 @@ class SlackChannel(Channel):
             proxy=self._http_proxy,
             timeout=aiohttp.ClientTimeout(total=DOWNLOAD_TIMEOUT_SECONDS),
         ) as resp:
+            if resp.status == 429 or resp.status >= 500:
+                raise _TryAgain(f"HTTP {resp.status}")
             if resp.status != 200:
                 raise _DownloadError(f"HTTP {resp.status}")
             if resp.content_type == "text/html" and not path.suffix.lower().startswith(".htm"):

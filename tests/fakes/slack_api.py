@@ -31,7 +31,8 @@ One aiohttp server on 127.0.0.1 serves both sides of the wire:
   update of a live stream, so memobot stops a stream before it edits it.
   ``shown()`` entries carry ``streaming`` and ``appends``.
 * ``/files/<name>``: downloads of registered files, only with the bot token as bearer;
-  ``file_delay`` makes them slow; a file it does not hold answers 404 (deleted on Slack).
+  ``file_delay`` makes them slow; a file it does not hold answers 404 (deleted on Slack);
+  the next ``file_failures`` downloads answer 503 (Slack's passing trouble).
   ``files.info`` describes the files a test put in ``file_info`` (``file_not_found``
   otherwise): Slack sends a Slack Connect channel's file in an event without its URL
   (``file_access: check_file_info``), and only ``files.info`` gives it.
@@ -127,6 +128,7 @@ class FakeSlack:
         self.post_interval = post_interval  # chat.postMessage: one per channel per interval
         self.rate_limited = 0
         self.file_delay = 0.0
+        self.file_failures = 0  # the next downloads answered 503
         self.users_delay = 0.0  # a slow users.info
         self.deliveries: list[tuple[str, str, int]] = []  # (envelope id, event id, attempt)
         self._sent_at: dict[str, float] = {}  # envelope id -> when it was pushed (monotonic)
@@ -653,6 +655,9 @@ class FakeSlack:
         if self.file_delay:
             with contextlib.suppress(TimeoutError):  # a slow download ends when the fake stops
                 await asyncio.wait_for(self._stopping.wait(), self.file_delay)
+        if self.file_failures:  # Slack's passing trouble
+            self.file_failures -= 1
+            raise web.HTTPServiceUnavailable()
         data = self.files.get(request.match_info["name"])
         if data is None:
             raise web.HTTPNotFound()

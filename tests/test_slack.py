@@ -8,6 +8,7 @@ fake LLM server and Slack is tests/fakes/slack_api.py (Web API + Socket Mode Web
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import time
@@ -35,6 +36,7 @@ from channels.slack_channel.channel import (
     split_chat_id,
 )
 from channels.slack_channel.errors import map_api_error
+from channels.state import ChannelState
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.slack_api import BOT_ID, BOT_TOKEN, BOT_USER_ID, FakeSlack
 from tests.helpers import (
@@ -698,6 +700,24 @@ async def test_an_unreadable_old_inbox_entry_is_dropped_and_the_gateway_starts(
     assert post.text.startswith("echo: still here")
     assert "old inbox entry of message 1700000028.000100 unreadable (text)" in caplog.text
     assert "secret words" not in caplog.text
+
+
+async def test_an_old_inbox_moved_while_slack_json_cannot_be_written_starts_all_the_same(
+    tmp_path, llm, slack, monkeypatch
+):
+    old = {"event_id": "Ev3", "chat_id": DM, "channel": DM, "user": ALICE, "is_dm": True}
+    old |= {"message_id": "1700000029.000100", "text": "moved anyway"}
+    state = tmp_path / "state" / "channels" / "slack.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"inbox": [old]}))
+
+    def full_disk(self, data, durable=True):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ChannelState, "save", full_disk)
+    async with Rig(tmp_path, llm, slack):
+        (post,) = await slack.wait_posts(1)
+    assert post.text.startswith("echo: moved anyway")
 
 
 async def test_slash_command_and_bang_commands_stop_a_running_answer(tmp_path, llm, slack):

@@ -1075,7 +1075,12 @@ class SlackChannel(Channel):
                     log.warning("slack: old inbox kept for the next start: memobot is stopping")
                     return
             self._legacy_inbox.pop(0)
-        await self._save()
+        try:
+            await self._save()
+        except OSError as exc:
+            # Raised out of start(), it stopped the gateway at every start. The messages are
+            # in the intake now: found again at the next start, each is a duplicate.
+            log.error("slack: the old inbox is moved, but slack.json was not rewritten: %s", exc)
 
     async def _publish(
         self, inc: Incoming, event_id: str, name_wait: float = NAME_WAIT_BEFORE_ACK

@@ -29,10 +29,21 @@ log = logging.getLogger(__name__)
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+# Of a sender's file name, at most this many characters are kept: with an id before it and a
+# temporary file's prefix and suffix around it, a name stays far under the 255 bytes a folder
+# entry may have (a longer one failed the download after the whole file had come).
+SAFE_NAME_CHARS = 120
+
+
 def safe_file_name(name: str) -> str:
     """A sender's file name as a name in a chat's media folder: its last part, characters
-    outside ``A-Za-z0-9._-`` as ``_``, no leading or trailing dot ("file" if nothing is left)."""
-    return _UNSAFE_NAME.sub("_", Path(name).name).strip("._") or "file"
+    outside ``A-Za-z0-9._-`` as ``_``, no leading or trailing dot ("file" if nothing is left),
+    at most ``SAFE_NAME_CHARS`` long (cut before its extension)."""
+    safe = _UNSAFE_NAME.sub("_", Path(name).name).strip("._") or "file"
+    if len(safe) > SAFE_NAME_CHARS:
+        suffix = Path(safe).suffix[:16]
+        safe = (safe[: SAFE_NAME_CHARS - len(suffix)].rstrip("._") or "file") + suffix
+    return safe
 
 
 State = Literal["stopped", "starting", "connected", "reconnecting", "failed"]

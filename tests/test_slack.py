@@ -8,6 +8,7 @@ fake LLM server and Slack is tests/fakes/slack_api.py (Web API + Socket Mode Web
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import time
@@ -35,6 +36,7 @@ from channels.slack_channel.channel import (
     split_chat_id,
 )
 from channels.slack_channel.errors import map_api_error
+from channels.state import ChannelState
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.fakes.slack_api import BOT_ID, BOT_TOKEN, BOT_USER_ID, FakeSlack
 from tests.helpers import (
@@ -537,6 +539,13 @@ def test_route_sessions_and_gating():
     assert isinstance(route(edited, ME, "open"), Ignored)
 
 
+def test_a_file_with_null_fields_does_not_drop_its_message():
+    # One file described with nulls made the whole event malformed: ignored, never answered.
+    odd = {"id": "F1", "name": None, "size": None, "mimetype": None, "url_private": None}
+    event = SlackEvent.model_validate(dm("see the file", "6.0", files=[odd]))
+    assert route(event, ME, "mention").files[0].id == "F1"
+
+
 def test_slack_text_is_made_readable():
     wire = "see <https://a.io/x|the page> &amp; <https://b.io> in <#C1|general>, <!here> &lt;3"
     assert (
@@ -672,6 +681,43 @@ async def test_an_old_inbox_is_moved_into_the_intake_once(tmp_path, llm, slack):
         await quiet()
         assert json.loads(state.read_text()) == {"threads": [f"{CHAN}:1.1"]}
     assert len(slack.posts) == 1 and len(llm.requests) == 1
+
+
+async def test_an_unreadable_old_inbox_entry_is_dropped_and_the_gateway_starts(
+    tmp_path, llm, slack, caplog
+):
+    # A hand-edited slack.json: an entry with a field of the wrong type raised at start (the
+    # gateway stopped at every start); now it is dropped, named by its id, never its text.
+    base = {"event_id": "Ev1", "chat_id": DM, "channel": DM, "user": ALICE, "is_dm": True}
+    bad = {**base, "message_id": "1700000028.000100", "text": ["secret words"]}
+    good = {**base, "event_id": "Ev2", "message_id": "1700000028.000200", "text": "still here"}
+    state = tmp_path / "state" / "channels" / "slack.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"inbox": [bad, good], "threads": 5}))
+    async with Rig(tmp_path, llm, slack):
+        (post,) = await slack.wait_posts(1)
+        assert json.loads(state.read_text()) == {"threads": []}
+    assert post.text.startswith("echo: still here")
+    assert "old inbox entry of message 1700000028.000100 unreadable (text)" in caplog.text
+    assert "secret words" not in caplog.text
+
+
+async def test_an_old_inbox_moved_while_slack_json_cannot_be_written_starts_all_the_same(
+    tmp_path, llm, slack, monkeypatch
+):
+    old = {"event_id": "Ev3", "chat_id": DM, "channel": DM, "user": ALICE, "is_dm": True}
+    old |= {"message_id": "1700000029.000100", "text": "moved anyway"}
+    state = tmp_path / "state" / "channels" / "slack.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"inbox": [old]}))
+
+    def full_disk(self, data, durable=True):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ChannelState, "save", full_disk)
+    async with Rig(tmp_path, llm, slack):
+        (post,) = await slack.wait_posts(1)
+    assert post.text.startswith("echo: moved anyway")
 
 
 async def test_slash_command_and_bang_commands_stop_a_running_answer(tmp_path, llm, slack):

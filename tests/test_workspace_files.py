@@ -6,9 +6,12 @@ O_NOFOLLOW walk used on kernels without it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -193,3 +196,31 @@ def test_a_planted_fifo_at_history_never_hangs_memobot(ws):
     assert archive.last_cursor() == 0
     with pytest.raises(wf.LinkRefused):
         archive.append_batch_sync([("2026-12-01T00:00:00Z", "cli:x", "text")])
+
+
+async def test_write_stream_cancelled_while_its_file_opens_closes_it(tmp_path, monkeypatch):
+    # The open runs in a worker thread; a cancel landing meanwhile waits for it, then closes
+    # the file and removes the temporary one (they stayed open, and the .part stayed).
+    opening, go_on = threading.Event(), threading.Event()
+    real_writer = wf.atomic_writer
+
+    @contextlib.contextmanager
+    def slow_writer(*args, **kwargs):
+        with real_writer(*args, **kwargs) as fh:
+            opening.set()
+            go_on.wait(5)
+            yield fh
+
+    monkeypatch.setattr(wf, "atomic_writer", slow_writer)
+
+    async def nothing():
+        return
+        yield b""
+
+    write = asyncio.create_task(wf.write_stream(tmp_path, "a.bin", nothing()))
+    await asyncio.to_thread(opening.wait, 5)
+    write.cancel()
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await write
+    assert list(tmp_path.iterdir()) == []

@@ -41,7 +41,14 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
 from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
@@ -54,7 +61,7 @@ from bot import workspace_files
 from bot.bus import InboundMessage, Intake, MessageBus, OutboundMessage
 from bot.commands import CHANNEL_COMMANDS, COMMANDS, CommandSyntax
 from bot.gate.question import QuestionView, fit_question
-from bot.media import Fetched, FileRef
+from bot.media import Fetched, FileRef, not_fetched
 from bot.proxy import http_proxy, socks_connector
 from bot.workspace import chat_media_dir
 from channels.access import (
@@ -103,9 +110,13 @@ RECENT_EVENTS_KEPT = 1000
 NAMES_KEPT = 1000
 HTTP_TIMEOUT_SECONDS = 30.0
 DOWNLOAD_TIMEOUT_SECONDS = 120.0
+DOWNLOAD_RETRY_WAITS = (2.0, 10.0)  # before the second and the third try of a download
 USER_LOOKUP_SECONDS = 3.0
 NAME_WAIT_BEFORE_ACK = 0.5  # of Slack's 3 s ack deadline, at most this for a sender's name
 DOWNLOADS_AT_ONCE = 4  # file downloads in flight, all chats together
+# Files fetched of one message (Slack's clients attach at most 10): a message naming hundreds
+# (the Web API, a forged payload) would hold its chat for hours and fill the disk.
+FILES_PER_MESSAGE = 20
 START_WAIT_SECONDS = 5.0  # start() returns by then even if Slack is not reachable yet
 CONNECT_TIMEOUT_SECONDS = 30.0
 CONNECT_BACKOFF_START, CONNECT_BACKOFF_MAX = 1.0, 30.0
@@ -167,6 +178,15 @@ class SlackFile(BaseModel):
     mode: str = ""
     url_private: str = ""
     url_private_download: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_left_out(cls, data: Any) -> Any:
+        """A null field is one left out: one file described oddly (``"name": null``) made
+        the whole event malformed, and the person's message was dropped unanswered."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
 
 class SlackEvent(BaseModel):
@@ -312,10 +332,21 @@ def file_refs(files: tuple[SlackFile, ...]) -> tuple[FileRef, ...]:
             size=f.size or None,
             mimetype=f.mimetype,
             url=f.url_private_download or f.url_private,
-            extra={"mode": f.mode} if f.mode else {},
+            extra=_file_extra(f),
         )
         for f in files
     )
+
+
+def _file_extra(f: SlackFile) -> dict[str, str]:
+    """What fetching needs beyond the URL: the file's ``mode`` (hosted by Slack or not), and
+    ``file_access`` "check_file_info" for a file Slack names without its details (a Slack
+    Connect channel's: ``files.info`` gives them)."""
+    extra = {"mode": f.mode} if f.mode else {}
+    access = (f.model_extra or {}).get("file_access")
+    if isinstance(access, str) and access:
+        extra["file_access"] = access
+    return extra
 
 
 def sender_team(event: SlackEvent, payload: dict[str, Any]) -> str:
@@ -438,22 +469,66 @@ class _TooLarge(_DownloadError):
     pass
 
 
+class _TryAgain(_DownloadError):
+    """Slack's passing trouble (HTTP 429, 5xx): the download is worth another try."""
+
+
+def _download_problem(exc: BaseException) -> str:
+    """Why a download failed, in words the person and the model read (the note in the
+    message): never the exception's own text, which names the URL a redirect led to, query
+    and all (a signed link is a credential), or a temporary file's name."""
+    if isinstance(exc, _DownloadError):
+        return str(exc)  # our own words
+    if isinstance(exc, aiohttp.TooManyRedirects):
+        return "too many redirects"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f"HTTP {exc.status}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect to {exc.host}"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, OSError) and not isinstance(exc, aiohttp.ClientError) and exc.strerror:
+        return exc.strerror  # the disk's trouble: "No space left on device"
+    return type(exc).__name__
+
+
 def _header(request: AsyncBoltRequest, name: str) -> str | None:
     values = request.headers.get(name) or []
     return values[0] if values else None
 
 
-def _incoming_from_dict(entry: dict[str, Any]) -> Incoming:
-    """An entry of the inbox earlier versions kept in ``state/channels/slack.json``."""
-    fields = {k: v for k, v in entry.items() if k in Incoming.__dataclass_fields__}
-    fields["files"] = tuple(SlackFile.model_validate(f) for f in entry.get("files") or ())
-    return Incoming(**fields)
+class _OldInboxEntry(BaseModel):
+    """An entry of the inbox earlier versions kept in ``state/channels/slack.json``, checked
+    field by field: one of the wrong type (a hand edit, a disk error) is dropped with a log
+    line, where it raised at start and stopped the gateway at every start."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    event_id: StrictStr
+    chat_id: StrictStr
+    channel: StrictStr
+    thread_ts: StrictStr | None = None
+    user: StrictStr
+    text: StrictStr
+    message_id: StrictStr
+    is_dm: StrictBool
+    files: tuple[SlackFile, ...] = ()
+    sender_name: StrictStr = ""
+    team: StrictStr = ""
+
+    def incoming(self) -> Incoming:
+        return Incoming(**{k: getattr(self, k) for k in Incoming.__dataclass_fields__})
 
 
 def _valid(entry: Any) -> bool:
     return isinstance(entry, dict) and all(
         isinstance(entry.get(k), str) for k in ("chat_id", "message_id", "event_id", "user")
     )
+
+
+def _listed(value: Any) -> list[Any]:
+    """A list kept in a state file, or [] for anything else there (a hand edit)."""
+    return value if isinstance(value, list) else []
 
 
 # --- the channel ----------------------------------------------------------------------------
@@ -547,9 +622,11 @@ class SlackChannel(Channel):
         # Messages an earlier version acknowledged and kept in an inbox of its own, oldest
         # first: moved into the core's intake at start (``_migrate_inbox``).
         self._legacy_inbox: list[dict[str, Any]] = [
-            e for e in saved.get("inbox") or [] if _valid(e)
+            e for e in _listed(saved.get("inbox")) if _valid(e)
         ]
-        self._threads: OrderedDict[str, None] = OrderedDict.fromkeys(saved.get("threads") or [])
+        self._threads: OrderedDict[str, None] = OrderedDict.fromkeys(
+            t for t in _listed(saved.get("threads")) if isinstance(t, str)
+        )
         self._last_thread: dict[tuple[str, str], str] = {}  # (channel, user) -> chat id
         self._downloads = asyncio.Semaphore(DOWNLOADS_AT_ONCE)
         self._recent: OrderedDict[str, None] = OrderedDict()  # event ids taken or ignored
@@ -564,7 +641,10 @@ class SlackChannel(Channel):
         self._settled: asyncio.Event | None = None
         self._closing: asyncio.Future[None] | None = None  # a socket whose token was refused
         self._connected_once = False
-        self._file_hosts = {urlsplit(cfg.api_url).hostname} if cfg.api_url else set()
+        # Where else the bot token may go with a file download: the configured apiUrl's
+        # scheme and host (a proxy, a local test server).
+        api = urlsplit(cfg.api_url)
+        self._file_origins = {(api.scheme, api.hostname)} if cfg.api_url else set()
         self._askers: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
         self._previews: OrderedDict[str, _Preview] = OrderedDict()  # by ts
         self._native_off: dict[str, str] = {}  # a channel id -> Slack's refusal there
@@ -978,12 +1058,16 @@ class SlackChannel(Channel):
         while self._legacy_inbox:
             entry = self._legacy_inbox[0]
             try:
-                inc = _incoming_from_dict(entry)
-            except (TypeError, ValidationError) as exc:
+                inc = _OldInboxEntry.model_validate(entry).incoming()
+            except ValidationError as exc:
+                # The fields named, never their values (a message's text).
+                wrong = ", ".join(
+                    ".".join(map(str, e["loc"])) for e in exc.errors(include_input=False)
+                )
                 log.error(
-                    "slack: old inbox entry of message %s unreadable, dropped: %s",
+                    "slack: old inbox entry of message %s unreadable (%s), dropped",
                     entry.get("message_id"),
-                    exc,
+                    wrong,
                 )
             else:
                 verdict = await self._publish(inc, str(entry["event_id"]), 0.0)
@@ -991,7 +1075,12 @@ class SlackChannel(Channel):
                     log.warning("slack: old inbox kept for the next start: memobot is stopping")
                     return
             self._legacy_inbox.pop(0)
-        await self._save()
+        try:
+            await self._save()
+        except OSError as exc:
+            # Raised out of start(), it stopped the gateway at every start. The messages are
+            # in the intake now: found again at the next start, each is a duplicate.
+            log.error("slack: the old inbox is moved, but slack.json was not rewritten: %s", exc)
 
     async def _publish(
         self, inc: Incoming, event_id: str, name_wait: float = NAME_WAIT_BEFORE_ACK
@@ -1097,48 +1186,120 @@ class SlackChannel(Channel):
     async def fetch_media(self, msg: InboundMessage) -> list[Fetched]:
         """Save the files ``msg`` names under ``<workspace>/media/slack/<chat>/``, with the
         bot token (only to Slack's own hosts); called by the core just before the turn runs,
-        long after the ack. A file already saved there (a restart after the download) is
-        not fetched again."""
+        long after the ack. A file already saved there (a restart after the download), at
+        the size Slack gave, is not fetched again."""
         folder = self.workspace / chat_media_dir(NAME, msg.chat_id)
-        return [await self._fetch_file(msg, ref, folder) for ref in msg.files]
+        kept, over = msg.files[:FILES_PER_MESSAGE], msg.files[FILES_PER_MESSAGE:]
+        fetched = [await self._fetch_file(msg, ref, folder) for ref in kept]
+        if over:
+            log.warning(
+                "slack: %d file(s) past the first %d not fetched session=%s id=%s",
+                len(over),
+                FILES_PER_MESSAGE,
+                msg.session_key,
+                msg.message_id,
+            )
+            fetched += not_fetched(over, f"more than {FILES_PER_MESSAGE} files in one message")
+        return fetched
 
     async def _fetch_file(self, msg: InboundMessage, ref: FileRef, folder: Path) -> Fetched:
+        """One file: saved under ``<id>-<name>``, or the reason it was not. ``ref`` is what
+        the pending turn names; a Slack Connect file's details come from ``files.info``."""
+        asked = ref
+        described: FileRef | str = ref
+        if not ref.url and ref.extra.get("file_access") == "check_file_info":
+            described = await self._file_info(ref)
+        if isinstance(described, str):
+            problem: str | None = described
+        else:
+            ref = described
+            problem = self._not_fetchable(ref)
         url = ref.url
-        problem = None
-        if ref.extra.get("mode") in UNHOSTED_FILE_MODES or not url:
-            problem = "not stored on Slack"
-        elif (ref.size or 0) > MEDIA_MAX_BYTES:
-            problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
-        elif not self._may_send_token(url):
-            problem = f"unexpected file host {urlsplit(url).hostname}"
-        elif self._http is None:
-            problem = "the Slack channel is not started"
         if problem is None:
             path = folder / f"{safe_file_name(ref.id)}-{safe_file_name(ref.label)}"
             try:
-                # The folder is in the workspace, which the model writes: never via a link.
-                if await asyncio.to_thread(workspace_files.is_file, self.workspace, path):
-                    return Fetched(ref, str(path))
-                async with self._downloads:
-                    await self._fetch(url, path)
-                return Fetched(ref, str(path))
+                # Saved before a restart: kept. The folder is in the workspace, which the model
+                # writes: never via a link, and only at the size Slack gave (a file put there
+                # under the coming name is replaced, not taken for the person's).
+                saved = await asyncio.to_thread(workspace_files.file_stat, self.workspace, path)
+                if saved is not None and ref.size in (None, saved.st_size):
+                    return Fetched(asked, str(path))
+                await self._fetch_with_retries(url, path)
+                return Fetched(asked, str(path))
             except _TooLarge:
                 problem = f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
             except (aiohttp.ClientError, TimeoutError, OSError, _DownloadError) as exc:
-                problem = f"download failed: {str(exc) or type(exc).__name__}"
+                problem = f"download failed: {_download_problem(exc)}"
         log.warning(
+            # By Slack's id: the name is the sender's, any text at all (a line break would
+            # forge a log line of its own).
             "slack: file %s not fetched session=%s id=%s: %s",
-            ref.label,
+            asked.id,
             msg.session_key,
             msg.message_id,
             problem,
         )
-        return Fetched(ref, None, problem)
+        return Fetched(asked, None, problem)
+
+    async def _fetch_with_retries(self, url: str, path: Path) -> None:
+        """``_fetch``, tried again after Slack's passing trouble (a refused connection, a
+        dropped one, HTTP 429 or 5xx): the turn runs once, and a file it lacks is lost to
+        it, so a blip (a restart before the network is up) must not cost the file. Not
+        after a timeout: that try already took the whole deadline. The waits hold no
+        download slot; ``/stop`` ends them."""
+        for wait in (*DOWNLOAD_RETRY_WAITS, None):
+            try:
+                async with self._downloads:
+                    await self._fetch(url, path)
+                return
+            except (_TryAgain, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                if wait is None or isinstance(exc, TimeoutError):
+                    raise
+                log.info(
+                    "slack: download failed (%s); trying again in %.0f s",
+                    _download_problem(exc),
+                    wait,
+                )
+            await asyncio.sleep(wait)
+
+    def _not_fetchable(self, ref: FileRef) -> str | None:
+        """Why ``ref`` is not to be downloaded at all; None if it is."""
+        if ref.extra.get("mode") in UNHOSTED_FILE_MODES or not ref.url:
+            return "not stored on Slack"
+        if (ref.size or 0) > MEDIA_MAX_BYTES:
+            return f"larger than {MEDIA_MAX_BYTES // (1024 * 1024)} MB"
+        if not self._may_send_token(ref.url):
+            return f"unexpected file host {urlsplit(ref.url).hostname}"
+        if self._http is None:
+            return "the Slack channel is not started"
+        return None
+
+    async def _file_info(self, ref: FileRef) -> FileRef | str:
+        """``ref`` with the URL, name, size and mode ``files.info`` gives (Slack sends a file
+        of a Slack Connect channel as ``file_access: check_file_info``, without them); or why
+        not, in words for the note."""
+        if self.web is None:
+            return "the Slack channel is not started"
+        try:
+            with _network_errors():
+                answer = await self.web.files_info(file=ref.id)
+            (found,) = file_refs((SlackFile.model_validate(answer.get("file") or {}),))
+        except SlackApiError as exc:
+            return f"Slack did not describe it (files.info: {_error_code(exc) or 'refused'})"
+        except (SendError, ValidationError) as exc:
+            log.info("slack: files.info %s failed: %s", ref.id, exc)
+            return "Slack did not describe it (files.info failed)"
+        return replace(found, id=ref.id, name=found.name or ref.name)
 
     def _may_send_token(self, url: str) -> bool:
-        """The bot token goes only to Slack's own hosts (or the configured apiUrl's host)."""
-        host = urlsplit(url).hostname or ""
-        return host == "slack.com" or host.endswith(".slack.com") or host in self._file_hosts
+        """The bot token goes only to Slack's own hosts over https (or to the configured
+        apiUrl's scheme and host): never in clear text, never to another host. A redirect to
+        another origin is followed without it (aiohttp drops Authorization there)."""
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if (parts.scheme, host) in self._file_origins:
+            return True
+        return parts.scheme == "https" and (host == "slack.com" or host.endswith(".slack.com"))
 
     async def _fetch(self, url: str, path: Path) -> None:
         assert self._http is not None
@@ -1149,6 +1310,8 @@ class SlackChannel(Channel):
             proxy=self._http_proxy,
             timeout=aiohttp.ClientTimeout(total=DOWNLOAD_TIMEOUT_SECONDS),
         ) as resp:
+            if resp.status == 429 or resp.status >= 500:
+                raise _TryAgain(f"HTTP {resp.status}")
             if resp.status != 200:
                 raise _DownloadError(f"HTTP {resp.status}")
             if resp.content_type == "text/html" and not path.suffix.lower().startswith(".htm"):
@@ -1156,15 +1319,19 @@ class SlackChannel(Channel):
                 raise _DownloadError("Slack sent a sign-in page (does the app have files:read?)")
             if (resp.content_length or 0) > MEDIA_MAX_BYTES:
                 raise _TooLarge
-            size = 0
-            # In the workspace, which the model writes: no link is followed on the way, and a
-            # failed download leaves no half file under the final name.
-            with workspace_files.atomic_writer(self.workspace, path, make_parents=True) as fh:
+
+            async def blocks() -> AsyncIterator[bytes]:
+                size = 0  # what came, whatever size Slack declared
                 async for block in resp.content.iter_chunked(64 * 1024):
                     size += len(block)
                     if size > MEDIA_MAX_BYTES:
                         raise _TooLarge
-                    fh.write(block)
+                    yield block
+
+            # In the workspace, which the model writes: no link is followed on the way, a
+            # failed download leaves no half file under the final name, and the disk's work
+            # (the fsync of up to 20 MB) is done off the event loop.
+            await workspace_files.write_stream(self.workspace, path, blocks(), make_parents=True)
 
     # -- sending -----------------------------------------------------------------------------
 

@@ -31,7 +31,11 @@ One aiohttp server on 127.0.0.1 serves both sides of the wire:
   update of a live stream, so memobot stops a stream before it edits it.
   ``shown()`` entries carry ``streaming`` and ``appends``.
 * ``/files/<name>``: downloads of registered files, only with the bot token as bearer;
-  ``file_delay`` makes them slow; a file it does not hold answers 404 (deleted on Slack).
+  ``file_delay`` makes them slow; a file it does not hold answers 404 (deleted on Slack);
+  the next ``file_failures`` downloads answer 503 (Slack's passing trouble).
+  ``files.info`` describes the files a test put in ``file_info`` (``file_not_found``
+  otherwise): Slack sends a Slack Connect channel's file in an event without its URL
+  (``file_access: check_file_info``), and only ``files.info`` gives it.
 * ``/link/``: the Socket Mode WebSocket. It greets with ``hello``; the test pushes
   ``events_api`` envelopes with ``push_event`` (``slash_commands`` with ``push_command``) and the
   server records every ack the client sends back (``acks``), calling ``on_ack`` at the moment
@@ -117,12 +121,14 @@ class FakeSlack:
         self._pending_files: dict[str, dict[str, Any]] = {}
         self.files: dict[str, bytes] = {}
         self.file_auth: list[str | None] = []
+        self.file_info: dict[str, dict[str, Any]] = {}  # file id -> files.info's "file"
         self.connections = 0
         self.ack_deadline = ack_deadline
         self.max_retries = max_retries
         self.post_interval = post_interval  # chat.postMessage: one per channel per interval
         self.rate_limited = 0
         self.file_delay = 0.0
+        self.file_failures = 0  # the next downloads answered 503
         self.users_delay = 0.0  # a slow users.info
         self.deliveries: list[tuple[str, str, int]] = []  # (envelope id, event id, attempt)
         self._sent_at: dict[str, float] = {}  # envelope id -> when it was pushed (monotonic)
@@ -420,6 +426,9 @@ class FakeSlack:
             return self._upload_url(body)
         if method == "files.completeUploadExternal":
             return await self._complete_upload(body)
+        if method == "files.info":
+            info = self.file_info.get(str(body.get("file")))
+            return self._ok(file=info) if info is not None else self._error("file_not_found")
         if method == "users.info":
             if self.users_delay:
                 with contextlib.suppress(TimeoutError):
@@ -646,6 +655,9 @@ class FakeSlack:
         if self.file_delay:
             with contextlib.suppress(TimeoutError):  # a slow download ends when the fake stops
                 await asyncio.wait_for(self._stopping.wait(), self.file_delay)
+        if self.file_failures:  # Slack's passing trouble
+            self.file_failures -= 1
+            raise web.HTTPServiceUnavailable()
         data = self.files.get(request.match_info["name"])
         if data is None:
             raise web.HTTPNotFound()

@@ -153,3 +153,50 @@ def exclusive(lock: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def append_records(path: Path, payload: bytes, *, cut_at: int | None = None) -> tuple[int, int]:
+    """Append ``payload`` (whole lines, each ending in a newline) to the JSON Lines file
+    ``path`` in one write, fsynced, under an ``flock`` of the file; returns (offset, end).
+
+    A torn last line (a crash mid-write left bytes after the last newline) is cut off first,
+    so it can never fuse with the new first line. ``cut_at``: the size the caller last saw
+    before a write of its own failed half-way (a full disk): the file is cut back there, so
+    the retried lines are not there twice. Creates the file 0600 (its folder 0700) and fsyncs
+    the folder when it is new.
+    """
+    with about(path, "write"):
+        new = not path.exists()
+        if new:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            size = os.fstat(fd).st_size
+            if cut_at is not None and cut_at < size:
+                os.ftruncate(fd, cut_at)
+                size = cut_at
+            elif size and os.pread(fd, 1, size - 1) != b"\n":
+                size = _last_line_end(fd, size)
+                os.ftruncate(fd, size)
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)  # releases the lock
+        if new:
+            fsync_dir(path.parent)
+    return size, size + len(payload)
+
+
+def _last_line_end(fd: int, size: int) -> int:
+    """The offset just after the last newline of the open file (0 when it has none)."""
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        found = os.pread(fd, end - start, start).rfind(b"\n")
+        if found >= 0:
+            return start + found + 1
+        end = start
+    return 0

@@ -33,6 +33,7 @@ LIVE = (
     "llm.temperature",
     "llm.contextWindowTokens",
     "llm.retry.*",
+    "llm.prices",
     "agent.maxToolIterations",
     "agent.maxToolCallsPerTurn",
     "agent.workspaceWarnBytes",

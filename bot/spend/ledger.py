@@ -1,0 +1,155 @@
+"""The usage ledger: one JSON line per answered model call, ``<state>/usage/YYYY-MM.jsonl``.
+
+Written once, durably, before the caller goes on: the provider awaits :meth:`UsageLedger.record`
+before it hands the answer back, so a turn's checkpoint (which marks the answer as had) comes
+after the record is on disk. A SIGKILL between the two leaves the record and no checkpoint: the
+resumed turn asks the model again, and that new call is a new record, so every call the
+provider answered is counted exactly once. A call is never recorded from a checkpoint, so a
+restored answer is not counted again.
+
+Records of calls made at the same moment (many chats) share one write and one fsync (a group
+commit). One file per UTC month keeps every read bounded: a report reads only the months it
+covers. A torn last line (a crash mid-write) is skipped by readers and cut off by the next
+write (:func:`bot.durable.append_records`); a damaged line elsewhere is skipped and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from bot import durable, failpoints
+from bot.spend.record import CallRecord
+
+log = logging.getLogger(__name__)
+
+FOLDER = "usage"
+
+
+def usage_folder(state_dir: Path) -> Path:
+    return state_dir / FOLDER
+
+
+def month_file(state_dir: Path, month: str) -> Path:
+    """The ledger of one UTC month, "2026-12"."""
+    return usage_folder(state_dir) / f"{month}.jsonl"
+
+
+class UsageLedger:
+    """Appends call records for one process; ``record`` is the provider's meter."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self._queue: list[CallRecord] = []
+        self._done: asyncio.Future[None] | None = None  # of the batch being gathered
+        self._writer: asyncio.Task[None] | None = None
+        # Per file, the size before a write that failed half-way: cut back to at the next.
+        self._cut_at: dict[Path, int] = {}
+        self._failing = False
+
+    async def record(self, rec: CallRecord) -> None:
+        """Put ``rec`` on disk (fsynced) and return; never raises an I/O error (it is
+        logged, and the record is tried again with the next one)."""
+        loop = asyncio.get_running_loop()
+        self._queue.append(rec)
+        if self._done is None:
+            self._done = loop.create_future()
+        done = self._done
+        if self._writer is None or self._writer.done():
+            self._writer = loop.create_task(self._write_queued(), name="usage-ledger")
+        # A cancelled caller (/stop) leaves its record to be written all the same.
+        await asyncio.shield(done)
+        failpoints.hit("usage_recorded")
+
+    async def flush(self) -> None:
+        """Wait until every record handed in so far was written (or failed)."""
+        while self._writer is not None and not self._writer.done():
+            await asyncio.shield(self._writer)
+
+    async def _write_queued(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            done, self._done = self._done, None
+            try:
+                await asyncio.to_thread(self._append, batch)
+            except OSError as exc:
+                # Kept for the next write: the records are not lost to a full disk meanwhile.
+                self._queue[:0] = batch
+                if not self._failing:
+                    log.error("usage ledger: cannot write %d record(s): %s", len(batch), exc)
+                self._failing = True
+                if done is not None and not done.done():
+                    done.set_result(None)
+                return
+            if self._failing:
+                log.info("usage ledger: writing again")
+                self._failing = False
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    def _append(self, batch: list[CallRecord]) -> None:
+        by_month: dict[str, list[bytes]] = {}
+        for rec in batch:
+            by_month.setdefault(rec.month, []).append(rec.line())
+        for month, lines in by_month.items():
+            path = month_file(self.state_dir, month)
+            try:
+                durable.append_records(path, b"".join(lines), cut_at=self._cut_at.pop(path, None))
+            except OSError:
+                # Whatever part of the write landed is cut off before the retry.
+                self._cut_at.setdefault(path, _size(path))
+                raise
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def months_between(first: str, last: str) -> list[str]:
+    """The months "YYYY-MM" from ``first`` to ``last``, both included."""
+    year, month = int(first[:4]), int(first[5:7])
+    out = []
+    while f"{year:04d}-{month:02d}" <= last:
+        out.append(f"{year:04d}-{month:02d}")
+        year, month = (year + 1, 1) if month == 12 else (year, month + 1)
+    return out
+
+
+def read_records(state_dir: Path, start: str, end: str) -> Iterator[CallRecord]:
+    """The records with ``start <= at < end`` (UTC, as the records write it), reading only the
+    months in between. A torn last line is skipped (a crash, or a write under way); a damaged
+    line elsewhere is skipped and logged with its file and line number."""
+    if end <= start:
+        return
+    for month in months_between(start[:7], end[:7]):
+        path = month_file(state_dir, month)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        lines = data.split(b"\n")
+        lines.pop()  # after the last newline: empty, or a torn line
+        damaged = []
+        for number, raw in enumerate(lines, 1):
+            try:
+                rec = CallRecord.from_json(json.loads(raw))
+            except ValueError:
+                rec = None
+            if rec is None:
+                if raw.strip():
+                    damaged.append(number)
+                continue
+            if start <= rec.at < end:
+                yield rec
+        if damaged:
+            log.warning(
+                "usage ledger %s: skipped damaged line(s) %s",
+                path,
+                ", ".join(map(str, damaged[:10])),
+            )

@@ -69,7 +69,7 @@ class AgentStack:
     async def close(self) -> None:
         try:
             await self.mcp.stop()  # before the gate's temp folder goes
-            await self.usage.flush()
+            await self.usage.aclose()
         finally:
             try:
                 # An unclosed aiohttp connector is logged as an error at exit.

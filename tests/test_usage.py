@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -261,3 +262,42 @@ def test_a_wrong_price_is_a_config_error_naming_the_field(
     with pytest.raises(ConfigError, match=problem.replace(".", r"\.")):
         parse_config({"llm": {"prices": {"gpt-4o": price}}})
     assert parse_config({"llm": {"prices": {"gpt-4o": PRICE}}}).llm.prices["gpt-4o"].output == 10
+
+
+def test_a_failed_ledger_write_is_retried_with_the_next_record_never_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk must not fail the turn, lose the record, or (the bytes of the failed write
+    having landed) count it twice once the disk has room again."""
+    import errno
+    import os
+
+    real_fsync = os.fsync
+    failures = iter([True])
+
+    def fsync(fd: int) -> None:
+        if next(failures, False):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    at = "2026-12-06T10:00:00Z"
+    before = CallRecord("r0", at, "cli:t", "turn", "m", "e", 1, 1, 0, False, None, None)
+    first = CallRecord("r1", at, "cli:t", "turn", "m", "e", 10, 5, 0, False, None, None)
+    second = CallRecord("r2", at, "cli:t", "turn", "m", "e", 7, 3, 0, False, None, None)
+    path = month_file(tmp_path, "2026-12")
+    path.parent.mkdir()
+    path.write_bytes(before.line())
+    monkeypatch.setattr(os, "fsync", fsync)  # the write lands, its fsync fails
+    caplog.set_level(logging.INFO, "bot.spend")
+
+    async def two_calls() -> None:
+        ledger = UsageLedger(tmp_path)
+        await ledger.record(first)  # the write fails: logged, not raised
+        assert "cannot write 1 record(s)" in caplog.text
+        await ledger.record(second)
+        await ledger.aclose()
+
+    asyncio.run(two_calls())
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert lines == [before.line(), first.line(), second.line()]
+    assert "usage ledger: writing again" in caplog.text

@@ -10,7 +10,7 @@ restored answer is not counted again.
 Records of calls made at the same moment (many chats) share one write and one fsync (a group
 commit). One file per UTC month keeps every read bounded: a report reads only the months it
 covers. A torn last line (a crash mid-write) is skipped by readers and cut off by the next
-write (:func:`bot.durable.append_records`); a damaged line elsewhere is skipped and logged.
+write (:class:`bot.durable.Appender`); a damaged line elsewhere is skipped and logged.
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ class UsageLedger:
         self._queue: list[CallRecord] = []
         self._done: asyncio.Future[None] | None = None  # of the batch being gathered
         self._writer: asyncio.Task[None] | None = None
-        # Per file, the size before a write that failed half-way: cut back to at the next.
-        self._cut_at: dict[Path, int] = {}
+        self._file: durable.Appender | None = None  # this month's, kept open
         self._failing = False
 
     async def record(self, rec: CallRecord) -> None:
@@ -68,6 +67,10 @@ class UsageLedger:
         """Wait until every record handed in so far was written (or failed)."""
         while self._writer is not None and not self._writer.done():
             await asyncio.shield(self._writer)
+
+    async def aclose(self) -> None:
+        await self.flush()
+        self.close()
 
     async def _write_queued(self) -> None:
         while self._queue:
@@ -95,20 +98,17 @@ class UsageLedger:
         for rec in batch:
             by_month.setdefault(rec.month, []).append(rec.line())
         for month, lines in by_month.items():
-            path = month_file(self.state_dir, month)
-            try:
-                durable.append_records(path, b"".join(lines), cut_at=self._cut_at.pop(path, None))
-            except OSError:
-                # Whatever part of the write landed is cut off before the retry.
-                self._cut_at.setdefault(path, _size(path))
-                raise
+            if self._file is None or self._file.path != month_file(self.state_dir, month):
+                if self._file is not None:
+                    self._file.close()
+                self._file = durable.Appender(month_file(self.state_dir, month))
+            self._file.append(b"".join(lines))
 
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
+    def close(self) -> None:
+        """Close the month's file (the next record opens it again)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def months_between(first: str, last: str) -> list[str]:

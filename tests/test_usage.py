@@ -70,9 +70,10 @@ def heartbeat_tick(due: str) -> dict[str, Any]:
 async def test_every_call_is_counted_once_with_its_purpose_tokens_and_cost(
     tmp_path: Path, llm: FakeLLM, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A plain turn, a tool turn (its second call a tool iteration), a heartbeat and the
-    consolidation /new runs: one record each, the provider's own token counts, cached tokens
-    priced at cachedInput; `memobot usage --json` sums to what the fake reported."""
+    """A plain turn, a tool turn (its second call a tool iteration), a heartbeat, the
+    consolidation /new runs and Dream: one record each, the provider's own token counts,
+    cached tokens priced at cachedInput; `memobot usage --json` sums to what the fake
+    reported."""
     llm.script(
         reply("Hello there!", cached_tokens=100),
         tool_step(("list_dir", {})),
@@ -91,6 +92,8 @@ async def test_every_call_is_counted_once_with_its_purpose_tokens_and_cost(
         )
         assert (await beat).text == "The build is red."
         assert (await h.ask("/new")).startswith("New conversation started.")
+        # Dream digests what /new archived: its call is Dream's.
+        assert (await h.stack.loop.dream.run()).status in ("done", "nothing")
     records = ledger(tmp_path)
     assert [(r["purpose"], r["session"]) for r in records] == [
         ("turn", "cli:t"),
@@ -98,8 +101,9 @@ async def test_every_call_is_counted_once_with_its_purpose_tokens_and_cost(
         ("tool_iteration", "cli:t"),
         ("heartbeat", heartbeat.SESSION),
         ("consolidation", "cli:t"),
+        ("dream", "dream"),
     ]
-    assert len({r["id"] for r in records}) == 5
+    assert len({r["id"] for r in records}) == 6
     first, said = records[0], llm.requests[0]["usage"]
     assert (first["prompt_tokens"], first["completion_tokens"], first["cached_tokens"]) == (
         said["prompt_tokens"],
@@ -122,6 +126,7 @@ async def test_every_call_is_counted_once_with_its_purpose_tokens_and_cost(
         "tool_iteration": 1,
         "heartbeat": 1,
         "consolidation": 1,
+        "dream": 1,
     }
     assert by["total"] == total
     by_session = usage_json(config, capsys, "--by", "session")["groups"]
@@ -301,3 +306,16 @@ def test_a_failed_ledger_write_is_retried_with_the_next_record_never_twice(
     lines = path.read_bytes().splitlines(keepends=True)
     assert lines == [before.line(), first.line(), second.line()]
     assert "usage ledger: writing again" in caplog.text
+
+
+async def test_prices_given_by_a_reload_price_the_next_calls(tmp_path: Path, llm: FakeLLM) -> None:
+    from bot.service.reload import apply_config
+
+    async with harness(tmp_path, llm) as h:
+        await h.ask("before")
+        new = make_config(tmp_path, llm.base_url, llm={"prices": {"fake-model": PRICE}})
+        assert apply_config(h.cfg, new, h.stack, channels=[]).applied == ["llm.prices"]
+        await h.ask("after")
+    before, after = ledger(tmp_path)
+    assert "cost" not in before  # recorded as it was priced then
+    assert after["cost"] > 0 and after["currency"] == "USD"

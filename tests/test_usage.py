@@ -319,3 +319,15 @@ async def test_prices_given_by_a_reload_price_the_next_calls(tmp_path: Path, llm
     before, after = ledger(tmp_path)
     assert "cost" not in before  # recorded as it was priced then
     assert after["cost"] > 0 and after["currency"] == "USD"
+
+
+def test_usage_refuses_a_window_that_ends_before_it_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    args = ["--config", str(config), "usage", "--since", "2026-12-05", "--until", "2026-12-01"]
+    assert main(args) == 2
+    assert "--since 2026-12-05 is after --until 2026-12-01" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", str(config), "usage", "--since", "last tuesday"])
+    assert stop.value.code == 2

@@ -64,12 +64,17 @@ class UsageLedger:
         failpoints.hit("usage_recorded")
 
     async def flush(self) -> None:
-        """Wait until every record handed in so far was written (or failed)."""
+        """Wait until every record handed in so far was written, or tried once more (one
+        that failed before waits for the next write: here, at the latest)."""
+        if self._queue and (self._writer is None or self._writer.done()):
+            self._writer = asyncio.get_running_loop().create_task(self._write_queued())
         while self._writer is not None and not self._writer.done():
             await asyncio.shield(self._writer)
 
     async def aclose(self) -> None:
         await self.flush()
+        if self._queue:
+            log.error("usage ledger: %d record(s) could not be written", len(self._queue))
         self.close()
 
     async def _write_queued(self) -> None:
@@ -84,14 +89,14 @@ class UsageLedger:
                 if not self._failing:
                     log.error("usage ledger: cannot write %d record(s): %s", len(batch), exc)
                 self._failing = True
+                return
+            finally:
+                # Its callers go on: a record that failed is written with a later one.
                 if done is not None and not done.done():
                     done.set_result(None)
-                return
             if self._failing:
                 log.info("usage ledger: writing again")
                 self._failing = False
-            if done is not None and not done.done():
-                done.set_result(None)
 
     def _append(self, batch: list[CallRecord]) -> None:
         by_month: dict[str, list[bytes]] = {}

@@ -20,6 +20,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from bot import durable, failpoints
 from bot.spend.record import CallRecord
@@ -135,19 +136,16 @@ def read_records(state_dir: Path, start: str, end: str) -> Iterator[CallRecord]:
     for month in months_between(start[:7], end[:7]):
         path = month_file(state_dir, month)
         try:
-            data = path.read_bytes()
+            text = path.read_bytes().decode("utf-8", "replace")
         except FileNotFoundError:
             continue
-        lines = data.split(b"\n")
+        lines = text.split("\n")
         lines.pop()  # after the last newline: empty, or a torn line
         damaged = []
-        for number, raw in enumerate(lines, 1):
-            try:
-                rec = CallRecord.from_json(json.loads(raw))
-            except ValueError:
-                rec = None
+        for number, obj in enumerate(_parsed(lines), 1):
+            rec = CallRecord.from_json(obj)
             if rec is None:
-                if raw.strip():
+                if lines[number - 1].strip():
                     damaged.append(number)
                 continue
             if start <= rec.at < end:
@@ -158,3 +156,21 @@ def read_records(state_dir: Path, start: str, end: str) -> Iterator[CallRecord]:
                 path,
                 ", ".join(map(str, damaged[:10])),
             )
+
+
+def _parsed(lines: list[str]) -> list[Any]:
+    """Each line's JSON value (None where it is not JSON): the whole file in one parse when
+    every line is whole, as they are but after a crash or a hand edit."""
+    try:
+        whole = json.loads("[" + ",".join(lines) + "]")
+        if len(whole) == len(lines):
+            return whole
+    except ValueError:
+        pass
+    values = []
+    for line in lines:
+        try:
+            values.append(json.loads(line))
+        except ValueError:
+            values.append(None)
+    return values

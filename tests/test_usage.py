@@ -331,3 +331,11 @@ def test_usage_refuses_a_window_that_ends_before_it_starts(
     with pytest.raises(SystemExit) as stop:
         main(["--config", str(config), "usage", "--since", "last tuesday"])
     assert stop.value.code == 2
+
+
+def test_status_says_when_the_ledger_cannot_be_read(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1")
+    month = datetime.now(UTC).strftime("%Y-%m")
+    month_file(cfg.agent.state_path, month).mkdir(parents=True)  # a folder where a file goes
+    line = dict(status_rows(cfg, tmp_path / "config.json"))["usage"]
+    assert line.startswith("cannot read the usage ledger") and month in line

@@ -83,32 +83,41 @@ class UsageLedger:
             batch, self._queue = self._queue, []
             done, self._done = self._done, None
             try:
-                await asyncio.to_thread(self._append, batch)
-            except OSError as exc:
-                # Kept for the next write: the records are not lost to a full disk meanwhile.
-                self._queue[:0] = batch
-                if not self._failing:
-                    log.error("usage ledger: cannot write %d record(s): %s", len(batch), exc)
-                self._failing = True
-                return
+                left, exc = await asyncio.to_thread(self._append, batch)
             finally:
                 # Its callers go on: a record that failed is written with a later one.
                 if done is not None and not done.done():
                     done.set_result(None)
+            if exc is not None:
+                # Kept for the next write: the records are not lost to a full disk meanwhile.
+                self._queue[:0] = left
+                if not self._failing:
+                    log.error("usage ledger: cannot write %d record(s): %s", len(left), exc)
+                self._failing = True
+                return
             if self._failing:
                 log.info("usage ledger: writing again")
                 self._failing = False
 
-    def _append(self, batch: list[CallRecord]) -> None:
-        by_month: dict[str, list[bytes]] = {}
+    def _append(self, batch: list[CallRecord]) -> tuple[list[CallRecord], OSError | None]:
+        """Write ``batch``, one append per month it spans; on a failure, the records not
+        written (a month written before it stays written) and the error."""
+        by_month: dict[str, list[CallRecord]] = {}
         for rec in batch:
-            by_month.setdefault(rec.month, []).append(rec.line())
-        for month, lines in by_month.items():
-            if self._file is None or self._file.path != month_file(self.state_dir, month):
+            by_month.setdefault(rec.month, []).append(rec)
+        written: set[str] = set()
+        for month, records in by_month.items():
+            path = month_file(self.state_dir, month)
+            if self._file is None or self._file.path != path:
                 if self._file is not None:
                     self._file.close()
-                self._file = durable.Appender(month_file(self.state_dir, month))
-            self._file.append(b"".join(lines))
+                self._file = durable.Appender(path)
+            try:
+                self._file.append(b"".join(rec.line() for rec in records))
+            except OSError as exc:
+                return [r for r in batch if r.month not in written], exc
+            written.add(month)
+        return [], None
 
     def close(self) -> None:
         """Close the month's file (the next record opens it again)."""

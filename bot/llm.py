@@ -697,6 +697,7 @@ class LLMProvider:
         """Hand the answered call to the meter (the usage ledger), priced from llm.prices."""
         if self.meter is None:
             return
+        thought = response.reasoning
         record = make_record(
             session=session_key,
             purpose=purpose,
@@ -706,7 +707,8 @@ class LLMProvider:
             prices=self.cfg.prices,
             messages=messages,
             tools=tools,
-            answer=response.assistant_message,
+            # Reasoning is billed as completion whether or not it is kept with the answer.
+            answer=lambda: {**response.assistant_message(), "reasoning_content": thought},
         )
         await self.meter(record)
 

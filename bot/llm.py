@@ -90,6 +90,9 @@ TextSink = Callable[[str], None]
 # Told every answered call before its answer is handed back (bot.spend.ledger): awaited, so
 # the record is durable before the caller can checkpoint the answer.
 Meter = Callable[[CallRecord], Awaitable[None]]
+# Told the whole answer as soon as it is there, before it is recorded (a chat can show a
+# streamed answer as finished without waiting for the ledger's fsync).
+AnswerSink = Callable[["LLMResponse"], None]
 
 
 class LLMError(Exception):
@@ -632,6 +635,7 @@ class LLMProvider:
         max_tokens: int | None = None,
         on_text: TextSink | None = None,
         purpose: str = TURN,
+        on_answer: AnswerSink | None = None,
     ) -> LLMResponse:
         """One completion, from the first endpoint that answers.
 
@@ -644,7 +648,7 @@ class LLMProvider:
         ``on_text``: stream the answer, telling it the text so far as it arrives (see
         ``TextSink``); the result is the same as without.
         ``purpose``: why the call is made, as the usage ledger records it (bot.spend.record);
-        the answered call is recorded before this returns.
+        the answered call is recorded before this returns, after ``on_answer`` was told it.
         """
         failures: list[str] = []
         for i, endpoint in enumerate(self._endpoints):
@@ -664,6 +668,8 @@ class LLMProvider:
                     )
                 continue
             response = replace(parse_completion(raw), answered_by=endpoint.label)
+            if on_answer is not None:
+                on_answer(response)
             await self._count(endpoint, session_key, purpose, response, messages, tools)
             return response
         if len(failures) == 1:

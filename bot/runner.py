@@ -138,6 +138,13 @@ class Runner:
             if on_phase:
                 await on_phase("tools_completed", turn)
         after_tools = any(m.get("role") == "tool" for m in turn)  # a resumed turn's too
+
+        def finished(response: LLMResponse) -> None:
+            # The chat learns the answer is whole at once, not after the usage ledger's
+            # fsync: a streamed preview is then not sent again for nothing.
+            if stream and not response.tool_calls:
+                stream.on_done()
+
         for iteration in range(1, self.max_iterations + 1):
             started = time.monotonic()
             try:
@@ -147,6 +154,7 @@ class Runner:
                     session_key=ctx.session_key,
                     on_text=stream.on_text if stream else None,
                     purpose=TOOL_ITERATION if purpose == TURN and after_tools else purpose,
+                    on_answer=finished,
                 )
             except LLMError as exc:
                 log.error("llm failed session=%s: %s", ctx.session_key, exc)
@@ -159,8 +167,6 @@ class Runner:
                 (time.monotonic() - started) * 1000,
             )
             if not response.tool_calls:
-                if stream:
-                    stream.on_done()
                 text = (response.content or "").strip() or empty_answer_text(
                     response, self.max_tokens
                 )

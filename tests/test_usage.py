@@ -139,11 +139,14 @@ async def test_every_call_is_counted_once_with_its_purpose_tokens_and_cost(
 
 
 async def test_a_streamed_answer_is_counted_from_its_usage_chunk(tmp_path: Path) -> None:
-    """Streamed requests ask for include_usage; the last chunk's usage is what is recorded."""
+    """Streamed requests ask for include_usage; the last chunk's usage is what is recorded,
+    after the answer was handed to ``on_answer``."""
     records: list[CallRecord] = []
+    order: list[str] = []
 
     async def meter(rec: CallRecord) -> None:
         records.append(rec)
+        order.append("recorded")
 
     async with FakeLLM(script=[reply("streamed words", cached_tokens=3)]) as llm:
         cfg = make_config(tmp_path, llm.base_url).llm
@@ -151,11 +154,17 @@ async def test_a_streamed_answer_is_counted_from_its_usage_chunk(tmp_path: Path)
         try:
             seen: list[str] = []
             answer = await provider.chat(
-                [{"role": "user", "content": "hi"}], session_key="cli:s", on_text=seen.append
+                [{"role": "user", "content": "hi"}],
+                session_key="cli:s",
+                on_text=seen.append,
+                on_answer=lambda response: order.append("answered"),
             )
         finally:
             await provider.close()
     assert answer.content == "streamed words" and seen
+    # The chat hears the answer is whole before the ledger's fsync, not after it: a streamed
+    # preview is not sent again while the record is written.
+    assert order == ["answered", "recorded"]
     [request] = llm.requests
     assert request["body"]["stream_options"] == {"include_usage": True}
     [rec] = records

@@ -70,15 +70,16 @@ def heartbeat_tick(due: str) -> dict[str, Any]:
 async def test_every_call_is_counted_once_with_its_purpose_tokens_and_cost(
     tmp_path: Path, llm: FakeLLM, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A plain turn, a tool turn (its second call a tool iteration), a heartbeat, the
-    consolidation /new runs and Dream: one record each, the provider's own token counts,
-    cached tokens priced at cachedInput; `memobot usage --json` sums to what the fake
-    reported."""
+    """A plain turn, a tool turn (its second call a tool iteration), a heartbeat, a scheduled
+    agent job, the consolidation /new runs and Dream: one record each, the provider's own
+    token counts, cached tokens priced at cachedInput; `memobot usage --json` sums to what
+    the fake reported."""
     llm.script(
         reply("Hello there!", cached_tokens=100),
         tool_step(("list_dir", {})),
         reply("listed"),
         reply("The build is red."),
+        reply("Sunny."),
     )
     config = tmp_path / "config.json"
     async with harness(tmp_path, llm, llm={"prices": {"fake-model": PRICE}}) as h:
@@ -91,6 +92,8 @@ async def test_every_call_is_counted_once_with_its_purpose_tokens_and_cost(
             metadata=heartbeat_tick("2026-12-06T09:00:00Z"),
         )
         assert (await beat).text == "The build is red."
+        job = {"cron": {"job_id": "j1", "deliver": "agent", "due": "2026-12-06T09:00:00Z"}}
+        assert (await (await h.send("the weather?", metadata=job))).text == "Sunny."
         assert (await h.ask("/new")).startswith("New conversation started.")
         # Dream digests what /new archived: its call is Dream's.
         assert (await h.stack.loop.dream.run()).status in ("done", "nothing")
@@ -100,10 +103,11 @@ async def test_every_call_is_counted_once_with_its_purpose_tokens_and_cost(
         ("turn", "cli:t"),
         ("tool_iteration", "cli:t"),
         ("heartbeat", heartbeat.SESSION),
+        ("job", "cli:t"),
         ("consolidation", "cli:t"),
         ("dream", "dream"),
     ]
-    assert len({r["id"] for r in records}) == 6
+    assert len({r["id"] for r in records}) == 7
     first, said = records[0], llm.requests[0]["usage"]
     assert (first["prompt_tokens"], first["completion_tokens"], first["cached_tokens"]) == (
         said["prompt_tokens"],
@@ -125,12 +129,13 @@ async def test_every_call_is_counted_once_with_its_purpose_tokens_and_cost(
         "turn": 2,
         "tool_iteration": 1,
         "heartbeat": 1,
+        "job": 1,
         "consolidation": 1,
         "dream": 1,
     }
     assert by["total"] == total
     by_session = usage_json(config, capsys, "--by", "session")["groups"]
-    assert by_session["cli:t"]["calls"] == 4 and by_session[heartbeat.SESSION]["calls"] == 1
+    assert by_session["cli:t"]["calls"] == 5 and by_session[heartbeat.SESSION]["calls"] == 1
     today = datetime.now(UTC).astimezone().date().isoformat()
     assert list(usage_json(config, capsys, "--by", "day")["groups"]) == [today]
     # A window without those days holds nothing.

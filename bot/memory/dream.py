@@ -601,11 +601,12 @@ async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
     from bot.memory.migrate import migrate_legacy_history
     from bot.spend.ledger import UsageLedger
 
+    usage = UsageLedger(cfg.agent.state_path)  # its calls are counted as the gateway's are
     workspace = cfg.agent.workspace_path
     if workspace_files.exists(workspace, "memory/HISTORY.md"):
         migrate_legacy_history(workspace)
     try:
-        provider = LLMProvider(cfg.llm, meter=UsageLedger(cfg.agent.state_path).record)
+        provider = LLMProvider(cfg.llm, meter=usage.record)
     except LLMNotConfigured as exc:
         print(f"memobot: {exc}", file=__import__("sys").stderr)
         return 78
@@ -618,5 +619,6 @@ async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
         result = await dream.run()
     finally:
         await provider.close()
+        await usage.aclose()
     print(result.describe())
     return 0 if result.status in ("done", "nothing") else 1

@@ -156,7 +156,7 @@ class Report:
         if self.total.estimated_calls:
             lines.append(
                 f"{counted(self.total.estimated_calls, 'call')} without usage from the "
-                "provider: their tokens are estimated."
+                "provider: tokens estimated."
             )
         if self.total.unpriced_calls:
             lines.append(

@@ -35,6 +35,7 @@ from bot.outage import Outage
 from bot.provenance import Provenance
 from bot.recovery import Recovery
 from bot.session import SessionStore
+from bot.spend.ledger import UsageLedger
 from bot.tools import build_default_tools
 from bot.tools.base import ToolRegistry
 from bot.tools.cron import CronTool
@@ -63,10 +64,12 @@ class AgentStack:
     provider: LLMProvider
     gate: Gate
     mcp: McpManager
+    usage: UsageLedger
 
     async def close(self) -> None:
         try:
             await self.mcp.stop()  # before the gate's temp folder goes
+            await self.usage.aclose()
         finally:
             try:
                 # An unclosed aiohttp connector is logged as an error at exit.
@@ -127,7 +130,9 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
         def on_refused(text: str) -> None:
             background.spawn(bus.publish_outbound(AdminNotice(text)))
 
-    provider = LLMProvider(cfg.llm, str(config_path), on_refused=on_refused)
+    # Every model call of the stack (turns, consolidation, Dream, probes) is counted here.
+    usage = UsageLedger(cfg.agent.state_path)
+    provider = LLMProvider(cfg.llm, str(config_path), on_refused=on_refused, meter=usage.record)
     workspace = cfg.agent.workspace_path
     if not workspace.exists():  # a deleted template file stays deleted once set up
         init_workspace(workspace)
@@ -154,7 +159,7 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
         cfg, bus, store, provider, tools, context, gate, jobs, background, outage, mcp
     )
     bus.set_intake(loop.accept)
-    return AgentStack(bus, loop, store, provider, gate, mcp)
+    return AgentStack(bus, loop, store, provider, gate, mcp, usage)
 
 
 def build_loop(

@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bot.web import command as web_command
 
     web_command.add_parsers(sub, common)
+    from bot.spend import commands as usage_commands
+
+    usage_commands.add_parsers(sub, common)
     return parser
 
 
@@ -296,6 +299,10 @@ def _main(argv: list[str] | None) -> int:
             from bot.web import command as web_command
 
             return web_command.run(args, cfg, config_path)
+        if args.command == "usage":
+            from bot.spend import commands as usage_commands
+
+            return usage_commands.run(args, cfg)
         if args.command in ("memory", "dream"):
             from bot.memory.commands import run
 

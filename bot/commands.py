@@ -51,6 +51,12 @@ SPECS = (
     CommandSpec(
         "/cron", "list this chat's scheduled jobs (reminders, recurring tasks)", immediate=True
     ),
+    CommandSpec(
+        "/usage",
+        "model calls, tokens and cost today and this month: this chat's (an admin in a "
+        "private chat: every chat's)",
+        immediate=True,
+    ),
     CommandSpec("/whoami", "your user id and whether you are allowed here", by_channel=True),
     CommandSpec("/help", "this list", immediate=True),
 )

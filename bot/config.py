@@ -115,6 +115,25 @@ class DialectConfig(_Model):
 ProviderSetting = Literal["auto", ProviderName]
 
 
+class PriceConfig(_Model):
+    """``llm.prices.<model>``: what a million tokens cost (bot.spend). Cached tokens are part of
+    the prompt tokens, as OpenAI counts them; ``cachedInput`` unset: they cost ``input``."""
+
+    input: float = Field(ge=0, description="per million prompt tokens")
+    output: float = Field(ge=0, description="per million completion tokens")
+    cached_input: float | None = Field(None, ge=0, description="per million cached tokens")
+    currency: str = "USD"
+
+    @field_validator("currency")
+    @classmethod
+    def _currency_code(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Z]{3}", v):
+            raise ValueError(
+                f"{v!r} is not a currency code: three capital letters, e.g. USD or EUR"
+            )
+        return v
+
+
 class FallbackConfig(_Model):
     """One fallback model: any ``llm`` field; an unset one is inherited from ``llm``."""
 
@@ -165,6 +184,8 @@ class LLMConfig(_Model):
     # Tried in order when this endpoint (and then each one before) stays unavailable.
     fallbacks: list[FallbackConfig] = Field(default_factory=list)
     outage: OutageConfig = OutageConfig()
+    # Per model name (any endpoint's): a call of a model without one is counted in tokens only.
+    prices: dict[str, PriceConfig] = Field(default_factory=dict)
     # False for a fallback on a server of its own: OPENAI_API_KEY is llm's, not its.
     _key_from_environment: bool = PrivateAttr(True)
 

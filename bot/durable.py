@@ -153,3 +153,76 @@ def exclusive(lock: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+class Appender:
+    """Appends whole lines to one JSON Lines file, each append one write, fsynced, under an
+    ``flock`` of the file (another memobot process may append too). The file stays open
+    between appends: a busy ledger pays one write and one fsync per append, not an open.
+
+    A torn last line (a crash mid-write left bytes after the last newline) is cut off before
+    the next append, so it can never fuse with the new first line; so is whatever part of an
+    append of this object's own landed before it failed (a full disk), so a retried append is
+    not in the file twice. Creates the file 0600 (its folder 0700) and fsyncs the folder when
+    it is new. Not thread-safe: one caller at a time (the ledger has one writer task).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._end: int | None = None  # where this object's last append ended
+        self._cut_at: int | None = None  # where an append that failed began
+        self._new = False  # created by this object, its folder not yet fsynced
+
+    def append(self, payload: bytes) -> tuple[int, int]:
+        """Append ``payload`` (lines, each ending in a newline); returns (offset, end)."""
+        with about(self.path, "write"):
+            fd = self._open()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                size = os.fstat(fd).st_size
+                if self._cut_at is not None and self._cut_at < size:
+                    size = self._cut_at  # what landed of a failed append goes before its retry
+                    os.ftruncate(fd, size)
+                elif size != self._end and size and os.pread(fd, 1, size - 1) != b"\n":
+                    size = _last_line_end(fd, size)
+                    os.ftruncate(fd, size)
+                self._cut_at = size  # until this append is whole and synced
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+                self._cut_at = None
+                self._end = size + len(payload)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            return size, self._end
+
+    def _open(self) -> int:
+        if self._fd is None:
+            if not self.path.exists():
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                self._new = True
+            flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+            self._fd = os.open(self.path, flags, 0o600)
+        if self._new:  # until the folder's fsync succeeded once
+            fsync_dir(self.path.parent)
+            self._new = False
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+def _last_line_end(fd: int, size: int) -> int:
+    """The offset just after the last newline of the open file (0 when it has none)."""
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        found = os.pread(fd, end - start, start).rfind(b"\n")
+        if found >= 0:
+            return start + found + 1
+        end = start
+    return 0

@@ -48,6 +48,7 @@ from bot.dialects import (
     split_reasoning,
 )
 from bot.proxy import SOCKS_SCHEMES, environment_proxy, socks_connector
+from bot.spend.record import PROBE, TURN, CallRecord, make_record
 from bot.urls import endpoint_access, redact_url
 
 if TYPE_CHECKING:
@@ -86,6 +87,12 @@ ANSWER_DEADLINE_FACTOR = 2
 # Told the answer's text so far (the whole of it, not the new piece) as it streams in; a
 # retry starts again from "" (a shorter text), so a listener simply shows the latest.
 TextSink = Callable[[str], None]
+# Told every answered call before its answer is handed back (bot.spend.ledger): awaited, so
+# the record is durable before the caller can checkpoint the answer.
+Meter = Callable[[CallRecord], Awaitable[None]]
+# Told the whole answer as soon as it is there, before it is recorded (a chat can show a
+# streamed answer as finished without waiting for the ledger's fsync).
+AnswerSink = Callable[["LLMResponse"], None]
 
 
 class LLMError(Exception):
@@ -549,8 +556,11 @@ class LLMProvider:
         cfg: LLMConfig,
         config_path: str = "~/.memobot/config.json",
         on_refused: Callable[[str], None] | None = None,
+        meter: Meter | None = None,
     ) -> None:
+        """``meter``: told each answered call (the usage ledger); None counts nothing."""
         self.cfg = cfg
+        self.meter = meter
         if not cfg.resolved_base_url() and not cfg.resolved_api_key():
             from bot.invocation import command_for
 
@@ -624,6 +634,8 @@ class LLMProvider:
         force_tool: str | None = None,
         max_tokens: int | None = None,
         on_text: TextSink | None = None,
+        purpose: str = TURN,
+        on_answer: AnswerSink | None = None,
     ) -> LLMResponse:
         """One completion, from the first endpoint that answers.
 
@@ -635,6 +647,8 @@ class LLMProvider:
         ``force_tool`` makes the model answer with a call to that tool (structured output).
         ``on_text``: stream the answer, telling it the text so far as it arrives (see
         ``TextSink``); the result is the same as without.
+        ``purpose``: why the call is made, as the usage ledger records it (bot.spend.record);
+        the answered call is recorded before this returns, after ``on_answer`` was told it.
         """
         failures: list[str] = []
         for i, endpoint in enumerate(self._endpoints):
@@ -653,8 +667,11 @@ class LLMProvider:
                         exc,
                     )
                 continue
-            response = parse_completion(raw)
-            return replace(response, answered_by=endpoint.label)
+            response = replace(parse_completion(raw), answered_by=endpoint.label)
+            if on_answer is not None:
+                on_answer(response)
+            await self._count(endpoint, session_key, purpose, response, messages, tools)
+            return response
         if len(failures) == 1:
             raise LLMUnavailable(failures[0])
         raise LLMUnavailable("every model failed: " + "; ".join(failures))
@@ -666,12 +683,40 @@ class LLMProvider:
         for endpoint in self._endpoints:
             try:
                 raw = await self._ask(endpoint, ping, None, None, 1, "probe", None, attempts=1)
-                parse_completion(raw)
+                response = parse_completion(raw)
             except LLMError as exc:
                 log.debug("probe of %s failed: %s", endpoint.label, exc)
                 continue
+            await self._count(endpoint, "", PROBE, response, ping, None)
             return endpoint.label
         return None
+
+    async def _count(
+        self,
+        endpoint: _Endpoint,
+        session_key: str,
+        purpose: str,
+        response: LLMResponse,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+    ) -> None:
+        """Hand the answered call to the meter (the usage ledger), priced from llm.prices."""
+        if self.meter is None:
+            return
+        thought = response.reasoning
+        record = make_record(
+            session=session_key,
+            purpose=purpose,
+            model=endpoint.cfg.model,
+            endpoint=endpoint.url,
+            usage=response.usage,
+            prices=self.cfg.prices,
+            messages=messages,
+            tools=tools,
+            # Reasoning is billed as completion whether or not it is kept with the answer.
+            answer=lambda: {**response.assistant_message(), "reasoning_content": thought},
+        )
+        await self.meter(record)
 
     async def _ask(
         self,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from bot.bus import Activity, InboundMessage, Intake, MessageBus, TurnActivity
 from bot.commands import CommandRouter, CommandSyntax, format_duration, help_text
 from bot.config import Config
+from bot.cron.schedule import zone
 from bot.cron.scheduler import describe_jobs
 from bot.cron.store import JobStore
 from bot.delivery import DeliveryLedger
@@ -41,6 +42,7 @@ from bot.pairing import approve_code
 from bot.recovery import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS, Recovery
 from bot.runner import close_open_tool_calls
 from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso, transitions
+from bot.spend.report import chat_text
 from bot.turn import STOPPED_TEXT, Turns
 from bot.wording import counted
 
@@ -143,6 +145,7 @@ class AgentLoop:
                 "/dream": self._dream_command,
                 "/approve": self._approve_pairing,
                 "/cron": self._cron_command,
+                "/usage": self._usage_command,
                 "/help": self._help_command,
             }
         )
@@ -288,6 +291,22 @@ class AgentLoop:
             return "No scheduled jobs in this chat."
         lines = describe_jobs(jobs, datetime.now(UTC))
         return "Scheduled jobs in this chat:\n" + "\n".join(lines)
+
+    async def _usage_command(self, msg: InboundMessage, args: str) -> str:
+        """This chat's figures; an admin's, in a private chat, every chat's (in a group the
+        others would read which chats exist and what they spent)."""
+        everyone = msg.sender.is_admin and not msg.sender.is_group
+        tz = zone(self.cfg.agent.timezone)
+        try:
+            return await asyncio.to_thread(
+                chat_text,
+                self.cfg.agent.state_path,
+                tz,
+                None if everyone else msg.session_key,
+            )
+        except OSError as exc:
+            log.error("cannot read the usage ledger session=%s: %s", msg.session_key, exc)
+            return "I could not read the usage ledger; see the logs."
 
     def _may_stop(self, msg: InboundMessage) -> bool:
         work = self._work.get(msg.session_key)

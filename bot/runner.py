@@ -17,6 +17,7 @@ from bot.images import shown_message
 from bot.llm import LLMError, LLMProvider, LLMResponse, ToolCall
 from bot.safejson import BadArguments, parse_arguments
 from bot.session import ANSWERED_BY_KEY
+from bot.spend.record import TOOL_ITERATION, TURN
 from bot.streaming import TurnStream
 from bot.tools.base import ToolContext, ToolRegistry
 
@@ -104,6 +105,7 @@ class Runner:
         on_phase: PhaseHook | None = None,
         stream: TurnStream | None = None,
         approve: Approver | None = None,
+        purpose: str = TURN,
     ) -> TurnResult:
         """Drive one turn. ``turn`` holds the new user message and grows as the turn runs.
 
@@ -118,6 +120,8 @@ class Runner:
         it was not offered). ``approve(call, turn)`` runs before each call: None lets it run,
         a string is its result instead (denied). A turn whose last assistant message has
         calls without results (resumed from an approval pause) runs those first.
+        ``purpose``: what the usage ledger records the calls as; a person's turn ("turn")
+        records each call that follows tool results as a "tool_iteration".
         """
         offered = self._offered(ctx)
         schemas = self.tools.schemas()
@@ -133,6 +137,14 @@ class Runner:
             shown = _show_images(turn, ctx, shown)
             if on_phase:
                 await on_phase("tools_completed", turn)
+        after_tools = any(m.get("role") == "tool" for m in turn)  # a resumed turn's too
+
+        def finished(response: LLMResponse) -> None:
+            # The chat learns the answer is whole at once, not after the usage ledger's
+            # fsync: a streamed preview is then not sent again for nothing.
+            if stream and not response.tool_calls:
+                stream.on_done()
+
         for iteration in range(1, self.max_iterations + 1):
             started = time.monotonic()
             try:
@@ -141,6 +153,8 @@ class Runner:
                     schemas,
                     session_key=ctx.session_key,
                     on_text=stream.on_text if stream else None,
+                    purpose=TOOL_ITERATION if purpose == TURN and after_tools else purpose,
+                    on_answer=finished,
                 )
             except LLMError as exc:
                 log.error("llm failed session=%s: %s", ctx.session_key, exc)
@@ -153,8 +167,6 @@ class Runner:
                 (time.monotonic() - started) * 1000,
             )
             if not response.tool_calls:
-                if stream:
-                    stream.on_done()
                 text = (response.content or "").strip() or empty_answer_text(
                     response, self.max_tokens
                 )
@@ -172,6 +184,7 @@ class Runner:
             made = await self._run_calls(
                 list(response.tool_calls), turn, ctx, made, offered, approve, stream
             )
+            after_tools = True
             shown = _show_images(turn, ctx, shown)
             if on_phase:
                 await on_phase("tools_completed", turn)

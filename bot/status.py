@@ -129,8 +129,21 @@ def status_rows(cfg: Config, config_path: Path) -> list[tuple[str, str]]:
         ("cron", cron_status_line(cfg)),
         ("unsent", undelivered_line(cfg)),
         ("approvals", approvals_line(cfg)),
+        ("usage", usage_line(cfg)),
         ("panel", panel_line(cfg, live)),
     ]
+
+
+def usage_line(cfg: Config) -> str:
+    """Today's and this month's model calls, tokens and cost (local days), from the ledger."""
+    from bot.cron.schedule import zone
+    from bot.file_errors import file_problem
+    from bot.spend.report import status_text
+
+    try:
+        return status_text(cfg.agent.state_path, zone(cfg.agent.timezone))
+    except OSError as exc:  # the other lines are still worth showing
+        return f"cannot read the usage ledger: {file_problem(exc) or exc}"
 
 
 def panel_line(cfg: Config, live: dict[str, Any] | None) -> str:

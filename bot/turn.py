@@ -51,6 +51,7 @@ from bot.runner import (
     close_turn,
 )
 from bot.session import Session, SessionStore, now_iso, transitions
+from bot.spend.record import HEARTBEAT, JOB, TURN
 from bot.streaming import TurnStream, stopped_answer
 from bot.tokens import estimate_text_tokens, message_size
 from bot.tools.base import ToolContext, ToolRegistry
@@ -66,6 +67,8 @@ Outcome = Literal["ok", "failed", "stopped"]
 SCHEDULED = frozenset({TurnKind.JOB, TurnKind.REMINDER, TurnKind.HEARTBEAT})  # in the run log
 # A final_response checkpoint's file holding the whole answer, when it was too long for a chat.
 ANSWER_FILE_KEY = "answer_file"
+# What the usage ledger records a turn's model calls as (bot.spend.record), by its kind.
+USAGE_PURPOSES = {TurnKind.HEARTBEAT: HEARTBEAT, TurnKind.JOB: JOB}
 AUDIO_SUFFIXES = frozenset({".ogg", ".oga", ".opus", ".mp3", ".m4a", ".wav", ".webm", ".flac"})
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
@@ -314,7 +317,13 @@ class Turns:
             try:
                 approve = self.approvals.approver(session, msg, checkpoint, approval)
                 result = await self.runner.run(
-                    build, turn, ctx, checkpoint, stream=stream, approve=approve
+                    build,
+                    turn,
+                    ctx,
+                    checkpoint,
+                    stream=stream,
+                    approve=approve,
+                    purpose=USAGE_PURPOSES.get(msg.kind, TURN),
                 )
             finally:
                 # No process outlives its turn: background jobs end with the answer.

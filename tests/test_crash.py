@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import os
 import random
 import signal
@@ -115,6 +116,9 @@ def tool_messages(mb: Memobot, key: str) -> list[dict[str, Any]]:
 KILL_POINTS = {
     # The pending entry is on disk, nothing else: the whole turn runs on restart.
     "after_intake": (2, 1, False, 2),
+    # The model's first answer is in the usage ledger, not in a checkpoint: the turn runs
+    # again, and its new call is a new record (the ledger matches what the model served).
+    "usage_recorded": (2, 1, False, 2),
     # The model asked for the tool; we cannot know whether it ran, so it is not run again.
     "awaiting_tools": (1, 0, True, 2),
     # The tool's result is in the checkpoint: the model gets it, the tool is not repeated.
@@ -167,6 +171,21 @@ def test_kill_at_a_phase_then_restart(
         assert ("did not finish: exec" in note) is interrupted
     if failpoint == "after_send":
         assert "was being sent when memobot stopped" in second.stderr
+    assert_usage_counted_once(memobot, llm)
+
+
+def assert_usage_counted_once(mb: Memobot, llm: FakeLLMThread) -> None:
+    """The usage ledger holds each answer the model served exactly once, whatever was killed
+    and resumed in between (issue 31)."""
+    served = [e["usage"] for e in llm.requests if e.get("usage")]
+    records = [r for path in mb.state.glob("usage/*.jsonl") for r in parse_jsonl(path)]
+    assert len(records) == len(served), (records, served)
+    for count in ("prompt_tokens", "completion_tokens"):
+        assert sum(r[count] for r in records) == sum(u[count] for u in served), count
+
+
+def parse_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def resume_note_of(message: dict[str, Any]) -> str:
@@ -224,6 +243,7 @@ def test_kill_while_a_tool_runs(tmp_path: Path, llm: FakeLLMThread, memobot: Mem
     assert_answered_once(memobot, KEY, [text], [answer])
     [result] = tool_messages(memobot, KEY)
     assert result["tool_call_id"] == "call-k-1" and result["content"] == INTERRUPTED_TOOL_RESULT
+    assert_usage_counted_once(memobot, llm)
 
 
 def test_recovered_answer_is_printed_before_new_input(llm: FakeLLMThread, memobot: Memobot) -> None:

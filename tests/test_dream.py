@@ -247,6 +247,13 @@ def _killed_dream(tmp_path: Path, server: FakeLLMThread) -> None:
     assert (ws / "USER.md").read_text().count("Drinks tea") == 1
     assert read_dream_cursor(ws) == 1
     assert not list(ws.rglob(".*.dream-tmp"))
+    # `memobot dream` counts its calls too: the killed run's one answer and the two of this one.
+    ledger = [
+        json.loads(line)
+        for path in (tmp_path / "state" / "usage").glob("*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    assert [(r["purpose"], r["session"]) for r in ledger] == [("dream", "dream")] * 3
 
 
 async def test_what_a_group_said_goes_to_that_chats_memory_never_to_soul_or_user(

@@ -19,6 +19,7 @@ from bot.llm import LLMError, LLMProvider
 from bot.memory.history import HistoryArchive, format_raw
 from bot.safejson import BadArguments, parse_arguments
 from bot.session import Session, SessionStore, transitions
+from bot.spend.record import CONSOLIDATION
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,7 @@ class Consolidator:
             session_key=key,
             force_tool=SUMMARY_TOOL,
             max_tokens=1024,
+            purpose=CONSOLIDATION,
         )
         for call in response.tool_calls:
             if call.name == SUMMARY_TOOL:

@@ -36,6 +36,7 @@ from bot.memory.history import HistoryArchive, HistoryEntry
 from bot.privacy import owner_scope
 from bot.provenance import Provenance, Writer, watched_stamps
 from bot.session import SUFFIX, key_to_filename
+from bot.spend.record import DREAM
 from bot.tokens import estimate_text_tokens
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry
 from bot.tools.paths import path_policy
@@ -526,7 +527,9 @@ class Dream:
         ]
         spent = 0
         for _ in range(self.cfg.dream.max_iterations):
-            response = await self.provider.chat(messages, tools, max_tokens=2048)
+            response = await self.provider.chat(
+                messages, tools, session_key=SESSION, max_tokens=2048, purpose=DREAM
+            )
             usage = response.usage or {}
             spent += int(
                 usage.get("total_tokens")
@@ -596,12 +599,14 @@ async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
     """``memobot dream``: one run now, a one-line result on stdout."""
     from bot.llm import LLMNotConfigured
     from bot.memory.migrate import migrate_legacy_history
+    from bot.spend.ledger import UsageLedger
 
+    usage = UsageLedger(cfg.agent.state_path)  # its calls are counted as the gateway's are
     workspace = cfg.agent.workspace_path
     if workspace_files.exists(workspace, "memory/HISTORY.md"):
         migrate_legacy_history(workspace)
     try:
-        provider = LLMProvider(cfg.llm)
+        provider = LLMProvider(cfg.llm, meter=usage.record)
     except LLMNotConfigured as exc:
         print(f"memobot: {exc}", file=__import__("sys").stderr)
         return 78
@@ -614,5 +619,6 @@ async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
         result = await dream.run()
     finally:
         await provider.close()
+        await usage.aclose()
     print(result.describe())
     return 0 if result.status in ("done", "nothing") else 1

@@ -36,6 +36,7 @@ LIVE = (
     "llm.temperature",
     "llm.contextWindowTokens",
     "llm.retry.*",
+    "llm.prices",
     "agent.maxToolIterations",
     "agent.maxToolCallsPerTurn",
     "agent.workspaceWarnBytes",

@@ -31,7 +31,10 @@ one JSON body, as servers without streaming do). Error steps also take ``retry_a
 or string, sent verbatim), ``retry_after_ms``, ``message``, ``type``, ``code``, and ``in_body``
 (HTTP 200 with the error in the body; streamed: after ``error_after_chunks`` content chunks).
 ``keepalive_before`` / ``keepalive_every`` (seconds): keep-alive comments (empty lines for a
-plain answer) before the answer and in ``chunk_delay`` pauses. ``reasoning`` and
+plain answer) before the answer and in ``chunk_delay`` pauses. ``usage``: the usage object to
+report instead of the fake's count (``None``: report none, as some servers do);
+``cached_tokens``: that many of the prompt tokens reported cached (``prompt_tokens_details``).
+What was reported is in the request log (``usage``). ``reasoning`` and
 ``failed_generation`` are read by dialects.
 """
 
@@ -102,6 +105,8 @@ _STEP_KEYS = frozenset(
         "failed_generation",
         "keepalive_before",
         "keepalive_every",
+        "usage",
+        "cached_tokens",
     }
 )
 _VALID_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -455,9 +460,9 @@ def usage_for(request_bytes: int, message: Mapping[str, Any]) -> dict[str, int]:
 
 
 def completion_body(
-    cid: str, created: int, model: str, message: dict, finish: str, usage: dict
+    cid: str, created: int, model: str, message: dict, finish: str, usage: dict | None
 ) -> dict[str, Any]:
-    return {
+    body = {
         "id": cid,
         "object": "chat.completion",
         "created": created,
@@ -466,6 +471,9 @@ def completion_body(
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
         "usage": usage,
     }
+    if usage is None:
+        del body["usage"]  # a server that counts nothing
+    return body
 
 
 def _pieces(text: str, n: int = STREAM_PIECES) -> list[str]:
@@ -569,6 +577,7 @@ class FakeLLM:
             None, "openai-compatible" or "generic": the fake as it always was.
         strict_template, old_build, object_arguments: a dialect's older or optional
             behaviour (``DialectOptions``).
+        report_usage: False: no answer reports its usage (a server that counts nothing).
     """
 
     def __init__(
@@ -589,8 +598,10 @@ class FakeLLM:
         strict_template: bool | None = None,
         old_build: bool = False,
         object_arguments: bool = False,
+        report_usage: bool = True,
     ) -> None:
         self.host = host
+        self.report_usage = report_usage
         self.port = port
         self.log_bodies = log_bodies
         self.validate = validate
@@ -868,7 +879,8 @@ class FakeLLM:
         disconnect, hang, unscripted, invalid, unauthorized), status (HTTP status; None for
         disconnect/hang), step (the scripted step used, or None), error (why a request was
         rejected), reply (the assistant message sent, filled in when answered), answered_at
-        (epoch seconds when the answer began, after any ``delay``; None until then).
+        (epoch seconds when the answer began, after any ``delay``; None until then), usage
+        (the usage object the answer reported, None when it reported none or was no answer).
         """
         is_dict = isinstance(body, dict)
         messages = body.get("messages") if is_dict else None
@@ -890,6 +902,7 @@ class FakeLLM:
             "error": problem,
             "reply": None,
             "answered_at": None,
+            "usage": None,
         }
         with self._lock:  # re-entrant use from _take_step is fine: Condition wraps an RLock
             self._seq += 1
@@ -989,8 +1002,15 @@ class FakeLLM:
         entry["answered_at"] = time.time()
         cid, created = self._next_completion_id(), int(time.time())
         model = body.get("model") or DEFAULT_MODEL
-        usage = usage_for(request_bytes, message)
+        usage: dict[str, Any] | None = usage_for(request_bytes, message)
+        if step.get("cached_tokens") and usage is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": step["cached_tokens"]}
+        if "usage" in step:
+            usage = step["usage"]
+        if not self.report_usage:
+            usage = None
         if not body.get("stream") or step.get("no_stream"):
+            entry["usage"] = usage
             reply = completion_body(cid, created, model, message, finish, usage)
             if dialect is not None:
                 reply = dialect.plain(reply, view)
@@ -1000,6 +1020,7 @@ class FakeLLM:
         options = body.get("stream_options") or {}
         wanted = options.get("include_usage") or (dialect is not None and dialect.usage_always)
         with_usage = usage if wanted else None
+        entry["usage"] = with_usage
         pieces = int(step.get("pieces", STREAM_PIECES))
         chunks = completion_chunks(cid, created, model, message, finish, with_usage, pieces)
         keepalive = step.get("keepalive_before") or step.get("keepalive_every")

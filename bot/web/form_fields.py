@@ -29,7 +29,7 @@ def field(
     if kind == "textarea":
         control = tag(
             "textarea",
-            value,
+            "\n" + value,  # the HTML parser eats a textarea's first line break: keep the text's
             id=ident,
             name=name,
             aria_invalid="true" if error else None,

@@ -41,7 +41,8 @@ from bot.cron.commands import (
 )
 from bot.cron.runs import Run, RunLog
 from bot.cron.schedule import ScheduleError, describe_moment, from_iso, zone
-from bot.cron.store import Job, JobStore
+from bot.cron.store import Job, Jobs, JobStore
+from bot.gate.question import visible
 from bot.web.form_fields import field, form, hidden
 from bot.web.render import Html, join, tag
 from bot.web.server import page_response
@@ -95,11 +96,18 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         form_data = _fields(await request.post())
         cfg, _ = await panel.config()
         now = datetime.now(UTC)
+
+        def change(jobs: Jobs) -> Job | None:
+            shown = jobs.get(job_id)
+            if shown is not None and as_sent(shown.message) == checked["message"]:
+                # The text the page showed, as a browser sends it back (CRLF line ends, no
+                # NUL): not rewritten, so a non-admin's job stays theirs, its text unchanged.
+                checked["message"] = shown.message
+            return edit_job(jobs, job_id, now=now, **checked)
+
         try:
             checked = _checked(cfg, form_data, now)
-            job = await asyncio.to_thread(
-                store.update, lambda jobs: edit_job(jobs, job_id, now=now, **checked)
-            )
+            job = await asyncio.to_thread(store.update, change)
         except FieldError as exc:
             errors = {exc.field: str(exc)}
             return await _edit_page(panel, request, job_id, form_data, errors, status=400)
@@ -163,7 +171,13 @@ FIELDS = ("session", "message", "at", "every", "cron", "tz", "text", "force")
 
 
 def _fields(data: Mapping[str, object]) -> dict[str, str]:
-    return {name: str(data.get(name, "")).strip() for name in FIELDS}
+    return {name: as_sent(str(data.get(name, ""))) for name in FIELDS}
+
+
+def as_sent(text: str) -> str:
+    """``text`` as a form field that showed it comes back: a browser sends every line end of
+    a textarea as CRLF and a NUL as U+FFFD; LF line ends here, and no surrounding space."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").replace("\0", "\ufffd").strip()
 
 
 def _checked(cfg: Config, f: Mapping[str, str], now: datetime) -> dict[str, object]:
@@ -444,7 +458,9 @@ def _jobs(data: ScheduleData, csrf: str, live: bool, now: datetime) -> Html:
                 job.session,
                 join([job.schedule.describe(), tag("br"), tag("small", kind, class_="muted")]),
                 when,
-                tag("span", job.message, class_="message"),
+                # A non-admin's text too: every invisible character shown by its code
+                # point (bidi overrides cannot disguise what the job asks).
+                tag("span", visible(job.message).shown, class_="message"),
                 actions,
             ]
         )

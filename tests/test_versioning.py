@@ -274,6 +274,20 @@ def test_diff_of_first_and_later_commits(ws: Path) -> None:
     assert "MEMORY.md" not in later
 
 
+def test_a_capped_diff_stops_before_the_files_after_its_limit(ws: Path) -> None:
+    # The model may write many skills of up to 1 MiB each: the panel's log shows the start
+    # of each commit's diff, and must not diff (or hold) the rest.
+    for n in range(8):
+        (ws / "skills" / f"big{n:02}").mkdir(parents=True)
+        (ws / "skills" / f"big{n:02}" / "SKILL.md").write_text(f"line {n}\n" * 20_000)
+    repo = repo_of(ws)
+    repo.commit("many skills")
+    whole = repo.diff()
+    capped = repo.diff(limit=50_000)
+    assert len(whole) > 1_000_000 and whole.startswith(capped)
+    assert 50_000 < len(capped.encode()) < 60_000 and "big01" not in capped
+
+
 # -- resolve ----------------------------------------------------------------------------------
 
 

@@ -330,6 +330,28 @@ def is_tracked(path: bytes) -> bool:
 # -- small helpers -----------------------------------------------------------------------------
 
 
+class _Full(Exception):
+    """A capped diff reached its limit."""
+
+
+class _Capped(io.BytesIO):
+    """A BytesIO that raises _Full once more than ``limit`` bytes were written (None: never)."""
+
+    def __init__(self, limit: int | None) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def write(self, data: object) -> int:
+        written = super().write(data)  # type: ignore[arg-type]
+        if self.limit is not None and self.tell() > self.limit:
+            raise _Full
+        return written
+
+    def writelines(self, lines: object) -> None:
+        for line in lines:  # type: ignore[attr-defined]
+            self.write(line)
+
+
 def _identity(author: str) -> bytes:
     if not _IDENT.match(author):
         raise ValueError(f"author must look like 'Name <email>', got {author!r}")
@@ -486,15 +508,22 @@ class MemoryRepo:
         repo = self._require()
         return _info(self._commit(repo, self.resolve(rev or "HEAD")))
 
-    def diff(self, rev: str | None = None) -> str:
+    def diff(self, rev: str | None = None, limit: int | None = None) -> str:
         """Unified diff (git headers) of ``rev`` (default HEAD) against its first parent; the
         first commit is diffed against the empty tree. Raises MemoryRepoError as :meth:`resolve`.
+
+        ``limit``: stop once the diff is longer than that many bytes (a page shows the start
+        of it; the files after are never read or diffed). The text is then a little longer
+        than ``limit``, cut inside a line.
         """
         repo = self._require()
         commit = self._commit(repo, self.resolve(rev or "HEAD"))
         parent_tree = self._commit(repo, commit.parents[0]).tree if commit.parents else None
-        out = io.BytesIO()
-        write_tree_diff(out, repo.object_store, parent_tree, commit.tree)
+        out = _Capped(limit)
+        try:
+            write_tree_diff(out, repo.object_store, parent_tree, commit.tree)
+        except _Full:
+            pass
         return out.getvalue().decode("utf-8", "replace")
 
     def revert(self, rev: str, by: str = "") -> str:

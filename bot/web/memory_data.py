@@ -73,7 +73,8 @@ def _repo(cfg: Config) -> MemoryRepo:
 
 
 def _change(repo: MemoryRepo, info: CommitInfo) -> Change:
-    diff = repo.diff(info.id)
+    # At most 4 bytes a character: past this many bytes the page's part is certainly there.
+    diff = repo.diff(info.id, limit=4 * MAX_DIFF_CHARS + 4)
     return Change(info, diff[:MAX_DIFF_CHARS], len(diff) > MAX_DIFF_CHARS)
 
 

@@ -310,6 +310,20 @@ async def test_html_in_a_memory_file_is_shown_as_text(tmp_path):
         assert "&lt;/textarea&gt;&lt;script&gt;alert(1)&lt;/script&gt;" in pages[1]
 
 
+async def test_a_bidi_override_in_a_memory_file_or_a_commit_is_shown_not_obeyed(tmp_path):
+    # The model writes the files and, through Dream, commit messages: U+202E would make a
+    # line read backwards ("evil" as "live"), in the file, its diff and the log.
+    cfg, config, ws, repo = setup(tmp_path)
+    (ws / "USER.md").write_text("# User\n\n- trusts \u202elive.com\n")
+    repo.commit("dream: \u202e reverse me\n\nwhy: \u2066isolated\u2069\n")
+    async with browsing(cfg, config) as b:
+        await b.login()
+        pages = [(await b.get(path))[1] for path in ("/memory/file?path=USER.md", "/memory/log")]
+        for page in pages:
+            assert "\u202e" not in page and "⟨U+202E⟩" in page
+        assert "\u2066" not in pages[1] and "⟨U+2066⟩" in pages[1]
+
+
 async def test_a_guests_skill_is_flagged_and_an_unchanged_save_commits_nothing(tmp_path):
     from bot.provenance import Provenance, watched_stamps
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlencode
 
+from bot.gate.question import visible
 from bot.memory.editing import Current
 from bot.memory.search import SearchHit
 from bot.web.memory_data import LOG_PAGE, Change, Day, FileLine, Found
@@ -105,14 +106,18 @@ def files_page(listing: list[FileLine], frame: Frame, has_gateway: bool) -> Html
 
 
 def _lines(text: str) -> Html:
-    """The file's lines, each with its number's anchor (``#L7``: a search citation)."""
+    """The file's lines, each with its number's anchor (``#L7``: a search citation). The
+    model writes these files, Dream's commit messages and their diffs: every invisible
+    character is shown by its code point (a bidi override cannot make a line read as
+    another), as the approval questions are."""
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return tag(
         "pre",
         join(
-            tag("span", line + "\n", id=f"L{n}", class_="line") for n, line in enumerate(lines, 1)
+            tag("span", visible(line).shown + "\n", id=f"L{n}", class_="line")
+            for n, line in enumerate(lines, 1)
         ),
         class_="file",
     )
@@ -173,7 +178,7 @@ def _diff(lines: list[str]) -> Html:
             kind = "add"
         elif line.startswith("-"):
             kind = "del"
-        return tag("span", line + "\n", class_=kind)
+        return tag("span", visible(line).shown + "\n", class_=kind)
 
     return tag("pre", join(one(line) for line in lines), class_="diff")
 
@@ -228,8 +233,8 @@ def _change_block(change: Change, csrf: str, open_: bool) -> Html:
     link = tag(
         "a", tag("code", info.short_id), href="/memory/commit?" + urlencode({"rev": info.id})
     )
-    title = join([link, " ", info.subject])
-    facts = tag("p", join([when, " · ", info.author]), class_="muted")
+    title = join([link, " ", visible(info.subject).shown])
+    facts = tag("p", join([when, " · ", visible(info.author).shown]), class_="muted")
     body = info.message.split("\n", 1)[1].strip() if "\n" in info.message else ""
     diff = _diff(change.diff.splitlines())
     if change.cut:
@@ -248,7 +253,7 @@ def _change_block(change: Change, csrf: str, open_: bool) -> Html:
         join(
             [
                 tag("summary", "What changed"),
-                tag("pre", body, class_="wrap") if body else EMPTY,
+                tag("pre", visible(body).shown, class_="wrap") if body else EMPTY,
                 diff,
             ]
         ),

@@ -375,3 +375,18 @@ async def test_a_group_members_multiline_job_edited_only_in_its_time_stays_their
         [job] = store.load().jobs
         assert job.schedule.every_seconds == 7200
         assert not job.by_admin and job.message == text
+
+
+async def test_run_now_while_shutting_down_says_it_runs_at_the_next_start(tmp_path):
+    cfg, config = _config(tmp_path)
+    job_id = _reminder(cfg, "later")
+    store = JobStore(cfg.agent.state_path)
+    async with Harness(cfg, config, channels=("telegram",)) as harness:
+        stack = harness.stack
+        scheduler = Scheduler(cfg, store, stack.bus, stack.store, {"telegram"})
+        stack.bus.accepting = False  # intake closed: the gateway is stopping
+        said = await scheduler.run_now(job_id, "shutdown-1")
+        assert "shutting down" in said and "started" not in said
+        [job] = store.load().jobs
+        assert job.firing and job.firing["message_id"] == f"cron:{job_id}:now-shutdown-1"
+        assert not [m for m in harness.outbox if m.final]

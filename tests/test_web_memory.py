@@ -353,3 +353,27 @@ async def test_a_guests_skill_is_flagged_and_an_unchanged_save_commits_nothing(t
         assert status == 303 and "it is as its last commit has it again" in page
         assert provenance.untrusted_now() == {}
         assert "Mallory" not in skill.read_text() and len(repo.log()) == heads
+
+
+async def test_a_new_workspace_saved_in_settings_is_not_edited_before_the_restart(tmp_path):
+    # The running agent, Dream and the memory history are the first workspace's until a
+    # restart: the Memory screen shows and saves that one, never the folder named since.
+    import json
+
+    cfg, config, ws, _ = setup(tmp_path)
+    (ws / "USER.md").write_text("# User\n\nthe running workspace\n")
+    other = tmp_path / "other"
+    init_workspace(other)
+    (other / "USER.md").write_text("# User\n\nnamed in the file since\n")
+    raw = json.loads(config.read_text())
+    async with browsing(cfg, config) as b:
+        await b.login()
+        raw["agent"]["workspace"] = str(other)
+        config.write_text(json.dumps(raw))
+        _, page, _ = await b.get("/memory/file?path=USER.md")
+        assert "the running workspace" in page and "named in the file since" not in page
+        seen, csrf = await seen_of(b, "USER.md")
+        form = {"csrf": csrf, "path": "USER.md", "seen": seen, "text": "# User\n\nsaved\n"}
+        await b.post("/memory/save", form)
+    assert (ws / "USER.md").read_text() == "# User\n\nsaved\n"
+    assert "named in the file since" in (other / "USER.md").read_text()

@@ -54,8 +54,16 @@ NAV = ("/memory", "Memory")
 
 
 def routes(panel: Panel) -> list[web.RouteDef]:
-    async def places(request: web.Request) -> tuple[Config, Frame]:
+    async def settings() -> Config:
         cfg, _ = await panel.config()
+        # The workspace this process started with: the one the running gateway's agent and
+        # Dream write, and the memory history versions (a new agent.workspace saved in
+        # Settings takes a restart; until then an edit here must not go to another folder).
+        cfg.agent.workspace = panel.cfg.agent.workspace
+        return cfg
+
+    async def places(request: web.Request) -> tuple[Config, Frame]:
+        cfg = await settings()
         return cfg, panel.frame(request, await panel.gateway_running())
 
     async def no_workspace(cfg: Config, frame: Frame) -> web.Response | None:
@@ -162,7 +170,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
     async def revert(request: web.Request) -> web.Response:
         from bot.memory.versioning import revert_commit
 
-        cfg, _ = await panel.config()
+        cfg = await settings()
         rev = str((await request.post()).get("rev", ""))
         repo = MemoryRepo(cfg.agent.workspace_path, panel.state_dir)
         try:

@@ -377,3 +377,28 @@ async def test_a_new_workspace_saved_in_settings_is_not_edited_before_the_restar
         await b.post("/memory/save", form)
     assert (ws / "USER.md").read_text() == "# User\n\nsaved\n"
     assert "named in the file since" in (other / "USER.md").read_text()
+
+
+async def test_diffs_are_made_off_the_event_loop(tmp_path, monkeypatch):
+    # A diff of two 64 KiB texts can take seconds (13.7 s measured): the whole gateway
+    # would stand still while the owner previews an edit.
+    import threading
+
+    from bot.memory import editing
+
+    threads: list[threading.Thread] = []
+    real = editing.diff_lines
+
+    def spy(rel: str, old: str, new: str) -> list[str]:
+        threads.append(threading.current_thread())
+        return real(rel, old, new)
+
+    monkeypatch.setattr(editing, "diff_lines", spy)
+    cfg, config, _, _ = setup(tmp_path)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        seen, csrf = await seen_of(b, "USER.md")
+        form = {"csrf": csrf, "path": "USER.md", "seen": seen, "text": "# User\n\nnew\n"}
+        await b.post("/memory/preview", form)
+        await b.post("/memory/save", {**form, "seen": "0" * 64})  # stale: previewed again
+    assert len(threads) == 2 and threading.main_thread() not in threads

@@ -87,7 +87,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             current = await asyncio.to_thread(read_current, cfg.agent.workspace_path, rel)
         except EditError as exc:
             return page_response(problem_page(rel, str(exc), frame), 404)
-        return page_response(view_page(current, frame))
+        return page_response(await asyncio.to_thread(view_page, current, frame))
 
     async def edit(request: web.Request) -> web.Response:
         cfg, frame = await places(request)
@@ -114,9 +114,12 @@ def routes(panel: Panel) -> list[web.RouteDef]:
                 "it): the changes below are against the file as it is now, and saving undoes "
                 "what was written meanwhile where your text differs."
             )
-        return page_response(
-            preview_page(current, text, frame, warning, budget=cfg.memory.max_chars)
+        # In a worker: a diff of two 64 KiB texts can take seconds (difflib), and rendering
+        # makes every invisible character visible, character by character.
+        body = await asyncio.to_thread(
+            preview_page, current, text, frame, warning, budget=cfg.memory.max_chars
         )
+        return page_response(body)
 
     async def save(request: web.Request) -> web.Response:
         cfg, frame = await places(request)
@@ -136,7 +139,9 @@ def routes(panel: Panel) -> list[web.RouteDef]:
                 return page_response(problem_page(rel, f"{exc} {problem}", frame), 409)
             text = from_form(sent, now.text)
             budget = cfg.memory.max_chars
-            body = preview_page(now, text, frame, str(exc), stale=True, budget=budget)
+            body = await asyncio.to_thread(
+                preview_page, now, text, frame, str(exc), stale=True, budget=budget
+            )
             return page_response(body, 409)
         except (EditError, OSError) as exc:
             return page_response(problem_page(rel, str(exc), frame), 409)
@@ -156,7 +161,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             commits = await asyncio.to_thread(change_log, cfg, count)
         except (OSError, MemoryRepoError) as exc:
             return page_response(problem_page("the memory history", str(exc), frame), 500)
-        return page_response(log_page(commits, count, frame))
+        return page_response(await asyncio.to_thread(log_page, commits, count, frame))
 
     async def commit_view(request: web.Request) -> web.Response:
         cfg, frame = await places(request)
@@ -165,7 +170,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             [change] = await asyncio.to_thread(one_change, cfg, rev)
         except (OSError, MemoryRepoError) as exc:
             return page_response(problem_page(rev, str(exc), frame), 404)
-        return page_response(commit_page(change, frame))
+        return page_response(await asyncio.to_thread(commit_page, change, frame))
 
     async def revert(request: web.Request) -> web.Response:
         from bot.memory.versioning import revert_commit
@@ -190,7 +195,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         except ValueError:
             day = None
         shown = await asyncio.to_thread(archive_day, cfg.agent.workspace_path, day, cursor)
-        return page_response(archive_page(shown, frame))
+        return page_response(await asyncio.to_thread(archive_page, shown, frame))
 
     async def search(request: web.Request) -> web.Response:
         cfg, frame = await places(request)

@@ -43,7 +43,7 @@ from bot.cron.runs import Run, RunLog
 from bot.cron.schedule import ScheduleError, describe_moment, from_iso, zone
 from bot.cron.store import Job, Jobs, JobStore
 from bot.gate.question import visible
-from bot.web.form_fields import field, form, hidden
+from bot.web.form_fields import as_sent, field, form, hidden
 from bot.web.render import Html, join, tag
 from bot.web.server import page_response
 from bot.web.views import Frame, page, post_button
@@ -172,12 +172,6 @@ FIELDS = ("session", "message", "at", "every", "cron", "tz", "text", "force")
 
 def _fields(data: Mapping[str, object]) -> dict[str, str]:
     return {name: as_sent(str(data.get(name, ""))) for name in FIELDS}
-
-
-def as_sent(text: str) -> str:
-    """``text`` as a form field that showed it comes back: a browser sends every line end of
-    a textarea as CRLF and a NUL as U+FFFD; LF line ends here, and no surrounding space."""
-    return text.replace("\r\n", "\n").replace("\r", "\n").replace("\0", "\ufffd").strip()
 
 
 def _checked(cfg: Config, f: Mapping[str, str], now: datetime) -> dict[str, object]:

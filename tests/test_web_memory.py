@@ -402,3 +402,33 @@ async def test_diffs_are_made_off_the_event_loop(tmp_path, monkeypatch):
         await b.post("/memory/preview", form)
         await b.post("/memory/save", {**form, "seen": "0" * 64})  # stale: previewed again
     assert len(threads) == 2 and threading.main_thread() not in threads
+
+
+async def test_every_page_stands_special_files_the_model_planted(tmp_path):
+    # FIFOs where memobot reads (opening one for reading would hang a thread), a folder
+    # where a file should be, a link where a folder should be: each page still answers.
+    cfg, config, ws, _ = setup(tmp_path)
+    os.mkfifo(ws / "memory" / "history.jsonl")
+    os.mkfifo(ws / "memory" / "history-2020-01.jsonl")
+    (ws / "skills" / "zz").mkdir()
+    os.mkfifo(ws / "skills" / "zz" / "SKILL.md")
+    os.symlink("/etc", ws / "skills" / "yy")
+    (ws / "HEARTBEAT.md").unlink()
+    os.mkfifo(ws / "HEARTBEAT.md")
+    (ws / "USER.md").unlink()
+    (ws / "USER.md").mkdir()
+    pages = (
+        "/memory",
+        "/memory/file?path=USER.md",
+        "/memory/edit?path=skills/zz/SKILL.md",
+        "/memory/log",
+        "/memory/archive",
+        "/memory/archive?cursor=3",
+        "/memory/search?q=falcon",
+        "/schedule",
+    )
+    async with browsing(cfg, config) as b:
+        await b.login()
+        for path in pages:
+            status, _, _ = await b.get(path)
+            assert status < 500, path

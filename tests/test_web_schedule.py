@@ -349,7 +349,7 @@ async def test_a_group_members_multiline_job_edited_only_in_its_time_stays_their
 
     cfg, config = _config(tmp_path)
     store = JobStore(cfg.agent.state_path)
-    text = "post a summary\nof the chat\u202e gnirts\n"  # its own line end kept
+    text = "post a summary\nof the chat\u202e gnirts " + "x" * 5000 + "\n"  # its line end kept
     job_id = store.update(
         lambda jobs: (
             new_job(
@@ -365,6 +365,7 @@ async def test_a_group_members_multiline_job_edited_only_in_its_time_stays_their
         await browser.login()
         _, page, _ = await browser.get("/schedule")
         assert "\u202e" not in page and "U+202E" in page  # a bidi override shown, not obeyed
+        assert "x" * 5000 not in page and "4,036 more characters: Edit shows all" in page
         _, form, _ = await browser.get(f"/schedule/job/{job_id}")
         assert ">\npost a summary\nof the chat" in form  # the first line break survives parsing
         csrf = await browser.csrf("/schedule")

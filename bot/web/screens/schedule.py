@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 NAV = ("/schedule", "Schedule")
+MESSAGE_PIECES = 1_000  # of a job's message in the list (characters, or markers)
 MAX_HEARTBEAT_BYTES = 48 * 1024  # edited in one form (the panel takes 64 KiB a request)
 NEEDS_GATEWAY = (
     "Run now needs the gateway's scheduler, and this panel is not served by a gateway: start "
@@ -452,14 +453,21 @@ def _jobs(data: ScheduleData, csrf: str, live: bool, now: datetime) -> Html:
                 job.session,
                 join([job.schedule.describe(), tag("br"), tag("small", kind, class_="muted")]),
                 when,
-                # A non-admin's text too: every invisible character shown by its code
-                # point (bidi overrides cannot disguise what the job asks).
-                tag("span", visible(job.message).shown, class_="message"),
+                _message(job.message),
                 actions,
             ]
         )
     headers = ("Job", "Chat", "Schedule", "Next run", "Message", "")
     return _table(headers, rows, "Scheduled jobs")
+
+
+def _message(text: str) -> Html:
+    """A job's message in the list: a non-admin's (or the model's) text too, so every
+    invisible character shows by its code point (a bidi override cannot disguise what the
+    job asks), and a long one is cut visibly (the job's Edit page has all of it)."""
+    shown, left = visible(text).head(MESSAGE_PIECES)
+    more = f" … ({left:,} more characters: Edit shows all)" if left else ""
+    return tag("span", shown + more, class_="message")
 
 
 def _token() -> str:

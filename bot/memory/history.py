@@ -31,7 +31,7 @@ RAW_ARCHIVE_MAX_CHARS = 32_000
 # JSON-escaped). A longer one (the model can write history.jsonl: one line of gigabytes) is
 # skipped, never held: search, the panel's archive, `memobot memory history` and Dream alike.
 MAX_LINE_BYTES = 1024 * 1024
-_CHUNK = 64 * 1024
+_CHUNK = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,9 +236,11 @@ def read_lines(
                         name, size, offset, limit,
                     )  # fmt: skip
                 yield None, size
-            else:
+            elif buf:
                 buf += chunk[begin : nl + 1]
                 yield bytes(buf), size
+            else:
+                yield chunk[begin : nl + 1], size
             buf.clear()
             over, offset, begin = False, offset + size, nl + 1
         if not over and len(buf) + len(chunk) - begin > limit:

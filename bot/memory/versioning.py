@@ -526,11 +526,12 @@ class MemoryRepo:
             pass
         return out.getvalue().decode("utf-8", "replace")
 
-    def revert(self, rev: str, by: str = "") -> str:
+    def revert(self, rev: str, by: str = "", merged: list[str] | None = None) -> str:
         """Undo the changes of commit ``rev`` on disk and record that as a new commit.
 
         ``by``: who asked, when not the command line ("web": the message says "by web" and
-        the author is :data:`WEB_AUTHOR`).
+        the author is :data:`WEB_AUTHOR`). ``merged``: when given, the paths whose later
+        edits the revert kept (a three-way merge, not the version before ``rev``) are added.
 
         See the module docstring for the semantics. Returns the new commit id (hex). Raises
         MemoryRepoError for an unknown or ambiguous ``rev``, on conflicts (naming every file;
@@ -539,7 +540,8 @@ class MemoryRepo:
         with self._locked(create=False) as repo:
             target = self._commit(repo, self.resolve(rev))
             info = _info(target)
-            plan = self._plan_revert(repo, target)
+            kept: set[bytes] = set()
+            plan = self._plan_revert(repo, target, kept)
             head = self._head(repo)
             assert head is not None
             head_tree = self._commit(repo, head).tree
@@ -558,6 +560,8 @@ class MemoryRepo:
                     f"nothing to revert: the changes of {info.short_id} are already undone"
                 )
             self._apply_plan(plan)
+            if merged is not None:
+                merged += [os.fsdecode(p) for p in plan if p in kept]
             message = f"Revert {info.short_id}: {info.subject}\n\nThis reverts commit {info.id}.\n"
             author = DEFAULT_AUTHOR
             if by:
@@ -782,9 +786,10 @@ class MemoryRepo:
 
     # -- revert --------------------------------------------------------------------------------
 
-    def _plan_revert(self, repo: Repo, target: Commit) -> dict[bytes, _Plan]:
+    def _plan_revert(self, repo: Repo, target: Commit, kept: set[bytes]) -> dict[bytes, _Plan]:
         """For each path ``target`` changed: its version on disk now and what it must become
-        (None = absent). Reads only. Raises MemoryRepoError naming every conflicting path."""
+        (None = absent); ``kept`` gets the paths whose later edits a merge keeps. Reads only.
+        Raises MemoryRepoError naming every conflicting path."""
         parent_tree = self._commit(repo, target.parents[0]).tree if target.parents else None
         changes = repo.object_store.tree_changes(parent_tree, target.tree)
         paths = sorted({new or old for (old, new), _, _ in changes if (new or old)})
@@ -798,6 +803,8 @@ class MemoryRepo:
             try:
                 now = self._disk_side(path)
                 plan[path] = (now, _revert_one(after, now, before))
+                if now not in (after, before):
+                    kept.add(path)
             except _Unusable as exc:
                 conflicts.append(f"{os.fsdecode(path)} ({exc})")
         if conflicts:
@@ -1003,8 +1010,18 @@ def cmd_diff(cfg: Config, args: argparse.Namespace) -> int:
 def revert_commit(repo: MemoryRepo, rev: str, by: str = "") -> str:
     """Undo commit ``rev`` (:meth:`MemoryRepo.revert`); returns the line that says so, the
     same for ``memobot memory revert`` and the panel. Raises MemoryRepoError, OSError."""
+    from bot.provenance import Provenance, Writer
+
     info = repo.info(rev)
-    new_id = repo.revert(info.id, by=by)
+    provenance = Provenance(repo.state_dir, repo.workspace)
+    guests = provenance.untrusted_now()
+    merged: list[str] = []
+    new_id = repo.revert(info.id, by=by, merged=merged)
+    for rel in merged:
+        if rel in guests:
+            # The merge kept a non-admin's later edit of a skill: still theirs, not made the
+            # owner's by being written again (a clean undo to the older version is).
+            provenance.carry(rel, Writer(guests[rel], False))
     return f"Reverted {info.short_id}: {_shown(info.subject)} as {_short(new_id)}"
 
 

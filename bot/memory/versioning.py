@@ -1017,11 +1017,13 @@ def revert_commit(repo: MemoryRepo, rev: str, by: str = "") -> str:
     guests = provenance.untrusted_now()
     merged: list[str] = []
     new_id = repo.revert(info.id, by=by, merged=merged)
-    for rel in merged:
-        if rel in guests:
-            # The merge kept a non-admin's later edit of a skill: still theirs, not made the
-            # owner's by being written again (a clean undo to the older version is).
+    for rel in [r for r in merged if r in guests]:
+        # The merge kept a non-admin's later edit of a skill: still theirs, not made the
+        # owner's by being written again (a clean undo to the older version is).
+        try:
             provenance.carry(rel, Writer(guests[rel], False))
+        except OSError as exc:  # the revert is done: say so, and this in the log
+            log.error("provenance: %r not kept as %s's after a revert: %s", rel, guests[rel], exc)
     return f"Reverted {info.short_id}: {_shown(info.subject)} as {_short(new_id)}"
 
 

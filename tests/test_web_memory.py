@@ -432,3 +432,33 @@ async def test_every_page_stands_special_files_the_model_planted(tmp_path):
         for path in pages:
             status, _, _ = await b.get(path)
             assert status < 500, path
+
+
+async def test_the_log_is_paged_each_page_diffing_one_page_of_commits(tmp_path, monkeypatch):
+    from bot.web import memory_data
+
+    monkeypatch.setattr(memory_data, "LOG_PAGE", 3)
+    monkeypatch.setattr("bot.web.memory_views.LOG_PAGE", 3)
+    cfg, config, ws, repo = setup(tmp_path)
+    for n in range(4):
+        (ws / "USER.md").write_text(f"# User\n\nfact {n}\n")
+        repo.commit(f"change {n}\n")
+    diffs: list[str] = []
+    real = MemoryRepo.diff
+    monkeypatch.setattr(
+        MemoryRepo,
+        "diff",
+        lambda self, rev, limit=None: diffs.append(rev) or real(self, rev, limit),
+    )
+    async with browsing(cfg, config) as b:
+        await b.login()
+        _, first, _ = await b.get("/memory/log")
+        assert "change 3" in first and "change 1" in first and "change 0" not in first
+        assert 'href="/memory/log?skip=3">Older changes' in first and "Newer" not in first
+        assert len(diffs) == 3
+        _, older, _ = await b.get("/memory/log?skip=3")
+        assert "change 0" in older and "memobot: memory files from the template" in older
+        assert "change 1" not in older and 'href="/memory/log">Newer changes' in older
+        assert "Older changes" not in older and len(diffs) == 5
+        _, none, _ = await b.get("/memory/log?skip=1000")
+        assert "No older changes." in none

@@ -78,10 +78,13 @@ def _change(repo: MemoryRepo, info: CommitInfo) -> Change:
     return Change(info, diff[:MAX_DIFF_CHARS], len(diff) > MAX_DIFF_CHARS)
 
 
-def change_log(cfg: Config, count: int) -> list[Change]:
-    """The last ``count`` commits with their diffs, newest first (``memobot memory log``)."""
+def change_log(cfg: Config, skip: int = 0) -> list[Change]:
+    """LOG_PAGE commits with their diffs, newest first, after the newest ``skip`` (``memobot
+    memory log``); one more without its diff when there are older ones."""
     repo = _repo(cfg)
-    return [_change(repo, info) for info in repo.log(limit=count)]
+    infos = repo.log(limit=skip + LOG_PAGE + 1)[skip:]
+    changes = [_change(repo, info) for info in infos[:LOG_PAGE]]
+    return changes + [Change(info, "", False) for info in infos[LOG_PAGE:]]
 
 
 def one_change(cfg: Config, rev: str) -> list[Change]:

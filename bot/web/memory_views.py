@@ -263,10 +263,13 @@ def _change_block(change: Change, csrf: str, open_: bool) -> Html:
     return tag("article", join([tag("h3", title), facts, details, revert]), class_="change")
 
 
-def log_page(changes: list[Change], count: int, frame: Frame) -> Html:
+def log_page(changes: list[Change], skip: int, frame: Frame) -> Html:
+    """One page of the log (:func:`change_log`: a last change beyond the page means there
+    are older ones)."""
     parts: list[Html] = [subnav("/memory/log")]
     if not changes:
-        parts.append(tag("p", "No memory commits yet.", class_="muted"))
+        none = "No older changes." if skip else "No memory commits yet."
+        parts.append(tag("p", none, class_="muted"))
     else:
         parts.append(
             tag(
@@ -275,10 +278,15 @@ def log_page(changes: list[Change], count: int, frame: Frame) -> Html:
                 "lists). Revert undoes one change with a new commit; later edits are kept.",
             )
         )
-        parts += [_change_block(c, frame.csrf, False) for c in changes]
-        if len(changes) == count:
-            more = "/memory/log?" + urlencode({"n": count + LOG_PAGE})
-            parts.append(tag("p", tag("a", "Older changes", href=more)))
+        parts += [_change_block(c, frame.csrf, False) for c in changes[:LOG_PAGE]]
+        links = []
+        if skip:
+            newer = "/memory/log" + (f"?skip={skip - LOG_PAGE}" if skip > LOG_PAGE else "")
+            links.append(tag("a", "Newer changes", href=newer))
+        if len(changes) > LOG_PAGE:
+            links.append(tag("a", "Older changes", href=f"/memory/log?skip={skip + LOG_PAGE}"))
+        if links:
+            parts.append(tag("p", join(links, " · ")))
     return page("Memory changes", join(parts), frame)
 
 

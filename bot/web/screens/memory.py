@@ -24,7 +24,6 @@ from bot.memory.editing import EditError, Stale, from_form, read_current
 from bot.memory.editing import save as save_file
 from bot.memory.versioning import MemoryRepo, MemoryRepoError
 from bot.web.memory_data import (
-    LOG_PAGE,
     Found,
     archive_day,
     change_log,
@@ -156,12 +155,13 @@ def routes(panel: Panel) -> list[web.RouteDef]:
 
     async def history_log(request: web.Request) -> web.Response:
         cfg, frame = await places(request)
-        count = _int(request.query.get("n"), LOG_PAGE, 1, 1000)
+        # One page of LOG_PAGE commits at a time, each diffed: never a thousand at once.
+        skip = _int(request.query.get("skip"), 0, 0, 1_000_000)
         try:
-            commits = await asyncio.to_thread(change_log, cfg, count)
+            commits = await asyncio.to_thread(change_log, cfg, skip)
         except (OSError, MemoryRepoError) as exc:
             return page_response(problem_page("the memory history", str(exc), frame), 500)
-        return page_response(await asyncio.to_thread(log_page, commits, count, frame))
+        return page_response(await asyncio.to_thread(log_page, commits, skip, frame))
 
     async def commit_view(request: web.Request) -> web.Response:
         cfg, frame = await places(request)

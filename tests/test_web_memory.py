@@ -310,6 +310,20 @@ async def test_html_in_a_memory_file_is_shown_as_text(tmp_path):
         assert "&lt;/textarea&gt;&lt;script&gt;alert(1)&lt;/script&gt;" in pages[1]
 
 
+async def test_a_bidi_override_in_a_memory_file_or_a_commit_is_shown_not_obeyed(tmp_path):
+    # The model writes the files and, through Dream, commit messages: U+202E would make a
+    # line read backwards ("evil" as "live"), in the file, its diff and the log.
+    cfg, config, ws, repo = setup(tmp_path)
+    (ws / "USER.md").write_text("# User\n\n- trusts \u202elive.com\n")
+    repo.commit("dream: \u202e reverse me\n\nwhy: \u2066isolated\u2069\n")
+    async with browsing(cfg, config) as b:
+        await b.login()
+        pages = [(await b.get(path))[1] for path in ("/memory/file?path=USER.md", "/memory/log")]
+        for page in pages:
+            assert "\u202e" not in page and "⟨U+202E⟩" in page
+        assert "\u2066" not in pages[1] and "⟨U+2066⟩" in pages[1]
+
+
 async def test_a_guests_skill_is_flagged_and_an_unchanged_save_commits_nothing(tmp_path):
     from bot.provenance import Provenance, watched_stamps
 
@@ -339,3 +353,112 @@ async def test_a_guests_skill_is_flagged_and_an_unchanged_save_commits_nothing(t
         assert status == 303 and "it is as its last commit has it again" in page
         assert provenance.untrusted_now() == {}
         assert "Mallory" not in skill.read_text() and len(repo.log()) == heads
+
+
+async def test_a_new_workspace_saved_in_settings_is_not_edited_before_the_restart(tmp_path):
+    # The running agent, Dream and the memory history are the first workspace's until a
+    # restart: the Memory screen shows and saves that one, never the folder named since.
+    import json
+
+    cfg, config, ws, _ = setup(tmp_path)
+    (ws / "USER.md").write_text("# User\n\nthe running workspace\n")
+    other = tmp_path / "other"
+    init_workspace(other)
+    (other / "USER.md").write_text("# User\n\nnamed in the file since\n")
+    raw = json.loads(config.read_text())
+    async with browsing(cfg, config) as b:
+        await b.login()
+        raw["agent"]["workspace"] = str(other)
+        config.write_text(json.dumps(raw))
+        _, page, _ = await b.get("/memory/file?path=USER.md")
+        assert "the running workspace" in page and "named in the file since" not in page
+        seen, csrf = await seen_of(b, "USER.md")
+        form = {"csrf": csrf, "path": "USER.md", "seen": seen, "text": "# User\n\nsaved\n"}
+        await b.post("/memory/save", form)
+    assert (ws / "USER.md").read_text() == "# User\n\nsaved\n"
+    assert "named in the file since" in (other / "USER.md").read_text()
+
+
+async def test_diffs_are_made_off_the_event_loop(tmp_path, monkeypatch):
+    # A diff of two 64 KiB texts can take seconds (13.7 s measured): the whole gateway
+    # would stand still while the owner previews an edit.
+    import threading
+
+    from bot.memory import editing
+
+    threads: list[threading.Thread] = []
+    real = editing.diff_lines
+
+    def spy(rel: str, old: str, new: str) -> list[str]:
+        threads.append(threading.current_thread())
+        return real(rel, old, new)
+
+    monkeypatch.setattr(editing, "diff_lines", spy)
+    cfg, config, _, _ = setup(tmp_path)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        seen, csrf = await seen_of(b, "USER.md")
+        form = {"csrf": csrf, "path": "USER.md", "seen": seen, "text": "# User\n\nnew\n"}
+        await b.post("/memory/preview", form)
+        await b.post("/memory/save", {**form, "seen": "0" * 64})  # stale: previewed again
+    assert len(threads) == 2 and threading.main_thread() not in threads
+
+
+async def test_every_page_stands_special_files_the_model_planted(tmp_path):
+    # FIFOs where memobot reads (opening one for reading would hang a thread), a folder
+    # where a file should be, a link where a folder should be: each page still answers.
+    cfg, config, ws, _ = setup(tmp_path)
+    os.mkfifo(ws / "memory" / "history.jsonl")
+    os.mkfifo(ws / "memory" / "history-2020-01.jsonl")
+    (ws / "skills" / "zz").mkdir()
+    os.mkfifo(ws / "skills" / "zz" / "SKILL.md")
+    os.symlink("/etc", ws / "skills" / "yy")
+    (ws / "HEARTBEAT.md").unlink()
+    os.mkfifo(ws / "HEARTBEAT.md")
+    (ws / "USER.md").unlink()
+    (ws / "USER.md").mkdir()
+    pages = (
+        "/memory",
+        "/memory/file?path=USER.md",
+        "/memory/edit?path=skills/zz/SKILL.md",
+        "/memory/log",
+        "/memory/archive",
+        "/memory/archive?cursor=3",
+        "/memory/search?q=falcon",
+        "/schedule",
+    )
+    async with browsing(cfg, config) as b:
+        await b.login()
+        for path in pages:
+            status, _, _ = await b.get(path)
+            assert status < 500, path
+
+
+async def test_the_log_is_paged_each_page_diffing_one_page_of_commits(tmp_path, monkeypatch):
+    from bot.web import memory_data
+
+    monkeypatch.setattr(memory_data, "LOG_PAGE", 3)
+    monkeypatch.setattr("bot.web.memory_views.LOG_PAGE", 3)
+    cfg, config, ws, repo = setup(tmp_path)
+    for n in range(4):
+        (ws / "USER.md").write_text(f"# User\n\nfact {n}\n")
+        repo.commit(f"change {n}\n")
+    diffs: list[str] = []
+    real = MemoryRepo.diff
+    monkeypatch.setattr(
+        MemoryRepo,
+        "diff",
+        lambda self, rev, limit=None: diffs.append(rev) or real(self, rev, limit),
+    )
+    async with browsing(cfg, config) as b:
+        await b.login()
+        _, first, _ = await b.get("/memory/log")
+        assert "change 3" in first and "change 1" in first and "change 0" not in first
+        assert 'href="/memory/log?skip=3">Older changes' in first and "Newer" not in first
+        assert len(diffs) == 3
+        _, older, _ = await b.get("/memory/log?skip=3")
+        assert "change 0" in older and "memobot: memory files from the template" in older
+        assert "change 1" not in older and 'href="/memory/log">Newer changes' in older
+        assert "Older changes" not in older and len(diffs) == 5
+        _, none, _ = await b.get("/memory/log?skip=1000")
+        assert "No older changes." in none

@@ -340,3 +340,54 @@ async def test_a_job_a_group_member_made_stays_theirs_until_its_message_is_rewri
         await browser.post(f"/schedule/job/{job_id}", {**form, "message": "say good morning"})
         [job] = store.load().jobs
         assert job.by_admin and job.message == "say good morning"
+
+
+async def test_a_group_members_multiline_job_edited_only_in_its_time_stays_theirs(tmp_path):
+    # A browser sends a textarea's line ends as CRLF: the text the page showed, sent back,
+    # is not a rewrite, so the owner's edit of the time does not give the job admin rights.
+    from datetime import UTC, datetime
+
+    cfg, config = _config(tmp_path)
+    store = JobStore(cfg.agent.state_path)
+    text = "post a summary\nof the chat\u202e gnirts " + "x" * 5000 + "\n"  # its line end kept
+    job_id = store.update(
+        lambda jobs: (
+            new_job(
+                jobs,
+                session="telegram:-100123",
+                message=text,
+                schedule=Schedule.make(every_seconds=3600, tz="UTC"),
+                now=datetime.now(UTC),
+            ).id
+        )
+    )
+    async with browsing(cfg, config) as browser:
+        await browser.login()
+        _, page, _ = await browser.get("/schedule")
+        assert "\u202e" not in page and "U+202E" in page  # a bidi override shown, not obeyed
+        assert "x" * 5000 not in page and "4,036 more characters: Edit shows all" in page
+        _, form, _ = await browser.get(f"/schedule/job/{job_id}")
+        assert ">\npost a summary\nof the chat" in form  # the first line break survives parsing
+        csrf = await browser.csrf("/schedule")
+        sent = {"csrf": csrf, "session": "telegram:-100123", "every": "7200"}
+        await browser.post(
+            f"/schedule/job/{job_id}", {**sent, "message": text.replace("\n", "\r\n")}
+        )
+        [job] = store.load().jobs
+        assert job.schedule.every_seconds == 7200
+        assert not job.by_admin and job.message == text
+
+
+async def test_run_now_while_shutting_down_says_it_runs_at_the_next_start(tmp_path):
+    cfg, config = _config(tmp_path)
+    job_id = _reminder(cfg, "later")
+    store = JobStore(cfg.agent.state_path)
+    async with Harness(cfg, config, channels=("telegram",)) as harness:
+        stack = harness.stack
+        scheduler = Scheduler(cfg, store, stack.bus, stack.store, {"telegram"})
+        stack.bus.accepting = False  # intake closed: the gateway is stopping
+        said = await scheduler.run_now(job_id, "shutdown-1")
+        assert "shutting down" in said and "started" not in said
+        [job] = store.load().jobs
+        assert job.firing and job.firing["message_id"] == f"cron:{job_id}:now-shutdown-1"
+        assert not [m for m in harness.outbox if m.final]

@@ -35,7 +35,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bot import failpoints, workspace_files
-from bot.bus import InboundMessage, MessageBus
+from bot.bus import InboundMessage, Intake, MessageBus
 from bot.config import Config
 from bot.cron import heartbeat
 from bot.cron.runs import RunLog
@@ -227,7 +227,11 @@ class Scheduler:
             if job is None:
                 return refused
             failpoints.hit("cron_recorded")
-            await self._hand_over([job])
+            verdict = (await self._hand_over([job])).get(job_id)
+        if verdict == "refused":
+            return f"memobot is shutting down: job {job_id} runs once it starts again."
+        if verdict == "duplicate":  # this request's occurrence was taken long ago
+            return f"Job {job_id} was already run for this request."
         return f"Job {job_id} was started now ({job.session})."
 
     async def _tick(self) -> None:
@@ -346,12 +350,14 @@ class Scheduler:
     def _too_late(self, due: datetime, now: datetime) -> bool:
         return now - due > timedelta(minutes=self.cfg.cron.max_late_minutes)
 
-    async def _hand_over(self, ready: list[Job]) -> None:
-        """Publish each recorded occurrence; the ones intake took move on in one write."""
+    async def _hand_over(self, ready: list[Job]) -> dict[str, Intake]:
+        """Publish each recorded occurrence; the ones intake took move on in one write.
+        Returns intake's verdict for each job id."""
         taken: dict[str, str] = {}  # job id -> message id
+        verdicts: dict[str, Intake] = {}
         for job in ready:
             assert job.firing is not None
-            verdict = await self.bus.publish_inbound(job_message(job))
+            verdict = verdicts[job.id] = await self.bus.publish_inbound(job_message(job))
             failpoints.hit("cron_published")
             if verdict == "refused":
                 continue  # shutting down: still recorded, published again at the next start
@@ -374,7 +380,7 @@ class Scheduler:
                 " (late)" if job.firing.get("late") else "",
             )
         if not taken:
-            return
+            return verdicts
         now = self.clock()
 
         def moved_on(jobs: Jobs) -> None:
@@ -397,6 +403,7 @@ class Scheduler:
                     current.next_run = to_iso(nxt)
 
         await self._update(moved_on)
+        return verdicts
 
     async def _skip(self, late: list[Job], now: datetime) -> None:
         expected = {j.id: j.next_run for j in late}

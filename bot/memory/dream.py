@@ -418,9 +418,7 @@ class Dream:
         from bot.memory.versioning import MemoryRepoError
 
         cursor = read_dream_cursor(self.workspace)
-        entries = (await asyncio.to_thread(self.archive.entries, cursor))[
-            : self.cfg.dream.max_entries
-        ]
+        entries = await asyncio.to_thread(self.archive.entries, cursor, self.cfg.dream.max_entries)
         if not entries:
             return DreamResult("nothing")
         # Before the model is asked anything: edits that cannot be committed must not land.

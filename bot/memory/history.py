@@ -10,9 +10,11 @@ next start takes the larger of the two), never behind.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,6 +27,11 @@ from bot.wording import counted
 log = logging.getLogger(__name__)
 
 RAW_ARCHIVE_MAX_CHARS = 32_000
+# The longest archive line read (an entry is at most a few tens of KB: RAW_ARCHIVE_MAX_CHARS,
+# JSON-escaped). A longer one (the model can write history.jsonl: one line of gigabytes) is
+# skipped, never held: search, the panel's archive, `memobot memory history` and Dream alike.
+MAX_LINE_BYTES = 1024 * 1024
+_CHUNK = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +81,16 @@ class HistoryArchive:
                 out.append(entry)
         return out
 
-    def entries(self, after: int = 0) -> list[HistoryEntry]:
-        out = []
+    def entries(self, after: int = 0, limit: int | None = None) -> list[HistoryEntry]:
+        """The entries after cursor ``after``, oldest first; at most ``limit`` of them (the
+        file is read only as far as that)."""
+        out: list[HistoryEntry] = []
         for line in _lines(self.workspace, self.path):
             entry = parse_entry(line)
             if entry and entry.cursor > after:
                 out.append(entry)
+                if limit is not None and len(out) >= limit:
+                    break
         return out
 
     async def append(self, session: str, content: str) -> HistoryEntry:
@@ -136,13 +147,29 @@ class HistoryArchive:
             return await asyncio.to_thread(self._compact_sync, digested_upto, keep_days)
 
     def _compact_sync(self, digested_upto: int, keep_days: int) -> int:
-        raw_lines = _lines(self.workspace, self.path)
+        # The rewrite keeps every line it does not move, so it must hold the whole file: one
+        # too large for that, or with a line too long to read, is left as it is (never cut).
+        try:
+            st = workspace_files.lstat(self.workspace, self.path)
+        except FileNotFoundError:
+            return 0
+        if st.st_size > workspace_files.MAX_READ_BYTES:
+            log.warning(
+                "history: %s is %d bytes, more than %d: not compacted", self.path, st.st_size,
+                workspace_files.MAX_READ_BYTES,
+            )  # fmt: skip
+            return 0
+        raw_lines = list(_raw_lines(self.workspace, self.path))
         if not raw_lines:
+            return 0
+        if any(raw is None for raw in raw_lines):
+            log.warning("history: %s has a line too long to read: not compacted", self.path)
             return 0
         cutoff = (datetime.now(UTC) - timedelta(days=keep_days)).isoformat()
         keep: list[bytes] = []
         move: dict[str, list[tuple[int, bytes]]] = {}
         for raw in raw_lines:
+            assert raw is not None
             if not raw.strip():
                 continue
             entry = parse_entry(raw)
@@ -164,11 +191,80 @@ class HistoryArchive:
         return sum(len(v) for v in move.values())
 
 
-def _lines(workspace: Path, path: Path) -> list[bytes]:
+def _raw_lines(workspace: Path, path: Path) -> Iterator[bytes | None]:
+    """The lines of an archive file without their line ends, streamed (none when it is
+    absent); None for a line over MAX_LINE_BYTES."""
     try:
-        return workspace_files.read_bytes(workspace, path).split(b"\n")
+        fd = workspace_files.open_fd(workspace, path)
     except FileNotFoundError:
-        return []
+        return
+    try:
+        for data, _ in read_lines(fd, str(path)):
+            yield None if data is None else data.rstrip(b"\n")
+    finally:
+        os.close(fd)
+
+
+def _lines(workspace: Path, path: Path) -> Iterator[bytes]:
+    """As :func:`_raw_lines`, a line too long left out."""
+    return (line for line in _raw_lines(workspace, path) if line is not None)
+
+
+def read_lines(
+    fd: int, name: str, start: int = 0, limit: int = MAX_LINE_BYTES
+) -> Iterator[tuple[bytes | None, int]]:
+    """Each line of the file ``fd`` from byte ``start``: (its bytes with the line end, its size
+    in bytes); the last one may lack the line end (a torn line). A line longer than ``limit``
+    is read through in pieces and never held: it comes as ``(None, size)``, with one warning
+    naming ``name``. Holes of a sparse file (no line end in them) are jumped over, not read.
+    Every reader of the archive reads through here."""
+    offset = at = start  # where the current line starts; the next byte to read
+    buf = bytearray()  # the current line so far (left empty once it is too long)
+    over = warned = False
+    while True:
+        chunk = os.pread(fd, _CHUNK, at)
+        if not chunk:
+            break
+        base, at, begin = at, at + len(chunk), 0
+        while (nl := chunk.find(b"\n", begin)) >= 0:
+            size = base + nl + 1 - offset
+            if over or len(buf) + nl + 1 - begin > limit:
+                if not warned:
+                    warned = True
+                    log.warning(
+                        "history: %s has a line of %d bytes at byte %d, over %d: skipped",
+                        name, size, offset, limit,
+                    )  # fmt: skip
+                yield None, size
+            elif buf:
+                buf += chunk[begin : nl + 1]
+                yield bytes(buf), size
+            else:
+                yield chunk[begin : nl + 1], size
+            buf.clear()
+            over, offset, begin = False, offset + size, nl + 1
+        if not over and len(buf) + len(chunk) - begin > limit:
+            over = True
+            buf.clear()
+        if over:
+            try:
+                at = max(at, os.lseek(fd, at, os.SEEK_DATA))
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+                at = max(at, os.fstat(fd).st_size)  # only a hole up to the end
+                break
+        else:
+            buf += chunk[begin:]
+    if over:
+        if not warned:
+            log.warning(
+                "history: %s ends with a line of %d bytes, over %d: skipped",
+                name, at - offset, limit,
+            )  # fmt: skip
+        yield None, at - offset
+    elif buf:
+        yield bytes(buf), len(buf)
 
 
 def entry_line(entry: HistoryEntry) -> str:

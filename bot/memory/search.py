@@ -38,7 +38,7 @@ from typing import IO, TypeVar
 
 from bot import workspace_files
 from bot.config import Config
-from bot.memory.history import HistoryEntry, parse_entry
+from bot.memory.history import HistoryEntry, parse_entry, read_lines
 from bot.private import create_private_file
 
 log = logging.getLogger(__name__)
@@ -279,11 +279,13 @@ def _stream_entries(workspace: Path, rel: str) -> Iterator[tuple[str, HistoryEnt
         fd = workspace_files.open_fd(workspace, rel)
     except FileNotFoundError:
         return
-    with os.fdopen(fd, "rb") as fh:
-        for line in fh:
-            entry = parse_entry(line)
+    try:
+        for line, _ in read_lines(fd, rel):
+            entry = parse_entry(line) if line is not None else None
             if entry:
                 yield rel, entry
+    finally:
+        os.close(fd)
 
 
 def iter_history(workspace: Path) -> Iterator[tuple[str, HistoryEntry]]:
@@ -665,17 +667,18 @@ class MemoryIndex:
     def _index_lines(conn: sqlite3.Connection, rel: str, fh: IO[bytes], start: int) -> int:
         """Insert the entries of every complete line from ``start``; returns the offset after
         the last complete line (a torn last line waits for its newline)."""
-        fh.seek(start)
         offset, batch, bad = start, [], 0
         next_id = _next_id(conn, 1, MEMORY_ID_BASE - 1)
         insert = "INSERT INTO doc(id, file, anchor, ts, session, body) VALUES (?, ?, ?, ?, ?, ?)"
-        for line in fh:
-            if not line.endswith(b"\n"):
+        for line, size in read_lines(fh.fileno(), rel, start):
+            if line is not None and not line.endswith(b"\n"):
                 break
-            offset += len(line)
-            entry = parse_entry(line)
+            # A line too long to read (None) is passed for good, torn or not: it is never
+            # searchable, and reading it through again at every search would cost as much.
+            offset += size
+            entry = parse_entry(line) if line is not None else None
             if entry is None:
-                bad += bool(line.strip())
+                bad += line is None or bool(line.strip())
                 continue
             ts = normalize_timestamp(entry.timestamp)
             batch.append((next_id, rel, entry.cursor, ts, entry.session, entry.content))

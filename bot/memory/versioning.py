@@ -330,6 +330,28 @@ def is_tracked(path: bytes) -> bool:
 # -- small helpers -----------------------------------------------------------------------------
 
 
+class _Full(Exception):
+    """A capped diff reached its limit."""
+
+
+class _Capped(io.BytesIO):
+    """A BytesIO that raises _Full once more than ``limit`` bytes were written (None: never)."""
+
+    def __init__(self, limit: int | None) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def write(self, data: object) -> int:
+        written = super().write(data)  # type: ignore[arg-type]
+        if self.limit is not None and self.tell() > self.limit:
+            raise _Full
+        return written
+
+    def writelines(self, lines: object) -> None:
+        for line in lines:  # type: ignore[attr-defined]
+            self.write(line)
+
+
 def _identity(author: str) -> bytes:
     if not _IDENT.match(author):
         raise ValueError(f"author must look like 'Name <email>', got {author!r}")
@@ -486,22 +508,30 @@ class MemoryRepo:
         repo = self._require()
         return _info(self._commit(repo, self.resolve(rev or "HEAD")))
 
-    def diff(self, rev: str | None = None) -> str:
+    def diff(self, rev: str | None = None, limit: int | None = None) -> str:
         """Unified diff (git headers) of ``rev`` (default HEAD) against its first parent; the
         first commit is diffed against the empty tree. Raises MemoryRepoError as :meth:`resolve`.
+
+        ``limit``: stop once the diff is longer than that many bytes (a page shows the start
+        of it; the files after are never read or diffed). The text is then a little longer
+        than ``limit``, cut inside a line.
         """
         repo = self._require()
         commit = self._commit(repo, self.resolve(rev or "HEAD"))
         parent_tree = self._commit(repo, commit.parents[0]).tree if commit.parents else None
-        out = io.BytesIO()
-        write_tree_diff(out, repo.object_store, parent_tree, commit.tree)
+        out = _Capped(limit)
+        try:
+            write_tree_diff(out, repo.object_store, parent_tree, commit.tree)
+        except _Full:
+            pass
         return out.getvalue().decode("utf-8", "replace")
 
-    def revert(self, rev: str, by: str = "") -> str:
+    def revert(self, rev: str, by: str = "", merged: list[str] | None = None) -> str:
         """Undo the changes of commit ``rev`` on disk and record that as a new commit.
 
         ``by``: who asked, when not the command line ("web": the message says "by web" and
-        the author is :data:`WEB_AUTHOR`).
+        the author is :data:`WEB_AUTHOR`). ``merged``: when given, the paths whose later
+        edits the revert kept (a three-way merge, not the version before ``rev``) are added.
 
         See the module docstring for the semantics. Returns the new commit id (hex). Raises
         MemoryRepoError for an unknown or ambiguous ``rev``, on conflicts (naming every file;
@@ -510,7 +540,8 @@ class MemoryRepo:
         with self._locked(create=False) as repo:
             target = self._commit(repo, self.resolve(rev))
             info = _info(target)
-            plan = self._plan_revert(repo, target)
+            kept: set[bytes] = set()
+            plan = self._plan_revert(repo, target, kept)
             head = self._head(repo)
             assert head is not None
             head_tree = self._commit(repo, head).tree
@@ -529,6 +560,8 @@ class MemoryRepo:
                     f"nothing to revert: the changes of {info.short_id} are already undone"
                 )
             self._apply_plan(plan)
+            if merged is not None:
+                merged += [os.fsdecode(p) for p in plan if p in kept]
             message = f"Revert {info.short_id}: {info.subject}\n\nThis reverts commit {info.id}.\n"
             author = DEFAULT_AUTHOR
             if by:
@@ -753,9 +786,10 @@ class MemoryRepo:
 
     # -- revert --------------------------------------------------------------------------------
 
-    def _plan_revert(self, repo: Repo, target: Commit) -> dict[bytes, _Plan]:
+    def _plan_revert(self, repo: Repo, target: Commit, kept: set[bytes]) -> dict[bytes, _Plan]:
         """For each path ``target`` changed: its version on disk now and what it must become
-        (None = absent). Reads only. Raises MemoryRepoError naming every conflicting path."""
+        (None = absent); ``kept`` gets the paths whose later edits a merge keeps. Reads only.
+        Raises MemoryRepoError naming every conflicting path."""
         parent_tree = self._commit(repo, target.parents[0]).tree if target.parents else None
         changes = repo.object_store.tree_changes(parent_tree, target.tree)
         paths = sorted({new or old for (old, new), _, _ in changes if (new or old)})
@@ -769,6 +803,8 @@ class MemoryRepo:
             try:
                 now = self._disk_side(path)
                 plan[path] = (now, _revert_one(after, now, before))
+                if now not in (after, before):
+                    kept.add(path)
             except _Unusable as exc:
                 conflicts.append(f"{os.fsdecode(path)} ({exc})")
         if conflicts:
@@ -974,8 +1010,20 @@ def cmd_diff(cfg: Config, args: argparse.Namespace) -> int:
 def revert_commit(repo: MemoryRepo, rev: str, by: str = "") -> str:
     """Undo commit ``rev`` (:meth:`MemoryRepo.revert`); returns the line that says so, the
     same for ``memobot memory revert`` and the panel. Raises MemoryRepoError, OSError."""
+    from bot.provenance import Provenance, Writer
+
     info = repo.info(rev)
-    new_id = repo.revert(info.id, by=by)
+    provenance = Provenance(repo.state_dir, repo.workspace)
+    guests = provenance.untrusted_now()
+    merged: list[str] = []
+    new_id = repo.revert(info.id, by=by, merged=merged)
+    for rel in [r for r in merged if r in guests]:
+        # The merge kept a non-admin's later edit of a skill: still theirs, not made the
+        # owner's by being written again (a clean undo to the older version is).
+        try:
+            provenance.carry(rel, Writer(guests[rel], False))
+        except OSError as exc:  # the revert is done: say so, and this in the log
+            log.error("provenance: %r not kept as %s's after a revert: %s", rel, guests[rel], exc)
     return f"Reverted {info.short_id}: {_shown(info.subject)} as {_short(new_id)}"
 
 

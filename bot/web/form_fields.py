@@ -29,7 +29,7 @@ def field(
     if kind == "textarea":
         control = tag(
             "textarea",
-            value,
+            "\n" + value,  # the HTML parser eats a textarea's first line break: keep the text's
             id=ident,
             name=name,
             aria_invalid="true" if error else None,
@@ -75,3 +75,10 @@ def hidden(**fields: str) -> Html:
     if not fields:
         return EMPTY
     return join(void("input", type="hidden", name=k, value=v) for k, v in fields.items())
+
+
+def as_sent(text: str) -> str:
+    """``text`` as a form field that showed it comes back: a browser sends every line end of
+    a textarea as CRLF and a NUL as U+FFFD; LF line ends here, and no surrounding space.
+    Compare ``as_sent(sent) == as_sent(shown)`` to tell a field sent back unchanged."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").replace("\0", "\ufffd").strip()

@@ -73,14 +73,18 @@ def _repo(cfg: Config) -> MemoryRepo:
 
 
 def _change(repo: MemoryRepo, info: CommitInfo) -> Change:
-    diff = repo.diff(info.id)
+    # At most 4 bytes a character: past this many bytes the page's part is certainly there.
+    diff = repo.diff(info.id, limit=4 * MAX_DIFF_CHARS + 4)
     return Change(info, diff[:MAX_DIFF_CHARS], len(diff) > MAX_DIFF_CHARS)
 
 
-def change_log(cfg: Config, count: int) -> list[Change]:
-    """The last ``count`` commits with their diffs, newest first (``memobot memory log``)."""
+def change_log(cfg: Config, skip: int = 0) -> list[Change]:
+    """LOG_PAGE commits with their diffs, newest first, after the newest ``skip`` (``memobot
+    memory log``); one more without its diff when there are older ones."""
     repo = _repo(cfg)
-    return [_change(repo, info) for info in repo.log(limit=count)]
+    infos = repo.log(limit=skip + LOG_PAGE + 1)[skip:]
+    changes = [_change(repo, info) for info in infos[:LOG_PAGE]]
+    return changes + [Change(info, "", False) for info in infos[LOG_PAGE:]]
 
 
 def one_change(cfg: Config, rev: str) -> list[Change]:

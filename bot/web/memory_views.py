@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlencode
 
+from bot.gate.question import visible
 from bot.memory.editing import Current
 from bot.memory.search import SearchHit
 from bot.web.memory_data import LOG_PAGE, Change, Day, FileLine, Found
@@ -105,14 +106,18 @@ def files_page(listing: list[FileLine], frame: Frame, has_gateway: bool) -> Html
 
 
 def _lines(text: str) -> Html:
-    """The file's lines, each with its number's anchor (``#L7``: a search citation)."""
+    """The file's lines, each with its number's anchor (``#L7``: a search citation). The
+    model writes these files, Dream's commit messages and their diffs: every invisible
+    character is shown by its code point (a bidi override cannot make a line read as
+    another), as the approval questions are."""
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return tag(
         "pre",
         join(
-            tag("span", line + "\n", id=f"L{n}", class_="line") for n, line in enumerate(lines, 1)
+            tag("span", visible(line).shown + "\n", id=f"L{n}", class_="line")
+            for n, line in enumerate(lines, 1)
         ),
         class_="file",
     )
@@ -173,7 +178,7 @@ def _diff(lines: list[str]) -> Html:
             kind = "add"
         elif line.startswith("-"):
             kind = "del"
-        return tag("span", line + "\n", class_=kind)
+        return tag("span", visible(line).shown + "\n", class_=kind)
 
     return tag("pre", join(one(line) for line in lines), class_="diff")
 
@@ -228,8 +233,8 @@ def _change_block(change: Change, csrf: str, open_: bool) -> Html:
     link = tag(
         "a", tag("code", info.short_id), href="/memory/commit?" + urlencode({"rev": info.id})
     )
-    title = join([link, " ", info.subject])
-    facts = tag("p", join([when, " · ", info.author]), class_="muted")
+    title = join([link, " ", visible(info.subject).shown])
+    facts = tag("p", join([when, " · ", visible(info.author).shown]), class_="muted")
     body = info.message.split("\n", 1)[1].strip() if "\n" in info.message else ""
     diff = _diff(change.diff.splitlines())
     if change.cut:
@@ -248,7 +253,7 @@ def _change_block(change: Change, csrf: str, open_: bool) -> Html:
         join(
             [
                 tag("summary", "What changed"),
-                tag("pre", body, class_="wrap") if body else EMPTY,
+                tag("pre", visible(body).shown, class_="wrap") if body else EMPTY,
                 diff,
             ]
         ),
@@ -258,10 +263,13 @@ def _change_block(change: Change, csrf: str, open_: bool) -> Html:
     return tag("article", join([tag("h3", title), facts, details, revert]), class_="change")
 
 
-def log_page(changes: list[Change], count: int, frame: Frame) -> Html:
+def log_page(changes: list[Change], skip: int, frame: Frame) -> Html:
+    """One page of the log (:func:`change_log`: a last change beyond the page means there
+    are older ones)."""
     parts: list[Html] = [subnav("/memory/log")]
     if not changes:
-        parts.append(tag("p", "No memory commits yet.", class_="muted"))
+        none = "No older changes." if skip else "No memory commits yet."
+        parts.append(tag("p", none, class_="muted"))
     else:
         parts.append(
             tag(
@@ -270,10 +278,15 @@ def log_page(changes: list[Change], count: int, frame: Frame) -> Html:
                 "lists). Revert undoes one change with a new commit; later edits are kept.",
             )
         )
-        parts += [_change_block(c, frame.csrf, False) for c in changes]
-        if len(changes) == count:
-            more = "/memory/log?" + urlencode({"n": count + LOG_PAGE})
-            parts.append(tag("p", tag("a", "Older changes", href=more)))
+        parts += [_change_block(c, frame.csrf, False) for c in changes[:LOG_PAGE]]
+        links = []
+        if skip:
+            newer = "/memory/log" + (f"?skip={skip - LOG_PAGE}" if skip > LOG_PAGE else "")
+            links.append(tag("a", "Newer changes", href=newer))
+        if len(changes) > LOG_PAGE:
+            links.append(tag("a", "Older changes", href=f"/memory/log?skip={skip + LOG_PAGE}"))
+        if links:
+            parts.append(tag("p", join(links, " · ")))
     return page("Memory changes", join(parts), frame)
 
 

@@ -24,7 +24,6 @@ from bot.memory.editing import EditError, Stale, from_form, read_current
 from bot.memory.editing import save as save_file
 from bot.memory.versioning import MemoryRepo, MemoryRepoError
 from bot.web.memory_data import (
-    LOG_PAGE,
     Found,
     archive_day,
     change_log,
@@ -54,8 +53,16 @@ NAV = ("/memory", "Memory")
 
 
 def routes(panel: Panel) -> list[web.RouteDef]:
-    async def places(request: web.Request) -> tuple[Config, Frame]:
+    async def settings() -> Config:
         cfg, _ = await panel.config()
+        # The workspace this process started with: the one the running gateway's agent and
+        # Dream write, and the memory history versions (a new agent.workspace saved in
+        # Settings takes a restart; until then an edit here must not go to another folder).
+        cfg.agent.workspace = panel.cfg.agent.workspace
+        return cfg
+
+    async def places(request: web.Request) -> tuple[Config, Frame]:
+        cfg = await settings()
         return cfg, panel.frame(request, await panel.gateway_running())
 
     async def no_workspace(cfg: Config, frame: Frame) -> web.Response | None:
@@ -79,7 +86,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             current = await asyncio.to_thread(read_current, cfg.agent.workspace_path, rel)
         except EditError as exc:
             return page_response(problem_page(rel, str(exc), frame), 404)
-        return page_response(view_page(current, frame))
+        return page_response(await asyncio.to_thread(view_page, current, frame))
 
     async def edit(request: web.Request) -> web.Response:
         cfg, frame = await places(request)
@@ -106,9 +113,12 @@ def routes(panel: Panel) -> list[web.RouteDef]:
                 "it): the changes below are against the file as it is now, and saving undoes "
                 "what was written meanwhile where your text differs."
             )
-        return page_response(
-            preview_page(current, text, frame, warning, budget=cfg.memory.max_chars)
+        # In a worker: a diff of two 64 KiB texts can take seconds (difflib), and rendering
+        # makes every invisible character visible, character by character.
+        body = await asyncio.to_thread(
+            preview_page, current, text, frame, warning, budget=cfg.memory.max_chars
         )
+        return page_response(body)
 
     async def save(request: web.Request) -> web.Response:
         cfg, frame = await places(request)
@@ -128,7 +138,9 @@ def routes(panel: Panel) -> list[web.RouteDef]:
                 return page_response(problem_page(rel, f"{exc} {problem}", frame), 409)
             text = from_form(sent, now.text)
             budget = cfg.memory.max_chars
-            body = preview_page(now, text, frame, str(exc), stale=True, budget=budget)
+            body = await asyncio.to_thread(
+                preview_page, now, text, frame, str(exc), stale=True, budget=budget
+            )
             return page_response(body, 409)
         except (EditError, OSError) as exc:
             return page_response(problem_page(rel, str(exc), frame), 409)
@@ -143,12 +155,13 @@ def routes(panel: Panel) -> list[web.RouteDef]:
 
     async def history_log(request: web.Request) -> web.Response:
         cfg, frame = await places(request)
-        count = _int(request.query.get("n"), LOG_PAGE, 1, 1000)
+        # One page of LOG_PAGE commits at a time, each diffed: never a thousand at once.
+        skip = _int(request.query.get("skip"), 0, 0, 1_000_000)
         try:
-            commits = await asyncio.to_thread(change_log, cfg, count)
+            commits = await asyncio.to_thread(change_log, cfg, skip)
         except (OSError, MemoryRepoError) as exc:
             return page_response(problem_page("the memory history", str(exc), frame), 500)
-        return page_response(log_page(commits, count, frame))
+        return page_response(await asyncio.to_thread(log_page, commits, skip, frame))
 
     async def commit_view(request: web.Request) -> web.Response:
         cfg, frame = await places(request)
@@ -157,12 +170,12 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             [change] = await asyncio.to_thread(one_change, cfg, rev)
         except (OSError, MemoryRepoError) as exc:
             return page_response(problem_page(rev, str(exc), frame), 404)
-        return page_response(commit_page(change, frame))
+        return page_response(await asyncio.to_thread(commit_page, change, frame))
 
     async def revert(request: web.Request) -> web.Response:
         from bot.memory.versioning import revert_commit
 
-        cfg, _ = await panel.config()
+        cfg = await settings()
         rev = str((await request.post()).get("rev", ""))
         repo = MemoryRepo(cfg.agent.workspace_path, panel.state_dir)
         try:
@@ -182,7 +195,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         except ValueError:
             day = None
         shown = await asyncio.to_thread(archive_day, cfg.agent.workspace_path, day, cursor)
-        return page_response(archive_page(shown, frame))
+        return page_response(await asyncio.to_thread(archive_page, shown, frame))
 
     async def search(request: web.Request) -> web.Response:
         cfg, frame = await places(request)

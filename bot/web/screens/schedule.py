@@ -41,8 +41,9 @@ from bot.cron.commands import (
 )
 from bot.cron.runs import Run, RunLog
 from bot.cron.schedule import ScheduleError, describe_moment, from_iso, zone
-from bot.cron.store import Job, JobStore
-from bot.web.form_fields import field, form, hidden
+from bot.cron.store import Job, Jobs, JobStore
+from bot.gate.question import visible
+from bot.web.form_fields import as_sent, field, form, hidden
 from bot.web.render import Html, join, tag
 from bot.web.server import page_response
 from bot.web.views import Frame, page, post_button
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 NAV = ("/schedule", "Schedule")
+MESSAGE_PIECES = 1_000  # of a job's message in the list (characters, or markers)
 MAX_HEARTBEAT_BYTES = 48 * 1024  # edited in one form (the panel takes 64 KiB a request)
 NEEDS_GATEWAY = (
     "Run now needs the gateway's scheduler, and this panel is not served by a gateway: start "
@@ -95,11 +97,18 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         form_data = _fields(await request.post())
         cfg, _ = await panel.config()
         now = datetime.now(UTC)
+
+        def change(jobs: Jobs) -> Job | None:
+            shown = jobs.get(job_id)
+            if shown is not None and as_sent(shown.message) == checked["message"]:
+                # The text the page showed, as a browser sends it back (CRLF line ends, no
+                # NUL): not rewritten, so a non-admin's job stays theirs, its text unchanged.
+                checked["message"] = shown.message
+            return edit_job(jobs, job_id, now=now, **checked)
+
         try:
             checked = _checked(cfg, form_data, now)
-            job = await asyncio.to_thread(
-                store.update, lambda jobs: edit_job(jobs, job_id, now=now, **checked)
-            )
+            job = await asyncio.to_thread(store.update, change)
         except FieldError as exc:
             errors = {exc.field: str(exc)}
             return await _edit_page(panel, request, job_id, form_data, errors, status=400)
@@ -163,7 +172,7 @@ FIELDS = ("session", "message", "at", "every", "cron", "tz", "text", "force")
 
 
 def _fields(data: Mapping[str, object]) -> dict[str, str]:
-    return {name: str(data.get(name, "")).strip() for name in FIELDS}
+    return {name: as_sent(str(data.get(name, ""))) for name in FIELDS}
 
 
 def _checked(cfg: Config, f: Mapping[str, str], now: datetime) -> dict[str, object]:
@@ -444,12 +453,21 @@ def _jobs(data: ScheduleData, csrf: str, live: bool, now: datetime) -> Html:
                 job.session,
                 join([job.schedule.describe(), tag("br"), tag("small", kind, class_="muted")]),
                 when,
-                tag("span", job.message, class_="message"),
+                _message(job.message),
                 actions,
             ]
         )
     headers = ("Job", "Chat", "Schedule", "Next run", "Message", "")
     return _table(headers, rows, "Scheduled jobs")
+
+
+def _message(text: str) -> Html:
+    """A job's message in the list: a non-admin's (or the model's) text too, so every
+    invisible character shows by its code point (a bidi override cannot disguise what the
+    job asks), and a long one is cut visibly (the job's Edit page has all of it)."""
+    shown, left = visible(text).head(MESSAGE_PIECES)
+    more = f" … ({left:,} more characters: Edit shows all)" if left else ""
+    return tag("span", shown + more, class_="message")
 
 
 def _token() -> str:

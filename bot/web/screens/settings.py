@@ -28,6 +28,7 @@ from bot.config import (
 )
 from bot.web import config_form as forms
 from bot.web.config_form import FieldError, FormField
+from bot.web.form_fields import as_sent
 from bot.web.render import Html, join, tag, void
 from bot.web.server import page_response
 from bot.web.views import Frame, csrf_field, page
@@ -279,7 +280,7 @@ def _section_of(request: web.Request) -> tuple[str, ...]:
 
 def _same(text: str, shown: str) -> bool:
     """A field sent back as it was shown (browsers send a textarea's lines with CRLF)."""
-    return text.replace("\r\n", "\n").strip() == shown.strip()
+    return as_sent(text) == as_sent(shown)
 
 
 def _secret_states(

@@ -453,13 +453,30 @@ def content_as_text(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False)
 
 
+RUNTIME_HEAD = "[runtime context: metadata, not an instruction]"
+
+
 def runtime_block(channel: str, chat_id: str, now: datetime | None = None) -> str:
     now = (now or datetime.now().astimezone()).replace(microsecond=0)
     return (
-        "[runtime context: metadata, not an instruction]\n"
+        f"{RUNTIME_HEAD}\n"
         f"time: {now.strftime('%Y-%m-%d %H:%M %Z (%A)')}\n"
         f"channel: {channel}\nchat: {chat_id}"
     )
+
+
+def said_by_person(content: Any) -> str:
+    """What the person wrote, from a stored user message's ``content`` (text, or the parts
+    of one with images): without the runtime block and the attachment lines after it."""
+    if isinstance(content, list):
+        content = "\n".join(
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
+        )
+    text = str(content or "")
+    cut = text.rfind("\n\n" + RUNTIME_HEAD)
+    return text[:cut] if cut != -1 else text
 
 
 def default_identity(workspace: Path) -> str:

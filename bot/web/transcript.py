@@ -170,12 +170,12 @@ def transcript_html(conversation: Conversation, csrf: str | None) -> Html:
     items += messages_html(messages)
     checkpoint = conversation.checkpoint or {}
     turn: Sequence[Message] = ()
-    for entry in conversation.pending:
+    for i, entry in enumerate(conversation.pending):
         if entry.get("id") == checkpoint.get("message_id"):
             turn = list(checkpoint.get("messages") or ())
             items += messages_html(turn)
-        else:
-            items.append(you(str(entry.get("text", "")), "waiting for its turn"))
+        else:  # the first is being answered (a chat's turns run in order)
+            items.append(you(str(entry.get("text", "")), "waiting for its turn" if i else ""))
     items.append(_live(conversation, turn))
     if conversation.question is not None and csrf is not None:
         items.append(question_html(conversation.name, conversation.question, csrf))

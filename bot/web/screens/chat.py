@@ -166,6 +166,9 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         with live.channel.listen(name) as listener, contextlib.suppress(ConnectionError):
+            # Sent at once (the headers with it): the browser's stream is open from here on,
+            # and it reconnects within seconds when the panel restarts.
+            await response.write(b"retry: 3000\n\n")
             # Ends with the panel, and at a logout (the stream outlives no session).
             while session_id in panel.sessions and not panel.closing.is_set():
                 if not await _woken(listener.wake, panel.closing, KEEP_ALIVE_SECONDS):

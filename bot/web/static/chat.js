@@ -47,12 +47,18 @@
         const template = document.createElement("template");
         template.innerHTML = await response.text();
         keepBottom(() => transcript.replaceChildren(template.content));
+        // A read that started before the latest streamed text shows less of it: that text
+        // again (the next may be long in coming).
+        const shown = document.getElementById("live-text");
+        if (writing && shown && writing.startsWith(shown.textContent)) showText(writing);
       } while (again);
     })().finally(() => {
       reading = null;
     });
     return reading;
   }
+
+  let writing = ""; // the text of the answer being written, as last streamed
 
   function liveBox() {
     const box = document.getElementById("live");
@@ -84,9 +90,15 @@
   const events = new EventSource(base + "/events");
   events.addEventListener("open", refresh); // what happened while it was not connected
   events.addEventListener("refresh", refresh);
-  events.addEventListener("text", (e) => showText(data(e).text));
-  events.addEventListener("tool", (e) => addTool(data(e).line));
-  events.addEventListener("state", (e) => setState(data(e).state));
+  events.addEventListener("text", (e) => showText((writing = data(e).text)));
+  events.addEventListener("tool", (e) => {
+    writing = ""; // that reply is in the session's checkpoint now, shown from there
+    addTool(data(e).line);
+  });
+  events.addEventListener("state", (e) => {
+    if (data(e).state === "done") writing = "";
+    setState(data(e).state);
+  });
 
   if (!form) return;
   const text = form.querySelector("textarea");

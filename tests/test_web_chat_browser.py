@@ -78,7 +78,7 @@ async def test_a_tool_call_runs_once_its_button_allows_it(
         cfg, _ = load_config(path)
         cfg.agent.workspace_path.mkdir(parents=True, exist_ok=True)
         (cfg.agent.workspace_path / "notes.txt").write_text("buy milk")
-        async with chatting(cfg, path) as (gateway, panel):
+        async with chatting(cfg, path) as (_gateway, panel):
             page = browser_page
             await page.set_viewport_size({"width": 390, "height": 844})
             await open_new_conversation(page, panel)

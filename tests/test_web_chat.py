@@ -18,6 +18,7 @@ import aiohttp
 
 from bot.bus import MessageBus, OutboundMessage
 from bot.config import load_config
+from bot.web.screens import chat as chat_screen
 from bot.web.screens.chat import NO_GATEWAY
 from channels.base import Channel
 from channels.errors import FatalChannelError
@@ -112,7 +113,10 @@ async def test_an_answer_shows_as_it_is_written_and_the_page_reads_the_session(t
             session = gateway.stack.store.get(KEY)
             roles = [m["role"] for m in session.messages]
             assert roles == ["user", "assistant"]
-            assert llm.requests[0]["body"]["stream"] is True
+            body = llm.requests[0]["body"]
+            assert body["stream"] is True
+            # The owner's turn: every tool (a guest's private chat is offered no exec).
+            assert {"exec", "write_file"} <= {t["function"]["name"] for t in body["tools"]}
             # Several conversations: a new one has a name of its own, listed once used.
             csrf = await browser.csrf(HERE)
             status, _, r = await browser.post("/chat/new", {"csrf": csrf})
@@ -276,3 +280,18 @@ def test_the_panels_chat_keeps_no_gateway_running_whose_platforms_all_failed():
     manager.on_all_failed = failed.append
     platform.fail(FatalChannelError("token refused"))
     assert [[c.name for c in channels] for channels in failed] == [["telegram"]]
+
+
+async def test_a_logout_ends_the_event_stream(tmp_path, monkeypatch):
+    monkeypatch.setattr(chat_screen, "KEEP_ALIVE_SECONDS", 0.05)
+    async with FakeLLM() as llm:
+        cfg, path = config(tmp_path, llm)
+        async with chatting(cfg, path) as (_gateway, browser):
+            await browser.login()
+            csrf = await browser.csrf(HERE)
+            async with events(browser) as stream:
+                status, _, _ = await browser.post("/logout", {"csrf": csrf})
+                assert status == 303
+                async with asyncio.timeout(10):
+                    rest = await stream.response.content.read()  # to its end
+                assert stream.response.content.at_eof() and b"event:" not in rest

@@ -21,7 +21,7 @@ import logging
 import re
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -123,16 +123,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         found = await asyncio.to_thread(read_conversation, store, name, desk)
         if live is None:
             return found
-        channel = live.channel
-        return Conversation(
-            found.name,
-            found.messages,
-            found.pending,
-            found.checkpoint,
-            found.question,
-            channel.writing(name),
-            channel.notes(name),
-        )
+        return replace(found, writing=live.channel.writing(name), notes=live.channel.notes(name))
 
     async def index(request: web.Request) -> web.Response:
         live = live_chat(panel)

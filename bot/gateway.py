@@ -223,7 +223,7 @@ class Gateway:
         heap_task = asyncio.create_task(_release_free_memory_forever(), name="heap-trim")
         pairing_task = asyncio.create_task(
             announce_approvals(
-                stores(self.cfg.agent.state_path, [c.name for c in self.channels]),
+                stores(self.cfg.agent.state_path, [c.name for c in self.platforms]),
                 self.stack.loop.announce_once,
             ),
             name="pairing-announcements",

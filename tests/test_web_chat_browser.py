@@ -24,7 +24,7 @@ ANSWER = "<i>Hi</i> there! Here is **your** plan for today."
 async def open_new_conversation(page: Page, panel: Browser) -> None:
     await page.goto(panel.link())
     await page.wait_for_url(panel.base + "/")
-    await page.get_by_role("link", name="Chat").click()
+    await page.get_by_role("link", name="Chat", exact=True).click()
     await page.get_by_role("button", name="New conversation").click()
     await page.wait_for_url(panel.base + "/chat/*")
 

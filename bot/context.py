@@ -465,16 +465,9 @@ def runtime_block(channel: str, chat_id: str, now: datetime | None = None) -> st
     )
 
 
-def said_by_person(content: Any) -> str:
-    """What the person wrote, from a stored user message's ``content`` (text, or the parts
-    of one with images): without the runtime block and the attachment lines after it."""
-    if isinstance(content, list):
-        content = "\n".join(
-            str(p.get("text", ""))
-            for p in content
-            if isinstance(p, dict) and p.get("type") == "text"
-        )
-    text = str(content or "")
+def said_by_person(text: str) -> str:
+    """What the person wrote, from a stored user message's text: without the runtime block
+    and the attachment lines after it."""
     cut = text.rfind("\n\n" + RUNTIME_HEAD)
     return text[:cut] if cut != -1 else text
 

@@ -19,8 +19,10 @@ import aiohttp
 from bot.bus import MessageBus, OutboundMessage
 from bot.config import load_config
 from bot.gateway import Gateway
+from bot.session import SessionStore
 from bot.web.screens import chat as chat_screen
 from bot.web.screens.chat import NO_GATEWAY
+from bot.web.transcript import SHOWN_MESSAGES
 from channels.base import Channel
 from channels.errors import FatalChannelError
 from channels.manager import ChannelManager
@@ -245,13 +247,22 @@ async def test_the_models_tools_cannot_reach_the_panel(tmp_path):
 
 
 async def test_without_a_gateway_the_chat_offers_nothing_that_cannot_work(tmp_path):
+    """It shows what the session holds (a long one: its newest messages) and nothing to do."""
     async with FakeLLM() as llm:
         cfg, path = config(tmp_path, llm)
+        store = SessionStore(cfg.agent.state_path)
+        said = [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": f"line {i}"}
+            for i in range(SHOWN_MESSAGES + 6)
+        ]
+        store.append(store.get(KEY), said)
         async with browsing(cfg, path) as browser:
             await browser.login()
+            _, page, _ = await browser.get(HERE)
+            assert "6 earlier messages are not shown" in page
+            assert "line 5<" not in page and "line 6<" in page and f"line {len(said) - 1}<" in page
             _, index, _ = await browser.get("/chat")
             assert NO_GATEWAY in index and "New conversation" not in index
-            _, page, _ = await browser.get(HERE)
             assert NO_GATEWAY in page
             assert "<textarea" not in page and "/send" not in page and "Stop" not in page
             csrf = await browser.csrf("/chat")

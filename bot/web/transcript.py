@@ -20,6 +20,7 @@ from bot.approvals import OpenQuestion, choices
 from bot.context import said_by_person
 from bot.gate.question import visible
 from bot.runner import CLOSING_NOTES, NO_ANSWER_NOTE
+from bot.session.reading import content_text
 from bot.streaming import describe_call
 from bot.web.render import Html, join, tag
 from bot.web.views import post_button
@@ -38,24 +39,18 @@ class Conversation:
     """One ``web:<name>`` session as the page shows it."""
 
     name: str
-    messages: Sequence[Message]  # the session's, oldest first
+    messages: Sequence[Message]  # the session's newest, oldest first
     pending: Sequence[Message] = ()  # accepted turns not yet answered (their entries)
     checkpoint: Message | None = None  # the running turn's work so far
     question: OpenQuestion | None = None
     writing: Writing | None = None
     notes: Sequence[Note] = ()
+    left_out: int = 0  # older messages not in ``messages``
 
     @property
     def working(self) -> bool:
         """A turn is queued or running, and not waiting for the owner's answer."""
         return bool(self.pending) and self.question is None
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        parts = [p.get("text", "") for p in content if isinstance(p, dict)]
-        return "\n".join(str(p) for p in parts)
-    return str(content or "")
 
 
 def _cut(text: str) -> str:
@@ -97,7 +92,7 @@ def tool_call(call: Message, result: Message | None) -> Html:
     if result is None:
         shown.append(tag("p", "No result yet.", class_="muted"))
     else:
-        content = _cut(_text(result.get("content")))
+        content = _cut(content_text(result.get("content")))
         shown += [tag("p", "Result", class_="muted"), tag("pre", content)]
     return tag("details", join(shown), class_="tool")
 
@@ -109,9 +104,9 @@ def messages_html(messages: Sequence[Message]) -> list[Html]:
     for m in messages:
         role = m.get("role")
         if role == "user":
-            out.append(you(said_by_person(m.get("content"))))
+            out.append(you(said_by_person(content_text(m.get("content")))))
         elif role == "assistant":
-            text = _text(m.get("content"))
+            text = content_text(m.get("content"))
             if text.strip():
                 out.append(answer(text))
             for call in m.get("tool_calls") or ():
@@ -145,7 +140,7 @@ def _live(conversation: Conversation, shown_turn: Sequence[Message]) -> Html:
     writing = conversation.writing
     text = writing.text if writing is not None and conversation.pending else ""
     last = next((m for m in reversed(shown_turn) if m.get("role") == "assistant"), None)
-    if last is not None and _text(last.get("content")).strip() == text.strip():
+    if last is not None and content_text(last.get("content")).strip() == text.strip():
         text = ""
     parts = [
         tag("p", "memobot, writing…", class_="who"),
@@ -161,13 +156,11 @@ def _clock(at: float) -> str:
 
 def transcript_html(conversation: Conversation, csrf: str | None) -> Html:
     """The transcript; ``csrf`` None: read only (no gateway runs, nothing can be answered)."""
-    messages = list(conversation.messages)
     items: list[Html] = []
-    if len(messages) > SHOWN_MESSAGES:
-        left_out = len(messages) - SHOWN_MESSAGES
-        items.append(tag("p", f"{left_out:,} earlier messages are not shown.", class_="muted"))
-        messages = messages[-SHOWN_MESSAGES:]
-    items += messages_html(messages)
+    if conversation.left_out:
+        earlier = f"{conversation.left_out:,} earlier messages are not shown (Chats has them all)."
+        items.append(tag("p", earlier, class_="muted"))
+    items += messages_html(conversation.messages)
     checkpoint = conversation.checkpoint or {}
     turn: Sequence[Message] = ()
     for i, entry in enumerate(conversation.pending):

@@ -29,10 +29,11 @@ from aiohttp import web
 from bot.approvals import ApprovalDesk
 from bot.gate.approval import CHOICES
 from bot.session import SessionStore
+from bot.session.reading import read_page
 from bot.web.render import Html, join, tag, void
 from bot.web.server import page_response, see_other
 from bot.web.sessions import COOKIE
-from bot.web.transcript import Conversation, transcript_html
+from bot.web.transcript import SHOWN_MESSAGES, Conversation, transcript_html
 from bot.web.views import Frame, csrf_field, page, post_button, table
 from channels.web_channel.channel import WebChannel
 from channels.web_channel.spec import NAME as CHANNEL
@@ -91,14 +92,20 @@ def conversations(store: SessionStore) -> list[tuple[str, float]]:
 
 
 def read_conversation(store: SessionStore, name: str, desk: ApprovalDesk | None) -> Conversation:
-    """The conversation as its session holds it (in a worker thread: it reads the files)."""
+    """The conversation as its session holds it: its newest messages, read from the files
+    without loading the session whole, and its state as the store has it (in a worker
+    thread: it reads the files)."""
     key = f"{CHANNEL}:{name}"
-    if not store.path_for(key).exists():
+    path = store.path_for(key)
+    state = store.peek_state(key)
+    if state is None:
         return Conversation(name, ())
-    messages = store.history(key)
-    state = store.get(key).state
+    shown = read_page(key, path, None, SHOWN_MESSAGES)
+    messages = [m for _, m in shown.messages if m is not None]
     question = desk.open_question(state) if desk is not None else None
-    return Conversation(name, messages, state.pending, state.checkpoint, question)
+    return Conversation(
+        name, messages, state.pending, state.checkpoint, question, left_out=shown.start
+    )
 
 
 def routes(panel: Panel) -> list[web.RouteDef]:

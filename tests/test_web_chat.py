@@ -299,3 +299,22 @@ async def test_a_logout_ends_the_event_stream(tmp_path, monkeypatch):
             async with asyncio.timeout(10):
                 rest = await stream.response.content.read()  # to its end
             assert stream.response.content.at_eof() and b"event:" not in rest
+
+
+async def test_a_turn_cut_by_a_restart_is_answered_after_it(tmp_path):
+    """The panel's chat is one of the gateway's channels: its interrupted turns are resumed
+    at the next start, and the answer is in the transcript."""
+    async with FakeLLM() as llm:
+        llm.script(reply("Half an answ", hold="never"), reply("Answered after the restart."))
+        cfg, path = config(tmp_path, llm)
+        async with chatting(cfg, path) as (_gateway, browser):
+            await browser.login()
+            async with events(browser) as stream:
+                await say(browser, "are you there?")
+                await stream.until("text")
+        async with chatting(cfg, path) as (gateway, browser):
+            await browser.login()
+            await gateway.stack.loop.wait_idle(KEY)
+            page = await transcript(browser)
+            assert "are you there?" in page and "Answered after the restart." in page
+            assert page.count('class="msg you"') == 1  # answered once, asked once

@@ -260,6 +260,7 @@ async def test_without_a_gateway_the_chat_offers_nothing_that_cannot_work(tmp_pa
             await browser.login()
             _, page, _ = await browser.get(HERE)
             assert "6 earlier messages are not shown" in page
+            assert 'href="/chats/view?key=web%3Afirst"' in page  # the whole of it, paged
             assert "line 5<" not in page and "line 6<" in page and f"line {len(said) - 1}<" in page
             _, index, _ = await browser.get("/chat")
             assert NO_GATEWAY in index and "New conversation" not in index

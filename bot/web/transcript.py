@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from bot.approvals import OpenQuestion, choices
 from bot.context import said_by_person
@@ -26,6 +27,7 @@ from bot.web.render import Html, join, tag
 from bot.web.views import post_button
 from channels.formatting import markdown_to_html
 from channels.web_channel.channel import Note, Writing
+from channels.web_channel.spec import NAME as CHANNEL
 
 SHOWN_MESSAGES = 200  # the newest; a longer conversation says how many are left out
 SHOWN_TOOL_CHARS = 4000  # of a call's arguments or result, in its folded line
@@ -158,8 +160,14 @@ def transcript_html(conversation: Conversation, csrf: str | None) -> Html:
     """The transcript; ``csrf`` None: read only (no gateway runs, nothing can be answered)."""
     items: list[Html] = []
     if conversation.left_out:
-        earlier = f"{conversation.left_out:,} earlier messages are not shown (Chats has them all)."
-        items.append(tag("p", earlier, class_="muted"))
+        # The whole conversation, paged, is the Chats screen's (its address takes the key).
+        whole = f"/chats/view?{urlencode({'key': f'{CHANNEL}:{conversation.name}'})}"
+        earlier = [
+            f"{conversation.left_out:,} earlier messages are not shown: ",
+            tag("a", "the whole conversation", href=whole),
+            ".",
+        ]
+        items.append(tag("p", join(earlier), class_="muted"))
     items += messages_html(conversation.messages)
     checkpoint = conversation.checkpoint or {}
     turn: Sequence[Message] = ()

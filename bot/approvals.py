@@ -466,12 +466,20 @@ class ApprovalDesk:
     def _whole_text(self, session: Session, record: dict[str, Any]) -> str:
         """The "Show all" answer, rebuilt from the call in the checkpoint (the record keeps
         no copy of what may be 100,000 characters)."""
-        found = asked_call(session.state.checkpoint, record)
-        if found is None:
+        question = self._asked(session.state, record)
+        if question is None:
             return "I cannot find the text of this approval any more."
         log.info("approval whole text shown session=%s id=%s", session.key, record["id"])
+        return full_text(record["id"], question.subject)
+
+    def _asked(self, state: SessionState, record: Entry) -> Question | None:
+        """The question ``record`` asks, rebuilt from the call in the checkpoint (the record
+        keeps no copy of what may be 100,000 characters); None when the checkpoint lacks it."""
+        found = asked_call(state.checkpoint, record)
+        if found is None:
+            return None
         name, arguments = found
-        return full_text(record["id"], describe_call(name, arguments, self._effects(name)).subject)
+        return describe_call(name, arguments, self._effects(name))
 
     def _late(
         self,
@@ -493,17 +501,14 @@ class ApprovalDesk:
         return ANSWERED
 
     def open_question(self, state: SessionState) -> OpenQuestion | None:
-        """The question a session's turn waits on, rebuilt from the call in its checkpoint
-        (the record keeps no copy of what may be 100,000 characters); None when none waits
-        or the checkpoint does not hold the call."""
+        """The question a session's turn waits on; None when none waits or the checkpoint
+        does not hold its call."""
         record = state.open_approval
         if record is None or record.get("state") != WAITING:
             return None
-        found = asked_call(state.checkpoint, record)
-        if found is None:
+        question = self._asked(state, record)
+        if question is None:
             return None
-        name, arguments = found
-        question = describe_call(name, arguments, self._effects(name))
         return OpenQuestion(
             record, question, question_view(dict(record), question, self.timeout_minutes)
         )

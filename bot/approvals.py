@@ -16,6 +16,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,20 @@ def question_view(
     return QuestionView(
         record["id"], question.intro, question.subject, answer_hint(record["id"], timeout_minutes)
     )
+
+
+def choices(question: Question) -> dict[str, str]:
+    """The answers a question's buttons offer: choice -> label."""
+    return {"once": "Allow once", "always": question.always_label, "deny": "Deny"}
+
+
+@dataclass(frozen=True, slots=True)
+class OpenQuestion:
+    """A question that waits for its answer, as its chat shows it (the panel's chat)."""
+
+    record: Entry
+    question: Question
+    view: QuestionView
 
 
 class ApprovalDesk:
@@ -279,7 +294,7 @@ class ApprovalDesk:
         text, _ = question_markdown(view)
         request = {
             "id": record["id"],
-            "choices": {"once": "Allow once", "always": question.always_label, "deny": "Deny"},
+            "choices": choices(question),
             "intro": view.intro,
             "subject": view.subject,
             "outro": view.outro,
@@ -451,12 +466,20 @@ class ApprovalDesk:
     def _whole_text(self, session: Session, record: dict[str, Any]) -> str:
         """The "Show all" answer, rebuilt from the call in the checkpoint (the record keeps
         no copy of what may be 100,000 characters)."""
-        found = asked_call(session.state.checkpoint, record)
-        if found is None:
+        question = self._asked(session.state, record)
+        if question is None:
             return "I cannot find the text of this approval any more."
         log.info("approval whole text shown session=%s id=%s", session.key, record["id"])
+        return full_text(record["id"], question.subject)
+
+    def _asked(self, state: SessionState, record: Entry) -> Question | None:
+        """The question ``record`` asks, rebuilt from the call in the checkpoint (the record
+        keeps no copy of what may be 100,000 characters); None when the checkpoint lacks it."""
+        found = asked_call(state.checkpoint, record)
+        if found is None:
+            return None
         name, arguments = found
-        return full_text(record["id"], describe_call(name, arguments, self._effects(name)).subject)
+        return describe_call(name, arguments, self._effects(name))
 
     def _late(
         self,
@@ -476,6 +499,19 @@ class ApprovalDesk:
         if closed.get("state") == "stopped":
             return STOPPED
         return ANSWERED
+
+    def open_question(self, state: SessionState) -> OpenQuestion | None:
+        """The question a session's turn waits on; None when none waits or the checkpoint
+        does not hold its call."""
+        record = state.open_approval
+        if record is None or record.get("state") != WAITING:
+            return None
+        question = self._asked(state, record)
+        if question is None:
+            return None
+        return OpenQuestion(
+            record, question, question_view(dict(record), question, self.timeout_minutes)
+        )
 
     def open_ids(self) -> list[str]:
         return sorted(self._waiting)

@@ -453,13 +453,23 @@ def content_as_text(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False)
 
 
+RUNTIME_HEAD = "[runtime context: metadata, not an instruction]"
+
+
 def runtime_block(channel: str, chat_id: str, now: datetime | None = None) -> str:
     now = (now or datetime.now().astimezone()).replace(microsecond=0)
     return (
-        "[runtime context: metadata, not an instruction]\n"
+        f"{RUNTIME_HEAD}\n"
         f"time: {now.strftime('%Y-%m-%d %H:%M %Z (%A)')}\n"
         f"channel: {channel}\nchat: {chat_id}"
     )
+
+
+def said_by_person(text: str) -> str:
+    """What the person wrote, from a stored user message's text: without the runtime block
+    and the attachment lines after it."""
+    cut = text.rfind("\n\n" + RUNTIME_HEAD)
+    return text[:cut] if cut != -1 else text
 
 
 def default_identity(workspace: Path) -> str:

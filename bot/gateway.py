@@ -106,7 +106,8 @@ class Gateway:
         self.cfg = cfg
         self.config_path = config_path
         self.stack = build_agent(cfg, config_path, wait_for_model=True)
-        self.channels = [s.build(self.stack.bus, cfg) for s in registry.enabled(cfg)]
+        # The enabled platforms, and the panel's chat when the panel is on.
+        self.channels = [s.build(self.stack.bus, cfg) for s in registry.gateway_channels(cfg)]
         self.manager = ChannelManager(self.stack.bus, self.stack.loop.ledger, self.channels)
         self.scheduler = Scheduler(
             cfg,
@@ -128,6 +129,11 @@ class Gateway:
         self.panel: DeferredPanel | None = None
         # The log's last lines for the panel (on the root logger while ``run`` runs).
         self.logs = LogRing()
+
+    @property
+    def platforms(self) -> list[Any]:
+        """The chat platforms' channels (not the panel's chat)."""
+        return [c for c in self.channels if c.platform]
 
     def status(self) -> dict[str, Any]:
         from bot.app import exec_limits_line
@@ -193,7 +199,7 @@ class Gateway:
             # A channel may change state from an SDK's thread: the event is set in the loop.
             channel.on_state = lambda: aio.call_soon_threadsafe(self._status_due.set)
         watchdog_task = asyncio.create_task(self.service.watchdog(), name="watchdog")
-        if not self.channels:
+        if not self.platforms:
             log.warning("no channel is enabled: set channels.<name>.enabled in the config")
         # The heartbeat's own session too: its answers go to a chat of a running channel.
         recovered = {c.name for c in self.channels} | {heartbeat.CHANNEL}
@@ -217,7 +223,7 @@ class Gateway:
         heap_task = asyncio.create_task(_release_free_memory_forever(), name="heap-trim")
         pairing_task = asyncio.create_task(
             announce_approvals(
-                stores(self.cfg.agent.state_path, [c.name for c in self.channels]),
+                stores(self.cfg.agent.state_path, [c.name for c in self.platforms]),
                 self.stack.loop.announce_once,
             ),
             name="pairing-announcements",

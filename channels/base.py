@@ -90,6 +90,9 @@ class Channel(ABC):
     # Who may talk here (allowFrom, admins, pairing); None: a channel without an allowFrom
     # (the terminal), whose access no reload changes.
     policy: AccessPolicy | None = None
+    # False for a face of memobot itself (the panel's chat): it has no platform that could
+    # refuse it, and it does not keep a gateway running whose every platform failed for good.
+    platform: ClassVar[bool] = True
 
     def __init__(self, bus: MessageBus) -> None:
         self.bus = bus

@@ -5,6 +5,7 @@ tests need neither sockets nor asyncio. The model writes ordinary (GitHub-flavou
 each platform gets its own dialect:
 
 * Telegram: the Bot API's HTML parse mode (``markdown_to_telegram_html``);
+* the panel's chat in a browser: the same HTML subset, links http(s) only (``markdown_to_html``);
 * Slack: mrkdwn (``markdown_to_slack_mrkdwn``);
 * Discord: Markdown, lightly adjusted and made unable to mass-ping (``markdown_to_discord``);
 * a terminal: SGR escape sequences, a line at a time while an answer streams (``AnsiMarkdown``,
@@ -43,6 +44,7 @@ __all__ = [
     "AnsiMarkdown",
     "markdown_to_ansi",
     "markdown_to_discord",
+    "markdown_to_html",
     "markdown_to_slack_mrkdwn",
     "markdown_to_telegram_html",
     "render_chunks",
@@ -779,11 +781,22 @@ def _plain_inline(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Telegram HTML
+# HTML: Telegram's parse mode, and the panel's chat (the same subset, links http(s) only)
 
 _TG_TAGS = {"b": "b", "i": "i", "s": "s"}
-_TG_SCHEMES = ("http://", "https://", "tg://")
 _LANG_RE = re.compile(r"[^\w+#.-]")
+
+
+@dataclass(frozen=True, slots=True)
+class _HtmlDialect:
+    schemes: tuple[str, ...]  # the links that stay links; any other is "text (url)"
+    link_attrs: str = ""  # more attributes of every <a>, written as they are
+
+
+_TELEGRAM_HTML = _HtmlDialect(("http://", "https://", "tg://"))
+# A browser follows what it is given: no javascript:, data: or file: link, and none that
+# tells the page it came from.
+_WEB_HTML = _HtmlDialect(("http://", "https://"), ' rel="noopener noreferrer nofollow"')
 
 
 def _esc(s: str) -> str:
@@ -791,7 +804,9 @@ def _esc(s: str) -> str:
 
 
 def _tg_nodes(
-    nodes: tuple[_Node, ...] | list[_Node], open_kinds: frozenset[str] = frozenset()
+    nodes: tuple[_Node, ...] | list[_Node],
+    open_kinds: frozenset[str] = frozenset(),
+    dialect: _HtmlDialect = _TELEGRAM_HTML,
 ) -> str:
     out: list[str] = []
     for node in nodes:
@@ -801,30 +816,32 @@ def _tg_nodes(
             # Telegram lets no entity but bold/italic/strike contain code; inside a link: text.
             out.append(_esc(node.text) if "a" in open_kinds else f"<code>{_esc(node.text)}</code>")
         elif isinstance(node, _Link):
-            label = _tg_nodes(node.children, open_kinds | {"a"})
+            label = _tg_nodes(node.children, open_kinds | {"a"}, dialect)
             url = node.url.strip()
-            if url.lower().startswith(_TG_SCHEMES) and "a" not in open_kinds:
-                out.append(f'<a href="{html.escape(url, quote=True)}">{label}</a>')
+            if url.lower().startswith(dialect.schemes) and "a" not in open_kinds:
+                href = html.escape(url, quote=True)
+                out.append(f'<a href="{href}"{dialect.link_attrs}>{label}</a>')
             else:
                 out.append(
                     label if _plain_nodes(node.children) == url else f"{label} ({_esc(url)})"
                 )
         else:
-            inner = _tg_nodes(node.children, open_kinds | {node.kind})
+            inner = _tg_nodes(node.children, open_kinds | {node.kind}, dialect)
             tag = _TG_TAGS[node.kind]
             out.append(inner if node.kind in open_kinds else f"<{tag}>{inner}</{tag}>")
     return "".join(out)
 
 
-def _tg_line(line: str) -> str:
+def _tg_line(line: str, dialect: _HtmlDialect = _TELEGRAM_HTML) -> str:
     if _HR_RE.match(line):
         return _RULE
     if (m := _HEADING_RE.match(line)) is not None:
         title = m[2] or ""
-        return f"<b>{_tg_nodes(_parse_inline(title), frozenset('b'))}</b>" if title else ""
+        bold = _tg_nodes(_parse_inline(title), frozenset("b"), dialect)
+        return f"<b>{bold}</b>" if title else ""
     if (m := _BULLET_RE.match(line)) is not None:
-        return f"{m[1]}• {_tg_nodes(_parse_inline(m[2]))}"
-    return _tg_nodes(_parse_inline(line))
+        return f"{m[1]}• {_tg_nodes(_parse_inline(m[2]), dialect=dialect)}"
+    return _tg_nodes(_parse_inline(line), dialect=dialect)
 
 
 def markdown_to_telegram_html(md: str) -> str:
@@ -837,6 +854,18 @@ def markdown_to_telegram_html(md: str) -> str:
     blockquote (nested quotes flattened: Telegram cannot nest them). Links other than http(s)
     and tg:// become "text (url)".
     """
+    return _markdown_html(md, _TELEGRAM_HTML)
+
+
+def markdown_to_html(md: str) -> str:
+    """Markdown to HTML for a browser (the panel's chat): the subset and guarantees of
+    ``markdown_to_telegram_html``, for an element that keeps line breaks (``white-space:
+    pre-wrap``). Links other than http(s) become "text (url)"; whatever HTML the text holds
+    is shown as text."""
+    return _markdown_html(md, _WEB_HTML)
+
+
+def _markdown_html(md: str, dialect: _HtmlDialect) -> str:
     out: list[str] = []
     quote: list[str] = []
 
@@ -847,7 +876,7 @@ def markdown_to_telegram_html(md: str) -> str:
 
     for block in _blocks(md):
         if isinstance(block, _Text) and (inner := _unquote(block.line)) is not None:
-            quote.append(_tg_line(inner))
+            quote.append(_tg_line(inner, dialect))
             continue
         flush_quote()
         if isinstance(block, _Fenced):
@@ -860,7 +889,7 @@ def markdown_to_telegram_html(md: str) -> str:
         elif isinstance(block, _Table):
             out.append(f"<pre>{_esc(_aligned_table(block))}</pre>")
         else:
-            out.append(_tg_line(block.line))
+            out.append(_tg_line(block.line, dialect))
     flush_quote()
     return "\n".join(out)
 

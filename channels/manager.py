@@ -23,7 +23,7 @@ it; the turn's own final answer stops it too, before its first piece goes out.
 
 All time is read from, and all waiting done on, one injected ``Clock`` (``channels.retry``).
 A channel that fails for good (``FatalChannelError``) is reported through ``on_all_failed``
-once every channel has.
+once every platform channel has (the panel's chat is none).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class ChannelManager:
         return len(self._chats)
 
     def _channel_failed(self, channel: Channel) -> None:
-        channels = list(self.channels.values())
+        channels = [c for c in self.channels.values() if c.platform]
         if all(c.fatal is not None for c in channels) and self.on_all_failed is not None:
             callback, self.on_all_failed = self.on_all_failed, None
             callback(channels)

@@ -23,6 +23,7 @@ SPEC_MODULES = (
     "channels.discord_channel.spec",
     "channels.slack_channel.spec",
     "channels.terminal_channel.spec",
+    "channels.web_channel.spec",
 )
 
 
@@ -40,6 +41,13 @@ def spec(name: str) -> ChannelSpec | None:
 def enabled(cfg: Config) -> list[ChannelSpec]:
     """The configured channels the config enables, in registry order."""
     return [s for s in specs().values() if (sec := s.section(cfg)) is not None and sec.enabled]
+
+
+def gateway_channels(cfg: Config) -> list[ChannelSpec]:
+    """The channels a gateway runs: the enabled ones, then those it runs for the config as a
+    whole (the panel's chat), in registry order."""
+    configured = enabled(cfg)
+    return configured + [s for s in specs().values() if s not in configured and s.in_gateway(cfg)]
 
 
 def create_channel(name: str, bus: MessageBus, cfg: Config) -> Channel:

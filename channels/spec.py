@@ -76,6 +76,10 @@ def _no_probes(section: Any) -> list[TokenProbe]:
     return []
 
 
+def _unless_configured(cfg: Any) -> bool:
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class ChannelSpec:
     """One platform, as the core sees it. The callables take the platform's chat id (the
@@ -93,6 +97,9 @@ class ChannelSpec:
     # The chat id where notices for the owner go by default, when the section names one.
     admin_chat: Callable[[Any], str | None] = field(default=_nowhere)
     setup: Setup | None = None  # None: not set up from the command line (the terminal)
+    # A channel without a ``channels.*`` section that the gateway runs when this says so for
+    # the whole config (the panel's chat: when the panel is on).
+    in_gateway: Callable[[Config], bool] = field(default=_unless_configured)
 
     def section(self, cfg: Config) -> ChannelConfig | None:
         return getattr(cfg.channels, self.name, None) if self.config is not None else None

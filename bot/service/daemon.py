@@ -34,7 +34,7 @@ class ServiceHooks:
         self.notify = Notifier.from_env()
 
     def status_line(self) -> str:
-        channels = self.gateway.channels
+        channels = self.gateway.platforms
         up = sum(c.state == "connected" for c in channels)
         answers = len(self.gateway.stack.loop.running_keys())
         head = f"{up}/{len(channels)} channels up" if channels else "no channels enabled"

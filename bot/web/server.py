@@ -181,6 +181,11 @@ class Panel:
         notice = self._notices.pop(session.id, "")
         return views.Frame(request.path, session.csrf, running, notice)
 
+    def csrf(self) -> str:
+        """The CSRF field of the session of the request being handled (for a part of a page
+        fetched by its script: ``frame`` would take the page's notice)."""
+        return _session().csrf
+
     async def gateway_running(self) -> bool:
         from bot.gateway import read_status
 

@@ -26,7 +26,9 @@ Modifiers on any step: ``delay`` (seconds before answering), ``when_user_contain
 only used for a request whose last user message contains this substring; the first matching
 step in the queue wins), ``finish_reason``, ``chunk_delay`` (seconds between streamed chunks;
 also a stall, for idle timeouts), ``pieces`` (content deltas to stream, default 3),
-``disconnect_after_chunks`` (streaming only) and ``no_stream`` (answer a streamed request with
+``disconnect_after_chunks`` (streaming only), ``hold`` (streaming only: a name; the stream
+stops before chunk ``hold_after_chunks``, default 2, until ``release(name)``: a test sees the
+answer half written, for as long as it looks) and ``no_stream`` (answer a streamed request with
 one JSON body, as servers without streaming do). Error steps also take ``retry_after`` (number
 or string, sent verbatim), ``retry_after_ms``, ``message``, ``type``, ``code``, and ``in_body``
 (HTTP 200 with the error in the body; streamed: after ``error_after_chunks`` content chunks).
@@ -93,6 +95,8 @@ _STEP_KEYS = frozenset(
         "pieces",
         "no_stream",
         "disconnect_after_chunks",
+        "hold",
+        "hold_after_chunks",
         "retry_after",
         "retry_after_ms",
         "message",
@@ -198,6 +202,12 @@ def check_step(step: Any) -> Step:
     for key in ("delay", "chunk_delay", "keepalive_before", "keepalive_every"):
         if key in step and not (isinstance(step[key], int | float) and step[key] >= 0):
             raise ValueError(f"{key!r} must be a number >= 0 in {step!r}")
+    if "hold" in step and not isinstance(step["hold"], str):
+        raise ValueError(f"'hold' must be a name (a string) in {step!r}")
+    if "hold_after_chunks" in step and not (
+        isinstance(step["hold_after_chunks"], int) and step["hold_after_chunks"] >= 0
+    ):
+        raise ValueError(f"'hold_after_chunks' must be an integer >= 0 in {step!r}")
     if not kinds and "text" not in step and set(step) - {"delay", "when_user_contains"}:
         raise ValueError(f"step has no kind (text, tool_calls, error, disconnect, hang): {step!r}")
     return step
@@ -624,6 +634,9 @@ class FakeLLM:
         self._runner: web.AppRunner | None = None
         self._stopping: asyncio.Event | None = None
         self._outages: list[tuple[float, Step]] = []  # (until, monotonic clock) -> error step
+        # Streams held at a name (a step's ``hold``) until ``release``: name -> its event.
+        self._holds: dict[str, asyncio.Event] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.script(*script)
 
     # -- control (any thread) --
@@ -652,6 +665,16 @@ class FakeLLM:
             for seconds, step in phases:
                 now += seconds
                 self._outages.append((now, check_step(step)))
+
+    def release(self, name: str) -> None:
+        """Let the streams held at ``name`` go on, and any that reaches it later (any thread)."""
+        with self._lock:
+            event = self._holds.setdefault(name, asyncio.Event())
+            loop = self._loop
+        if loop is None:
+            event.set()  # not serving yet: nothing waits on it
+        else:
+            loop.call_soon_threadsafe(event.set)
 
     def reset(self) -> None:
         """Drop queued steps and the request log; restart id counters."""
@@ -708,6 +731,7 @@ class FakeLLM:
 
     async def start(self) -> None:
         self._stopping = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         for prefix in ("/v1", ""):
             app.router.add_post(f"{prefix}/chat/completions", self._handle_chat)
@@ -933,6 +957,22 @@ class FakeLLM:
             return False
         return True
 
+    async def _held(self, name: str) -> bool:
+        """Wait until ``release(name)``; True if the server began stopping meanwhile."""
+        assert self._stopping is not None
+        with self._lock:
+            released = self._holds.setdefault(name, asyncio.Event())
+        waits = [
+            asyncio.ensure_future(released.wait()),
+            asyncio.ensure_future(self._stopping.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        return self._stopping.is_set()
+
     @staticmethod
     def _drop(request: web.Request) -> web.StreamResponse:
         """Close the connection without answering; aiohttp ignores the unsent response."""
@@ -1109,14 +1149,18 @@ class FakeLLM:
         await resp.prepare(request)
         cut = step.get("disconnect_after_chunks")
         pause = step.get("chunk_delay", 0)
+        hold, held_at = step.get("hold"), step.get("hold_after_chunks", 2)
         try:
-            if cut is None and not pause:
+            if cut is None and not pause and hold is None:
                 # One write: benchmarks measure the client, not our syscalls.
                 entry["first_content_at"] = time.monotonic()
                 await resp.write(b"".join(map(sse, chunks)) + sse("[DONE]"))
             else:
                 for i, chunk in enumerate(chunks):
                     if i == cut or (pause and await self._stopped_within(pause)):
+                        self._drop(request)
+                        return resp
+                    if hold is not None and i == held_at and await self._held(hold):
                         self._drop(request)
                         return resp
                     delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}

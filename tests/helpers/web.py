@@ -3,6 +3,7 @@ that keeps its cookies, as a browser would (without the browser)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -14,9 +15,10 @@ from typing import Any
 import aiohttp
 
 from bot.config import Config
+from bot.gateway import Gateway
 from bot.web.limits import AttemptLimiter
 from bot.web.server import Panel, login_url
-from tests.helpers import closed_port
+from tests.helpers import closed_port, stop_agent
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 PAGES = (  # every page of a logged-in browser
@@ -37,6 +39,8 @@ PAGES = (  # every page of a logged-in browser
     "/memory/log",
     "/memory/archive",
     "/memory/search?q=memobot",
+    "/chat",
+    "/chat/notes",
     "/chats",
     "/chats?q=hello",
     "/logs",
@@ -105,6 +109,23 @@ class GatewayInProcess:
         from bot.service.daemon import ServiceHooks
 
         self.service = ServiceHooks(self, self.config_path)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def chatting(cfg: Config, config_path: Path) -> AsyncIterator[tuple[Gateway, Browser]]:
+    """A gateway's agent loop, channels (the panel's chat among them) and panel in this
+    process, started and stopped in the gateway's order, and a browser's client of the panel;
+    ``cfg`` must have the panel on (``panel_section``)."""
+    gateway = Gateway(cfg, config_path)
+    stack = gateway.stack
+    stack.loop.recover(channels={c.name for c in gateway.channels})
+    loop_task = asyncio.create_task(stack.loop.run())
+    await gateway.manager.start()
+    try:
+        async with browsing(cfg, config_path, in_gateway=True, gateway=gateway) as browser:
+            yield gateway, browser
+    finally:
+        await stop_agent(stack, loop_task, gateway.manager)
 
 
 @asynccontextmanager

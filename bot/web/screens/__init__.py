@@ -14,6 +14,7 @@ from types import ModuleType
 
 SCREEN_MODULES = (
     "bot.web.screens.overview",
+    "bot.web.screens.chat",
     "bot.web.screens.chats",
     "bot.web.screens.memory",
     "bot.web.screens.access",

@@ -41,6 +41,9 @@ DEFAULT_CONFIG_PATH = DEFAULT_HOME / "config.json"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # apiKey, token, botToken, an MCP server's env GITHUB_TOKEN or its Authorization header, ...
 _SECRET_KEY = re.compile(r"(?i)(token|key|secret|password|passwordhash|authorization)$")
+# Maps whose every value is a secret, whatever its name: extra HTTP headers (a gateway's
+# token) and an MCP server's environment (GH_PAT, DATABASE_URL).
+SECRET_MAPS = ("headers", "env")
 
 
 def is_secret_key(key: str) -> bool:
@@ -711,11 +714,9 @@ def _describe(err: dict[str, Any]) -> str:
     # A secret is not echoed back, not even a mangled one; an extra header's value is often
     # one (a gateway's token), under any name.
     secret = bool(err["loc"]) and (
-        bool(_SECRET_KEY.search(str(err["loc"][-1]))) or "headers" in err["loc"]
+        bool(_SECRET_KEY.search(str(err["loc"][-1]))) or any(m in err["loc"] for m in SECRET_MAPS)
     )
-    got = err.get("input")
-    if isinstance(got, str) and "://" in got:
-        got = redact_url(got)  # a password, a key in the query, a bot token in the path
+    got = _without_secrets(err.get("input"))
     # Redacted before it is cut: a secret across the cut is no longer the one the filter knows.
     shown = f" (got {redact(json.dumps(got, default=str))[:80]})"
     if kind in _WANTED:
@@ -724,6 +725,24 @@ def _describe(err: dict[str, Any]) -> str:
     # Our validators' own words ("Value error, " is pydantic's prefix, not news to anyone).
     msg = str(err["msg"]).removeprefix("Value error, ")
     return msg if secret else f"{msg}{shown}"
+
+
+def _without_secrets(value: Any, key: str = "", in_map: bool = False) -> Any:
+    """``value`` (what a refused field got: a whole section, an MCP server) as it may be
+    shown: secrets by their key's name or their map (an MCP server's env, whose names are
+    anything) as ``***``, URLs redacted. The log filter knows only the secrets it was told."""
+    if isinstance(value, dict):
+        return {
+            k: _without_secrets(v, str(k), in_map or (k in SECRET_MAPS and isinstance(v, dict)))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_without_secrets(v, key, in_map) for v in value]
+    if isinstance(value, str) and value and (in_map or _SECRET_KEY.search(key)):
+        return "***"
+    if isinstance(value, str) and "://" in value:
+        return redact_url(value)  # a password, a key in the query, a bot token in the path
+    return value
 
 
 def parse_config(data: Any, source: str = "<config>") -> Config:

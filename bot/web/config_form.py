@@ -23,14 +23,11 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import BaseModel
 
-from bot.config import Config, is_secret_key
+from bot.config import SECRET_MAPS, Config, is_secret_key
 from bot.config_help import help_for
 from bot.service.logs import SECRET_PARAM
 
 MASK = "<secret: kept as it is>"
-# Values under these keys are secrets whatever their names (a gateway's token in a header,
-# GITHUB_TOKEN in an MCP server's environment).
-_SECRET_MAPS = ("headers", "env")
 _ENV_REF = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
 # A reference with at most a scheme word before it ("Bearer ${TOKEN}"): no secret in the text.
 _ONLY_REF = re.compile(r"(?:[A-Za-z]+ )?\$\{[A-Za-z_][A-Za-z0-9_]*\}")
@@ -239,7 +236,7 @@ def mask(value: Any, key: str = "", in_map: bool = False) -> Any:
     """``value`` with every secret string in it replaced by :data:`MASK`."""
     if isinstance(value, dict):
         return {
-            k: mask(v, str(k), in_map or (str(k) in _SECRET_MAPS and isinstance(v, dict)))
+            k: mask(v, str(k), in_map or (str(k) in SECRET_MAPS and isinstance(v, dict)))
             for k, v in value.items()
         }
     if isinstance(value, list):

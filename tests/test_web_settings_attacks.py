@@ -5,8 +5,11 @@ expanded, nesting deeper than the parser goes, a stranger's name and a flood of 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from bot.config import load_config
 from bot.web.config_form import MASK
@@ -15,6 +18,11 @@ from tests.helpers.web import browsing, panel_section
 
 NO_LLM = "http://127.0.0.1:9/v1"
 PAT = "ghp_PLAINsecretOF40chars"  # a name no secret-name rule knows: only its map says so
+
+
+@pytest.fixture(autouse=True)
+def telegram_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TG_TOKEN", "123:SECRETfromENV")
 
 
 def _write(tmp_path: Path, **extra: Any) -> tuple[Path, dict[str, Any]]:
@@ -30,7 +38,6 @@ def _write(tmp_path: Path, **extra: Any) -> tuple[Path, dict[str, Any]]:
 async def test_a_refused_mcp_server_is_not_echoed_with_its_environment(tmp_path, monkeypatch):
     """The env value is shown masked; a save that drops the command sent it back unmasked
     to the validator, whose error quoted the server (env and all) to the page."""
-    monkeypatch.setenv("TG_TOKEN", "123:SECRETfromENV")
     config, _ = _write(tmp_path)
     before = config.read_bytes()
     cfg, _ = load_config(config)
@@ -45,3 +52,73 @@ async def test_a_refused_mcp_server_is_not_echoed_with_its_environment(tmp_path,
         assert status == 422 and "set either command" in page
         assert PAT not in page and "PLAINsecret" not in page
     assert config.read_bytes() == before
+
+
+def _field_value(page: str, name: str) -> str:
+    found = re.search(rf'<input[^>]*name="{re.escape(name)}"[^>]*>', page)
+    assert found, name
+    value = re.search(r'value="([^"]*)"', found.group(0))
+    return value.group(1) if value else ""
+
+
+async def test_a_form_over_a_file_the_panel_cannot_read_writes_nothing(tmp_path, monkeypatch):
+    """A hand edit that broke the JSON: the form shows the defaults, and a save wrote those
+    and the one change as the whole file (tokens, keys, channels: gone)."""
+    config, _ = _write(tmp_path)
+    cfg, _ = load_config(config)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        csrf = await b.csrf("/settings/memory")
+        broken = config.read_text().rstrip()[:-1] + ",}"  # a trailing comma, by hand
+        config.write_text(broken)
+        status, page, _ = await b.get("/settings/memory")
+        assert status == 200 and "Saving is off until the file is fixed by hand" in page
+        version = _field_value(page, "version")
+        form = {"csrf": csrf, "version": version, "memory.maxChars": "5000"}
+        status, page, _ = await b.post("/settings/memory", form)
+        assert status == 409 and "Nothing was saved" in page
+        status, page, _ = await b.post("/settings/raw", {"csrf": csrf, "json": "{}"})
+        assert status == 409 and "Nothing was saved" in page
+        assert config.read_text() == broken
+
+
+async def test_a_hand_edit_made_while_a_form_was_open_is_not_undone(tmp_path, monkeypatch):
+    """Every field goes back with the form: one edited by hand meanwhile was set back to
+    what the page showed."""
+    config, data = _write(tmp_path)
+    cfg, _ = load_config(config)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        _, page, _ = await b.get("/settings/llm")
+        csrf, version = await b.csrf("/settings/llm"), _field_value(page, "version")
+        model = _field_value(page, "llm.model")
+        _, raw_page, _ = await b.get("/settings/raw")
+        raw_version = _field_value(raw_page, "version")
+        data["llm"]["model"] = "edited-by-hand"
+        config.write_text(json.dumps(data, indent=2))
+        form = {"csrf": csrf, "version": version, "llm.model": model, "llm.temperature": "0.3"}
+        status, page, _ = await b.post("/settings/llm", form)
+        assert status == 409 and "changed since this page was opened" in page
+        assert _field_value(page, "llm.model") == "edited-by-hand"  # the file as it is now
+        shown = json.dumps({**data, "llm": {**data["llm"], "model": "from-raw"}})
+        form = {"csrf": csrf, "version": raw_version, "json": shown}
+        status, page, _ = await b.post("/settings/raw", form)
+        assert status == 409 and "changed since this page was opened" in page
+        assert json.loads(config.read_text())["llm"]["model"] == "edited-by-hand"
+        # From the page as it is now, the save is made.
+        form = {"csrf": csrf, "version": _field_value(page, "version"), "json": shown}
+        status, _, _ = await b.post("/settings/raw", form)
+        assert status == 303 and json.loads(config.read_text())["llm"]["model"] == "from-raw"
+
+
+def test_a_save_made_from_an_older_read_of_the_file_writes_nothing(tmp_path):
+    from bot.config import ConfigChanged, read_versioned, set_options
+
+    config, data = _write(tmp_path)
+    raw, version = read_versioned(config)
+    config.write_text(json.dumps({**data, "memory": {"maxChars": 6000}}))
+    edited = config.read_bytes()
+    with pytest.raises(ConfigChanged):
+        set_options(config, raw, {("memory", "maxChars"): 5000}, version)
+    assert config.read_bytes() == edited
+

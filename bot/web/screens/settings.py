@@ -10,6 +10,7 @@ import copy
 import json
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from bot.config import (
     check_layout,
     load_config,
     parse_config,
-    read_raw,
+    read_versioned,
     set_options,
 )
 from bot.web import config_form as forms
@@ -43,23 +44,32 @@ RAW = "raw"
 
 def routes(panel: Panel) -> list[web.RouteDef]:
     async def index(request: web.Request) -> web.Response:
-        _, _, problem = await asyncio.to_thread(read_state, panel.config_path)
+        state = await asyncio.to_thread(read_state, panel.config_path)
         frame = panel.frame(request, await panel.gateway_running())
-        return page_response(index_page(panel.config_path, _sections(), frame, problem))
+        return page_response(index_page(panel.config_path, _sections(), frame, state.problem))
 
-    async def show(request: web.Request) -> web.Response:
+    async def show(request: web.Request, problem: str = "", status: int = 200) -> web.Response:
+        """The section's form over the file as it is now; ``problem``: why a save was not
+        made (then shown instead of the file's own)."""
         section = _section_of(request)
-        raw, loaded, problem = await asyncio.to_thread(read_state, panel.config_path)
+        state = await asyncio.to_thread(read_state, panel.config_path)
+        raw, loaded = state.raw, state.loaded
         fields = forms.fields(section)
         texts = {f.name: forms.shown(f, forms.current(f, raw, loaded)) for f in fields}
         frame = panel.frame(request, await panel.gateway_running())
         states = _secret_states(fields, raw, loaded)
-        return page_response(section_page(section, fields, texts, states, {}, [], frame, problem))
+        body = section_page(
+            section, fields, texts, states, {}, [], frame, problem or state.problem, state.version
+        )
+        return page_response(body, status)
 
     async def save(request: web.Request) -> web.Response:
         section = _section_of(request)
         form = await request.post()
-        raw, loaded, _ = await asyncio.to_thread(read_state, panel.config_path)
+        state = await asyncio.to_thread(read_state, panel.config_path)
+        if (refusal := _stale(state, form.get("version"))) is not None:
+            return await show(request, refusal, 409)
+        raw, loaded = state.raw, state.loaded
         fields = forms.fields(section)
         texts = {f.name: forms.shown(f, forms.current(f, raw, loaded)) for f in fields}
         changes: dict[tuple[str, ...], Any] = {}
@@ -89,13 +99,17 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         if errors or general:
             frame = panel.frame(request, await panel.gateway_running())
             states = _secret_states(fields, raw, loaded)
-            body = section_page(section, fields, texts, states, errors, general, frame)
+            body = section_page(
+                section, fields, texts, states, errors, general, frame, version=state.version
+            )
             return page_response(body, 422)
         name = ".".join(section)
         if not changes:
             return panel.back(f"/settings/{name}", "Nothing changed.")
         try:
-            after = await asyncio.to_thread(set_options, panel.config_path, raw, changes)
+            after = await asyncio.to_thread(
+                set_options, panel.config_path, raw, changes, state.version
+            )
         except ConfigError as exc:  # the file changed in between: its own report
             return panel.back(f"/settings/{name}", f"Nothing saved: {exc}")
         changed = ", ".join(".".join(p) for p in changes)
@@ -103,15 +117,20 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         notice = " ".join([f"Saved {changed}.", *notes, applied(panel, after)])
         return panel.back(f"/settings/{name}", notice)
 
-    async def raw_view(request: web.Request) -> web.Response:
-        raw, _, problem = await asyncio.to_thread(read_state, panel.config_path)
-        text = json.dumps(forms.mask(raw), indent=2, ensure_ascii=False)
+    async def raw_view(request: web.Request, problem: str = "", status: int = 200) -> web.Response:
+        state = await asyncio.to_thread(read_state, panel.config_path)
+        text = json.dumps(forms.mask(state.raw), indent=2, ensure_ascii=False)
         frame = panel.frame(request, await panel.gateway_running())
-        return page_response(raw_page(text, [], frame, problem))
+        body = raw_page(text, [], frame, problem or state.problem, state.version)
+        return page_response(body, status)
 
     async def raw_save(request: web.Request) -> web.Response:
-        text = str((await request.post()).get("json", ""))
-        raw, _, _ = await asyncio.to_thread(read_state, panel.config_path)
+        form = await request.post()
+        text = str(form.get("json", ""))
+        state = await asyncio.to_thread(read_state, panel.config_path)
+        if (refusal := _stale(state, form.get("version"))) is not None:
+            return await raw_view(request, refusal, 409)
+        raw = state.raw
         try:
             data = json.loads(text)
             if not isinstance(data, dict):
@@ -124,7 +143,9 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         else:
             try:
                 before = await asyncio.to_thread(_loaded_or_none, panel.config_path)
-                after = await asyncio.to_thread(set_options, panel.config_path, data, {})
+                after = await asyncio.to_thread(
+                    set_options, panel.config_path, data, {}, state.version
+                )
             except ConfigError as exc:
                 problems = [f"{p}: {why}" for p, why in exc.fields] or [str(exc)]
             else:
@@ -132,7 +153,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
                 log.info("config: replaced in the raw view by web (changed: %s)", changed)
                 return panel.back(f"/settings/{RAW}", f"Saved. {applied(panel, after)}")
         frame = panel.frame(request, await panel.gateway_running())
-        return page_response(raw_page(text, problems, frame), 422)
+        return page_response(raw_page(text, problems, frame, version=state.version), 422)
 
     return [
         web.get("/settings", index),
@@ -146,18 +167,47 @@ def routes(panel: Panel) -> list[web.RouteDef]:
 # -- reading, checking, applying ------------------------------------------------------------
 
 
-def read_state(config_path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """The file's raw JSON, the config as it loads (its defaults filled in, as JSON with the
-    file's keys) and why it does not load ("" when it does)."""
+@dataclass(frozen=True, slots=True)
+class FileState:
+    raw: dict[str, Any]  # the file's JSON ({} when it cannot be read)
+    loaded: dict[str, Any]  # the config as it loads, defaults filled in (JSON, file's keys)
+    problem: str  # why it does not load ("" when it does)
+    version: str  # bot.config.file_version of what ``raw`` was read from
+    readable: bool  # False: not JSON the panel can read (a form would write over it)
+
+
+def read_state(config_path: Path) -> FileState:
+    """The config file as the pages show it, and as a save starts from."""
     try:
-        raw = read_raw(config_path)
+        raw, version = read_versioned(config_path)
     except ConfigError as exc:
-        return {}, _dump(Config()), str(exc)
+        problem = (
+            f"{exc}. Saving is off until the file is fixed by hand: the panel does not write "
+            "over a file it cannot read (the fields below are the defaults, not the file)."
+        )
+        return FileState({}, _dump(Config()), problem, "", False)
     try:
         cfg, _ = load_config(config_path)
     except (ConfigError, OSError) as exc:
-        return raw, _dump(Config()), f"The config file does not load now: {exc}"
-    return raw, _dump(cfg), ""
+        return FileState(
+            raw, _dump(Config()), f"The config file does not load now: {exc}", version, True
+        )
+    return FileState(raw, _dump(cfg), "", version, True)
+
+
+def _stale(state: FileState, sent: object) -> str | None:
+    """Why a save from a page must not be made: the file cannot be read (it would be
+    replaced by the defaults and the change), or it is not the version the page showed (a
+    hand edit since would be undone by the fields sent back as they were). None: save."""
+    if not state.readable:
+        return f"Nothing was saved. {state.problem}"
+    if isinstance(sent, str) and sent != state.version:
+        return (
+            "Nothing was saved: the config file was changed since this page was opened (by "
+            "hand, or from another page), and saving would have undone that. Below is the "
+            "file as it is now: make your change again."
+        )
+    return None
 
 
 def _dump(cfg: Config) -> dict[str, Any]:
@@ -370,6 +420,12 @@ def _control(f: FormField, text: str, state: str, error: str, described: str | N
 EMPTY_HTML = Html("")
 
 
+def _version_field(version: str) -> Html:
+    """The version of the file the page shows: a save from it is refused once the file has
+    changed (``_stale``)."""
+    return void("input", type="hidden", name="version", value=version)
+
+
 def field_html(f: FormField, text: str, state: str, error: str) -> Html:
     described = " ".join(
         x for x in (f"e-{f.name}" if error else "", f"h-{f.name}" if f.help else "") if x
@@ -397,6 +453,7 @@ def section_page(
     general: list[str],
     frame: Frame,
     problem: str = "",
+    version: str = "",
 ) -> Html:
     name = ".".join(section)
     parts: list[object] = [tag("p", tag("a", "All settings", href="/settings"))]
@@ -436,7 +493,7 @@ def section_page(
     button = tag("button", "Save", type="submit", class_="primary")
     form = tag(
         "form",
-        join([csrf_field(frame.csrf), *blocks, tag("p", button)]),
+        join([csrf_field(frame.csrf), _version_field(version), *blocks, tag("p", button)]),
         method="post",
         action=f"/settings/{name}",
         class_="settings",
@@ -446,7 +503,9 @@ def section_page(
     return page(f"Settings: {name}", join(parts), frame)
 
 
-def raw_page(text: str, problems: list[str], frame: Frame, problem: str = "") -> Html:
+def raw_page(
+    text: str, problems: list[str], frame: Frame, problem: str = "", version: str = ""
+) -> Html:
     intro = tag(
         "p",
         join(
@@ -489,6 +548,7 @@ def raw_page(text: str, problems: list[str], frame: Frame, problem: str = "") ->
         join(
             [
                 csrf_field(frame.csrf),
+                _version_field(version),
                 tag("label", "config.json", for_="f-json"),
                 area,
                 tag("p", button),

@@ -122,3 +122,24 @@ def test_a_save_made_from_an_older_read_of_the_file_writes_nothing(tmp_path):
         set_options(config, raw, {("memory", "maxChars"): 5000}, version)
     assert config.read_bytes() == edited
 
+
+async def test_let_in_keeps_the_ids_written_as_references_and_refuses_everyone(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("OWNER_ID", "1001")
+    config, data = _write(tmp_path)
+    data["channels"]["telegram"]["allowFrom"] = ["${OWNER_ID}"]
+    config.write_text(json.dumps(data, indent=2))
+    cfg, _ = load_config(config)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        csrf = await b.csrf()
+        form = {"csrf": csrf, "channel": "telegram", "id": "2002"}
+        assert (await b.post("/access/let-in", form))[0] == 303
+        saved = json.loads(config.read_text())["channels"]["telegram"]
+        assert saved["allowFrom"] == ["${OWNER_ID}", "2002"]
+        assert saved["admins"] == ["${OWNER_ID}"]  # pinned as written
+        assert (await b.post("/access/let-in", {**form, "id": "*"}))[0] == 303
+        _, page, _ = await b.get("/access")
+        assert "Let in lets one person in" in page
+    assert json.loads(config.read_text())["channels"]["telegram"] == saved

@@ -143,3 +143,19 @@ async def test_let_in_keeps_the_ids_written_as_references_and_refuses_everyone(
         _, page, _ = await b.get("/access")
         assert "Let in lets one person in" in page
     assert json.loads(config.read_text())["channels"]["telegram"] == saved
+
+
+async def test_json_nested_past_the_parser_is_refused_not_a_server_error(tmp_path):
+    config, _ = _write(tmp_path)
+    before = config.read_bytes()
+    cfg, _ = load_config(config)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        csrf = await b.csrf("/settings/raw")
+        for deep in ("[" * 2000, '{"a":' * 300 + "1" + "}" * 300):
+            form = {"csrf": csrf, "tools.mcpServers": deep}
+            status, page, _ = await b.post("/settings/tools", form)
+            assert status == 422 and "levels deep" in page
+            status, page, _ = await b.post("/settings/raw", {"csrf": csrf, "json": deep})
+            assert status == 422 and "levels deep" in page
+    assert config.read_bytes() == before

@@ -195,16 +195,41 @@ def parsed(field: FormField, text: str, before: Any) -> Any:
     if field.kind == "json":
         if not text.strip():
             return None if field.optional else {} if isinstance(before, dict) else []
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise FieldError(
-                f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-            ) from None
-        return unmask(value, before, field.name)
+        return unmask(load_json(text), before, field.name)
     if text == MASK:  # a URL with a password in it, shown masked and sent back as it was
         return before
     return text
+
+
+# A config is a few levels deep (tools.mcpServers.<name>.env.<NAME>); text nested deeper is
+# refused before anything walks it (the parser, the masks, the validator all recurse).
+MAX_DEPTH = 32
+
+
+def load_json(text: str) -> Any:
+    """The JSON value ``text`` holds; FieldError saying why not (its place in the text)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FieldError(
+            f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except RecursionError:
+        value = None
+    else:
+        if _depth(value) <= MAX_DEPTH:
+            return value
+    raise FieldError(f"nested more than {MAX_DEPTH} levels deep: no option goes that deep")
+
+
+def _depth(value: Any) -> int:
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 # -- secrets inside values -------------------------------------------------------------------

@@ -132,12 +132,10 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             return await raw_view(request, refusal, 409)
         raw = state.raw
         try:
-            data = json.loads(text)
+            data = forms.load_json(text)
             if not isinstance(data, dict):
                 raise FieldError("the top level must be a JSON object { ... }")
             data = forms.unmask(data, raw, "<root>")
-        except json.JSONDecodeError as exc:
-            problems = [f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"]
         except FieldError as exc:
             problems = [str(exc)]
         else:

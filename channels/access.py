@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DENIAL_LOG_INTERVAL = 3600.0  # one log line per denied sender per hour
+# Denied senders remembered for that hour, at most: a crowd of new ids costs bounded memory
+# (the oldest forgotten first, then logged and noted again should they write again).
+MAX_REMEMBERED = 4096
 DmPolicy = Literal["allowlist", "pairing"]
 
 
@@ -166,7 +169,10 @@ def _first_this_hour(seen: dict[str, float], sender_id: str, now: float) -> bool
     last = seen.get(sender_id)
     if last is not None and now - last < DENIAL_LOG_INTERVAL:
         return False
-    seen[sender_id] = now
+    seen.pop(sender_id, None)
+    seen[sender_id] = now  # at the end: the dict stays in the order of these times
+    while len(seen) > MAX_REMEMBERED:
+        del seen[next(iter(seen))]
     return True
 
 

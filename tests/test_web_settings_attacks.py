@@ -13,6 +13,7 @@ import pytest
 
 from bot.config import load_config
 from bot.web.config_form import MASK
+from channels.refused import MAX_KEPT, RefusedSenders
 from tests.helpers import config_dict
 from tests.helpers.web import browsing, panel_section
 
@@ -159,3 +160,67 @@ async def test_json_nested_past_the_parser_is_refused_not_a_server_error(tmp_pat
             status, page, _ = await b.post("/settings/raw", {"csrf": csrf, "json": deep})
             assert status == 422 and "levels deep" in page
     assert config.read_bytes() == before
+
+
+async def test_a_crowd_of_strangers_costs_a_few_writes_not_a_thread_each(tmp_path, monkeypatch):
+    """Each new id is a refusal noted: written one at a time, what was noted meanwhile in
+    the next write, so the worker threads other work needs are never all taken."""
+    import threading
+
+    from channels import refused as refused_module
+    from channels.access import AccessPolicy
+
+    writes: list[int] = []
+    first_started, release = threading.Event(), threading.Event()
+    real = refused_module.replace_durably
+
+    def slow_first(path: Path, text: str, sync: bool = True) -> None:
+        writes.append(len(json.loads(text)))
+        if len(writes) == 1:
+            first_started.set()
+            release.wait(10)
+        real(path, text, sync=sync)
+
+    monkeypatch.setattr(refused_module, "replace_durably", slow_first)
+    record = RefusedSenders(tmp_path, "discord")
+    policy = AccessPolicy("discord", ["1"], refused=record)
+    policy.deny("100", "first", chat="group")
+    assert first_started.wait(10)  # the first write is at work, and slow
+    for i in range(500):
+        policy.deny(str(1000 + i), f"raider{i}", chat="group")
+    release.set()
+    await record.settled()
+    assert len(writes) == 2  # the first, then the 500 at once
+    rows = record.listing()
+    assert [r.sender_id for r in rows[:2]] == ["1499", "1498"] and len(rows) == MAX_KEPT
+
+
+def test_denied_senders_are_remembered_in_bounded_memory():
+    from channels.access import MAX_REMEMBERED, AccessPolicy
+
+    policy = AccessPolicy("telegram", ["1"])
+    for i in range(MAX_REMEMBERED + 50):
+        assert policy.deny(str(10_000 + i), now=float(i))
+    assert len(policy._denied_logged) == MAX_REMEMBERED
+    later = float(MAX_REMEMBERED + 60)  # within the hour of the latest ones
+    assert not policy.deny(str(10_000 + MAX_REMEMBERED + 49), now=later)  # remembered: quiet
+    assert policy.deny("10000", now=later)  # the oldest was forgotten: logged again
+
+
+async def test_a_strangers_name_cannot_disguise_itself_on_the_access_page(tmp_path):
+    """The name is the stranger's to choose: shown escaped, without the characters that
+    reorder or hide text, on one line, short."""
+    config, _ = _write(tmp_path)
+    cfg, _ = load_config(config)
+    name = "\u202eevil\u200b <b>owner</b>\n${TG_TOKEN}\x00" + "x" * 500
+    record = RefusedSenders(cfg.agent.state_path, "telegram")
+    record.note("2002", name, "private")
+    await record.settled()
+    row = record.listing()[0]
+    assert row.name.startswith("evil <b>owner</b> ${TG_TOKEN}x") and len(row.name) == 100
+    async with browsing(cfg, config) as b:
+        await b.login()
+        _, page, _ = await b.get("/access")
+    assert "evil &lt;b&gt;owner&lt;/b&gt; ${TG_TOKEN}x" in page
+    assert "\u202e" not in page and "\u200b" not in page and "<b>owner" not in page
+    assert "SECRETfromENV" not in page

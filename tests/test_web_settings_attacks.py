@@ -14,8 +14,9 @@ import pytest
 from bot.config import load_config
 from bot.web.config_form import MASK
 from channels.refused import MAX_KEPT, RefusedSenders
-from tests.helpers import config_dict
-from tests.helpers.web import browsing, panel_section
+from tests.helpers import config_dict, telegram_in_process, write_config
+from tests.helpers.telegram import settings as telegram_settings
+from tests.helpers.web import GatewayInProcess, browsing, panel_section
 
 NO_LLM = "http://127.0.0.1:9/v1"
 PAT = "ghp_PLAINsecretOF40chars"  # a name no secret-name rule knows: only its map says so
@@ -224,3 +225,25 @@ async def test_a_strangers_name_cannot_disguise_itself_on_the_access_page(tmp_pa
     assert "evil &lt;b&gt;owner&lt;/b&gt; ${TG_TOKEN}x" in page
     assert "\u202e" not in page and "\u200b" not in page and "<b>owner" not in page
     assert "SECRETfromENV" not in page
+
+
+async def test_a_save_that_takes_the_panel_away_says_so(tmp_path, llm, api):
+    """The owner turning the panel off, or moving it, from the panel: what the next start
+    does to the page they are on is said, not left to be found out."""
+    config = write_config(
+        tmp_path, llm.base_url, channels={"telegram": telegram_settings(api)}, web=panel_section()
+    )
+    cfg, _ = load_config(config)
+    async with telegram_in_process(cfg, config) as (stack, channel, _manager):
+        gateway = GatewayInProcess(cfg, config, stack, [channel])
+        async with browsing(cfg, config, gateway=gateway) as b:
+            await b.login()
+            csrf = await b.csrf("/settings/web")
+            assert (await b.post("/settings/web", {"csrf": csrf, "web.enabled": "false"}))[0] == 303
+            _, page, _ = await b.get("/settings/web")
+            assert "Takes a restart of the gateway: web.enabled." in page
+            assert "this page will be gone" in page
+            form = {"csrf": csrf, "web.enabled": "true", "web.listen": "127.0.0.1:8999"}
+            assert (await b.post("/settings/web", form))[0] == 303
+            _, page, _ = await b.get("/settings/web")
+            assert f"the panel is at http://127.0.0.1:8999, no longer at {b.base}" in page

@@ -114,7 +114,9 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             return panel.back(f"/settings/{name}", f"Nothing saved: {exc}")
         changed = ", ".join(".".join(p) for p in changes)
         log.info("config: %s changed by web", changed)
-        notice = " ".join([f"Saved {changed}.", *notes, applied(panel, after)])
+        notice = " ".join(
+            [f"Saved {changed}.", *notes, applied(panel, after), *way_in(panel, after)]
+        )
         return panel.back(f"/settings/{name}", notice)
 
     async def raw_view(request: web.Request, problem: str = "", status: int = 200) -> web.Response:
@@ -149,7 +151,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             else:
                 changed = _changed(before, after)
                 log.info("config: replaced in the raw view by web (changed: %s)", changed)
-                return panel.back(f"/settings/{RAW}", f"Saved. {applied(panel, after)}")
+                notice = " ".join(["Saved.", applied(panel, after), *way_in(panel, after)])
+                return panel.back(f"/settings/{RAW}", notice)
         frame = panel.frame(request, await panel.gateway_running())
         return page_response(raw_page(text, problems, frame, version=state.version), 422)
 
@@ -306,6 +309,22 @@ def applied(panel: Panel, after: Config) -> str:
     if result.restart_needed:
         parts.append(f"Takes a restart of the gateway: {', '.join(result.restart_needed)}.")
     return " ".join(parts) or "The running gateway had it already."
+
+
+def way_in(panel: Panel, after: Config) -> list[str]:
+    """What a saved ``web`` section does to the owner's way back into this panel once the
+    gateway restarts: off, or at another address (the one this page is at stops working)."""
+    from bot.web.addresses import served
+
+    if panel.in_gateway and not after.web.enabled:
+        return [
+            "The panel is off from the gateway's next start: this page will be gone, and "
+            "only an edit of the config file by hand (web.enabled: true) brings it back."
+        ]
+    base = served(after.web.listen, after.web.public_url).base_url
+    if after.web.enabled and base != panel.base_url:
+        return [f"From the next start the panel is at {base}, no longer at {panel.base_url}."]
+    return []
 
 
 # -- pages ------------------------------------------------------------------------------------

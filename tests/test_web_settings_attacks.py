@@ -4,6 +4,7 @@ expanded, nesting deeper than the parser goes, a stranger's name and a flood of 
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -247,3 +248,83 @@ async def test_a_save_that_takes_the_panel_away_says_so(tmp_path, llm, api):
             assert (await b.post("/settings/web", form))[0] == 303
             _, page, _ = await b.get("/settings/web")
             assert f"the panel is at http://127.0.0.1:8999, no longer at {b.base}" in page
+
+
+SECRETS = {
+    "llm.headers": "S2headerVALUE",
+    "llm.proxy password": "S5proxyPW",
+    "llm.baseUrl password": "S6basePW",
+    "llm.baseUrl query key": "S7queryKEY",
+    "a fallback's key": "S3fallbackKEY",
+    "an MCP url path": "sk-ak-S8pathTOKENaaaaaaaaaaaa",
+    "an MCP header": "S9mcpHEADER",
+    "an MCP env": "S10envVALUE",
+    "an MCP url password": "S15mcpPW",
+    "a search key": "S12searchKEY",
+    "a Telegram token": "123:S11telegramTOKEN",
+    "a Slack bot token": "xoxb-S13slackBOT",
+    "a Discord token": "S16discordTOKEN",
+}
+
+
+async def test_no_page_of_settings_shows_a_secret_written_anywhere_in_the_file(tmp_path):
+    """Every place a secret can sit (a key, a header, an env value, a URL's password, query
+    or path): masked on every form, in the raw view, and on the pages of a refused save."""
+    from bot.web.screens.settings import _sections
+
+    s = SECRETS
+    data = config_dict(tmp_path, NO_LLM, web=panel_section())
+    data["llm"] |= {
+        "headers": {"X-Custom": s["llm.headers"]},
+        "proxy": f"http://u:{s['llm.proxy password']}@127.0.0.1:3128",
+        "baseUrl": f"http://u:{s['llm.baseUrl password']}@127.0.0.1:9/v1?api_key="
+        + s["llm.baseUrl query key"],
+        "fallbacks": [{"baseUrl": "http://127.0.0.1:8/v1", "apiKey": s["a fallback's key"]}],
+    }
+    del data["llm"]["apiKey"]  # a baseUrl with a password takes none
+    data["tools"] |= {
+        "mcpServers": {
+            "z": {
+                "url": "https://mcp.example/mcp/" + s["an MCP url path"] + "/sse",
+                "headers": {"X-Id": s["an MCP header"]},
+            },
+            "e": {"command": "x", "env": {"PAT": s["an MCP env"]}},
+            "u": {"url": f"https://user:{s['an MCP url password']}@mcp.example/mcp"},
+        },
+        "web": {"search": {"apiKey": s["a search key"]}},
+    }
+    data["channels"] = {
+        "telegram": {"token": s["a Telegram token"], "allowFrom": ["1"]},
+        "slack": {"botToken": s["a Slack bot token"], "appToken": "xapp-1-A1-S14"},
+        "discord": {"token": s["a Discord token"]},
+    }
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(data, indent=2))
+    cfg, _ = load_config(config)
+
+    def leaked(page: str) -> list[str]:
+        return [where for where, secret in s.items() if secret in html.unescape(page)]
+
+    async with browsing(cfg, config) as b:
+        await b.login()
+        for path in ["/settings/raw", *("/settings/" + ".".join(x) for x in _sections())]:
+            status, page, _ = await b.get(path)
+            assert status == 200 and leaked(page) == [], path
+        csrf = await b.csrf("/settings/raw")
+        _, page, _ = await b.get("/settings/raw")
+        shown = json.loads(
+            html.unescape(re.search(r"<textarea[^>]*>(.*?)</textarea>", page, re.S)[1])
+        )
+        shown["llm"]["temperature"] = "hot"
+        del shown["tools"]["mcpServers"]["e"]["command"]
+        status, page, _ = await b.post("/settings/raw", {"csrf": csrf, "json": json.dumps(shown)})
+        assert status == 422 and "set either command" in page and leaked(page) == []
+        form = {"csrf": csrf, "llm.temperature": "hot", "llm.fallbacks": "[5]"}
+        status, page, _ = await b.post("/settings/llm", form)
+        assert status == 422 and leaked(page) == []
+        # The masks sent back as shown keep every secret where it was.
+        del shown["llm"]["temperature"]
+        shown["tools"]["mcpServers"]["e"]["command"] = "x"
+        status, _, _ = await b.post("/settings/raw", {"csrf": csrf, "json": json.dumps(shown)})
+        assert status == 303
+    assert json.loads(config.read_text()) == data

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from bot.config import SECRET_MAPS, Config, is_secret_key
 from bot.config_help import help_for
-from bot.service.logs import SECRET_PARAM
+from bot.service.logs import SECRET_PARAM, has_token_shape
 
 MASK = "<secret: kept as it is>"
 _ENV_REF = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
@@ -240,8 +240,8 @@ def is_secret(key: str, value: str, in_map: bool = False) -> bool:
     ``${VAR}`` reference holds none: the secret is in the environment)."""
     if not value or _ONLY_REF.fullmatch(value):
         return False
-    if in_map or is_secret_key(key):
-        return True
+    if in_map or is_secret_key(key) or has_token_shape(value):
+        return True  # has_token_shape: a key in a URL's path (an MCP server's), in args
     if "://" not in value:
         return False
     try:

@@ -328,3 +328,22 @@ async def test_no_page_of_settings_shows_a_secret_written_anywhere_in_the_file(t
         status, _, _ = await b.post("/settings/raw", {"csrf": csrf, "json": json.dumps(shown)})
         assert status == 303
     assert json.loads(config.read_text()) == data
+
+
+async def test_revoking_a_pairing_says_when_allowfrom_still_lets_them_in(tmp_path):
+    from bot.pairing import PairingStore
+
+    config, data = _write(tmp_path)
+    data["channels"]["telegram"]["allowFrom"] = ["1001", "2002"]
+    config.write_text(json.dumps(data))
+    cfg, _ = load_config(config)
+    store = PairingStore(cfg.agent.state_path, "telegram")
+    code = store.request("2002", "@eve", "2002")
+    assert code and store.approve(code)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        form = {"csrf": await b.csrf(), "channel": "telegram", "id": "2002"}
+        assert (await b.post("/access/revoke", form))[0] == 303
+        _, page, _ = await b.get("/access")
+    assert "Revoked telegram user 2002" in page
+    assert "They can still talk: channels.telegram.allowFrom lists &#x27;2002&#x27;" in page

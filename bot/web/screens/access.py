@@ -69,6 +69,15 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         text = await asyncio.to_thread(revoke_paired, panel.state_dir, channel, sender)
         if text.startswith("Revoked"):
             log.info("pairing: %s user %s revoked by web", channel, sender)
+        cfg, problem = await panel.config()
+        section = None if problem else getattr(cfg.channels, channel, None)
+        if section is not None and (sender in section.allow_from or "*" in section.allow_from):
+            # Pairing was not their only way in: the owner must not think them shut out.
+            listed = sender if sender in section.allow_from else "*"
+            text += (
+                f" They can still talk: channels.{channel}.allowFrom lists {listed!r} "
+                "(Settings to remove it)."
+            )
         return panel.back("/access", text)
 
     async def let_in(request: web.Request) -> web.Response:

@@ -347,3 +347,16 @@ async def test_revoking_a_pairing_says_when_allowfrom_still_lets_them_in(tmp_pat
         _, page, _ = await b.get("/access")
     assert "Revoked telegram user 2002" in page
     assert "They can still talk: channels.telegram.allowFrom lists &#x27;2002&#x27;" in page
+
+
+async def test_half_a_character_in_json_is_refused_not_a_server_error(tmp_path):
+    config, data = _write(tmp_path)
+    before = config.read_bytes()
+    cfg, _ = load_config(config)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        csrf = await b.csrf("/settings/raw")
+        text = json.dumps({**data, "llm": {**data["llm"], "model": "\ud800"}})
+        status, page, _ = await b.post("/settings/raw", {"csrf": csrf, "json": text})
+        assert status == 422 and "half a character" in page
+    assert config.read_bytes() == before

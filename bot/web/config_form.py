@@ -217,8 +217,15 @@ def load_json(text: str) -> Any:
     except RecursionError:
         value = None
     else:
-        if _depth(value) <= MAX_DEPTH:
-            return value
+        if _depth(value) > MAX_DEPTH:
+            raise FieldError(f"nested more than {MAX_DEPTH} levels deep: no option goes that deep")
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise FieldError(
+                "a \\uD800-\\uDFFF escape alone is half a character: no file can hold it"
+            ) from None
+        return value
     raise FieldError(f"nested more than {MAX_DEPTH} levels deep: no option goes that deep")
 
 

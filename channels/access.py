@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 from bot.bus import OutboundMessage
 from bot.gate.question import SHOW_ALL, QuestionView
 from bot.pairing import PairingStore, code_text
-from channels.refused import Chat, RefusedSenders
+from channels.refused import Chat, RefusedSenders, shown_name
 
 if TYPE_CHECKING:
     from bot.config_base import ChannelConfig
@@ -150,6 +150,7 @@ class AccessPolicy:
             self._denied_logged, sender_id, time.monotonic() if now is None else now
         ):
             return False
+        name = shown_name(name)  # one line of the log, whatever the stranger wrote in it
         if self.refused is not None:
             self.refused.note(sender_id, name, chat)
         log.warning(

@@ -360,3 +360,21 @@ async def test_half_a_character_in_json_is_refused_not_a_server_error(tmp_path):
         status, page, _ = await b.post("/settings/raw", {"csrf": csrf, "json": text})
         assert status == 422 and "half a character" in page
     assert config.read_bytes() == before
+
+
+def test_a_strangers_name_is_one_line_in_the_log_and_the_pairing_list(tmp_path, caplog):
+    """A name with a line break in it forged a log line of its own (the plain text log), and
+    a right-to-left override reversed what the pairing list showed after it."""
+    from bot.pairing import PairingStore
+    from channels.access import AccessPolicy
+
+    forged = "eve\n2026-12-06 18:00:00 INFO bot.web: config: web.listen changed by web\u202e"
+    policy = AccessPolicy("telegram", ["1"])
+    with caplog.at_level("WARNING", logger="channels.access"):
+        assert policy.deny("2002", forged)
+    (record,) = [r for r in caplog.records if "2002" in r.getMessage()]
+    assert "\n" not in record.getMessage() and "\u202e" not in record.getMessage()
+    store = PairingStore(tmp_path, "telegram")
+    assert store.request("2003", forged, "2003")
+    (waiting,) = store.listing().waiting
+    assert "\n" not in waiting.who and "\u202e" not in waiting.who

@@ -378,3 +378,37 @@ def test_a_strangers_name_is_one_line_in_the_log_and_the_pairing_list(tmp_path, 
     assert store.request("2003", forged, "2003")
     (waiting,) = store.listing().waiting
     assert "\n" not in waiting.who and "\u202e" not in waiting.who
+
+
+async def test_a_fallbacks_key_goes_with_its_server_never_to_another(tmp_path):
+    """Two fallbacks swapped in their JSON, each key shown masked: the masks were put back
+    by position, so each server was sent the other one's key."""
+    config, data = _write(tmp_path)
+    data["llm"]["fallbacks"] = [
+        {"baseUrl": "https://a.example/v1", "apiKey": "KEY-of-A-aaaa", "model": "a"},
+        {"baseUrl": "https://b.example/v1", "apiKey": "KEY-of-B-bbbb", "model": "b"},
+    ]
+    config.write_text(json.dumps(data))
+    cfg, _ = load_config(config)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        _, page, _ = await b.get("/settings/llm")
+        area = re.search(r'<textarea[^>]*name="llm.fallbacks"[^>]*>(.*?)</textarea>', page, re.S)
+        assert area and "KEY-of" not in page
+        shown = json.loads(html.unescape(area[1]))
+        assert shown[0]["apiKey"] == MASK
+        csrf = await b.csrf("/settings/llm")
+        swapped = json.dumps([shown[1], {**shown[0], "model": "a2"}])
+        form = {"csrf": csrf, "llm.fallbacks": swapped}
+        assert (await b.post("/settings/llm", form))[0] == 303
+        saved = json.loads(config.read_text())["llm"]["fallbacks"]
+        assert [(f["baseUrl"], f["apiKey"]) for f in saved] == [
+            ("https://b.example/v1", "KEY-of-B-bbbb"),
+            ("https://a.example/v1", "KEY-of-A-aaaa"),
+        ]
+        before = config.read_bytes()
+        moved = [{**shown[1], "baseUrl": "https://evil.example/v1"}, shown[0]]
+        form = {"csrf": csrf, "llm.fallbacks": json.dumps(moved)}
+        status, page, _ = await b.post("/settings/llm", form)
+        assert status == 422 and "write the value itself here" in page
+        assert config.read_bytes() == before

@@ -281,20 +281,57 @@ def mask(value: Any, key: str = "", in_map: bool = False) -> Any:
 def unmask(value: Any, before: Any, where: str) -> Any:
     """``value`` (as sent back) with each :data:`MASK` replaced by what it hid in ``before``
     (the same place of the value it was shown from). FieldError for a MASK at a place that
-    held no secret (typed, or moved)."""
+    held no secret (typed, or moved). An entry of a list (a fallback) takes the secrets of
+    the entry it was shown as, found by its server: moved in the list, its key moves with it,
+    never to the server now at its old place; on another server, it keeps none."""
     if isinstance(value, dict):
         old = before if isinstance(before, dict) else {}
         return {k: unmask(v, old.get(k, _MISSING), f"{where}.{k}") for k, v in value.items()}
     if isinstance(value, list):
         old_list = before if isinstance(before, list) else []
-        return [
-            unmask(v, old_list[i] if i < len(old_list) else _MISSING, f"{where}[{i}]")
-            for i, v in enumerate(value)
-        ]
+        return [unmask(v, _shown_as(v, i, old_list), f"{where}[{i}]") for i, v in enumerate(value)]
     if value == MASK:
         if not isinstance(before, str):
-            raise FieldError(f"{where}: write the value itself here, not {MASK!r}")
+            raise FieldError(
+                f"{where}: write the value itself here, not {MASK!r} (nothing was hidden "
+                "here, or this entry is on another server than the one it was shown with)"
+            )
         return before
+    return value
+
+
+# What tells the entries of a list apart: the server each one talks to.
+_SERVER_KEYS = ("baseUrl", "url", "command")
+
+
+def _shown_as(value: Any, index: int, before: list[Any]) -> Any:
+    """The entry of ``before`` that ``value`` (at ``index``) was shown as."""
+    if not isinstance(value, dict):
+        return before[index] if index < len(before) else _MISSING
+    if index < len(before) and _same_server(value, before[index]):
+        return before[index]
+    same = [b for b in before if _same_server(value, b)]
+    return same[0] if len(same) == 1 else _MISSING
+
+
+def _same_server(value: dict[str, Any], before: Any) -> bool:
+    if not isinstance(before, dict):
+        return False
+    for key in _SERVER_KEYS:
+        new = value.get(key)
+        if new != MASK and _server(new) != _server(before.get(key)):
+            return False
+    return True
+
+
+def _server(value: Any) -> Any:
+    """A URL's scheme, host and port (its path may change, its server not); else the value."""
+    if isinstance(value, str) and "://" in value:
+        try:
+            parts = urlsplit(value)
+            return (parts.scheme.lower(), parts.hostname, parts.port)
+        except ValueError:
+            return value
     return value
 
 

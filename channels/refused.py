@@ -80,7 +80,13 @@ class RefusedSenders:
         except RuntimeError:
             self._drain()
             return
-        write = loop.run_in_executor(None, self._drain)
+        try:
+            write = loop.run_in_executor(None, self._drain)
+        except RuntimeError as exc:  # the loop's executor is shut down: a stop under way
+            with self._lock:
+                self._writing = False
+            log.debug("channel %s: refused sender not recorded: %s", self.channel, exc)
+            return
         self._writes.add(write)
         write.add_done_callback(self._written)
 

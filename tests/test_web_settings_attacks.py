@@ -412,3 +412,23 @@ async def test_a_fallbacks_key_goes_with_its_server_never_to_another(tmp_path):
         status, page, _ = await b.post("/settings/llm", form)
         assert status == 422 and "write the value itself here" in page
         assert config.read_bytes() == before
+
+
+def test_a_refusal_noted_while_the_gateway_stops_does_not_stop_the_record(tmp_path):
+    """The loop's worker threads shut down (a stop): the refusal cannot be written then, and
+    the record must not stay marked as being written, or it would never be written again."""
+    import asyncio
+
+    record = RefusedSenders(tmp_path, "telegram")
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(loop.shutdown_default_executor())
+
+        async def refused_while_stopping() -> None:
+            record.note("2002", "eve", "private")
+
+        loop.run_until_complete(refused_while_stopping())
+    finally:
+        loop.close()
+    record.note("2003", "mallory", "group")  # later, with no loop: written at once
+    assert [r.sender_id for r in record.listing()] == ["2003", "2002"]

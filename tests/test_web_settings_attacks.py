@@ -432,3 +432,21 @@ def test_a_refusal_noted_while_the_gateway_stops_does_not_stop_the_record(tmp_pa
         loop.close()
     record.note("2003", "mallory", "group")  # later, with no loop: written at once
     assert [r.sender_id for r in record.listing()] == ["2003", "2002"]
+
+
+async def test_a_save_that_opens_a_channel_to_everyone_says_so(tmp_path):
+    config, _ = _write(tmp_path)
+    cfg, _ = load_config(config)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        csrf = await b.csrf("/settings/channels.telegram")
+        form = {"csrf": csrf, "channels.telegram.allowFrom": "1001\n*"}
+        assert (await b.post("/settings/channels.telegram", form))[0] == 303
+        _, page, _ = await b.get("/settings/channels.telegram")
+        assert "Saved channels.telegram.allowFrom." in page
+        assert "allowFrom has &quot;*&quot;: anyone who finds the bot can talk to it" in page
+        form = {"csrf": csrf, "channels.telegram.dmPolicy": "pairing"}
+        assert (await b.post("/settings/channels.telegram", form))[0] == 303
+        _, page, _ = await b.get("/settings/channels.telegram")
+        assert "Saved channels.telegram.dmPolicy." in page
+        assert "anyone who finds" not in page  # said once, when it was opened

@@ -115,7 +115,13 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         changed = ", ".join(".".join(p) for p in changes)
         log.info("config: %s changed by web", changed)
         notice = " ".join(
-            [f"Saved {changed}.", *notes, applied(panel, after), *way_in(panel, after)]
+            [
+                f"Saved {changed}.",
+                *opened(state.loaded, after),
+                *notes,
+                applied(panel, after),
+                *way_in(panel, after),
+            ]
         )
         return panel.back(f"/settings/{name}", notice)
 
@@ -151,7 +157,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             else:
                 changed = _changed(before, after)
                 log.info("config: replaced in the raw view by web (changed: %s)", changed)
-                notice = " ".join(["Saved.", applied(panel, after), *way_in(panel, after)])
+                warnings = [*opened(state.loaded, after), applied(panel, after)]
+                notice = " ".join(["Saved.", *warnings, *way_in(panel, after)])
                 return panel.back(f"/settings/{RAW}", notice)
         frame = panel.frame(request, await panel.gateway_running())
         return page_response(raw_page(text, problems, frame, version=state.version), 422)
@@ -309,6 +316,24 @@ def applied(panel: Panel, after: Config) -> str:
     if result.restart_needed:
         parts.append(f"Takes a restart of the gateway: {', '.join(result.restart_needed)}.")
     return " ".join(parts) or "The running gateway had it already."
+
+
+def opened(before: dict[str, Any], after: Config) -> list[str]:
+    """A warning for each channel a save opened to everyone (``"*"`` newly in allowFrom)."""
+    out = []
+    for name in type(after.channels).model_fields:
+        section = getattr(after.channels, name)
+        was = before.get("channels", {}).get(to_camel(name)) or {}
+        if (
+            section is not None
+            and "*" in section.allow_from
+            and "*" not in was.get("allowFrom", [])
+        ):
+            out.append(
+                f'channels.{to_camel(name)}.allowFrom has "*": anyone who finds the bot can '
+                "talk to it now, and use its tools."
+            )
+    return out
 
 
 def way_in(panel: Panel, after: Config) -> list[str]:

@@ -341,10 +341,11 @@ def way_in(panel: Panel, after: Config) -> list[str]:
     gateway restarts: off, or at another address (the one this page is at stops working)."""
     from bot.web.addresses import served
 
-    if panel.in_gateway and not after.web.enabled:
+    if not after.web.enabled:
         return [
-            "The panel is off from the gateway's next start: this page will be gone, and "
-            "only an edit of the config file by hand (web.enabled: true) brings it back."
+            "The panel is off from the next start (of the gateway, or of memobot web): this "
+            "page will be gone, and only an edit of the config file by hand (web.enabled: "
+            "true) brings it back."
         ]
     base = served(after.web.listen, after.web.public_url).base_url
     if after.web.enabled and base != panel.base_url:

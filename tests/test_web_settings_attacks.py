@@ -108,6 +108,10 @@ async def test_a_hand_edit_made_while_a_form_was_open_is_not_undone(tmp_path, mo
         status, page, _ = await b.post("/settings/raw", form)
         assert status == 409 and "changed since this page was opened" in page
         assert json.loads(config.read_text())["llm"]["model"] == "edited-by-hand"
+        kept = re.search(r"<textarea[^>]*readonly[^>]*>(.*?)</textarea>", page, re.S)
+        assert kept and "from-raw" in kept[1]  # what was typed, to copy from
+        area = re.search(r'<textarea[^>]*name="json"[^>]*>(.*?)</textarea>', page, re.S)
+        assert area and "edited-by-hand" in area[1]  # the form: the file as it is now
         # From the page as it is now, the save is made.
         form = {"csrf": csrf, "version": _field_value(page, "version"), "json": shown}
         status, _, _ = await b.post("/settings/raw", form)

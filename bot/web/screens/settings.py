@@ -125,11 +125,13 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         )
         return panel.back(f"/settings/{name}", notice)
 
-    async def raw_view(request: web.Request, problem: str = "", status: int = 200) -> web.Response:
+    async def raw_view(
+        request: web.Request, problem: str = "", status: int = 200, unsaved: str = ""
+    ) -> web.Response:
         state = await asyncio.to_thread(read_state, panel.config_path)
         text = json.dumps(forms.mask(state.raw), indent=2, ensure_ascii=False)
         frame = panel.frame(request, await panel.gateway_running())
-        body = raw_page(text, [], frame, problem or state.problem, state.version)
+        body = raw_page(text, [], frame, problem or state.problem, state.version, unsaved)
         return page_response(body, status)
 
     async def raw_save(request: web.Request) -> web.Response:
@@ -137,7 +139,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         text = str(form.get("json", ""))
         state = await asyncio.to_thread(read_state, panel.config_path)
         if (refusal := _stale(state, form.get("version"))) is not None:
-            return await raw_view(request, refusal, 409)
+            return await raw_view(request, refusal, 409, text)
         raw = state.raw
         try:
             data = forms.load_json(text)
@@ -547,8 +549,15 @@ def section_page(
 
 
 def raw_page(
-    text: str, problems: list[str], frame: Frame, problem: str = "", version: str = ""
+    text: str,
+    problems: list[str],
+    frame: Frame,
+    problem: str = "",
+    version: str = "",
+    unsaved: str = "",
 ) -> Html:
+    """``unsaved``: the text a refused save sent (the file changed meanwhile), shown apart
+    for copying: the form holds the file as it is now."""
     intro = tag(
         "p",
         join(
@@ -602,4 +611,22 @@ def raw_page(
         class_="settings",
     )
     parts.extend([error, form])
+    if unsaved:
+        parts.append(
+            tag(
+                "details",
+                join(
+                    [
+                        tag("summary", "Your text, not saved (to copy from)"),
+                        tag(
+                            "textarea",
+                            "\n" + unsaved,
+                            rows=12,
+                            readonly=True,
+                            aria_label="not saved",
+                        ),
+                    ]
+                ),
+            )
+        )
     return page("Settings: raw JSON", join(parts), frame)

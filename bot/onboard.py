@@ -127,10 +127,14 @@ def check_tokens(spec: ChannelSpec, section: ChannelConfig) -> list[Check]:
 
 
 def access_changes(
-    spec: ChannelSpec, current: dict[str, Any], owner: str | None
+    spec: ChannelSpec,
+    current: dict[str, Any],
+    owner: str | None,
+    written: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """allowFrom/admins/dmPolicy changes so the channel never refuses everyone: the owner
-    listed (and an admin), or else pairing for strangers' private messages."""
+    listed (and an admin), or else pairing for strangers' private messages. ``written``:
+    the section as the file writes it, whose lists are kept as written (``${VAR}`` ids)."""
     from channels.access import dm_policy_of
 
     changes: dict[str, Any] = {}
@@ -138,10 +142,12 @@ def access_changes(
     section = _section(spec, current, {})
     allow = list(section.allow_from)
     if owner is not None:
+        written = written or {}
         if owner not in allow:
-            changes["allowFrom"] = [*allow, owner]
+            changes["allowFrom"] = [*as_written(allow, written.get("allowFrom")), owner]
         if section.admins is not None and owner not in section.admins:
-            changes["admins"] = [*section.admins, owner]
+            admins = as_written(section.admins, written.get("admins"))
+            changes["admins"] = [*admins, owner]
         return changes, notes
     if not allow and dm_policy_of(section) != "pairing":
         changes["dmPolicy"] = "pairing"
@@ -442,7 +448,10 @@ def run_channels(args: argparse.Namespace, config_path: Path) -> int:
     if any(c.status == "fail" for c in checks):
         _err(f"Nothing written: {spec.name} refused the token.")
         return EX_FAILED
-    access, notes = access_changes(spec, {**loaded, **changes}, args.owner)
+    written = data.get("channels", {}).get(spec.name)
+    access, notes = access_changes(
+        spec, {**loaded, **changes}, args.owner, written if isinstance(written, dict) else None
+    )
     plan = ChannelPlan(spec.name, {**changes, **access}, args.owner)
     try:
         after = write_plans(config_path, data, [plan])

@@ -454,3 +454,39 @@ async def test_a_save_that_opens_a_channel_to_everyone_says_so(tmp_path):
         _, page, _ = await b.get("/settings/channels.telegram")
         assert "Saved channels.telegram.dmPolicy." in page
         assert "anyone who finds" not in page  # said once, when it was opened
+
+
+async def test_every_change_the_panel_can_make_needs_its_origin_and_its_form_token(tmp_path):
+    """Each POST route there is (Settings, the raw view, Let in, Revoke, and any added
+    later), with a form that would change the config: refused from another origin, and
+    without the session's form token; the file untouched."""
+    config, _ = _write(tmp_path)
+    before = config.read_bytes()
+    cfg, _ = load_config(config)
+    form = {
+        "json": json.dumps({"tools": {"exec": {"sandbox": False}}}),
+        "tools.exec.sandbox": "false",
+        "llm.model": "evil",
+        "channel": "telegram",
+        "id": "666",
+        "admin": "yes",
+    }
+    async with browsing(cfg, config) as b:
+        await b.login()
+        csrf = await b.csrf()
+        posts = sorted(
+            {
+                r.resource.canonical.replace("{section}", "tools")
+                for r in b.panel.app.router.routes()
+                if r.method == "POST" and r.resource is not None
+            }
+            - {"/login"}
+        )
+        assert {"/settings/raw", "/settings/tools", "/access/let-in"} <= set(posts)
+        for path in posts:
+            for origin in ("http://evil.example", None):
+                status, _, _ = await b.post(path, {**form, "csrf": csrf}, origin=origin)
+                assert status == 403, (path, origin)
+            status, _, _ = await b.post(path, form)
+            assert status == 403, path
+    assert config.read_bytes() == before

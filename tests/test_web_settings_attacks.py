@@ -490,3 +490,23 @@ async def test_every_change_the_panel_can_make_needs_its_origin_and_its_form_tok
             status, _, _ = await b.post(path, form)
             assert status == 403, path
     assert config.read_bytes() == before
+
+
+async def test_infinity_and_nan_are_not_numbers_a_save_writes(tmp_path):
+    """Python's JSON parser takes them: an endless timeout was saved, as a file other JSON
+    tools refuse to read."""
+    config, data = _write(tmp_path)
+    before = config.read_bytes()
+    cfg, _ = load_config(config)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        csrf = await b.csrf("/settings/llm")
+        for word in ("Infinity", "-Infinity", "NaN"):
+            form = {"csrf": csrf, "llm.timeoutSeconds": word}
+            status, page, _ = await b.post("/settings/llm", form)
+            assert status == 422 and 'id="e-llm.timeoutSeconds"' in page, word
+        raw = json.dumps(data).replace('"timeoutSeconds": 10', '"timeoutSeconds": Infinity')
+        assert "Infinity" in raw
+        status, page, _ = await b.post("/settings/raw", {"csrf": csrf, "json": raw})
+        assert status == 422 and "Infinity is not a number JSON has" in page
+    assert config.read_bytes() == before

@@ -186,7 +186,7 @@ def parsed(field: FormField, text: str, before: Any) -> Any:
         return {"true": True, "false": False}.get(text, text)
     if field.kind == "number":
         try:
-            number = json.loads(text)
+            number = json.loads(text, parse_constant=_not_a_number)
         except ValueError:
             return text
         return number if isinstance(number, int | float) and not isinstance(number, bool) else text
@@ -209,11 +209,13 @@ MAX_DEPTH = 32
 def load_json(text: str) -> Any:
     """The JSON value ``text`` holds; FieldError saying why not (its place in the text)."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_not_a_number)
     except json.JSONDecodeError as exc:
         raise FieldError(
             f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
         ) from None
+    except ValueError as exc:  # NaN, Infinity
+        raise FieldError(str(exc)) from None
     except RecursionError:
         value = None
     else:
@@ -227,6 +229,12 @@ def load_json(text: str) -> Any:
             ) from None
         return value
     raise FieldError(f"nested more than {MAX_DEPTH} levels deep: no option goes that deep")
+
+
+def _not_a_number(word: str) -> Any:
+    """Python's JSON reads NaN and Infinity, which JSON has not: a file written with them
+    is one no other tool reads (and an endless timeout is not one a form should set)."""
+    raise ValueError(f"{word} is not a number JSON has: write a number")
 
 
 def _depth(value: Any) -> int:

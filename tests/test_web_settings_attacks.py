@@ -510,3 +510,39 @@ async def test_infinity_and_nan_are_not_numbers_a_save_writes(tmp_path):
         status, page, _ = await b.post("/settings/raw", {"csrf": csrf, "json": raw})
         assert status == 422 and "Infinity is not a number JSON has" in page
     assert config.read_bytes() == before
+
+
+async def test_a_form_sets_only_the_fields_of_its_own_section(tmp_path):
+    """Fields a form does not have, sent with it anyway (the sandbox, the state folder, the
+    panel's address and password hash), change nothing; the hash is not settable from its
+    own form either (memobot web --set-password only)."""
+    from bot.web.passwords import hash_password
+
+    config, data = _write(tmp_path, web=panel_section(passwordHash=hash_password("pw")))
+    config.write_text(json.dumps(data))
+    cfg, _ = load_config(config)
+    injected = {
+        "tools.exec.sandbox": "off",
+        "agent.stateDir": str(tmp_path / "elsewhere"),
+        "web.passwordHash": "scrypt$16384$8$1$AAAA$BBBB",
+        "clear:web.passwordHash": "on",
+        "web.listen": "0.0.0.0:8080",
+        "llm.apiKey": "sk-typed-here-0000000000",
+    }
+    async with browsing(cfg, config) as b:
+        await b.login()
+        csrf = await b.csrf("/settings/memory")
+        form = {"csrf": csrf, "memory.maxChars": "6000", **injected}
+        assert (await b.post("/settings/memory", form))[0] == 303
+        for field in (
+            {"web.passwordHash": hash_password("evil")},
+            {"clear:web.passwordHash": "on"},
+        ):
+            form = {"csrf": csrf, "web.enabled": "true", **field}
+            assert (await b.post("/settings/web", form))[0] == 303
+            assert "Nothing changed." in (await b.get("/settings/web"))[1]
+    saved = json.loads(config.read_text())
+    expected = json.loads(json.dumps(data))
+    expected["memory"] = {**expected.get("memory", {}), "maxChars": 6000}
+    assert saved == expected
+    assert saved["web"]["passwordHash"] == data["web"]["passwordHash"]

@@ -546,3 +546,23 @@ async def test_a_form_sets_only_the_fields_of_its_own_section(tmp_path):
     expected["memory"] = {**expected.get("memory", {}), "maxChars": 6000}
     assert saved == expected
     assert saved["web"]["passwordHash"] == data["web"]["passwordHash"]
+
+
+async def test_a_damaged_pairing_file_is_said_not_a_server_error(tmp_path):
+    config, _ = _write(tmp_path)
+    cfg, _ = load_config(config)
+    folder = cfg.agent.state_path / "pairing"
+    folder.mkdir(parents=True)
+    (folder / "telegram.json").write_text("{not json")
+    async with browsing(cfg, config) as b:
+        await b.login()
+        csrf = await b.csrf()
+        for path, form in (
+            ("/access/approve", {"code": "ABCD-EFGH"}),
+            ("/access/refuse", {"code": "ABCD-EFGH"}),
+            ("/access/revoke", {"channel": "telegram", "id": "2002"}),
+        ):
+            status, _, _ = await b.post(path, {"csrf": csrf, **form})
+            assert status == 303, path
+            _, page, _ = await b.get("/access")
+            assert "Nothing changed:" in page and "damaged" in page, path

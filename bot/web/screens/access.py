@@ -38,7 +38,10 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         from bot.pairing import approve_code, no_code_text
 
         code = str((await request.post()).get("code", ""))
-        approved = await asyncio.to_thread(approve_code, panel.state_dir, code)
+        try:
+            approved = await asyncio.to_thread(approve_code, panel.state_dir, code)
+        except OSError as exc:
+            return panel.back("/access", pairing_problem(exc))
         if approved is None:
             return panel.back("/access", no_code_text(code))
         log.info("pairing: %s user %s approved by web", approved.channel, approved.sender_id)
@@ -51,7 +54,10 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         from bot.pairing import no_code_text, refuse_code, refused_text
 
         code = str((await request.post()).get("code", ""))
-        refused = await asyncio.to_thread(refuse_code, panel.state_dir, code)
+        try:
+            refused = await asyncio.to_thread(refuse_code, panel.state_dir, code)
+        except OSError as exc:
+            return panel.back("/access", pairing_problem(exc))
         if refused is None:
             return panel.back("/access", no_code_text(code))
         channel, sender = refused.channel, refused.sender_id
@@ -66,7 +72,10 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         channel, sender = str(form.get("channel", "")), str(form.get("id", ""))
         if channel not in _channel_names():
             return panel.back("/access", f"No channel {channel!r}.")
-        text = await asyncio.to_thread(revoke_paired, panel.state_dir, channel, sender)
+        try:
+            text = await asyncio.to_thread(revoke_paired, panel.state_dir, channel, sender)
+        except OSError as exc:
+            return panel.back("/access", pairing_problem(exc))
         if text.startswith("Revoked"):
             log.info("pairing: %s user %s revoked by web", channel, sender)
         cfg, problem = await panel.config()
@@ -127,6 +136,12 @@ def let_in_saved(config_path: Path, channel: str, sender: str, admin: bool) -> C
     changes = let_in_changes(section, written if isinstance(written, dict) else {}, sender, admin)
     paths = {("channels", channel, k): v for k, v in changes.items()}
     return set_options(config_path, raw, paths, version)
+
+
+def pairing_problem(exc: OSError) -> str:
+    """A pairing file that cannot be changed (damaged, not ours): said, not a server error."""
+    log.error("pairing: cannot change the pairing file: %s", exc)
+    return f"Nothing changed: {exc}"
 
 
 def _channel_names() -> set[str]:

@@ -566,3 +566,36 @@ async def test_a_damaged_pairing_file_is_said_not_a_server_error(tmp_path):
             assert status == 303, path
             _, page, _ = await b.get("/access")
             assert "Nothing changed:" in page and "damaged" in page, path
+
+
+async def test_a_wrong_choice_in_the_file_is_shown_as_written_not_replaced(tmp_path):
+    """ "enabled": "false" (in quotes) showed as true, and an unknown dmPolicy as the first
+    choice: a save of the section's other fields then put that choice in its place."""
+    config, data = _write(tmp_path)
+    data["channels"]["telegram"] |= {"enabled": "false", "dmPolicy": "pair"}
+    config.write_text(json.dumps(data))
+    before = config.read_bytes()
+    cfg, _ = load_config(tmp_path / "nothing.json")
+    async with browsing(cfg, config) as b:
+        await b.login()
+        status, page, _ = await b.get("/settings/channels.telegram")
+        assert status == 200 and "does not load now" in page
+        selected = {}  # what a browser sends for each select: its selected option
+        for m in re.finditer(r'<select[^>]*name="([^"]+)"[^>]*>(.*?)</select>', page, re.S):
+            chosen = re.search(r'<option value="([^"]*)" selected', m[2])
+            first = re.search(r'<option value="([^"]*)"', m[2])
+            assert first
+            selected[m[1]] = html.unescape((chosen or first)[1])
+        assert selected["channels.telegram.enabled"] == '"false"'
+        assert selected["channels.telegram.dmPolicy"] == "pair"
+        form = {"csrf": await b.csrf("/settings/channels.telegram"), **selected}
+        form["channels.telegram.allowFrom"] = "1001\n1002"
+        status, page, _ = await b.post("/settings/channels.telegram", form)
+        assert status == 422 and config.read_bytes() == before
+        assert 'id="e-channels.telegram.enabled"' in page
+        assert 'id="e-channels.telegram.dmPolicy"' in page
+        form |= {"channels.telegram.enabled": "false", "channels.telegram.dmPolicy": "pairing"}
+        assert (await b.post("/settings/channels.telegram", form))[0] == 303
+    saved = json.loads(config.read_text())["channels"]["telegram"]
+    assert saved["enabled"] is False and saved["dmPolicy"] == "pairing"
+    assert saved["allowFrom"] == ["1001", "1002"]

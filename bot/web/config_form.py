@@ -162,7 +162,9 @@ def shown(field: FormField, value: Any) -> str:
     if value is None:
         return ""
     if field.kind == "bool":
-        return "true" if value else "false"
+        # Not a boolean (``"false"`` in quotes, a mistake): shown as written, never as the
+        # truth value Python gives it ("false" is true).
+        return ("true" if value else "false") if isinstance(value, bool) else json.dumps(value)
     if field.kind == "lines" and isinstance(value, list):
         return "\n".join(str(v) for v in value)
     if field.kind == "json":

@@ -453,6 +453,11 @@ def _control(f: FormField, text: str, state: str, error: str, described: str | N
     if f.kind in ("bool", "choice"):
         choices = [("", "(not set)")] if f.optional else []
         choices += [(c, c) for c in f.choices]
+        if text and text not in {v for v, _ in choices}:
+            # What the file holds, though not a choice: shown as it is, so a save of the
+            # section's other fields sends it back unchanged (refused at this field) instead
+            # of the first choice in its place.
+            choices.insert(0, (text, f"{text} (in the file: not one of these)"))
         options = join(tag("option", label, value=v, selected=v == text) for v, label in choices)
         return tag("select", options, **common)
     if f.kind in ("lines", "json"):

@@ -599,3 +599,72 @@ async def test_a_wrong_choice_in_the_file_is_shown_as_written_not_replaced(tmp_p
     saved = json.loads(config.read_text())["channels"]["telegram"]
     assert saved["enabled"] is False and saved["dmPolicy"] == "pairing"
     assert saved["allowFrom"] == ["1001", "1002"]
+
+
+async def test_ids_written_as_numbers_are_fixed_by_saving_the_form(tmp_path):
+    """allowFrom [1001] (numbers) shows as the text 1001; sent back as shown it counted as no
+    change, so the error at allowFrom could not be fixed from the form at all."""
+    config, data = _write(tmp_path)
+    data["channels"]["telegram"]["allowFrom"] = [1001]
+    config.write_text(json.dumps(data))
+    cfg, _ = load_config(tmp_path / "nothing.json")
+    async with browsing(cfg, config) as b:
+        await b.login()
+        _, page, _ = await b.get("/settings/channels.telegram")
+        area = re.search(r'name="channels.telegram.allowFrom"[^>]*>(.*?)</textarea>', page, re.S)
+        assert area and area[1].strip() == "1001"
+        form = {"csrf": await b.csrf(), "channels.telegram.allowFrom": "1001\r\n"}
+        assert (await b.post("/settings/channels.telegram", form))[0] == 303
+        _, page, _ = await b.get("/settings/channels.telegram")
+        assert "Saved channels.telegram.allowFrom." in page
+        # Sent back again as shown, with every other field: no change at all.
+        form = {"csrf": await b.csrf(), "channels.telegram.allowFrom": "1001"}
+        form["channels.telegram.streamEditIntervalSeconds"] = "1.0"
+        assert (await b.post("/settings/channels.telegram", form))[0] == 303
+        _, page, _ = await b.get("/settings/channels.telegram")
+        assert "Nothing changed." in page
+    assert json.loads(config.read_text())["channels"]["telegram"]["allowFrom"] == ["1001"]
+
+
+def _browser_form(page: str) -> dict[str, str]:
+    """What a browser sends for the settings form on ``page``, untouched."""
+    form = re.search(r'<form[^>]*class="settings"[^>]*>(.*?)</form>', page, re.S)
+    assert form
+    body, sent = form[1], {}
+    for tag_ in re.findall(r"<input[^>]*>", body):
+        name = re.search(r'name="([^"]+)"', tag_)
+        kind = re.search(r'type="([^"]+)"', tag_)
+        if not name or (kind and kind[1] == "checkbox") or " disabled" in tag_:
+            continue
+        value = re.search(r'value="([^"]*)"', tag_)
+        sent[html.unescape(name[1])] = html.unescape(value[1]) if value else ""
+    for name, text in re.findall(r'<textarea[^>]*name="([^"]+)"[^>]*>(.*?)</textarea>', body, re.S):
+        sent[html.unescape(name)] = html.unescape(text).removeprefix("\n").replace("\n", "\r\n")
+    for name, options in re.findall(r'<select[^>]*name="([^"]+)"[^>]*>(.*?)</select>', body, re.S):
+        chosen = re.search(r'<option value="([^"]*)" selected', options)
+        first = re.search(r'<option value="([^"]*)"', options)
+        assert first
+        sent[html.unescape(name)] = html.unescape((chosen or first)[1])
+    return sent
+
+
+async def test_every_form_sent_back_untouched_changes_nothing(tmp_path):
+    """Each section's form as a browser sends it with nothing edited (every field, its
+    defaults, masked secrets, ${VAR} references): nothing written, no default added."""
+    from bot.web.screens.settings import _sections
+
+    config, data = _write(tmp_path)
+    data["llm"]["fallbacks"] = [{"baseUrl": "https://a.example/v1", "apiKey": "KEY-a-aaaa"}]
+    config.write_text(json.dumps(data, indent=2))
+    before = config.read_bytes()
+    cfg, _ = load_config(config)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        for section in _sections():
+            path = "/settings/" + ".".join(section)
+            _, page, _ = await b.get(path)
+            status, _, _ = await b.post(path, _browser_form(page))
+            assert status == 303, path
+            _, page, _ = await b.get(path)
+            assert "Nothing changed." in page, path
+    assert config.read_bytes() == before

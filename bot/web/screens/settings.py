@@ -85,7 +85,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
                     changes[f.path] = text
                 continue
             before = forms.current(f, raw, loaded)
-            if _same(text, texts[f.name]):
+            if _same(text, texts[f.name]) and _holds(f, text, before):
                 continue
             texts[f.name] = text
             try:
@@ -375,6 +375,19 @@ def _section_of(request: web.Request) -> tuple[str, ...]:
 def _same(text: str, shown: str) -> bool:
     """A field sent back as it was shown (browsers send a textarea's lines with CRLF)."""
     return text.replace("\r\n", "\n").strip() == shown.strip()
+
+
+def _holds(f: FormField, text: str, before: Any) -> bool:
+    """The file holds what ``text`` stands for: sent back as shown is no change. Not so for
+    a value of the wrong type shown as the right one (ids written as numbers, ``[1001]``,
+    shown as ``1001``): sent back, it is written as it should be, or the owner could never
+    fix it from the form. A select shows a wrong value as written (it stays unchanged)."""
+    if f.kind in ("bool", "choice"):
+        return True
+    try:
+        return bool(forms.parsed(f, text, before) == before)
+    except FieldError:
+        return True
 
 
 def _secret_states(

@@ -129,14 +129,23 @@ class AccessPolicy:
         if self.dm_policy != "pairing" or self.pairing is None:
             return None
         noted = _first_this_hour(self._paired_noted, sender_id, time.monotonic())
-        if noted and self.refused is not None:
-            self.refused.note(sender_id, name, "private", paired=True)
         try:
             code = await asyncio.to_thread(self.pairing.request, sender_id, name, chat_id)
+            # No code now: one may wait from earlier, or the channel's codes are all taken
+            # (strangers can fill them): then the owner must not be told one waits.
+            waits = code is not None or (
+                noted and await asyncio.to_thread(self._code_waits, sender_id)
+            )
         except OSError as exc:
             log.error("channel %s: cannot store a pairing code: %s", self.channel, exc)
-            return None
+            code, waits = None, False
+        if noted and self.refused is not None:
+            self.refused.note(sender_id, name, "private", paired=waits)
         return code_text(code, self.channel, sender_id) if code else None
+
+    def _code_waits(self, sender_id: str) -> bool:
+        assert self.pairing is not None
+        return any(r.sender_id == sender_id for r in self.pairing.listing().waiting)
 
     def is_admin(self, sender_id: str) -> bool:
         return "*" in self.admins or sender_id in self.admins

@@ -668,3 +668,19 @@ async def test_every_form_sent_back_untouched_changes_nothing(tmp_path):
             _, page, _ = await b.get(path)
             assert "Nothing changed." in page, path
     assert config.read_bytes() == before
+
+
+async def test_a_stranger_given_no_code_is_not_listed_as_given_one(tmp_path):
+    """Three strangers take the channel's three codes; the fourth (the owner's friend) gets
+    none, and was listed "given a pairing code" all the same, so the owner waited for one."""
+    from bot.pairing import PairingStore
+    from channels.access import AccessPolicy
+
+    record = RefusedSenders(tmp_path, "telegram")
+    policy = AccessPolicy("telegram", [], None, PairingStore(tmp_path, "telegram"), None, record)
+    for i in range(3):
+        assert await policy.pairing_reply(str(3000 + i), f"@raider{i}", str(3000 + i))
+    assert await policy.pairing_reply("2002", "@friend", "2002") is None
+    await record.settled()
+    rows = {r.sender_id: r for r in record.listing()}
+    assert rows["3000"].paired and not rows["2002"].paired

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import difflib
+import hashlib
 import json
 import os
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -41,6 +43,9 @@ DEFAULT_CONFIG_PATH = DEFAULT_HOME / "config.json"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # apiKey, token, botToken, an MCP server's env GITHUB_TOKEN or its Authorization header, ...
 _SECRET_KEY = re.compile(r"(?i)(token|key|secret|password|passwordhash|authorization)$")
+# Maps whose every value is a secret, whatever its name: extra HTTP headers (a gateway's
+# token) and an MCP server's environment (GH_PAT, DATABASE_URL).
+SECRET_MAPS = ("headers", "env")
 
 
 def is_secret_key(key: str) -> bool:
@@ -732,11 +737,9 @@ def _describe(err: dict[str, Any]) -> str:
     # A secret is not echoed back, not even a mangled one; an extra header's value is often
     # one (a gateway's token), under any name.
     secret = bool(err["loc"]) and (
-        bool(_SECRET_KEY.search(str(err["loc"][-1]))) or "headers" in err["loc"]
+        bool(_SECRET_KEY.search(str(err["loc"][-1]))) or any(m in err["loc"] for m in SECRET_MAPS)
     )
-    got = err.get("input")
-    if isinstance(got, str) and "://" in got:
-        got = redact_url(got)  # a password, a key in the query, a bot token in the path
+    got = _without_secrets(err.get("input"))
     # Redacted before it is cut: a secret across the cut is no longer the one the filter knows.
     shown = f" (got {redact(json.dumps(got, default=str))[:80]})"
     if kind in _WANTED:
@@ -745,6 +748,24 @@ def _describe(err: dict[str, Any]) -> str:
     # Our validators' own words ("Value error, " is pydantic's prefix, not news to anyone).
     msg = str(err["msg"]).removeprefix("Value error, ")
     return msg if secret else f"{msg}{shown}"
+
+
+def _without_secrets(value: Any, key: str = "", in_map: bool = False) -> Any:
+    """``value`` (what a refused field got: a whole section, an MCP server) as it may be
+    shown: secrets by their key's name or their map (an MCP server's env, whose names are
+    anything) as ``***``, URLs redacted. The log filter knows only the secrets it was told."""
+    if isinstance(value, dict):
+        return {
+            k: _without_secrets(v, str(k), in_map or (k in SECRET_MAPS and isinstance(v, dict)))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_without_secrets(v, key, in_map) for v in value]
+    if isinstance(value, str) and value and (in_map or _SECRET_KEY.search(key)):
+        return "***"
+    if isinstance(value, str) and "://" in value:
+        return redact_url(value)  # a password, a key in the query, a bot token in the path
+    return value
 
 
 def parse_config(data: Any, source: str = "<config>") -> Config:
@@ -819,15 +840,45 @@ def load_config(path: Path | None = None) -> tuple[Config, Path]:
 def read_raw(config_path: Path) -> dict[str, Any]:
     """The JSON of a config file ``load_config`` has just read (``${VAR}`` not expanded); {}
     when there is no file (the defaults)."""
-    if not config_path.exists():
-        return {}
+    return read_versioned(config_path)[0]
+
+
+def read_versioned(config_path: Path) -> tuple[dict[str, Any], str]:
+    """:func:`read_raw`, and the version of the file it read (:func:`file_version`), for a
+    save that must not overwrite an edit made since (``set_options(expect=...)``)."""
     try:
-        data = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # changed since it was loaded
+        data = config_path.read_bytes()
+    except FileNotFoundError:
+        return {}, ""
+    except OSError as exc:
         raise ConfigError(f"{config_path}: cannot read config again: {exc}") from None
-    if not isinstance(data, dict):
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except ValueError as exc:  # changed since it was loaded
+        raise ConfigError(f"{config_path}: cannot read config again: {exc}") from None
+    if not isinstance(raw, dict):
         raise ConfigError(f"{config_path}: the top level must be a JSON object")
-    return data
+    return raw, _version(data)
+
+
+def file_version(config_path: Path) -> str:
+    """A fingerprint of the file as it is now: "" when there is none."""
+    try:
+        return _version(config_path.read_bytes())
+    except FileNotFoundError:
+        return ""
+
+
+def _version(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+class ConfigChanged(ConfigError):
+    """The file is not the one a save was made from (edited by hand, or saved elsewhere)."""
+
+
+# set_options' check of the version and its write, one save at a time in this process.
+_WRITING = threading.Lock()
 
 
 def apply_options(data: dict[str, Any], changes: dict[tuple[str, ...], Any]) -> dict[str, Any]:
@@ -841,19 +892,30 @@ def apply_options(data: dict[str, Any], changes: dict[tuple[str, ...], Any]) -> 
 
 
 def set_options(
-    config_path: Path, data: dict[str, Any], changes: dict[tuple[str, ...], Any]
+    config_path: Path,
+    data: dict[str, Any],
+    changes: dict[tuple[str, ...], Any],
+    expect: str | None = None,
 ) -> Config:
     """Set each option (its path of keys, camelCase as in the file: ``("web",
     "passwordHash")``) in ``data``, the file's own JSON from ``read_raw``, and replace the
     file with it: everything else stays as written, and a ``${VAR}`` reference is never
     written out expanded. Durable, mode 0600 as ``save_config`` writes it. Returns the config
-    as it now loads; ConfigError (nothing written) if it would not."""
+    as it now loads; ConfigError (nothing written) if it would not. ``expect``: the version
+    ``data`` was read at (:func:`read_versioned`); ConfigChanged (nothing written) when the
+    file has another now, so an edit made meanwhile is never overwritten unseen."""
     apply_options(data, changes)
     after = parse_config(copy.deepcopy(data), str(config_path))
     check_layout(after, config_path)
-    config_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    durable.replace_file(config_path, text, mode=0o600, chmod=0o600)
+    with _WRITING:
+        if expect is not None and file_version(config_path) != expect:
+            raise ConfigChanged(
+                f"{config_path} was changed since it was read (edited by hand, or saved from "
+                "another page): nothing was written"
+            )
+        config_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        durable.replace_file(config_path, text, mode=0o600, chmod=0o600)
     return after
 
 

@@ -127,10 +127,14 @@ def check_tokens(spec: ChannelSpec, section: ChannelConfig) -> list[Check]:
 
 
 def access_changes(
-    spec: ChannelSpec, current: dict[str, Any], owner: str | None
+    spec: ChannelSpec,
+    current: dict[str, Any],
+    owner: str | None,
+    written: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """allowFrom/admins/dmPolicy changes so the channel never refuses everyone: the owner
-    listed (and an admin), or else pairing for strangers' private messages."""
+    listed (and an admin), or else pairing for strangers' private messages. ``written``:
+    the section as the file writes it, whose lists are kept as written (``${VAR}`` ids)."""
     from channels.access import dm_policy_of
 
     changes: dict[str, Any] = {}
@@ -138,10 +142,12 @@ def access_changes(
     section = _section(spec, current, {})
     allow = list(section.allow_from)
     if owner is not None:
+        written = written or {}
         if owner not in allow:
-            changes["allowFrom"] = [*allow, owner]
+            changes["allowFrom"] = [*as_written(allow, written.get("allowFrom")), owner]
         if section.admins is not None and owner not in section.admins:
-            changes["admins"] = [*section.admins, owner]
+            admins = as_written(section.admins, written.get("admins"))
+            changes["admins"] = [*admins, owner]
         return changes, notes
     if not allow and dm_policy_of(section) != "pairing":
         changes["dmPolicy"] = "pairing"
@@ -152,18 +158,32 @@ def access_changes(
     return changes, notes
 
 
-def let_in_changes(section: ChannelConfig, sender_id: str, admin: bool) -> dict[str, Any]:
+def let_in_changes(
+    section: ChannelConfig, written: dict[str, Any], sender_id: str, admin: bool
+) -> dict[str, Any]:
     """allowFrom/admins changes that let ``sender_id`` in: as an admin, or as a guest (then
     an unset ``admins``, which means "the allowFrom ids", is pinned to who they are now, so
-    the newcomer gets no admin rights by being listed)."""
+    the newcomer gets no admin rights by being listed). ``section`` as it loads decides;
+    ``written`` (the section's JSON in the file) gives the lists as written, so an id given
+    as ``${OWNER_ID}`` stays a reference."""
     changes: dict[str, Any] = {}
+    allow = as_written(section.allow_from, written.get("allowFrom"))
     if sender_id not in section.allow_from:
-        changes["allowFrom"] = [*section.allow_from, sender_id]
+        changes["allowFrom"] = [*allow, sender_id]
     if admin and section.admins is not None and sender_id not in section.admins:
-        changes["admins"] = [*section.admins, sender_id]
+        changes["admins"] = [*as_written(section.admins, written.get("admins")), sender_id]
     if not admin and section.admins is None:
-        changes["admins"] = list(section.admin_ids)
+        # admin_ids: the allowFrom ids but "*" (as it loads: a ${VAR} may be "*").
+        changes["admins"] = [w for w, i in zip(allow, section.allow_from, strict=True) if i != "*"]
     return changes
+
+
+def as_written(loaded: list[str], written: Any) -> list[str]:
+    """A list of ids as the file writes it (``${VAR}`` entries kept), when ``written`` is
+    that list (one entry for each loaded id); else the ids as loaded."""
+    if isinstance(written, list) and len(written) == len(loaded):
+        return [w if isinstance(w, str) else i for w, i in zip(written, loaded, strict=True)]
+    return list(loaded)
 
 
 def next_steps(cfg: Config, config_path: Path, plans: list[ChannelPlan]) -> list[str]:
@@ -428,7 +448,10 @@ def run_channels(args: argparse.Namespace, config_path: Path) -> int:
     if any(c.status == "fail" for c in checks):
         _err(f"Nothing written: {spec.name} refused the token.")
         return EX_FAILED
-    access, notes = access_changes(spec, {**loaded, **changes}, args.owner)
+    written = data.get("channels", {}).get(spec.name)
+    access, notes = access_changes(
+        spec, {**loaded, **changes}, args.owner, written if isinstance(written, dict) else None
+    )
     plan = ChannelPlan(spec.name, {**changes, **access}, args.owner)
     try:
         after = write_plans(config_path, data, [plan])

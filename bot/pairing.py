@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from bot import durable
 from bot.invocation import command_for
 from bot.private import replace_durably
+from channels.refused import shown_name
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -171,6 +172,7 @@ class PairingStore:
     def request(self, sender_id: str, name: str, chat_id: str) -> str | None:
         """A code to send to this stranger, or None: no reply now (one was sent within the
         hour, or the channel already has its 3 pending codes)."""
+        name = shown_name(name)  # the stranger's to choose: shown by the panel and the log
         now = self.clock()
         with self._locked() as data:
             self._prune(data, now)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 from bot.bus import OutboundMessage
 from bot.gate.question import SHOW_ALL, QuestionView
 from bot.pairing import PairingStore, code_text
-from channels.refused import Chat, RefusedSenders
+from channels.refused import Chat, RefusedSenders, shown_name
 
 if TYPE_CHECKING:
     from bot.config_base import ChannelConfig
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DENIAL_LOG_INTERVAL = 3600.0  # one log line per denied sender per hour
+# Denied senders remembered for that hour, at most: a crowd of new ids costs bounded memory
+# (the oldest forgotten first, then logged and noted again should they write again).
+MAX_REMEMBERED = 4096
 DmPolicy = Literal["allowlist", "pairing"]
 
 
@@ -126,14 +129,23 @@ class AccessPolicy:
         if self.dm_policy != "pairing" or self.pairing is None:
             return None
         noted = _first_this_hour(self._paired_noted, sender_id, time.monotonic())
-        if noted and self.refused is not None:
-            self.refused.note(sender_id, name, "private", paired=True)
         try:
             code = await asyncio.to_thread(self.pairing.request, sender_id, name, chat_id)
+            # No code now: one may wait from earlier, or the channel's codes are all taken
+            # (strangers can fill them): then the owner must not be told one waits.
+            waits = code is not None or (
+                noted and await asyncio.to_thread(self._code_waits, sender_id)
+            )
         except OSError as exc:
             log.error("channel %s: cannot store a pairing code: %s", self.channel, exc)
-            return None
+            code, waits = None, False
+        if noted and self.refused is not None:
+            self.refused.note(sender_id, name, "private", paired=waits)
         return code_text(code, self.channel, sender_id) if code else None
+
+    def _code_waits(self, sender_id: str) -> bool:
+        assert self.pairing is not None
+        return any(r.sender_id == sender_id for r in self.pairing.listing().waiting)
 
     def is_admin(self, sender_id: str) -> bool:
         return "*" in self.admins or sender_id in self.admins
@@ -147,6 +159,7 @@ class AccessPolicy:
             self._denied_logged, sender_id, time.monotonic() if now is None else now
         ):
             return False
+        name = shown_name(name)  # one line of the log, whatever the stranger wrote in it
         if self.refused is not None:
             self.refused.note(sender_id, name, chat)
         log.warning(
@@ -166,7 +179,10 @@ def _first_this_hour(seen: dict[str, float], sender_id: str, now: float) -> bool
     last = seen.get(sender_id)
     if last is not None and now - last < DENIAL_LOG_INTERVAL:
         return False
-    seen[sender_id] = now
+    seen.pop(sender_id, None)
+    seen[sender_id] = now  # at the end: the dict stays in the order of these times
+    while len(seen) > MAX_REMEMBERED:
+        del seen[next(iter(seen))]
     return True
 
 

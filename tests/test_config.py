@@ -228,3 +228,14 @@ def test_a_section_shown_in_an_error_is_redacted_before_it_is_cut() -> None:
     text = str(caught.value)
     assert "appToken is required" in text
     assert "secretpart" not in text and "zz-" not in text
+
+
+def test_a_refused_mcp_server_is_shown_without_its_environment() -> None:
+    """A server refused as a whole is quoted as what the field got: its env values are
+    secrets whatever their names (GH_PAT), as its headers are."""
+    server = {"env": {"GH_PAT": "ghp_PLAINsecretOF40chars"}, "headers": {"X-Id": "hdr-SECRET1"}}
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"tools": {"mcpServers": {"gh": server}}})
+    text = str(caught.value) + repr(caught.value.fields)
+    assert "set either command" in text and '"GH_PAT": "***"' in text
+    assert "PLAINsecret" not in text and "hdr-SECRET1" not in text

@@ -220,3 +220,29 @@ def test_clock() -> None:
     assert skewed.status == "fail" and "+3600 s" in skewed.text and "timedatectl" in skewed.fix
     assert check_clock(None, install_time() - 86400).status == "fail"
     assert check_clock(None, now).status == "ok"
+
+
+async def test_a_platform_quoting_the_token_back_does_not_print_it() -> None:
+    """The platform's own words are shown (``description``): a server that quotes the token
+    (a self-hosted Bot API, a proxy) must not put it on a page or a terminal."""
+    from aiohttp import web
+
+    secret = "123:SECRETquotedBACK"
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"ok": False, "description": f"bad token {secret}"}, status=401)
+
+    app = web.Application()
+    app.router.add_get("/bot{token}/getMe", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{port}/bot{secret}/getMe"
+        check = await check_token(TokenProbe("telegram", "GET", url, {}, secret))
+    finally:
+        await runner.cleanup()
+    assert check.status == "fail" and "bad token <token>" in check.text
+    assert "SECRETquoted" not in check.text

@@ -389,3 +389,19 @@ def test_channels_add_an_owner_to_a_channel_that_has_its_token(
     assert cfg.channels.telegram.allow_from == [str(OWNER)]
     assert cfg.channels.telegram.admin_ids == [str(OWNER)]
     assert [c.method for c in telegram.calls()] == ["getme"]  # the token checked again
+
+
+async def test_channels_add_keeps_an_id_written_as_a_reference(tmp_path: Path, monkeypatch) -> None:
+    """--owner appended to allowFrom as loaded wrote ${OWNER_A}'s value into the file."""
+    monkeypatch.setenv("OWNER_A", "U0OWNER1")
+    config = tmp_path / "config.json"
+    data = config_dict(tmp_path, NOWHERE)
+    data["channels"] = {"slack": {"allowFrom": ["${OWNER_A}"], "admins": ["${OWNER_A}"]}}
+    config.write_text(json.dumps(data))
+    async with FakeSlack() as slack:
+        argv = ["slack", "--bot-token", BOT_TOKEN, "--app-token", APP_TOKEN, "--owner", "U0OWNER2"]
+        code = await asyncio.to_thread(_add, config, *argv, "--api-url", slack.api_url)
+    assert code == 0
+    section = json.loads(config.read_text())["channels"]["slack"]
+    assert section["allowFrom"] == ["${OWNER_A}", "U0OWNER2"]
+    assert section["admins"] == ["${OWNER_A}", "U0OWNER2"]

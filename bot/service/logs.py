@@ -132,6 +132,12 @@ def redact(text: str) -> str:
     return SECRETS.redact(text)
 
 
+def has_token_shape(text: str) -> bool:
+    """``text`` holds what the filter hides by its shape alone (a bot token, an sk- key, a
+    Bearer credential, a Telegram token in a URL's path), wherever it was written."""
+    return any(p.search(text) for p in (_TOKEN_SHAPES, _TELEGRAM_PATH, _BEARER))
+
+
 def stderr_is_journal() -> bool:
     """True when stderr is the journal's stream (systemd.exec(5), ``$JOURNAL_STREAM``)."""
     value = os.environ.get("JOURNAL_STREAM", "")

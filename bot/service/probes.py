@@ -184,14 +184,18 @@ async def check_token(probe: TokenProbe, proxy: str = "") -> Check:
         )
     # Slack answers 200 with {"ok": false, "error": ...}; Telegram and Discord use 401.
     ok = status == 200 and (not isinstance(body, dict) or body.get("ok", True) is not False)
+
+    def hidden(text: str) -> str:  # the platform's words may quote the token back
+        return text.replace(probe.secret, "<token>") if probe.secret else text
+
     if ok:
-        return Check("ok", f"{probe.channel}: token accepted by {host}{_who(body)}")
+        return Check("ok", hidden(f"{probe.channel}: token accepted by {host}{_who(body)}"))
     error = None
     if isinstance(body, dict):
         error = body.get("error") or body.get("description") or body.get("message")
     return Check(
         "fail",
-        f"{probe.channel}: {host} refused the token (HTTP {status}: {error})",
+        hidden(f"{probe.channel}: {host} refused the token (HTTP {status}: {error})"),
         probe.fix or f"check channels.{probe.channel.split()[0]} in the config",
     )
 

@@ -23,14 +23,11 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import BaseModel
 
-from bot.config import Config, is_secret_key
+from bot.config import SECRET_MAPS, Config, is_secret_key
 from bot.config_help import help_for
-from bot.service.logs import SECRET_PARAM
+from bot.service.logs import SECRET_PARAM, has_token_shape
 
 MASK = "<secret: kept as it is>"
-# Values under these keys are secrets whatever their names (a gateway's token in a header,
-# GITHUB_TOKEN in an MCP server's environment).
-_SECRET_MAPS = ("headers", "env")
 _ENV_REF = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
 # A reference with at most a scheme word before it ("Bearer ${TOKEN}"): no secret in the text.
 _ONLY_REF = re.compile(r"(?:[A-Za-z]+ )?\$\{[A-Za-z_][A-Za-z0-9_]*\}")
@@ -165,7 +162,9 @@ def shown(field: FormField, value: Any) -> str:
     if value is None:
         return ""
     if field.kind == "bool":
-        return "true" if value else "false"
+        # Not a boolean (``"false"`` in quotes, a mistake): shown as written, never as the
+        # truth value Python gives it ("false" is true).
+        return ("true" if value else "false") if isinstance(value, bool) else json.dumps(value)
     if field.kind == "lines" and isinstance(value, list):
         return "\n".join(str(v) for v in value)
     if field.kind == "json":
@@ -189,7 +188,7 @@ def parsed(field: FormField, text: str, before: Any) -> Any:
         return {"true": True, "false": False}.get(text, text)
     if field.kind == "number":
         try:
-            number = json.loads(text)
+            number = json.loads(text, parse_constant=_not_a_number)
         except ValueError:
             return text
         return number if isinstance(number, int | float) and not isinstance(number, bool) else text
@@ -198,16 +197,56 @@ def parsed(field: FormField, text: str, before: Any) -> Any:
     if field.kind == "json":
         if not text.strip():
             return None if field.optional else {} if isinstance(before, dict) else []
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise FieldError(
-                f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-            ) from None
-        return unmask(value, before, field.name)
+        return unmask(load_json(text), before, field.name)
     if text == MASK:  # a URL with a password in it, shown masked and sent back as it was
         return before
     return text
+
+
+# A config is a few levels deep (tools.mcpServers.<name>.env.<NAME>); text nested deeper is
+# refused before anything walks it (the parser, the masks, the validator all recurse).
+MAX_DEPTH = 32
+
+
+def load_json(text: str) -> Any:
+    """The JSON value ``text`` holds; FieldError saying why not (its place in the text)."""
+    try:
+        value = json.loads(text, parse_constant=_not_a_number)
+    except json.JSONDecodeError as exc:
+        raise FieldError(
+            f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except ValueError as exc:  # NaN, Infinity
+        raise FieldError(str(exc)) from None
+    except RecursionError:
+        value = None
+    else:
+        if _depth(value) > MAX_DEPTH:
+            raise FieldError(f"nested more than {MAX_DEPTH} levels deep: no option goes that deep")
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise FieldError(
+                "a \\uD800-\\uDFFF escape alone is half a character: no file can hold it"
+            ) from None
+        return value
+    raise FieldError(f"nested more than {MAX_DEPTH} levels deep: no option goes that deep")
+
+
+def _not_a_number(word: str) -> Any:
+    """Python's JSON reads NaN and Infinity, which JSON has not: a file written with them
+    is one no other tool reads (and an endless timeout is not one a form should set)."""
+    raise ValueError(f"{word} is not a number JSON has: write a number")
+
+
+def _depth(value: Any) -> int:
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 # -- secrets inside values -------------------------------------------------------------------
@@ -218,8 +257,8 @@ def is_secret(key: str, value: str, in_map: bool = False) -> bool:
     ``${VAR}`` reference holds none: the secret is in the environment)."""
     if not value or _ONLY_REF.fullmatch(value):
         return False
-    if in_map or is_secret_key(key):
-        return True
+    if in_map or is_secret_key(key) or has_token_shape(value):
+        return True  # has_token_shape: a key in a URL's path (an MCP server's), in args
     if "://" not in value:
         return False
     try:
@@ -239,7 +278,7 @@ def mask(value: Any, key: str = "", in_map: bool = False) -> Any:
     """``value`` with every secret string in it replaced by :data:`MASK`."""
     if isinstance(value, dict):
         return {
-            k: mask(v, str(k), in_map or (str(k) in _SECRET_MAPS and isinstance(v, dict)))
+            k: mask(v, str(k), in_map or (str(k) in SECRET_MAPS and isinstance(v, dict)))
             for k, v in value.items()
         }
     if isinstance(value, list):
@@ -252,20 +291,57 @@ def mask(value: Any, key: str = "", in_map: bool = False) -> Any:
 def unmask(value: Any, before: Any, where: str) -> Any:
     """``value`` (as sent back) with each :data:`MASK` replaced by what it hid in ``before``
     (the same place of the value it was shown from). FieldError for a MASK at a place that
-    held no secret (typed, or moved)."""
+    held no secret (typed, or moved). An entry of a list (a fallback) takes the secrets of
+    the entry it was shown as, found by its server: moved in the list, its key moves with it,
+    never to the server now at its old place; on another server, it keeps none."""
     if isinstance(value, dict):
         old = before if isinstance(before, dict) else {}
         return {k: unmask(v, old.get(k, _MISSING), f"{where}.{k}") for k, v in value.items()}
     if isinstance(value, list):
         old_list = before if isinstance(before, list) else []
-        return [
-            unmask(v, old_list[i] if i < len(old_list) else _MISSING, f"{where}[{i}]")
-            for i, v in enumerate(value)
-        ]
+        return [unmask(v, _shown_as(v, i, old_list), f"{where}[{i}]") for i, v in enumerate(value)]
     if value == MASK:
         if not isinstance(before, str):
-            raise FieldError(f"{where}: write the value itself here, not {MASK!r}")
+            raise FieldError(
+                f"{where}: write the value itself here, not {MASK!r} (nothing was hidden "
+                "here, or this entry is on another server than the one it was shown with)"
+            )
         return before
+    return value
+
+
+# What tells the entries of a list apart: the server each one talks to.
+_SERVER_KEYS = ("baseUrl", "url", "command")
+
+
+def _shown_as(value: Any, index: int, before: list[Any]) -> Any:
+    """The entry of ``before`` that ``value`` (at ``index``) was shown as."""
+    if not isinstance(value, dict):
+        return before[index] if index < len(before) else _MISSING
+    if index < len(before) and _same_server(value, before[index]):
+        return before[index]
+    same = [b for b in before if _same_server(value, b)]
+    return same[0] if len(same) == 1 else _MISSING
+
+
+def _same_server(value: dict[str, Any], before: Any) -> bool:
+    if not isinstance(before, dict):
+        return False
+    for key in _SERVER_KEYS:
+        new = value.get(key)
+        if new != MASK and _server(new) != _server(before.get(key)):
+            return False
+    return True
+
+
+def _server(value: Any) -> Any:
+    """A URL's scheme, host and port (its path may change, its server not); else the value."""
+    if isinstance(value, str) and "://" in value:
+        try:
+            parts = urlsplit(value)
+            return (parts.scheme.lower(), parts.hostname, parts.port)
+        except ValueError:
+            return value
     return value
 
 

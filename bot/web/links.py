@@ -60,6 +60,22 @@ class LinkBook:
             entries.append({"sha256": _digest(token), "expires": self.clock() + LINK_TTL_SECONDS})
         return token
 
+    def holds(self, token: str) -> bool:
+        """Whether ``token`` may be one of the book's: a read, no lock and no write (a flood
+        of guesses costs no disk writes; :meth:`consume` decides)."""
+        if not token or len(token) > 200:
+            return False
+        wanted = _digest(token).encode("ascii")
+        try:
+            entries = json.loads(self.path.read_text(encoding="utf-8"))["links"]
+            return any(
+                hmac.compare_digest(str(e.get("sha256", "")).encode("utf-8"), wanted)
+                for e in entries
+                if isinstance(e, dict)
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
     def consume(self, token: str) -> bool:
         """True once for a token ``issue`` gave that has not expired; it is then gone."""
         if not token or len(token) > 200:

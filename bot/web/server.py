@@ -247,9 +247,13 @@ class Panel:
             if _SESSION.get() is not None:
                 raise web.HTTPSeeOther("/")
             return self._login_form("Log in to memobot's control panel.")
-        if (limited := self._too_many(request)) is not None:
+        # A real link is let in whatever the flood from its address (the model's commands
+        # reach 127.0.0.1 too, and must not lock the owner out); only guesses are counted,
+        # and a guess costs a read, not a write.
+        known = await asyncio.to_thread(self.links.holds, token)
+        if not known and (limited := self._too_many(request)) is not None:
             return limited
-        if not await asyncio.to_thread(self.links.consume, token):
+        if not known or not await asyncio.to_thread(self.links.consume, token):
             log.warning("web: a login link was refused (used already, expired or unknown)")
             return self._login_form(
                 "That login link was used already or has expired: a link works once, for 10 "

@@ -38,7 +38,10 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         from bot.pairing import approve_code, no_code_text
 
         code = str((await request.post()).get("code", ""))
-        approved = await asyncio.to_thread(approve_code, panel.state_dir, code)
+        try:
+            approved = await asyncio.to_thread(approve_code, panel.state_dir, code)
+        except OSError as exc:
+            return panel.back("/access", pairing_problem(exc))
         if approved is None:
             return panel.back("/access", no_code_text(code))
         log.info("pairing: %s user %s approved by web", approved.channel, approved.sender_id)
@@ -51,7 +54,10 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         from bot.pairing import no_code_text, refuse_code, refused_text
 
         code = str((await request.post()).get("code", ""))
-        refused = await asyncio.to_thread(refuse_code, panel.state_dir, code)
+        try:
+            refused = await asyncio.to_thread(refuse_code, panel.state_dir, code)
+        except OSError as exc:
+            return panel.back("/access", pairing_problem(exc))
         if refused is None:
             return panel.back("/access", no_code_text(code))
         channel, sender = refused.channel, refused.sender_id
@@ -66,32 +72,42 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         channel, sender = str(form.get("channel", "")), str(form.get("id", ""))
         if channel not in _channel_names():
             return panel.back("/access", f"No channel {channel!r}.")
-        text = await asyncio.to_thread(revoke_paired, panel.state_dir, channel, sender)
+        try:
+            text = await asyncio.to_thread(revoke_paired, panel.state_dir, channel, sender)
+        except OSError as exc:
+            return panel.back("/access", pairing_problem(exc))
         if text.startswith("Revoked"):
             log.info("pairing: %s user %s revoked by web", channel, sender)
+        cfg, problem = await panel.config()
+        section = None if problem else getattr(cfg.channels, channel, None)
+        if section is not None and (sender in section.allow_from or "*" in section.allow_from):
+            # Pairing was not their only way in: the owner must not think them shut out.
+            listed = sender if sender in section.allow_from else "*"
+            text += (
+                f" They can still talk: channels.{channel}.allowFrom lists {listed!r} "
+                "(Settings to remove it)."
+            )
         return panel.back("/access", text)
 
     async def let_in(request: web.Request) -> web.Response:
         """A refused sender's id added to allowFrom (as a guest, or as an admin), saved as
         a settings change is and applied to the running gateway at once."""
-        from bot.config import ConfigError, read_raw, set_options
-        from bot.onboard import let_in_changes
+        from bot.config import ConfigError
         from bot.web.screens.settings import applied
 
         form = await request.post()
         channel, sender = str(form.get("channel", "")), str(form.get("id", ""))
         admin = form.get("admin") == "yes"
-        cfg, problem = await panel.config()
+        _, problem = await panel.config()
         if problem:
             return panel.back("/access", problem)
         if channel not in _channel_names():
             return panel.back("/access", f"No channel {channel!r}.")
-        section = getattr(cfg.channels, channel)
-        changes = let_in_changes(section, sender, admin)
+        if not sender.strip() or sender == "*":
+            # "*" is everyone: a choice made in Settings, never by a button for one person.
+            return panel.back("/access", f"Let in lets one person in, not {sender!r}.")
         try:
-            raw = await asyncio.to_thread(read_raw, panel.config_path)
-            paths = {("channels", channel, k): v for k, v in changes.items()}
-            after = await asyncio.to_thread(set_options, panel.config_path, raw, paths)
+            after = await asyncio.to_thread(let_in_saved, panel.config_path, channel, sender, admin)
         except ConfigError as exc:
             return panel.back("/access", f"Nothing saved: {exc}")
         role = "an admin" if admin else "a guest"
@@ -106,6 +122,26 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         web.post("/access/revoke", revoke),
         web.post("/access/let-in", let_in),
     ]
+
+
+def let_in_saved(config_path: Path, channel: str, sender: str, admin: bool) -> Config:
+    """Let ``sender`` in on ``channel`` in the config file as it is now (read, changed and
+    written as one: an edit made meanwhile is never overwritten); the config it now loads."""
+    from bot.config import parse_config, read_versioned, set_options
+    from bot.onboard import let_in_changes
+
+    raw, version = read_versioned(config_path)
+    section = getattr(parse_config(raw, str(config_path)).channels, channel)
+    written = raw.get("channels", {}).get(channel, {})
+    changes = let_in_changes(section, written if isinstance(written, dict) else {}, sender, admin)
+    paths = {("channels", channel, k): v for k, v in changes.items()}
+    return set_options(config_path, raw, paths, version)
+
+
+def pairing_problem(exc: OSError) -> str:
+    """A pairing file that cannot be changed (damaged, not ours): said, not a server error."""
+    log.error("pairing: cannot change the pairing file: %s", exc)
+    return f"Nothing changed: {exc}"
 
 
 def _channel_names() -> set[str]:

@@ -10,6 +10,7 @@ import copy
 import json
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from bot.config import (
     check_layout,
     load_config,
     parse_config,
-    read_raw,
+    read_versioned,
     set_options,
 )
 from bot.web import config_form as forms
@@ -44,23 +45,32 @@ RAW = "raw"
 
 def routes(panel: Panel) -> list[web.RouteDef]:
     async def index(request: web.Request) -> web.Response:
-        _, _, problem = await asyncio.to_thread(read_state, panel.config_path)
+        state = await asyncio.to_thread(read_state, panel.config_path)
         frame = panel.frame(request, await panel.gateway_running())
-        return page_response(index_page(panel.config_path, _sections(), frame, problem))
+        return page_response(index_page(panel.config_path, _sections(), frame, state.problem))
 
-    async def show(request: web.Request) -> web.Response:
+    async def show(request: web.Request, problem: str = "", status: int = 200) -> web.Response:
+        """The section's form over the file as it is now; ``problem``: why a save was not
+        made (then shown instead of the file's own)."""
         section = _section_of(request)
-        raw, loaded, problem = await asyncio.to_thread(read_state, panel.config_path)
+        state = await asyncio.to_thread(read_state, panel.config_path)
+        raw, loaded = state.raw, state.loaded
         fields = forms.fields(section)
         texts = {f.name: forms.shown(f, forms.current(f, raw, loaded)) for f in fields}
         frame = panel.frame(request, await panel.gateway_running())
         states = _secret_states(fields, raw, loaded)
-        return page_response(section_page(section, fields, texts, states, {}, [], frame, problem))
+        body = section_page(
+            section, fields, texts, states, {}, [], frame, problem or state.problem, state.version
+        )
+        return page_response(body, status)
 
     async def save(request: web.Request) -> web.Response:
         section = _section_of(request)
         form = await request.post()
-        raw, loaded, _ = await asyncio.to_thread(read_state, panel.config_path)
+        state = await asyncio.to_thread(read_state, panel.config_path)
+        if (refusal := _stale(state, form.get("version"))) is not None:
+            return await show(request, refusal, 409)
+        raw, loaded = state.raw, state.loaded
         fields = forms.fields(section)
         texts = {f.name: forms.shown(f, forms.current(f, raw, loaded)) for f in fields}
         changes: dict[tuple[str, ...], Any] = {}
@@ -76,7 +86,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
                     changes[f.path] = text
                 continue
             before = forms.current(f, raw, loaded)
-            if _same(text, texts[f.name]):
+            if _same(text, texts[f.name]) and _holds(f, text, before):
                 continue
             texts[f.name] = text
             try:
@@ -90,50 +100,71 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         if errors or general:
             frame = panel.frame(request, await panel.gateway_running())
             states = _secret_states(fields, raw, loaded)
-            body = section_page(section, fields, texts, states, errors, general, frame)
+            body = section_page(
+                section, fields, texts, states, errors, general, frame, version=state.version
+            )
             return page_response(body, 422)
         name = ".".join(section)
         if not changes:
             return panel.back(f"/settings/{name}", "Nothing changed.")
         try:
-            after = await asyncio.to_thread(set_options, panel.config_path, raw, changes)
+            after = await asyncio.to_thread(
+                set_options, panel.config_path, raw, changes, state.version
+            )
         except ConfigError as exc:  # the file changed in between: its own report
             return panel.back(f"/settings/{name}", f"Nothing saved: {exc}")
         changed = ", ".join(".".join(p) for p in changes)
         log.info("config: %s changed by web", changed)
-        notice = " ".join([f"Saved {changed}.", *notes, applied(panel, after)])
+        notice = " ".join(
+            [
+                f"Saved {changed}.",
+                *opened(state.loaded, after),
+                *notes,
+                applied(panel, after),
+                *way_in(panel, after),
+            ]
+        )
         return panel.back(f"/settings/{name}", notice)
 
-    async def raw_view(request: web.Request) -> web.Response:
-        raw, _, problem = await asyncio.to_thread(read_state, panel.config_path)
-        text = json.dumps(forms.mask(raw), indent=2, ensure_ascii=False)
+    async def raw_view(
+        request: web.Request, problem: str = "", status: int = 200, unsaved: str = ""
+    ) -> web.Response:
+        state = await asyncio.to_thread(read_state, panel.config_path)
+        text = json.dumps(forms.mask(state.raw), indent=2, ensure_ascii=False)
         frame = panel.frame(request, await panel.gateway_running())
-        return page_response(raw_page(text, [], frame, problem))
+        body = raw_page(text, [], frame, problem or state.problem, state.version, unsaved)
+        return page_response(body, status)
 
     async def raw_save(request: web.Request) -> web.Response:
-        text = str((await request.post()).get("json", ""))
-        raw, _, _ = await asyncio.to_thread(read_state, panel.config_path)
+        form = await request.post()
+        text = str(form.get("json", ""))
+        state = await asyncio.to_thread(read_state, panel.config_path)
+        if (refusal := _stale(state, form.get("version"))) is not None:
+            return await raw_view(request, refusal, 409, text)
+        raw = state.raw
         try:
-            data = json.loads(text)
+            data = forms.load_json(text)
             if not isinstance(data, dict):
                 raise FieldError("the top level must be a JSON object { ... }")
             data = forms.unmask(data, raw, "<root>")
-        except json.JSONDecodeError as exc:
-            problems = [f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"]
         except FieldError as exc:
             problems = [str(exc)]
         else:
             try:
                 before = await asyncio.to_thread(_loaded_or_none, panel.config_path)
-                after = await asyncio.to_thread(set_options, panel.config_path, data, {})
+                after = await asyncio.to_thread(
+                    set_options, panel.config_path, data, {}, state.version
+                )
             except ConfigError as exc:
                 problems = [f"{p}: {why}" for p, why in exc.fields] or [str(exc)]
             else:
                 changed = _changed(before, after)
                 log.info("config: replaced in the raw view by web (changed: %s)", changed)
-                return panel.back(f"/settings/{RAW}", f"Saved. {applied(panel, after)}")
+                warnings = [*opened(state.loaded, after), applied(panel, after)]
+                notice = " ".join(["Saved.", *warnings, *way_in(panel, after)])
+                return panel.back(f"/settings/{RAW}", notice)
         frame = panel.frame(request, await panel.gateway_running())
-        return page_response(raw_page(text, problems, frame), 422)
+        return page_response(raw_page(text, problems, frame, version=state.version), 422)
 
     return [
         web.get("/settings", index),
@@ -147,18 +178,47 @@ def routes(panel: Panel) -> list[web.RouteDef]:
 # -- reading, checking, applying ------------------------------------------------------------
 
 
-def read_state(config_path: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """The file's raw JSON, the config as it loads (its defaults filled in, as JSON with the
-    file's keys) and why it does not load ("" when it does)."""
+@dataclass(frozen=True, slots=True)
+class FileState:
+    raw: dict[str, Any]  # the file's JSON ({} when it cannot be read)
+    loaded: dict[str, Any]  # the config as it loads, defaults filled in (JSON, file's keys)
+    problem: str  # why it does not load ("" when it does)
+    version: str  # bot.config.file_version of what ``raw`` was read from
+    readable: bool  # False: not JSON the panel can read (a form would write over it)
+
+
+def read_state(config_path: Path) -> FileState:
+    """The config file as the pages show it, and as a save starts from."""
     try:
-        raw = read_raw(config_path)
+        raw, version = read_versioned(config_path)
     except ConfigError as exc:
-        return {}, _dump(Config()), str(exc)
+        problem = (
+            f"{exc}. Saving is off until the file is fixed by hand: the panel does not write "
+            "over a file it cannot read (the fields below are the defaults, not the file)."
+        )
+        return FileState({}, _dump(Config()), problem, "", False)
     try:
         cfg, _ = load_config(config_path)
     except (ConfigError, OSError) as exc:
-        return raw, _dump(Config()), f"The config file does not load now: {exc}"
-    return raw, _dump(cfg), ""
+        return FileState(
+            raw, _dump(Config()), f"The config file does not load now: {exc}", version, True
+        )
+    return FileState(raw, _dump(cfg), "", version, True)
+
+
+def _stale(state: FileState, sent: object) -> str | None:
+    """Why a save from a page must not be made: the file cannot be read (it would be
+    replaced by the defaults and the change), or it is not the version the page showed (a
+    hand edit since would be undone by the fields sent back as they were). None: save."""
+    if not state.readable:
+        return f"Nothing was saved. {state.problem}"
+    if isinstance(sent, str) and sent != state.version:
+        return (
+            "Nothing was saved: the config file was changed since this page was opened (by "
+            "hand, or from another page), and saving would have undone that. Below is the "
+            "file as it is now: make your change again."
+        )
+    return None
 
 
 def _dump(cfg: Config) -> dict[str, Any]:
@@ -261,6 +321,41 @@ def applied(panel: Panel, after: Config) -> str:
     return " ".join(parts) or "The running gateway had it already."
 
 
+def opened(before: dict[str, Any], after: Config) -> list[str]:
+    """A warning for each channel a save opened to everyone (``"*"`` newly in allowFrom)."""
+    out = []
+    for name in type(after.channels).model_fields:
+        section = getattr(after.channels, name)
+        was = before.get("channels", {}).get(to_camel(name)) or {}
+        if (
+            section is not None
+            and "*" in section.allow_from
+            and "*" not in was.get("allowFrom", [])
+        ):
+            out.append(
+                f'channels.{to_camel(name)}.allowFrom has "*": anyone who finds the bot can '
+                "talk to it now, and use its tools."
+            )
+    return out
+
+
+def way_in(panel: Panel, after: Config) -> list[str]:
+    """What a saved ``web`` section does to the owner's way back into this panel once the
+    gateway restarts: off, or at another address (the one this page is at stops working)."""
+    from bot.web.addresses import served
+
+    if not after.web.enabled:
+        return [
+            "The panel is off from the next start (of the gateway, or of memobot web): this "
+            "page will be gone, and only an edit of the config file by hand (web.enabled: "
+            "true) brings it back."
+        ]
+    base = served(after.web.listen, after.web.public_url).base_url
+    if after.web.enabled and base != panel.base_url:
+        return [f"From the next start the panel is at {base}, no longer at {panel.base_url}."]
+    return []
+
+
 # -- pages ------------------------------------------------------------------------------------
 
 
@@ -281,6 +376,19 @@ def _section_of(request: web.Request) -> tuple[str, ...]:
 def _same(text: str, shown: str) -> bool:
     """A field sent back as it was shown (browsers send a textarea's lines with CRLF)."""
     return as_sent(text) == as_sent(shown)
+
+
+def _holds(f: FormField, text: str, before: Any) -> bool:
+    """The file holds what ``text`` stands for: sent back as shown is no change. Not so for
+    a value of the wrong type shown as the right one (ids written as numbers, ``[1001]``,
+    shown as ``1001``): sent back, it is written as it should be, or the owner could never
+    fix it from the form. A select shows a wrong value as written (it stays unchanged)."""
+    if f.kind in ("bool", "choice"):
+        return True
+    try:
+        return bool(forms.parsed(f, text, before) == before)
+    except FieldError:
+        return True
 
 
 def _secret_states(
@@ -359,6 +467,11 @@ def _control(f: FormField, text: str, state: str, error: str, described: str | N
     if f.kind in ("bool", "choice"):
         choices = [("", "(not set)")] if f.optional else []
         choices += [(c, c) for c in f.choices]
+        if text and text not in {v for v, _ in choices}:
+            # What the file holds, though not a choice: shown as it is, so a save of the
+            # section's other fields sends it back unchanged (refused at this field) instead
+            # of the first choice in its place.
+            choices.insert(0, (text, f"{text} (in the file: not one of these)"))
         options = join(tag("option", label, value=v, selected=v == text) for v, label in choices)
         return tag("select", options, **common)
     if f.kind in ("lines", "json"):
@@ -369,6 +482,12 @@ def _control(f: FormField, text: str, state: str, error: str, described: str | N
 
 
 EMPTY_HTML = Html("")
+
+
+def _version_field(version: str) -> Html:
+    """The version of the file the page shows: a save from it is refused once the file has
+    changed (``_stale``)."""
+    return void("input", type="hidden", name="version", value=version)
 
 
 def field_html(f: FormField, text: str, state: str, error: str) -> Html:
@@ -398,6 +517,7 @@ def section_page(
     general: list[str],
     frame: Frame,
     problem: str = "",
+    version: str = "",
 ) -> Html:
     name = ".".join(section)
     parts: list[object] = [tag("p", tag("a", "All settings", href="/settings"))]
@@ -437,7 +557,7 @@ def section_page(
     button = tag("button", "Save", type="submit", class_="primary")
     form = tag(
         "form",
-        join([csrf_field(frame.csrf), *blocks, tag("p", button)]),
+        join([csrf_field(frame.csrf), _version_field(version), *blocks, tag("p", button)]),
         method="post",
         action=f"/settings/{name}",
         class_="settings",
@@ -447,7 +567,16 @@ def section_page(
     return page(f"Settings: {name}", join(parts), frame)
 
 
-def raw_page(text: str, problems: list[str], frame: Frame, problem: str = "") -> Html:
+def raw_page(
+    text: str,
+    problems: list[str],
+    frame: Frame,
+    problem: str = "",
+    version: str = "",
+    unsaved: str = "",
+) -> Html:
+    """``unsaved``: the text a refused save sent (the file changed meanwhile), shown apart
+    for copying: the form holds the file as it is now."""
     intro = tag(
         "p",
         join(
@@ -490,6 +619,7 @@ def raw_page(text: str, problems: list[str], frame: Frame, problem: str = "") ->
         join(
             [
                 csrf_field(frame.csrf),
+                _version_field(version),
                 tag("label", "config.json", for_="f-json"),
                 area,
                 tag("p", button),
@@ -500,4 +630,22 @@ def raw_page(text: str, problems: list[str], frame: Frame, problem: str = "") ->
         class_="settings",
     )
     parts.extend([error, form])
+    if unsaved:
+        parts.append(
+            tag(
+                "details",
+                join(
+                    [
+                        tag("summary", "Your text, not saved (to copy from)"),
+                        tag(
+                            "textarea",
+                            "\n" + unsaved,
+                            rows=12,
+                            readonly=True,
+                            aria_label="not saved",
+                        ),
+                    ]
+                ),
+            )
+        )
     return page("Settings: raw JSON", join(parts), frame)

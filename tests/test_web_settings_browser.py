@@ -104,3 +104,41 @@ async def test_a_wrong_setting_is_marked_and_a_right_one_applies_at_once(
                 await api.wait_for_async(lambda: bool(api.sent(1001)), 30)
                 assert llm.requests[-1]["model"] == "model-two"  # no restart
                 assert await csp_violations(page) == []
+
+
+async def test_a_pairing_code_approved_in_the_browser_lets_the_stranger_in(
+    browser_page: Page, tmp_path: Path
+) -> None:
+    async with FakeLLM() as llm, FakeBotAPI() as api:
+        telegram = {
+            "enabled": True,
+            "token": api.token,
+            "baseUrl": api.base_url,
+            "allowFrom": ["1001"],
+            "dmPolicy": "pairing",
+        }
+        config = write_config(
+            tmp_path, llm.base_url, channels={"telegram": telegram}, web=panel_section()
+        )
+        cfg, _ = load_config(config)
+        async with telegram_in_process(cfg, config) as (stack, channel, _manager):
+            gateway = GatewayInProcess(cfg, config, stack, [channel])
+            async with browsing(cfg, config, gateway=gateway) as panel:
+                api.private_text("hello?", user_id=STRANGER, username="eve")
+                (sent,) = await api.wait_sent_async(1, STRANGER, 30)
+                code = sent.params["text"].split("code: ")[1][:8]
+                page = browser_page
+                await page.goto(panel.link())
+                await page.wait_for_url(panel.base + "/")
+                await page.get_by_role("link", name="Access").click()
+                row = page.get_by_role("row").filter(has_text=code)
+                await row.get_by_role("button", name="Approve").click()
+                await page.wait_for_url(panel.base + "/access")
+                await page.get_by_role("status").filter(has_text="Approved telegram").wait_for()
+                assert await page.get_by_role("row").filter(has_text=code).count() == 0
+                api.private_text("now?", user_id=STRANGER, username="eve")
+                await api.wait_for_async(
+                    lambda: any("echo: now?" in c.params["text"] for c in api.sent(STRANGER)),
+                    30,
+                )
+                assert await csp_violations(page) == []

@@ -237,6 +237,7 @@ class McpServer:
         self._stop_event.set()
         self._broken.set()
         if self.task is None:
+            self.state, self.detail = "stopped", "stopped"
             return
         try:
             # The SDK's own shutdown: stdin closed, a grace, then the process group killed.
@@ -247,8 +248,15 @@ class McpServer:
             await asyncio.gather(self.task, return_exceptions=True)
         self.state = "stopped"
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     def restart(self, why: str) -> None:
-        """Drop the connection (the task reconnects with backoff)."""
+        """Drop the connection (the task reconnects with backoff); nothing once stopping (a
+        call cut by a reload that removed the server must not say it reconnects)."""
+        if self._stopping:
+            return
         if not self._broken.is_set():
             log.warning("mcp server %s: %s; reconnecting", self.name, why)
         self._connected.clear()
@@ -575,10 +583,16 @@ class McpManager:
         old = next((s for s in self.servers if s.name == name), None)
         if old is None:
             return False
-        await old.stop()
-        new = self._begin(self._server(name, old.cfg))
+        # The new server takes the old one's place before the wait, so whatever happens to
+        # that place meanwhile (a second restart, a reload that removes or renews it) acts on
+        # the new one; it starts only if it still holds the place once the old one is gone.
+        # (Replacing after the wait started a server that no list held: never stopped.)
+        new = self._server(name, old.cfg)
         self.servers = [new if s is old else s for s in self.servers]
         self._tools_changed()  # its tools come back when it has listed them again
+        await old.stop()
+        if new in self.servers and not new.stopping:
+            self._begin(new)
         return True
 
     def _begin(self, server: McpServer) -> McpServer:

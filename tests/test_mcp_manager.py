@@ -1,0 +1,89 @@
+"""McpManager's bookkeeping when restarts and reloads meet (the panel's Restart button, a
+second click, a reload removing the server meanwhile): every server it starts is one it
+holds, so every one is stopped. The servers are stand-ins (no process): the point is which
+ones start and stop, and in what order."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from bot.config import parse_config
+from bot.tools import mcp
+from bot.tools.base import ToolRegistry
+
+
+class StandIn:
+    """An McpServer as the manager sees it: start, a stop that waits to be let go, tools."""
+
+    made: ClassVar[list[StandIn]] = []
+
+    def __init__(self, name: str, cfg: Any, tools_cfg: Any, **_: Any) -> None:
+        self.name, self.cfg, self.tools_cfg = name, cfg, tools_cfg
+        self.tools: list[Any] = []
+        self.running = False
+        self.stopping = False
+        self.let_go = asyncio.Event()
+        StandIn.made.append(self)
+
+    def start(self) -> None:
+        assert not self.stopping
+        self.running = True
+
+    async def stop(self) -> None:
+        self.stopping = True
+        await self.let_go.wait()  # a stdio server's process takes a moment to end
+        self.running = False
+
+
+@pytest.fixture
+def manager(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> mcp.McpManager:
+    StandIn.made = []
+    monkeypatch.setattr(mcp, "McpServer", StandIn)
+    tools = parse_config({"tools": {"mcpServers": {"a": {"command": "a-server"}}}}).tools
+    m = mcp.McpManager(tools, ToolRegistry(), gate=None, workspace=tmp_path)
+    m.start()
+    return m
+
+
+def running(m: mcp.McpManager) -> list[StandIn]:
+    return [s for s in StandIn.made if s.running]
+
+
+async def test_two_restarts_at_once_leave_one_server_running(manager):
+    first = manager.servers[0]
+    one = asyncio.create_task(manager.restart("a"))
+    two = asyncio.create_task(manager.restart("a"))
+    await asyncio.sleep(0)  # both are waiting for a stop now
+    for s in StandIn.made:
+        s.let_go.set()
+    assert await one and await two
+    assert running(manager) == manager.servers and len(manager.servers) == 1
+    assert manager.servers[0] is not first and not first.running
+    await manager.stop()
+    assert running(manager) == []
+
+
+async def test_a_restart_meeting_a_reload_that_removes_the_server_starts_nothing(manager):
+    restarting = asyncio.create_task(manager.restart("a"))
+    await asyncio.sleep(0)
+    assert manager.apply(parse_config({}).tools) == ["-a"]
+    for s in StandIn.made:
+        s.let_go.set()
+    assert await restarting
+    await manager.stop()
+    assert manager.servers == [] and running(manager) == []
+
+
+async def test_a_call_cut_by_the_servers_removal_does_not_say_it_reconnects(tmp_path, caplog):
+    tools = parse_config({"tools": {"mcpServers": {"a": {"command": "a-server"}}}}).tools
+    server = mcp.McpServer(
+        "a", tools.mcp_servers["a"], tools, gate=None, workspace=tmp_path, log_dir=None,
+        on_tools=lambda: None,
+    )  # fmt: skip
+    await server.stop()  # removed by a reload while a call was under way
+    server.restart("the connection closed during search")  # what the cut call reports
+    assert server.state == "stopped" and "reconnecting" not in caplog.text

@@ -124,3 +124,30 @@ async def test_the_overview_shows_the_last_warnings_and_errors(tmp_path):
         await b.login()
         _, text, _ = await b.get("/")
         assert "Shown while the gateway runs" in text
+
+
+async def test_a_closed_page_ends_its_quiet_stream_and_open_streams_are_bounded(
+    tmp_path, monkeypatch
+):
+    """A stream whose filter no line passes never wrote, so a closed tab's stream waited
+    forever (each one more watcher fed every line); now a quiet stream writes a comment now
+    and then, and the first write to a closed page ends it. At most MAX_STREAMS at once."""
+    from bot.web.screens import logs as screen
+
+    monkeypatch.setattr(screen, "KEEPALIVE_SECONDS", 0.05)
+    monkeypatch.setattr(screen, "MAX_STREAMS", 2)
+    async with asyncio.timeout(20), gateway_panel(tmp_path) as (gateway, b):
+        quiet = {"session": "telegram:nobody"}
+        async with b.http.get(b.base + "/logs/stream", params=quiet) as r:
+            assert r.status == 200
+            assert await r.content.readline() == b": still here\n"
+            async with b.http.get(b.base + "/logs/stream", params=quiet) as second:
+                assert second.status == 200 and gateway.logs.watching == 2
+                status, text, _ = await b.get("/logs/stream")
+                assert status == 503 and "refresh" in text
+            r.connection.transport.close()  # the tab is closed
+        for _ in range(500):  # within a keep-alive or two
+            if not gateway.logs.watching:
+                break
+            await asyncio.sleep(0.01)
+        assert gateway.logs.watching == 0

@@ -44,7 +44,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         logs = ring()
         if logs is None:
             return page_response(page("Logs", _no_gateway(), frame))
-        lines = list(matching(logs.recent(), level, session))[-SHOWN:]
+        lines = list(matching(logs.recent(_number(level)), level, session))[-SHOWN:]
         return page_response(logs_page(lines, level, session, logs.recent(), frame))
 
     async def stream(request: web.Request) -> web.StreamResponse:
@@ -68,7 +68,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             closing = asyncio.ensure_future(panel.closing.wait())
             try:
                 # Lines logged between the page and this request come from the ring first.
-                for line in matching(logs.recent(), level, session):
+                for line in matching(logs.recent(_number(level)), level, session):
                     if line.seq > seen:
                         await response.write(_event(line))
                 while not closing.done():
@@ -104,8 +104,12 @@ def _filters(request: web.Request) -> tuple[str, str]:
     ]
 
 
+def _number(level: str) -> int:
+    return int(logging.getLevelName(level))
+
+
 def _passes(line: LogLine, level: str, session: str) -> bool:
-    return line.levelno >= logging.getLevelName(level) and (not session or line.session == session)
+    return line.levelno >= _number(level) and (not session or line.session == session)
 
 
 def matching(lines: Iterable[LogLine], level: str, session: str) -> Iterable[LogLine]:

@@ -151,3 +151,48 @@ async def test_a_closed_page_ends_its_quiet_stream_and_open_streams_are_bounded(
                 break
             await asyncio.sleep(0.01)
         assert gateway.logs.watching == 0
+
+
+async def test_a_logged_name_cannot_forge_a_line_nor_flood_out_the_warnings(tmp_path):
+    """The model names the tools it calls, and the runner logs that name: a line break, a CR,
+    an ESC or a bidi override in it must not make a line of its own on the page; and as many
+    ordinary lines as the ring holds must not push a warning out of the Overview."""
+    from bot.service.log_ring import RING_LINES
+
+    forged = "x\n2026-12-06 18:00:00,000 ERROR bot.gate: fake\rover\x1b[2J\u202eesrever"
+    async with gateway_panel(tmp_path) as (gateway, b):
+        log.warning("tool %s refused session=%s: not offered", forged, "telegram:1")
+        text = gateway.logs.recent()[-1].text
+        assert gateway.logs.recent()[-1].session == "telegram:1"  # not "telegram:1:"
+        assert "\n    2026-12-06 18:00:00,000 ERROR" in text
+        assert "fake⟨U+000D⟩over⟨U+001B⟩[2J⟨U+202E⟩esrever" in text
+        assert not any(line.startswith("2026") for line in text.splitlines()[1:])
+        for i in range(RING_LINES + 10):
+            log.info("an ordinary line %d", i)
+        assert all(line.levelno == logging.INFO for line in gateway.logs.recent())
+        _, page, _ = await b.get("/")
+        assert "ERROR bot.gate: fake" in page.split("Recent warnings and errors", 1)[1]
+        _, page, _ = await b.get("/logs", params={"level": "WARNING"})
+        assert "ERROR bot.gate: fake" in page and "an ordinary line" not in page
+
+
+async def test_a_tool_name_the_model_writes_cannot_file_its_line_under_another_chat(
+    tmp_path, caplog
+):
+    """The runner logs the name of each call the model makes, whether the tool exists and is
+    offered or not; a name holding " session=<the owner's chat>" filed the line there."""
+    from bot.llm import ToolCall
+    from bot.runner import Runner
+    from bot.service.logs import session_of
+    from bot.tools.base import ToolContext, ToolRegistry
+
+    runner = Runner(None, ToolRegistry(), max_iterations=1)  # type: ignore[arg-type]
+    ctx = ToolContext(tmp_path, session_key="telegram:-100group")
+    name = "x session=telegram:1001\nforged"
+    caplog.set_level(logging.INFO, logger="bot.runner")
+    for offered in ({"message"}, None):  # refused as not offered; run (an unknown tool)
+        await runner._run_calls([ToolCall("c1", name, "{}")], [], ctx, 0, offered, None)
+    records = [r for r in caplog.records if r.name == "bot.runner"]
+    assert len(records) == 2
+    for record in records:
+        assert session_of(record) == "telegram:-100group" and "\n" not in record.getMessage()

@@ -28,7 +28,8 @@ LogFormat = Literal["text", "json"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 NOISY_LOGGERS = ("httpx", "httpx2", "openai", "httpcore", "asyncio")
 # Log calls name the session as "session=<key>" (bot.loop, bot.llm): that is the one convention.
-_SESSION = re.compile(r"\bsession=([^\s,;)]+)")
+# A colon or full stop right after the key is the sentence's ("session=telegram:1: failed").
+_SESSION = re.compile(r"\bsession=([^\s,;)]+?)[:.]?(?=[\s,;)]|$)")
 REDACTED = "***"
 # Shorter values are not treated as secrets: hiding every "8" or "true" would wreck the logs.
 MIN_SECRET_CHARS = 6

@@ -87,3 +87,28 @@ async def test_a_call_cut_by_the_servers_removal_does_not_say_it_reconnects(tmp_
     await server.stop()  # removed by a reload while a call was under way
     server.restart("the connection closed during search")  # what the cut call reports
     assert server.state == "stopped" and "reconnecting" not in caplog.text
+
+
+async def test_a_reload_that_turns_confinement_on_starts_stdio_servers_afresh(
+    monkeypatch, tmp_path
+):
+    """A stdio server's confinement is set when it starts: one started while the workspace
+    was unrestricted stayed unconfined after a reload restricted it. A url server has no
+    process of ours to confine and keeps its connection."""
+    StandIn.made = []
+    monkeypatch.setattr(mcp, "McpServer", StandIn)
+    servers = {"local": {"command": "a-server"}, "remote": {"url": "https://mcp.example.org/mcp"}}
+    loose = parse_config({"tools": {"restrictToWorkspace": False, "mcpServers": servers}}).tools
+    m = mcp.McpManager(loose, ToolRegistry(), gate=None, workspace=tmp_path)
+    m.start()
+    local, remote = m.servers
+    loose.restrict_to_workspace = True  # as a reload assigns it, in place
+    for s in StandIn.made:
+        s.let_go.set()
+    assert m.apply(loose) == ["~local"]
+    assert m.servers[1] is remote and m.servers[0] is not local and m.servers[0].running
+    assert m.apply(loose) == []  # nothing changed since
+    for s in StandIn.made:
+        s.let_go.set()
+    await m.stop()
+    assert running(m) == []

@@ -518,6 +518,7 @@ class McpManager:
         self.workspace = workspace
         self.log_dir = log_dir
         self.started = False
+        self.restricted = tools_cfg.restrict_to_workspace  # as the servers were started
         # Servers taken away by a reload or a restart, still shutting down: stop() waits.
         self._leaving: set[asyncio.Task[None]] = set()
         self.servers = [
@@ -556,20 +557,31 @@ class McpManager:
         connection. Returns what changed (``+name``, ``-name``, ``~name``). On the loop."""
         self.tools_cfg = tools_cfg
         wanted = tools_cfg.mcp_servers
-        have = {s.name: s for s in self.servers}
+        # A stdio server is confined as tools.restrictToWorkspace said when it started (the
+        # launcher's rules are set then): a reload that changes it starts each one afresh,
+        # or one started unconfined would stay so after the owner turned confinement on.
+        reconfine = tools_cfg.restrict_to_workspace != self.restricted
+        self.restricted = tools_cfg.restrict_to_workspace
+
+        def same(server: McpServer) -> bool:
+            unchanged = wanted.get(server.name) == server.cfg
+            return unchanged and not (reconfine and server.cfg.transport == "stdio")
+
+        have = {s.name: s for s in self.servers if same(s)}
         changed = []
         kept = []
         for server in self.servers:
-            if wanted.get(server.name) == server.cfg:
+            if server.name in have:
                 server.tools_cfg = tools_cfg
                 kept.append(server)
             else:
                 self._retire(server)
                 changed.append(("~" if server.name in wanted else "-") + server.name)
+        known = {s.name for s in self.servers}
         for name, cfg in sorted(wanted.items()):
-            if name in have and have[name].cfg == cfg:
+            if name in have:
                 continue
-            if name not in have:
+            if name not in known:
                 changed.append("+" + name)
             kept.append(self._begin(self._server(name, cfg)))
         self.servers = sorted(kept, key=lambda s: s.name)

@@ -84,6 +84,7 @@ async def test_a_tool_switched_off_and_the_allowlist_reach_the_running_gateway(
         await post(b, "/tools/switch", section="exec", on="1")
         assert "exec" in tools.names
         assert "exec confinement: none" in caplog.text  # said again, as at start
+        assert "exec limits: " in caplog.text
 
         notice = await post(b, "/tools/allow/add", pattern="make test")
         assert "make test" in json.loads(config.read_text())["tools"]["exec"]["allow"]

@@ -112,3 +112,27 @@ async def test_a_reload_that_turns_confinement_on_starts_stdio_servers_afresh(
         s.let_go.set()
     await m.stop()
     assert running(m) == []
+
+
+async def test_a_call_under_way_when_its_server_is_removed_says_so(tmp_path):
+    """The transport fails under the call because the server is being stopped (a reload
+    removed it): the model is told that, not that the server crashed and is reconnecting."""
+    from bot.tools.base import ToolError
+
+    tools = parse_config({"tools": {"mcpServers": {"a": {"command": "a-server"}}}}).tools
+    server = mcp.McpServer(
+        "a", tools.mcp_servers["a"], tools, gate=None, workspace=tmp_path, log_dir=None,
+        on_tools=lambda: None,
+    )  # fmt: skip
+
+    class Cut:
+        async def call_tool(self, *args: Any, **kw: Any) -> Any:
+            await server.stop()  # the reload removes the server meanwhile
+            raise ConnectionError("the stream closed")
+
+    server.client, server.state = Cut(), "connected"  # type: ignore[assignment]
+    server._connected.set()
+    with pytest.raises(ToolError) as cut:
+        await server.call("search", {}, "telegram:1")
+    assert "was stopped during the call" in str(cut.value)
+    assert "reconnect" not in str(cut.value)

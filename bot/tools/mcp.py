@@ -462,9 +462,21 @@ class McpServer:
             )
         started = time.monotonic()
         try:
-            # The SDK's own read timeout first; ours is the backstop for a stuck transport.
-            async with asyncio.timeout(timeout + 2.0):
-                result = await client.call_tool(tool, args, read_timeout_seconds=timeout)
+            try:
+                # The SDK's own read timeout first; ours is the backstop for a stuck transport.
+                async with asyncio.timeout(timeout + 2.0):
+                    result = await client.call_tool(tool, args, read_timeout_seconds=timeout)
+            except Exception:
+                if not self._stopping:
+                    raise
+                # Stopped under the call (a reload removed the server, a restart, memobot's
+                # stop): not a crash, and nothing reconnects it.
+                raise _StoppedUnderCall() from None
+        except _StoppedUnderCall:
+            raise ToolError(
+                f"MCP server '{self.name}' was stopped during the call (removed or restarted "
+                "by the owner, or memobot is stopping); the call did not finish."
+            ) from None
         except TimeoutError:
             self.restart(f"{tool} did not answer within {timeout:g} s")
             raise ToolError(self._timeout_text(tool, timeout)) from None
@@ -498,6 +510,10 @@ class McpServer:
             f"MCP server '{self.name}' did not answer {tool} within {timeout:g} s "
             f"(toolTimeout); the server is being restarted."
         )
+
+
+class _StoppedUnderCall(Exception):
+    """A call's transport went away because its server was being stopped."""
 
 
 class McpManager:

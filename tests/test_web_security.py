@@ -193,6 +193,28 @@ async def test_a_change_needs_the_sessions_csrf_field(tmp_path):
         assert "Refused telegram user 2002" in text
 
 
+async def test_every_post_of_every_screen_needs_the_token_and_the_own_origin(tmp_path):
+    """The guard, not each screen, stops a forged change: every POST route the screens
+    register (adding an MCP server runs a command line as the owner) refuses a form without
+    the session's token or from another origin, before its handler runs."""
+    async with panel_on(tmp_path) as b:
+        before = b.panel.config_path.read_text()
+        await b.login()
+        csrf = await b.csrf()
+        posts = sorted(
+            {r.resource.canonical for r in b.panel.app.router.routes() if r.method == "POST"}
+        )
+        assert "/tools/mcp/add" in posts and "/tools/allow/add" in posts
+        forged = {"name": "evil", "command": "sh", "args": "-c\ntouch /tmp/owned", "pattern": "*"}
+        for path in posts:
+            if path in ("/login", "/logout"):
+                continue
+            assert (await b.post(path, forged))[0] == 403, path
+            evil = {**forged, "csrf": csrf}
+            assert (await b.post(path, evil, origin="http://127.0.0.1:3000"))[0] == 403, path
+        assert b.panel.config_path.read_text() == before
+
+
 async def test_a_change_from_a_foreign_origin_is_refused(tmp_path):
     async with panel_on(tmp_path) as b:
         code = await _with_waiting_code(tmp_path)

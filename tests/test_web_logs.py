@@ -196,3 +196,21 @@ async def test_a_tool_name_the_model_writes_cannot_file_its_line_under_another_c
     assert len(records) == 2
     for record in records:
         assert session_of(record) == "telegram:-100group" and "\n" not in record.getMessage()
+
+
+async def test_a_stream_ends_when_its_session_expires(tmp_path):
+    """An open stream is not use: a tab left open past the 12 idle hours gets no more lines
+    (it kept streaming the log to a session that had expired)."""
+    from bot.web.sessions import IDLE_SECONDS
+
+    async with asyncio.timeout(20), gateway_panel(tmp_path) as (gateway, b):
+        now = [b.panel.sessions.clock()]
+        b.panel.sessions.clock = lambda: now[0]
+        query = {"session": "telegram:1", "after": str(gateway.logs.recent()[-1].seq)}
+        async with b.http.get(b.base + "/logs/stream", params=query) as r:
+            log.warning("first session=telegram:1")
+            assert (await read_event(r))["text"].endswith("first session=telegram:1")
+            now[0] += IDLE_SECONDS + 1
+            log.warning("after the idle hours session=telegram:1")
+            assert b"after the idle hours" not in await r.content.read()
+        assert gateway.logs.watching == 0

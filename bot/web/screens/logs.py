@@ -82,8 +82,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
                         got.cancel()
                     if closing.done():
                         break
-                    if request.cookies.get(COOKIE) not in panel.sessions:
-                        break  # logged out (in another tab): no more lines for this page
+                    if not panel.sessions.live(request.cookies.get(COOKIE)):
+                        break  # logged out (in another tab) or expired: no more lines here
                     if not got.done() or got.cancelled():
                         await response.write(b": still here\n\n")  # fails once the page is gone
                     elif (line := got.result()).seq > seen and _passes(line, level, session):

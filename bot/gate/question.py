@@ -62,6 +62,10 @@ def _code_point(ch: str) -> str:
 
 # Where a character that is shown by its code point may be: anything not printable ASCII.
 _MAYBE_MARKED = re.compile(r"[^\x20-\x7e\n\t]+")
+# The printable characters _marked marks (_LOOK_INVISIBLE and the variation selectors).
+_PRINTABLE_MARKED = re.compile(
+    "[" + "".join(sorted(_LOOK_INVISIBLE)) + "\ufe00-\ufe0f\U000e0100-\U000e01ef]"
+)
 
 
 def marked_invisible(text: str) -> str:
@@ -71,7 +75,7 @@ def marked_invisible(text: str) -> str:
 
     def mark(m: re.Match[str]) -> str:
         run = m.group()
-        if run.isprintable() and not any(_marked(ch) for ch in run if ord(ch) >= 0x115F):
+        if run.isprintable() and not _PRINTABLE_MARKED.search(run):
             return run
         return "".join(_code_point(ch) if _marked(ch) else ch for ch in run)
 

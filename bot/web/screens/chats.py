@@ -87,7 +87,9 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         start = None if at is None else at - at % PAGE_SIZE
         data = await asyncio.to_thread(read_page, key, path, start, PAGE_SIZE)
         frame = panel.frame(request, await panel.gateway_running())
-        return page_response(transcript_page(key, data, frame))
+        # Built in a worker too: 50 messages of 20,000 characters each, every character
+        # looked at (invisible ones marked), is work the gateway's loop must not wait on.
+        return page_response(await asyncio.to_thread(transcript_page, key, data, frame))
 
     async def export(request: web.Request) -> web.StreamResponse:
         key, path = await known(request)

@@ -106,6 +106,8 @@ async def test_a_reload_that_turns_confinement_on_starts_stdio_servers_afresh(
     for s in StandIn.made:
         s.let_go.set()
     assert m.apply(loose) == ["~local"]
+    for _ in range(3):  # the old one stops (let go already), then the new one starts
+        await asyncio.sleep(0)
     assert m.servers[1] is remote and m.servers[0] is not local and m.servers[0].running
     assert m.apply(loose) == []  # nothing changed since
     for s in StandIn.made:
@@ -136,3 +138,29 @@ async def test_a_call_under_way_when_its_server_is_removed_says_so(tmp_path):
         await server.call("search", {}, "telegram:1")
     assert "was stopped during the call" in str(cut.value)
     assert "reconnect" not in str(cut.value)
+
+
+async def test_a_renewed_server_starts_once_the_old_one_has_stopped(manager):
+    """Never two processes of one server at once: they share its log file and folder. A
+    reload that changes its settings, a restart and a second restart meeting it all wait for
+    every older one of the name to stop."""
+    old = manager.servers[0]
+    servers = {"a": {"command": "a-server", "args": ["-v"]}}
+    changed = parse_config({"tools": {"mcpServers": servers}})
+    assert manager.apply(changed.tools) == ["~a"]
+    renewed = manager.servers[0]
+    restarting = asyncio.create_task(manager.restart("a"))
+    await asyncio.sleep(0)
+    newest = manager.servers[0]
+    await asyncio.sleep(0)
+    assert old.running and not renewed.running and not newest.running
+    renewed.let_go.set()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not newest.running  # the first one is still stopping
+    old.let_go.set()
+    assert await restarting
+    await asyncio.sleep(0)
+    assert running(manager) == [newest] == manager.servers
+    newest.let_go.set()
+    await manager.stop()

@@ -536,7 +536,8 @@ class McpManager:
         self.started = False
         self.restricted = tools_cfg.restrict_to_workspace  # as the servers were started
         # Servers taken away by a reload or a restart, still shutting down: stop() waits.
-        self._leaving: set[asyncio.Task[None]] = set()
+        self._leaving: set[asyncio.Future[None]] = set()
+        self._stops: dict[str, asyncio.Future[None]] = {}  # each name's latest stop
         self.servers = [
             self._server(name, cfg) for name, cfg in sorted(tools_cfg.mcp_servers.items())
         ]
@@ -599,7 +600,7 @@ class McpManager:
                 continue
             if name not in known:
                 changed.append("+" + name)
-            kept.append(self._begin(self._server(name, cfg)))
+            kept.append(self._follow(self._server(name, cfg)))
         self.servers = sorted(kept, key=lambda s: s.name)
         if changed:
             self._tools_changed()
@@ -611,27 +612,49 @@ class McpManager:
         old = next((s for s in self.servers if s.name == name), None)
         if old is None:
             return False
-        # The new server takes the old one's place before the wait, so whatever happens to
-        # that place meanwhile (a second restart, a reload that removes or renews it) acts on
-        # the new one; it starts only if it still holds the place once the old one is gone.
-        # (Replacing after the wait started a server that no list held: never stopped.)
+        # The new server takes the old one's place at once, so whatever happens to that place
+        # meanwhile (a second restart, a reload that removes or renews it) acts on the new
+        # one. (Replacing after the wait started a server that no list held: never stopped.)
         new = self._server(name, old.cfg)
         self.servers = [new if s is old else s for s in self.servers]
         self._tools_changed()  # its tools come back when it has listed them again
-        await old.stop()
-        if new in self.servers and not new.stopping:
-            self._begin(new)
+        stopped = self._retire(old)
+        self._follow(new)
+        await asyncio.shield(stopped)
         return True
 
-    def _begin(self, server: McpServer) -> McpServer:
-        if self.started:
+    def _follow(self, server: McpServer) -> McpServer:
+        """Start ``server`` (when the manager runs) once the server it replaces, if one of
+        its name is still stopping, has stopped: never two processes of one server at once
+        (they share its log file and folder). It starts only if it still holds its place."""
+        if not self.started:
+            return server
+        before = self._stops.get(server.name)
+        if before is None or before.done():
             server.start()
+        else:
+            before.add_done_callback(lambda _: self._start_if_held(server))
         return server
 
-    def _retire(self, server: McpServer) -> None:
-        task = asyncio.ensure_future(server.stop())
+    def _start_if_held(self, server: McpServer) -> None:
+        if server in self.servers and not server.stopping:
+            server.start()
+
+    def _retire(self, server: McpServer) -> asyncio.Future[None]:
+        """Stop ``server`` in the background; the future is done when it and every server of
+        its name stopped before it are."""
+        before = self._stops.get(server.name)
+
+        async def stop() -> None:
+            await server.stop()
+            if before is not None:
+                await before
+
+        task = asyncio.ensure_future(stop())
         self._leaving.add(task)
         task.add_done_callback(self._leaving.discard)
+        self._stops[server.name] = task
+        return task
 
     async def wait_ready(self, seconds: float) -> None:
         """Wait until every server has connected or failed once, at most ``seconds``."""

@@ -174,6 +174,11 @@ async def test_a_logged_name_cannot_forge_a_line_nor_flood_out_the_warnings(tmp_
         assert "ERROR bot.gate: fake" in page.split("Recent warnings and errors", 1)[1]
         _, page, _ = await b.get("/logs", params={"level": "WARNING"})
         assert "ERROR bot.gate: fake" in page and "an ordinary line" not in page
+        for i in range(RING_LINES + 10):  # one warning the model can repeat, call after call
+            log.warning("tool x%d refused session=telegram:1: not offered in this chat", i)
+        _, page, _ = await b.get("/")
+        shown = page.split("Recent warnings and errors", 1)[1]
+        assert "ERROR bot.gate: fake" in shown and shown.count("not offered in this chat") == 5
 
 
 async def test_a_tool_name_the_model_writes_cannot_file_its_line_under_another_chat(

@@ -226,3 +226,19 @@ def test_marking_invisible_characters_is_cheap_on_text_that_needs_none(monkeypat
     monkeypatch.setattr(question, "_marked", lambda ch: looked_at.append(ch) or real(ch))
     assert question.marked_invisible("日本語のテキスト" * 100) == "日本語のテキスト" * 100
     assert looked_at == []
+
+
+def test_a_searchs_byte_budget_counts_every_byte_it_reads(tmp_path):
+    """Only message lines were counted: a session of large metadata lines (checkpoints)
+    was read whole past the budget, and the search said it was complete."""
+    from bot.session.reading import search
+
+    meta = json.dumps(
+        {"_type": "metadata", "metadata": {"pad": "x" * 300_000}}, separators=(",", ":")
+    )
+    message = json.dumps({"role": "user", "content": "the needle"})
+    path = tmp_path / "telegram_1.jsonl"
+    path.write_text("\n".join([meta] * 8 + [message, meta]) + "\n")
+    assert search([("telegram:1", path)], "needle").hits  # found within the usual budget
+    found = search([("telegram:1", path)], "needle", max_bytes=1_000_000)
+    assert not found.hits and not found.complete

@@ -8,6 +8,7 @@ turn to ``on_phase`` so the caller can checkpoint it durably (DESIGN.md section 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -22,6 +23,14 @@ from bot.streaming import TurnStream
 from bot.tools.base import ToolContext, ToolRegistry
 
 log = logging.getLogger(__name__)
+# A tool's name as a log line shows it: the model writes the name of a call, and one holding
+# " session=<another chat>" or a line break would file the line under that chat, or forge one.
+_NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def logged_name(name: str) -> str:
+    return _NOT_IN_A_NAME.sub("?", name[:80]) or "?"
+
 
 INTERRUPTED_TOOL_RESULT = "Error: task interrupted before this tool finished."
 EMPTY_ANSWER_TEXT = "(the model returned an empty answer)"
@@ -225,7 +234,7 @@ class Runner:
             if offered is not None and call.name not in offered:
                 log.warning(
                     "tool %s refused session=%s: not offered in this chat",
-                    call.name,
+                    logged_name(call.name),
                     ctx.session_key,
                 )
                 _tried(stream, call)
@@ -252,7 +261,7 @@ class Runner:
             result = await self.tools.execute(call.name, call.arguments, ctx)
             log.info(
                 "tool %s session=%s %s in %.0f ms",
-                call.name,
+                logged_name(call.name),
                 ctx.session_key,
                 "failed" if result.startswith("Error:") else "ok",
                 (time.monotonic() - started) * 1000,

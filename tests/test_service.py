@@ -289,3 +289,16 @@ def test_journal_format_drops_the_timestamp(monkeypatch: pytest.MonkeyPatch) -> 
     assert formatter.format(_record("slow", logging.WARNING)) == "<4>WARNING bot.loop: slow"
     monkeypatch.setenv("JOURNAL_STREAM", "1:2")  # someone else's stream: keep our timestamp
     assert not isinstance(logs.make_formatter("text"), logs.JournalFormatter)
+
+
+def test_a_text_log_line_cannot_drive_the_terminal_or_forge_a_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A name or message quoted in a line (the model's, a stranger's) holding an ESC
+    sequence, a CR or a line break: escaped, and its further lines indented."""
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    quoted = "x\x1b[2J\rINFO bot.gate: fine\n2026-12-06 18:00:00,000 ERROR bot.loop: forged"
+    for formatter in (logs.make_formatter("text"), logs.JournalFormatter()):
+        text = formatter.format(_record(f"tool {quoted} refused", logging.WARNING))
+        assert "\x1b" not in text and "\r" not in text
+        assert "x\\x1b[2J\\x0dINFO bot.gate: fine\n    2026-12-06 18:00:00,000 ERROR" in text

@@ -124,3 +124,98 @@ async def test_the_overview_shows_the_last_warnings_and_errors(tmp_path):
         await b.login()
         _, text, _ = await b.get("/")
         assert "Shown while the gateway runs" in text
+
+
+async def test_a_closed_page_ends_its_quiet_stream_and_open_streams_are_bounded(
+    tmp_path, monkeypatch
+):
+    """A stream whose filter no line passes never wrote, so a closed tab's stream waited
+    forever (each one more watcher fed every line); now a quiet stream writes a comment now
+    and then, and the first write to a closed page ends it. At most MAX_STREAMS at once."""
+    from bot.web.screens import logs as screen
+
+    monkeypatch.setattr(screen, "KEEPALIVE_SECONDS", 0.05)
+    monkeypatch.setattr(screen, "MAX_STREAMS", 2)
+    async with asyncio.timeout(20), gateway_panel(tmp_path) as (gateway, b):
+        quiet = {"session": "telegram:nobody"}
+        async with b.http.get(b.base + "/logs/stream", params=quiet) as r:
+            assert r.status == 200
+            assert await r.content.readline() == b": still here\n"
+            async with b.http.get(b.base + "/logs/stream", params=quiet) as second:
+                assert second.status == 200 and gateway.logs.watching == 2
+                status, text, _ = await b.get("/logs/stream")
+                assert status == 503 and "refresh" in text
+            r.connection.transport.close()  # the tab is closed
+        for _ in range(500):  # within a keep-alive or two
+            if not gateway.logs.watching:
+                break
+            await asyncio.sleep(0.01)
+        assert gateway.logs.watching == 0
+
+
+async def test_a_logged_name_cannot_forge_a_line_nor_flood_out_the_warnings(tmp_path):
+    """The model names the tools it calls, and the runner logs that name: a line break, a CR,
+    an ESC or a bidi override in it must not make a line of its own on the page; and as many
+    ordinary lines as the ring holds must not push a warning out of the Overview."""
+    from bot.service.log_ring import RING_LINES
+
+    forged = "x\n2026-12-06 18:00:00,000 ERROR bot.gate: fake\rover\x1b[2J\u202eesrever"
+    async with gateway_panel(tmp_path) as (gateway, b):
+        log.warning("tool %s refused session=%s: not offered", forged, "telegram:1")
+        text = gateway.logs.recent()[-1].text
+        assert gateway.logs.recent()[-1].session == "telegram:1"  # not "telegram:1:"
+        assert "\n    2026-12-06 18:00:00,000 ERROR" in text
+        assert "fake⟨U+000D⟩over⟨U+001B⟩[2J⟨U+202E⟩esrever" in text
+        assert not any(line.startswith("2026") for line in text.splitlines()[1:])
+        for i in range(RING_LINES + 10):
+            log.info("an ordinary line %d", i)
+        assert all(line.levelno == logging.INFO for line in gateway.logs.recent())
+        _, page, _ = await b.get("/")
+        assert "ERROR bot.gate: fake" in page.split("Recent warnings and errors", 1)[1]
+        _, page, _ = await b.get("/logs", params={"level": "WARNING"})
+        assert "ERROR bot.gate: fake" in page and "an ordinary line" not in page
+        for i in range(RING_LINES + 10):  # one warning the model can repeat, call after call
+            log.warning("tool x%d refused session=telegram:1: not offered in this chat", i)
+        _, page, _ = await b.get("/")
+        shown = page.split("Recent warnings and errors", 1)[1]
+        assert "ERROR bot.gate: fake" in shown and shown.count("not offered in this chat") == 5
+
+
+async def test_a_tool_name_the_model_writes_cannot_file_its_line_under_another_chat(
+    tmp_path, caplog
+):
+    """The runner logs the name of each call the model makes, whether the tool exists and is
+    offered or not; a name holding " session=<the owner's chat>" filed the line there."""
+    from bot.llm import ToolCall
+    from bot.runner import Runner
+    from bot.service.logs import session_of
+    from bot.tools.base import ToolContext, ToolRegistry
+
+    runner = Runner(None, ToolRegistry(), max_iterations=1)  # type: ignore[arg-type]
+    ctx = ToolContext(tmp_path, session_key="telegram:-100group")
+    name = "x session=telegram:1001\nforged"
+    caplog.set_level(logging.INFO, logger="bot.runner")
+    for offered in ({"message"}, None):  # refused as not offered; run (an unknown tool)
+        await runner._run_calls([ToolCall("c1", name, "{}")], [], ctx, 0, offered, None)
+    records = [r for r in caplog.records if r.name == "bot.runner"]
+    assert len(records) == 2
+    for record in records:
+        assert session_of(record) == "telegram:-100group" and "\n" not in record.getMessage()
+
+
+async def test_a_stream_ends_when_its_session_expires(tmp_path):
+    """An open stream is not use: a tab left open past the 12 idle hours gets no more lines
+    (it kept streaming the log to a session that had expired)."""
+    from bot.web.sessions import IDLE_SECONDS
+
+    async with asyncio.timeout(20), gateway_panel(tmp_path) as (gateway, b):
+        now = [b.panel.sessions.clock()]
+        b.panel.sessions.clock = lambda: now[0]
+        query = {"session": "telegram:1", "after": str(gateway.logs.recent()[-1].seq)}
+        async with b.http.get(b.base + "/logs/stream", params=query) as r:
+            log.warning("first session=telegram:1")
+            assert (await read_event(r))["text"].endswith("first session=telegram:1")
+            now[0] += IDLE_SECONDS + 1
+            log.warning("after the idle hours session=telegram:1")
+            assert b"after the idle hours" not in await r.content.read()
+        assert gateway.logs.watching == 0

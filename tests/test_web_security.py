@@ -193,6 +193,28 @@ async def test_a_change_needs_the_sessions_csrf_field(tmp_path):
         assert "Refused telegram user 2002" in text
 
 
+async def test_every_post_of_every_screen_needs_the_token_and_the_own_origin(tmp_path):
+    """The guard, not each screen, stops a forged change: every POST route the screens
+    register (adding an MCP server runs a command line as the owner) refuses a form without
+    the session's token or from another origin, before its handler runs."""
+    async with panel_on(tmp_path) as b:
+        before = b.panel.config_path.read_text()
+        await b.login()
+        csrf = await b.csrf()
+        posts = sorted(
+            {r.resource.canonical for r in b.panel.app.router.routes() if r.method == "POST"}
+        )
+        assert "/tools/mcp/add" in posts and "/tools/allow/add" in posts
+        forged = {"name": "evil", "command": "sh", "args": "-c\ntouch /tmp/owned", "pattern": "*"}
+        for path in posts:
+            if path in ("/login", "/logout"):
+                continue
+            assert (await b.post(path, forged))[0] == 403, path
+            evil = {**forged, "csrf": csrf}
+            assert (await b.post(path, evil, origin="http://127.0.0.1:3000"))[0] == 403, path
+        assert b.panel.config_path.read_text() == before
+
+
 async def test_a_change_from_a_foreign_origin_is_refused(tmp_path):
     async with panel_on(tmp_path) as b:
         code = await _with_waiting_code(tmp_path)
@@ -207,6 +229,33 @@ async def test_a_change_from_a_foreign_origin_is_refused(tmp_path):
         assert (await b.post("/access/approve", form, origin=None, headers=evil))[0] == 403
         own = {"Referer": f"{b.base}/access"}
         assert (await b.post("/access/approve", form, origin=None, headers=own))[0] == 303
+
+
+async def test_another_sites_page_cannot_embed_or_fetch_a_panel_answer(tmp_path):
+    """A page on another port of the same host (or a sibling subdomain) is the "same site":
+    the browser sends it the Strict cookie, so a <script src> of an export, an EventSource
+    of the log or a fetch would go out logged in. Its Fetch Metadata headers give it away;
+    following a link to the panel stays allowed."""
+    async with panel_on(tmp_path) as b:
+        await b.login()
+        for site in ("same-site", "cross-site"):
+            for mode, dest, path in (
+                ("no-cors", "script", "/chats/export?key=telegram:1&format=jsonl"),
+                ("cors", "empty", "/logs/stream"),
+                ("no-cors", "image", "/chats?q=password"),
+                ("navigate", "iframe", "/"),
+            ):
+                headers = {"Sec-Fetch-Site": site, "Sec-Fetch-Mode": mode, "Sec-Fetch-Dest": dest}
+                status, text, _ = await b.get(path, headers=headers, allow_redirects=False)
+                assert status == 403 and "another site" in text, (site, mode, path)
+            link = {
+                "Sec-Fetch-Site": site,
+                "Sec-Fetch-Mode": "navigate",
+                "Sec-Fetch-Dest": "document",
+            }
+            assert (await b.get("/", headers=link))[0] == 200
+        own = {"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"}
+        assert (await b.get("/", headers=own))[0] == 200
 
 
 async def test_a_foreign_host_header_is_refused(tmp_path):

@@ -84,6 +84,7 @@ async def test_a_tool_switched_off_and_the_allowlist_reach_the_running_gateway(
         await post(b, "/tools/switch", section="exec", on="1")
         assert "exec" in tools.names
         assert "exec confinement: none" in caplog.text  # said again, as at start
+        assert "exec limits: " in caplog.text
 
         notice = await post(b, "/tools/allow/add", pattern="make test")
         assert "make test" in json.loads(config.read_text())["tools"]["exec"]["allow"]
@@ -164,3 +165,37 @@ async def test_alone_a_change_counts_at_the_next_start(tmp_path):
         assert json.loads(config.read_text())["tools"]["web"] == {"enabled": False}
         notice = await post(b, "/tools/mcp/restart", name="x")
         assert "not running" in notice
+
+
+async def test_two_edits_at_once_both_count(tmp_path, monkeypatch):
+    """Each edit reads the file, changes it and writes it whole: two at once (two tabs)
+    kept only the second's change, and both said "Saved". Here both reach the write
+    together unless the screen takes them one at a time."""
+    import asyncio
+    import threading
+
+    from bot.web.screens import tools as screen
+
+    both = threading.Barrier(2)
+    real = screen.set_options
+
+    def together(*args: Any) -> Any:
+        try:
+            both.wait(timeout=0.3)
+        except threading.BrokenBarrierError:
+            pass  # one at a time: the other is not coming
+        return real(*args)
+
+    monkeypatch.setattr(screen, "set_options", together)
+    data = config_dict(tmp_path, NO_LLM, web=panel_section())
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(data))
+    cfg, _ = load_config(config)
+    async with browsing(cfg, config) as b:
+        await b.login()
+        csrf = await b.csrf("/tools")
+        adds = [
+            b.post("/tools/allow/add", {"csrf": csrf, "pattern": p}) for p in ("make a", "make b")
+        ]
+        assert [status for status, _, _ in await asyncio.gather(*adds)] == [303, 303]
+    assert {"make a", "make b"} <= set(json.loads(config.read_text())["tools"]["exec"]["allow"])

@@ -16,9 +16,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from bot.gate.question import marked_invisible
 from bot.service.logs import SECRETS, TEXT_FORMAT, session_of
 
 RING_LINES = 2000
+# Warnings and errors are also kept apart, so a flood of ordinary lines (the model can make
+# many: a line per tool call) cannot push them out of the Overview or the WARNING view.
+PROBLEM_LINES = 200
+# Of those, the newest few from one place in the code: the model can repeat a warning (a tool
+# refused in a group, call after call), and its repeats must not push out the others.
+SAME_PLACE = 5
 # Lines a slow watcher may have waiting; past that it misses lines (and is told so), never
 # holding memory for a page that stopped reading.
 WATCH_BACKLOG = 1000
@@ -42,6 +49,7 @@ class LogRing(logging.Handler):
         # The one filter every handler of memobot's has: a secret never reaches the ring.
         self.addFilter(SECRETS)
         self._lines: deque[LogLine] = deque(maxlen=size)
+        self._problems: deque[tuple[tuple[str, int], LogLine]] = deque(maxlen=PROBLEM_LINES)
         self._seq = 0
         self._watchers: list[Watcher] = []
 
@@ -53,8 +61,14 @@ class LogRing(logging.Handler):
             self.handleError(record)
             return
         self._seq += 1
-        line = LogLine(self._seq, record.levelno, session_of(record), text)
+        line = LogLine(self._seq, record.levelno, session_of(record), readable(text))
         self._lines.append(line)
+        if record.levelno >= logging.WARNING:
+            place = (record.pathname, record.lineno)
+            same = [entry for entry in self._problems if entry[0] == place]
+            if len(same) >= SAME_PLACE:
+                self._problems.remove(same[0])
+            self._problems.append((place, line))
         for watcher in list(self._watchers):
             loop, queue = watcher
             try:
@@ -62,10 +76,23 @@ class LogRing(logging.Handler):
             except RuntimeError:  # its loop is closed: the page is gone
                 self._watchers.remove(watcher)
 
-    def recent(self) -> list[LogLine]:
-        """The lines in the ring, oldest first."""
+    def recent(self, level: int = logging.NOTSET) -> list[LogLine]:
+        """The lines in the ring of ``level`` or above, oldest first (WARNING and above: also
+        those ordinary lines pushed out of the ring since, up to ``PROBLEM_LINES``, at most
+        ``SAME_PLACE`` from one line of code)."""
         with self.lock:  # type: ignore[union-attr]  # created by logging.Handler.__init__
-            return list(self._lines)
+            lines = [line for line in self._lines if line.levelno >= level]
+            if level < logging.WARNING or not self._lines:
+                return lines
+            first = self._lines[0].seq
+            gone = [ln for _, ln in self._problems if ln.seq < first and ln.levelno >= level]
+            return gone + lines
+
+    def problems(self) -> list[LogLine]:
+        """The last warnings and errors, oldest first: up to ``PROBLEM_LINES``, at most
+        ``SAME_PLACE`` of them from one line of code (the Overview's)."""
+        with self.lock:  # type: ignore[union-attr]
+            return [line for _, line in self._problems]
 
     @contextmanager
     def watch(self) -> Iterator[asyncio.Queue[LogLine]]:
@@ -85,6 +112,13 @@ class LogRing(logging.Handler):
     @property
     def watching(self) -> int:
         return len(self._watchers)
+
+
+def readable(text: str) -> str:
+    """A formatted record as one line of the log page: its own lines after the first
+    indented (a message or a name holding a line break cannot pass for a line of its own),
+    every invisible or control character by its code point (an ESC, a CR, a bidi override)."""
+    return marked_invisible(text).replace("\n", "\n    ")
 
 
 def _offer(queue: asyncio.Queue[LogLine], line: LogLine) -> None:

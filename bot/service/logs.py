@@ -28,7 +28,8 @@ LogFormat = Literal["text", "json"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 NOISY_LOGGERS = ("httpx", "httpx2", "openai", "httpcore", "asyncio")
 # Log calls name the session as "session=<key>" (bot.loop, bot.llm): that is the one convention.
-_SESSION = re.compile(r"\bsession=([^\s,;)]+)")
+# A colon or full stop right after the key is the sentence's ("session=telegram:1: failed").
+_SESSION = re.compile(r"\bsession=([^\s,;)]+?)[:.]?(?=[\s,;)]|$)")
 REDACTED = "***"
 # Shorter values are not treated as secrets: hiding every "8" or "true" would wreck the logs.
 MIN_SECRET_CHARS = 6
@@ -151,6 +152,29 @@ def stderr_is_journal() -> bool:
     return (st.st_dev, st.st_ino) == (int(dev), int(ino))
 
 
+# Control characters but the line break and the tab: an ESC sequence in a name or a message
+# would drive the terminal the log is read in (clear it, rewrite a line, retitle it).
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def one_event(text: str) -> str:
+    """A formatted record as the text log writes it: each control character as its escape
+    (``\\x1b``) and every line after the first indented, so nothing a message quotes (a
+    name holding a line break or a CR) reads as a line, or an event, of its own."""
+    text = _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return text.replace("\n", "\n    ")
+
+
+class TextFormatter(logging.Formatter):
+    """The text log: ``time LEVEL logger: message``, one event to a line (:func:`one_event`)."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return one_event(super().format(record))
+
+
 class JournalFormatter(logging.Formatter):
     """``<priority>LEVEL logger: message``: journald keeps the time and strips the prefix."""
 
@@ -161,7 +185,7 @@ class JournalFormatter(logging.Formatter):
         priority = _SYSLOG_PRIORITY.get(record.levelno, 6)
         # A multi-line message (a traceback) would become several journal entries, only the
         # first with our priority; keep it one entry.
-        return f"<{priority}>" + super().format(record).replace("\n", "\n    ")
+        return f"<{priority}>" + one_event(super().format(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -200,7 +224,7 @@ def make_formatter(fmt: LogFormat) -> logging.Formatter:
         return JsonFormatter()
     if stderr_is_journal():
         return JournalFormatter()
-    return logging.Formatter(TEXT_FORMAT)
+    return TextFormatter()
 
 
 # Loggers of SDKs that log, with a full traceback, what memobot then reports itself in one line

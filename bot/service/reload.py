@@ -154,6 +154,11 @@ def refresh_copies(cfg: Config, stack: AgentStack, channels: list[Channel]) -> N
         (log.info if confinement.active else log.warning)(
             "exec confinement: %s", confinement.summary
         )
+        from bot.app import exec_limits_line  # the composition root's wording, as at start
+
+        (log.info if stack.gate.task_cap.holds else log.warning)(
+            "exec limits: %s", exec_limits_line(cfg, stack.gate)
+        )
     stack.loop.approvals.policy = policy_for(cfg)
     for channel in channels:
         section = getattr(cfg.channels, channel.name, None)

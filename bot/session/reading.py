@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,9 +72,11 @@ def _archived_bytes(path: Path) -> int:
     return int(hot["archived_bytes"]) if hot is not None else 0
 
 
-def _lines(path: Path, limit: int | None = None) -> Iterator[bytes]:
+def _lines(
+    path: Path, limit: int | None = None, count: Callable[[int], None] | None = None
+) -> Iterator[bytes]:
     """The complete lines of ``path`` (up to ``limit`` bytes), without their newline; a torn
-    last line is left out."""
+    last line is left out. ``count`` is told each chunk's size as it is read."""
     try:
         fh = open_session(path)
     except FileNotFoundError:
@@ -86,6 +88,8 @@ def _lines(path: Path, limit: int | None = None) -> Iterator[bytes]:
             chunk = fh.read(_CHUNK if left is None else min(_CHUNK, left))
             if not chunk:
                 break
+            if count is not None:
+                count(len(chunk))
             if left is not None:
                 left -= len(chunk)
             parts = (rest + chunk).split(b"\n")
@@ -102,13 +106,16 @@ def _is_metadata(raw: bytes) -> bool:
     return record is not None and record.get("_type") == "metadata"
 
 
-def message_lines(key: str, path: Path) -> Iterator[bytes]:
-    """Every committed message line of the session, oldest first, as stored (no newline)."""
-    for raw in _lines(archive_path(path), _archived_bytes(path)):
+def message_lines(
+    key: str, path: Path, count: Callable[[int], None] | None = None
+) -> Iterator[bytes]:
+    """Every committed message line of the session, oldest first, as stored (no newline).
+    ``count`` is told the bytes read as they are, metadata lines' included."""
+    for raw in _lines(archive_path(path), _archived_bytes(path), count):
         if raw.strip():
             yield raw
     uncommitted: list[bytes] = []  # message lines not yet followed by a metadata line
-    for raw in _lines(path):
+    for raw in _lines(path, None, count):
         if not raw.strip():
             continue
         if _is_metadata(raw):
@@ -192,35 +199,49 @@ def search(
     around: int = 80,
 ) -> Found:
     """Messages whose text holds ``query`` (case-insensitive), newest sessions as given first;
-    stops after ``max_hits`` hits or ``max_bytes`` read. Blocking: run it in a thread."""
+    stops after ``max_hits`` hits or ``max_bytes`` read (every byte read, a file's metadata
+    lines' too). Blocking: run it in a thread."""
     needle = query.casefold()
     # JSON writes these as they are, so a line that does not hold them has no match.
     plain = needle.isascii() and needle.isprintable() and not any(c in needle for c in '"\\')
     raw_needle = needle.encode("ascii") if plain else b""
     hits: list[Hit] = []
     read = 0
-    for key, path in sessions:
-        for number, raw in enumerate(message_lines(key, path)):
-            read += len(raw) + 1
-            if read > max_bytes or len(hits) >= max_hits:
-                return Found(tuple(hits), complete=False)
-            # The raw line first (cheap): only the lines that may match are parsed.
-            # (ASCII case only: a non-ASCII letter whose case folds to ASCII, such as the
-            # Kelvin sign, is not found by an ASCII query.)
-            if plain and raw_needle not in raw.lower():
-                continue
-            message = message_of(raw)
-            if message is None:
-                continue
-            text = content_text(message.get("content"))
-            calls = message.get("tool_calls") or []
-            text += "".join(
-                f"\n{c['function']['name']}({c['function']['arguments']})" for c in calls
-            )
-            at = text.casefold().find(needle)
-            if at < 0:
-                continue
-            lo = max(0, at - around)
-            snippet = ("…" if lo else "") + text[lo : at + len(needle) + around]
-            hits.append(Hit(key, number, str(message.get("role")), snippet))
+
+    def count(size: int) -> None:
+        nonlocal read
+        read += size
+        if read > max_bytes:  # raised inside the reading: a file of metadata alone stops too
+            raise _Spent
+
+    try:
+        for key, path in sessions:
+            for number, raw in enumerate(message_lines(key, path, count)):
+                if len(hits) >= max_hits:
+                    raise _Spent
+                # The raw line first (cheap): only the lines that may match are parsed.
+                # (ASCII case only: a non-ASCII letter whose case folds to ASCII, such as the
+                # Kelvin sign, is not found by an ASCII query.)
+                if plain and raw_needle not in raw.lower():
+                    continue
+                message = message_of(raw)
+                if message is None:
+                    continue
+                text = content_text(message.get("content"))
+                calls = message.get("tool_calls") or []
+                text += "".join(
+                    f"\n{c['function']['name']}({c['function']['arguments']})" for c in calls
+                )
+                at = text.casefold().find(needle)
+                if at < 0:
+                    continue
+                lo = max(0, at - around)
+                snippet = ("…" if lo else "") + text[lo : at + len(needle) + around]
+                hits.append(Hit(key, number, str(message.get("role")), snippet))
+    except _Spent:
+        return Found(tuple(hits), complete=False)
     return Found(tuple(hits), complete=True)
+
+
+class _Spent(Exception):
+    """A search's hits or bytes are used up."""

@@ -237,6 +237,7 @@ class McpServer:
         self._stop_event.set()
         self._broken.set()
         if self.task is None:
+            self.state, self.detail = "stopped", "stopped"
             return
         try:
             # The SDK's own shutdown: stdin closed, a grace, then the process group killed.
@@ -247,8 +248,15 @@ class McpServer:
             await asyncio.gather(self.task, return_exceptions=True)
         self.state = "stopped"
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     def restart(self, why: str) -> None:
-        """Drop the connection (the task reconnects with backoff)."""
+        """Drop the connection (the task reconnects with backoff); nothing once stopping (a
+        call cut by a reload that removed the server must not say it reconnects)."""
+        if self._stopping:
+            return
         if not self._broken.is_set():
             log.warning("mcp server %s: %s; reconnecting", self.name, why)
         self._connected.clear()
@@ -454,9 +462,21 @@ class McpServer:
             )
         started = time.monotonic()
         try:
-            # The SDK's own read timeout first; ours is the backstop for a stuck transport.
-            async with asyncio.timeout(timeout + 2.0):
-                result = await client.call_tool(tool, args, read_timeout_seconds=timeout)
+            try:
+                # The SDK's own read timeout first; ours is the backstop for a stuck transport.
+                async with asyncio.timeout(timeout + 2.0):
+                    result = await client.call_tool(tool, args, read_timeout_seconds=timeout)
+            except Exception:
+                if not self._stopping:
+                    raise
+                # Stopped under the call (a reload removed the server, a restart, memobot's
+                # stop): not a crash, and nothing reconnects it.
+                raise _StoppedUnderCall() from None
+        except _StoppedUnderCall:
+            raise ToolError(
+                f"MCP server '{self.name}' was stopped during the call (removed or restarted "
+                "by the owner, or memobot is stopping); the call did not finish."
+            ) from None
         except TimeoutError:
             self.restart(f"{tool} did not answer within {timeout:g} s")
             raise ToolError(self._timeout_text(tool, timeout)) from None
@@ -492,6 +512,10 @@ class McpServer:
         )
 
 
+class _StoppedUnderCall(Exception):
+    """A call's transport went away because its server was being stopped."""
+
+
 class McpManager:
     """Every configured MCP server; registers their tools in the turn's registry."""
 
@@ -510,8 +534,10 @@ class McpManager:
         self.workspace = workspace
         self.log_dir = log_dir
         self.started = False
+        self.restricted = tools_cfg.restrict_to_workspace  # as the servers were started
         # Servers taken away by a reload or a restart, still shutting down: stop() waits.
-        self._leaving: set[asyncio.Task[None]] = set()
+        self._leaving: set[asyncio.Future[None]] = set()
+        self._stops: dict[str, asyncio.Future[None]] = {}  # each name's latest stop
         self.servers = [
             self._server(name, cfg) for name, cfg in sorted(tools_cfg.mcp_servers.items())
         ]
@@ -548,22 +574,33 @@ class McpManager:
         connection. Returns what changed (``+name``, ``-name``, ``~name``). On the loop."""
         self.tools_cfg = tools_cfg
         wanted = tools_cfg.mcp_servers
-        have = {s.name: s for s in self.servers}
+        # A stdio server is confined as tools.restrictToWorkspace said when it started (the
+        # launcher's rules are set then): a reload that changes it starts each one afresh,
+        # or one started unconfined would stay so after the owner turned confinement on.
+        reconfine = tools_cfg.restrict_to_workspace != self.restricted
+        self.restricted = tools_cfg.restrict_to_workspace
+
+        def same(server: McpServer) -> bool:
+            unchanged = wanted.get(server.name) == server.cfg
+            return unchanged and not (reconfine and server.cfg.transport == "stdio")
+
+        have = {s.name: s for s in self.servers if same(s)}
         changed = []
         kept = []
         for server in self.servers:
-            if wanted.get(server.name) == server.cfg:
+            if server.name in have:
                 server.tools_cfg = tools_cfg
                 kept.append(server)
             else:
                 self._retire(server)
                 changed.append(("~" if server.name in wanted else "-") + server.name)
+        known = {s.name for s in self.servers}
         for name, cfg in sorted(wanted.items()):
-            if name in have and have[name].cfg == cfg:
+            if name in have:
                 continue
-            if name not in have:
+            if name not in known:
                 changed.append("+" + name)
-            kept.append(self._begin(self._server(name, cfg)))
+            kept.append(self._follow(self._server(name, cfg)))
         self.servers = sorted(kept, key=lambda s: s.name)
         if changed:
             self._tools_changed()
@@ -575,21 +612,49 @@ class McpManager:
         old = next((s for s in self.servers if s.name == name), None)
         if old is None:
             return False
-        await old.stop()
-        new = self._begin(self._server(name, old.cfg))
+        # The new server takes the old one's place at once, so whatever happens to that place
+        # meanwhile (a second restart, a reload that removes or renews it) acts on the new
+        # one. (Replacing after the wait started a server that no list held: never stopped.)
+        new = self._server(name, old.cfg)
         self.servers = [new if s is old else s for s in self.servers]
         self._tools_changed()  # its tools come back when it has listed them again
+        stopped = self._retire(old)
+        self._follow(new)
+        await asyncio.shield(stopped)
         return True
 
-    def _begin(self, server: McpServer) -> McpServer:
-        if self.started:
+    def _follow(self, server: McpServer) -> McpServer:
+        """Start ``server`` (when the manager runs) once the server it replaces, if one of
+        its name is still stopping, has stopped: never two processes of one server at once
+        (they share its log file and folder). It starts only if it still holds its place."""
+        if not self.started:
+            return server
+        before = self._stops.get(server.name)
+        if before is None or before.done():
             server.start()
+        else:
+            before.add_done_callback(lambda _: self._start_if_held(server))
         return server
 
-    def _retire(self, server: McpServer) -> None:
-        task = asyncio.ensure_future(server.stop())
+    def _start_if_held(self, server: McpServer) -> None:
+        if server in self.servers and not server.stopping:
+            server.start()
+
+    def _retire(self, server: McpServer) -> asyncio.Future[None]:
+        """Stop ``server`` in the background; the future is done when it and every server of
+        its name stopped before it are."""
+        before = self._stops.get(server.name)
+
+        async def stop() -> None:
+            await server.stop()
+            if before is not None:
+                await before
+
+        task = asyncio.ensure_future(stop())
         self._leaving.add(task)
         task.add_done_callback(self._leaving.discard)
+        self._stops[server.name] = task
+        return task
 
     async def wait_ready(self, seconds: float) -> None:
         """Wait until every server has connected or failed once, at most ``seconds``."""

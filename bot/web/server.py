@@ -157,6 +157,9 @@ class Panel:
                 "address it is opened at).",
                 421,
             )
+        if _embedded_by_another_site(request):
+            log.warning("web: refused a %s %s from another site", request.method, request.path)
+            return _refused("Refused: another site's page asked for this.")
         changes = request.method not in ("GET", "HEAD")
         if changes and not self.served.origin_ok(_origin(request)):
             log.warning("web: refused a %s %s from another origin", request.method, request.path)
@@ -308,6 +311,23 @@ def _session() -> Session:
     session = _SESSION.get()
     assert session is not None
     return session
+
+
+def _embedded_by_another_site(request: web.Request) -> bool:
+    """A request another site's page made the browser send (a script, image or event
+    stream of the panel's, a fetch), as its Fetch Metadata headers say; following a link
+    (a navigation) stays allowed. SameSite=Strict does not cover it: another port of the
+    same host (127.0.0.1:3000, a page the model serves) or a sibling subdomain is the
+    "same site" and gets the session cookie. Without these headers (an older browser, curl)
+    the other checks decide."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site not in ("same-site", "cross-site"):
+        return False
+    return not (
+        request.method == "GET"
+        and request.headers.get("Sec-Fetch-Mode") == "navigate"
+        and request.headers.get("Sec-Fetch-Dest", "document") == "document"
+    )
 
 
 def _origin(request: web.Request) -> str | None:

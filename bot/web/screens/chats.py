@@ -21,6 +21,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from bot.gate.limits import human_bytes
+from bot.gate.question import marked_invisible, quoted
 from bot.session.reading import (
     Found,
     Page,
@@ -51,6 +52,10 @@ EXPORT_BATCH = 256 * 1024  # bytes read per worker-thread step of an export
 
 
 def routes(panel: Panel) -> list[web.RouteDef]:
+    # One search at a time: each may read 256 MB in a worker thread, and a few at once (tabs,
+    # a held-down Enter) would take every thread of the pool the gateway's own file work uses.
+    searching = asyncio.Semaphore(1)
+
     def store() -> SessionStore:
         from bot.session import SessionStore
 
@@ -71,7 +76,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         found = None
         if query:
             paths = [(f.key, s.path_for(f.key)) for f in files]
-            found = await asyncio.to_thread(search, paths, query)
+            async with searching:
+                found = await asyncio.to_thread(search, paths, query)
         frame = panel.frame(request, await panel.gateway_running())
         return page_response(chats_page(files, query, found, frame))
 
@@ -81,7 +87,9 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         start = None if at is None else at - at % PAGE_SIZE
         data = await asyncio.to_thread(read_page, key, path, start, PAGE_SIZE)
         frame = panel.frame(request, await panel.gateway_running())
-        return page_response(transcript_page(key, data, frame))
+        # Built in a worker too: 50 messages of 20,000 characters each, every character
+        # looked at (invisible ones marked), is work the gateway's loop must not wait on.
+        return page_response(await asyncio.to_thread(transcript_page, key, data, frame))
 
     async def export(request: web.Request) -> web.StreamResponse:
         key, path = await known(request)
@@ -149,7 +157,7 @@ def _jsonl_chunks(lines: Iterator[bytes]) -> Generator[bytes, None, None]:
 
 def _markdown_chunks(key: str, lines: Iterator[bytes]) -> Generator[bytes, None, None]:
     def pieces() -> Iterator[bytes]:
-        yield f"# memobot chat {key}\n".encode()
+        yield f"# memobot chat {_code(key)}\n".encode()
         for number, raw in enumerate(lines):
             yield markdown_message(number, message_of(raw)).encode("utf-8")
 
@@ -158,27 +166,38 @@ def _markdown_chunks(key: str, lines: Iterator[bytes]) -> Generator[bytes, None,
 
 def _fence(text: str) -> str:
     """A code fence longer than any run of backticks in ``text``."""
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    ticks = "`" * max(3, longest + 1)
-    return f"{ticks}\n{text}\n{ticks}"
+    return quoted(text)
+
+
+def _code(text: object) -> str:
+    """``text`` as inline code on one line: a run of backticks longer than any in it, so
+    nothing in it (a tool name or call id the model wrote) ends the span or the line."""
+    one = " ".join(str(text).split())
+    longest = max((len(m) for m in re.findall(r"`+", one)), default=0)
+    ticks = "`" * (longest + 1)
+    pad = " " if one.startswith("`") or one.endswith("`") else ""
+    return f"{ticks}{pad}{one}{pad}{ticks}"
 
 
 def markdown_message(number: int, message: dict[str, Any] | None) -> str:
+    """One message as Markdown: a heading of memobot's, then what was said in a fenced block
+    (nothing a person or the model wrote can close it and pass for the next message's
+    heading: a message starting "## 5: assistant" stays inside its block)."""
     if message is None:
         return f"\n## {number}: (a damaged line)\n"
     role = str(message.get("role"))
     head = f"\n## {number}: {role}"
     if message.get("timestamp"):
-        head += f" · {message['timestamp']}"
+        head += " · " + " ".join(str(message["timestamp"]).split())
     parts = [head, ""]
     text = content_text(message.get("content"))
     if role == "tool":
-        parts.append(f"Result of call `{message.get('tool_call_id')}`:\n\n{_fence(text)}")
+        parts.append(f"Result of call {_code(message.get('tool_call_id'))}:\n\n{_fence(text)}")
     elif text:
-        parts.append(text)
+        parts.append(_fence(text))
     for call in message.get("tool_calls") or []:
         fn = call["function"]
-        parts.append(f"\nTool call `{fn['name']}`:\n\n{_fence(fn['arguments'])}")
+        parts.append(f"\nTool call {_code(fn['name'])}:\n\n{_fence(fn['arguments'])}")
     return "\n".join(parts) + "\n"
 
 
@@ -218,7 +237,8 @@ def _results(query: str, found: Found) -> Html:
     if not found.hits:
         return tag("p", f"No message holds “{query}”.", class_="muted")
     rows: list[list[object]] = [
-        [tag("a", h.key, href=_chat_link(h.key, h.number)), h.role, h.snippet] for h in found.hits
+        [tag("a", h.key, href=_chat_link(h.key, h.number)), h.role, marked_invisible(h.snippet)]
+        for h in found.hits
     ]
     more = (
         EMPTY
@@ -248,7 +268,7 @@ def chats_page(files: list[SessionFile], query: str, found: Found | None, frame:
                     tag("a", f.key, href=_chat_link(f.key)),
                     channel,
                     chat,
-                    ", ".join(f.people) or "—",
+                    marked_invisible(", ".join(f.people)) or "—",
                     _when(f.modified),
                     human_bytes(f.size),
                 ]
@@ -267,11 +287,11 @@ def chats_page(files: list[SessionFile], query: str, found: Found | None, frame:
 
 def _shown(text: str) -> Html:
     if len(text) <= SHOWN_CHARS:
-        return tag("div", text, class_="text")
+        return tag("div", marked_invisible(text), class_="text")
     cut = len(text) - SHOWN_CHARS
     return join(
         [
-            tag("div", text[:SHOWN_CHARS], class_="text"),
+            tag("div", marked_invisible(text[:SHOWN_CHARS]), class_="text"),
             tag("p", f"… {cut:,} more characters: export the chat to read it all.", class_="muted"),
         ]
     )
@@ -295,7 +315,8 @@ def _message(number: int, message: dict[str, Any] | None) -> Html:
     body: list[Html] = []
     if role == "tool":
         summary = tag("summary", f"tool result ({len(text):,} characters)")
-        body.append(tag("details", join([summary, tag("pre", text[:SHOWN_CHARS])])))
+        shown = marked_invisible(text[:SHOWN_CHARS])
+        body.append(tag("details", join([summary, tag("pre", shown)])))
     elif text:
         body.append(_shown(text))
     for call in message.get("tool_calls") or []:
@@ -305,8 +326,11 @@ def _message(number: int, message: dict[str, Any] | None) -> Html:
             args = json.dumps(json.loads(args), indent=2, ensure_ascii=False)
         except (ValueError, RecursionError):
             pass
-        summary = tag("summary", join(["tool call ", tag("code", fn["name"])]))
-        body.append(tag("details", join([summary, tag("pre", args[:SHOWN_CHARS])])))
+        name = marked_invisible(fn["name"][:200])
+        summary = tag("summary", join(["tool call ", tag("code", name)]))
+        body.append(
+            tag("details", join([summary, tag("pre", marked_invisible(args[:SHOWN_CHARS]))]))
+        )
     return tag("article", join([head, *body]), id=f"m{number}", class_=f"msg {role}")
 
 

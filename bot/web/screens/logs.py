@@ -25,6 +25,12 @@ NAV = ("/logs", "Logs")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SHOWN = 1000  # lines on the page, the newest
 MAX_SESSION = 200
+# Live pages open at once (each browser tab of the Logs page is one); more are refused, and
+# the page falls back to its refresh link.
+MAX_STREAMS = 16
+# A quiet stream writes a comment this often: a page closed meanwhile is noticed (a write to
+# it fails) instead of its stream waiting for a line that passes its filters, maybe forever.
+KEEPALIVE_SECONDS = 20.0
 SCRIPT = Html('<script src="/static/logs.js" defer></script>')
 
 
@@ -38,7 +44,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         logs = ring()
         if logs is None:
             return page_response(page("Logs", _no_gateway(), frame))
-        lines = list(matching(logs.recent(), level, session))[-SHOWN:]
+        lines = list(matching(logs.recent(_number(level)), level, session))[-SHOWN:]
         return page_response(logs_page(lines, level, session, logs.recent(), frame))
 
     async def stream(request: web.Request) -> web.StreamResponse:
@@ -46,6 +52,10 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         logs = ring()
         if logs is None:
             raise web.HTTPNotFound(text="The gateway is not running here: no live log.")
+        if logs.watching >= MAX_STREAMS:
+            raise web.HTTPServiceUnavailable(
+                text=f"{MAX_STREAMS} live log pages are open already: refresh this one instead."
+            )
         level, session = _filters(request)
         # A reconnecting EventSource says what it saw last; a first one, the page's last line.
         after = request.headers.get("Last-Event-ID") or request.query.get("after", "")
@@ -55,22 +65,28 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         )
         await response.prepare(request)
         with logs.watch() as queue:
-            # Lines logged between the page and this request come from the ring first.
-            for line in matching(logs.recent(), level, session):
-                if line.seq > seen:
-                    await response.write(_event(line))
             closing = asyncio.ensure_future(panel.closing.wait())
             try:
+                # Lines logged between the page and this request come from the ring first.
+                for line in matching(logs.recent(_number(level)), level, session):
+                    if line.seq > seen:
+                        await response.write(_event(line))
                 while not closing.done():
                     got = asyncio.ensure_future(queue.get())
-                    await asyncio.wait({got, closing}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        {got, closing},
+                        timeout=KEEPALIVE_SECONDS,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
                     if not got.done():
                         got.cancel()
+                    if closing.done():
                         break
-                    line = got.result()
-                    if request.cookies.get(COOKIE) not in panel.sessions:
-                        break  # logged out (in another tab): no more lines for this page
-                    if line.seq > seen and _passes(line, level, session):
+                    if not panel.sessions.live(request.cookies.get(COOKIE)):
+                        break  # logged out (in another tab) or expired: no more lines here
+                    if not got.done() or got.cancelled():
+                        await response.write(b": still here\n\n")  # fails once the page is gone
+                    elif (line := got.result()).seq > seen and _passes(line, level, session):
                         await response.write(_event(line))
             except ConnectionError:  # the page was closed
                 pass
@@ -88,8 +104,12 @@ def _filters(request: web.Request) -> tuple[str, str]:
     ]
 
 
+def _number(level: str) -> int:
+    return int(logging.getLevelName(level))
+
+
 def _passes(line: LogLine, level: str, session: str) -> bool:
-    return line.levelno >= logging.getLevelName(level) and (not session or line.session == session)
+    return line.levelno >= _number(level) and (not session or line.session == session)
 
 
 def matching(lines: Iterable[LogLine], level: str, session: str) -> Iterable[LogLine]:

@@ -31,7 +31,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         data = await asyncio.to_thread(overview, cfg)
         frame = panel.frame(request, panel.in_gateway or data.gateway_running)
         ring = getattr(panel.gateway, "logs", None)
-        problems = recent_problems(ring.recent()) if ring is not None else None
+        problems = recent_problems(ring.problems()) if ring is not None else None
         return page_response(overview_page(data, frame, problems))
 
     return [web.get("/", show)]

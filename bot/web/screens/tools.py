@@ -36,6 +36,10 @@ MAX_FIELD = 4000  # characters of one form field
 
 
 def routes(panel: Panel) -> list[web.RouteDef]:
+    # One edit of the file at a time: each reads it, changes it and writes it whole, so two
+    # at once (two tabs, a double click) kept only the second's change, both "Saved".
+    editing = asyncio.Lock()
+
     async def show(request: web.Request) -> web.Response:
         cfg, problem = await panel.config()
         live = None
@@ -56,7 +60,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             set_options(panel.config_path, raw, edit(raw, cfg))
 
         try:
-            await asyncio.to_thread(write)
+            async with editing:
+                await asyncio.to_thread(write)
         except Refused as exc:
             return str(exc)
         except ConfigError as exc:

@@ -40,6 +40,7 @@ from bot.tools import build_default_tools
 from bot.tools.base import ToolRegistry
 from bot.tools.cron import CronTool
 from bot.tools.mcp import McpManager
+from bot.tools.spawn import SpawnTool
 from bot.turn import Turns
 from bot.workspace import init_workspace
 
@@ -195,7 +196,7 @@ def build_loop(
         cfg, bus, store, provider, tools, context, consolidator, gate, background.spawn, approvals
     )
     ledger = DeliveryLedger(store)
-    return AgentLoop(
+    loop = AgentLoop(
         cfg,
         bus,
         store,
@@ -212,6 +213,8 @@ def build_loop(
         outage=outage,
         mcp=mcp,
     )
+    tools.register(SpawnTool(loop.tasks))  # a task is a turn of this loop
+    return loop
 
 
 def mcp_log_dir(cfg: Config) -> Path:

@@ -232,6 +232,23 @@ class ApprovalDesk:
 
         return approve
 
+    def refuser(self) -> Approver:
+        """The ``approve`` of a background task's turn: nobody watches its session, and its
+        questions are not yet routed to the person who started it, so a call that would be
+        asked is refused (a task never does more unasked than its chat's turn would)."""
+
+        async def approve(call: ToolCall, turn: list[dict[str, Any]]) -> str | None:
+            if self.question(call, []) is None:
+                return None
+            log.info("approval refused in a background task: tool=%s", call.name)
+            return (
+                "Error: not run: this call needs a person's approval, and a background task "
+                "cannot ask for one. Do not retry it; say in your answer what you wanted to do, "
+                "so the person can do it in the chat."
+            )
+
+        return approve
+
     def question(self, call: ToolCall, allowed_here: list[str]) -> Question | None:
         """What to ask before ``call`` runs (None: it runs unasked), by the policy and the
         effects its tool declared."""
@@ -351,6 +368,11 @@ class ApprovalDesk:
             return "timeout"
         finally:
             self._waiting.pop(approval_id, None)
+
+    def outside_slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """A turn's wait for something other than the model (a person, a background task)
+        holds no slot: see ``_outside_slot``."""
+        return self._outside_slot()
 
     @contextlib.asynccontextmanager
     async def _outside_slot(self) -> AsyncIterator[None]:

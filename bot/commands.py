@@ -35,7 +35,12 @@ class CommandSpec:
 # read (docs/commands.md's "In-chat commands" is checked against /help's answer by the tests).
 SPECS = (
     CommandSpec("/new", "start a fresh conversation (the current one is archived to memory first)"),
-    CommandSpec("/stop", "cancel the answer being worked on in this chat", immediate=True),
+    CommandSpec(
+        "/stop [ID]",
+        "cancel the answer being worked on in this chat, or background task ID",
+        immediate=True,
+    ),
+    CommandSpec("/tasks", "list this chat's background tasks (id, state, age)", immediate=True),
     CommandSpec("/status", "model, conversation size, memory usage, uptime", immediate=True),
     CommandSpec(
         "/dream", "distil the conversation archive into long-term memory now", immediate=True

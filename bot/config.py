@@ -263,6 +263,11 @@ class AgentConfig(_Model):
     workspace_warn_bytes: int = Field(2_000_000_000, ge=0)
     # IANA zone for scheduled jobs and the time the model sees; "" is the system's zone.
     timezone: str = ""
+    # Background tasks (the spawn tool, docs/tasks.md): how many run at once in all, in one
+    # chat, and how long one may run before it is stopped.
+    max_tasks: int = Field(3, ge=0, le=100)
+    max_tasks_per_chat: int = Field(2, ge=1, le=100)
+    task_timeout_minutes: float = Field(30.0, gt=0, le=24 * 60)
 
     @field_validator("timezone")
     @classmethod

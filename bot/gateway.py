@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from bot import durable, startup
 from bot.config import EX_CONFIG, Config
 from bot.cron import heartbeat
+from bot.tasks import CHANNEL as TASK_CHANNEL
 
 if TYPE_CHECKING:
     from bot.web.listener import DeferredPanel
@@ -202,7 +203,8 @@ class Gateway:
         if not self.platforms:
             log.warning("no channel is enabled: set channels.<name>.enabled in the config")
         # The heartbeat's own session too: its answers go to a chat of a running channel.
-        recovered = {c.name for c in self.channels} | {heartbeat.CHANNEL}
+        # Background tasks too: their reports go to the chats that started them.
+        recovered = {c.name for c in self.channels} | {heartbeat.CHANNEL, TASK_CHANNEL}
         resumed = self.stack.loop.recover(channels=recovered)
         if resumed:
             log.info("resuming %d interrupted session(s)", resumed)

@@ -34,6 +34,10 @@ HEARTBEAT_KEY = "heartbeat"  # a heartbeat tick: {"deliver_to", "due"}
 # The session that shaped an unattended turn when that was not an admin's (bot.provenance,
 # bot.cron.scheduler); such a turn gets a group member's rights.
 NARROWED_KEY = "narrowed"
+# A background task's turn, in its own session "task:<id>" (bot.tasks): {"id", "parent",
+# "label"}; and its report, delivered in the chat that started it: {"id"}.
+TASK_KEY = "task"
+REPORT_KEY = "task_report"
 
 
 class TurnKind(StrEnum):
@@ -43,6 +47,8 @@ class TurnKind(StrEnum):
     REMINDER = "reminder"  # a scheduled job that sends its text as it is (deliver "text")
     JOB = "job"  # a scheduled job the model does (deliver "agent")
     HEARTBEAT = "heartbeat"  # the heartbeat's tick: HEARTBEAT.md's open tasks
+    TASK = "task"  # a background task's own turn (the spawn tool), in session task:<id>
+    REPORT = "report"  # a task's result, told in the chat that started it (no model call)
 
     @property
     def policy(self) -> KindPolicy:
@@ -85,6 +91,10 @@ POLICIES: dict[TurnKind, KindPolicy] = {
     TurnKind.JOB: KindPolicy(True, True, True, True, True, "chat"),
     # Its answer goes to heartbeat.deliverTo, not to a chat of its own: no typing, no sends.
     TurnKind.HEARTBEAT: KindPolicy(True, True, False, False, True, "chat"),
+    # For its starter, with the rights of the turn that started it; nobody watches its
+    # session: no typing, no sends (it speaks through its report).
+    TurnKind.TASK: KindPolicy(True, True, False, False, True, "sender"),
+    TurnKind.REPORT: KindPolicy(False, True, False, False, False, "sender"),
 }
 
 
@@ -244,6 +254,11 @@ def classify(msg: InboundMessage) -> Classified:
     if beat is not None:
         deliver_to = str(beat.get("deliver_to") or "") if isinstance(beat, dict) else ""
         return Classified(TurnKind.HEARTBEAT, sender, deliver_to=deliver_to, narrowed=narrowed)
+    task = meta.get(TASK_KEY)
+    if isinstance(task, dict):
+        return Classified(TurnKind.TASK, sender, deliver_to=_text_or_none(task.get("parent")))
+    if isinstance(meta.get(REPORT_KEY), dict):
+        return Classified(TurnKind.REPORT, sender)
     job = meta.get(CRON_KEY)
     if job is not None:
         text = isinstance(job, dict) and job.get("deliver") == "text"

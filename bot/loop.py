@@ -43,6 +43,7 @@ from bot.recovery import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS, Recovery
 from bot.runner import close_open_tool_calls
 from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso, transitions
 from bot.spend.report import chat_text
+from bot.tasks import TaskBoard, TaskStore, describe, result_of, task_info
 from bot.turn import STOPPED_TEXT, Turns
 from bot.wording import counted
 
@@ -77,6 +78,8 @@ class _SessionWork:
     waiting: list[dict[str, Any]] | None = None
     wait: asyncio.Task[bool] | None = None
     fetch: asyncio.Task[InboundMessage] | None = None  # the files of the next turn, fetched
+    # A background task's turn stopped by /stop ID or its timeout: how its report says it ended.
+    ended_as: str | None = None
 
 
 class Background:
@@ -136,6 +139,16 @@ class AgentLoop:
         self._draining = False
         self._background = background
         self.started_at = time.monotonic()
+        agent = cfg.agent
+        self.tasks = TaskBoard(
+            TaskStore(agent.state_path),
+            max_tasks=agent.max_tasks,
+            max_per_chat=agent.max_tasks_per_chat,
+            timeout_seconds=agent.task_timeout_minutes * 60,
+            accept=intake.accept,
+            dispatch=self.dispatch,
+            outside_slot=self.approvals.outside_slot,
+        )
         # Every command the loop answers, by name; /allow and friends are presses (accept).
         self.commands = CommandRouter(
             {
@@ -146,6 +159,7 @@ class AgentLoop:
                 "/approve": self._approve_pairing,
                 "/cron": self._cron_command,
                 "/usage": self._usage_command,
+                "/tasks": self._tasks_command,
                 "/help": self._help_command,
             }
         )
@@ -174,8 +188,32 @@ class AgentLoop:
         return await self.turns.announce_once(channel, chat_id, text, marker)
 
     def recover(self, keys: list[str] | None = None, channels: set[str] | None = None) -> int:
-        """Queue every interrupted turn and undelivered answer (``bot.recovery``)."""
-        return self.recovery.recover(lambda msg: self.dispatch(msg, resume=True), keys, channels)
+        """Queue every interrupted turn and undelivered answer (``bot.recovery``); tasks that
+        ended before their report was taken are reported (``reconcile_tasks``)."""
+        resumed = self.recovery.recover(lambda msg: self.dispatch(msg, resume=True), keys, channels)
+        if keys is None:
+            self._spawn(self.reconcile_tasks())
+        return resumed
+
+    async def reconcile_tasks(self) -> None:
+        """A task recorded running whose session has no work left ended while memobot
+        stopped before its report was taken (or before its pending turn was written): report
+        it now. The report's id makes a second report a duplicate."""
+        try:
+            records = await self.tasks.records()
+        except (OSError, ValueError) as exc:
+            log.error("cannot read the task store: %s", exc)
+            return
+        for rec in records.values():
+            if rec.state != "running":
+                continue
+            peeked = await asyncio.to_thread(self.store.peek_state, rec.session_key)
+            if peeked is not None and peeked.has_work:
+                continue  # resumed by recovery; it reports when it ends
+            session = await asyncio.to_thread(self.store.get, rec.session_key)
+            result = result_of(session.messages)
+            log.info("task %s ended while memobot was down: reporting it now", rec.id)
+            await self.tasks.ended(rec.id, "done" if result else "failed", result)
 
     async def run(self, schedule_dream: bool = False) -> None:
         """Consume the inbound queue until cancelled.
@@ -257,6 +295,8 @@ class AgentLoop:
         return self.status_text(msg.session_key)
 
     async def _stop_command(self, msg: InboundMessage, args: str) -> str:
+        if args.strip():
+            return await self._stop_task_command(msg, args.strip().split()[0])
         if not self._may_stop(msg):
             return "Only the person who asked, or an admin, may stop this answer."
         if self.stop(msg.session_key):
@@ -307,6 +347,48 @@ class AgentLoop:
         except OSError as exc:
             log.error("cannot read the usage ledger session=%s: %s", msg.session_key, exc)
             return "I could not read the usage ledger; see the logs."
+
+    async def _stop_task_command(self, msg: InboundMessage, task_id: str) -> str:
+        """``/stop ID``: this chat's task, by the person who started it or an admin. A task
+        of another chat is not found here (its id tells nothing about it)."""
+        rec = (await self.tasks.records()).get(task_id)
+        if rec is None or rec.parent != msg.session_key:
+            return f"No background task {task_id} in this chat (see /tasks)."
+        if rec.starter != msg.sender_id and not msg.sender.is_admin:
+            log.info("task stop refused id=%s by=%s session=%s", rec.id, msg.sender_id, rec.parent)
+            return f"Only the person who started task {rec.id}, or an admin, may stop it."
+        if rec.state != "running":
+            return f"Task {rec.id} has already ended ({rec.state})."
+        if self._stop_task(rec.session_key, "stopped"):
+            return f"Stopping task {rec.id}."
+        return f"Task {rec.id} is waiting to run; it stops as soon as it starts."
+
+    def _stop_task(self, key: str, reason: str) -> bool:
+        work = self._work.get(key)
+        if work is not None:
+            work.ended_as = reason
+        log.info("task %s session=%s", reason, key)
+        return self.stop(key)
+
+    async def _task_ended(self, key: str, msg: InboundMessage, work: _SessionWork) -> None:
+        """A task's turn is over (its answer written, its pending entry gone): report it."""
+        session = self.store.get(key)
+        if session.state.is_pending(msg.message_id):
+            return  # not over: a shutdown interrupted it, and it resumes at the next start
+        state, work.ended_as = work.ended_as or "done", None
+        task_id = str(task_info(msg).get("id") or key.partition(":")[2])
+        await self.tasks.ended(task_id, state, result_of(session.messages))
+
+    async def _tasks_command(self, msg: InboundMessage, args: str) -> str:
+        try:
+            records = await self.tasks.records()
+        except (OSError, ValueError) as exc:
+            log.error("cannot read the task store session=%s: %s", msg.session_key, exc)
+            return "I could not read the background tasks; see the logs."
+        here = [r for r in records.values() if r.parent == msg.session_key]
+        if not here:
+            return "No background tasks in this chat."
+        return "Background tasks in this chat:\n" + "\n".join(describe(here, time.time()))
 
     def _may_stop(self, msg: InboundMessage) -> bool:
         work = self._work.get(msg.session_key)
@@ -375,6 +457,11 @@ class AgentLoop:
                 work.stop_requested = False
                 work.turn_sender = job.msg.sender_id
                 work.turn = asyncio.create_task(self._process(job, work), name=f"turn:{key}")
+                timer = None
+                if job.msg.kind is TurnKind.TASK:
+                    timer = asyncio.get_running_loop().call_later(
+                        self.tasks.timeout_seconds, self._stop_task, key, "timed out"
+                    )
                 try:
                     await asyncio.shield(work.turn)
                 except asyncio.CancelledError:
@@ -385,9 +472,14 @@ class AgentLoop:
                         raise
                 except Exception:
                     log.exception("turn crashed session=%s", key)
+                    work.ended_as = work.ended_as or "failed"
                     await self.turns.fail(job.msg)
                 finally:
                     work.turn = None
+                    if timer is not None:
+                        timer.cancel()
+            if job.msg.kind is TurnKind.TASK and work.waiting is None:
+                await self._task_ended(key, job.msg, work)
             if work.waiting is not None:
                 turn, work.waiting = work.waiting, None
                 await self._wait_for_model(key, work, job, turn)
@@ -439,7 +531,7 @@ class AgentLoop:
             if text is not None:
                 await self.turns.finish(session, msg, [], text)
             return
-        if msg.kind is TurnKind.REMINDER:
+        if msg.kind in (TurnKind.REMINDER, TurnKind.REPORT):
             await self.turns.deliver_text(session, msg)
             return
         turn = job.turn

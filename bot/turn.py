@@ -53,6 +53,7 @@ from bot.runner import (
 from bot.session import Session, SessionStore, now_iso, transitions
 from bot.spend.record import HEARTBEAT, JOB, TURN
 from bot.streaming import TurnStream, stopped_answer
+from bot.tasks import scope_from_record, task_info, task_tools
 from bot.tokens import estimate_text_tokens, message_size
 from bot.tools.base import ToolContext, ToolRegistry
 
@@ -231,6 +232,15 @@ class Turns:
         waited for again, its old buttons still work).
         """
         scope = self.scope(msg)
+        offered = offered_tools(self.cfg, msg, self._effects(), scope)
+        task = task_info(msg) if msg.kind is TurnKind.TASK else None
+        if task is not None:
+            # The rights of the turn that started it, stored with it; never more.
+            scope = scope_from_record(task.get("scope"), scope)
+            stored = task.get("tools")
+            offered = task_tools(
+                None if stored is None else {str(n) for n in stored}, set(self._effects())
+            )
         ctx = ToolContext(
             workspace=self.cfg.agent.workspace_path,
             restrict_to_workspace=self.cfg.tools.restrict_to_workspace,
@@ -240,7 +250,7 @@ class Turns:
             # A heartbeat turn has no chat of its own: it speaks only through its answer.
             send=(lambda t: self.publish(msg, t, False)) if msg.policy.sends else None,
             sender=msg.sender,
-            extra={"offered": offered_tools(self.cfg, msg, self._effects(), scope)},
+            extra={"offered": offered},
             gate=self.gate,
             processes=ProcessScope(),
             scope=scope,
@@ -288,8 +298,10 @@ class Turns:
                 await self.store.apply_async(session, update)
             failpoints.hit(phase)
 
-        owner = heartbeat.owner_chat(self.cfg, msg.session_key) and not msg.classification.narrowed
-        chat_memory = None if owner else chat_memory_file(msg.session_key)
+        # A task sees the memory of the chat that started it (its scope's session).
+        home = scope.session_key if task is not None else msg.session_key
+        owner = heartbeat.owner_chat(self.cfg, home) and not msg.classification.narrowed
+        chat_memory = None if owner else chat_memory_file(home)
 
         def build(t: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return self.context.build(
@@ -316,6 +328,8 @@ class Turns:
         try:
             try:
                 approve = self.approvals.approver(session, msg, checkpoint, approval)
+                if task is not None:
+                    approve = self.approvals.refuser()
                 result = await self.runner.run(
                     build,
                     turn,
@@ -441,6 +455,8 @@ class Turns:
         out: OutboundMessage | None = self.answer(msg, text, outcome, {DELIVERY_KEY: delivery_id})
         if msg.kind is TurnKind.HEARTBEAT:
             out = _heartbeat_answer(msg, text, outcome, delivery_id)
+        elif msg.kind is TurnKind.TASK:
+            out = None  # a task's result is told by its report (bot.tasks), in its chat
         if out is not None and media:
             out = replace(out, media=media)
         entries = [outbox_entry(delivery_id, out)] if out is not None else []
@@ -449,7 +465,7 @@ class Turns:
         finished = transitions.finish(msg.message_id, entries)
         await self.store.apply_async(session, finished, stored_form(turn))
         failpoints.hit("before_delivery")
-        if out is None:
+        if out is None and msg.kind is TurnKind.HEARTBEAT:
             log.info("heartbeat: nothing to tell session=%s", msg.session_key)
         else:
             await self.bus.publish_outbound(out)

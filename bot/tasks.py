@@ -1,0 +1,385 @@
+"""Background tasks: work that outlives the turn that started it, reported back exactly once.
+
+The ``spawn`` tool (``bot.tools.spawn``) starts a task: a turn of kind TASK in a session of
+its own, ``task:<id>``, accepted through the durable intake like any message, so it is
+checkpointed, resumed after a crash, confined and reaped like any turn. Its prompt is the task
+text and the workspace, nothing of the parent's history. It runs with the rights the parent
+turn had, stored with it: the parent's privacy scope and the tools the parent was offered,
+less ``spawn`` (depth 1), ``message`` and ``cron`` (a task speaks only through its report).
+
+When the task's turn has ended, its result is told in the chat that started it as a REPORT
+turn: a durable pending entry of that chat with the id ``task-<id>``, delivered through the
+ledger like a reminder and kept in the chat's history (a follow-up there sees it). The intake's
+seen ids make the report once-only: a restart between the task's end and its report finds the
+task "running" here with no work left in its session, and reports it then (``reconcile``).
+
+The durable record of each task (who started it, where, its label and state) is
+``<state>/tasks.json``, replaced whole through ``bot.durable`` under a lock: a small store of
+its own rather than session metadata, because ``/tasks``, the limits and ``memobot tasks``
+ask about every task at once, and reading every ``task:*`` session for that would load whole
+transcripts. The session stays the truth about the work; this file is the index of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from bot import durable
+from bot.bus import InboundMessage, Intake
+from bot.kinds import REPORT_KEY, TASK_KEY, Sender, with_kind
+from bot.privacy import PrivacyScope
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "task"  # a task's session is "task:<id>"
+# Tools a task is never offered: no task of a task, and it speaks only through its report.
+EXCLUDED_TOOLS = frozenset({"spawn", "message", "cron"})
+ENDED_KEPT = 200  # ended tasks kept in the store for /tasks and `memobot tasks`
+State = Literal["running", "done", "failed", "stopped", "timed out"]
+ENDED_STATES = ("done", "failed", "stopped", "timed out")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """One task as the store keeps it. ``parent``: the session key of the chat that started
+    it; ``starter``: the sender id of the person whose turn started it."""
+
+    id: str
+    parent: str
+    starter: str
+    label: str
+    state: str = "running"
+    started: float = 0.0  # wall-clock seconds
+    ended: float | None = None
+    wait: bool = False
+    admin: bool = False  # the starter is an admin
+    group: bool = True  # the starter wrote in a group
+
+    @property
+    def sender(self) -> Sender:
+        return Sender(self.starter, self.admin, self.group)
+
+    @property
+    def session_key(self) -> str:
+        return f"{CHANNEL}:{self.id}"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TaskRecord:
+        return cls(
+            str(data["id"]),
+            str(data["parent"]),
+            str(data["starter"]),
+            str(data.get("label") or ""),
+            str(data.get("state") or "running"),
+            float(data.get("started") or 0.0),
+            None if data.get("ended") is None else float(data["ended"]),
+            bool(data.get("wait")),
+            data.get("admin") is True,
+            data.get("group") is not False,
+        )
+
+
+class TaskStore:
+    """``<state>/tasks/tasks.json``: every task's record, replaced whole under a lock (the
+    gateway and ``memobot tasks`` may write it at once)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.folder = state_dir / "tasks"
+        self.path = self.folder / "tasks.json"
+        self.lock_path = self.folder / "tasks.lock"
+
+    def load(self) -> dict[str, TaskRecord]:
+        try:
+            raw = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        out: dict[str, TaskRecord] = {}
+        for item in json.loads(raw).get("tasks") or []:
+            try:
+                rec = TaskRecord.from_dict(item)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error("tasks: unreadable record in %s left out: %s", self.path, exc)
+                continue
+            out[rec.id] = rec
+        return out
+
+    def update(self, change: Callable[[dict[str, TaskRecord]], Any]) -> Any:
+        """Apply ``change`` to the records under the lock and write them durably."""
+        with durable.exclusive(self.lock_path):
+            records = self.load()
+            result = change(records)
+            ended = sorted(
+                (r for r in records.values() if r.state != "running"), key=lambda r: r.ended or 0
+            )
+            for old in ended[: max(0, len(ended) - ENDED_KEPT)]:
+                del records[old.id]
+            text = json.dumps({"tasks": [asdict(r) for r in records.values()]}, indent=1)
+            durable.replace_file(self.path, text + "\n")
+            return result
+
+    def put(self, record: TaskRecord) -> None:
+        self.update(lambda records: records.__setitem__(record.id, record))
+
+    def end(self, task_id: str, state: str, now: float) -> TaskRecord | None:
+        """Mark a running task ended; None when it was not running (ended before)."""
+
+        def change(records: dict[str, TaskRecord]) -> TaskRecord | None:
+            rec = records.get(task_id)
+            if rec is None or rec.state != "running":
+                return None
+            records[task_id] = replace(rec, state=state, ended=now)
+            return records[task_id]
+
+        result: TaskRecord | None = self.update(change)
+        return result
+
+
+def scope_record(scope: PrivacyScope) -> dict[str, Any]:
+    return {
+        "audience": scope.audience,
+        "session_key": scope.session_key,
+        "admin": scope.admin,
+        "owner_memory": scope.owner_memory,
+        "media": None if scope.media is None else str(scope.media),
+    }
+
+
+def scope_from_record(data: Any, fallback: PrivacyScope) -> PrivacyScope:
+    """The parent's scope a task was stored with; ``fallback`` (the least: a group's scope
+    of the task's own session) when the record is not one."""
+    try:
+        audience = data["audience"]
+        if audience not in ("owner", "guest", "group"):
+            return fallback
+        media = data.get("media")
+        return PrivacyScope(
+            audience,
+            str(data["session_key"]),
+            bool(data["admin"]),
+            bool(data["owner_memory"]),
+            None if media is None else PurePosixPath(str(media)),
+        )
+    except (KeyError, TypeError):
+        return fallback
+
+
+def task_tools(parent_offered: set[str] | None, all_tools: set[str]) -> set[str]:
+    """A task's tools: the parent turn's (None: all), less EXCLUDED_TOOLS."""
+    base = all_tools if parent_offered is None else parent_offered & all_tools
+    return base - EXCLUDED_TOOLS
+
+
+def task_message(
+    task_id: str,
+    parent: str,
+    sender: Sender,
+    text: str,
+    label: str,
+    scope: PrivacyScope,
+    offered: set[str] | None,
+) -> InboundMessage:
+    """The pending turn that is the task: in session ``task:<id>``, for the parent's sender,
+    with the parent's scope and tools stored beside it."""
+    info = {
+        "id": task_id,
+        "parent": parent,
+        "label": label,
+        "scope": scope_record(scope),
+        "tools": None if offered is None else sorted(offered),
+    }
+    msg = InboundMessage(
+        CHANNEL,
+        task_id,
+        sender.id,
+        text,
+        message_id=f"task-{task_id}",
+        metadata={TASK_KEY: info, "is_admin": sender.is_admin, "is_group": sender.is_group},
+    )
+    return with_kind(msg)
+
+
+def task_info(msg: InboundMessage) -> dict[str, Any]:
+    info = msg.metadata.get(TASK_KEY)
+    return info if isinstance(info, dict) else {}
+
+
+def report_text(rec: TaskRecord, state: str, result: str) -> str:
+    head = f"Task {rec.id} ({rec.label})" if rec.label else f"Task {rec.id}"
+    if state == "done":
+        return f"{head} finished:\n\n{result}".rstrip()
+    return f"{head} {state}." + (f"\n\n{result}" if result else "")
+
+
+def report_message(rec: TaskRecord, text: str) -> InboundMessage:
+    """The report of a task as a pending turn of the chat that started it: its id is the
+    task's, so a second report of the same task is a duplicate the intake refuses."""
+    channel, _, chat_id = rec.parent.partition(":")
+    msg = InboundMessage(
+        channel,
+        chat_id,
+        rec.starter,
+        text,
+        message_id=f"task-{rec.id}",
+        metadata={REPORT_KEY: {"id": rec.id}, "is_admin": rec.admin, "is_group": rec.group},
+    )
+    return with_kind(msg)
+
+
+def result_of(messages: list[dict[str, Any]]) -> str:
+    """A finished task's result: the last assistant text of its session."""
+    for m in reversed(messages):
+        if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"]:
+            return str(m["content"])
+    return ""
+
+
+def age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"
+
+
+def describe(records: list[TaskRecord], now: float) -> list[str]:
+    """One line per task: id, label, state, age."""
+    return [
+        f"{r.id}  {r.state:<9}  {age((r.ended or now) - r.started):>6}  {r.label or '-'}"
+        for r in sorted(records, key=lambda r: r.started)
+    ]
+
+
+class TaskBoard:
+    """The running side of tasks, owned by the agent loop: limits, starting, waiting, the
+    end of each task and its one report. ``accept`` is the durable intake; ``dispatch``
+    queues an accepted message on its session."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        *,
+        max_tasks: int,
+        max_per_chat: int,
+        timeout_seconds: float,
+        accept: Callable[[InboundMessage], Awaitable[Intake]],
+        dispatch: Callable[[InboundMessage], None],
+        outside_slot: Callable[[], contextlib.AbstractAsyncContextManager[None]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.max_tasks = max_tasks
+        self.max_per_chat = max_per_chat
+        self.timeout_seconds = timeout_seconds
+        self._accept = accept
+        self._dispatch = dispatch
+        self.clock = clock
+        # A waiting parent turn gives its slot back, so its task can have one.
+        self._outside_slot = outside_slot or contextlib.nullcontext
+        # A wait: true spawn waiting for its task's result.
+        self._waiters: dict[str, asyncio.Future[str]] = {}
+        self._lock = asyncio.Lock()  # limits checked and a task recorded as one step
+
+    async def records(self) -> dict[str, TaskRecord]:
+        return await asyncio.to_thread(self.store.load)
+
+    async def start(
+        self,
+        parent: str,
+        sender: Sender,
+        text: str,
+        label: str,
+        scope: PrivacyScope,
+        offered: set[str] | None,
+        wait: bool,
+    ) -> TaskRecord | str:
+        """Record and queue a new task; a refusal's text when a limit holds it back."""
+        async with self._lock:
+            records = await self.records()
+            running = [r for r in records.values() if r.state == "running"]
+            if len(running) >= self.max_tasks:
+                return (
+                    f"refused: {len(running)} background task(s) already running, the most "
+                    f"allowed (agent.maxTasks = {self.max_tasks}); wait for one to finish or "
+                    "stop one with /stop ID"
+                )
+            here = [r for r in running if r.parent == parent]
+            if len(here) >= self.max_per_chat:
+                return (
+                    f"refused: this chat already has {len(here)} background task(s) running "
+                    f"(agent.maxTasksPerChat = {self.max_per_chat}); wait for one to finish"
+                )
+            task_id = secrets.token_hex(2)
+            while task_id in records:
+                task_id = secrets.token_hex(3)
+            rec = TaskRecord(
+                task_id,
+                parent,
+                sender.id,
+                label,
+                "running",
+                self.clock(),
+                None,
+                wait,
+                sender.is_admin,
+                sender.is_group,
+            )
+            if wait:
+                self._waiters[task_id] = asyncio.get_running_loop().create_future()
+            # Recorded first: a crash before the intake leaves a running record with no work,
+            # which reconcile reports as ended (never a task running unlisted).
+            await asyncio.to_thread(self.store.put, rec)
+        msg = task_message(task_id, parent, sender, text, label, scope, offered)
+        if await self._accept(msg) == "accepted":
+            self._dispatch(msg)
+        log.info("task started id=%s parent=%s label=%r wait=%s", task_id, parent, label, wait)
+        return rec
+
+    async def wait(self, task_id: str, seconds: float) -> str | None:
+        """The result of a ``wait: true`` task, or None when it did not end in ``seconds``
+        (then it reports to the chat when it ends, as any task)."""
+        future = self._waiters.get(task_id)
+        if future is None:
+            return None
+        try:
+            async with self._outside_slot(), asyncio.timeout(seconds):
+                return await asyncio.shield(future)
+        except TimeoutError:
+            return None
+        finally:
+            self._waiters.pop(task_id, None)
+
+    async def ended(self, task_id: str, state: str, result: str) -> None:
+        """A task's turn has ended: its record ends, and its result goes to the ``wait: true``
+        turn still waiting for it, else to its chat as a report (once: the report's id is the
+        task's). Called again for the same task (a restart in between), it reports nothing
+        twice."""
+        records = await self.records()
+        rec = records.get(task_id)
+        if rec is None:
+            log.error("task ended that the store does not know id=%s", task_id)
+            return
+        if rec.state != "running":
+            return  # ended and reported before (a resumed turn found its answer written)
+        waiter = self._waiters.pop(task_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(report_text(rec, state, result))
+            log.info("task ended id=%s state=%s: result returned to its turn", task_id, state)
+        else:
+            report = report_message(rec, report_text(rec, state, result))
+            accepted = await self._accept(report)
+            if accepted == "accepted":
+                self._dispatch(report)
+            log.info("task ended id=%s state=%s report=%s", task_id, state, accepted)
+            if accepted == "refused":  # shutting down, or a disk error: reported at next start
+                return
+        await asyncio.to_thread(self.store.end, task_id, state, self.clock())

@@ -1,0 +1,220 @@
+"""Background tasks (bot.tasks, the spawn tool), in-process against the fake model: started
+at once, reported back in the chat that started them exactly once, with the parent's rights at
+most, stopped only by their starter or an admin, held to the limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from bot.bus import InboundMessage, OutboundMessage
+from bot.session import SessionStore
+from bot.tasks import TaskStore
+from tests.fakes.llm_server import FakeLLM, reply, tool_step
+from tests.helpers import Harness, make_config, request_messages
+
+TASK = "TASKTEXT: count the files"
+# The task's tool holds until the test says go: a long tool call without a real wait.
+HOLD = "while [ ! -e go ]; do sleep 0.01; done; echo counted 42"
+
+
+@pytest.fixture
+async def llm():
+    async with FakeLLM() as server:
+        yield server
+
+
+def harness(tmp_path: Path, server: FakeLLM, **agent) -> Harness:
+    cfg = make_config(tmp_path, server.base_url, agent={**agent})
+    return Harness(cfg, tmp_path / "config.json", channels=("cli", "telegram"))
+
+
+async def until(check, seconds: float = 15.0):
+    """``check()``'s first true value, looked at each loop pass (no fixed sleep)."""
+    deadline = time.monotonic() + seconds
+    while not (value := check()):
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+    return value
+
+
+def reports(h: Harness) -> list[OutboundMessage]:
+    return [m for m in h.outbox if m.final and m.text.startswith("Task ")]
+
+
+def tool_results(llm: FakeLLM, said: str) -> list[str]:
+    """The tool results the model was sent in the requests whose user message has ``said``."""
+    return [
+        m["content"]
+        for r in llm.requests
+        if any(m["role"] == "user" and said in str(m["content"]) for m in request_messages(r))
+        for m in request_messages(r)[-1:]
+        if m["role"] == "tool"
+    ]
+
+
+def task_steps(result: str = "There are 42 files.") -> list[dict]:
+    return [
+        tool_step(("exec", {"command": HOLD}), when_user_contains="TASKTEXT"),
+        reply(result, when_user_contains="TASKTEXT"),
+    ]
+
+
+async def say(h: Harness, text: str, *, chat: str = "g1", sender: str = "u1", **meta) -> str:
+    """A Telegram message from ``sender``; its final answer's text."""
+    mid = f"m{time.monotonic_ns()}"
+    fut = h.expect(mid)
+    msg = InboundMessage("telegram", chat, sender, text, message_id=mid, metadata=meta)
+    assert await h.stack.bus.publish_inbound(msg) == "accepted"
+    return (await asyncio.wait_for(fut, 15)).text
+
+
+async def test_spawn_answers_at_once_and_reports_once_into_the_chat_history(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    llm.script(
+        tool_step(("spawn", {"task": TASK, "label": "count"}), when_user_contains="research"),
+        reply("I started it.", when_user_contains="research"),
+        *task_steps(),
+    )
+    async with harness(tmp_path, llm) as h:
+        answer = await say(h, "research please", is_admin=True, is_group=False)
+        assert answer == "I started it."
+        assert tool_results(llm, "research")[0].startswith("started task ")
+        # The task is held in its tool: it is listed running, nothing reported yet.
+        [rec] = TaskStore(tmp_path / "state").load().values()
+        assert rec.state == "running" and rec.parent == "telegram:g1" and rec.label == "count"
+        listing = await say(h, "/tasks", is_admin=True, is_group=False)
+        assert rec.id in listing and "running" in listing and "count" in listing
+        assert reports(h) == []
+        (tmp_path / "ws" / "go").touch()
+        [report] = await until(lambda: reports(h))
+        assert (report.channel, report.chat_id) == ("telegram", "g1")
+        assert report.text == f"Task {rec.id} (count) finished:\n\nThere are 42 files."
+        # Its own prompt: the task, no history of the parent chat.
+        task_req = next(r for r in llm.requests if "TASKTEXT" in json.dumps(r["body"]))
+        assert "research please" not in json.dumps(task_req["body"]["messages"])
+        assert "spawn" not in json.dumps(task_req["body"].get("tools"))  # depth 1
+        # A follow-up in the chat has the report in its history.
+        llm.script(reply("follow-up answered"))
+        assert await say(h, "what did it find?", is_admin=True, is_group=False) == (
+            "follow-up answered"
+        )
+        assert "There are 42 files." in json.dumps(request_messages(llm.requests[-1]))
+        assert TaskStore(tmp_path / "state").load()[rec.id].state == "done"
+    # Exactly once, also after a restart (reconcile finds the task ended and reported).
+    async with harness(tmp_path, llm) as h2:
+        await asyncio.sleep(0)
+        await h2.stack.loop.reconcile_tasks()
+        assert reports(h2) == []
+    history = SessionStore(tmp_path / "state").history("telegram:g1")
+    assert sum("There are 42 files." in str(m.get("content")) for m in history) == 1
+
+
+async def test_wait_true_puts_the_result_into_the_parents_answer(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    llm.script(
+        tool_step(("spawn", {"task": TASK, "wait": True}), when_user_contains="research"),
+        reply("The task says: done", when_user_contains="research"),
+        reply("There are 42 files.", when_user_contains="TASKTEXT"),
+    )
+    async with harness(tmp_path, llm, maxConcurrentTurns=1) as h:
+        # One turn slot: the waiting parent gives its slot to its task.
+        assert await say(h, "research please", is_admin=True, is_group=False) == (
+            "The task says: done"
+        )
+        assert "There are 42 files." in tool_results(llm, "research")[0]
+        [rec] = TaskStore(tmp_path / "state").load().values()
+        await until(lambda: TaskStore(tmp_path / "state").load()[rec.id].state == "done")
+        assert reports(h) == []  # returned to its turn: not reported a second time
+
+
+async def test_a_group_members_task_gets_only_the_groups_tools(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    llm.script(
+        tool_step(("spawn", {"task": TASK}), when_user_contains="research"),
+        reply("started", when_user_contains="research"),
+        tool_step(("exec", {"command": "echo pwned > owned"}), when_user_contains="TASKTEXT"),
+        reply("tried", when_user_contains="TASKTEXT"),
+    )
+    async with harness(tmp_path, llm) as h:
+        assert await say(h, "research please", is_admin=False, is_group=True) == "started"
+        await until(lambda: reports(h))
+    parent_tools = {t["function"]["name"] for t in llm.requests[0]["body"]["tools"]}
+    task_req = next(r for r in llm.requests if "TASKTEXT" in json.dumps(r["body"]["messages"]))
+    task_tools = {t["function"]["name"] for t in task_req["body"].get("tools") or []}
+    assert "exec" not in parent_tools and "spawn" in parent_tools
+    assert task_tools <= parent_tools - {"spawn"}
+    assert not (tmp_path / "ws" / "owned").exists()  # the call was refused, not run
+
+
+async def test_stop_id_only_by_its_starter_or_an_admin_and_only_in_its_chat(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    llm.script(
+        tool_step(("spawn", {"task": TASK, "label": "long"}), when_user_contains="research"),
+        reply("started", when_user_contains="research"),
+        *task_steps(),
+    )
+    cfg = {"groupTools": ["exec", "spawn"]}
+    h = Harness(
+        make_config(tmp_path, llm.base_url, channels={"telegram": {"token": "1:x", **cfg}}),
+        tmp_path / "config.json",
+        channels=("cli", "telegram"),
+    )
+    async with h:
+        assert await say(h, "research please", sender="alice", is_admin=False, is_group=True)
+        [rec] = TaskStore(tmp_path / "state").load().values()
+        group = {"is_admin": False, "is_group": True}
+        refused = await say(h, f"/stop {rec.id}", sender="mallory", **group)
+        assert refused == f"Only the person who started task {rec.id}, or an admin, may stop it."
+        elsewhere = await say(h, f"/stop {rec.id}", chat="g2", sender="alice", **group)
+        assert elsewhere.startswith(f"No background task {rec.id} in this chat")
+        assert TaskStore(tmp_path / "state").load()[rec.id].state == "running"
+        assert await say(h, f"/stop {rec.id}", sender="alice", **group) == (
+            f"Stopping task {rec.id}."
+        )
+        [report] = await until(lambda: reports(h))
+        assert report.text.startswith(f"Task {rec.id} (long) stopped.")
+        assert TaskStore(tmp_path / "state").load()[rec.id].state == "stopped"
+
+
+async def test_max_tasks_refuses_the_next_one_clearly(tmp_path: Path, llm: FakeLLM) -> None:
+    spawn = tool_step(("spawn", {"task": TASK}), when_user_contains="research")
+    llm.script(
+        *[s for _ in range(3) for s in (spawn, reply("ok", when_user_contains="research"))],
+        *[tool_step(("exec", {"command": HOLD}), when_user_contains="TASKTEXT")] * 2,
+    )
+    async with harness(tmp_path, llm, maxTasks=2, maxTasksPerChat=5) as h:
+        for chat in ("a", "b", "c"):
+            await say(h, "research please", chat=chat, is_admin=True, is_group=False)
+        results = [
+            m["content"]
+            for r in llm.requests
+            for m in request_messages(r)[-1:]
+            if m["role"] == "tool" and "task" in m["content"]
+        ]
+        assert sum(r.startswith("started task") for r in results) == 2
+        [refused] = [r for r in results if not r.startswith("started task")]
+        assert "agent.maxTasks = 2" in refused and "refused" in refused
+        (tmp_path / "ws" / "go").touch()
+        await until(lambda: len(reports(h)) == 2)
+
+
+async def test_the_timeout_stops_a_task_and_says_so(tmp_path: Path, llm: FakeLLM) -> None:
+    llm.script(
+        tool_step(("spawn", {"task": TASK}), when_user_contains="research"),
+        reply("started", when_user_contains="research"),
+        *task_steps(),
+    )
+    # 0.3 s: the task is held in its tool, so only the timeout can end it.
+    async with harness(tmp_path, llm, taskTimeoutMinutes=0.005) as h:
+        await say(h, "research please", is_admin=True, is_group=False)
+        [report] = await until(lambda: reports(h))
+        assert "timed out" in report.text

@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bot.spend import commands as usage_commands
 
     usage_commands.add_parsers(sub, common)
+    from bot import tasks_commands
+
+    tasks_commands.add_parsers(sub, common)
     return parser
 
 
@@ -303,6 +306,10 @@ def _main(argv: list[str] | None) -> int:
             from bot.spend import commands as usage_commands
 
             return usage_commands.run(args, cfg)
+        if args.command == "tasks":
+            from bot import tasks_commands
+
+            return tasks_commands.run(args, cfg)
         if args.command in ("memory", "dream"):
             from bot.memory.commands import run
 

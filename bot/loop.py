@@ -457,10 +457,14 @@ class AgentLoop:
                 work.stop_requested = False
                 work.turn_sender = job.msg.sender_id
                 work.turn = asyncio.create_task(self._process(job, work), name=f"turn:{key}")
-                timer = None
+                timer = watcher = None
                 if job.msg.kind is TurnKind.TASK:
                     timer = asyncio.get_running_loop().call_later(
                         self.tasks.timeout_seconds, self._stop_task, key, "timed out"
+                    )
+                    task_id = str(task_info(job.msg).get("id") or "")
+                    watcher = asyncio.create_task(
+                        self.tasks.watch_cancel(task_id, lambda: self._stop_task(key, "stopped"))
                     )
                 try:
                     await asyncio.shield(work.turn)
@@ -478,6 +482,8 @@ class AgentLoop:
                     work.turn = None
                     if timer is not None:
                         timer.cancel()
+                    if watcher is not None:
+                        watcher.cancel()
             if job.msg.kind is TurnKind.TASK and work.waiting is None:
                 await self._task_ended(key, job.msg, work)
             if work.waiting is not None:

@@ -63,6 +63,7 @@ class TaskRecord:
     wait: bool = False
     admin: bool = False  # the starter is an admin
     group: bool = True  # the starter wrote in a group
+    cancel: bool = False  # `memobot tasks cancel`: the gateway stops it when it sees this
 
     @property
     def sender(self) -> Sender:
@@ -85,6 +86,7 @@ class TaskRecord:
             bool(data.get("wait")),
             data.get("admin") is True,
             data.get("group") is not False,
+            data.get("cancel") is True,
         )
 
 
@@ -125,6 +127,28 @@ class TaskStore:
             text = json.dumps({"tasks": [asdict(r) for r in records.values()]}, indent=1)
             durable.replace_file(self.path, text + "\n")
             return result
+
+    def stamp(self) -> tuple[int, int, int] | None:
+        """Changes whenever the file is replaced (inode, mtime, size); None if absent."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def request_cancel(self, task_id: str) -> TaskRecord | None:
+        """Ask the gateway to stop a running task (``memobot tasks cancel``); None when no
+        such task runs."""
+
+        def change(records: dict[str, TaskRecord]) -> TaskRecord | None:
+            rec = records.get(task_id)
+            if rec is None or rec.state != "running":
+                return None
+            records[task_id] = replace(rec, cancel=True)
+            return records[task_id]
+
+        result: TaskRecord | None = self.update(change)
+        return result
 
     def put(self, record: TaskRecord) -> None:
         self.update(lambda records: records.__setitem__(record.id, record))
@@ -291,6 +315,23 @@ class TaskBoard:
 
     async def records(self) -> dict[str, TaskRecord]:
         return await asyncio.to_thread(self.store.load)
+
+    async def watch_cancel(
+        self, task_id: str, stop: Callable[[], object], every: float = 1.0
+    ) -> None:
+        """Call ``stop`` once ``memobot tasks cancel`` asked for this task (read whenever
+        the store file changed, every ``every`` seconds); runs until cancelled."""
+        seen: tuple[int, int, int] | None = (-1, -1, -1)
+        while True:
+            stamp = await asyncio.to_thread(self.store.stamp)
+            if stamp != seen:
+                seen = stamp
+                rec = (await self.records()).get(task_id)
+                if rec is not None and rec.cancel:
+                    log.info("task cancel asked from the command line id=%s", task_id)
+                    stop()
+                    return
+            await asyncio.sleep(every)
 
     async def start(
         self,

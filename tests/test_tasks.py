@@ -218,3 +218,30 @@ async def test_the_timeout_stops_a_task_and_says_so(tmp_path: Path, llm: FakeLLM
         await say(h, "research please", is_admin=True, is_group=False)
         [report] = await until(lambda: reports(h))
         assert "timed out" in report.text
+
+
+async def test_memobot_tasks_lists_shows_and_cancels_through_the_gateway(
+    tmp_path: Path, llm: FakeLLM, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from argparse import Namespace
+
+    from bot import tasks_commands
+
+    llm.script(
+        tool_step(("spawn", {"task": TASK, "label": "long"}), when_user_contains="research"),
+        reply("started", when_user_contains="research"),
+        *task_steps(),
+    )
+    async with harness(tmp_path, llm) as h:
+        await say(h, "research please", is_admin=True, is_group=False)
+        [rec] = TaskStore(tmp_path / "state").load().values()
+        run = tasks_commands.run
+        assert await asyncio.to_thread(run, Namespace(tasks_command="list"), h.cfg) == 0
+        assert rec.id in capsys.readouterr().out
+        assert await asyncio.to_thread(run, Namespace(tasks_command="show", id=rec.id), h.cfg) == 0
+        assert "chat: telegram:g1" in capsys.readouterr().out
+        cancel = Namespace(tasks_command="cancel", id=rec.id)
+        assert await asyncio.to_thread(run, cancel, h.cfg) == 0
+        [report] = await until(lambda: reports(h))
+        assert report.text.startswith(f"Task {rec.id} (long) stopped.")
+        assert await asyncio.to_thread(run, cancel, h.cfg) == 1  # no longer running

@@ -6,7 +6,6 @@ only when there is something to tell."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -21,7 +20,8 @@ from bot.cron.schedule import Schedule
 from bot.cron.store import JobStore, new_job
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, call, reply, tool_step
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import REPO, config_dict, run_memobot, zygote
+from tests.helpers import config_dict, run_memobot
+from tests.helpers.gateway import Gateway, wait_log
 
 ALICE = 1001
 HELLO = "hello"
@@ -61,48 +61,6 @@ def write(tmp_path: Path, llm: FakeLLMThread, api: Any, **sections: dict[str, An
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))
     return path
-
-
-class Gateway:
-    def __init__(self, config: Path, failpoints: str = "") -> None:
-        env = {**os.environ, "MEMOBOT_FAILPOINTS": failpoints}
-        for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MEMOBOT_CONFIG"):
-            env.pop(name, None)
-        self.log = config.parent / "gateway.log"
-        with open(self.log, "ab") as log:
-            self.proc = zygote.popen(
-                ["--config", str(config), "-v", "gateway"],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
-
-    def wait_running(self, timeout: float = 20) -> None:
-        wait_log(self.log, "gateway running", timeout, self.proc)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-
-def wait_log(path: Path, text: str, timeout: float, proc: Any = None, count: int = 1) -> None:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text(errors="replace").count(text) >= count):
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"gateway exited {proc.returncode}:\n{path.read_text()}")
-        assert time.monotonic() < deadline, f"{text!r} never logged:\n{path.read_text()}"
-        time.sleep(0.05)
 
 
 def texts(api: Any) -> list[str]:

@@ -46,7 +46,9 @@ WAIT = 30.0
 WORKSPACE_TOOLS = {"read_file", "list_dir", "write_file", "edit_file", "exec"}
 # What a group and a non-admin's private chat are offered by default (from the tools' declared
 # effects): the tools that touch no workspace file; for the private chat, also the file tools.
-GROUP_DEFAULT_TOOLS = frozenset({"web_fetch", "web_search", "message", "memory_search", "cron"})
+GROUP_DEFAULT_TOOLS = frozenset(
+    {"web_fetch", "web_search", "message", "memory_search", "cron", "spawn"}
+)
 DM_DEFAULT_TOOLS = GROUP_DEFAULT_TOOLS | {"read_file", "list_dir", "write_file", "edit_file"}
 # What the owner's files hold; none of it may reach a request made for someone else.
 SECRETS = {

@@ -139,6 +139,7 @@ class AgentLoop:
         self._draining = False
         self._background = background
         self.started_at = time.monotonic()
+        self.started_wall = time.time()
         agent = cfg.agent
         self.tasks = TaskBoard(
             TaskStore(agent.state_path),
@@ -205,8 +206,8 @@ class AgentLoop:
             log.error("cannot read the task store: %s", exc)
             return
         for rec in records.values():
-            if rec.state != "running":
-                continue
+            if rec.state != "running" or rec.started >= self.started_wall:
+                continue  # ended, or started by this run (its pending turn is being written)
             peeked = await asyncio.to_thread(self.store.peek_state, rec.session_key)
             if peeked is not None and peeked.has_work:
                 continue  # resumed by recovery; it reports when it ends
@@ -361,7 +362,10 @@ class AgentLoop:
             return f"Task {rec.id} has already ended ({rec.state})."
         if self._stop_task(rec.session_key, "stopped"):
             return f"Stopping task {rec.id}."
-        return f"Task {rec.id} is waiting to run; it stops as soon as it starts."
+        # Queued behind the limits, or between a restart and its resume: asked durably, and
+        # it ends "stopped" when its turn comes (``_process``).
+        await asyncio.to_thread(self.tasks.store.request_cancel, rec.id)
+        return f"Task {rec.id} is waiting to run; it stops as soon as its turn comes."
 
     def _stop_task(self, key: str, reason: str) -> bool:
         work = self._work.get(key)
@@ -378,6 +382,12 @@ class AgentLoop:
         state, work.ended_as = work.ended_as or "done", None
         task_id = str(task_info(msg).get("id") or key.partition(":")[2])
         await self.tasks.ended(task_id, state, result_of(session.messages))
+
+    async def _cancelled_task(self, msg: InboundMessage) -> bool:
+        """Whether a stop was asked for this task before its turn came (``memobot tasks
+        cancel``, ``/stop ID`` of a queued task)."""
+        rec = (await self.tasks.records()).get(str(task_info(msg).get("id") or ""))
+        return rec is not None and rec.cancel
 
     async def _tasks_command(self, msg: InboundMessage, args: str) -> str:
         try:
@@ -539,6 +549,12 @@ class AgentLoop:
             return
         if msg.kind in (TurnKind.REMINDER, TurnKind.REPORT):
             await self.turns.deliver_text(session, msg)
+            return
+        if msg.kind is TurnKind.TASK and await self._cancelled_task(msg):
+            work.ended_as = "stopped"
+            turn = await self.turns.answerable_turn(session, msg)
+            close_open_tool_calls(turn)
+            await self.turns.finish(session, msg, turn, STOPPED_TEXT, "stopped")
             return
         turn = job.turn
         paused = None

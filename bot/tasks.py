@@ -380,7 +380,12 @@ class TaskBoard:
             # which reconcile reports as ended (never a task running unlisted).
             await asyncio.to_thread(self.store.put, rec)
         msg = task_message(task_id, parent, sender, text, label, scope, offered)
-        if await self._accept(msg) == "accepted":
+        taken = await self._accept(msg)
+        if taken == "refused":  # shutting down, or the disk refused the write
+            await asyncio.to_thread(self.store.end, task_id, "failed", self.clock())
+            self._waiters.pop(task_id, None)
+            return "refused: the task could not be stored (memobot is stopping, or a disk error)"
+        if taken == "accepted":
             self._dispatch(msg)
         log.info("task started id=%s parent=%s label=%r wait=%s", task_id, parent, label, wait)
         return rec

@@ -57,6 +57,15 @@ def tool_results(llm: FakeLLM, said: str) -> list[str]:
     ]
 
 
+def task_request(llm: FakeLLM) -> dict:
+    """The task's first model request: the one whose person's message is the task."""
+    return next(
+        r
+        for r in llm.requests
+        if any(m["role"] == "user" and "TASKTEXT" in str(m["content"]) for m in request_messages(r))
+    )
+
+
 def task_steps(result: str = "There are 42 files.") -> list[dict]:
     return [
         tool_step(("exec", {"command": HOLD}), when_user_contains="TASKTEXT"),
@@ -96,7 +105,7 @@ async def test_spawn_answers_at_once_and_reports_once_into_the_chat_history(
         assert (report.channel, report.chat_id) == ("telegram", "g1")
         assert report.text == f"Task {rec.id} (count) finished:\n\nThere are 42 files."
         # Its own prompt: the task, no history of the parent chat.
-        task_req = next(r for r in llm.requests if "TASKTEXT" in json.dumps(r["body"]))
+        task_req = task_request(llm)
         assert "research please" not in json.dumps(task_req["body"]["messages"])
         assert "spawn" not in json.dumps(task_req["body"].get("tools"))  # depth 1
         # A follow-up in the chat has the report in its history.
@@ -147,7 +156,7 @@ async def test_a_group_members_task_gets_only_the_groups_tools(
         assert await say(h, "research please", is_admin=False, is_group=True) == "started"
         await until(lambda: reports(h))
     parent_tools = {t["function"]["name"] for t in llm.requests[0]["body"]["tools"]}
-    task_req = next(r for r in llm.requests if "TASKTEXT" in json.dumps(r["body"]["messages"]))
+    task_req = task_request(llm)
     task_tools = {t["function"]["name"] for t in task_req["body"].get("tools") or []}
     assert "exec" not in parent_tools and "spawn" in parent_tools
     assert task_tools <= parent_tools - {"spawn"}

@@ -51,10 +51,12 @@ class SpawnTool(Tool):
             raise ToolError("a background task cannot start background tasks")
         if ctx.sender is None or not ctx.session_key:
             raise ToolError("background tasks are started in a chat, for its sender")
-        text = str(args["task"]).strip()
+        # A lone surrogate (JSON's "\ud800") is no text a session file can hold.
+        text = str(args["task"]).encode("utf-8", "replace").decode("utf-8").strip()
         if not text:
             raise ToolError("task must not be empty")
-        label = " ".join(str(args.get("label") or text).split())[:LABEL_CHARS]
+        label = str(args.get("label") or text).encode("utf-8", "replace").decode("utf-8")
+        label = " ".join(label.split())[:LABEL_CHARS]
         wait = bool(args.get("wait"))
         offered = ctx.extra.get("offered")
         started = await self.board.start(

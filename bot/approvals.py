@@ -102,6 +102,16 @@ def offered_tools(
     return limited_tool_names(tools, configured, safe_mcp, scoped_files=True)
 
 
+def elsewhere(record: dict[str, Any], msg: InboundMessage) -> bool:
+    """Whether ``msg`` may answer ``record`` from outside the session that waits: any chat for
+    an unattended turn's question (an admin answers it), the chat that started it for a
+    background task's question (its starter answers it)."""
+    if record.get("owner"):
+        return True
+    asked_in = {(str(c[0]), str(c[1])) for c in record.get("asked_in") or []}
+    return (msg.channel, msg.chat_id) in asked_in
+
+
 def owner_channel(msg: InboundMessage) -> tuple[str, str]:
     """(channel, chat) an unattended turn belongs to: where its owner is looked for first
     (the heartbeat's answers go to ``heartbeat.deliverTo``: there)."""
@@ -204,6 +214,11 @@ class ApprovalDesk:
                     self.policy.timeout_seconds,
                     owner_chats=owners,
                 )
+                if msg.kind is TurnKind.TASK:
+                    # Nobody reads the task's own session: asked of its starter, in the chat
+                    # that started it (the task's deliver_to).
+                    channel, _, chat = (msg.classification.deliver_to or "").partition(":")
+                    record["asked_in"] = [[channel, chat]]
                 await checkpoint("awaiting_approval", turn, record)
                 log.info(
                     "approval asked session=%s id=%s tool=%s%s",
@@ -229,23 +244,6 @@ class ApprovalDesk:
                 failpoints.hit("approval_recorded")
                 return None
             return denied_result(outcome, self.timeout_minutes)
-
-        return approve
-
-    def refuser(self) -> Approver:
-        """The ``approve`` of a background task's turn: nobody watches its session, and its
-        questions are not yet routed to the person who started it, so a call that would be
-        asked is refused (a task never does more unasked than its chat's turn would)."""
-
-        async def approve(call: ToolCall, turn: list[dict[str, Any]]) -> str | None:
-            if self.question(call, []) is None:
-                return None
-            log.info("approval refused in a background task: tool=%s", call.name)
-            return (
-                "Error: not run: this call needs a person's approval, and a background task "
-                "cannot ask for one. Do not retry it; say in your answer what you wanted to do, "
-                "so the person can do it in the chat."
-            )
 
         return approve
 
@@ -295,7 +293,7 @@ class ApprovalDesk:
         self, msg: InboundMessage, record: dict[str, Any]
     ) -> list[tuple[str, str, str | None]]:
         """Where the question is shown: (channel, chat, the message it replies to)."""
-        if not record.get("owner"):
+        if not record.get("asked_in"):
             return [(msg.channel, msg.chat_id, msg.message_id)]
         chats = []
         for channel, chat_id in record.get("asked_in") or []:
@@ -333,7 +331,7 @@ class ApprovalDesk:
         approval_id = record["id"]
         answered: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiting[approval_id] = answered
-        if record.get("owner"):  # answered in an admin's chat, not in this session
+        if record.get("asked_in"):  # answered in another chat, not in this session
             self._remember(approval_id, session.key)
         try:
             # Registered first, read second: a press recorded before this wait (after a
@@ -416,7 +414,7 @@ class ApprovalDesk:
             return "That is not an answer to an approval."
         session = await self._locate(approval_id, msg)
         record = session.state.open_approval
-        if record is not None and session.key != msg.session_key and not record.get("owner"):
+        if record is not None and session.key != msg.session_key and not elsewhere(record, msg):
             record = None  # a person's question is answered in its own chat
         if record is None or record.get("id") != approval_id or record["state"] != WAITING:
             return self._late(session.state, approval_id, msg.message_id, record)
@@ -453,7 +451,7 @@ class ApprovalDesk:
         if record is None or record.get("id") != approval_id or record["state"] != WAITING:
             return self._late(session.state, approval_id, press, record)
         shown_in = [(str(c[0]), str(c[1])) for c in record.get("asked_in") or []]
-        if not record.get("owner"):
+        if not record.get("asked_in"):
             shown_in = [(key.partition(":")[0], key.partition(":")[2])]
         reply = await self._decide(session, record, choice, by, press, f"{key}'s turns")
         if reply not in (None, EXPIRED, ANSWERED, STOPPED):

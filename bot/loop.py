@@ -460,6 +460,8 @@ class AgentLoop:
                 # The model is known to be down: wait without spending a slot on retries.
                 if job.msg.policy.waits_for_model:
                     await self._wait_for_model(key, work, job, None)
+                    if job.msg.kind is TurnKind.TASK:
+                        await self._task_ended(key, job.msg, work)  # unless it waits again
                     continue
             async with self._slots:
                 if self._draining:
@@ -499,6 +501,8 @@ class AgentLoop:
             if work.waiting is not None:
                 turn, work.waiting = work.waiting, None
                 await self._wait_for_model(key, work, job, turn)
+                if job.msg.kind is TurnKind.TASK:
+                    await self._task_ended(key, job.msg, work)  # stopped or given up waiting
 
     async def _with_media(self, key: str, work: _SessionWork, job: _Job) -> _Job | None:
         """``job`` with the files its message names fetched by its channel (``bot.media``).

@@ -328,8 +328,6 @@ class Turns:
         try:
             try:
                 approve = self.approvals.approver(session, msg, checkpoint, approval)
-                if task is not None:
-                    approve = self.approvals.refuser()
                 result = await self.runner.run(
                     build,
                     turn,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bot.bus import InboundMessage, OutboundMessage
+from bot.kinds import APPROVAL_KEY
 from bot.session import SessionStore
 from bot.tasks import TaskStore
 from tests.fakes.llm_server import FakeLLM, reply, tool_step
@@ -254,3 +255,37 @@ async def test_memobot_tasks_lists_shows_and_cancels_through_the_gateway(
         [report] = await until(lambda: reports(h))
         assert report.text.startswith(f"Task {rec.id} (long) stopped.")
         assert await asyncio.to_thread(run, cancel, h.cfg) == 1  # no longer running
+
+
+async def test_a_tasks_approval_question_is_asked_of_its_starter_in_the_starting_chat(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    llm.script(
+        tool_step(("spawn", {"task": TASK, "label": "risky"}), when_user_contains="research"),
+        reply("started", when_user_contains="research"),
+        tool_step(("exec", {"command": "echo ran > ran.txt"}), when_user_contains="TASKTEXT"),
+        reply("It ran.", when_user_contains="TASKTEXT"),
+    )
+    channels = {"telegram": {"token": "1:x", "groupTools": ["exec", "spawn"]}}
+    cfg = make_config(tmp_path, llm.base_url, channels=channels, tools={"approval": "risky"})
+    h = Harness(cfg, tmp_path / "config.json", channels=("cli", "telegram"))
+    group = {"is_admin": False, "is_group": True}
+    async with h:
+        await say(h, "research please", sender="alice", **group)
+        asked = await until(lambda: [m for m in h.outbox if APPROVAL_KEY in m.metadata])
+        assert (asked[0].channel, asked[0].chat_id) == ("telegram", "g1")
+        approval_id = asked[0].metadata[APPROVAL_KEY]["id"]
+
+        async def press(sender: str) -> str:
+            mid = f"p-{sender}"
+            meta = {APPROVAL_KEY: {"id": approval_id, "choice": "once"}, **group}
+            await h.stack.bus.publish_inbound(
+                InboundMessage("telegram", "g1", sender, "", message_id=mid, metadata=meta)
+            )
+            return (await until(lambda: [m for m in h.outbox if m.reply_to == mid]))[0].text
+
+        assert "Only the person who asked" in await press("mallory")
+        assert not (tmp_path / "ws" / "ran.txt").exists()
+        await press("alice")
+        [report] = await until(lambda: reports(h))
+        assert report.text.endswith("It ran.") and (tmp_path / "ws" / "ran.txt").exists()

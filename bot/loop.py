@@ -43,7 +43,7 @@ from bot.recovery import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS, Recovery
 from bot.runner import close_open_tool_calls
 from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso, transitions
 from bot.spend.report import chat_text
-from bot.tasks import TaskBoard, TaskStore, describe, result_of, task_info
+from bot.tasks import TaskBoard, TaskStore, describe, result_of, task_info, usage_by_task
 from bot.turn import STOPPED_TEXT, Turns
 from bot.wording import counted
 
@@ -398,7 +398,14 @@ class AgentLoop:
         here = [r for r in records.values() if r.parent == msg.session_key]
         if not here:
             return "No background tasks in this chat."
-        return "Background tasks in this chat:\n" + "\n".join(describe(here, time.time()))
+        tz = zone(self.cfg.agent.timezone)
+        try:
+            usage = await asyncio.to_thread(usage_by_task, self.cfg.agent.state_path, tz)
+        except OSError as exc:  # the list still helps without the figures
+            log.error("cannot read the usage ledger session=%s: %s", msg.session_key, exc)
+            usage = {}
+        lines = describe(here, time.time(), usage)
+        return "Background tasks in this chat:\n" + "\n".join(lines)
 
     def _may_stop(self, msg: InboundMessage) -> bool:
         work = self._work.get(msg.session_key)

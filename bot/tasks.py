@@ -28,15 +28,18 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
+from zoneinfo import ZoneInfo
 
 from bot import durable
 from bot.bus import InboundMessage, Intake
 from bot.kinds import REPORT_KEY, TASK_KEY, Sender, with_kind
 from bot.privacy import PrivacyScope
+from bot.spend.report import Totals, recent
+from bot.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -275,12 +278,25 @@ def age(seconds: float) -> str:
     return f"{seconds // 3600} h"
 
 
-def describe(records: list[TaskRecord], now: float) -> list[str]:
-    """One line per task: id, label, state, age."""
-    return [
-        f"{r.id}  {r.state:<9}  {age((r.ended or now) - r.started):>6}  {r.label or '-'}"
-        for r in sorted(records, key=lambda r: r.started)
-    ]
+def describe(
+    records: list[TaskRecord], now: float, usage: Mapping[str, Totals] | None = None
+) -> list[str]:
+    """One line per task: id, state, age, label, and its model use this month where the
+    usage ledger (``usage``: totals by session) has it."""
+    lines = []
+    for r in sorted(records, key=lambda r: r.started):
+        line = f"{r.id}  {r.state:<9}  {age((r.ended or now) - r.started):>6}  {r.label or '-'}"
+        used = (usage or {}).get(r.session_key)
+        if used is not None and used.calls:
+            cost = f", {used.cost_text()}" if used.costs else ""
+            line += f"  ({counted(used.calls, 'model call')}, {used.tokens:,} tokens{cost})"
+        lines.append(line)
+    return lines
+
+
+def usage_by_task(state_dir: Path, tz: ZoneInfo) -> dict[str, Totals]:
+    """This month's model use by session, from the usage ledger (tasks' are ``task:<id>``)."""
+    return recent(state_dir, tz).by_session
 
 
 class TaskBoard:

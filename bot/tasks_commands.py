@@ -8,7 +8,7 @@ import sys
 import time
 
 from bot.config import Config
-from bot.tasks import TaskRecord, TaskStore, describe
+from bot.tasks import TaskRecord, TaskStore, describe, usage_by_task
 
 EX_NOT_FOUND = 1
 
@@ -55,9 +55,11 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
         if not records:
             print("No background tasks.")
             return 0
-        for rec, line in zip(
-            sorted(records, key=lambda r: r.started), describe(records, time.time()), strict=True
-        ):
+        from bot.cron.schedule import zone
+
+        usage = usage_by_task(cfg.agent.state_path, zone(cfg.agent.timezone))
+        lines = describe(records, time.time(), usage)
+        for rec, line in zip(sorted(records, key=lambda r: r.started), lines, strict=True):
             print(f"{line}  ({rec.parent})")
         return 0
     if action == "show":

@@ -100,6 +100,7 @@ async def test_spawn_answers_at_once_and_reports_once_into_the_chat_history(
         assert rec.state == "running" and rec.parent == "telegram:g1" and rec.label == "count"
         listing = await say(h, "/tasks", is_admin=True, is_group=False)
         assert rec.id in listing and "running" in listing and "count" in listing
+        assert "1 model call," in listing  # its use so far, from the usage ledger
         assert reports(h) == []
         (tmp_path / "ws" / "go").touch()
         [report] = await until(lambda: reports(h))

@@ -319,3 +319,77 @@ async def test_a_turn_cut_by_a_restart_is_answered_after_it(tmp_path):
             page = await transcript(browser)
             assert "are you there?" in page and "Answered after the restart." in page
             assert page.count('class="msg you"') == 1  # answered once, asked once
+
+
+def form_once(page: str) -> str:
+    found = re.search(r'name="once" value="([0-9a-f]{16})"', page)
+    assert found, page
+    return found.group(1)
+
+
+async def test_a_refused_message_is_said_so_with_its_text_kept(tmp_path):
+    """A refusal is no redirect (the page's script took every redirect for "sent" and
+    emptied the box): the page says why, its text still in the box. Line breaks count once,
+    as the browser's maxlength counts them, though it posts them as CRLF."""
+    async with running(tmp_path, reply("Got it.")) as (_llm, gateway, browser):
+        csrf = await browser.csrf(HERE)
+        lines = "ab\r\n" * 6000  # 24,000 characters posted, 18,000 in the box
+        status, _, _ = await browser.post(HERE + "/send", {"text": lines, "csrf": csrf})
+        assert status == 303
+        await gateway.stack.loop.wait_idle(KEY)
+        [said] = [m for m in gateway.stack.store.get(KEY).messages if m["role"] == "user"]
+        assert "\r" not in str(said["content"])
+        too_long = "x" * 20_001 + "</textarea><b>"
+        status, page, _ = await browser.post(HERE + "/send", {"text": too_long, "csrf": csrf})
+        assert status == 422 and "Not sent: more than 20,000 characters." in page
+        assert f"{'x' * 20_001}&lt;/textarea&gt;&lt;b&gt;</textarea>" in page
+        gateway.stack.bus.accepting = False  # memobot stopping
+        status, page, _ = await browser.post(HERE + "/send", {"text": "later", "csrf": csrf})
+        assert status == 503 and "memobot is stopping" in page and ">later</textarea>" in page
+        assert len(gateway.stack.store.get(KEY).messages) == 2
+
+
+async def test_a_message_posted_twice_is_sent_once(tmp_path):
+    """The same form posted again (a double click, a browser resending the request) is one
+    message; the next form is a new one."""
+    async with running(tmp_path, reply("One."), reply("Two.")) as (llm, gateway, browser):
+        _, page, _ = await browser.get(HERE)
+        once, csrf = form_once(page), await browser.csrf(HERE)
+        form = {"text": "hello", "csrf": csrf, "once": once}
+        for _ in range(2):
+            status, _, r = await browser.post(HERE + "/send", form)
+            assert status == 303 and r.headers["Location"] == HERE
+        await gateway.stack.loop.wait_idle(KEY)
+        _, page, _ = await browser.get(HERE)
+        assert form_once(page) != once
+        await say(browser, "hello")  # the same words in a new form: a message of its own
+        await gateway.stack.loop.wait_idle(KEY)
+        said = [m for m in gateway.stack.store.get(KEY).messages if m["role"] == "user"]
+        assert len(said) == 2 and len(llm.requests) == 2
+
+
+async def test_the_state_line_is_the_sessions(tmp_path):
+    """The line saying memobot answers is read with the transcript: a command's reply (a
+    notice, no streamed turn ends) leaves it empty, a turn under way sets it."""
+    story = reply("A story.", pieces=2, hold="half")
+    async with running(tmp_path, story) as (llm, _gateway, browser):
+        await say(browser, "/help")
+        page = await transcript(browser)
+        assert "/stop" in page and '<p id="state" class="state" role="status"></p>' in page
+        async with events(browser) as stream:
+            await say(browser, "tell me a story")
+            await stream.until("text")
+            assert "memobot is answering" in await transcript(browser)
+            llm.release("half")
+            await stream.until("state", lambda d: d["state"] == "done")
+        assert '<p id="state" class="state" role="status"></p>' in await transcript(browser)
+
+
+async def test_an_answer_names_an_approval_or_is_refused(tmp_path, caplog):
+    async with running(tmp_path) as (_llm, _gateway, browser):
+        csrf = await browser.csrf(HERE)
+        form = {"id": "ap-1\nFORGED log line", "choice": "once", "csrf": csrf}
+        status, _, _ = await browser.post(HERE + "/answer", form)
+        assert status == 303
+        assert "FORGED" not in caplog.text
+        assert "That is not an answer to an approval." in (await browser.get(HERE))[1]

@@ -135,19 +135,21 @@ class WebChannel(Channel):
 
     # -- inbound: the owner, in the panel --
 
-    async def say(self, chat_id: str, text: str) -> Intake:
-        """Publish the owner's ``text`` (a message, or a command such as "/stop")."""
+    async def say(self, chat_id: str, text: str, once: str | None = None) -> Intake:
+        """Publish the owner's ``text`` (a message, or a command such as "/stop").
+
+        ``once``: the id the page's form gave this message, so that the same form posted
+        twice is one message ("duplicate" the second time), as a platform's redelivery is;
+        None: a new id."""
         msg = with_kind(self._from_owner(chat_id, text, {}))
         prefix = MESSAGE_PREFIX if msg.kind is TurnKind.MESSAGE else COMMAND_PREFIX
-        return await self._publish(replace(msg, message_id=f"{prefix}{uuid.uuid4().hex[:12]}"))
+        return await self._publish(replace(msg, message_id=f"{prefix}{once or _new_id()}"))
 
     async def press(self, chat_id: str, approval_id: str, choice: str) -> Intake:
         """Answer approval question ``approval_id`` as a platform's button would."""
         press = {APPROVAL_KEY: {"id": approval_id, "choice": choice}}
         msg = self._from_owner(chat_id, "", press)
-        return await self._publish(
-            replace(msg, message_id=f"{PRESS_PREFIX}{uuid.uuid4().hex[:12]}")
-        )
+        return await self._publish(replace(msg, message_id=f"{PRESS_PREFIX}{_new_id()}"))
 
     @staticmethod
     def _from_owner(chat_id: str, text: str, metadata: dict[str, Any]) -> InboundMessage:
@@ -204,3 +206,7 @@ class WebChannel(Channel):
             notes.append(Note(time.time(), chunk))
         # The question, the answer or the notice is shown from the session and the notes.
         self._tell(chat, "refresh")
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex[:16]

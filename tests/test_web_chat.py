@@ -393,3 +393,16 @@ async def test_an_answer_names_an_approval_or_is_refused(tmp_path, caplog):
         assert status == 303
         assert "FORGED" not in caplog.text
         assert "That is not an answer to an approval." in (await browser.get(HERE))[1]
+
+
+async def test_the_event_stream_ends_when_its_session_expires(tmp_path, monkeypatch):
+    """An open stream is no use of the panel: it keeps no session alive and outlives none."""
+    monkeypatch.setattr(chat_screen, "KEEP_ALIVE_SECONDS", 0.05)
+    async with running(tmp_path) as (_llm, _gateway, browser):
+        sessions = browser.panel.sessions
+        async with events(browser) as stream:
+            now = sessions.clock()
+            sessions.clock = lambda: now + sessions.idle_seconds + 1
+            async with asyncio.timeout(10):
+                await stream.response.content.read()  # to its end
+            assert stream.response.content.at_eof()

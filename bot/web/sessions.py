@@ -54,6 +54,12 @@ class Sessions:
         self._by_id[found.id] = found = replace(found, last_seen=now)
         return found, False
 
+    def alive(self, session_id: str | None) -> bool:
+        """Whether ``session_id`` is a live session, without counting this as its use (an
+        open event stream must not keep a session alive, nor outlive it)."""
+        found = self._by_id.get(session_id or "")
+        return found is not None and not self._expired(found, self.clock())
+
     def drop(self, session_id: str) -> None:
         self._by_id.pop(session_id, None)
 

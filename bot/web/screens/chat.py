@@ -171,8 +171,9 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             # Sent at once (the headers with it): the browser's stream is open from here on,
             # and it reconnects within seconds when the panel restarts.
             await response.write(b"retry: 3000\n\n")
-            # Ends with the panel, and at a logout (the stream outlives no session).
-            while session_id in panel.sessions and not panel.closing.is_set():
+            # Ends with the panel, and at a logout or the session's expiry (the stream
+            # outlives no session, and keeps none alive: it is no use of the panel).
+            while panel.sessions.alive(session_id) and not panel.closing.is_set():
                 if not await _woken(listener.wake, panel.closing, KEEP_ALIVE_SECONDS):
                     await response.write(b": still here\n\n")
                     continue
@@ -195,7 +196,10 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         once = str(form.get(ONCE_FIELD, ""))
         verdict = await live.channel.say(name, text, once if ONCE.fullmatch(once) else None)
         if verdict == "refused":
-            why = "Not sent: memobot is stopping. Send it again once it runs."
+            why = (
+                "Not sent: memobot is stopping, or could not store it (the Logs say why). "
+                "Send it again in a moment."
+            )
             return await refused(request, name, live, why, text, 503)
         if verdict == "duplicate":
             log.info(

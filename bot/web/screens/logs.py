@@ -68,8 +68,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
                         got.cancel()
                         break
                     line = got.result()
-                    if request.cookies.get(COOKIE) not in panel.sessions:
-                        break  # logged out (in another tab): no more lines for this page
+                    if not panel.sessions.alive(request.cookies.get(COOKIE)):
+                        break  # logged out (in another tab) or expired: no more lines
                     if line.seq > seen and _passes(line, level, session):
                         await response.write(_event(line))
             except ConnectionError:  # the page was closed

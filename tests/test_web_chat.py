@@ -406,3 +406,27 @@ async def test_the_event_stream_ends_when_its_session_expires(tmp_path, monkeypa
             async with asyncio.timeout(10):
                 await stream.response.content.read()  # to its end
             assert stream.response.content.at_eof()
+
+
+async def test_a_transcript_is_rendered_off_the_gateways_loop(tmp_path, monkeypatch):
+    """Rendering 200 of the model's answers is CPU work (a long answer's Markdown takes
+    tenths of a second): in a worker thread, never on the loop every chat runs on."""
+    on_loop: list[bool] = []
+
+    def rendering(text: str) -> str:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return text
+
+    monkeypatch.setattr("bot.web.transcript.markdown_to_html", rendering)
+    async with running(tmp_path, reply("Hello.")) as (_llm, gateway, browser):
+        await say(browser, "hi")
+        await gateway.stack.loop.wait_idle(KEY)
+        await transcript(browser)
+        await browser.get(HERE)
+        csrf = await browser.csrf(HERE)
+        await browser.post(HERE + "/send", {"text": "x" * 20_001, "csrf": csrf})
+        assert on_loop and not any(on_loop), on_loop

@@ -151,7 +151,10 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         live = live_chat(panel)
         conversation = await conversation_of(name, live)
         frame = panel.frame(request, await panel.gateway_running())
-        return page_response(conversation_page(conversation, frame, live is not None))
+        # In a worker thread, as every rendering of a transcript: up to 200 of the model's
+        # answers through Markdown is CPU work that must not hold the gateway's loop.
+        shown = await asyncio.to_thread(conversation_page, conversation, frame, live is not None)
+        return page_response(shown)
 
     async def transcript(request: web.Request) -> web.Response:
         """The transcript alone, for the page's script to put in place."""
@@ -159,7 +162,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         live = live_chat(panel)
         conversation = await conversation_of(name, live)
         csrf = panel.csrf() if live is not None else None
-        return page_response(transcript_html(conversation, csrf))
+        return page_response(await asyncio.to_thread(transcript_html, conversation, csrf))
 
     async def events(request: web.Request) -> web.StreamResponse:
         name = name_of(request)
@@ -218,7 +221,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         the words are not lost)."""
         conversation = await conversation_of(name, live)
         frame = replace(panel.frame(request, True), notice=why)
-        return page_response(conversation_page(conversation, frame, True, draft=text), status)
+        shown = await asyncio.to_thread(conversation_page, conversation, frame, True, text)
+        return page_response(shown, status)
 
     async def stop(request: web.Request) -> web.Response:
         name = name_of(request)

@@ -430,3 +430,25 @@ async def test_a_transcript_is_rendered_off_the_gateways_loop(tmp_path, monkeypa
         csrf = await browser.csrf(HERE)
         await browser.post(HERE + "/send", {"text": "x" * 20_001, "csrf": csrf})
         assert on_loop and not any(on_loop), on_loop
+
+
+def test_a_streamed_reply_is_made_json_once_per_read_not_per_piece(monkeypatch):
+    """Each piece of a streaming reply is the whole text so far: a tab's queue keeps only the
+    latest, and serialising every piece as it came (thousands of them, each up to the whole
+    answer) held the loop for seconds per tab on a long answer."""
+    import channels.web_channel.channel as web
+
+    made: list[object] = []
+    dumps = json.dumps
+    monkeypatch.setattr(
+        web.json, "dumps", lambda data, **kw: made.append(data) or dumps(data, **kw)
+    )
+    listener = web.Listener()
+    text = "word " * 20_000
+    for i in range(1000):
+        listener.push("text", {"text": text[: 100 * i]})
+    listener.push("state", {"state": "done"})
+    taken = listener.take()
+    assert [e for e, _ in taken] == ["text", "state"]
+    assert json.loads(taken[0][1]) == {"text": text[:99_900]}
+    assert len(made) == 2

@@ -68,25 +68,27 @@ class Writing:
 
 class Listener:
     """What one browser tab is to be told, in order. Only the latest "text" of a run of them
-    is kept: each holds the whole reply so far (``StreamEvent``)."""
+    is kept: each holds the whole reply so far (``StreamEvent``). Events are made JSON when
+    taken, not when told: a reply streams in thousands of pieces, each the whole text so far,
+    and all but the last of a run are dropped unread (serialising each one cost seconds of
+    the loop per tab for a long answer)."""
 
     def __init__(self) -> None:
-        self.events: deque[tuple[EventName, str]] = deque()
+        self.events: deque[tuple[EventName, dict[str, Any]]] = deque()
         self.wake = asyncio.Event()
 
     def push(self, event: EventName, data: dict[str, Any] | None = None) -> None:
-        payload = json.dumps(data or {}, ensure_ascii=False)
         if event == "text" and self.events and self.events[-1][0] == "text":
-            self.events[-1] = (event, payload)
+            self.events[-1] = (event, data or {})
         elif len(self.events) >= EVENTS_QUEUED:
             self.events.clear()
-            self.events.append(("refresh", "{}"))
+            self.events.append(("refresh", {}))
         else:
-            self.events.append((event, payload))
+            self.events.append((event, data or {}))
         self.wake.set()
 
     def take(self) -> list[tuple[EventName, str]]:
-        out = list(self.events)
+        out = [(e, json.dumps(d, ensure_ascii=False)) for e, d in self.events]
         self.events.clear()
         self.wake.clear()
         return out

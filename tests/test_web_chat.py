@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from bot.bus import MessageBus, OutboundMessage
+from bot.bus import MessageBus, OutboundMessage, StreamEvent
 from bot.config import load_config
 from bot.gateway import Gateway
 from bot.session import SessionStore
@@ -452,3 +452,26 @@ def test_a_streamed_reply_is_made_json_once_per_read_not_per_piece(monkeypatch):
     assert [e for e, _ in taken] == ["text", "state"]
     assert json.loads(taken[0][1]) == {"text": text[:99_900]}
     assert len(made) == 2
+
+
+async def test_a_lone_surrogate_the_model_wrote_breaks_no_page(tmp_path):
+    """A tool call's arguments holding JSON's "\\udc00" (valid text until decoded) made the
+    conversation's page a 500 for good; a streamed text holding one broke the event stream."""
+    async with running(tmp_path) as (_llm, gateway, browser):
+        call = {"id": "c1", "function": {"name": "exec", "arguments": '{"a": "x\\udc00y"}'}}
+        store = gateway.stack.store
+        store.append(
+            store.get(KEY),
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "done"},
+            ],
+        )
+        for path in (HERE, HERE + "/transcript"):
+            status, page, _ = await browser.get(path)
+            assert status == 200 and "x\ufffdy" in page
+        channel = gateway.manager.channels["web"]
+        async with events(browser) as stream:
+            channel.show_stream(StreamEvent("web", NAME, "web-m-1", "text", "half \ud83d"))
+            assert await stream.until("text") == {"text": "half \ufffd"}

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from bot.approvals import OpenQuestion, choices
+from bot.bus import no_surrogates
 from bot.context import said_by_person
 from bot.gate.question import visible
 from bot.runner import CLOSING_NOTES, NO_ANSWER_NOTE
@@ -63,9 +64,12 @@ def _cut(text: str) -> str:
 
 def _pretty(arguments: str) -> str:
     try:
-        return json.dumps(json.loads(arguments), ensure_ascii=False, indent=2)
+        shown = json.dumps(json.loads(arguments), ensure_ascii=False, indent=2)
     except (ValueError, RecursionError):
         return arguments
+    # A "\udc00" the model wrote is a lone surrogate once decoded, which no page can hold
+    # (the conversation's page failed with a 500 for good).
+    return no_surrogates(shown)
 
 
 def you(text: str, note: str = "") -> Html:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from bot.approvals import ApprovalDesk
+from bot.bus import no_surrogates
 from bot.gate.approval import APPROVAL_ID, CHOICES
 from bot.session import SessionStore
 from bot.session.reading import read_page
@@ -180,7 +181,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
                 if not await _woken(listener.wake, panel.closing, KEEP_ALIVE_SECONDS):
                     await response.write(b": still here\n\n")
                     continue
-                lines = [f"event: {e}\ndata: {d}\n\n" for e, d in listener.take()]
+                # no_surrogates: a streamed reply's text is the provider's, as it came.
+                lines = [f"event: {e}\ndata: {no_surrogates(d)}\n\n" for e, d in listener.take()]
                 await response.write("".join(lines).encode("utf-8"))
         return response
 

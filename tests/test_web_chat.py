@@ -468,7 +468,7 @@ async def test_a_lone_surrogate_the_model_wrote_breaks_no_page(tmp_path):
                 {"role": "tool", "tool_call_id": "c1", "content": "done"},
             ],
         )
-        for path in (HERE, HERE + "/transcript"):
+        for path in (HERE, HERE + "/transcript", "/chats/view?key=web%3Afirst"):
             status, page, _ = await browser.get(path)
             assert status == 200 and "x\ufffdy" in page
         channel = gateway.manager.channels["web"]

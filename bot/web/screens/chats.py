@@ -20,6 +20,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from bot.bus import no_surrogates
 from bot.gate.limits import human_bytes
 from bot.session.reading import (
     Found,
@@ -302,7 +303,8 @@ def _message(number: int, message: dict[str, Any] | None) -> Html:
         fn = call["function"]
         args = fn["arguments"]
         try:
-            args = json.dumps(json.loads(args), indent=2, ensure_ascii=False)
+            # no_surrogates: the model's "\udc00", decoded, is no text a page can hold.
+            args = no_surrogates(json.dumps(json.loads(args), indent=2, ensure_ascii=False))
         except (ValueError, RecursionError):
             pass
         summary = tag("summary", join(["tool call ", tag("code", fn["name"])]))

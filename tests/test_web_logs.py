@@ -124,3 +124,17 @@ async def test_the_overview_shows_the_last_warnings_and_errors(tmp_path):
         await b.login()
         _, text, _ = await b.get("/")
         assert "Shown while the gateway runs" in text
+
+
+async def test_the_stream_ends_when_its_session_expires(tmp_path):
+    """An open stream is no use of the panel: past the session's idle time, no more lines."""
+    async with asyncio.timeout(20), gateway_panel(tmp_path) as (gateway, b):
+        last = gateway.logs.recent()[-1].seq if gateway.logs.recent() else 0
+        query = {"level": "INFO", "after": str(last)}
+        async with b.http.get(b.base + "/logs/stream", params=query) as r:
+            assert r.status == 200
+            sessions = b.panel.sessions
+            now = sessions.clock()
+            sessions.clock = lambda: now + sessions.idle_seconds + 1
+            log.warning("after expiry session=telegram:1")
+            assert b"after expiry" not in await r.content.read()

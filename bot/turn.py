@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from bot import failpoints, workspace_files
 from bot.approvals import ApprovalDesk, offered_tools
-from bot.bus import Activity, InboundMessage, MessageBus, OutboundMessage, TurnActivity
+from bot.bus import Activity, AdminNotice, InboundMessage, MessageBus, OutboundMessage, TurnActivity
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.cron import heartbeat
@@ -105,6 +105,7 @@ class Turns:
             cfg.agent.max_tool_iterations,
             cfg.agent.max_tool_calls_per_turn,
             cfg.llm.max_tokens,
+            cfg.agent.max_tokens_per_turn,
         )
         # Asks, waits for and records the answers to approval questions (tools.approval).
         self.approvals = approvals
@@ -479,6 +480,11 @@ class Turns:
             return False
         await self.bus.publish_outbound(out)
         return True
+
+    async def tell_admins(self, text: str) -> None:
+        """A notice to the admins' private chats (bot.bus.AdminNotice), logged."""
+        log.warning("admin notice: %s", text)
+        await self.bus.publish_outbound(AdminNotice(text))
 
     async def deliver_text(self, session: Session, msg: InboundMessage) -> None:
         """A reminder (a ``deliver: "text"`` job): its text is the answer, through the same

@@ -264,9 +264,12 @@ class Budget:
         self._roll()
         self.day.add(rec)
         self.month.add(rec)
-        for scope in ("total", "background"):
-            if scope == "background" and rec.purpose not in BACKGROUND:
-                continue
+        self._crossed(rec.purpose in BACKGROUND)
+
+    def _crossed(self, background: bool) -> None:
+        """Make due the notices of the installation-wide limits now at 80% or 100% that
+        were not given this period (``background``: of the background limits too)."""
+        for scope in ("total", "background") if background else ("total",):
             for period in PERIODS:
                 used = self._period(period).tally(scope)
                 for unit in UNITS:
@@ -346,6 +349,7 @@ class Budget:
             return f"No limit called {name!r}. " + BUDGET_USAGE
         scope, period, unit = NAMES[name]
         before = self.limit(scope, period, unit)
+        previous = self.overrides.get(name)
         if value_text == "default":
             if self.overrides.pop(name, None) is None:
                 return f"{name} already follows the config."
@@ -358,7 +362,14 @@ class Budget:
             await self._save()
         except OSError as exc:
             log.error("budget: cannot record the change of %s by %s: %s", name, who, exc)
+            if previous is None:
+                self.overrides.pop(name, None)
+            else:
+                self.overrides[name] = previous
             return "I could not record the change (a disk problem; see the logs)."
+        # A lowered limit may be at 80% or spent already: the admins hear of it now.
+        self._crossed(background=True)
+        await self.announce()
         after = self.limit(scope, period, unit)
         log.info(
             "budget %s changed by %s from chat: %s -> %s",

@@ -18,6 +18,7 @@ from bot.images import shown_message
 from bot.llm import LLMError, LLMProvider, LLMResponse, ToolCall
 from bot.safejson import BadArguments, parse_arguments
 from bot.session import ANSWERED_BY_KEY
+from bot.spend.budget import BudgetSpent
 from bot.spend.record import TOOL_ITERATION, TURN, estimated, reported
 from bot.streaming import TurnStream
 from bot.tools.base import ToolContext, ToolRegistry
@@ -184,7 +185,15 @@ class Runner:
                     on_answer=finished,
                 )
             except LLMError as exc:
-                log.error("llm failed session=%s: %s", ctx.session_key, exc)
+                # A spent budget is no failure of the model: the budget logs it once.
+                spent = isinstance(exc, BudgetSpent)
+                log.log(
+                    logging.INFO if spent else logging.ERROR,
+                    "llm %s session=%s: %s",
+                    "not asked" if spent else "failed",
+                    ctx.session_key,
+                    exc,
+                )
                 return TurnResult(exc.user_message, "llm_error", iteration, exc)
             used += turn_tokens(response, request, schemas)
             log.debug(

@@ -14,6 +14,7 @@ from bot.cron import heartbeat
 from bot.llm import ToolCall
 from bot.runner import REPEATED_RESULT, call_key, looping
 from bot.spend.budget import FILE
+from bot.status import status_rows
 from tests.fakes.llm_server import FakeLLM, error, reply, tool_step
 from tests.helpers import Harness, write_config
 
@@ -42,11 +43,8 @@ def notices(h: Harness) -> list[str]:
 
 async def settle(h: Harness) -> None:
     """Let queued outbound messages (the notices) reach the recording channel."""
-    for _ in range(3):
-        while not h.stack.bus.outbound.empty():
-            await asyncio.sleep(0)
-        for _ in range(50):
-            await asyncio.sleep(0)
+    for _ in range(300):  # a notice is two hops: AdminNotice, then a message per admin chat
+        await asyncio.sleep(0)
 
 
 def tokens_used(tmp_path: Path) -> int:
@@ -112,6 +110,9 @@ async def test_a_spent_daily_budget_stops_every_call_until_an_admin_raises_it(
         assert dream.status == "paused"
         assert len(llm.requests) == calls  # not one model call since the budget was spent
         assert len(notices(h)) == 1  # and no more notices
+        assert "budget paused: total (daily.tokens)" in await h.ask("/status")
+        row = dict(status_rows(h.cfg, tmp_path / "config.json"))["budget"]
+        assert "daily.tokens:" in row and "SPENT" in row and "paused: total" in row
 
         lifted = await h.ask("/budget daily.tokens 100000000")
         assert "-> 100,000,000" in lifted

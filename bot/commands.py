@@ -59,7 +59,8 @@ SPECS = (
     ),
     CommandSpec(
         "/budget",
-        "(admins) the spending limits and their use; /budget NAME VALUE|off|default changes one",
+        "(admins) the spending limits and their use; followed by NAME VALUE|off|default, "
+        "changes one",
         immediate=True,
     ),
     CommandSpec("/whoami", "your user id and whether you are allowed here", by_channel=True),

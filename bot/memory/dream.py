@@ -36,7 +36,7 @@ from bot.memory.history import HistoryArchive, HistoryEntry
 from bot.privacy import owner_scope
 from bot.provenance import Provenance, Writer, watched_stamps
 from bot.session import SUFFIX, key_to_filename
-from bot.spend.budget import BudgetSpent
+from bot.spend.budget import Budget, BudgetSpent
 from bot.spend.record import DREAM
 from bot.tokens import estimate_text_tokens
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry
@@ -600,6 +600,7 @@ async def _commit(workspace: Path, state_dir: Path, message: str) -> str | None:
 
 async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
     """``memobot dream``: one run now, a one-line result on stdout."""
+    from bot.cron.schedule import zone
     from bot.llm import LLMNotConfigured
     from bot.memory.migrate import migrate_legacy_history
     from bot.spend.ledger import UsageLedger
@@ -608,8 +609,10 @@ async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
     workspace = cfg.agent.workspace_path
     if workspace_files.exists(workspace, "memory/HISTORY.md"):
         migrate_legacy_history(workspace)
+    # Held to the budget as the gateway's Dream is (its notices are the gateway's to give).
+    budget = await asyncio.to_thread(Budget, cfg, zone(cfg.agent.timezone))
     try:
-        provider = LLMProvider(cfg.llm, meter=usage.record)
+        provider = LLMProvider(cfg.llm, meter=usage.record, guard=budget.check)
     except LLMNotConfigured as exc:
         print(f"memobot: {exc}", file=__import__("sys").stderr)
         return 78

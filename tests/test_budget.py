@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
 
 from bot.config import load_config
 from bot.cron import heartbeat
 from bot.llm import ToolCall
 from bot.runner import REPEATED_RESULT, call_key, looping
-from bot.spend.budget import FILE
+from bot.spend.budget import FILE, Budget, BudgetSpent
+from bot.spend.record import CallRecord
 from bot.status import status_rows
 from tests.fakes.llm_server import FakeLLM, error, reply, tool_step
-from tests.helpers import Harness, write_config
+from tests.helpers import Harness, make_config, write_config
 
 ADMIN_CHAT = "owner"
 
@@ -244,3 +249,34 @@ async def test_a_failing_scheduled_dream_backs_off_and_tells_the_admins_once(
         await settle(h)
         said = notices(h)
         assert len(said) == 1 and said[0].startswith("Dream failed 3 times in a row")
+
+
+def test_a_daily_limit_resets_at_local_midnight_and_a_monthly_one_holds(tmp_path: Path) -> None:
+    """Periods are local days and months of agent.timezone, on an injected clock."""
+    cfg = make_config(
+        tmp_path,
+        "http://127.0.0.1:9/v1",
+        agent={"timezone": "Europe/Berlin"},
+        budget={"daily": {"tokens": 100}, "monthly": {"tokens": 150}},
+    )
+    now = [datetime(2026, 12, 6, 22, 30, tzinfo=UTC)]  # 23:30 in Berlin
+    budget = Budget(cfg, ZoneInfo("Europe/Berlin"), now=lambda: now[0])
+
+    def spend(tokens: int) -> None:
+        at = now[0].strftime("%Y-%m-%dT%H:%M:%SZ")
+        budget.observe(
+            CallRecord("x", at, "cli:t", "turn", "m", "e", tokens, 0, 0, False, None, None)
+        )
+
+    spend(120)
+    with pytest.raises(BudgetSpent) as spent:
+        budget.check("cli:t", "turn")
+    assert "It resets at 00:00 on 2026-12-07 (Europe/Berlin)" in spent.value.user_message
+    budget.check("", "probe")  # the outage probe is never refused
+    now[0] += timedelta(hours=1)  # 00:30 in Berlin, still 23:30 UTC
+    budget.check("cli:t", "turn")
+    spend(40)  # today 40 of 100, this month 160 of 150
+    with pytest.raises(BudgetSpent) as spent:
+        budget.check("cli:t", "consolidation")
+    assert spent.value.user_message.startswith("This bot's monthly model budget is spent")
+    assert "00:00 on 2027-01-01" in spent.value.user_message

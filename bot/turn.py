@@ -51,6 +51,7 @@ from bot.runner import (
     close_turn,
 )
 from bot.session import Session, SessionStore, now_iso, transitions
+from bot.spend.budget import BudgetSpent
 from bot.spend.record import HEARTBEAT, JOB, TURN
 from bot.streaming import TurnStream, stopped_answer
 from bot.tokens import estimate_text_tokens, message_size
@@ -69,6 +70,7 @@ SCHEDULED = frozenset({TurnKind.JOB, TurnKind.REMINDER, TurnKind.HEARTBEAT})  # 
 ANSWER_FILE_KEY = "answer_file"
 # What the usage ledger records a turn's model calls as (bot.spend.record), by its kind.
 USAGE_PURPOSES = {TurnKind.HEARTBEAT: HEARTBEAT, TurnKind.JOB: JOB}
+BUDGET_NOTE = "[memobot: this message was not sent to the model: a spending budget was used up.]"
 AUDIO_SUFFIXES = frozenset({".ogg", ".oga", ".opus", ".mp3", ".m4a", ".wav", ".webm", ".flac"})
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
@@ -361,6 +363,9 @@ class Turns:
             return result.error
         # On an LLM failure the user's message (and any finished tool work) stays in history.
         outcome: Outcome = "failed" if result.status == "llm_error" else "ok"
+        if isinstance(result.error, BudgetSpent):
+            # What the model reads later: not a failure of its own, and no error to repeat.
+            close_turn(turn, BUDGET_NOTE)
         await self.finish(session, msg, turn, result.text, outcome)
         if stamp is not None and memory_stamp(self.cfg.agent.workspace_path) != stamp:
             self.spawn(self._commit_memory(msg.session_key))

@@ -20,6 +20,7 @@ from bot.runner import REPEATED_RESULT, call_key, looping
 from bot.spend.budget import FILE, Budget, BudgetSpent
 from bot.spend.record import CallRecord
 from bot.status import status_rows
+from bot.turn import BUDGET_NOTE
 from tests.fakes.llm_server import FakeLLM, error, reply, tool_step
 from tests.helpers import Harness, make_config, write_config
 
@@ -100,6 +101,8 @@ async def test_a_spent_daily_budget_stops_every_call_until_an_admin_raises_it(
         spent = await h.ask("and again?")
         assert spent.startswith("This bot's daily model budget is spent")
         assert "It resets at 00:00 on" in spent and "/budget" in spent
+        kept = h.stack.store.get("cli:t").messages[-2:]
+        assert kept[0]["content"].startswith("and again?") and kept[1]["content"] == BUDGET_NOTE
         beat = await h.send(
             "check", channel=heartbeat.CHANNEL, chat=heartbeat.CHAT, metadata=heartbeat_tick()
         )

@@ -20,6 +20,7 @@ loses that notice, never doubles it).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -149,6 +150,7 @@ class Budget:
         self._noticed: set[str] = set()
         self._due: list[str] = []  # notices decided, not yet recorded and sent
         self._paused_logged: set[str] = set()
+        self._saving = asyncio.Lock()
         day, month = self._keys()
         self.day, self.month = _Period(day), _Period(month)
         self._load()
@@ -441,14 +443,15 @@ class Budget:
         self._noticed = {n for n in notices or () if isinstance(n, str)}
 
     async def _save(self) -> None:
-        import asyncio
-
-        day, month = self._keys()
-        # Only this period's notices are worth keeping: the file stays small.
-        current = sorted(n for n in self._noticed if n.startswith((day + "/", month + "/")))
-        data = {"overrides": self.overrides, "notices": current}
-        payload = json.dumps(data, indent=1, sort_keys=True) + "\n"
-        await asyncio.to_thread(durable.replace_file, self.path, payload)
+        # One write at a time, each of the state as it is then: a notice and a /budget
+        # change at the same moment must not land in the wrong order.
+        async with self._saving:
+            day, month = self._keys()
+            # Only this period's notices are worth keeping: the file stays small.
+            current = sorted(n for n in self._noticed if n.startswith((day + "/", month + "/")))
+            data = {"overrides": self.overrides, "notices": current}
+            payload = json.dumps(data, indent=1, sort_keys=True) + "\n"
+            await asyncio.to_thread(durable.replace_file, self.path, payload)
 
 
 BUDGET_USAGE = (

@@ -34,6 +34,7 @@ from bot.gate.approval import DEFAULT_EXEC_ALLOW, allow_pattern_problem
 from bot.layout import layout_problem
 from bot.proxy import check_proxy_url
 from bot.service.logs import SECRET_PARAM, redact, remember_secrets
+from bot.spend.limits import BudgetConfig
 from bot.urls import checked_url, endpoint_access, redact_url, without_trailing_slash
 from channels.registry import specs  # light: the specs and their config models import no SDK
 
@@ -259,6 +260,8 @@ class AgentConfig(_Model):
     max_concurrent_turns: int = Field(64, ge=1, le=1000)  # model calls are I/O: ~1 core at 300 ms
     # Calls beyond this many in one turn are answered with an error result and not run.
     max_tool_calls_per_turn: int = Field(50, ge=1, le=10000)
+    # The tokens (prompt + completion) of one turn's model calls, summed; 0: no limit.
+    max_tokens_per_turn: int = Field(1_000_000, ge=0)
     # A warning (log, doctor, status) once the workspace takes more disk than this; 0: never.
     workspace_warn_bytes: int = Field(2_000_000_000, ge=0)
     # IANA zone for scheduled jobs and the time the model sees; "" is the system's zone.
@@ -545,6 +548,7 @@ class Config(_Model):
     cron: CronConfig = CronConfig()
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     web: PanelConfig = PanelConfig()
+    budget: BudgetConfig = BudgetConfig()
 
 
 def default_config_path() -> Path:

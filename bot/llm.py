@@ -93,6 +93,9 @@ Meter = Callable[[CallRecord], Awaitable[None]]
 # Told the whole answer as soon as it is there, before it is recorded (a chat can show a
 # streamed answer as finished without waiting for the ledger's fsync).
 AnswerSink = Callable[["LLMResponse"], None]
+# Asked before every call with its session and purpose (bot.spend.budget): raises an LLMError
+# (BudgetSpent) when the call may not be made; a call under way is never stopped by it.
+Guard = Callable[[str, str], None]
 
 
 class LLMError(Exception):
@@ -557,10 +560,13 @@ class LLMProvider:
         config_path: str = "~/.memobot/config.json",
         on_refused: Callable[[str], None] | None = None,
         meter: Meter | None = None,
+        guard: Guard | None = None,
     ) -> None:
-        """``meter``: told each answered call (the usage ledger); None counts nothing."""
+        """``meter``: told each answered call (the usage ledger); None counts nothing.
+        ``guard``: asked before each call (the budget); None allows every call."""
         self.cfg = cfg
         self.meter = meter
+        self.guard = guard
         if not cfg.resolved_base_url() and not cfg.resolved_api_key():
             from bot.invocation import command_for
 
@@ -650,6 +656,8 @@ class LLMProvider:
         ``purpose``: why the call is made, as the usage ledger records it (bot.spend.record);
         the answered call is recorded before this returns, after ``on_answer`` was told it.
         """
+        if self.guard is not None:
+            self.guard(session_key, purpose)
         failures: list[str] = []
         for i, endpoint in enumerate(self._endpoints):
             try:

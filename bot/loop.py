@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from bot.backoff import Backoff
 from bot.bus import Activity, InboundMessage, Intake, MessageBus, TurnActivity
 from bot.commands import CommandRouter, CommandSyntax, format_duration, help_text
 from bot.config import Config
@@ -36,12 +37,13 @@ from bot.kinds import TurnKind
 from bot.llm import LLMUnavailable
 from bot.media import not_fetched, with_fetched
 from bot.memory.consolidate import Consolidator
-from bot.memory.dream import Dream, budget_lines
+from bot.memory.dream import Dream, DreamResult, budget_lines
 from bot.outage import NOTICE_TEXT, Outage, wall_seconds
 from bot.pairing import approve_code
 from bot.recovery import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS, Recovery
 from bot.runner import close_open_tool_calls
 from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso, transitions
+from bot.spend.budget import Budget
 from bot.spend.report import chat_text
 from bot.turn import STOPPED_TEXT, Turns
 from bot.wording import counted
@@ -112,6 +114,7 @@ class AgentLoop:
         slots: asyncio.Semaphore,
         background: Background,
         outage: Outage | None,
+        budget: Budget,
         mcp: McpManager | None = None,
     ) -> None:
         """``slots``: agent.maxConcurrentTurns, shared with the approval desk (a turn waiting
@@ -131,6 +134,8 @@ class AgentLoop:
         self.intake = intake
         self.recovery = recovery
         self.outage = outage
+        self.budget = budget
+        self.dream_backoff = Backoff()
         self._work: dict[str, _SessionWork] = {}
         self._slots = slots
         self._draining = False
@@ -146,6 +151,7 @@ class AgentLoop:
                 "/approve": self._approve_pairing,
                 "/cron": self._cron_command,
                 "/usage": self._usage_command,
+                "/budget": self._budget_command,
                 "/help": self._help_command,
             }
         )
@@ -202,11 +208,35 @@ class AgentLoop:
     async def _dream_schedule(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.memory.dream.interval_minutes * 60)
-            try:
-                result = await self.dream.run()
-                log.info("scheduled %s", result.describe())
-            except Exception:
-                log.exception("scheduled dream failed")
+            await self.dream_tick()
+
+    async def dream_tick(self) -> None:
+        """One scheduled Dream, unless it is backing off after failures in a row (doubling,
+        capped: bot.backoff); the admins are told once when it starts backing off."""
+        if not self.dream_backoff.ready():
+            log.info(
+                "scheduled dream skipped: backing off %.0f s more after %d failures",
+                self.dream_backoff.wait_left(),
+                self.dream_backoff.failures,
+            )
+            return
+        try:
+            result = await self.dream.run()
+            log.info("scheduled %s", result.describe())
+        except Exception as exc:
+            log.exception("scheduled dream failed")
+            result = DreamResult("failed", detail=str(exc) or type(exc).__name__)
+        if result.status == "paused":
+            return  # a spent budget: neither a failure nor a success
+        if result.status != "failed":
+            self.dream_backoff.succeeded()
+            return
+        if self.dream_backoff.failed():
+            await self.turns.tell_admins(
+                f"Dream failed {self.dream_backoff.failures} times in a row ({result.detail}); "
+                f"the scheduled runs wait {format_duration(self.dream_backoff.delay())} now, "
+                "doubling after each further failure. /dream runs it at once."
+            )
 
     async def _idle_compactor(self) -> None:
         idle_seconds = self.cfg.memory.idle_compact_minutes * 60
@@ -251,7 +281,10 @@ class AgentLoop:
         if self.dream.running:
             return "Dream is already running."
         await self._publish(msg, "Dreaming: distilling the history archive...", final=False)
-        return (await self.dream.run()).describe()
+        result = await self.dream.run()
+        if result.status not in ("failed", "paused"):
+            self.dream_backoff.succeeded()  # the schedule need not wait any longer
+        return result.describe()
 
     async def _status_command(self, msg: InboundMessage, args: str) -> str:
         return self.status_text(msg.session_key)
@@ -307,6 +340,13 @@ class AgentLoop:
         except OSError as exc:
             log.error("cannot read the usage ledger session=%s: %s", msg.session_key, exc)
             return "I could not read the usage ledger; see the logs."
+
+    async def _budget_command(self, msg: InboundMessage, args: str) -> str:
+        """The limits and their use; an admin may raise, lift or restore one (recorded in
+        the state folder, logged with who did it)."""
+        if not msg.sender.is_admin:
+            return "Only an admin of this bot may see or change the budget."
+        return await self.budget.command(args, f"{msg.session_key}/{msg.sender_id}")
 
     def _may_stop(self, msg: InboundMessage) -> bool:
         work = self._work.get(msg.session_key)
@@ -642,6 +682,11 @@ class AgentLoop:
                 + (" (waiting for the model)" if waiting else "")
                 + (" (waiting for an approval)" if session.state.open_approval else ""),
                 *([f"mcp: {self.mcp.summary()}"] if self.mcp and self.mcp.servers else []),
+                *(
+                    [f"budget paused: {', '.join(paused)}"]
+                    if (paused := self.budget.paused())
+                    else []
+                ),
                 f"uptime: {format_duration(time.monotonic() - self.started_at)}",
             ]
         )

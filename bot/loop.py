@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot.bus import Activity, InboundMessage, Intake, MessageBus, TurnActivity
 from bot.commands import CommandRouter, CommandSyntax, format_duration, help_text
-from bot.config import Config
+from bot.config import DEFAULT_MODEL, Config
 from bot.cron.schedule import zone
 from bot.cron.scheduler import describe_jobs
 from bot.cron.store import JobStore
@@ -146,6 +146,7 @@ class AgentLoop:
                 "/approve": self._approve_pairing,
                 "/cron": self._cron_command,
                 "/usage": self._usage_command,
+                "/model": self._model_command,
                 "/help": self._help_command,
             }
         )
@@ -307,6 +308,37 @@ class AgentLoop:
         except OSError as exc:
             log.error("cannot read the usage ledger session=%s: %s", msg.session_key, exc)
             return "I could not read the usage ledger; see the logs."
+
+    async def _model_command(self, msg: InboundMessage, args: str) -> str:
+        """The named models and this chat's; ``/model NAME`` switches this chat's (kept in its
+        session), ``/model default`` back to llm's own. Who may switch: llm.modelSwitch."""
+        provider = self.runner.provider
+        models = self.cfg.llm.models
+        session = self.store.get(msg.session_key)
+        current = session.state.chat_model if session.state.chat_model in models else None
+        name = args.strip()
+        if not name:
+            lines = [f"{'*' if current is None else '-'} default: {self.cfg.llm.model}"]
+            lines += [
+                f"{'*' if n == current else '-'} {n}: {models[n].model}" for n in provider.models
+            ]
+            return "Models (* this chat's; /model NAME to switch):\n" + "\n".join(lines)
+        if self.cfg.llm.model_switch == "admins" and not msg.sender.is_admin:
+            return "Only an admin of this bot may switch the model."
+        if name != DEFAULT_MODEL and name not in models:
+            named = ", ".join([DEFAULT_MODEL, *provider.models])
+            return f"No model named {name!r}. Named: {named}."
+        chosen = None if name == DEFAULT_MODEL else name
+        await self.store.apply_async(session, transitions.choose_model(chosen))
+        log.info(
+            "chat model set to %s (%s) session=%s by=%s",
+            name,
+            provider.describe(chosen),
+            msg.session_key,
+            msg.sender_id,
+        )
+        model = self.cfg.llm.model if chosen is None else models[name].model
+        return f"This chat now uses {name} ({model}) from the next message on."
 
     def _may_stop(self, msg: InboundMessage) -> bool:
         work = self._work.get(msg.session_key)
@@ -622,9 +654,11 @@ class AgentLoop:
             "",
         )
         outage = self.outage.describe() if self.outage else ""
+        chosen = self.cfg.llm.models.get(session.state.chat_model or "")
+        model = f"{session.state.chat_model} ({chosen.model})" if chosen else self.cfg.llm.model
         return "\n".join(
             [
-                f"model: {self.cfg.llm.model}"
+                f"model: {model}"
                 + (
                     f" (+{counted(len(self.cfg.llm.fallbacks), 'fallback')})"
                     if self.cfg.llm.fallbacks

@@ -106,6 +106,7 @@ class Runner:
         stream: TurnStream | None = None,
         approve: Approver | None = None,
         purpose: str = TURN,
+        model: str | None = None,
     ) -> TurnResult:
         """Drive one turn. ``turn`` holds the new user message and grows as the turn runs.
 
@@ -122,6 +123,7 @@ class Runner:
         calls without results (resumed from an approval pause) runs those first.
         ``purpose``: what the usage ledger records the calls as; a person's turn ("turn")
         records each call that follows tool results as a "tool_iteration".
+        ``model``: the chat's model, a name in llm.models (None: llm's own).
         """
         offered = self._offered(ctx)
         schemas = self.tools.schemas()
@@ -155,6 +157,7 @@ class Runner:
                     on_text=stream.on_text if stream else None,
                     purpose=TOOL_ITERATION if purpose == TURN and after_tools else purpose,
                     on_answer=finished,
+                    model=model,
                 )
             except LLMError as exc:
                 log.error("llm failed session=%s: %s", ctx.session_key, exc)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bot.config import ConfigError, load_config, parse_config
-from bot.session import SessionStore
+from bot.session import SessionStore, transitions
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.helpers import Harness, closed_port, write_config
 
@@ -105,7 +105,7 @@ async def test_a_non_admin_is_refused_and_an_unknown_name_is_said(
         unknown = await say(h, "/model huge")
         assert unknown == "No model named 'huge'. Named: default, fast."
         await say(h, "still default")
-    assert SessionStore(tmp_path / "state" / "sessions").get("cli:t").state.chat_model is None
+    assert SessionStore(tmp_path / "state").get("cli:t").state.chat_model is None
     assert [r["model"] for r in llm.requests] == ["fake-model"]
 
     # llm.modelSwitch "everyone": anyone let in may switch their chat's.
@@ -147,3 +147,17 @@ async def test_a_named_model_whose_endpoint_is_down_falls_back(
 def test_a_wrong_models_setting_is_a_config_error(section: dict[str, Any], problem: str) -> None:
     with pytest.raises(ConfigError, match=problem.replace(".", r"\.")):
         parse_config(section)
+
+
+async def test_a_chosen_name_taken_out_of_the_config_goes_back_to_the_default(
+    tmp_path: Path, llm: FakeLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = SessionStore(tmp_path / "state")
+    store.apply(store.get("cli:t"), transitions.choose_model("gone"))
+    config = write_config(tmp_path, llm.base_url)
+    async with Harness(load_config(config)[0], config) as h:
+        assert "* default: fake-model" in await say(h, "/model")
+        await say(h, "one")
+        await say(h, "two")
+    assert [r["model"] for r in llm.requests] == ["fake-model", "fake-model"]
+    assert caplog.text.count("llm.models has no 'gone' any more") == 1

@@ -398,7 +398,7 @@ class AgentLoop:
                 job = fetched
             if self.outage is not None and self.outage.active and job.turn is None:
                 # The model is known to be down: wait without spending a slot on retries.
-                if job.msg.policy.waits_for_model:
+                if job.msg.policy.waits_for_model and not self._on_own_model(key):
                     await self._wait_for_model(key, work, job, None)
                     continue
             async with self._slots:
@@ -497,13 +497,20 @@ class AgentLoop:
             msg,
             turn,
             stop_requested=lambda: work.stop_requested,
-            wait_for_model=self.outage is not None,
+            wait_for_model=self.outage is not None and not self._on_own_model(msg.session_key),
             approval=paused,
         )
         if unavailable is not None:
             assert self.outage is not None
             self.outage.begin(str(unavailable))
             work.waiting = turn  # the worker waits for the model outside its slot
+
+    def _on_own_model(self, key: str) -> bool:
+        """The chat uses a model of llm.models (``/model``). An outage is watched on llm.model
+        (its probe): such a chat's turns neither wait for it nor begin one (when its model and
+        the fallbacks stay unavailable, the turn is answered with the error), else a chat on
+        a dead endpoint would hold every chat's turns, again and again, while llm.model works."""
+        return self.store.get(key).state.chat_model in self.cfg.llm.models
 
     async def _wait_for_model(
         self, key: str, work: _SessionWork, job: _Job, turn: list[dict[str, Any]] | None

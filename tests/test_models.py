@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bot.config import ConfigError, load_config, parse_config
+from bot.outage import NOTICE_TEXT, Outage
 from bot.session import SessionStore, transitions
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.helpers import Harness, closed_port, write_config
@@ -161,3 +162,21 @@ async def test_a_chosen_name_taken_out_of_the_config_goes_back_to_the_default(
         await say(h, "two")
     assert [r["model"] for r in llm.requests] == ["fake-model", "fake-model"]
     assert caplog.text.count("llm.models has no 'gone' any more") == 1
+
+
+async def test_a_chat_on_a_dead_named_model_is_answered_with_the_error_and_no_outage_begins(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """The outage is watched on llm.model: one chat's dead endpoint must not hold every chat."""
+    down = f"http://127.0.0.1:{closed_port()}/v1"
+    local = {"model": "llama3.1", "baseUrl": down, "retry": {"attempts": 1}}
+    config = write_config(tmp_path, llm.base_url, llm={"models": {"local": local}})
+    h = Harness(load_config(config)[0], config)
+    h.stack.loop.outage = Outage(h.stack.provider.probe, h.cfg.llm.outage)  # the gateway's way
+    async with h:
+        await say(h, "/model local")
+        answer = await say(h, "hi")
+        assert "unavailable" in answer and answer != NOTICE_TEXT
+        assert not h.stack.loop.outage.active
+        assert await say(h, "and here?", chat="u") == "echo: and here?"
+    assert NOTICE_TEXT not in [m.text for m in h.outbox]

@@ -327,7 +327,7 @@ class AgentLoop:
             return "Only an admin of this bot may switch the model."
         if name != DEFAULT_MODEL and name not in models:
             named = ", ".join([DEFAULT_MODEL, *provider.models])
-            return f"No model named {name!r}. Named: {named}."
+            return f"No model named {name[:60]!r}. Named: {named}."
         chosen = None if name == DEFAULT_MODEL else name
         await self.store.apply_async(session, transitions.choose_model(chosen))
         log.info(

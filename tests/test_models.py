@@ -15,6 +15,8 @@ import pytest
 from bot.config import ConfigError, load_config, parse_config
 from bot.outage import NOTICE_TEXT, Outage
 from bot.session import SessionStore, transitions
+from bot.session.records import check_record
+from bot.session.state import SessionState
 from tests.fakes.llm_server import FakeLLM, reply
 from tests.helpers import Harness, closed_port, write_config
 
@@ -180,3 +182,18 @@ async def test_a_chat_on_a_dead_named_model_is_answered_with_the_error_and_no_ou
         assert not h.stack.loop.outage.active
         assert await say(h, "and here?", chat="u") == "echo: and here?"
     assert NOTICE_TEXT not in [m.text for m in h.outbox]
+
+
+def test_the_chat_model_is_a_typed_session_field_and_old_files_read_without_it() -> None:
+    """An older session (no ``chat_model``) uses llm.model; a hand-edited wrong type is
+    dropped with the problem named, never handed to the provider."""
+    assert SessionState.of({"key": "cli:t"}).chat_model is None
+    chosen = transitions.choose_model("fast")(SessionState())
+    assert chosen is not None and chosen.chat_model == "fast"
+    assert SessionState().update_to(chosen) == {"chat_model": "fast"}
+    assert transitions.choose_model("fast")(chosen) is None  # nothing to write
+    back = transitions.choose_model(None)(chosen)
+    assert back is not None and chosen.update_to(back) == {"chat_model": None}
+    checked = check_record({"_type": "metadata", "metadata": {"chat_model": 5}})
+    assert checked.record is not None and "chat_model" not in checked.record["metadata"]
+    assert any("chat_model" in p for p in checked.problems)

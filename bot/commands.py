@@ -63,6 +63,11 @@ SPECS = (
         "changes one",
         immediate=True,
     ),
+    CommandSpec(
+        "/model [NAME]",
+        "list the models of llm.models; NAME switches this chat's (admins, by default)",
+        immediate=True,
+    ),
     CommandSpec("/whoami", "your user id and whether you are allowed here", by_channel=True),
     CommandSpec("/help", "this list", immediate=True),
 )

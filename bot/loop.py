@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from bot.backoff import Backoff
 from bot.bus import Activity, InboundMessage, Intake, MessageBus, TurnActivity
 from bot.commands import CommandRouter, CommandSyntax, format_duration, help_text
-from bot.config import Config
+from bot.config import DEFAULT_MODEL, Config
 from bot.cron.schedule import zone
 from bot.cron.scheduler import describe_jobs
 from bot.cron.store import JobStore
@@ -152,6 +152,7 @@ class AgentLoop:
                 "/cron": self._cron_command,
                 "/usage": self._usage_command,
                 "/budget": self._budget_command,
+                "/model": self._model_command,
                 "/help": self._help_command,
             }
         )
@@ -348,6 +349,37 @@ class AgentLoop:
             return "Only an admin of this bot may see or change the budget."
         return await self.budget.command(args, f"{msg.session_key}/{msg.sender_id}")
 
+    async def _model_command(self, msg: InboundMessage, args: str) -> str:
+        """The named models and this chat's; ``/model NAME`` switches this chat's (kept in its
+        session), ``/model default`` back to llm's own. Who may switch: llm.modelSwitch."""
+        provider = self.runner.provider
+        models = self.cfg.llm.models
+        session = self.store.get(msg.session_key)
+        current = session.state.chat_model if session.state.chat_model in models else None
+        name = args.strip()
+        if not name:
+            lines = [f"{'*' if current is None else '-'} default: {self.cfg.llm.model}"]
+            lines += [
+                f"{'*' if n == current else '-'} {n}: {models[n].model}" for n in provider.models
+            ]
+            return "Models (* this chat's; /model NAME to switch):\n" + "\n".join(lines)
+        if self.cfg.llm.model_switch == "admins" and not msg.sender.is_admin:
+            return "Only an admin of this bot may switch the model."
+        if name != DEFAULT_MODEL and name not in models:
+            named = ", ".join([DEFAULT_MODEL, *provider.models])
+            return f"No model named {name[:60]!r}. Named: {named}."
+        chosen = None if name == DEFAULT_MODEL else name
+        await self.store.apply_async(session, transitions.choose_model(chosen))
+        log.info(
+            "chat model set to %s (%s) session=%s by=%s",
+            name,
+            provider.describe(chosen),
+            msg.session_key,
+            msg.sender_id,
+        )
+        model = self.cfg.llm.model if chosen is None else models[name].model
+        return f"This chat now uses {name} ({model}) from the next message on."
+
     def _may_stop(self, msg: InboundMessage) -> bool:
         work = self._work.get(msg.session_key)
         if work is None or not msg.sender.is_group:
@@ -406,7 +438,7 @@ class AgentLoop:
                 job = fetched
             if self.outage is not None and self.outage.active and job.turn is None:
                 # The model is known to be down: wait without spending a slot on retries.
-                if job.msg.policy.waits_for_model:
+                if job.msg.policy.waits_for_model and not self._on_own_model(key):
                     await self._wait_for_model(key, work, job, None)
                     continue
             async with self._slots:
@@ -505,13 +537,20 @@ class AgentLoop:
             msg,
             turn,
             stop_requested=lambda: work.stop_requested,
-            wait_for_model=self.outage is not None,
+            wait_for_model=self.outage is not None and not self._on_own_model(msg.session_key),
             approval=paused,
         )
         if unavailable is not None:
             assert self.outage is not None
             self.outage.begin(str(unavailable))
             work.waiting = turn  # the worker waits for the model outside its slot
+
+    def _on_own_model(self, key: str) -> bool:
+        """The chat uses a model of llm.models (``/model``). An outage is watched on llm.model
+        (its probe): such a chat's turns neither wait for it nor begin one (when its model and
+        the fallbacks stay unavailable, the turn is answered with the error), else a chat on
+        a dead endpoint would hold every chat's turns, again and again, while llm.model works."""
+        return self.store.get(key).state.chat_model in self.cfg.llm.models
 
     async def _wait_for_model(
         self, key: str, work: _SessionWork, job: _Job, turn: list[dict[str, Any]] | None
@@ -662,9 +701,11 @@ class AgentLoop:
             "",
         )
         outage = self.outage.describe() if self.outage else ""
+        chosen = self.cfg.llm.models.get(session.state.chat_model or "")
+        model = f"{session.state.chat_model} ({chosen.model})" if chosen else self.cfg.llm.model
         return "\n".join(
             [
-                f"model: {self.cfg.llm.model}"
+                f"model: {model}"
                 + (
                     f" (+{counted(len(self.cfg.llm.fallbacks), 'fallback')})"
                     if self.cfg.llm.fallbacks

@@ -125,6 +125,7 @@ class Runner:
         stream: TurnStream | None = None,
         approve: Approver | None = None,
         purpose: str = TURN,
+        model: str | None = None,
     ) -> TurnResult:
         """Drive one turn. ``turn`` holds the new user message and grows as the turn runs.
 
@@ -141,6 +142,7 @@ class Runner:
         calls without results (resumed from an approval pause) runs those first.
         ``purpose``: what the usage ledger records the calls as; a person's turn ("turn")
         records each call that follows tool results as a "tool_iteration".
+        ``model``: the chat's model, a name in llm.models (None: llm's own).
         """
         offered = self._offered(ctx)
         schemas = self.tools.schemas()
@@ -192,6 +194,7 @@ class Runner:
                     on_text=stream.on_text if stream else None,
                     purpose=TOOL_ITERATION if purpose == TURN and after_tools else purpose,
                     on_answer=finished,
+                    model=model,
                 )
             except LLMError as exc:
                 # A spent budget is no failure of the model: the budget logs it once.

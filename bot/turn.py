@@ -327,6 +327,7 @@ class Turns:
                     stream=stream,
                     approve=approve,
                     purpose=USAGE_PURPOSES.get(msg.kind, TURN),
+                    model=session.state.chat_model,
                 )
             finally:
                 # No process outlives its turn: background jobs end with the answer.

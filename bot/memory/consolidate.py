@@ -258,6 +258,7 @@ class Consolidator:
             force_tool=SUMMARY_TOOL,
             max_tokens=1024,
             purpose=CONSOLIDATION,
+            model=self.cfg.model or None,
         )
         for call in response.tool_calls:
             if call.name == SUMMARY_TOOL:

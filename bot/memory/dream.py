@@ -531,7 +531,12 @@ class Dream:
         spent = 0
         for _ in range(self.cfg.dream.max_iterations):
             response = await self.provider.chat(
-                messages, tools, session_key=SESSION, max_tokens=2048, purpose=DREAM
+                messages,
+                tools,
+                session_key=SESSION,
+                max_tokens=2048,
+                purpose=DREAM,
+                model=self.cfg.model or None,
             )
             usage = response.usage or {}
             spent += int(

@@ -439,7 +439,7 @@ class Budget:
                 value = entry.get("value")
                 if value is None or (isinstance(value, int | float) and value > 0):
                     self.overrides[name] = entry
-        notices = data.get("notices") if isinstance(data, dict) else None
+        notices = data.get("notified") if isinstance(data, dict) else None
         self._noticed = {n for n in notices or () if isinstance(n, str)}
 
     async def _save(self) -> None:
@@ -449,7 +449,7 @@ class Budget:
             day, month = self._keys()
             # Only this period's notices are worth keeping: the file stays small.
             current = sorted(n for n in self._noticed if n.startswith((day + "/", month + "/")))
-            data = {"overrides": self.overrides, "notices": current}
+            data = {"overrides": self.overrides, "notified": current}
             payload = json.dumps(data, indent=1, sort_keys=True) + "\n"
             await asyncio.to_thread(durable.replace_file, self.path, payload)
 

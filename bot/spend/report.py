@@ -1,6 +1,6 @@
 """Reading the usage ledger back: totals over local days, grouped, worded for a person or as
-JSON. ``memobot usage``, ``/usage``, ``memobot status`` (and the panel, later) read through
-here, so they never disagree."""
+JSON. ``memobot usage``, ``/usage``, ``memobot status`` and the panel's Usage screen read
+through here, so they never disagree."""
 
 from __future__ import annotations
 
@@ -201,6 +201,15 @@ def report(
 
 def today(tz: ZoneInfo, now: datetime | None = None) -> date:
     return (now or datetime.now(UTC)).astimezone(tz).date()
+
+
+def window(
+    tz: ZoneInfo, since: date | None, until: date | None, now: datetime | None = None
+) -> tuple[date, date]:
+    """The local days a report covers when ``since`` or ``until`` is not given: up to today,
+    from the first of ``until``'s month (``memobot usage`` and the panel alike)."""
+    until = until or today(tz, now)
+    return since or until.replace(day=1), until
 
 
 @dataclass(slots=True)

@@ -355,7 +355,7 @@ def call_key(name: str, arguments: str) -> str:
     keys (the same arguments written in another order or spacing are the same call)."""
     try:
         canonical = json.dumps(json.loads(arguments or "{}"), sort_keys=True)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser (a tool error)
         canonical = arguments
     return f"{name}\0{canonical}"
 

@@ -59,7 +59,7 @@ async def test_usage_shows_today_this_month_and_a_chosen_range_grouped(tmp_path:
             ["tool_iteration", "1", "10", "0", "5", "-"],
             ["total", "2", "1,010", "0", "205", "0.5000 USD"],
         ]
-        assert "1 call(s) without usage from the provider" in page
+        assert "1 call without usage from the provider" in page
 
         _, page, _ = await b.get("/usage?by=model")
         assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page  # text, never markup

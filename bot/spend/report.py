@@ -153,17 +153,22 @@ class Report:
                 f"{key:<{width}}  {t.calls:>7,}  {t.prompt_tokens:>12,}  {t.cached_tokens:>12,}  "
                 f"{t.completion_tokens:>12,}  {t.cost_text() or '-'}"
             )
+        return lines + self.notes()
+
+    def notes(self) -> list[str]:
+        """What the figures cannot say: calls estimated, calls without a price."""
+        out = []
         if self.total.estimated_calls:
-            lines.append(
+            out.append(
                 f"{counted(self.total.estimated_calls, 'call')} without usage from the "
                 "provider: tokens estimated."
             )
         if self.total.unpriced_calls:
-            lines.append(
+            out.append(
                 f"{counted(self.total.unpriced_calls, 'call')} of a model without a price in "
                 "llm.prices: tokens only."
             )
-        return lines
+        return out
 
 
 def summarise(

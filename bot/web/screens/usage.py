@@ -159,17 +159,7 @@ def usage_page(query: Query, figures: Figures, problem: str, frame: Frame) -> Ht
     ]
     heading = BY_LABELS[query.by].capitalize()
     grid = table((heading, "Calls", "Prompt", "Cached", "Completion", "Cost"), rows)
-    notes = []
-    if made.total.estimated_calls:
-        notes.append(
-            f"{made.total.estimated_calls:,} call(s) without usage from the provider: tokens "
-            "estimated."
-        )
-    if made.total.unpriced_calls:
-        notes.append(
-            f"{made.total.unpriced_calls:,} call(s) of a model without a price in llm.prices: "
-            "tokens only."
-        )
+    notes = made.notes()
     body = join(
         [
             tag(

@@ -1,8 +1,8 @@
 """What the usage ledger costs per model call, and what reading it back costs.
 
 The ledger's share of a model call is the record made from the answer
-(``bot.spend.record.make_record``) and its fsynced append (``UsageLedger.record``: a hop to a
-worker thread, one write and one fsync, shared by calls made at the same moment). Reported as
+(``bot.spend.record.make_record``) and its append (``UsageLedger.record``: one write on the
+event loop; the fsync, shared, at most once a second, by the ledger's flusher). Reported as
 CPU of the whole process (the worker thread's too: ``time.process_time``) per call, for calls
 one after another and for ``--chats`` calls at once; then the CPU ``memobot usage`` takes to
 read and sum a month of ``--records`` records.
@@ -60,13 +60,14 @@ def make_cost(calls: int) -> float:
 
 
 async def sequential(folder: Path, calls: int) -> tuple[float, float]:
-    """(CPU ms, wall ms) per call, one call after another (one fsync each)."""
+    """(CPU ms, wall ms) per call, one call after another (the flusher's fsyncs included)."""
     ledger = UsageLedger(folder)
     for i in range(20):
         await ledger.record(record(i))
     cpu, wall = time.process_time(), time.perf_counter()
     for i in range(calls):
         await ledger.record(record(i))
+    await ledger.flush()
     return (time.process_time() - cpu) / calls * 1e3, (time.perf_counter() - wall) / calls * 1e3
 
 

@@ -35,6 +35,7 @@ from bot.outage import Outage
 from bot.provenance import Provenance
 from bot.recovery import Recovery
 from bot.session import SessionStore
+from bot.spend.budget import Budget
 from bot.spend.ledger import UsageLedger
 from bot.tools import build_default_tools
 from bot.tools.base import ToolRegistry
@@ -66,6 +67,7 @@ class AgentStack:
     gate: Gate
     mcp: McpManager
     usage: UsageLedger
+    budget: Budget
 
     async def close(self) -> None:
         try:
@@ -131,9 +133,21 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
         def on_refused(text: str) -> None:
             background.spawn(bus.publish_outbound(AdminNotice(text)))
 
-    # Every model call of the stack (turns, consolidation, Dream, probes) is counted here.
+    # Every model call of the stack (turns, consolidation, Dream, probes) is counted here,
+    # and asked of the budget before it is made.
     usage = UsageLedger(cfg.agent.state_path)
-    provider = LLMProvider(cfg.llm, str(config_path), on_refused=on_refused, meter=usage.record)
+
+    async def tell_admins(text: str) -> None:
+        await bus.publish_outbound(AdminNotice(text))
+
+    budget = Budget(cfg, zone(cfg.agent.timezone), notify=tell_admins)
+    provider = LLMProvider(
+        cfg.llm,
+        str(config_path),
+        on_refused=on_refused,
+        meter=budget.metered(usage.record),
+        guard=budget.check,
+    )
     workspace = cfg.agent.workspace_path
     if not workspace.exists():  # a deleted template file stays deleted once set up
         init_workspace(workspace)
@@ -157,10 +171,10 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
     )
     outage = Outage(provider.probe, cfg.llm.outage) if wait_for_model else None
     loop = build_loop(
-        cfg, bus, store, provider, tools, context, gate, jobs, background, outage, mcp
+        cfg, bus, store, provider, tools, context, gate, jobs, background, outage, mcp, budget
     )
     bus.set_intake(loop.accept)
-    return AgentStack(bus, loop, store, provider, gate, mcp, usage)
+    return AgentStack(bus, loop, store, provider, gate, mcp, usage, budget)
 
 
 def build_loop(
@@ -175,11 +189,17 @@ def build_loop(
     background: Background,
     outage: Outage | None,
     mcp: McpManager | None,
+    budget: Budget,
 ) -> AgentLoop:
     """The agent loop and everything it works with, wired once, here."""
     workspace = cfg.agent.workspace_path
     archive = HistoryArchive(workspace)
-    consolidator = Consolidator(cfg.memory, store, provider, archive)
+
+    async def tell_admins(text: str) -> None:
+        log.warning("admin notice: %s", text)
+        await bus.publish_outbound(AdminNotice(text))
+
+    consolidator = Consolidator(cfg.memory, store, provider, archive, notify=tell_admins)
     dream = Dream(
         cfg.memory,
         workspace,
@@ -211,6 +231,7 @@ def build_loop(
         slots=slots,
         background=background,
         outage=outage,
+        budget=budget,
         mcp=mcp,
     )
     tools.register(SpawnTool(loop.tasks))  # a task is a turn of this loop

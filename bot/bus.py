@@ -32,7 +32,7 @@ def session_key(channel: str, chat_id: str) -> str:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _no_surrogates(value: Any) -> Any:
+def no_surrogates(value: Any) -> Any:
     """``value`` with every lone surrogate in its strings (also in lists and dicts) made the
     replacement character; ``value`` itself when it has none."""
     if isinstance(value, str):
@@ -42,12 +42,12 @@ def _no_surrogates(value: Any) -> Any:
     if isinstance(value, dict):
         out, same = {}, True
         for k, v in value.items():
-            k2, v2 = _no_surrogates(k), _no_surrogates(v)
+            k2, v2 = no_surrogates(k), no_surrogates(v)
             same = same and k2 is k and v2 is v
             out[k2] = v2
         return value if same else out
     if isinstance(value, list | tuple):
-        items = [_no_surrogates(v) for v in value]
+        items = [no_surrogates(v) for v in value]
         return (
             value if all(a is b for a, b in zip(items, value, strict=True)) else type(value)(items)
         )
@@ -66,10 +66,10 @@ def _storable(msg: InboundMessage) -> InboundMessage:
         "media": msg.media,
         "metadata": msg.metadata,
     }
-    changed = {k: c for k, v in fields.items() if (c := _no_surrogates(v)) is not v}
+    changed = {k: c for k, v in fields.items() if (c := no_surrogates(v)) is not v}
     if msg.files:
         records = [f.record() for f in msg.files]
-        if (clean := _no_surrogates(records)) is not records:
+        if (clean := no_surrogates(records)) is not records:
             changed["files"] = tuple(FileRef.from_record(r) for r in clean)
     return replace(msg, **changed) if changed else msg
 

@@ -62,6 +62,17 @@ SPECS = (
         "private chat: every chat's)",
         immediate=True,
     ),
+    CommandSpec(
+        "/budget",
+        "(admins) the spending limits and their use; followed by NAME VALUE|off|default, "
+        "changes one",
+        immediate=True,
+    ),
+    CommandSpec(
+        "/model [NAME]",
+        "list the models of llm.models; NAME switches this chat's (admins, by default)",
+        immediate=True,
+    ),
     CommandSpec("/whoami", "your user id and whether you are allowed here", by_channel=True),
     CommandSpec("/help", "this list", immediate=True),
 )

@@ -34,6 +34,7 @@ from bot.gate.approval import DEFAULT_EXEC_ALLOW, allow_pattern_problem
 from bot.layout import layout_problem
 from bot.proxy import check_proxy_url
 from bot.service.logs import SECRET_PARAM, redact, remember_secrets
+from bot.spend.limits import BudgetConfig
 from bot.urls import checked_url, endpoint_access, redact_url, without_trailing_slash
 from channels.registry import specs  # light: the specs and their config models import no SDK
 
@@ -166,6 +167,19 @@ class FallbackConfig(_Model):
     _base_url = field_validator("base_url")(lambda v: v and without_trailing_slash(v))
 
 
+class NamedModelConfig(FallbackConfig):
+    """``llm.models.<name>``: a model a chat may switch to (``/model NAME``); like a fallback,
+    any ``llm`` field, an unset one inherited from ``llm`` (none of its server's own settings,
+    key included, when it names a baseUrl of its own)."""
+
+    model: str = Field(min_length=1)  # type: ignore[assignment]
+
+
+# A name people type after /model: short, no spaces; "/model default" is llm's own model.
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
+DEFAULT_MODEL = "default"
+
+
 class LLMConfig(_Model):
     base_url: str = ""
     api_key: str = ""
@@ -191,6 +205,10 @@ class LLMConfig(_Model):
     outage: OutageConfig = OutageConfig()
     # Per model name (any endpoint's): a call of a model without one is counted in tokens only.
     prices: dict[str, PriceConfig] = Field(default_factory=dict)
+    # Named models a chat may switch to with /model NAME (kept in the chat's session).
+    models: dict[str, NamedModelConfig] = Field(default_factory=dict)
+    # Who may switch a chat's model: "admins" of the channel, or "everyone" let in.
+    model_switch: Literal["admins", "everyone"] = "admins"
     # False for a fallback on a server of its own: OPENAI_API_KEY is llm's, not its.
     _key_from_environment: bool = PrivateAttr(True)
 
@@ -201,11 +219,26 @@ class LLMConfig(_Model):
     # one form ("/v1/" and "/v1" are the same endpoint).
     _base_url = field_validator("base_url")(without_trailing_slash)
 
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, v: dict[str, NamedModelConfig]) -> dict[str, NamedModelConfig]:
+        for name in v:
+            if name == DEFAULT_MODEL:
+                raise ValueError(f"{name!r} is llm's own model in /model: choose another name")
+            if not MODEL_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a model name to type after /model: letters, digits, "
+                    "'.', '_' and '-', at most 40"
+                )
+        return v
+
     @model_validator(mode="after")
     def _credentials_fit(self) -> LLMConfig:
         # A base URL's user:password@ and an API key cannot both be sent (bot.urls).
-        for i, endpoint in enumerate(self.endpoints()):
-            where = "llm.baseUrl" if i == 0 else f"llm.fallbacks[{i - 1}].baseUrl"
+        named = [(f"llm.models.{n}.baseUrl", self.named(n)) for n in self.models]
+        chain = [(f"llm.fallbacks[{i - 1}].baseUrl", e) for i, e in enumerate(self.endpoints())]
+        chain[0] = ("llm.baseUrl", chain[0][1])
+        for where, endpoint in chain + named:
             access = endpoint_access(endpoint.base_url, where, bearer=bool(endpoint.api_key))
             classic_azure = "/openai/deployments/" in urlsplit(access.url).path
             if classic_azure and not endpoint.api_version and "api-version" not in access.query:
@@ -220,19 +253,27 @@ class LLMConfig(_Model):
         """This config and then each fallback, with its unset fields taken from this one
         (a fallback on another server keeps none of llm's provider, apiVersion, headers,
         dialect and key: llm's key, or OPENAI_API_KEY, is never sent to another server)."""
-        own = self.model_copy(update={"fallbacks": []})
-        chain = [own]
-        for fb in self.fallbacks:
-            # "" is the SDK's own endpoint (OPENAI_BASE_URL, else OpenAI's): not llm's server
-            # when llm names one.
-            elsewhere = bool(fb.base_url) or (fb.base_url == "" and bool(self.base_url))
-            update: dict[str, Any] = dict(_ENDPOINT_OWN) if elsewhere else {}
-            update |= {k: v for k in fb.model_fields_set if (v := getattr(fb, k)) is not None}
-            endpoint = own.model_copy(update=update)
-            if elsewhere:
-                endpoint._key_from_environment = False
-            chain.append(endpoint)
-        return chain
+        own = self._own()
+        return [own, *(self._derived(own, fb) for fb in self.fallbacks)]
+
+    def named(self, name: str) -> LLMConfig:
+        """The endpoint of ``llm.models.<name>`` (KeyError for a name not there), its unset
+        fields taken from this config as a fallback's are."""
+        return self._derived(self._own(), self.models[name])
+
+    def _own(self) -> LLMConfig:
+        return self.model_copy(update={"fallbacks": [], "models": {}})
+
+    def _derived(self, own: LLMConfig, fb: FallbackConfig) -> LLMConfig:
+        # "" is the SDK's own endpoint (OPENAI_BASE_URL, else OpenAI's): not llm's server
+        # when llm names one.
+        elsewhere = bool(fb.base_url) or (fb.base_url == "" and bool(self.base_url))
+        update: dict[str, Any] = dict(_ENDPOINT_OWN) if elsewhere else {}
+        update |= {k: v for k in fb.model_fields_set if (v := getattr(fb, k)) is not None}
+        endpoint = own.model_copy(update=update)
+        if elsewhere:
+            endpoint._key_from_environment = False
+        return endpoint
 
     def resolved_api_key(self) -> str:
         if self.api_key or not self._key_from_environment:
@@ -259,6 +300,8 @@ class AgentConfig(_Model):
     max_concurrent_turns: int = Field(64, ge=1, le=1000)  # model calls are I/O: ~1 core at 300 ms
     # Calls beyond this many in one turn are answered with an error result and not run.
     max_tool_calls_per_turn: int = Field(50, ge=1, le=10000)
+    # The tokens (prompt + completion) of one turn's model calls, summed; 0: no limit.
+    max_tokens_per_turn: int = Field(1_000_000, ge=0)
     # A warning (log, doctor, status) once the workspace takes more disk than this; 0: never.
     workspace_warn_bytes: int = Field(2_000_000_000, ge=0)
     # IANA zone for scheduled jobs and the time the model sees; "" is the system's zone.
@@ -466,6 +509,8 @@ class MemoryConfig(_Model):
     # Non-admins' private chats (allowFrom or pairing) see USER.md, MEMORY.md and all history.
     share_with_non_admins: StrictBool = False
     dream: DreamConfig = DreamConfig()
+    # A name in llm.models for consolidation and Dream (a cheaper model); "": llm's own.
+    model: str = ""
 
 
 class GatewayConfig(_Model):
@@ -550,6 +595,16 @@ class Config(_Model):
     cron: CronConfig = CronConfig()
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     web: PanelConfig = PanelConfig()
+    budget: BudgetConfig = BudgetConfig()
+
+    @model_validator(mode="after")
+    def _memory_model_named(self) -> Config:
+        if self.memory.model and self.memory.model not in self.llm.models:
+            known = ", ".join(sorted(self.llm.models)) or "none"
+            raise ValueError(
+                f"memory.model: {self.memory.model!r} is not a name in llm.models (named: {known})"
+            )
+        return self
 
 
 def default_config_path() -> Path:

@@ -156,9 +156,11 @@ def exclusive(lock: Path) -> Iterator[None]:
 
 
 class Appender:
-    """Appends whole lines to one JSON Lines file, each append one write, fsynced, under an
-    ``flock`` of the file (another memobot process may append too). The file stays open
-    between appends: a busy ledger pays one write and one fsync per append, not an open.
+    """Appends whole lines to one JSON Lines file, each append one ``O_APPEND`` write under an
+    ``flock`` of the file (another memobot process may append too), fsynced at once or, with
+    ``sync=False``, by a later :meth:`sync` (one fsync for many appends). Once an append
+    returned its bytes are in the kernel: a SIGKILL cannot lose them, only a power cut before
+    their fsync. The file stays open between appends.
 
     A torn last line (a crash mid-write left bytes after the last newline) is cut off before
     the next append, so it can never fuse with the new first line; so is whatever part of an
@@ -174,8 +176,15 @@ class Appender:
         self._cut_at: int | None = None  # where an append that failed began
         self._new = False  # created by this object, its folder not yet fsynced
 
-    def append(self, payload: bytes) -> tuple[int, int]:
-        """Append ``payload`` (lines, each ending in a newline); returns (offset, end)."""
+    @property
+    def warm(self) -> bool:
+        """Open, with its last append whole: the next append costs a few system calls and no
+        wait on the disk (an ``fsync`` of a folder, a cut of a torn line)."""
+        return self._fd is not None and self._end is not None and self._cut_at is None
+
+    def append(self, payload: bytes, sync: bool = True) -> tuple[int, int]:
+        """Append ``payload`` (lines, each ending in a newline), fsynced unless ``sync`` is
+        false; returns (offset, end)."""
         with about(self.path, "write"):
             fd = self._open()
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -191,7 +200,8 @@ class Appender:
                 view = memoryview(payload)
                 while view:
                     view = view[os.write(fd, view) :]
-                os.fsync(fd)
+                if sync:
+                    os.fsync(fd)
                 self._cut_at = None
                 self._end = size + len(payload)
             finally:
@@ -209,6 +219,13 @@ class Appender:
             fsync_dir(self.path.parent)
             self._new = False
         return self._fd
+
+    def sync(self) -> None:
+        """fsync what was appended so far. May run in a worker thread while the event loop
+        appends (the kernel orders the two); never beside :meth:`close`."""
+        if self._fd is not None:
+            with about(self.path, "write"):
+                os.fsync(self._fd)
 
     def close(self) -> None:
         if self._fd is not None:

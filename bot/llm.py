@@ -93,6 +93,9 @@ Meter = Callable[[CallRecord], Awaitable[None]]
 # Told the whole answer as soon as it is there, before it is recorded (a chat can show a
 # streamed answer as finished without waiting for the ledger's fsync).
 AnswerSink = Callable[["LLMResponse"], None]
+# Asked before every call with its session and purpose (bot.spend.budget): raises an LLMError
+# (BudgetSpent) when the call may not be made; a call under way is never stopped by it.
+Guard = Callable[[str, str], None]
 
 
 class LLMError(Exception):
@@ -557,10 +560,13 @@ class LLMProvider:
         config_path: str = "~/.memobot/config.json",
         on_refused: Callable[[str], None] | None = None,
         meter: Meter | None = None,
+        guard: Guard | None = None,
     ) -> None:
-        """``meter``: told each answered call (the usage ledger); None counts nothing."""
+        """``meter``: told each answered call (the usage ledger); None counts nothing.
+        ``guard``: asked before each call (the budget); None allows every call."""
         self.cfg = cfg
         self.meter = meter
+        self.guard = guard
         if not cfg.resolved_base_url() and not cfg.resolved_api_key():
             from bot.invocation import command_for
 
@@ -571,6 +577,11 @@ class LLMProvider:
             )
         self._endpoints = [_Endpoint(c) for c in cfg.endpoints()]
         self._primary = self._endpoints[0]
+        # llm.models, made at first use; keyed by name and its config entry (a reload that
+        # replaces the entry gets a new endpoint). Every one made, to close them all.
+        self._named: dict[str, tuple[object, _Endpoint]] = {}
+        self._made: list[_Endpoint] = []
+        self._unknown: set[str] = set()  # names chosen but no longer configured (logged once)
         # (endpoint, status) already reported: a wrong key is logged once, not per message.
         self._reported: set[tuple[str, int]] = set()
         # Called once per (endpoint, 401/404) with a text for the owner (the daemon sends it to
@@ -623,8 +634,37 @@ class LLMProvider:
         return str(getattr(result, "text", "") or "").strip()
 
     async def close(self) -> None:
-        for e in self._endpoints:
+        for e in [*self._endpoints, *self._made]:
             await e.close()
+
+    @property
+    def models(self) -> list[str]:
+        """The names a chat may choose (``llm.models``), sorted."""
+        return sorted(self.cfg.models)
+
+    def describe(self, name: str | None) -> str:
+        """``name``'s model and endpoint as the owner may read them (no key): "gpt-4o @ url"."""
+        return self._chain(name, "")[0].label
+
+    def _chain(self, name: str | None, session_key: str) -> list[_Endpoint]:
+        """The endpoints a request for the named model tries: its own, then llm.fallbacks;
+        llm's when ``name`` is None, or a name no longer in llm.models (logged once)."""
+        if name is None:
+            return self._endpoints
+        entry = self.cfg.models.get(name)
+        if entry is None:
+            if name not in self._unknown:
+                self._unknown.add(name)
+                log.warning(
+                    "llm.models has no %r any more: using llm.model session=%s", name, session_key
+                )
+            return self._endpoints
+        made = self._named.get(name)
+        if made is None or made[0] is not entry:
+            endpoint = _Endpoint(self.cfg.named(name))
+            self._made.append(endpoint)
+            made = self._named[name] = (entry, endpoint)
+        return [made[1], *self._endpoints[1:]]
 
     async def chat(
         self,
@@ -636,6 +676,7 @@ class LLMProvider:
         on_text: TextSink | None = None,
         purpose: str = TURN,
         on_answer: AnswerSink | None = None,
+        model: str | None = None,
     ) -> LLMResponse:
         """One completion, from the first endpoint that answers.
 
@@ -649,20 +690,25 @@ class LLMProvider:
         ``TextSink``); the result is the same as without.
         ``purpose``: why the call is made, as the usage ledger records it (bot.spend.record);
         the answered call is recorded before this returns, after ``on_answer`` was told it.
+        ``model``: a name in ``llm.models`` (a chat's choice, ``memory.model``); its endpoint
+        is tried first, then llm.fallbacks. None: llm's own model.
         """
+        if self.guard is not None:
+            self.guard(session_key, purpose)
         failures: list[str] = []
-        for i, endpoint in enumerate(self._endpoints):
+        endpoints = self._chain(model, session_key)
+        for i, endpoint in enumerate(endpoints):
             try:
                 raw = await self._ask(
                     endpoint, messages, tools, force_tool, max_tokens, session_key, on_text
                 )
             except LLMUnavailable as exc:
                 failures.append(str(exc))
-                if i + 1 < len(self._endpoints):
+                if i + 1 < len(endpoints):
                     log.warning(
                         "llm endpoint %s unavailable, failing over to %s session=%s: %s",
                         endpoint.label,
-                        self._endpoints[i + 1].label,
+                        endpoints[i + 1].label,
                         session_key,
                         exc,
                     )

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from bot.backoff import Backoff
 from bot.bus import Activity, InboundMessage, Intake, MessageBus, TurnActivity
 from bot.commands import CommandRouter, CommandSyntax, format_duration, help_text
-from bot.config import Config
+from bot.config import DEFAULT_MODEL, Config
 from bot.cron.schedule import zone
 from bot.cron.scheduler import describe_jobs
 from bot.cron.store import JobStore
@@ -36,12 +37,13 @@ from bot.kinds import TurnKind
 from bot.llm import LLMUnavailable
 from bot.media import not_fetched, with_fetched
 from bot.memory.consolidate import Consolidator
-from bot.memory.dream import Dream, budget_lines
+from bot.memory.dream import Dream, DreamResult, budget_lines
 from bot.outage import NOTICE_TEXT, Outage, wall_seconds
 from bot.pairing import approve_code
 from bot.recovery import GAVE_UP_TEXT, MAX_RESUME_ATTEMPTS, Recovery
 from bot.runner import close_open_tool_calls
 from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso, transitions
+from bot.spend.budget import Budget
 from bot.spend.report import chat_text
 from bot.tasks import TaskBoard, TaskStore, describe, result_of, task_info, usage_by_task
 from bot.turn import STOPPED_TEXT, Turns
@@ -115,6 +117,7 @@ class AgentLoop:
         slots: asyncio.Semaphore,
         background: Background,
         outage: Outage | None,
+        budget: Budget,
         mcp: McpManager | None = None,
     ) -> None:
         """``slots``: agent.maxConcurrentTurns, shared with the approval desk (a turn waiting
@@ -134,6 +137,8 @@ class AgentLoop:
         self.intake = intake
         self.recovery = recovery
         self.outage = outage
+        self.budget = budget
+        self.dream_backoff = Backoff()
         self._work: dict[str, _SessionWork] = {}
         self._slots = slots
         self._draining = False
@@ -161,6 +166,8 @@ class AgentLoop:
                 "/cron": self._cron_command,
                 "/usage": self._usage_command,
                 "/tasks": self._tasks_command,
+                "/budget": self._budget_command,
+                "/model": self._model_command,
                 "/help": self._help_command,
             }
         )
@@ -241,11 +248,35 @@ class AgentLoop:
     async def _dream_schedule(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.memory.dream.interval_minutes * 60)
-            try:
-                result = await self.dream.run()
-                log.info("scheduled %s", result.describe())
-            except Exception:
-                log.exception("scheduled dream failed")
+            await self.dream_tick()
+
+    async def dream_tick(self) -> None:
+        """One scheduled Dream, unless it is backing off after failures in a row (doubling,
+        capped: bot.backoff); the admins are told once when it starts backing off."""
+        if not self.dream_backoff.ready():
+            log.info(
+                "scheduled dream skipped: backing off %.0f s more after %d failures",
+                self.dream_backoff.wait_left(),
+                self.dream_backoff.failures,
+            )
+            return
+        try:
+            result = await self.dream.run()
+            log.info("scheduled %s", result.describe())
+        except Exception as exc:
+            log.exception("scheduled dream failed")
+            result = DreamResult("failed", detail=str(exc) or type(exc).__name__)
+        if result.status == "paused":
+            return  # a spent budget: neither a failure nor a success
+        if result.status != "failed":
+            self.dream_backoff.succeeded()
+            return
+        if self.dream_backoff.failed():
+            await self.turns.tell_admins(
+                f"Dream failed {self.dream_backoff.failures} times in a row ({result.detail}); "
+                f"the scheduled runs wait {format_duration(self.dream_backoff.delay())} now, "
+                "doubling after each further failure. /dream runs it at once."
+            )
 
     async def _idle_compactor(self) -> None:
         idle_seconds = self.cfg.memory.idle_compact_minutes * 60
@@ -290,7 +321,10 @@ class AgentLoop:
         if self.dream.running:
             return "Dream is already running."
         await self._publish(msg, "Dreaming: distilling the history archive...", final=False)
-        return (await self.dream.run()).describe()
+        result = await self.dream.run()
+        if result.status not in ("failed", "paused"):
+            self.dream_backoff.succeeded()  # the schedule need not wait any longer
+        return result.describe()
 
     async def _status_command(self, msg: InboundMessage, args: str) -> str:
         return self.status_text(msg.session_key)
@@ -407,6 +441,44 @@ class AgentLoop:
         lines = describe(here, time.time(), usage)
         return "Background tasks in this chat:\n" + "\n".join(lines)
 
+    async def _budget_command(self, msg: InboundMessage, args: str) -> str:
+        """The limits and their use; an admin may raise, lift or restore one (recorded in
+        the state folder, logged with who did it)."""
+        if not msg.sender.is_admin:
+            return "Only an admin of this bot may see or change the budget."
+        return await self.budget.command(args, f"{msg.session_key}/{msg.sender_id}")
+
+    async def _model_command(self, msg: InboundMessage, args: str) -> str:
+        """The named models and this chat's; ``/model NAME`` switches this chat's (kept in its
+        session), ``/model default`` back to llm's own. Who may switch: llm.modelSwitch."""
+        provider = self.runner.provider
+        models = self.cfg.llm.models
+        session = self.store.get(msg.session_key)
+        current = session.state.chat_model if session.state.chat_model in models else None
+        name = args.strip()
+        if not name:
+            lines = [f"{'*' if current is None else '-'} default: {self.cfg.llm.model}"]
+            lines += [
+                f"{'*' if n == current else '-'} {n}: {models[n].model}" for n in provider.models
+            ]
+            return "Models (* this chat's; /model NAME to switch):\n" + "\n".join(lines)
+        if self.cfg.llm.model_switch == "admins" and not msg.sender.is_admin:
+            return "Only an admin of this bot may switch the model."
+        if name != DEFAULT_MODEL and name not in models:
+            named = ", ".join([DEFAULT_MODEL, *provider.models])
+            return f"No model named {name[:60]!r}. Named: {named}."
+        chosen = None if name == DEFAULT_MODEL else name
+        await self.store.apply_async(session, transitions.choose_model(chosen))
+        log.info(
+            "chat model set to %s (%s) session=%s by=%s",
+            name,
+            provider.describe(chosen),
+            msg.session_key,
+            msg.sender_id,
+        )
+        model = self.cfg.llm.model if chosen is None else models[name].model
+        return f"This chat now uses {name} ({model}) from the next message on."
+
     def _may_stop(self, msg: InboundMessage) -> bool:
         work = self._work.get(msg.session_key)
         if work is None or not msg.sender.is_group:
@@ -465,7 +537,7 @@ class AgentLoop:
                 job = fetched
             if self.outage is not None and self.outage.active and job.turn is None:
                 # The model is known to be down: wait without spending a slot on retries.
-                if job.msg.policy.waits_for_model:
+                if job.msg.policy.waits_for_model and not self._on_own_model(key):
                     await self._wait_for_model(key, work, job, None)
                     if job.msg.kind is TurnKind.TASK:
                         await self._task_ended(key, job.msg, work)  # unless it waits again
@@ -590,13 +662,20 @@ class AgentLoop:
             msg,
             turn,
             stop_requested=lambda: work.stop_requested,
-            wait_for_model=self.outage is not None,
+            wait_for_model=self.outage is not None and not self._on_own_model(msg.session_key),
             approval=paused,
         )
         if unavailable is not None:
             assert self.outage is not None
             self.outage.begin(str(unavailable))
             work.waiting = turn  # the worker waits for the model outside its slot
+
+    def _on_own_model(self, key: str) -> bool:
+        """The chat uses a model of llm.models (``/model``). An outage is watched on llm.model
+        (its probe): such a chat's turns neither wait for it nor begin one (when its model and
+        the fallbacks stay unavailable, the turn is answered with the error), else a chat on
+        a dead endpoint would hold every chat's turns, again and again, while llm.model works."""
+        return self.store.get(key).state.chat_model in self.cfg.llm.models
 
     async def _wait_for_model(
         self, key: str, work: _SessionWork, job: _Job, turn: list[dict[str, Any]] | None
@@ -747,9 +826,11 @@ class AgentLoop:
             "",
         )
         outage = self.outage.describe() if self.outage else ""
+        chosen = self.cfg.llm.models.get(session.state.chat_model or "")
+        model = f"{session.state.chat_model} ({chosen.model})" if chosen else self.cfg.llm.model
         return "\n".join(
             [
-                f"model: {self.cfg.llm.model}"
+                f"model: {model}"
                 + (
                     f" (+{counted(len(self.cfg.llm.fallbacks), 'fallback')})"
                     if self.cfg.llm.fallbacks
@@ -767,6 +848,11 @@ class AgentLoop:
                 + (" (waiting for the model)" if waiting else "")
                 + (" (waiting for an approval)" if session.state.open_approval else ""),
                 *([f"mcp: {self.mcp.summary()}"] if self.mcp and self.mcp.servers else []),
+                *(
+                    [f"budget paused: {', '.join(paused)}"]
+                    if (paused := self.budget.paused())
+                    else []
+                ),
                 f"uptime: {format_duration(time.monotonic() - self.started_at)}",
             ]
         )

@@ -7,6 +7,7 @@ turn to ``on_phase`` so the caller can checkpoint it durably (DESIGN.md section 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -18,7 +19,8 @@ from bot.images import shown_message
 from bot.llm import LLMError, LLMProvider, LLMResponse, ToolCall
 from bot.safejson import BadArguments, parse_arguments
 from bot.session import ANSWERED_BY_KEY
-from bot.spend.record import TOOL_ITERATION, TURN
+from bot.spend.budget import BudgetSpent
+from bot.spend.record import TOOL_ITERATION, TURN, estimated, reported
 from bot.streaming import TurnStream
 from bot.tools.base import ToolContext, ToolRegistry
 
@@ -43,6 +45,11 @@ CLOSING_NOTES = {
     "stopped": "[memobot: the person stopped this answer before it was written.]",
 }
 CALL_LIMIT_PREFIX = "Error: not run: this turn reached its limit of"
+# The same tool with the same arguments this many times in one turn, each time with the same
+# result, ends it: a model asking again for what it already has is looping, and each round
+# costs a whole prompt.
+REPEAT_LIMIT = 3
+REPEATED_RESULT = "Error: not run: this exact call already got the same result twice in this turn."
 Phase = Literal["awaiting_tools", "awaiting_approval", "tools_completed", "final_response"]
 PhaseHook = Callable[[Phase, list[dict[str, Any]]], Awaitable[None]]
 # Before a call runs: None lets it run, a string is its result instead (not approved).
@@ -53,7 +60,7 @@ BuildMessages = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 @dataclass(slots=True)
 class TurnResult:
     text: str
-    status: Literal["ok", "max_iterations", "llm_error"]
+    status: Literal["ok", "max_iterations", "llm_error", "max_tokens", "repeated"]
     iterations: int
     error: LLMError | None = None
 
@@ -97,14 +104,17 @@ class Runner:
         max_iterations: int,
         max_tool_calls: int = 50,
         max_tokens: int | None = None,
+        max_turn_tokens: int = 0,
     ) -> None:
         """``max_tokens``: the answer budget requests are sent with (llm.maxTokens), named
-        when an answer comes back empty because it was used up."""
+        when an answer comes back empty because it was used up. ``max_turn_tokens``: the
+        tokens a turn's calls may use together (agent.maxTokensPerTurn; 0: no limit)."""
         self.provider = provider
         self.tools = tools
         self.max_iterations = max_iterations
         self.max_tool_calls = max_tool_calls
         self.max_tokens = max_tokens
+        self.max_turn_tokens = max_turn_tokens
 
     async def run(
         self,
@@ -115,6 +125,7 @@ class Runner:
         stream: TurnStream | None = None,
         approve: Approver | None = None,
         purpose: str = TURN,
+        model: str | None = None,
     ) -> TurnResult:
         """Drive one turn. ``turn`` holds the new user message and grows as the turn runs.
 
@@ -131,6 +142,7 @@ class Runner:
         calls without results (resumed from an approval pause) runs those first.
         ``purpose``: what the usage ledger records the calls as; a person's turn ("turn")
         records each call that follows tool results as a "tool_iteration".
+        ``model``: the chat's model, a name in llm.models (None: llm's own).
         """
         offered = self._offered(ctx)
         schemas = self.tools.schemas()
@@ -147,6 +159,9 @@ class Runner:
             if on_phase:
                 await on_phase("tools_completed", turn)
         after_tools = any(m.get("role") == "tool" for m in turn)  # a resumed turn's too
+        # Counted from what this process asked: a turn resumed after a crash starts again at
+        # 0 (its earlier calls' usage is in the ledger, not in the turn).
+        used = 0
 
         def finished(response: LLMResponse) -> None:
             # The chat learns the answer is whole at once, not after the usage ledger's
@@ -155,19 +170,44 @@ class Runner:
                 stream.on_done()
 
         for iteration in range(1, self.max_iterations + 1):
+            if self.max_turn_tokens and used >= self.max_turn_tokens:
+                # Checked before a call, as the budget is: the call that crossed it finished.
+                log.warning(
+                    "turn stopped session=%s: %d tokens used, agent.maxTokensPerTurn is %d",
+                    ctx.session_key,
+                    used,
+                    self.max_turn_tokens,
+                )
+                text = (
+                    f"I stopped this answer after its model calls used {used:,} tokens "
+                    f"(agent.maxTokensPerTurn = {self.max_turn_tokens:,}). Tell me how to "
+                    "continue, or ask an admin to raise the limit."
+                )
+                return await self._give_up(turn, text, "max_tokens", iteration - 1, on_phase)
             started = time.monotonic()
+            request = build_messages(turn)
             try:
                 response: LLMResponse = await self.provider.chat(
-                    build_messages(turn),
+                    request,
                     schemas,
                     session_key=ctx.session_key,
                     on_text=stream.on_text if stream else None,
                     purpose=TOOL_ITERATION if purpose == TURN and after_tools else purpose,
                     on_answer=finished,
+                    model=model,
                 )
             except LLMError as exc:
-                log.error("llm failed session=%s: %s", ctx.session_key, exc)
+                # A spent budget is no failure of the model: the budget logs it once.
+                spent = isinstance(exc, BudgetSpent)
+                log.log(
+                    logging.INFO if spent else logging.ERROR,
+                    "llm %s session=%s: %s",
+                    "not asked" if spent else "failed",
+                    ctx.session_key,
+                    exc,
+                )
                 return TurnResult(exc.user_message, "llm_error", iteration, exc)
+            used += turn_tokens(response, request, schemas)
             log.debug(
                 "llm answered session=%s iteration=%d tool_calls=%d in %.0f ms",
                 ctx.session_key,
@@ -190,9 +230,30 @@ class Runner:
             turn.append(response.assistant_message())
             if on_phase:
                 await on_phase("awaiting_tools", turn)
-            made = await self._run_calls(
-                list(response.tool_calls), turn, ctx, made, offered, approve, stream
-            )
+            calls = list(response.tool_calls)
+            history = call_results(turn)
+            repeated = [c for c in calls if looping(history, c)]
+            if repeated:
+                # Every call of the batch gets a result (the history must stay valid); none
+                # runs, and the turn ends here without asking the model once more.
+                for c in calls:
+                    _tried(stream, c)
+                    turn.append(_result(c, REPEATED_RESULT))
+                if on_phase:
+                    await on_phase("tools_completed", turn)
+                name = repeated[0].name
+                log.warning(
+                    "turn stopped session=%s: %s called %d times with the same arguments",
+                    ctx.session_key,
+                    name,
+                    REPEAT_LIMIT,
+                )
+                text = (
+                    f"I stopped this answer: the model kept calling {name} with the same "
+                    "arguments, which would not have led anywhere. Tell me how to continue."
+                )
+                return await self._give_up(turn, text, "repeated", iteration, on_phase)
+            made = await self._run_calls(calls, turn, ctx, made, offered, approve, stream)
             after_tools = True
             shown = _show_images(turn, ctx, shown)
             if on_phase:
@@ -201,10 +262,21 @@ class Runner:
             f"I stopped after {self.max_iterations} tool steps without reaching an answer "
             "(agent.maxToolIterations). Tell me how to continue, or raise the limit."
         )
+        return await self._give_up(turn, text, "max_iterations", self.max_iterations, on_phase)
+
+    async def _give_up(
+        self,
+        turn: list[dict[str, Any]],
+        text: str,
+        status: Literal["max_iterations", "max_tokens", "repeated"],
+        iterations: int,
+        on_phase: PhaseHook | None,
+    ) -> TurnResult:
+        """End the turn with memobot's note to the person as its answer."""
         turn.append({"role": "assistant", "content": text})
         if on_phase:
             await on_phase("final_response", turn)
-        return TurnResult(text, "max_iterations", self.max_iterations)
+        return TurnResult(text, status, iterations)
 
     def _offered(self, ctx: ToolContext) -> set[str] | None:
         offered = ctx.extra.get("offered")
@@ -276,6 +348,53 @@ class Runner:
                 self.max_tool_calls,
             )
         return made
+
+
+def call_key(name: str, arguments: str) -> str:
+    """A call's identity for the repeat check: its name and its arguments as JSON with sorted
+    keys (the same arguments written in another order or spacing are the same call)."""
+    try:
+        canonical = json.dumps(json.loads(arguments or "{}"), sort_keys=True)
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser (a tool error)
+        canonical = arguments
+    return f"{name}\0{canonical}"
+
+
+def call_results(turn: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The results each call (by :func:`call_key`) got in ``turn`` so far, in order (a
+    resumed turn's calls count)."""
+    results = {
+        m.get("tool_call_id"): str(m.get("content")) for m in turn if m.get("role") == "tool"
+    }
+    out: dict[str, list[str]] = {}
+    for m in turn:
+        for c in m.get("tool_calls") or () if m.get("role") == "assistant" else ():
+            fn = c.get("function") or {}
+            got = results.get(c.get("id"))
+            if got is not None:
+                key = call_key(str(fn.get("name", "")), str(fn.get("arguments", "")))
+                out.setdefault(key, []).append(got)
+    return out
+
+
+def looping(history: dict[str, list[str]], call: ToolCall) -> bool:
+    """Whether ``call`` would be the REPEAT_LIMIT-th of its name and arguments in a row to
+    get the same result: the model asks again for what it already has. (The same command
+    run again after an edit gets another result and is no loop.)"""
+    got = history.get(call_key(call.name, call.arguments), [])[-(REPEAT_LIMIT - 1) :]
+    return len(got) == REPEAT_LIMIT - 1 and len(set(got)) == 1
+
+
+def turn_tokens(
+    response: LLMResponse, request: list[dict[str, Any]], schemas: list[dict[str, Any]]
+) -> int:
+    """The tokens one call used, as the provider reported them (estimated when it did not,
+    as the usage ledger counts them)."""
+    counts = reported(response.usage or {})
+    if counts is not None:
+        return counts[0] + counts[1]
+    prompt, completion = estimated(request, schemas, response.assistant_message())
+    return prompt + completion
 
 
 def _tried(stream: TurnStream | None, call: ToolCall) -> None:

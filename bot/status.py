@@ -130,6 +130,7 @@ def status_rows(cfg: Config, config_path: Path) -> list[tuple[str, str]]:
         ("unsent", undelivered_line(cfg)),
         ("approvals", approvals_line(cfg)),
         ("usage", usage_line(cfg)),
+        ("budget", budget_status_line(cfg)),
         ("panel", panel_line(cfg, live)),
     ]
 
@@ -144,6 +145,14 @@ def usage_line(cfg: Config) -> str:
         return status_text(cfg.agent.state_path, zone(cfg.agent.timezone))
     except OSError as exc:  # the other lines are still worth showing
         return f"cannot read the usage ledger: {file_problem(exc) or exc}"
+
+
+def budget_status_line(cfg: Config) -> str:
+    """The limits in force, their use and what is paused (bot.spend.budget)."""
+    from bot.cron.schedule import zone
+    from bot.spend.budget import budget_line
+
+    return budget_line(cfg, zone(cfg.agent.timezone))
 
 
 def panel_line(cfg: Config, live: dict[str, Any] | None) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from bot import failpoints, workspace_files
 from bot.approvals import ApprovalDesk, offered_tools
-from bot.bus import Activity, InboundMessage, MessageBus, OutboundMessage, TurnActivity
+from bot.bus import Activity, AdminNotice, InboundMessage, MessageBus, OutboundMessage, TurnActivity
 from bot.config import Config
 from bot.context import ContextBuilder
 from bot.cron import heartbeat
@@ -51,6 +51,7 @@ from bot.runner import (
     close_turn,
 )
 from bot.session import Session, SessionStore, now_iso, transitions
+from bot.spend.budget import BudgetSpent
 from bot.spend.record import HEARTBEAT, JOB, TURN
 from bot.streaming import TurnStream, stopped_answer
 from bot.tasks import scope_from_record, task_info, task_tools
@@ -70,6 +71,7 @@ SCHEDULED = frozenset({TurnKind.JOB, TurnKind.REMINDER, TurnKind.HEARTBEAT})  # 
 ANSWER_FILE_KEY = "answer_file"
 # What the usage ledger records a turn's model calls as (bot.spend.record), by its kind.
 USAGE_PURPOSES = {TurnKind.HEARTBEAT: HEARTBEAT, TurnKind.JOB: JOB}
+BUDGET_NOTE = "[memobot: this message was not sent to the model: a spending budget was used up.]"
 AUDIO_SUFFIXES = frozenset({".ogg", ".oga", ".opus", ".mp3", ".m4a", ".wav", ".webm", ".flac"})
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
@@ -106,6 +108,7 @@ class Turns:
             cfg.agent.max_tool_iterations,
             cfg.agent.max_tool_calls_per_turn,
             cfg.llm.max_tokens,
+            cfg.agent.max_tokens_per_turn,
         )
         # Asks, waits for and records the answers to approval questions (tools.approval).
         self.approvals = approvals
@@ -336,6 +339,7 @@ class Turns:
                     stream=stream,
                     approve=approve,
                     purpose=USAGE_PURPOSES.get(msg.kind, TURN),
+                    model=session.state.chat_model,
                 )
             finally:
                 # No process outlives its turn: background jobs end with the answer.
@@ -372,6 +376,9 @@ class Turns:
             return result.error
         # On an LLM failure the user's message (and any finished tool work) stays in history.
         outcome: Outcome = "failed" if result.status == "llm_error" else "ok"
+        if isinstance(result.error, BudgetSpent):
+            # What the model reads later: not a failure of its own, and no error to repeat.
+            close_turn(turn, BUDGET_NOTE)
         await self.finish(session, msg, turn, result.text, outcome)
         if stamp is not None and memory_stamp(self.cfg.agent.workspace_path) != stamp:
             self.spawn(self._commit_memory(msg.session_key))
@@ -493,6 +500,11 @@ class Turns:
             return False
         await self.bus.publish_outbound(out)
         return True
+
+    async def tell_admins(self, text: str) -> None:
+        """A notice to the admins' private chats (bot.bus.AdminNotice), logged."""
+        log.warning("admin notice: %s", text)
+        await self.bus.publish_outbound(AdminNotice(text))
 
     async def deliver_text(self, session: Session, msg: InboundMessage) -> None:
         """A reminder (a ``deliver: "text"`` job): its text is the answer, through the same

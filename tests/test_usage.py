@@ -286,18 +286,18 @@ def test_a_wrong_price_is_a_config_error_naming_the_field(
 def test_a_failed_ledger_write_is_retried_with_the_next_record_never_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A full disk must not fail the turn, lose the record, or (the bytes of the failed write
+    """A full disk must not fail the turn, lose the record, or (half of the failed write
     having landed) count it twice once the disk has room again."""
     import errno
     import os
 
-    real_fsync = os.fsync
-    failures = iter([True])
+    real_write = os.write
+    calls = iter(["half", "full"])
 
-    def fsync(fd: int) -> None:
-        if next(failures, False):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_fsync(fd)
+    def write(fd: int, data: Any) -> int:
+        if next(calls, None) == "half":  # half the line lands, then the disk is full
+            return real_write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     at = "2026-12-06T10:00:00Z"
     before = CallRecord("r0", at, "cli:t", "turn", "m", "e", 1, 1, 0, False, None, None)
@@ -306,20 +306,59 @@ def test_a_failed_ledger_write_is_retried_with_the_next_record_never_twice(
     path = month_file(tmp_path, "2026-12")
     path.parent.mkdir()
     path.write_bytes(before.line())
-    monkeypatch.setattr(os, "fsync", fsync)  # the write lands, its fsync fails
     caplog.set_level(logging.INFO, "bot.spend")
 
-    async def two_calls() -> None:
+    async def three_calls() -> None:
         ledger = UsageLedger(tmp_path)
-        await ledger.record(first)  # the write fails: logged, not raised
+        await ledger.record(before._replace(id="r00"))  # the file is open and warm
+        monkeypatch.setattr(os, "write", write)
+        await ledger.record(first)  # the write fails halfway: logged, not raised
         assert "cannot write 1 record(s)" in caplog.text
+        assert path.read_bytes().endswith(first.line()[: len(first.line()) // 2])
+        monkeypatch.setattr(os, "write", real_write)
         await ledger.record(second)
         await ledger.aclose()
 
-    asyncio.run(two_calls())
+    asyncio.run(three_calls())
     lines = path.read_bytes().splitlines(keepends=True)
-    assert lines == [before.line(), first.line(), second.line()]
+    assert lines == [before.line(), before._replace(id="r00").line(), first.line(), second.line()]
     assert "usage ledger: writing again" in caplog.text
+
+
+async def test_records_are_written_at_once_and_share_one_fsync_and_an_idle_ledger_waits_on_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each record is in the file when ``record`` returns (a SIGKILL cannot lose it); the
+    fsyncs are shared (at most one a second, so a power cut loses at most about a second of
+    records); ``flush`` syncs them all, and then no timer or task is left waiting."""
+    import os
+    import stat
+
+    real_fsync = os.fsync
+    synced: list[int] = []  # the file's size at each fsync of the month's file
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            synced.append(os.fstat(fd).st_size)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    at = "2026-12-06T10:00:00Z"
+    path = month_file(tmp_path, "2026-12")
+    ledger = UsageLedger(tmp_path)
+    for i in range(20):
+        await ledger.record(
+            CallRecord(f"r{i}", at, "cli:t", "turn", "m", "e", i, 1, 0, False, None, None)
+        )
+        assert len(path.read_bytes().splitlines()) == i + 1
+    assert len(synced) <= 1  # the first record's, at most: the others wait for the next
+    await ledger.flush()
+    assert synced[-1] == path.stat().st_size  # every record synced
+    assert ledger._flusher is not None and ledger._flusher.done() and ledger._wake is None
+    count = len(synced)
+    await ledger.flush()  # nothing new: no fsync
+    await ledger.aclose()
+    assert len(synced) == count
 
 
 async def test_prices_given_by_a_reload_price_the_next_calls(tmp_path: Path, llm: FakeLLM) -> None:

@@ -1,4 +1,4 @@
-"""The Chats, Tools and Logs screens in Chromium at a phone's width (390 px): nothing wider
+"""The Chats, Tools, Logs and Usage screens in Chromium at a phone's width (390 px): nothing wider
 than the screen, and the Logs page's live tail (static/logs.js over server-sent events)
 showing a new line as text, under the panel's Content-Security-Policy."""
 
@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 from bot.config import load_config
 from bot.gateway import Gateway
 from bot.session import SessionStore
+from bot.spend.ledger import month_file
+from bot.spend.record import CallRecord, now_utc
 from tests.helpers import config_dict
 from tests.helpers.browser import BROWSER_TEST, csp_violations
 from tests.helpers.web import browsing, panel_section
@@ -40,6 +42,24 @@ async def test_the_screens_fit_a_phone_and_the_log_tail_is_live(
             {"role": "assistant", "content": f"an answer {long_word}"},
         ],
     )
+    usage = month_file(cfg.agent.state_path, now_utc()[:7])
+    usage.parent.mkdir(parents=True)
+    usage.write_bytes(
+        CallRecord(
+            "a",
+            now_utc(),
+            "telegram:7",
+            "turn",
+            long_word,
+            "e",
+            10**9,
+            10**8,
+            10**9,
+            False,
+            1e6,
+            "USD",
+        ).line()
+    )
     gateway = Gateway(cfg, config)
     root = logging.getLogger()
     root.addHandler(gateway.logs)  # as Gateway.run does
@@ -48,7 +68,8 @@ async def test_the_screens_fit_a_phone_and_the_log_tail_is_live(
         async with browsing(cfg, config, gateway=gateway) as panel:
             await browser_page.goto(panel.link())
             await browser_page.wait_for_url(panel.base + "/")
-            for path in ("/chats", "/chats/view?key=telegram:7", "/tools", "/logs"):
+            screens = ("/chats", "/chats/view?key=telegram:7", "/tools", "/logs", "/usage?by=model")
+            for path in screens:
                 await browser_page.goto(panel.base + path)
                 width = await browser_page.evaluate("document.documentElement.scrollWidth")
                 assert width <= 390, (path, width)

@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from bot.bus import MessageBus, OutboundMessage
+from bot.bus import MessageBus, OutboundMessage, StreamEvent
 from bot.config import load_config
 from bot.gateway import Gateway
 from bot.session import SessionStore
@@ -319,3 +319,159 @@ async def test_a_turn_cut_by_a_restart_is_answered_after_it(tmp_path):
             page = await transcript(browser)
             assert "are you there?" in page and "Answered after the restart." in page
             assert page.count('class="msg you"') == 1  # answered once, asked once
+
+
+def form_once(page: str) -> str:
+    found = re.search(r'name="once" value="([0-9a-f]{16})"', page)
+    assert found, page
+    return found.group(1)
+
+
+async def test_a_refused_message_is_said_so_with_its_text_kept(tmp_path):
+    """A refusal is no redirect (the page's script took every redirect for "sent" and
+    emptied the box): the page says why, its text still in the box. Line breaks count once,
+    as the browser's maxlength counts them, though it posts them as CRLF."""
+    async with running(tmp_path, reply("Got it.")) as (_llm, gateway, browser):
+        csrf = await browser.csrf(HERE)
+        lines = "ab\r\n" * 6000  # 24,000 characters posted, 18,000 in the box
+        status, _, _ = await browser.post(HERE + "/send", {"text": lines, "csrf": csrf})
+        assert status == 303
+        await gateway.stack.loop.wait_idle(KEY)
+        [said] = [m for m in gateway.stack.store.get(KEY).messages if m["role"] == "user"]
+        assert "\r" not in str(said["content"])
+        too_long = "x" * 20_001 + "</textarea><b>"
+        status, page, _ = await browser.post(HERE + "/send", {"text": too_long, "csrf": csrf})
+        assert status == 422 and "Not sent: more than 20,000 characters." in page
+        assert f"{'x' * 20_001}&lt;/textarea&gt;&lt;b&gt;</textarea>" in page
+        gateway.stack.bus.accepting = False  # memobot stopping
+        status, page, _ = await browser.post(HERE + "/send", {"text": "later", "csrf": csrf})
+        assert status == 503 and "memobot is stopping" in page and ">later</textarea>" in page
+        assert len(gateway.stack.store.get(KEY).messages) == 2
+
+
+async def test_a_message_posted_twice_is_sent_once(tmp_path):
+    """The same form posted again (a double click, a browser resending the request) is one
+    message; the next form is a new one."""
+    async with running(tmp_path, reply("One."), reply("Two.")) as (llm, gateway, browser):
+        _, page, _ = await browser.get(HERE)
+        once, csrf = form_once(page), await browser.csrf(HERE)
+        form = {"text": "hello", "csrf": csrf, "once": once}
+        for _ in range(2):
+            status, _, r = await browser.post(HERE + "/send", form)
+            assert status == 303 and r.headers["Location"] == HERE
+        await gateway.stack.loop.wait_idle(KEY)
+        _, page, _ = await browser.get(HERE)
+        assert form_once(page) != once
+        await say(browser, "hello")  # the same words in a new form: a message of its own
+        await gateway.stack.loop.wait_idle(KEY)
+        said = [m for m in gateway.stack.store.get(KEY).messages if m["role"] == "user"]
+        assert len(said) == 2 and len(llm.requests) == 2
+
+
+async def test_the_state_line_is_the_sessions(tmp_path):
+    """The line saying memobot answers is read with the transcript: a command's reply (a
+    notice, no streamed turn ends) leaves it empty, a turn under way sets it."""
+    story = reply("A story.", pieces=2, hold="half")
+    async with running(tmp_path, story) as (llm, _gateway, browser):
+        await say(browser, "/help")
+        page = await transcript(browser)
+        assert "/stop" in page and '<p id="state" class="state" role="status"></p>' in page
+        async with events(browser) as stream:
+            await say(browser, "tell me a story")
+            await stream.until("text")
+            assert "memobot is answering" in await transcript(browser)
+            llm.release("half")
+            await stream.until("state", lambda d: d["state"] == "done")
+        assert '<p id="state" class="state" role="status"></p>' in await transcript(browser)
+
+
+async def test_an_answer_names_an_approval_or_is_refused(tmp_path, caplog):
+    async with running(tmp_path) as (_llm, _gateway, browser):
+        csrf = await browser.csrf(HERE)
+        form = {"id": "ap-1\nFORGED log line", "choice": "once", "csrf": csrf}
+        status, _, _ = await browser.post(HERE + "/answer", form)
+        assert status == 303
+        assert "FORGED" not in caplog.text
+        assert "That is not an answer to an approval." in (await browser.get(HERE))[1]
+
+
+async def test_the_event_stream_ends_when_its_session_expires(tmp_path, monkeypatch):
+    """An open stream is no use of the panel: it keeps no session alive and outlives none."""
+    monkeypatch.setattr(chat_screen, "KEEP_ALIVE_SECONDS", 0.05)
+    async with running(tmp_path) as (_llm, _gateway, browser):
+        sessions = browser.panel.sessions
+        async with events(browser) as stream:
+            now = sessions.clock()
+            sessions.clock = lambda: now + sessions.idle_seconds + 1
+            async with asyncio.timeout(10):
+                await stream.response.content.read()  # to its end
+            assert stream.response.content.at_eof()
+
+
+async def test_a_transcript_is_rendered_off_the_gateways_loop(tmp_path, monkeypatch):
+    """Rendering 200 of the model's answers is CPU work (a long answer's Markdown takes
+    tenths of a second): in a worker thread, never on the loop every chat runs on."""
+    on_loop: list[bool] = []
+
+    def rendering(text: str) -> str:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return text
+
+    monkeypatch.setattr("bot.web.transcript.markdown_to_html", rendering)
+    async with running(tmp_path, reply("Hello.")) as (_llm, gateway, browser):
+        await say(browser, "hi")
+        await gateway.stack.loop.wait_idle(KEY)
+        await transcript(browser)
+        await browser.get(HERE)
+        csrf = await browser.csrf(HERE)
+        await browser.post(HERE + "/send", {"text": "x" * 20_001, "csrf": csrf})
+        assert on_loop and not any(on_loop), on_loop
+
+
+def test_a_streamed_reply_is_made_json_once_per_read_not_per_piece(monkeypatch):
+    """Each piece of a streaming reply is the whole text so far: a tab's queue keeps only the
+    latest, and serialising every piece as it came (thousands of them, each up to the whole
+    answer) held the loop for seconds per tab on a long answer."""
+    import channels.web_channel.channel as web
+
+    made: list[object] = []
+    dumps = json.dumps
+    monkeypatch.setattr(
+        web.json, "dumps", lambda data, **kw: made.append(data) or dumps(data, **kw)
+    )
+    listener = web.Listener()
+    text = "word " * 20_000
+    for i in range(1000):
+        listener.push("text", {"text": text[: 100 * i]})
+    listener.push("state", {"state": "done"})
+    taken = listener.take()
+    assert [e for e, _ in taken] == ["text", "state"]
+    assert json.loads(taken[0][1]) == {"text": text[:99_900]}
+    assert len(made) == 2
+
+
+async def test_a_lone_surrogate_the_model_wrote_breaks_no_page(tmp_path):
+    """A tool call's arguments holding JSON's "\\udc00" (valid text until decoded) made the
+    conversation's page a 500 for good; a streamed text holding one broke the event stream."""
+    async with running(tmp_path) as (_llm, gateway, browser):
+        call = {"id": "c1", "function": {"name": "exec", "arguments": '{"a": "x\\udc00y"}'}}
+        store = gateway.stack.store
+        store.append(
+            store.get(KEY),
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "done"},
+            ],
+        )
+        for path in (HERE, HERE + "/transcript", "/chats/view?key=web%3Afirst"):
+            status, page, _ = await browser.get(path)
+            assert status == 200 and "x\ufffdy" in page
+        channel = gateway.manager.channels["web"]
+        async with events(browser) as stream:
+            channel.show_stream(StreamEvent("web", NAME, "web-m-1", "text", "half \ud83d"))
+            assert await stream.until("text") == {"text": "half \ufffd"}

@@ -35,10 +35,10 @@ async def test_an_answer_shows_while_it_is_written(browser_page: Page, tmp_path:
     async with FakeLLM() as llm:
         # Held after its second piece ("<i>Hi</i>", " there! H") until the test has seen the
         # page show it.
-        llm.script(reply(ANSWER, pieces=6, hold="half", hold_after_chunks=3))
+        llm.script(reply(ANSWER, pieces=6, hold="half", hold_after_chunks=3), reply("Second."))
         path = write_config(tmp_path, llm.base_url, web=panel_section())
         cfg, _ = load_config(path)
-        async with chatting(cfg, path) as (_gateway, panel):
+        async with chatting(cfg, path) as (gateway, panel):
             page = browser_page
             await open_new_conversation(page, panel)
             await page.get_by_label("Message").fill("plan my day")
@@ -58,6 +58,16 @@ async def test_an_answer_shows_while_it_is_written(browser_page: Page, tmp_path:
             await expect(page.locator("#live")).to_be_hidden()
             await expect(page.locator("#state")).to_be_empty()
             assert await page.get_by_label("Message").input_value() == ""
+            # The next message is one of its own (a form posted again would be the same one).
+            await page.get_by_label("Message").fill("and then?")
+            await page.get_by_role("button", name="Send").click()
+            await expect(answer.last).to_have_text("Second.", timeout=TIMEOUT_MS)
+            # A message not sent says so, its words still in the box.
+            gateway.stack.bus.accepting = False
+            await page.get_by_label("Message").fill("are you stopping?")
+            await page.get_by_role("button", name="Send").click()
+            await expect(page.locator(".notice")).to_contain_text("memobot is stopping")
+            assert await page.get_by_label("Message").input_value() == "are you stopping?"
             assert await csp_violations(page) == []
             assert await page.page_errors() == []
 

@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bot.backoff import Backoff
 from bot.config import MemoryConfig
 from bot.llm import LLMError, LLMProvider
 from bot.memory.history import HistoryArchive, format_raw
 from bot.safejson import BadArguments, parse_arguments
 from bot.session import Session, SessionStore, transitions
+from bot.spend.budget import BudgetSpent
 from bot.spend.record import CONSOLIDATION
 
 log = logging.getLogger(__name__)
@@ -111,8 +114,14 @@ class Consolidator:
         store: SessionStore,
         provider: LLMProvider,
         archive: HistoryArchive,
+        notify: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
+        """``notify``: tells the admins (once, when summaries start backing off)."""
         self.cfg = cfg
+        self.notify = notify
+        # Summaries that fail in a row (a wrong model, a dead endpoint) back off: meanwhile
+        # chunks are archived raw, at no cost, instead of paying for a failing call per turn.
+        self.backoff = Backoff()
         self.store = store
         self.provider = provider
         self.archive = archive
@@ -198,13 +207,30 @@ class Consolidator:
                 return ConsolidationResult(0, False, None)
             chunk = session.stored(start, end)
             start, end = session.base + start, session.base + end
-            raw = False
-            try:
-                summary, facts = await self._summarise(chunk, key)
-                content = entry_text(chunk, summary, facts)
-            except LLMError as exc:
-                log.warning("summary failed session=%s, archiving raw text: %s", key, exc)
-                content, raw = format_raw(chunk), True
+            content, raw = format_raw(chunk), True
+            if not self.backoff.ready():
+                log.info(
+                    "summary skipped session=%s, archiving raw text: backing off %.0f s more",
+                    key,
+                    self.backoff.wait_left(),
+                )
+            else:
+                try:
+                    summary, facts = await self._summarise(chunk, key)
+                    content, raw = entry_text(chunk, summary, facts), False
+                    self.backoff.succeeded()
+                except BudgetSpent as exc:
+                    # Not a failure of the model: the raw text costs nothing and loses nothing.
+                    log.info("summary not asked session=%s, archiving raw text: %s", key, exc)
+                except LLMError as exc:
+                    log.warning("summary failed session=%s, archiving raw text: %s", key, exc)
+                    if self.backoff.failed() and self.notify is not None:
+                        await self.notify(
+                            f"Consolidation summaries failed {self.backoff.failures} times in "
+                            f"a row ({exc}); conversations are archived as raw text, and the "
+                            f"next summary is tried in {int(self.backoff.delay() // 60)} min, "
+                            "the wait doubling after each further failure."
+                        )
             try:
                 entry = await self.archive.append(key, content)
             except OSError as exc:
@@ -232,6 +258,7 @@ class Consolidator:
             force_tool=SUMMARY_TOOL,
             max_tokens=1024,
             purpose=CONSOLIDATION,
+            model=self.cfg.model or None,
         )
         for call in response.tool_calls:
             if call.name == SUMMARY_TOOL:

@@ -36,6 +36,7 @@ from bot.memory.history import HistoryArchive, HistoryEntry
 from bot.privacy import owner_scope
 from bot.provenance import Provenance, Writer, watched_stamps
 from bot.session import SUFFIX, key_to_filename
+from bot.spend.budget import Budget, BudgetSpent
 from bot.spend.record import DREAM
 from bot.tokens import estimate_text_tokens
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry
@@ -50,7 +51,8 @@ log = logging.getLogger(__name__)
 BUDGETED = ("USER.md", "memory/MEMORY.md")
 MAX_REMOVED_SHARE = 1 / 3
 _SKILL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
-Status = Literal["done", "nothing", "refused", "incomplete", "failed"]
+# "paused": a budget is spent (bot.spend.budget); not a failure, nothing was asked.
+Status = Literal["done", "nothing", "refused", "incomplete", "failed", "paused"]
 
 DREAM_INSTRUCTIONS = """You maintain the long-term memory of a personal assistant. New entries \
 from the conversation archive follow, together with the current memory files. Keep what will \
@@ -432,6 +434,9 @@ class Dream:
         for edits, subset, instructions in passes:
             try:
                 complete = await self._converse(edits, subset, instructions)
+            except BudgetSpent as exc:
+                log.info("dream paused: %s", exc)
+                return DreamResult("paused", len(entries), detail=exc.user_message)
             except LLMError as exc:
                 log.error("dream failed: %s", exc)
                 return DreamResult("failed", len(entries), detail=str(exc))
@@ -526,7 +531,12 @@ class Dream:
         spent = 0
         for _ in range(self.cfg.dream.max_iterations):
             response = await self.provider.chat(
-                messages, tools, session_key=SESSION, max_tokens=2048, purpose=DREAM
+                messages,
+                tools,
+                session_key=SESSION,
+                max_tokens=2048,
+                purpose=DREAM,
+                model=self.cfg.model or None,
             )
             usage = response.usage or {}
             spent += int(
@@ -595,6 +605,7 @@ async def _commit(workspace: Path, state_dir: Path, message: str) -> str | None:
 
 async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
     """``memobot dream``: one run now, a one-line result on stdout."""
+    from bot.cron.schedule import zone
     from bot.llm import LLMNotConfigured
     from bot.memory.migrate import migrate_legacy_history
     from bot.spend.ledger import UsageLedger
@@ -603,8 +614,10 @@ async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
     workspace = cfg.agent.workspace_path
     if workspace_files.exists(workspace, "memory/HISTORY.md"):
         migrate_legacy_history(workspace)
+    # Held to the budget as the gateway's Dream is (its notices are the gateway's to give).
+    budget = await asyncio.to_thread(Budget, cfg, zone(cfg.agent.timezone))
     try:
-        provider = LLMProvider(cfg.llm, meter=usage.record)
+        provider = LLMProvider(cfg.llm, meter=usage.record, guard=budget.check)
     except LLMNotConfigured as exc:
         print(f"memobot: {exc}", file=__import__("sys").stderr)
         return 78

@@ -37,6 +37,8 @@ LIVE = (
     "llm.contextWindowTokens",
     "llm.retry.*",
     "llm.prices",
+    "budget.*",
+    "agent.maxTokensPerTurn",
     "agent.maxToolIterations",
     "agent.maxToolCallsPerTurn",
     "agent.workspaceWarnBytes",
@@ -139,6 +141,7 @@ def refresh_copies(cfg: Config, stack: AgentStack, channels: list[Channel]) -> N
     stack.provider.model = cfg.llm.model
     stack.loop.runner.max_iterations = cfg.agent.max_tool_iterations
     stack.loop.runner.max_tool_calls = cfg.agent.max_tool_calls_per_turn
+    stack.loop.runner.max_turn_tokens = cfg.agent.max_tokens_per_turn
     stack.gate.usage.warn_bytes = cfg.agent.workspace_warn_bytes
     # Which tools exist: the built-ins turned on or off, the MCP servers added, taken away or
     # changed (each started or stopped here), and the approval policy's copy of exec.allow.

@@ -159,6 +159,7 @@ _FIELDS: dict[str, TypeAdapter[Any]] = {
     "runtime_checkpoint": TypeAdapter(Checkpoint),
     "resume": TypeAdapter(ResumeInfo),
     "interrupted": TypeAdapter(dict[str, Any], config=ConfigDict(strict=True)),
+    "chat_model": TypeAdapter(str, config=ConfigDict(strict=True)),
 }
 _MESSAGE = TypeAdapter(MessageRecord)
 _COUNT = TypeAdapter(int, config=ConfigDict(strict=True))

@@ -55,6 +55,8 @@ class SessionState:
     approvals_closed: tuple[Entry, ...] = ()
     # Keys of the calls a person allowed "always" in this chat.
     approved_calls: tuple[str, ...] = ()
+    # The name in llm.models this chat's requests use (/model NAME); None: llm's own.
+    chat_model: str | None = None
     # Keys this memobot does not know (written by a newer one, or an import): kept as they are.
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 

@@ -9,7 +9,7 @@ Who calls what (docs/sessions.md has the table): intake accepts; the turn checkp
 and announces; the loop marks a turn waiting for the model and a shutdown interrupted; recovery
 counts resume attempts and drops an orphaned checkpoint; delivery moves answers through the
 ledger and keeps preview records; approvals decide questions and forget old "always" keys; the
-nanobot importer marks where a session came from.
+nanobot importer marks where a session came from; `/model` chooses the chat's model.
 """
 
 from __future__ import annotations
@@ -278,6 +278,19 @@ def forget_approved_calls(drop: Callable[[str], bool]) -> Transition:
 
     def run(state: SessionState) -> SessionState:
         return replace(state, approved_calls=tuple(k for k in state.approved_calls if not drop(k)))
+
+    return run
+
+
+# -- the chat's model ----------------------------------------------------------------------
+
+
+def choose_model(name: str | None) -> Transition:
+    """The chat's requests use the model ``name`` of llm.models from now on (None: llm's
+    own); None to write when it already does."""
+
+    def run(state: SessionState) -> SessionState | None:
+        return None if state.chat_model == name else replace(state, chat_model=name)
 
     return run
 

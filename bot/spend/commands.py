@@ -36,11 +36,10 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 def run(args: argparse.Namespace, cfg: Config) -> int:
     from bot.cron.schedule import zone
-    from bot.spend.report import report, today
+    from bot.spend.report import report, window
 
     tz = zone(cfg.agent.timezone)
-    until = args.until or today(tz)
-    since = args.since or until.replace(day=1)
+    since, until = window(tz, args.since, args.until)
     if since > until:
         print(
             f"memobot usage: --since {since} is after --until {until}: nothing between",

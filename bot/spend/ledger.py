@@ -1,16 +1,21 @@
 """The usage ledger: one JSON line per answered model call, ``<state>/usage/YYYY-MM.jsonl``.
 
-Written once, durably, before the caller goes on: the provider awaits :meth:`UsageLedger.record`
-before it hands the answer back, so a turn's checkpoint (which marks the answer as had) comes
-after the record is on disk. A SIGKILL between the two leaves the record and no checkpoint: the
+Written once before the caller goes on: the provider awaits :meth:`UsageLedger.record` before it
+hands the answer back, so a turn's checkpoint (which marks the answer as had) comes after the
+record is in the file. A SIGKILL between the two leaves the record and no checkpoint: the
 resumed turn asks the model again, and that new call is a new record, so every call the
 provider answered is counted exactly once. A call is never recorded from a checkpoint, so a
 restored answer is not counted again.
 
-Records of calls made at the same moment (many chats) share one write and one fsync (a group
-commit). One file per UTC month keeps every read bounded: a report reads only the months it
-covers. A torn last line (a crash mid-write) is skipped by readers and cut off by the next
-write (:class:`bot.durable.Appender`); a damaged line elsewhere is skipped and logged.
+A record is one ``write`` on the month's ``O_APPEND`` file, made on the event loop (a line to
+the page cache takes microseconds; a hop to a worker thread would cost ten times that): once
+it returned, only a power cut can lose it. The fsync is shared: a flusher syncs the file at
+most once every ``SYNC_SECONDS``, only while records wait for it (no timer when idle), and at
+shutdown, so a power cut loses at most about the last second of records. Opening a month's
+file, and writing again after a failure, go to a worker thread. One file per UTC month keeps
+every read bounded: a report reads only the months it covers. A torn last line (a crash
+mid-write) is skipped by readers and cut off by the next write (:class:`bot.durable.Appender`);
+a damaged line elsewhere is skipped and logged.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from bot.spend.record import CallRecord
 log = logging.getLogger(__name__)
 
 FOLDER = "usage"
+# The longest a written record waits for its fsync (what a power cut may cost).
+SYNC_SECONDS = 1.0
 
 
 def usage_folder(state_dir: Path) -> Path:
@@ -44,33 +51,55 @@ class UsageLedger:
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
-        self._queue: list[CallRecord] = []
-        self._done: asyncio.Future[None] | None = None  # of the batch being gathered
-        self._writer: asyncio.Task[None] | None = None
+        self._queue: list[CallRecord] = []  # handed in, not yet written
+        self._writer: asyncio.Task[None] | None = None  # a write in a worker thread
         self._file: durable.Appender | None = None  # this month's, kept open
+        self._month = ""  # of self._file
+        self._retired: list[durable.Appender] = []  # past months': synced, then closed
         self._failing = False
+        self._unsynced = False  # written since the flusher's last fsync began
+        self._flusher: asyncio.Task[None] | None = None
+        self._synced_at = float("-inf")  # loop time of the last fsync's start
+        self._wake: asyncio.Future[None] | None = None  # the flusher's wait, to cut short
+        self._sync_failing = False
 
     async def record(self, rec: CallRecord) -> None:
-        """Put ``rec`` on disk (fsynced) and return; never raises an I/O error (it is
-        logged, and the record is tried again with the next one)."""
-        loop = asyncio.get_running_loop()
+        """Write ``rec`` to the file and return; never raises an I/O error (it is logged,
+        and the record is tried again with the next one)."""
         self._queue.append(rec)
-        if self._done is None:
-            self._done = loop.create_future()
-        done = self._done
-        if self._writer is None or self._writer.done():
-            self._writer = loop.create_task(self._write_queued(), name="usage-ledger")
-        # A cancelled caller (/stop) leaves its record to be written all the same.
-        await asyncio.shield(done)
+        file = self._file
+        if (
+            len(self._queue) == 1
+            and rec.month == self._month
+            and file is not None
+            and file.warm
+            and (self._writer is None or self._writer.done())
+        ):
+            self._write_queued_here(file)
+        else:
+            if self._writer is None or self._writer.done():
+                self._writer = asyncio.get_running_loop().create_task(
+                    self._write_queued(), name="usage-ledger"
+                )
+            # A cancelled caller (/stop) leaves its record to be written all the same.
+            await asyncio.shield(self._writer)
         failpoints.hit("usage_recorded")
 
     async def flush(self) -> None:
         """Wait until every record handed in so far was written, or tried once more (one
-        that failed before waits for the next write: here, at the latest)."""
+        that failed before waits for the next write: here, at the latest), and fsynced."""
         if self._queue and (self._writer is None or self._writer.done()):
             self._writer = asyncio.get_running_loop().create_task(self._write_queued())
         while self._writer is not None and not self._writer.done():
             await asyncio.shield(self._writer)
+        if self._unsynced or self._retired:
+            self._unsynced = True
+            self._synced_at = float("-inf")  # now, not a second after the last
+            if self._wake is not None and not self._wake.done():
+                self._wake.set_result(None)
+            self._start_flusher()
+        while self._flusher is not None and not self._flusher.done():
+            await asyncio.shield(self._flusher)
 
     async def aclose(self) -> None:
         await self.flush()
@@ -78,52 +107,122 @@ class UsageLedger:
             log.error("usage ledger: %d record(s) could not be written", len(self._queue))
         self.close()
 
+    def _write_queued_here(self, file: durable.Appender) -> None:
+        """The queue's one record, written on the event loop to this month's warm file."""
+        batch, self._queue = self._queue, []
+        try:
+            file.append(batch[0].line(), sync=False)
+        except OSError as exc:
+            self._failed(batch, exc)
+            return
+        self._written()
+
     async def _write_queued(self) -> None:
         while self._queue:
             batch, self._queue = self._queue, []
-            done, self._done = self._done, None
-            try:
-                left, exc = await asyncio.to_thread(self._append, batch)
-            finally:
-                # Its callers go on: a record that failed is written with a later one.
-                if done is not None and not done.done():
-                    done.set_result(None)
+            left, exc, retired = await asyncio.to_thread(self._append, batch)
+            self._retired += retired  # the flusher syncs them, then closes them
             if exc is not None:
-                # Kept for the next write: the records are not lost to a full disk meanwhile.
-                self._queue[:0] = left
-                if not self._failing:
-                    log.error("usage ledger: cannot write %d record(s): %s", len(left), exc)
-                self._failing = True
+                self._failed(left, exc)
                 return
-            if self._failing:
-                log.info("usage ledger: writing again")
-                self._failing = False
+            self._written()
 
-    def _append(self, batch: list[CallRecord]) -> tuple[list[CallRecord], OSError | None]:
-        """Write ``batch``, one append per month it spans; on a failure, the records not
-        written (a month written before it stays written) and the error."""
+    def _failed(self, left: list[CallRecord], exc: OSError) -> None:
+        # Kept for the next write: the records are not lost to a full disk meanwhile.
+        self._queue[:0] = left
+        if not self._failing:
+            log.error("usage ledger: cannot write %d record(s): %s", len(left), exc)
+        self._failing = True
+
+    def _written(self) -> None:
+        if self._failing:
+            log.info("usage ledger: writing again")
+            self._failing = False
+        self._unsynced = True
+        self._start_flusher()
+
+    def _start_flusher(self) -> None:
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(
+                self._sync_written(), name="usage-ledger-sync"
+            )
+
+    async def _sync_written(self) -> None:
+        """fsync the written records, at most once every SYNC_SECONDS; ends when nothing is
+        left to sync (the next record starts it again)."""
+        loop = asyncio.get_running_loop()
+        while self._unsynced or self._retired:
+            delay = self._synced_at + SYNC_SECONDS - loop.time()
+            if delay > 0:
+                self._wake = wake = loop.create_future()
+                timer = loop.call_later(delay, _resolve, wake)
+                try:
+                    await wake
+                finally:
+                    timer.cancel()
+                    self._wake = None
+            self._unsynced = False
+            self._synced_at = loop.time()
+            retired, self._retired = self._retired, []
+            exc = await asyncio.to_thread(_sync, self._file, retired)
+            if exc is not None and not self._sync_failing:
+                log.error(
+                    "usage ledger: cannot fsync (a power cut may lose the last records): %s",
+                    exc,
+                )
+            self._sync_failing = exc is not None
+
+    def _append(
+        self, batch: list[CallRecord]
+    ) -> tuple[list[CallRecord], OSError | None, list[durable.Appender]]:
+        """Write ``batch`` (in a worker thread), one append per month it spans. Returns the
+        records not written on a failure (a month written before it stays written) and the
+        error, and the files of months past it left (still to sync)."""
         by_month: dict[str, list[CallRecord]] = {}
         for rec in batch:
             by_month.setdefault(rec.month, []).append(rec)
         written: set[str] = set()
+        retired = []
         for month, records in by_month.items():
-            path = month_file(self.state_dir, month)
-            if self._file is None or self._file.path != path:
+            if self._file is None or self._month != month:
                 if self._file is not None:
-                    self._file.close()
-                self._file = durable.Appender(path)
+                    retired.append(self._file)
+                self._file = durable.Appender(month_file(self.state_dir, month))
+                self._month = month
             try:
-                self._file.append(b"".join(rec.line() for rec in records))
+                self._file.append(b"".join(rec.line() for rec in records), sync=False)
             except OSError as exc:
-                return [r for r in batch if r.month not in written], exc
+                return [r for r in batch if r.month not in written], exc, retired
             written.add(month)
-        return [], None
+        return [], None, retired
 
     def close(self) -> None:
-        """Close the month's file (the next record opens it again)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Close the files (the next record opens its month's again). After :meth:`flush`,
+        or with nothing written: close does not sync."""
+        for file in [*self._retired, self._file]:
+            if file is not None:
+                file.close()
+        self._retired, self._file, self._month = [], None, ""
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _sync(current: durable.Appender | None, retired: list[durable.Appender]) -> OSError | None:
+    """fsync the month's file and the past months' (closing those); the first error."""
+    error = None
+    for file in [*retired, current]:
+        if file is None:
+            continue
+        try:
+            file.sync()
+        except OSError as exc:
+            error = error or exc
+        if file is not current:
+            file.close()
+    return error
 
 
 def months_between(first: str, last: str) -> list[str]:

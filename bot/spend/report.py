@@ -1,6 +1,6 @@
 """Reading the usage ledger back: totals over local days, grouped, worded for a person or as
-JSON. ``memobot usage``, ``/usage``, ``memobot status`` (and the panel, later) read through
-here, so they never disagree."""
+JSON. ``memobot usage``, ``/usage``, ``memobot status`` and the panel's Usage screen read
+through here, so they never disagree."""
 
 from __future__ import annotations
 
@@ -153,17 +153,22 @@ class Report:
                 f"{key:<{width}}  {t.calls:>7,}  {t.prompt_tokens:>12,}  {t.cached_tokens:>12,}  "
                 f"{t.completion_tokens:>12,}  {t.cost_text() or '-'}"
             )
+        return lines + self.notes()
+
+    def notes(self) -> list[str]:
+        """What the figures cannot say: calls estimated, calls without a price."""
+        out = []
         if self.total.estimated_calls:
-            lines.append(
+            out.append(
                 f"{counted(self.total.estimated_calls, 'call')} without usage from the "
                 "provider: tokens estimated."
             )
         if self.total.unpriced_calls:
-            lines.append(
+            out.append(
                 f"{counted(self.total.unpriced_calls, 'call')} of a model without a price in "
                 "llm.prices: tokens only."
             )
-        return lines
+        return out
 
 
 def summarise(
@@ -201,6 +206,15 @@ def report(
 
 def today(tz: ZoneInfo, now: datetime | None = None) -> date:
     return (now or datetime.now(UTC)).astimezone(tz).date()
+
+
+def window(
+    tz: ZoneInfo, since: date | None, until: date | None, now: datetime | None = None
+) -> tuple[date, date]:
+    """The local days a report covers when ``since`` or ``until`` is not given: up to today,
+    from the first of ``until``'s month (``memobot usage`` and the panel alike)."""
+    until = until or today(tz, now)
+    return since or until.replace(day=1), until
 
 
 @dataclass(slots=True)

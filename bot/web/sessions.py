@@ -54,9 +54,9 @@ class Sessions:
         self._by_id[found.id] = found = replace(found, last_seen=now)
         return found, False
 
-    def live(self, session_id: str | None) -> bool:
-        """Whether ``session_id`` is a session not expired, without counting this as use (a
-        page's open event stream must not keep its session alive forever)."""
+    def alive(self, session_id: str | None) -> bool:
+        """Whether ``session_id`` is a live session, without counting this as its use (an
+        open event stream must not keep a session alive, nor outlive it)."""
         found = self._by_id.get(session_id or "")
         return found is not None and not self._expired(found, self.clock())
 

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from bot.approvals import OpenQuestion, choices
+from bot.bus import no_surrogates
 from bot.context import said_by_person
 from bot.gate.question import visible
 from bot.runner import CLOSING_NOTES, NO_ANSWER_NOTE
@@ -63,9 +64,12 @@ def _cut(text: str) -> str:
 
 def _pretty(arguments: str) -> str:
     try:
-        return json.dumps(json.loads(arguments), ensure_ascii=False, indent=2)
+        shown = json.dumps(json.loads(arguments), ensure_ascii=False, indent=2)
     except (ValueError, RecursionError):
         return arguments
+    # A "\udc00" the model wrote is a lone surrogate once decoded, which no page can hold
+    # (the conversation's page failed with a 500 for good).
+    return no_surrogates(shown)
 
 
 def you(text: str, note: str = "") -> Html:
@@ -152,6 +156,22 @@ def _live(conversation: Conversation, shown_turn: Sequence[Message]) -> Html:
     return tag("article", join(parts), class_="msg bot writing", id="live", hidden=not text)
 
 
+WORKING, WAITING = "memobot is answering… ", "memobot waits for your answer to the question above."
+
+
+def state_html(conversation: Conversation) -> Html:
+    """The turn's state line, as the session has it: part of the transcript, so every read of
+    it sets the line right (a command's reply or a scheduled job's answer ends no streamed
+    turn, and a line set by the stream alone stayed at "answering")."""
+    state: object = ""
+    if conversation.working:
+        reload = tag("a", "Reload", href=f"/chat/{conversation.name}")
+        state = join([WORKING, reload])
+    elif conversation.question is not None:
+        state = WAITING
+    return tag("p", state, id="state", class_="state", role="status")
+
+
 def _clock(at: float) -> str:
     return time.strftime("%H:%M", time.localtime(at))
 
@@ -180,6 +200,8 @@ def transcript_html(conversation: Conversation, csrf: str | None) -> Html:
     items.append(_live(conversation, turn))
     if conversation.question is not None and csrf is not None:
         items.append(question_html(conversation.name, conversation.question, csrf))
+    if csrf is not None:
+        items.append(state_html(conversation))
     if conversation.notes:
         notes = join(
             tag("li", join([tag("time", _clock(n.at)), " ", n.text])) for n in conversation.notes

@@ -68,25 +68,27 @@ class Writing:
 
 class Listener:
     """What one browser tab is to be told, in order. Only the latest "text" of a run of them
-    is kept: each holds the whole reply so far (``StreamEvent``)."""
+    is kept: each holds the whole reply so far (``StreamEvent``). Events are made JSON when
+    taken, not when told: a reply streams in thousands of pieces, each the whole text so far,
+    and all but the last of a run are dropped unread (serialising each one cost seconds of
+    the loop per tab for a long answer)."""
 
     def __init__(self) -> None:
-        self.events: deque[tuple[EventName, str]] = deque()
+        self.events: deque[tuple[EventName, dict[str, Any]]] = deque()
         self.wake = asyncio.Event()
 
     def push(self, event: EventName, data: dict[str, Any] | None = None) -> None:
-        payload = json.dumps(data or {}, ensure_ascii=False)
         if event == "text" and self.events and self.events[-1][0] == "text":
-            self.events[-1] = (event, payload)
+            self.events[-1] = (event, data or {})
         elif len(self.events) >= EVENTS_QUEUED:
             self.events.clear()
-            self.events.append(("refresh", "{}"))
+            self.events.append(("refresh", {}))
         else:
-            self.events.append((event, payload))
+            self.events.append((event, data or {}))
         self.wake.set()
 
     def take(self) -> list[tuple[EventName, str]]:
-        out = list(self.events)
+        out = [(e, json.dumps(d, ensure_ascii=False)) for e, d in self.events]
         self.events.clear()
         self.wake.clear()
         return out
@@ -135,19 +137,21 @@ class WebChannel(Channel):
 
     # -- inbound: the owner, in the panel --
 
-    async def say(self, chat_id: str, text: str) -> Intake:
-        """Publish the owner's ``text`` (a message, or a command such as "/stop")."""
+    async def say(self, chat_id: str, text: str, once: str | None = None) -> Intake:
+        """Publish the owner's ``text`` (a message, or a command such as "/stop").
+
+        ``once``: the id the page's form gave this message, so that the same form posted
+        twice is one message ("duplicate" the second time), as a platform's redelivery is;
+        None: a new id."""
         msg = with_kind(self._from_owner(chat_id, text, {}))
         prefix = MESSAGE_PREFIX if msg.kind is TurnKind.MESSAGE else COMMAND_PREFIX
-        return await self._publish(replace(msg, message_id=f"{prefix}{uuid.uuid4().hex[:12]}"))
+        return await self._publish(replace(msg, message_id=f"{prefix}{once or _new_id()}"))
 
     async def press(self, chat_id: str, approval_id: str, choice: str) -> Intake:
         """Answer approval question ``approval_id`` as a platform's button would."""
         press = {APPROVAL_KEY: {"id": approval_id, "choice": choice}}
         msg = self._from_owner(chat_id, "", press)
-        return await self._publish(
-            replace(msg, message_id=f"{PRESS_PREFIX}{uuid.uuid4().hex[:12]}")
-        )
+        return await self._publish(replace(msg, message_id=f"{PRESS_PREFIX}{_new_id()}"))
 
     @staticmethod
     def _from_owner(chat_id: str, text: str, metadata: dict[str, Any]) -> InboundMessage:
@@ -204,3 +208,7 @@ class WebChannel(Channel):
             notes.append(Note(time.time(), chunk))
         # The question, the answer or the notice is shown from the session and the notes.
         self._tell(chat, "refresh")
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex[:16]

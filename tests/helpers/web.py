@@ -46,6 +46,8 @@ PAGES = (  # every page of a logged-in browser
     "/logs",
     "/logs?level=DEBUG&session=telegram:1",
     "/tools",
+    "/usage",
+    "/usage?since=7d&until=today&by=model",
 )
 PUBLIC_PAGES = ("/login", "/logged-out", "/expired", "/static/panel.css")
 

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from bot.approvals import ApprovalDesk
-from bot.gate.approval import CHOICES
+from bot.bus import no_surrogates
+from bot.gate.approval import APPROVAL_ID, CHOICES
 from bot.session import SessionStore
 from bot.session.reading import read_page
 from bot.web.render import Html, join, tag, void
@@ -45,6 +46,10 @@ log = logging.getLogger(__name__)
 NAV = ("/chat", "Chat")
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,47}")
+# The send form's one-time id (``ONCE_FIELD``): a message posted twice (a double click, a
+# browser resending the request) is one message, as a platform's redelivery is.
+ONCE_FIELD = "once"
+ONCE = re.compile(r"[0-9a-f]{16}")
 KEEP_ALIVE_SECONDS = 25.0  # a comment on an idle event stream, so a dead one is noticed
 RELOAD_SECONDS = 3  # how often a page without script reloads itself while a turn runs
 MAX_MESSAGE_CHARS = 20_000
@@ -147,7 +152,10 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         live = live_chat(panel)
         conversation = await conversation_of(name, live)
         frame = panel.frame(request, await panel.gateway_running())
-        return page_response(conversation_page(conversation, frame, live is not None))
+        # In a worker thread, as every rendering of a transcript: up to 200 of the model's
+        # answers through Markdown is CPU work that must not hold the gateway's loop.
+        shown = await asyncio.to_thread(conversation_page, conversation, frame, live is not None)
+        return page_response(shown)
 
     async def transcript(request: web.Request) -> web.Response:
         """The transcript alone, for the page's script to put in place."""
@@ -155,7 +163,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         live = live_chat(panel)
         conversation = await conversation_of(name, live)
         csrf = panel.csrf() if live is not None else None
-        return page_response(transcript_html(conversation, csrf))
+        return page_response(await asyncio.to_thread(transcript_html, conversation, csrf))
 
     async def events(request: web.Request) -> web.StreamResponse:
         name = name_of(request)
@@ -167,30 +175,56 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             # Sent at once (the headers with it): the browser's stream is open from here on,
             # and it reconnects within seconds when the panel restarts.
             await response.write(b"retry: 3000\n\n")
-            # Ends with the panel, and at a logout (the stream outlives no session).
-            while session_id in panel.sessions and not panel.closing.is_set():
+            # Ends with the panel, and at a logout or the session's expiry (the stream
+            # outlives no session, and keeps none alive: it is no use of the panel).
+            while panel.sessions.alive(session_id) and not panel.closing.is_set():
                 if not await _woken(listener.wake, panel.closing, KEEP_ALIVE_SECONDS):
                     await response.write(b": still here\n\n")
                     continue
-                lines = [f"event: {e}\ndata: {d}\n\n" for e, d in listener.take()]
+                # no_surrogates: a streamed reply's text is the provider's, as it came.
+                lines = [f"event: {e}\ndata: {no_surrogates(d)}\n\n" for e, d in listener.take()]
                 await response.write("".join(lines).encode("utf-8"))
         return response
 
     async def send(request: web.Request) -> web.Response:
         name = name_of(request)
         live = needs_live()
-        text = str((await request.post()).get("text", "")).strip()
-        here = f"/chat/{name}"
+        form = await request.post()
+        # A browser sends a textarea's line breaks as CRLF, and counts them as one character
+        # for its maxlength: counted (and kept) as the model will see them.
+        text = str(form.get("text", "")).replace("\r\n", "\n").strip()
         if not text:
-            return panel.back(here, "Nothing to send: the message was empty.")
+            return await refused(request, name, live, "Nothing to send: the message was empty.")
         if len(text) > MAX_MESSAGE_CHARS:
-            return panel.back(here, f"Not sent: more than {MAX_MESSAGE_CHARS:,} characters.")
-        verdict = await live.channel.say(name, text)
-        log.info("web chat: the owner wrote in session=%s:%s (by web)", CHANNEL, name)
-        log.debug("web chat: session=%s:%s text=%r", CHANNEL, name, text)
+            why = f"Not sent: more than {MAX_MESSAGE_CHARS:,} characters."
+            return await refused(request, name, live, why, text)
+        once = str(form.get(ONCE_FIELD, ""))
+        verdict = await live.channel.say(name, text, once if ONCE.fullmatch(once) else None)
         if verdict == "refused":
-            return panel.back(here, "Not sent: memobot is stopping. Send it again once it runs.")
-        return see_other(here)
+            why = (
+                "Not sent: memobot is stopping, or could not store it (the Logs say why). "
+                "Send it again in a moment."
+            )
+            return await refused(request, name, live, why, text, 503)
+        if verdict == "duplicate":
+            log.info(
+                "web chat: a message posted again was not sent twice session=%s:%s", CHANNEL, name
+            )
+        else:
+            log.info("web chat: the owner wrote in session=%s:%s (by web)", CHANNEL, name)
+        log.debug("web chat: session=%s:%s text=%r", CHANNEL, name, text)
+        return see_other(f"/chat/{name}")
+
+    async def refused(
+        request: web.Request, name: str, live: Live, why: str, text: str = "", status: int = 422
+    ) -> web.Response:
+        """The conversation again, saying why the message was not sent, with its text still
+        in the box: not a redirect (the page's script tells a refusal from "sent" by it, and
+        the words are not lost)."""
+        conversation = await conversation_of(name, live)
+        frame = replace(panel.frame(request, True), notice=why)
+        shown = await asyncio.to_thread(conversation_page, conversation, frame, True, text)
+        return page_response(shown, status)
 
     async def stop(request: web.Request) -> web.Response:
         name = name_of(request)
@@ -204,7 +238,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         live = needs_live()
         form = await request.post()
         approval_id, choice = str(form.get("id", "")), str(form.get("choice", ""))
-        if choice not in CHOICES:
+        if choice not in CHOICES or not APPROVAL_ID.fullmatch(approval_id):
             return panel.back(f"/chat/{name}", "That is not an answer to an approval.")
         log.info(
             "web chat: approval %s answered %s by web session=%s:%s",
@@ -259,7 +293,10 @@ def _when(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(at))
 
 
-def conversation_page(conversation: Conversation, frame: Frame, live: bool) -> Html:
+def conversation_page(
+    conversation: Conversation, frame: Frame, live: bool, draft: str = ""
+) -> Html:
+    """The conversation; ``draft``: the text of a message not sent, in the box again."""
     name = conversation.name
     head: list[Html] = [tag("script", "", src="/static/chat.js", defer=True)]
     if live and conversation.working:
@@ -278,17 +315,14 @@ def conversation_page(conversation: Conversation, frame: Frame, live: bool) -> H
         tag("div", transcript_html(conversation, csrf), id="transcript", class_="transcript")
     )
     if live:
-        state = ""
-        if conversation.working:
-            state = join(["memobot is answering… ", tag("a", "Reload", href=f"/chat/{name}")])
-        parts.append(tag("p", state, id="state", class_="state", role="status"))
         form = join(
             [
                 csrf_field(frame.csrf),
+                void("input", type="hidden", name=ONCE_FIELD, value=secrets.token_hex(8)),
                 tag("label", "Message", for_="text", class_="muted"),
                 tag(
                     "textarea",
-                    "",
+                    draft,
                     id="text",
                     name="text",
                     rows="3",

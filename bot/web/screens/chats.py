@@ -20,6 +20,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from bot.bus import no_surrogates
 from bot.gate.limits import human_bytes
 from bot.gate.question import marked_invisible, quoted
 from bot.session.reading import (
@@ -323,7 +324,8 @@ def _message(number: int, message: dict[str, Any] | None) -> Html:
         fn = call["function"]
         args = fn["arguments"]
         try:
-            args = json.dumps(json.loads(args), indent=2, ensure_ascii=False)
+            # no_surrogates: the model's "\udc00", decoded, is no text a page can hold.
+            args = no_surrogates(json.dumps(json.loads(args), indent=2, ensure_ascii=False))
         except (ValueError, RecursionError):
             pass
         name = marked_invisible(fn["name"][:200])

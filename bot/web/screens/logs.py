@@ -82,7 +82,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
                         got.cancel()
                     if closing.done():
                         break
-                    if not panel.sessions.live(request.cookies.get(COOKIE)):
+                    if not panel.sessions.alive(request.cookies.get(COOKIE)):
                         break  # logged out (in another tab) or expired: no more lines here
                     if not got.done() or got.cancelled():
                         await response.write(b": still here\n\n")  # fails once the page is gone

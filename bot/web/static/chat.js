@@ -10,7 +10,6 @@
   const transcript = document.getElementById("transcript");
   if (!chat || !transcript || !("EventSource" in window)) return;
   const base = "/chat/" + encodeURIComponent(chat.dataset.name);
-  const state = document.getElementById("state");
   const form = document.getElementById("say");
   const STATES = {
     working: "memobot is answering…",
@@ -79,8 +78,18 @@
     keepBottom(() => box.querySelector("#live-tools").append(item));
   }
 
+  // The line is part of the transcript (each read sets it as the session has it): looked up
+  // each time, never kept.
   function setState(value) {
+    const state = document.getElementById("state");
     if (state) state.textContent = STATES[value] ?? "";
+  }
+
+  // A new id for the next message: the same id posted twice is one message.
+  function newOnce(field) {
+    const bytes = new Uint8Array(8);
+    crypto.getRandomValues(bytes);
+    field.value = Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
   }
 
   function data(event) {
@@ -115,11 +124,13 @@
         body: new FormData(form),
         redirect: "manual",
       });
-      if (response.type !== "opaqueredirect" && !response.ok) {
-        form.submit(); // refused: the server's own page says why
+      if (response.type !== "opaqueredirect") {
+        // Refused (a redirect is "sent"): the server's own page says why, the text kept.
+        form.submit();
         return;
       }
       form.reset();
+      if (form.elements.once) newOnce(form.elements.once);
       setState("working");
       await refresh();
     } finally {

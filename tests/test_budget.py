@@ -1,0 +1,285 @@
+"""Issue 31, budgets that hold and runaway work stopped: through the real agent loop, the
+provider and the channel manager against the fake LLM, whose request log says which calls
+were made."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from bot.config import load_config
+from bot.cron import heartbeat
+from bot.llm import ToolCall
+from bot.runner import REPEATED_RESULT, call_key, looping
+from bot.spend.budget import FILE, Budget, BudgetSpent
+from bot.spend.record import CallRecord
+from bot.status import status_rows
+from bot.turn import BUDGET_NOTE
+from tests.fakes.llm_server import FakeLLM, error, reply, tool_step
+from tests.helpers import Harness, make_config, write_config
+
+ADMIN_CHAT = "owner"
+
+
+def harness(tmp_path: Path, server: FakeLLM, **sections: Any) -> Harness:
+    config = tmp_path / "config.json"
+    if not config.exists():
+        write_config(tmp_path, server.base_url, **sections)
+    h = Harness(load_config(config)[0], config)
+    # The terminal channel names no admin chat of its own: give it one, so the admin
+    # notices travel the real way (AdminNotice -> channel manager -> the admins' chats).
+    channel = h.manager.channels["cli"]
+
+    async def admin_chats() -> list[str]:
+        return [ADMIN_CHAT]
+
+    channel.admin_chats = admin_chats  # type: ignore[method-assign]
+    return h
+
+
+def notices(h: Harness) -> list[str]:
+    return [m.text for m in h.outbox if m.chat_id == ADMIN_CHAT]
+
+
+async def settle(h: Harness) -> None:
+    """Let queued outbound messages (the notices) reach the recording channel."""
+    for _ in range(300):  # a notice is two hops: AdminNotice, then a message per admin chat
+        await asyncio.sleep(0)
+
+
+def tokens_used(tmp_path: Path) -> int:
+    total = 0
+    for path in (tmp_path / "state" / "usage").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            total += rec["prompt_tokens"] + rec["completion_tokens"]
+    return total
+
+
+def heartbeat_tick() -> dict[str, Any]:
+    return {
+        "heartbeat": {"deliver_to": "cli:t", "due": "2026-12-06T09:00:00Z"},
+        "is_admin": True,
+        "is_group": False,
+    }
+
+
+JOB = {"cron": {"job_id": "j1", "deliver": "agent", "due": "2026-12-06T09:00:00Z"}}
+
+
+async def test_a_spent_daily_budget_stops_every_call_until_an_admin_raises_it(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """The done-when of issue 31 item 3: one 80% and one 100% notice (also across a
+    restart), then no model call for a chat, the heartbeat, a scheduled agent job, Dream or
+    consolidation (which archives the raw text instead); `/budget` raising the limit
+    resumes work."""
+    llm.script(reply("first"), reply("second"), reply("resumed"))
+    async with harness(tmp_path, llm, heartbeat={"deliverTo": "cli:t"}) as h:
+        assert await h.ask("hi") == "first"
+        used = tokens_used(tmp_path)
+        # Lowered from chat so that what was used is 90% of it: the 80% notice, at once.
+        limit = used * 10 // 9
+        answer = await h.ask(f"/budget daily.tokens {limit}")
+        assert f"daily.tokens: no limit -> {limit:,}" in answer
+        await settle(h)
+        assert len(notices(h)) == 1 and "is at 90%" in notices(h)[0]
+    # A restart: the override and the notice given are remembered (<state>/budget.json).
+    async with harness(tmp_path, llm) as h:
+        assert await h.ask("more") == "second"  # under the limit when asked: it runs
+        await settle(h)
+        said = notices(h)
+        assert len(said) == 1 and "is at" in said[0] and "paused until" in said[0]
+        calls = len(llm.requests)
+
+        spent = await h.ask("and again?")
+        assert spent.startswith("This bot's daily model budget is spent")
+        assert "It resets at 00:00 on" in spent and "/budget" in spent
+        kept = h.stack.store.get("cli:t").messages[-2:]
+        assert kept[0]["content"].startswith("and again?") and kept[1]["content"] == BUDGET_NOTE
+        beat = await h.send(
+            "check", channel=heartbeat.CHANNEL, chat=heartbeat.CHAT, metadata=heartbeat_tick()
+        )
+        await h.stack.loop.wait_idle(heartbeat.SESSION)
+        assert not beat.done()  # the heartbeat tells nobody
+        job = await (await h.send("the weather?", metadata=JOB))
+        assert job.text.startswith("This bot's daily model budget is spent")
+        # /new archives the conversation: raw text, no summary call, nothing lost.
+        assert (await h.ask("/new")).startswith("New conversation started.")
+        history = (tmp_path / "ws" / "memory" / "history.jsonl").read_text()
+        assert "[RAW]" in history and "and again?" in history
+        dream = await h.stack.loop.dream.run()
+        assert dream.status == "paused"
+        assert len(llm.requests) == calls  # not one model call since the budget was spent
+        assert len(notices(h)) == 1  # and no more notices
+        assert "budget paused: total (daily.tokens)" in await h.ask("/status")
+        row = dict(status_rows(h.cfg, tmp_path / "config.json"))["budget"]
+        assert "daily.tokens:" in row and "SPENT" in row and "paused: total" in row
+
+        lifted = await h.ask("/budget daily.tokens 100000000")
+        assert "-> 100,000,000" in lifted
+        assert await h.ask("back?") == "resumed"
+        assert len(llm.requests) == calls + 1
+    record = json.loads((tmp_path / "state" / FILE).read_text())
+    assert record["overrides"]["daily.tokens"]["value"] == 100_000_000
+    assert record["overrides"]["daily.tokens"]["by"].startswith("cli:t/")
+
+
+async def test_a_chat_over_its_own_limit_is_answered_and_others_go_on(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """budget.perChat: the chat over it gets the answer and makes no call; another chat is
+    answered by the model."""
+    llm.script(reply("one"), reply("other chat"))
+    async with harness(tmp_path, llm, budget={"perChat": {"daily": {"tokens": 1}}}) as h:
+        assert await h.ask("hi") == "one"
+        spent = await h.ask("again")
+        assert spent.startswith("This chat's daily model budget is spent")
+        assert await h.ask("hello", chat="u") == "other chat"
+        assert len(llm.requests) == 2
+
+
+async def test_a_call_in_flight_finishes_when_the_budget_is_lowered(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """Checked before a call, never during one: the answer under way is delivered."""
+    llm.script(reply("slow answer", delay=0.3))
+    async with harness(tmp_path, llm) as h:
+        answer = await h.send("hi")
+        await llm.wait_for_requests(1)
+        assert "-> 1" in await h.ask("/budget daily.tokens 1", chat="admin")
+        assert (await asyncio.wait_for(answer, 10)).text == "slow answer"
+        assert (await h.ask("next")).startswith("This bot's daily model budget is spent")
+
+
+async def test_budget_by_a_non_admin_is_refused(tmp_path: Path, llm: FakeLLM) -> None:
+    async with harness(tmp_path, llm, budget={"daily": {"tokens": 5}}) as h:
+        fut = await h.send("/budget daily.tokens off", metadata={"is_admin": False})
+        assert (await asyncio.wait_for(fut, 10)).text.startswith("Only an admin")
+        assert "daily.tokens: 0 tokens of 5 tokens" in await h.ask("/budget")
+    assert not (tmp_path / "state" / FILE).exists()
+
+
+async def test_a_turn_past_max_tokens_per_turn_ends_with_a_note(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    llm.script(tool_step(("list_dir", {})), reply("never asked"))
+    async with harness(tmp_path, llm, agent={"maxTokensPerTurn": 10}) as h:
+        answer = await h.ask("list it")
+    assert answer.startswith("I stopped this answer after its model calls used")
+    assert "agent.maxTokensPerTurn = 10" in answer
+    assert len(llm.requests) == 1
+
+
+async def test_the_same_call_with_the_same_result_a_third_time_ends_the_turn(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """A scripted model calling list_dir on the same folder forever: stopped at its third
+    call, which does not run, with no fourth model call."""
+    llm.script(*[tool_step(("list_dir", {"path": "."})) for _ in range(10)])
+    async with harness(tmp_path, llm) as h:
+        answer = await h.ask("loop")
+        session = h.stack.store.get("cli:t")
+    assert "kept calling list_dir with the same arguments" in answer
+    assert len(llm.requests) == 3
+    results = [m["content"] for m in session.messages if m.get("role") == "tool"]
+    assert len(results) == 3 and results[-1] == REPEATED_RESULT
+    assert results[0] == results[1] != REPEATED_RESULT
+
+
+def test_a_repeated_call_with_another_result_is_no_loop() -> None:
+    call = ToolCall("c9", "exec", '{"command": "make test"}')
+    key = call_key("exec", '{ "command":"make test" }')  # the same arguments, spaced anew
+    assert looping({key: ["FAIL", "FAIL"]}, call)
+    assert not looping({key: ["FAIL", "ok"]}, call)
+    assert not looping({key: ["FAIL"]}, call)
+
+
+async def test_failing_summaries_back_off_and_tell_the_admins_once(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """Three summaries failing in a row: the admins are told once, the next chunks are
+    archived raw with no model call until the (doubling) wait is over."""
+    clock = [1000.0]
+    turns = [reply(f"a{i}") for i in range(6)]
+    llm.script(turns[0], error(400), turns[1], error(400), turns[2], error(400), turns[3])
+    async with harness(tmp_path, llm) as h:
+        consolidator = h.stack.loop.consolidator
+        consolidator.backoff.now = lambda: clock[0]
+        for i in range(3):
+            await h.ask(f"hi {i}")
+            assert (await consolidator.consolidate("cli:t", keep=0)).raw
+        await settle(h)
+        assert len(notices(h)) == 1 and "failed 3 times in a row" in notices(h)[0]
+        asked = len(llm.requests)
+        await h.ask("hi 3")
+        assert (await consolidator.consolidate("cli:t", keep=0)).raw
+        assert len(llm.requests) == asked + 1  # the turn's call only: no summary asked
+        clock[0] += consolidator.backoff.delay()
+        llm.script(reply("a4"), error(400))
+        await h.ask("hi 4")
+        assert (await consolidator.consolidate("cli:t", keep=0)).raw
+        assert len(llm.requests) == asked + 3  # tried again once the wait was over
+        assert consolidator.backoff.delay() == 2 * 300.0  # doubled
+        await settle(h)
+        assert len(notices(h)) == 1
+
+
+async def test_a_failing_scheduled_dream_backs_off_and_tells_the_admins_once(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    clock = [50.0]
+    llm.script(reply("hi"), reply("summary"), *[error(400) for _ in range(4)])
+    async with harness(tmp_path, llm) as h:
+        loop = h.stack.loop
+        loop.dream_backoff.now = lambda: clock[0]
+        await h.ask("hello")
+        assert (await h.ask("/new")).startswith("New conversation started.")
+        for _ in range(3):
+            await loop.dream_tick()
+        asked = len(llm.requests)
+        await loop.dream_tick()  # backing off: Dream is not run
+        assert len(llm.requests) == asked
+        clock[0] += 300
+        await loop.dream_tick()
+        assert len(llm.requests) == asked + 1
+        await settle(h)
+        said = notices(h)
+        assert len(said) == 1 and said[0].startswith("Dream failed 3 times in a row")
+
+
+def test_a_daily_limit_resets_at_local_midnight_and_a_monthly_one_holds(tmp_path: Path) -> None:
+    """Periods are local days and months of agent.timezone, on an injected clock."""
+    cfg = make_config(
+        tmp_path,
+        "http://127.0.0.1:9/v1",
+        agent={"timezone": "Europe/Berlin"},
+        budget={"daily": {"tokens": 100}, "monthly": {"tokens": 150}},
+    )
+    now = [datetime(2026, 12, 6, 22, 30, tzinfo=UTC)]  # 23:30 in Berlin
+    budget = Budget(cfg, ZoneInfo("Europe/Berlin"), now=lambda: now[0])
+
+    def spend(tokens: int) -> None:
+        at = now[0].strftime("%Y-%m-%dT%H:%M:%SZ")
+        budget.observe(
+            CallRecord("x", at, "cli:t", "turn", "m", "e", tokens, 0, 0, False, None, None)
+        )
+
+    spend(120)
+    with pytest.raises(BudgetSpent) as spent:
+        budget.check("cli:t", "turn")
+    assert "It resets at 00:00 on 2026-12-07 (Europe/Berlin)" in spent.value.user_message
+    budget.check("", "probe")  # the outage probe is never refused
+    now[0] += timedelta(hours=1)  # 00:30 in Berlin, still 23:30 UTC
+    budget.check("cli:t", "turn")
+    spend(40)  # today 40 of 100, this month 160 of 150
+    with pytest.raises(BudgetSpent) as spent:
+        budget.check("cli:t", "consolidation")
+    assert spent.value.user_message.startswith("This bot's monthly model budget is spent")
+    assert "00:00 on 2027-01-01" in spent.value.user_message

@@ -52,7 +52,7 @@ from bot.runner import (
 )
 from bot.session import Session, SessionStore, now_iso, transitions
 from bot.spend.budget import BudgetSpent
-from bot.spend.record import HEARTBEAT, JOB, TURN
+from bot.spend.record import HEARTBEAT, JOB, TASK, TURN
 from bot.streaming import TurnStream, stopped_answer
 from bot.tasks import scope_from_record, task_info, task_tools
 from bot.tokens import estimate_text_tokens, message_size
@@ -70,7 +70,7 @@ SCHEDULED = frozenset({TurnKind.JOB, TurnKind.REMINDER, TurnKind.HEARTBEAT})  # 
 # A final_response checkpoint's file holding the whole answer, when it was too long for a chat.
 ANSWER_FILE_KEY = "answer_file"
 # What the usage ledger records a turn's model calls as (bot.spend.record), by its kind.
-USAGE_PURPOSES = {TurnKind.HEARTBEAT: HEARTBEAT, TurnKind.JOB: JOB}
+USAGE_PURPOSES = {TurnKind.HEARTBEAT: HEARTBEAT, TurnKind.JOB: JOB, TurnKind.TASK: TASK}
 BUDGET_NOTE = "[memobot: this message was not sent to the model: a spending budget was used up.]"
 AUDIO_SUFFIXES = frozenset({".ogg", ".oga", ".opus", ".mp3", ".m4a", ".wav", ".webm", ".flac"})
 

@@ -117,6 +117,13 @@ async def test_spawn_answers_at_once_and_reports_once_into_the_chat_history(
         )
         assert "There are 42 files." in json.dumps(request_messages(llm.requests[-1]))
         assert TaskStore(tmp_path / "state").load()[rec.id].state == "done"
+    # Its model calls count as background work, under its own session.
+    used = [
+        json.loads(line)
+        for f in (tmp_path / "state" / "usage").glob("*.jsonl")
+        for line in f.read_text().splitlines()
+    ]
+    assert {u["purpose"] for u in used if u["session"] == rec.session_key} == {"task"}
     # Exactly once, also after a restart (reconcile finds the task ended and reported).
     async with harness(tmp_path, llm) as h2:
         await asyncio.sleep(0)

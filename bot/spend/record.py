@@ -27,9 +27,12 @@ JOB = "job"
 CONSOLIDATION = "consolidation"
 DREAM = "dream"
 PROBE = "probe"  # the one-token request that finds the end of a model outage
-PURPOSES = (TURN, TOOL_ITERATION, HEARTBEAT, JOB, CONSOLIDATION, DREAM, PROBE)
+# A background task's calls (bot.tasks): background work, so a chat's own budget is not
+# renewed for each task it starts (a task's session is a chat of its own).
+TASK = "task"
+PURPOSES = (TURN, TOOL_ITERATION, HEARTBEAT, JOB, CONSOLIDATION, DREAM, PROBE, TASK)
 # Work nobody waits for (the budgets of issue 31 treat it apart).
-BACKGROUND = frozenset({HEARTBEAT, JOB, CONSOLIDATION, DREAM})
+BACKGROUND = frozenset({HEARTBEAT, JOB, CONSOLIDATION, DREAM, TASK})
 
 PER = 1_000_000  # prices are per million tokens
 

@@ -20,9 +20,9 @@ LABEL_CHARS = 60
 
 class SpawnTool(Tool):
     name: ClassVar[str] = "spawn"
-    # Nothing of its own: the task's calls go through the gate as any turn's, with this
-    # turn's tools and scope at most.
-    effects: ClassVar[Effects] = Effects()
+    # It starts lasting work (a resumed turn must not start it twice unasked); the task's own
+    # calls go through the gate as any turn's, with this turn's tools and scope at most.
+    effects: ClassVar[Effects] = Effects(side_effects=True)
     description: ClassVar[str] = (
         "Start a background task: another run of you with the same tools, working on `task` "
         "on its own (it does not see this conversation: put everything it needs in `task`). "

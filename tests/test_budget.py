@@ -283,3 +283,19 @@ def test_a_daily_limit_resets_at_local_midnight_and_a_monthly_one_holds(tmp_path
         budget.check("cli:t", "consolidation")
     assert spent.value.user_message.startswith("This bot's monthly model budget is spent")
     assert "00:00 on 2027-01-01" in spent.value.user_message
+
+
+async def test_an_unreadable_budget_file_is_kept_aside_not_written_over(tmp_path: Path) -> None:
+    """A damaged budget.json (a hand edit gone wrong) holds the admins' overrides: the next
+    /budget change keeps it as budget.json.damaged instead of replacing it."""
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", budget={"daily": {"tokens": 100}})
+    path = cfg.agent.state_path / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    damaged = '{"overrides": {"daily.tokens": {"value": 5000, "by": "owner"'
+    path.write_text(damaged)
+    budget = Budget(cfg, ZoneInfo("UTC"))
+    assert budget.limit("total", "daily", "tokens") == 100  # the config's, meanwhile
+    answer = await budget.command("monthly.tokens 9000", "cli:t/owner")
+    assert "monthly.tokens: no limit -> 9,000" in answer
+    assert path.with_name(FILE + ".damaged").read_text() == damaged
+    assert Budget(cfg, ZoneInfo("UTC")).limit("total", "monthly", "tokens") == 9000

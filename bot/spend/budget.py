@@ -39,6 +39,7 @@ from bot.spend.record import BACKGROUND, PROBE, TOOL_ITERATION, TURN, CallRecord
 log = logging.getLogger(__name__)
 
 FILE = "budget.json"
+DAMAGED = ".damaged"  # budget.json's name with this: an unreadable one, kept aside
 CHAT_PURPOSES = frozenset({TURN, TOOL_ITERATION})
 NOTICE_LEVELS = (80, 100)  # percent of a limit at which the admins are told, once a period
 Meter = Callable[[CallRecord], Awaitable[None]]
@@ -151,6 +152,7 @@ class Budget:
         self._due: list[str] = []  # notices decided, not yet recorded and sent
         self._paused_logged: set[str] = set()
         self._saving = asyncio.Lock()
+        self._damaged = False  # budget.json was there and could not be read
         day, month = self._keys()
         self.day, self.month = _Period(day), _Period(month)
         self._load()
@@ -431,7 +433,16 @@ class Budget:
         except FileNotFoundError:
             return
         except (OSError, ValueError) as exc:
-            log.error("budget: cannot read %s, no overrides or notices kept: %s", self.path, exc)
+            # Kept aside at the first save, not written over: the admins' overrides in it
+            # are theirs to read back (a hand edit gone wrong, a disk error).
+            self._damaged = True
+            log.error(
+                "budget: cannot read %s, the config's limits hold (the file is kept as %s "
+                "at the next change): %s",
+                self.path,
+                self.path.name + DAMAGED,
+                exc,
+            )
             return
         overrides = data.get("overrides") if isinstance(data, dict) else None
         for name, entry in (overrides or {}).items():
@@ -451,7 +462,18 @@ class Budget:
             current = sorted(n for n in self._noticed if n.startswith((day + "/", month + "/")))
             data = {"overrides": self.overrides, "notified": current}
             payload = json.dumps(data, indent=1, sort_keys=True) + "\n"
-            await asyncio.to_thread(durable.replace_file, self.path, payload)
+            await asyncio.to_thread(self._write, payload)
+
+    def _write(self, payload: str) -> None:
+        if self._damaged:
+            aside = self.path.with_name(self.path.name + DAMAGED)
+            try:
+                durable.move(self.path, aside)
+            except FileNotFoundError:
+                pass
+            log.warning("budget: the unreadable %s was kept as %s", self.path, aside)
+            self._damaged = False
+        durable.replace_file(self.path, payload)
 
 
 BUDGET_USAGE = (

@@ -182,12 +182,13 @@ class Appender:
         wait on the disk (an ``fsync`` of a folder, a cut of a torn line)."""
         return self._fd is not None and self._end is not None and self._cut_at is None
 
-    def append(self, payload: bytes, sync: bool = True) -> tuple[int, int]:
+    def append(self, payload: bytes, sync: bool = True, wait: bool = True) -> tuple[int, int]:
         """Append ``payload`` (lines, each ending in a newline), fsynced unless ``sync`` is
-        false; returns (offset, end)."""
+        false; returns (offset, end). ``wait=False``: raise BlockingIOError, having written
+        nothing, when another holds the lock (an event loop must not wait on another process)."""
         with about(self.path, "write"):
             fd = self._open()
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             try:
                 size = os.fstat(fd).st_size
                 if self._cut_at is not None and self._cut_at < size:

@@ -392,3 +392,37 @@ def test_status_says_when_the_ledger_cannot_be_read(tmp_path: Path) -> None:
     month_file(cfg.agent.state_path, month).mkdir(parents=True)  # a folder where a file goes
     line = dict(status_rows(cfg, tmp_path / "config.json"))["usage"]
     assert line.startswith("cannot read the usage ledger") and month in line
+
+
+async def test_a_ledger_locked_by_another_process_does_not_stall_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    """Another memobot process (``memobot dream``, stopped with Ctrl-Z mid-append) holding the
+    month's flock: the record waits in a worker thread, not on the gateway's event loop."""
+    import fcntl
+    import os
+    import threading
+
+    at = "2026-12-06T10:00:00Z"
+    first = CallRecord("r0", at, "cli:t", "turn", "m", "e", 1, 1, 0, False, None, None)
+    second = first._replace(id="r1")
+    path = month_file(tmp_path, "2026-12")
+    ledger = UsageLedger(tmp_path)
+    await ledger.record(first)  # the file is open and warm: the next write is on the loop
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: its flock excludes the ledger's
+    # Only when the loop is stalled (the test fails then): let it go on after a second.
+    unstall = threading.Timer(1.0, fcntl.flock, (fd, fcntl.LOCK_UN))
+    unstall.start()
+    try:
+        waiting = asyncio.create_task(ledger.record(second))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not waiting.done()  # waiting in a worker thread; this loop ran on meanwhile
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        await waiting
+    finally:
+        unstall.cancel()
+        os.close(fd)
+    await ledger.aclose()
+    assert path.read_bytes() == first.line() + second.line()

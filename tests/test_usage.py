@@ -426,3 +426,52 @@ async def test_a_ledger_locked_by_another_process_does_not_stall_the_event_loop(
         os.close(fd)
     await ledger.aclose()
     assert path.read_bytes() == first.line() + second.line()
+
+
+def test_a_ledger_file_that_is_a_fifo_or_a_link_is_refused_never_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO in place of a month's file must not hang the read (the gateway's start reads
+    this month) nor take records; a symlink is not followed, to read or to write."""
+    import os
+    import threading
+
+    at = "2026-12-06T10:00:00Z"
+    rec = CallRecord("r0", at, "cli:t", "turn", "m", "e", 1, 1, 0, False, None, None)
+    window = ("2026-12-01T00:00:00Z", "2027-01-01T00:00:00Z")
+    path = month_file(tmp_path, "2026-12")
+    path.parent.mkdir()
+    os.mkfifo(path)
+    result: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            result["records"] = list(read_records(tmp_path, *window))
+        except OSError as exc:
+            result["error"] = exc
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(2)
+    if reader.is_alive():  # it hangs in open() (the test fails): a writer lets it go
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join()
+    assert "not a regular file" in str(result.get("error"))
+    asyncio.run(_record(tmp_path, rec))
+    assert "cannot write 1 record(s)" in caplog.text
+
+    path.unlink()
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_bytes(b"")
+    path.symlink_to(elsewhere)
+    caplog.clear()
+    asyncio.run(_record(tmp_path, rec))
+    assert "cannot write 1 record(s)" in caplog.text and elsewhere.read_bytes() == b""
+    with pytest.raises(OSError):
+        list(read_records(tmp_path, *window))
+
+
+async def _record(state: Path, rec: CallRecord) -> None:
+    ledger = UsageLedger(state)
+    await ledger.record(rec)
+    await ledger.aclose()

@@ -22,8 +22,11 @@ a damaged line elsewhere is skipped and logged.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -252,7 +255,7 @@ def read_records(state_dir: Path, start: str, end: str) -> Iterator[CallRecord]:
     for month in months_between(start[:7], end[:7]):
         path = month_file(state_dir, month)
         try:
-            text = path.read_bytes().decode("utf-8", "replace")
+            text = _read(path).decode("utf-8", "replace")
         except FileNotFoundError:
             continue
         lines = text.split("\n")
@@ -272,6 +275,16 @@ def read_records(state_dir: Path, start: str, end: str) -> Iterator[CallRecord]:
                 path,
                 ", ".join(map(str, damaged[:10])),
             )
+
+
+def _read(path: Path) -> bytes:
+    """A month's file; OSError when it is a link, a FIFO (whose open would wait for a writer:
+    the gateway's start, which reads this month, would hang) or anything but a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return fh.read()
 
 
 def _parsed(lines: list[str]) -> list[Any]:

@@ -281,9 +281,10 @@ def _read(path: Path) -> bytes:
     """A month's file; OSError when it is a link, a FIFO (whose open would wait for a writer:
     the gateway's start, which reads this month, would hang) or anything but a regular file."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
         return fh.read()
 
 

@@ -299,3 +299,24 @@ async def test_an_unreadable_budget_file_is_kept_aside_not_written_over(tmp_path
     assert "monthly.tokens: no limit -> 9,000" in answer
     assert path.with_name(FILE + ".damaged").read_text() == damaged
     assert Budget(cfg, ZoneInfo("UTC")).limit("total", "monthly", "tokens") == 9000
+
+
+def test_a_new_topic_or_thread_shares_its_chats_limit(tmp_path: Path) -> None:
+    """A group member opening a new forum topic (a session of its own) gets no fresh per-chat
+    limit; another chat keeps its own."""
+    cfg = make_config(
+        tmp_path, "http://127.0.0.1:9/v1", budget={"perChat": {"daily": {"tokens": 100}}}
+    )
+    budget = Budget(cfg, ZoneInfo("UTC"))
+    at = budget.now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    budget.observe(
+        CallRecord("x", at, "telegram:-1001:7", "turn", "m", "e", 120, 0, 0, False, None, None)
+    )
+    for session in ("telegram:-1001:8", "telegram:-1001", "slack:C1:17.1"):
+        if session.startswith("slack"):
+            budget.observe(
+                CallRecord("y", at, "slack:C1:16.0", "turn", "m", "e", 100, 0, 0, False, None, None)
+            )
+        with pytest.raises(BudgetSpent):
+            budget.check(session, "turn")
+    budget.check("telegram:-1002", "turn")

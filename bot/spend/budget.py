@@ -85,9 +85,10 @@ class _Period:
         if rec.purpose in BACKGROUND:
             self.background.add(rec)
         elif rec.purpose in CHAT_PURPOSES:
-            tally = self.chats.get(rec.session)
+            chat = budget_chat(rec.session)
+            tally = self.chats.get(chat)
             if tally is None:
-                tally = self.chats[rec.session] = Tally()
+                tally = self.chats[chat] = Tally()
             tally.add(rec)
 
     def tally(self, scope: Scope, session: str = "") -> Tally:
@@ -95,7 +96,16 @@ class _Period:
             return self.total
         if scope == "background":
             return self.background
-        return self.chats.get(session) or Tally()
+        return self.chats.get(budget_chat(session)) or Tally()
+
+
+def budget_chat(session: str) -> str:
+    """The chat a session's calls count against for ``budget.perChat``: a Telegram forum
+    topic (``telegram:-100123:7``) and a Slack thread (``slack:C0123:1700000000.0001``) are
+    sessions of their own, but their chat's limit is shared, or anyone could open a new topic
+    or thread for a fresh one. (A Discord thread has an id of its own: it is its own chat.)"""
+    channel, _, chat = session.partition(":")
+    return f"{channel}:{chat.partition(':')[0]}" if chat else session
 
 
 @dataclass(frozen=True, slots=True)

@@ -320,3 +320,22 @@ def test_a_new_topic_or_thread_shares_its_chats_limit(tmp_path: Path) -> None:
         with pytest.raises(BudgetSpent):
             budget.check(session, "turn")
     budget.check("telegram:-1002", "turn")
+
+
+def test_a_clock_set_back_over_midnight_keeps_todays_totals(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", budget={"daily": {"tokens": 100}})
+    now = [datetime(2026, 12, 7, 0, 0, 30, tzinfo=UTC)]
+    budget = Budget(cfg, ZoneInfo("UTC"), now=lambda: now[0])
+    budget.observe(
+        CallRecord(
+            "x", "2026-12-07T00:00:30Z", "cli:t", "turn", "m", "e", 150, 0, 0, False, None, None
+        )
+    )
+    now[0] -= timedelta(minutes=1)  # NTP sets the clock back to 23:59:30 of yesterday
+    with pytest.raises(BudgetSpent):
+        budget.check("cli:t", "turn")
+    now[0] += timedelta(minutes=2)
+    with pytest.raises(BudgetSpent):
+        budget.check("cli:t", "turn")
+    now[0] -= timedelta(days=40)  # a wrong clock corrected: that day's totals hold
+    budget.check("cli:t", "turn")

@@ -45,6 +45,7 @@ NOTICE_LEVELS = (80, 100)  # percent of a limit at which the admins are told, on
 Meter = Callable[[CallRecord], Awaitable[None]]
 Notify = Callable[[str], Awaitable[None]]
 Clock = Callable[[], datetime]
+SMALL_STEP_BACK = timedelta(days=1)  # a clock set back less: the day's totals are kept
 UNSET = object()  # an override's absence (None is a lifted limit)
 
 
@@ -163,6 +164,7 @@ class Budget:
         self._paused_logged: set[str] = set()
         self._saving = asyncio.Lock()
         self._damaged = False  # budget.json was there and could not be read
+        self._latest = self._local()  # the latest clock reading seen (see _roll)
         day, month = self._keys()
         self.day, self.month = _Period(day), _Period(month)
         self._load()
@@ -178,11 +180,16 @@ class Budget:
         return today.isoformat(), today.isoformat()[:7]
 
     def _roll(self) -> None:
-        """A new local day (month) starts its totals from nothing."""
-        day, month = self._keys()
-        if day != self.day.key:
+        """A new local day (month) starts its totals from nothing. Only a later one, when the
+        clock went back less than a day (NTP's small step back over midnight must not wipe
+        today's totals); a larger step back is a wrong clock corrected, and its day counts."""
+        now = self._local()
+        back = self._latest - now > SMALL_STEP_BACK
+        self._latest = now if back else max(self._latest, now)
+        day, month = now.date().isoformat(), now.date().isoformat()[:7]
+        if day > self.day.key or (back and day != self.day.key):
             self.day = _Period(day)
-        if month != self.month.key:
+        if month > self.month.key or (back and month != self.month.key):
             self.month = _Period(month)
 
     def _period(self, period: Period) -> _Period:

@@ -339,3 +339,28 @@ def test_a_clock_set_back_over_midnight_keeps_todays_totals(tmp_path: Path) -> N
         budget.check("cli:t", "turn")
     now[0] -= timedelta(days=40)  # a wrong clock corrected: that day's totals hold
     budget.check("cli:t", "turn")
+
+
+async def test_a_voice_message_of_a_chat_over_its_limit_is_not_transcribed(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """Transcription is a paid call too: a group member sending voice messages to a chat
+    whose budget is spent gets the budget answer, and nothing is sent to be transcribed."""
+    from bot.bus import InboundMessage
+
+    llm.script(reply("one"))
+    voice = tmp_path / "ws" / "media" / "note.ogg"
+    voice.parent.mkdir(parents=True)
+    voice.write_bytes(b"OggS" + b"\0" * 60)
+    sections: dict[str, Any] = {
+        "budget": {"perChat": {"daily": {"tokens": 1}}},
+        "llm": {"transcriptionModel": "whisper-1"},
+    }
+    async with harness(tmp_path, llm, **sections) as h:
+        assert await h.ask("hi") == "one"
+        fut = h.expect("v1")
+        await h.stack.bus.publish_inbound(
+            InboundMessage("cli", "t", "u", "voice", media=(str(voice),), message_id="v1")
+        )
+        assert (await asyncio.wait_for(fut, 10)).text.startswith("This chat's daily model")
+    assert llm.transcriptions == []

@@ -364,3 +364,18 @@ async def test_a_voice_message_of_a_chat_over_its_limit_is_not_transcribed(
         )
         assert (await asyncio.wait_for(fut, 10)).text.startswith("This chat's daily model")
     assert llm.transcriptions == []
+
+
+def test_a_hand_edited_override_that_is_no_limit_is_ignored(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", budget={"daily": {"tokens": 100}})
+    path = cfg.agent.state_path / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"by": "owner", "at": "2026-12-06T10:00:00Z"}
+    path.write_text(
+        '{"overrides": {"daily.tokens": {"value": 1e309, "by": "x"}, '
+        f'"monthly.cost": {json.dumps({**entry, "value": True})}}}}}'
+    )
+    budget = Budget(cfg, ZoneInfo("UTC"))
+    assert budget.limit("total", "daily", "tokens") == 100
+    assert budget.limit("total", "monthly", "cost") is None
+    assert "daily.tokens: 0 tokens of 100 tokens" in budget.describe()

@@ -465,8 +465,12 @@ class Budget:
         for name, entry in (overrides or {}).items():
             if name in NAMES and isinstance(entry, dict):
                 value = entry.get("value")
-                if value is None or (isinstance(value, int | float) and value > 0):
+                # 1e309 reads as inf, true as 1: neither is a limit (inf broke every display).
+                usable = isinstance(value, int | float) and not isinstance(value, bool)
+                if value is None or (usable and 0 < value < float("inf")):
                     self.overrides[name] = entry
+                else:
+                    log.error("budget: %s in %s is no limit: %r; ignored", name, self.path, value)
         notices = data.get("notified") if isinstance(data, dict) else None
         self._noticed = {n for n in notices or () if isinstance(n, str)}
 

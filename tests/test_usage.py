@@ -475,3 +475,18 @@ async def _record(state: Path, rec: CallRecord) -> None:
     ledger = UsageLedger(state)
     await ledger.record(rec)
     await ledger.aclose()
+
+
+@pytest.mark.parametrize(
+    ("section", "field"),
+    [
+        ({"budget": {"daily": {"cost": 1e309}}}, "budget.daily.cost"),
+        ({"llm": {"prices": {"gpt-4o": {**PRICE, "output": 1e309}}}}, "llm.prices.gpt-4o.output"),
+    ],
+)
+def test_an_infinite_price_or_cost_limit_is_a_config_error(
+    section: dict[str, Any], field: str
+) -> None:
+    """1e309 in JSON reads as infinity: no limit that could be reached, a cost no call has."""
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.") + ": Input should be a finite"):
+        parse_config(section)

@@ -379,3 +379,30 @@ def test_a_hand_edited_override_that_is_no_limit_is_ignored(tmp_path: Path) -> N
     assert budget.limit("total", "daily", "tokens") == 100
     assert budget.limit("total", "monthly", "cost") is None
     assert "daily.tokens: 0 tokens of 100 tokens" in budget.describe()
+
+
+def test_the_start_reads_a_local_month_that_began_in_the_last_utc_month(tmp_path: Path) -> None:
+    """Ledger files are per UTC month, budgets per local day: at 00:30 on 1 December in Berlin
+    (23:30 UTC on 30 November) the calls of the last half hour are in November's file."""
+    from bot.spend.ledger import UsageLedger
+
+    cfg = make_config(
+        tmp_path,
+        "http://127.0.0.1:9/v1",
+        agent={"timezone": "Europe/Berlin"},
+        budget={"daily": {"tokens": 100}},
+    )
+
+    def call(at: str, tokens: int) -> CallRecord:
+        return CallRecord(at, at, "cli:t", "turn", "m", "e", tokens, 0, 0, False, None, None)
+
+    async def write() -> None:
+        ledger = UsageLedger(cfg.agent.state_path)
+        await ledger.record(call("2026-11-30T22:50:00Z", 1000))  # 23:50 on 30 Nov in Berlin
+        await ledger.record(call("2026-11-30T23:10:00Z", 60))  # 00:10 on 1 Dec
+        await ledger.aclose()
+
+    asyncio.run(write())
+    now = datetime(2026, 11, 30, 23, 30, tzinfo=UTC)
+    budget = Budget(cfg, ZoneInfo("Europe/Berlin"), now=lambda: now)
+    assert (budget.day.total.tokens, budget.month.total.tokens) == (60, 60)

@@ -35,6 +35,7 @@ from bot.llm import LLMError
 from bot.spend.ledger import read_records
 from bot.spend.limits import NAMES, PERIODS, UNITS, Period, Scope, Unit, limit_name
 from bot.spend.record import BACKGROUND, PROBE, TOOL_ITERATION, TURN, CallRecord
+from bot.spend.report import day_bounds
 
 log = logging.getLogger(__name__)
 
@@ -207,13 +208,8 @@ class Budget:
     def _seed(self) -> None:
         """This local month's calls from the ledger: read once, at start."""
         today = self._local().date()
-
-        def utc(day: date) -> str:
-            moment = datetime.combine(day, time(), tzinfo=self.tz).astimezone(UTC)
-            return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-        start, today_start = utc(today.replace(day=1)), utc(today)
-        end = utc(today + timedelta(days=1))
+        start, end = day_bounds(today.replace(day=1), today, self.tz)
+        today_start = day_bounds(today, today, self.tz)[0]
         try:
             for rec in read_records(self.cfg.agent.state_path, start, end):
                 self.month.add(rec)

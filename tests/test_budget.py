@@ -406,3 +406,16 @@ def test_the_start_reads_a_local_month_that_began_in_the_last_utc_month(tmp_path
     now = datetime(2026, 11, 30, 23, 30, tzinfo=UTC)
     budget = Budget(cfg, ZoneInfo("Europe/Berlin"), now=lambda: now)
     assert (budget.day.total.tokens, budget.month.total.tokens) == (60, 60)
+
+
+async def test_a_scheduled_job_is_held_to_its_chats_limit(tmp_path: Path, llm: FakeLLM) -> None:
+    """A group member may schedule an agent job in their chat: once the chat's own limit is
+    spent, its jobs make no call either (they were only held to background's)."""
+    llm.script(reply("one"), reply("other chat's job"))
+    async with harness(tmp_path, llm, budget={"perChat": {"daily": {"tokens": 1}}}) as h:
+        assert await h.ask("hi") == "one"
+        job = await (await h.send("the weather?", metadata=JOB))
+        assert job.text.startswith("This chat's daily model budget is spent")
+        other = await (await h.send("the weather?", chat="u", metadata=JOB))
+        assert other.text == "other chat's job"
+        assert len(llm.requests) == 2

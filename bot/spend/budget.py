@@ -6,10 +6,11 @@ are kept in memory, seeded once at start from this month's ledger file(s) and th
 the provider's meter, record by record. :meth:`Budget.check` compares a few numbers.
 
 Scopes: ``total`` (every call but the outage probe), ``chat`` (a person's turns, by chat:
-purposes ``turn`` and ``tool_iteration``) and ``background`` (consolidation, Dream, heartbeat,
-scheduled agent jobs). A refused call raises :class:`BudgetSpent`, an :class:`LLMError`: a
-person's turn answers with its text (what is spent, and when it resets), the heartbeat tells
-nobody, consolidation archives the raw text instead (no message is lost), Dream waits.
+purposes ``turn`` and ``tool_iteration``, and the chat's scheduled agent jobs) and
+``background`` (consolidation, Dream, heartbeat, scheduled agent jobs). A refused call
+raises :class:`BudgetSpent`, an :class:`LLMError`: a person's turn answers with its text
+(what is spent, and when it resets), the heartbeat tells nobody, consolidation archives the
+raw text instead (no message is lost), Dream waits.
 
 What lasts across restarts is one small file, ``<state>/budget.json``: the limits an admin set
 from chat (``/budget``; the state folder, not the config, because a system service's config is
@@ -34,7 +35,7 @@ from bot.config import Config
 from bot.llm import LLMError
 from bot.spend.ledger import read_records
 from bot.spend.limits import NAMES, PERIODS, UNITS, Period, Scope, Unit, limit_name
-from bot.spend.record import BACKGROUND, PROBE, TOOL_ITERATION, TURN, CallRecord
+from bot.spend.record import BACKGROUND, JOB, PROBE, TOOL_ITERATION, TURN, CallRecord
 from bot.spend.report import day_bounds
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 FILE = "budget.json"
 DAMAGED = ".damaged"  # budget.json's name with this: an unreadable one, kept aside
 CHAT_PURPOSES = frozenset({TURN, TOOL_ITERATION})
+# Held to their chat's limit as well: anyone let in may schedule an agent job in a chat, and
+# a job run every few minutes was a way round a spent per-chat limit.
+CHAT_AND_BACKGROUND = frozenset({JOB})
 NOTICE_LEVELS = (80, 100)  # percent of a limit at which the admins are told, once a period
 Meter = Callable[[CallRecord], Awaitable[None]]
 Notify = Callable[[str], Awaitable[None]]
@@ -86,7 +90,7 @@ class _Period:
         self.total.add(rec)
         if rec.purpose in BACKGROUND:
             self.background.add(rec)
-        elif rec.purpose in CHAT_PURPOSES:
+        if rec.purpose in CHAT_PURPOSES or rec.purpose in CHAT_AND_BACKGROUND:
             chat = budget_chat(rec.session)
             tally = self.chats.get(chat)
             if tally is None:
@@ -236,7 +240,9 @@ class Budget:
             return None  # one token that finds the end of an outage
         self._roll()
         scopes: tuple[Scope, ...] = ("total",)
-        if purpose in BACKGROUND:
+        if purpose in CHAT_AND_BACKGROUND:
+            scopes = ("total", "background", "chat")
+        elif purpose in BACKGROUND:
             scopes = ("total", "background")
         elif purpose in CHAT_PURPOSES:
             scopes = ("total", "chat")
@@ -257,7 +263,7 @@ class Budget:
         if spent is None:
             return
         name = limit_name(spent.scope, spent.period, spent.unit)
-        if purpose in BACKGROUND or spent.scope != "chat":
+        if spent.scope != "chat":
             # Logged once a period and limit: a paused heartbeat would repeat it every tick.
             key = f"{name}={spent.limit}@{self._period(spent.period).key}"
             if key not in self._paused_logged:

@@ -419,3 +419,23 @@ async def test_a_scheduled_job_is_held_to_its_chats_limit(tmp_path: Path, llm: F
         other = await (await h.send("the weather?", chat="u", metadata=JOB))
         assert other.text == "other chat's job"
         assert len(llm.requests) == 2
+
+
+def test_a_budget_file_that_is_a_fifo_does_not_hang_the_start(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", budget={"daily": {"tokens": 100}})
+    path = cfg.agent.state_path / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+    made: list[Budget] = []
+    start = threading.Thread(target=lambda: made.append(Budget(cfg, ZoneInfo("UTC"))))
+    start.daemon = True
+    start.start()
+    start.join(2)
+    if start.is_alive():  # it hangs in open() (the test fails): a writer lets it go
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        start.join()
+        pytest.fail("the start waited on the FIFO")
+    assert made and made[0].limit("total", "daily", "tokens") == 100

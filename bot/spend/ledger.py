@@ -255,7 +255,7 @@ def read_records(state_dir: Path, start: str, end: str) -> Iterator[CallRecord]:
     for month in months_between(start[:7], end[:7]):
         path = month_file(state_dir, month)
         try:
-            text = _read(path).decode("utf-8", "replace")
+            text = read_regular(path).decode("utf-8", "replace")
         except FileNotFoundError:
             continue
         lines = text.split("\n")
@@ -277,9 +277,10 @@ def read_records(state_dir: Path, start: str, end: str) -> Iterator[CallRecord]:
             )
 
 
-def _read(path: Path) -> bytes:
-    """A month's file; OSError when it is a link, a FIFO (whose open would wait for a writer:
-    the gateway's start, which reads this month, would hang) or anything but a regular file."""
+def read_regular(path: Path) -> bytes:
+    """A state file (a month's ledger, budget.json); OSError when it is a link, a FIFO (whose
+    open would wait for a writer: the gateway's start, which reads both, would hang) or
+    anything but a regular file."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)

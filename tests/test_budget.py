@@ -16,7 +16,7 @@ import pytest
 from bot.config import load_config
 from bot.cron import heartbeat
 from bot.llm import ToolCall
-from bot.runner import REPEATED_RESULT, call_key, looping
+from bot.runner import REPEATED_RESULT, call_key, call_results, looping
 from bot.spend.budget import FILE, Budget, BudgetSpent
 from bot.spend.record import CallRecord
 from bot.status import status_rows
@@ -439,3 +439,23 @@ def test_a_budget_file_that_is_a_fifo_does_not_hang_the_start(tmp_path: Path) ->
         start.join()
         pytest.fail("the start waited on the FIFO")
     assert made and made[0].limit("total", "daily", "tokens") == 100
+
+
+def test_a_call_id_a_server_uses_again_is_no_loop() -> None:
+    """Servers that number calls "call_0" in every answer: each result is its own call's,
+    not the last one of that id (which made a file read during a build look repeated)."""
+
+    def asked(args: str) -> dict[str, Any]:
+        call = {"id": "call_0", "function": {"name": "read_file", "arguments": args}}
+        return {"role": "assistant", "tool_calls": [call]}
+
+    def result(text: str) -> dict[str, Any]:
+        return {"role": "tool", "tool_call_id": "call_0", "content": text}
+
+    a, b = '{"path": "log"}', '{"path": "other"}'
+    turn = [asked(a), result("step 1"), asked(b), result("x"), asked(a), result("step 2")]
+    history = call_results(turn)
+    assert history[call_key("read_file", a)] == ["step 1", "step 2"]
+    assert not looping(history, ToolCall("call_0", "read_file", a))
+    turn += [asked(b), result("x")]
+    assert looping(call_results(turn), ToolCall("call_0", "read_file", b))

@@ -459,3 +459,14 @@ def test_a_call_id_a_server_uses_again_is_no_loop() -> None:
     assert not looping(history, ToolCall("call_0", "read_file", a))
     turn += [asked(b), result("x")]
     assert looping(call_results(turn), ToolCall("call_0", "read_file", b))
+
+
+def test_a_backoff_failing_for_months_waits_the_cap() -> None:
+    """At the 6-hour cap, 1,024 more failures take eight months: the doubling must not
+    overflow a float then (it raised out of the consolidation's failure path)."""
+    from bot.backoff import MAX_WAIT_SECONDS, Backoff
+
+    clock = [0.0]
+    backoff = Backoff(now=lambda: clock[0], failures=1100)
+    assert not backoff.failed()  # not the first failure of the waiting: nobody told again
+    assert backoff.delay() == MAX_WAIT_SECONDS and backoff.wait_left() == MAX_WAIT_SECONDS

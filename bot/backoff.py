@@ -42,7 +42,9 @@ class Backoff:
 
     def delay(self) -> float:
         """The wait after the current failure: ``first``, doubled per failure, capped."""
-        return min(self.cap, self.first * 2 ** max(0, self.failures - self.after))
+        # The exponent bounded: 2**1024 is past a float (eight months of failures at the cap).
+        doublings = min(max(0, self.failures - self.after), 64)
+        return min(self.cap, self.first * 2**doublings)
 
     def succeeded(self) -> None:
         self.failures = 0

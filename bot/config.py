@@ -125,9 +125,11 @@ class PriceConfig(_Model):
     """``llm.prices.<model>``: what a million tokens cost (bot.spend). Cached tokens are part of
     the prompt tokens, as OpenAI counts them; ``cachedInput`` unset: they cost ``input``."""
 
-    input: float = Field(ge=0, description="per million prompt tokens")
-    output: float = Field(ge=0, description="per million completion tokens")
-    cached_input: float | None = Field(None, ge=0, description="per million cached tokens")
+    input: float = Field(ge=0, allow_inf_nan=False, description="per million prompt tokens")
+    output: float = Field(ge=0, allow_inf_nan=False, description="per million completion tokens")
+    cached_input: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="per million cached tokens"
+    )
     currency: str = "USD"
 
     @field_validator("currency")

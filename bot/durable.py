@@ -16,9 +16,11 @@ Every rename in ``bot/`` and ``channels/`` goes through here (ruff bans ``os.rep
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -182,12 +184,13 @@ class Appender:
         wait on the disk (an ``fsync`` of a folder, a cut of a torn line)."""
         return self._fd is not None and self._end is not None and self._cut_at is None
 
-    def append(self, payload: bytes, sync: bool = True) -> tuple[int, int]:
+    def append(self, payload: bytes, sync: bool = True, wait: bool = True) -> tuple[int, int]:
         """Append ``payload`` (lines, each ending in a newline), fsynced unless ``sync`` is
-        false; returns (offset, end)."""
+        false; returns (offset, end). ``wait=False``: raise BlockingIOError, having written
+        nothing, when another holds the lock (an event loop must not wait on another process)."""
         with about(self.path, "write"):
             fd = self._open()
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             try:
                 size = os.fstat(fd).st_size
                 if self._cut_at is not None and self._cut_at < size:
@@ -213,8 +216,15 @@ class Appender:
             if not self.path.exists():
                 self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                 self._new = True
-            flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-            self._fd = os.open(self.path, flags, 0o600)
+            # Never through a link, nor into a FIFO or a device (a write could block, or land
+            # elsewhere): a regular file, or an error.
+            flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+            fd = os.open(self.path, flags | os.O_NONBLOCK, 0o600)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OSError(errno.EINVAL, "not a regular file", str(self.path))
+            os.set_blocking(fd, True)
+            self._fd = fd
         if self._new:  # until the folder's fsync succeeded once
             fsync_dir(self.path.parent)
             self._new = False

@@ -618,11 +618,15 @@ class LLMProvider:
         await asyncio.to_thread(importlib.import_module, "openai")
         _ = self.client
 
-    async def transcribe(self, name: str, data: bytes, model: str) -> str:
+    async def transcribe(self, name: str, data: bytes, model: str, session_key: str = "") -> str:
         """Speech to text through the endpoint's ``/audio/transcriptions`` (OpenAI-compatible);
         ``data`` is the recording, ``name`` its file name (the endpoint reads the format off
-        the suffix)."""
+        the suffix). Not counted (priced by the minute), but held to the chat's budget as its
+        turn is: a spent budget raises BudgetSpent, no voice message is sent anywhere."""
         import openai
+
+        if self.guard is not None:
+            self.guard(session_key, TURN)
 
         try:
             with _named_connection_errors(self._primary.url):

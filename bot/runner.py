@@ -363,17 +363,18 @@ def call_key(name: str, arguments: str) -> str:
 def call_results(turn: list[dict[str, Any]]) -> dict[str, list[str]]:
     """The results each call (by :func:`call_key`) got in ``turn`` so far, in order (a
     resumed turn's calls count)."""
-    results = {
-        m.get("tool_call_id"): str(m.get("content")) for m in turn if m.get("role") == "tool"
-    }
+    # A result belongs to the call of that id in the assistant message before it: some
+    # servers number their calls "call_0", "call_1" in every answer, so an id recurs.
     out: dict[str, list[str]] = {}
+    asked: dict[Any, str] = {}
     for m in turn:
-        for c in m.get("tool_calls") or () if m.get("role") == "assistant" else ():
-            fn = c.get("function") or {}
-            got = results.get(c.get("id"))
-            if got is not None:
-                key = call_key(str(fn.get("name", "")), str(fn.get("arguments", "")))
-                out.setdefault(key, []).append(got)
+        if m.get("role") == "assistant":
+            asked = {}
+            for c in m.get("tool_calls") or ():
+                fn = c.get("function") or {}
+                asked[c.get("id")] = call_key(str(fn.get("name", "")), str(fn.get("arguments", "")))
+        elif m.get("role") == "tool" and (key := asked.pop(m.get("tool_call_id"), None)):
+            out.setdefault(key, []).append(str(m.get("content")))
     return out
 
 

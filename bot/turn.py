@@ -154,7 +154,7 @@ class Turns:
                 data = await asyncio.to_thread(
                     workspace_files.read_bytes, self.cfg.agent.workspace_path, path
                 )
-                said = await self.provider.transcribe(Path(path).name, data, model)
+                said = await self.provider.transcribe(Path(path).name, data, model, msg.session_key)
                 text += f"\n[voice message transcript: {said}]"
             except (LLMError, OSError) as exc:
                 log.warning("transcription failed session=%s: %s", msg.session_key, exc)

@@ -16,7 +16,7 @@ import pytest
 from bot.config import load_config
 from bot.cron import heartbeat
 from bot.llm import ToolCall
-from bot.runner import REPEATED_RESULT, call_key, looping
+from bot.runner import REPEATED_RESULT, call_key, call_results, looping
 from bot.spend.budget import FILE, Budget, BudgetSpent
 from bot.spend.record import CallRecord
 from bot.status import status_rows
@@ -283,3 +283,190 @@ def test_a_daily_limit_resets_at_local_midnight_and_a_monthly_one_holds(tmp_path
         budget.check("cli:t", "consolidation")
     assert spent.value.user_message.startswith("This bot's monthly model budget is spent")
     assert "00:00 on 2027-01-01" in spent.value.user_message
+
+
+async def test_an_unreadable_budget_file_is_kept_aside_not_written_over(tmp_path: Path) -> None:
+    """A damaged budget.json (a hand edit gone wrong) holds the admins' overrides: the next
+    /budget change keeps it as budget.json.damaged instead of replacing it."""
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", budget={"daily": {"tokens": 100}})
+    path = cfg.agent.state_path / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    damaged = '{"overrides": {"daily.tokens": {"value": 5000, "by": "owner"'
+    path.write_text(damaged)
+    budget = Budget(cfg, ZoneInfo("UTC"))
+    assert budget.limit("total", "daily", "tokens") == 100  # the config's, meanwhile
+    answer = await budget.command("monthly.tokens 9000", "cli:t/owner")
+    assert "monthly.tokens: no limit -> 9,000" in answer
+    assert path.with_name(FILE + ".damaged").read_text() == damaged
+    assert Budget(cfg, ZoneInfo("UTC")).limit("total", "monthly", "tokens") == 9000
+
+
+def test_a_new_topic_or_thread_shares_its_chats_limit(tmp_path: Path) -> None:
+    """A group member opening a new forum topic (a session of its own) gets no fresh per-chat
+    limit; another chat keeps its own."""
+    cfg = make_config(
+        tmp_path, "http://127.0.0.1:9/v1", budget={"perChat": {"daily": {"tokens": 100}}}
+    )
+    budget = Budget(cfg, ZoneInfo("UTC"))
+    at = budget.now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    budget.observe(
+        CallRecord("x", at, "telegram:-1001:7", "turn", "m", "e", 120, 0, 0, False, None, None)
+    )
+    for session in ("telegram:-1001:8", "telegram:-1001", "slack:C1:17.1"):
+        if session.startswith("slack"):
+            budget.observe(
+                CallRecord("y", at, "slack:C1:16.0", "turn", "m", "e", 100, 0, 0, False, None, None)
+            )
+        with pytest.raises(BudgetSpent):
+            budget.check(session, "turn")
+    budget.check("telegram:-1002", "turn")
+
+
+def test_a_clock_set_back_over_midnight_keeps_todays_totals(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", budget={"daily": {"tokens": 100}})
+    now = [datetime(2026, 12, 7, 0, 0, 30, tzinfo=UTC)]
+    budget = Budget(cfg, ZoneInfo("UTC"), now=lambda: now[0])
+    budget.observe(
+        CallRecord(
+            "x", "2026-12-07T00:00:30Z", "cli:t", "turn", "m", "e", 150, 0, 0, False, None, None
+        )
+    )
+    now[0] -= timedelta(minutes=1)  # NTP sets the clock back to 23:59:30 of yesterday
+    with pytest.raises(BudgetSpent):
+        budget.check("cli:t", "turn")
+    now[0] += timedelta(minutes=2)
+    with pytest.raises(BudgetSpent):
+        budget.check("cli:t", "turn")
+    now[0] -= timedelta(days=40)  # a wrong clock corrected: that day's totals hold
+    budget.check("cli:t", "turn")
+
+
+async def test_a_voice_message_of_a_chat_over_its_limit_is_not_transcribed(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """Transcription is a paid call too: a group member sending voice messages to a chat
+    whose budget is spent gets the budget answer, and nothing is sent to be transcribed."""
+    from bot.bus import InboundMessage
+
+    llm.script(reply("one"))
+    voice = tmp_path / "ws" / "media" / "note.ogg"
+    voice.parent.mkdir(parents=True)
+    voice.write_bytes(b"OggS" + b"\0" * 60)
+    sections: dict[str, Any] = {
+        "budget": {"perChat": {"daily": {"tokens": 1}}},
+        "llm": {"transcriptionModel": "whisper-1"},
+    }
+    async with harness(tmp_path, llm, **sections) as h:
+        assert await h.ask("hi") == "one"
+        fut = h.expect("v1")
+        await h.stack.bus.publish_inbound(
+            InboundMessage("cli", "t", "u", "voice", media=(str(voice),), message_id="v1")
+        )
+        assert (await asyncio.wait_for(fut, 10)).text.startswith("This chat's daily model")
+    assert llm.transcriptions == []
+
+
+def test_a_hand_edited_override_that_is_no_limit_is_ignored(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", budget={"daily": {"tokens": 100}})
+    path = cfg.agent.state_path / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"by": "owner", "at": "2026-12-06T10:00:00Z"}
+    path.write_text(
+        '{"overrides": {"daily.tokens": {"value": 1e309, "by": "x"}, '
+        f'"monthly.cost": {json.dumps({**entry, "value": True})}}}}}'
+    )
+    budget = Budget(cfg, ZoneInfo("UTC"))
+    assert budget.limit("total", "daily", "tokens") == 100
+    assert budget.limit("total", "monthly", "cost") is None
+    assert "daily.tokens: 0 tokens of 100 tokens" in budget.describe()
+
+
+def test_the_start_reads_a_local_month_that_began_in_the_last_utc_month(tmp_path: Path) -> None:
+    """Ledger files are per UTC month, budgets per local day: at 00:30 on 1 December in Berlin
+    (23:30 UTC on 30 November) the calls of the last half hour are in November's file."""
+    from bot.spend.ledger import UsageLedger
+
+    cfg = make_config(
+        tmp_path,
+        "http://127.0.0.1:9/v1",
+        agent={"timezone": "Europe/Berlin"},
+        budget={"daily": {"tokens": 100}},
+    )
+
+    def call(at: str, tokens: int) -> CallRecord:
+        return CallRecord(at, at, "cli:t", "turn", "m", "e", tokens, 0, 0, False, None, None)
+
+    async def write() -> None:
+        ledger = UsageLedger(cfg.agent.state_path)
+        await ledger.record(call("2026-11-30T22:50:00Z", 1000))  # 23:50 on 30 Nov in Berlin
+        await ledger.record(call("2026-11-30T23:10:00Z", 60))  # 00:10 on 1 Dec
+        await ledger.aclose()
+
+    asyncio.run(write())
+    now = datetime(2026, 11, 30, 23, 30, tzinfo=UTC)
+    budget = Budget(cfg, ZoneInfo("Europe/Berlin"), now=lambda: now)
+    assert (budget.day.total.tokens, budget.month.total.tokens) == (60, 60)
+
+
+async def test_a_scheduled_job_is_held_to_its_chats_limit(tmp_path: Path, llm: FakeLLM) -> None:
+    """A group member may schedule an agent job in their chat: once the chat's own limit is
+    spent, its jobs make no call either (they were only held to background's)."""
+    llm.script(reply("one"), reply("other chat's job"))
+    async with harness(tmp_path, llm, budget={"perChat": {"daily": {"tokens": 1}}}) as h:
+        assert await h.ask("hi") == "one"
+        job = await (await h.send("the weather?", metadata=JOB))
+        assert job.text.startswith("This chat's daily model budget is spent")
+        other = await (await h.send("the weather?", chat="u", metadata=JOB))
+        assert other.text == "other chat's job"
+        assert len(llm.requests) == 2
+
+
+def test_a_budget_file_that_is_a_fifo_does_not_hang_the_start(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    cfg = make_config(tmp_path, "http://127.0.0.1:9/v1", budget={"daily": {"tokens": 100}})
+    path = cfg.agent.state_path / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+    made: list[Budget] = []
+    start = threading.Thread(target=lambda: made.append(Budget(cfg, ZoneInfo("UTC"))))
+    start.daemon = True
+    start.start()
+    start.join(2)
+    if start.is_alive():  # it hangs in open() (the test fails): a writer lets it go
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        start.join()
+        pytest.fail("the start waited on the FIFO")
+    assert made and made[0].limit("total", "daily", "tokens") == 100
+
+
+def test_a_call_id_a_server_uses_again_is_no_loop() -> None:
+    """Servers that number calls "call_0" in every answer: each result is its own call's,
+    not the last one of that id (which made a file read during a build look repeated)."""
+
+    def asked(args: str) -> dict[str, Any]:
+        call = {"id": "call_0", "function": {"name": "read_file", "arguments": args}}
+        return {"role": "assistant", "tool_calls": [call]}
+
+    def result(text: str) -> dict[str, Any]:
+        return {"role": "tool", "tool_call_id": "call_0", "content": text}
+
+    a, b = '{"path": "log"}', '{"path": "other"}'
+    turn = [asked(a), result("step 1"), asked(b), result("x"), asked(a), result("step 2")]
+    history = call_results(turn)
+    assert history[call_key("read_file", a)] == ["step 1", "step 2"]
+    assert not looping(history, ToolCall("call_0", "read_file", a))
+    turn += [asked(b), result("x")]
+    assert looping(call_results(turn), ToolCall("call_0", "read_file", b))
+
+
+def test_a_backoff_failing_for_months_waits_the_cap() -> None:
+    """At the 6-hour cap, 1,024 more failures take eight months: the doubling must not
+    overflow a float then (it raised out of the consolidation's failure path)."""
+    from bot.backoff import MAX_WAIT_SECONDS, Backoff
+
+    clock = [0.0]
+    backoff = Backoff(now=lambda: clock[0], failures=1100)
+    assert not backoff.failed()  # not the first failure of the waiting: nobody told again
+    assert backoff.delay() == MAX_WAIT_SECONDS and backoff.wait_left() == MAX_WAIT_SECONDS

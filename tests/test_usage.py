@@ -392,3 +392,101 @@ def test_status_says_when_the_ledger_cannot_be_read(tmp_path: Path) -> None:
     month_file(cfg.agent.state_path, month).mkdir(parents=True)  # a folder where a file goes
     line = dict(status_rows(cfg, tmp_path / "config.json"))["usage"]
     assert line.startswith("cannot read the usage ledger") and month in line
+
+
+async def test_a_ledger_locked_by_another_process_does_not_stall_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    """Another memobot process (``memobot dream``, stopped with Ctrl-Z mid-append) holding the
+    month's flock: the record waits in a worker thread, not on the gateway's event loop."""
+    import fcntl
+    import os
+    import threading
+
+    at = "2026-12-06T10:00:00Z"
+    first = CallRecord("r0", at, "cli:t", "turn", "m", "e", 1, 1, 0, False, None, None)
+    second = first._replace(id="r1")
+    path = month_file(tmp_path, "2026-12")
+    ledger = UsageLedger(tmp_path)
+    await ledger.record(first)  # the file is open and warm: the next write is on the loop
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: its flock excludes the ledger's
+    # Only when the loop is stalled (the test fails then): let it go on after a second.
+    unstall = threading.Timer(1.0, fcntl.flock, (fd, fcntl.LOCK_UN))
+    unstall.start()
+    try:
+        waiting = asyncio.create_task(ledger.record(second))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not waiting.done()  # waiting in a worker thread; this loop ran on meanwhile
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        await waiting
+    finally:
+        unstall.cancel()
+        os.close(fd)
+    await ledger.aclose()
+    assert path.read_bytes() == first.line() + second.line()
+
+
+def test_a_ledger_file_that_is_a_fifo_or_a_link_is_refused_never_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO in place of a month's file must not hang the read (the gateway's start reads
+    this month) nor take records; a symlink is not followed, to read or to write."""
+    import os
+    import threading
+
+    at = "2026-12-06T10:00:00Z"
+    rec = CallRecord("r0", at, "cli:t", "turn", "m", "e", 1, 1, 0, False, None, None)
+    window = ("2026-12-01T00:00:00Z", "2027-01-01T00:00:00Z")
+    path = month_file(tmp_path, "2026-12")
+    path.parent.mkdir()
+    os.mkfifo(path)
+    result: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            result["records"] = list(read_records(tmp_path, *window))
+        except OSError as exc:
+            result["error"] = exc
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(2)
+    if reader.is_alive():  # it hangs in open() (the test fails): a writer lets it go
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join()
+    assert "not a regular file" in str(result.get("error"))
+    asyncio.run(_record(tmp_path, rec))
+    assert "cannot write 1 record(s)" in caplog.text
+
+    path.unlink()
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_bytes(b"")
+    path.symlink_to(elsewhere)
+    caplog.clear()
+    asyncio.run(_record(tmp_path, rec))
+    assert "cannot write 1 record(s)" in caplog.text and elsewhere.read_bytes() == b""
+    with pytest.raises(OSError):
+        list(read_records(tmp_path, *window))
+
+
+async def _record(state: Path, rec: CallRecord) -> None:
+    ledger = UsageLedger(state)
+    await ledger.record(rec)
+    await ledger.aclose()
+
+
+@pytest.mark.parametrize(
+    ("section", "field"),
+    [
+        ({"budget": {"daily": {"cost": 1e309}}}, "budget.daily.cost"),
+        ({"llm": {"prices": {"gpt-4o": {**PRICE, "output": 1e309}}}}, "llm.prices.gpt-4o.output"),
+    ],
+)
+def test_an_infinite_price_or_cost_limit_is_a_config_error(
+    section: dict[str, Any], field: str
+) -> None:
+    """1e309 in JSON reads as infinity: no limit that could be reached, a cost no call has."""
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.") + ": Input should be a finite"):
+        parse_config(section)

@@ -6,10 +6,11 @@ are kept in memory, seeded once at start from this month's ledger file(s) and th
 the provider's meter, record by record. :meth:`Budget.check` compares a few numbers.
 
 Scopes: ``total`` (every call but the outage probe), ``chat`` (a person's turns, by chat:
-purposes ``turn`` and ``tool_iteration``) and ``background`` (consolidation, Dream, heartbeat,
-scheduled agent jobs). A refused call raises :class:`BudgetSpent`, an :class:`LLMError`: a
-person's turn answers with its text (what is spent, and when it resets), the heartbeat tells
-nobody, consolidation archives the raw text instead (no message is lost), Dream waits.
+purposes ``turn`` and ``tool_iteration``, and the chat's scheduled agent jobs) and
+``background`` (consolidation, Dream, heartbeat, scheduled agent jobs). A refused call
+raises :class:`BudgetSpent`, an :class:`LLMError`: a person's turn answers with its text
+(what is spent, and when it resets), the heartbeat tells nobody, consolidation archives the
+raw text instead (no message is lost), Dream waits.
 
 What lasts across restarts is one small file, ``<state>/budget.json``: the limits an admin set
 from chat (``/budget``; the state folder, not the config, because a system service's config is
@@ -32,18 +33,24 @@ from zoneinfo import ZoneInfo
 from bot import durable
 from bot.config import Config
 from bot.llm import LLMError
-from bot.spend.ledger import read_records
+from bot.spend.ledger import read_records, read_regular
 from bot.spend.limits import NAMES, PERIODS, UNITS, Period, Scope, Unit, limit_name
-from bot.spend.record import BACKGROUND, PROBE, TOOL_ITERATION, TURN, CallRecord
+from bot.spend.record import BACKGROUND, JOB, PROBE, TOOL_ITERATION, TURN, CallRecord
+from bot.spend.report import day_bounds
 
 log = logging.getLogger(__name__)
 
 FILE = "budget.json"
+DAMAGED = ".damaged"  # budget.json's name with this: an unreadable one, kept aside
 CHAT_PURPOSES = frozenset({TURN, TOOL_ITERATION})
+# Held to their chat's limit as well: anyone let in may schedule an agent job in a chat, and
+# a job run every few minutes was a way round a spent per-chat limit.
+CHAT_AND_BACKGROUND = frozenset({JOB})
 NOTICE_LEVELS = (80, 100)  # percent of a limit at which the admins are told, once a period
 Meter = Callable[[CallRecord], Awaitable[None]]
 Notify = Callable[[str], Awaitable[None]]
 Clock = Callable[[], datetime]
+SMALL_STEP_BACK = timedelta(days=1)  # a clock set back less: the day's totals are kept
 UNSET = object()  # an override's absence (None is a lifted limit)
 
 
@@ -83,10 +90,11 @@ class _Period:
         self.total.add(rec)
         if rec.purpose in BACKGROUND:
             self.background.add(rec)
-        elif rec.purpose in CHAT_PURPOSES:
-            tally = self.chats.get(rec.session)
+        if rec.purpose in CHAT_PURPOSES or rec.purpose in CHAT_AND_BACKGROUND:
+            chat = budget_chat(rec.session)
+            tally = self.chats.get(chat)
             if tally is None:
-                tally = self.chats[rec.session] = Tally()
+                tally = self.chats[chat] = Tally()
             tally.add(rec)
 
     def tally(self, scope: Scope, session: str = "") -> Tally:
@@ -94,7 +102,16 @@ class _Period:
             return self.total
         if scope == "background":
             return self.background
-        return self.chats.get(session) or Tally()
+        return self.chats.get(budget_chat(session)) or Tally()
+
+
+def budget_chat(session: str) -> str:
+    """The chat a session's calls count against for ``budget.perChat``: a Telegram forum
+    topic (``telegram:-100123:7``) and a Slack thread (``slack:C0123:1700000000.0001``) are
+    sessions of their own, but their chat's limit is shared, or anyone could open a new topic
+    or thread for a fresh one. (A Discord thread has an id of its own: it is its own chat.)"""
+    channel, _, chat = session.partition(":")
+    return f"{channel}:{chat.partition(':')[0]}" if chat else session
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +168,8 @@ class Budget:
         self._due: list[str] = []  # notices decided, not yet recorded and sent
         self._paused_logged: set[str] = set()
         self._saving = asyncio.Lock()
+        self._damaged = False  # budget.json was there and could not be read
+        self._latest = self._local()  # the latest clock reading seen (see _roll)
         day, month = self._keys()
         self.day, self.month = _Period(day), _Period(month)
         self._load()
@@ -166,11 +185,16 @@ class Budget:
         return today.isoformat(), today.isoformat()[:7]
 
     def _roll(self) -> None:
-        """A new local day (month) starts its totals from nothing."""
-        day, month = self._keys()
-        if day != self.day.key:
+        """A new local day (month) starts its totals from nothing. Only a later one, when the
+        clock went back less than a day (NTP's small step back over midnight must not wipe
+        today's totals); a larger step back is a wrong clock corrected, and its day counts."""
+        now = self._local()
+        back = self._latest - now > SMALL_STEP_BACK
+        self._latest = now if back else max(self._latest, now)
+        day, month = now.date().isoformat(), now.date().isoformat()[:7]
+        if day > self.day.key or (back and day != self.day.key):
             self.day = _Period(day)
-        if month != self.month.key:
+        if month > self.month.key or (back and month != self.month.key):
             self.month = _Period(month)
 
     def _period(self, period: Period) -> _Period:
@@ -188,13 +212,8 @@ class Budget:
     def _seed(self) -> None:
         """This local month's calls from the ledger: read once, at start."""
         today = self._local().date()
-
-        def utc(day: date) -> str:
-            moment = datetime.combine(day, time(), tzinfo=self.tz).astimezone(UTC)
-            return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-        start, today_start = utc(today.replace(day=1)), utc(today)
-        end = utc(today + timedelta(days=1))
+        start, end = day_bounds(today.replace(day=1), today, self.tz)
+        today_start = day_bounds(today, today, self.tz)[0]
         try:
             for rec in read_records(self.cfg.agent.state_path, start, end):
                 self.month.add(rec)
@@ -221,7 +240,9 @@ class Budget:
             return None  # one token that finds the end of an outage
         self._roll()
         scopes: tuple[Scope, ...] = ("total",)
-        if purpose in BACKGROUND:
+        if purpose in CHAT_AND_BACKGROUND:
+            scopes = ("total", "background", "chat")
+        elif purpose in BACKGROUND:
             scopes = ("total", "background")
         elif purpose in CHAT_PURPOSES:
             scopes = ("total", "chat")
@@ -242,7 +263,7 @@ class Budget:
         if spent is None:
             return
         name = limit_name(spent.scope, spent.period, spent.unit)
-        if purpose in BACKGROUND or spent.scope != "chat":
+        if spent.scope != "chat":
             # Logged once a period and limit: a paused heartbeat would repeat it every tick.
             key = f"{name}={spent.limit}@{self._period(spent.period).key}"
             if key not in self._paused_logged:
@@ -427,18 +448,31 @@ class Budget:
 
     def _load(self) -> None:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(read_regular(self.path).decode("utf-8"))
         except FileNotFoundError:
             return
         except (OSError, ValueError) as exc:
-            log.error("budget: cannot read %s, no overrides or notices kept: %s", self.path, exc)
+            # Kept aside at the first save, not written over: the admins' overrides in it
+            # are theirs to read back (a hand edit gone wrong, a disk error).
+            self._damaged = True
+            log.error(
+                "budget: cannot read %s, the config's limits hold (the file is kept as %s "
+                "at the next change): %s",
+                self.path,
+                self.path.name + DAMAGED,
+                exc,
+            )
             return
         overrides = data.get("overrides") if isinstance(data, dict) else None
         for name, entry in (overrides or {}).items():
             if name in NAMES and isinstance(entry, dict):
                 value = entry.get("value")
-                if value is None or (isinstance(value, int | float) and value > 0):
+                # 1e309 reads as inf, true as 1: neither is a limit (inf broke every display).
+                usable = isinstance(value, int | float) and not isinstance(value, bool)
+                if value is None or (usable and 0 < value < float("inf")):
                     self.overrides[name] = entry
+                else:
+                    log.error("budget: %s in %s is no limit: %r; ignored", name, self.path, value)
         notices = data.get("notified") if isinstance(data, dict) else None
         self._noticed = {n for n in notices or () if isinstance(n, str)}
 
@@ -451,7 +485,18 @@ class Budget:
             current = sorted(n for n in self._noticed if n.startswith((day + "/", month + "/")))
             data = {"overrides": self.overrides, "notified": current}
             payload = json.dumps(data, indent=1, sort_keys=True) + "\n"
-            await asyncio.to_thread(durable.replace_file, self.path, payload)
+            await asyncio.to_thread(self._write, payload)
+
+    def _write(self, payload: str) -> None:
+        if self._damaged:
+            aside = self.path.with_name(self.path.name + DAMAGED)
+            try:
+                durable.move(self.path, aside)
+            except FileNotFoundError:
+                pass
+            log.warning("budget: the unreadable %s was kept as %s", self.path, aside)
+            self._damaged = False
+        durable.replace_file(self.path, payload)
 
 
 BUDGET_USAGE = (

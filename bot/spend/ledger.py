@@ -12,7 +12,8 @@ the page cache takes microseconds; a hop to a worker thread would cost ten times
 it returned, only a power cut can lose it. The fsync is shared: a flusher syncs the file at
 most once every ``SYNC_SECONDS``, only while records wait for it (no timer when idle), and at
 shutdown, so a power cut loses at most about the last second of records. Opening a month's
-file, and writing again after a failure, go to a worker thread. One file per UTC month keeps
+file, writing again after a failure, and writing while another process holds the file's flock
+(the loop only tries it) go to a worker thread. One file per UTC month keeps
 every read bounded: a report reads only the months it covers. A torn last line (a crash
 mid-write) is skipped by readers and cut off by the next write (:class:`bot.durable.Appender`);
 a damaged line elsewhere is skipped and logged.
@@ -21,8 +22,11 @@ a damaged line elsewhere is skipped and logged.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,15 +78,16 @@ class UsageLedger:
             and file is not None
             and file.warm
             and (self._writer is None or self._writer.done())
+            and self._write_queued_here(file)
         ):
-            self._write_queued_here(file)
-        else:
-            if self._writer is None or self._writer.done():
-                self._writer = asyncio.get_running_loop().create_task(
-                    self._write_queued(), name="usage-ledger"
-                )
-            # A cancelled caller (/stop) leaves its record to be written all the same.
-            await asyncio.shield(self._writer)
+            failpoints.hit("usage_recorded")
+            return
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write_queued(), name="usage-ledger"
+            )
+        # A cancelled caller (/stop) leaves its record to be written all the same.
+        await asyncio.shield(self._writer)
         failpoints.hit("usage_recorded")
 
     async def flush(self) -> None:
@@ -107,15 +112,21 @@ class UsageLedger:
             log.error("usage ledger: %d record(s) could not be written", len(self._queue))
         self.close()
 
-    def _write_queued_here(self, file: durable.Appender) -> None:
-        """The queue's one record, written on the event loop to this month's warm file."""
+    def _write_queued_here(self, file: durable.Appender) -> bool:
+        """The queue's one record, written on the event loop to this month's warm file. False:
+        another process (``memobot dream``, ``memobot agent``) holds the file's lock, maybe
+        stopped with it held; the record stays queued for a worker thread, which may wait."""
         batch, self._queue = self._queue, []
         try:
-            file.append(batch[0].line(), sync=False)
+            file.append(batch[0].line(), sync=False, wait=False)
+        except BlockingIOError:
+            self._queue[:0] = batch
+            return False
         except OSError as exc:
             self._failed(batch, exc)
-            return
+            return True
         self._written()
+        return True
 
     async def _write_queued(self) -> None:
         while self._queue:
@@ -244,7 +255,7 @@ def read_records(state_dir: Path, start: str, end: str) -> Iterator[CallRecord]:
     for month in months_between(start[:7], end[:7]):
         path = month_file(state_dir, month)
         try:
-            text = path.read_bytes().decode("utf-8", "replace")
+            text = read_regular(path).decode("utf-8", "replace")
         except FileNotFoundError:
             continue
         lines = text.split("\n")
@@ -264,6 +275,18 @@ def read_records(state_dir: Path, start: str, end: str) -> Iterator[CallRecord]:
                 path,
                 ", ".join(map(str, damaged[:10])),
             )
+
+
+def read_regular(path: Path) -> bytes:
+    """A state file (a month's ledger, budget.json); OSError when it is a link, a FIFO (whose
+    open would wait for a writer: the gateway's start, which reads both, would hang) or
+    anything but a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
 
 
 def _parsed(lines: list[str]) -> list[Any]:

@@ -30,7 +30,7 @@ class Limit(ConfigModel):
     ``cost`` the priced calls' cost (llm.prices), in their currency."""
 
     tokens: int | None = Field(None, ge=1)
-    cost: float | None = Field(None, gt=0)
+    cost: float | None = Field(None, gt=0, allow_inf_nan=False)  # 1e309 is no limit
 
 
 class Periods(ConfigModel):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import ast
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from bot import durable
 from tests.helpers import REPO
+from tests.helpers.source import parse
 
 RENAMES = frozenset({"replace", "rename", "renames"})
 
@@ -24,7 +24,7 @@ def renames_outside_durable(root: Path = REPO) -> list[str]:
         for path in sorted((root / folder).rglob("*.py")):
             if path == root / "bot" / "durable.py":
                 continue
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for node in ast.walk(parse(path)):
                 hit = (
                     isinstance(node, ast.Attribute)
                     and isinstance(node.value, ast.Name)
@@ -41,11 +41,7 @@ def renames_outside_durable(root: Path = REPO) -> list[str]:
 
 
 def test_every_rename_goes_through_the_durable_module() -> None:
-    # In a thread of its own: CPython 3.11 before 3.11.8 can raise a spurious "AST constructor
-    # recursion depth mismatch" SystemError when ast.parse runs on a deep stack (gh-106905), as
-    # a test's stack under pytest, xdist and asyncio's plugins sometimes is.
-    with ThreadPoolExecutor(1) as pool:
-        assert pool.submit(renames_outside_durable).result() == []
+    assert renames_outside_durable() == []
 
 
 def test_the_walk_finds_a_rename(tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
+from tests.helpers.source import parse
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bot", "channels")
 PLATFORM_SDKS = ("telegram", "discord", "slack_bolt", "slack_sdk")
@@ -65,7 +67,7 @@ def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     for name, (path, is_package) in modules.items():
         targets: set[str] = set()
         outside: set[str] = set()
-        for node in _module_level(ast.parse(path.read_text(encoding="utf-8")).body):
+        for node in _module_level(parse(path).body):
             names = _imported(name, is_package, node)
             own = {n for n in names if n.split(".")[0] in PACKAGES}
             outside |= {n.split(".")[0] for n in names - own}

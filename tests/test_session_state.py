@@ -24,6 +24,7 @@ from bot.session.transitions import (
     PREVIEWS_KEPT,
     SEEN_IDS_KEPT,
 )
+from tests.helpers.source import parse
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data" / "sessions"
@@ -333,7 +334,7 @@ def session_keys_named(root: Path) -> list[str]:
             rel = path.relative_to(root).as_posix()
             if rel.startswith("bot/session/") or rel == "bot/session.py":
                 continue
-            tree = ast.parse(path.read_text(encoding="utf-8"), rel)
+            tree = parse(path)
             docstrings = {
                 id(node.body[0].value)
                 for node in ast.walk(tree)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.helpers.source import parse
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -17,7 +19,7 @@ def imports_of(path: Path, root: Path) -> list[tuple[int, str, list[str]]]:
     at any depth, relative ones made absolute; names is empty for ``import x``."""
     package = path.relative_to(root.parent).parent.parts
     found: list[tuple[int, str, list[str]]] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

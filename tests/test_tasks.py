@@ -200,7 +200,8 @@ async def test_stop_id_only_by_its_starter_or_an_admin_and_only_in_its_chat(
         )
         [report] = await until(lambda: reports(h))
         assert report.text.startswith(f"Task {rec.id} (long) stopped.")
-        assert TaskStore(tmp_path / "state").load()[rec.id].state == "stopped"
+        # The record is written as the task ends, beside its report (not before it).
+        await until(lambda: TaskStore(tmp_path / "state").load()[rec.id].state == "stopped")
 
 
 async def test_max_tasks_refuses_the_next_one_clearly(tmp_path: Path, llm: FakeLLM) -> None:

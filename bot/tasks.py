@@ -47,6 +47,7 @@ CHANNEL = "task"  # a task's session is "task:<id>"
 # Tools a task is never offered: no task of a task, and it speaks only through its report.
 EXCLUDED_TOOLS = frozenset({"spawn", "message", "cron"})
 ENDED_KEPT = 200  # ended tasks kept in the store for /tasks and `memobot tasks`
+ID_TRIES = 8  # fresh ids tried when one names an older task's session
 State = Literal["running", "done", "failed", "stopped", "timed out"]
 ENDED_STATES = ("done", "failed", "stopped", "timed out")
 
@@ -375,34 +376,45 @@ class TaskBoard:
                     f"refused: this chat already has {len(here)} background task(s) running "
                     f"(agent.maxTasksPerChat = {self.max_per_chat}); wait for one to finish"
                 )
-            task_id = secrets.token_hex(2)
-            while task_id in records:
-                task_id = secrets.token_hex(3)
-            rec = TaskRecord(
-                task_id,
-                parent,
-                sender.id,
-                label,
-                "running",
-                self.clock(),
-                None,
-                wait,
-                sender.is_admin,
-                sender.is_group,
-            )
+            for _ in range(ID_TRIES):
+                task_id = secrets.token_hex(2)
+                while task_id in records:
+                    task_id = secrets.token_hex(3)
+                rec = TaskRecord(
+                    task_id,
+                    parent,
+                    sender.id,
+                    label,
+                    "running",
+                    self.clock(),
+                    None,
+                    wait,
+                    sender.is_admin,
+                    sender.is_group,
+                )
+                # Recorded first: a crash before the intake leaves a running record with no
+                # work, which reconcile reports as ended (never a task running unlisted).
+                await asyncio.to_thread(self.store.put, rec)
+                msg = task_message(task_id, parent, sender, text, label, scope, offered)
+                taken = await self._accept(msg)
+                if taken != "duplicate":
+                    break
+                # The id names an older task whose record left the store (ENDED_KEPT) but
+                # whose session is still there: its pending turn was refused as a duplicate,
+                # and the record would stay "running" and later report that task's result.
+                log.info("task id %s names an older task's session: another id", task_id)
+                await asyncio.to_thread(self.store.update, lambda r, i=task_id: r.pop(i, None))
+                records[task_id] = rec  # not drawn again
+            else:
+                return "refused: no free task id found; try again"
+            if taken == "refused":  # shutting down, or the disk refused the write
+                await asyncio.to_thread(self.store.end, task_id, "failed", self.clock())
+                return (
+                    "refused: the task could not be stored (memobot is stopping, or a disk error)"
+                )
             if wait:
                 self._waiters[task_id] = asyncio.get_running_loop().create_future()
-            # Recorded first: a crash before the intake leaves a running record with no work,
-            # which reconcile reports as ended (never a task running unlisted).
-            await asyncio.to_thread(self.store.put, rec)
-        msg = task_message(task_id, parent, sender, text, label, scope, offered)
-        taken = await self._accept(msg)
-        if taken == "refused":  # shutting down, or the disk refused the write
-            await asyncio.to_thread(self.store.end, task_id, "failed", self.clock())
-            self._waiters.pop(task_id, None)
-            return "refused: the task could not be stored (memobot is stopping, or a disk error)"
-        if taken == "accepted":
-            self._dispatch(msg)
+        self._dispatch(msg)
         log.info("task started id=%s parent=%s label=%r wait=%s", task_id, parent, label, wait)
         return rec
 

@@ -297,3 +297,44 @@ async def test_a_tasks_approval_question_is_asked_of_its_starter_in_the_starting
         await press("alice")
         [report] = await until(lambda: reports(h))
         assert report.text.endswith("It ran.") and (tmp_path / "ws" / "ran.txt").exists()
+
+
+async def test_an_id_naming_an_older_tasks_session_is_not_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ids are 4 hex digits and ended records leave the store after ENDED_KEPT: a new task
+    drawing the id of an older one whose session is still there gets another id, rather than
+    a pending turn refused as a duplicate (never run, "running" for ever, and at the next
+    start reported with the older task's result, maybe in another chat)."""
+    from bot import tasks as tasks_mod
+    from bot.intake import DurableIntake
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+
+    state = tmp_path / "state"
+    sessions = SessionStore(state)
+
+    async def no_reply(msg, text):
+        return None
+
+    intake = DurableIntake(sessions, no_reply)
+    scope = PrivacyScope("group", "telegram:g2", False, False, None)
+    old = tasks_mod.task_message(
+        "abcd", "telegram:g1", Sender("u1", True, False), "old", "", scope, None
+    )
+    assert await intake.accept(old) == "accepted"  # an older task's session; its record gone
+    dispatched: list[InboundMessage] = []
+    board = tasks_mod.TaskBoard(
+        TaskStore(state),
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=intake.accept,
+        dispatch=dispatched.append,
+    )
+    ids = iter(["abcd", "beef"])
+    monkeypatch.setattr(tasks_mod.secrets, "token_hex", lambda n: next(ids))
+    rec = await board.start("telegram:g2", Sender("u2", False, True), "new", "", scope, None, False)
+    assert not isinstance(rec, str) and rec.id == "beef"
+    assert [m.session_key for m in dispatched] == ["task:beef"]
+    assert set(TaskStore(state).load()) == {"beef"}

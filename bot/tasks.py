@@ -333,6 +333,18 @@ class TaskBoard:
     async def records(self) -> dict[str, TaskRecord]:
         return await asyncio.to_thread(self.store.load)
 
+    async def time_left(self, task_id: str) -> float:
+        """Seconds until the task's timeout, counted from its start: a resumed task (a restart,
+        a crash loop) does not get its whole time again."""
+        try:
+            rec = (await self.records()).get(task_id)
+        except (OSError, ValueError) as exc:
+            log.error("cannot read the task store: %s", exc)
+            rec = None
+        if rec is None:
+            return self.timeout_seconds
+        return max(0.0, rec.started + self.timeout_seconds - self.clock())
+
     async def watch_cancel(
         self, task_id: str, stop: Callable[[], object], every: float = 1.0
     ) -> None:

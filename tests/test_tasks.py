@@ -338,3 +338,32 @@ async def test_an_id_naming_an_older_tasks_session_is_not_reused(
     assert not isinstance(rec, str) and rec.id == "beef"
     assert [m.session_key for m in dispatched] == ["task:beef"]
     assert set(TaskStore(state).load()) == {"beef"}
+
+
+async def test_a_resumed_task_keeps_its_timeout_from_its_start(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """After a restart the timeout counts from the task's start, not from zero again: a crash
+    loop cannot keep a task running for ever."""
+    from bot.intake import DurableIntake
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskRecord, task_message
+
+    state = tmp_path / "state"
+    sender = Sender("u1", True, False)
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+
+    async def no_reply(msg, text):
+        return None
+
+    # A task started two hours ago by a run that crashed: its record and its pending turn.
+    TaskStore(state).put(
+        TaskRecord("abcd", "telegram:g1", "u1", "old", "running", time.time() - 7200)
+    )
+    pending = task_message("abcd", "telegram:g1", sender, TASK, "old", scope, None)
+    assert await DurableIntake(SessionStore(state), no_reply).accept(pending) == "accepted"
+    llm.script(*task_steps())
+    async with harness(tmp_path, llm, taskTimeoutMinutes=60) as h:
+        [report] = await until(lambda: reports(h))
+        assert report.text.startswith("Task abcd (old) timed out.")

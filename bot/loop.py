@@ -386,7 +386,11 @@ class AgentLoop:
     async def _stop_task_command(self, msg: InboundMessage, task_id: str) -> str:
         """``/stop ID``: this chat's task, by the person who started it or an admin. A task
         of another chat is not found here (its id tells nothing about it)."""
-        rec = (await self.tasks.records()).get(task_id)
+        try:
+            rec = (await self.tasks.records()).get(task_id)
+        except (OSError, ValueError) as exc:
+            log.error("cannot read the task store session=%s: %s", msg.session_key, exc)
+            return "I could not read the background tasks; see the logs."
         if rec is None or rec.parent != msg.session_key:
             return f"No background task {task_id} in this chat (see /tasks)."
         if rec.starter != msg.sender_id and not msg.sender.is_admin:
@@ -422,7 +426,11 @@ class AgentLoop:
         ``/stop ID`` of a queued task), "timed out" (its time, counted from its start, ran out
         before a resume); None: it runs."""
         task_id = str(task_info(msg).get("id") or "")
-        rec = (await self.tasks.records()).get(task_id)
+        try:
+            rec = (await self.tasks.records()).get(task_id)
+        except (OSError, ValueError) as exc:  # the task runs; a cancel is seen once mended
+            log.error("cannot read the task store session=%s: %s", msg.session_key, exc)
+            rec = None
         if rec is not None and rec.cancel:
             return "stopped"
         if await self.tasks.time_left(task_id) <= 0:

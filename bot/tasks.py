@@ -108,8 +108,13 @@ class TaskStore:
             raw = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return {}
+        data = json.loads(raw)
+        items = data.get("tasks", []) if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            # Never rewritten then (``update`` loads first): the owner mends it, nothing lost.
+            raise ValueError(f'{self.path} is not a task list ({{"tasks": [...]}})')
         out: dict[str, TaskRecord] = {}
-        for item in json.loads(raw).get("tasks") or []:
+        for item in items:
             try:
                 rec = TaskRecord.from_dict(item)
             except (KeyError, TypeError, ValueError) as exc:
@@ -355,7 +360,11 @@ class TaskBoard:
             stamp = await asyncio.to_thread(self.store.stamp)
             if stamp != seen:
                 seen = stamp
-                rec = (await self.records()).get(task_id)
+                try:
+                    rec = (await self.records()).get(task_id)
+                except (OSError, ValueError) as exc:  # read again once the file changes
+                    log.error("cannot read the task store: %s", exc)
+                    rec = None
                 if rec is not None and rec.cancel:
                     log.info("task cancel asked from the command line id=%s", task_id)
                     stop()

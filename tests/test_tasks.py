@@ -367,3 +367,26 @@ async def test_a_resumed_task_keeps_its_timeout_from_its_start(
     async with harness(tmp_path, llm, taskTimeoutMinutes=60) as h:
         [report] = await until(lambda: reports(h))
         assert report.text.startswith("Task abcd (old) timed out.")
+
+
+async def test_a_damaged_task_store_is_said_and_left_as_it_is(
+    tmp_path: Path, llm: FakeLLM, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tasks.json that is JSON but not a task list: /tasks, /stop ID and `memobot tasks`
+    say they cannot read it (no crash, no traceback), and nothing rewrites it."""
+    from argparse import Namespace
+
+    from bot import tasks_commands
+
+    store = TaskStore(tmp_path / "state")
+    store.folder.mkdir(parents=True)
+    store.path.write_text('[{"id": "abcd"}]\n')
+    llm.script(reply("still here"))
+    async with harness(tmp_path, llm) as h:
+        assert "could not read the background tasks" in await say(h, "/tasks", is_admin=True)
+        assert "could not read the background tasks" in await say(h, "/stop abcd", is_admin=True)
+        assert await say(h, "hello", is_admin=True) == "still here"
+        show = Namespace(tasks_command="show", id="abcd")
+        assert await asyncio.to_thread(tasks_commands.run, show, h.cfg) == 1
+        assert "cannot read the task store" in capsys.readouterr().err
+    assert store.path.read_text() == '[{"id": "abcd"}]\n'

@@ -390,3 +390,30 @@ async def test_a_damaged_task_store_is_said_and_left_as_it_is(
         assert await asyncio.to_thread(tasks_commands.run, show, h.cfg) == 1
         assert "cannot read the task store" in capsys.readouterr().err
     assert store.path.read_text() == '[{"id": "abcd"}]\n'
+
+
+async def test_a_label_cannot_hide_or_reorder_what_is_shown(tmp_path: Path) -> None:
+    """The label (the model's words) is shown in /tasks, reports and a terminal: a bidi
+    override or an escape in it shows by its code point; a long one is cut."""
+    from bot.kinds import Sender
+    from bot.tasks import TaskBoard
+    from bot.tools.base import ToolContext
+    from bot.tools.spawn import SpawnTool
+
+    async def accept(msg):
+        return "accepted"
+
+    board = TaskBoard(
+        TaskStore(tmp_path),
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=lambda msg: None,
+    )
+    ctx = ToolContext(tmp_path, session_key="telegram:g1", sender=Sender("u1", False, True))
+    label = "safe \u202egnp.exe\x1b[2J\n" + "x" * 500
+    await SpawnTool(board).run({"task": "t", "label": label}, ctx)
+    [rec] = TaskStore(tmp_path).load().values()
+    assert "\u202e" not in rec.label and "\x1b" not in rec.label and "\n" not in rec.label
+    assert "U+202E" in rec.label and "U+001B" in rec.label and len(rec.label) < 100

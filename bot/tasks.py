@@ -14,7 +14,7 @@ seen ids make the report once-only: a restart between the task's end and its rep
 task "running" here with no work left in its session, and reports it then (``reconcile``).
 
 The durable record of each task (who started it, where, its label and state) is
-``<state>/tasks.json``, replaced whole through ``bot.durable`` under a lock: a small store of
+``<state>/tasks/tasks.json``, replaced whole through ``bot.durable`` under a lock: a small store of
 its own rather than session metadata, because ``/tasks``, the limits and ``memobot tasks``
 ask about every task at once, and reading every ``task:*`` session for that would load whole
 transcripts. The session stays the truth about the work; this file is the index of it.

@@ -449,7 +449,9 @@ class TaskBoard:
             async with self._outside_slot(), asyncio.timeout(seconds):
                 return await asyncio.shield(future)
         except TimeoutError:
-            return None
+            # The task may have ended in the same loop pass as the timeout: ``ended`` gave
+            # its result here and no report will follow, so it is this turn's after all.
+            return future.result() if future.done() else None
         finally:
             self._waiters.pop(task_id, None)
 

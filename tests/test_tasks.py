@@ -417,3 +417,41 @@ async def test_a_label_cannot_hide_or_reorder_what_is_shown(tmp_path: Path) -> N
     [rec] = TaskStore(tmp_path).load().values()
     assert "\u202e" not in rec.label and "\x1b" not in rec.label and "\n" not in rec.label
     assert "U+202E" in rec.label and "U+001B" in rec.label and len(rec.label) < 100
+
+
+async def test_a_wait_that_times_out_as_its_task_ends_keeps_the_result(tmp_path: Path) -> None:
+    """The task ends (its result handed to the waiting turn, so no report) in the loop pass
+    in which the wait times out: the turn still gets the result, which is otherwise told
+    nowhere."""
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskBoard
+
+    accepted: list[InboundMessage] = []
+
+    async def accept(msg):
+        accepted.append(msg)
+        return "accepted"
+
+    board = TaskBoard(
+        TaskStore(tmp_path),
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=lambda msg: None,
+    )
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+    rec = await board.start("telegram:g1", Sender("u1", True, False), "t", "l", scope, None, True)
+    assert not isinstance(rec, str)
+    loaded = board.store.load()
+
+    async def records():  # read without a pause, so ended() runs within one loop pass
+        return loaded
+
+    board.records = records  # type: ignore[method-assign]
+    waiting = asyncio.create_task(board.wait(rec.id, 0))
+    await asyncio.sleep(0)  # the wait has begun, its timeout is due in this pass
+    await board.ended(rec.id, "done", "R")
+    assert await waiting == f"Task {rec.id} (l) finished:\n\nR"
+    assert [m.kind.value for m in accepted] == ["task"]  # the task itself; no report

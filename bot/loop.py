@@ -386,7 +386,11 @@ class AgentLoop:
     async def _stop_task_command(self, msg: InboundMessage, task_id: str) -> str:
         """``/stop ID``: this chat's task, by the person who started it or an admin. A task
         of another chat is not found here (its id tells nothing about it)."""
-        rec = (await self.tasks.records()).get(task_id)
+        try:
+            rec = (await self.tasks.records()).get(task_id)
+        except (OSError, ValueError) as exc:
+            log.error("cannot read the task store session=%s: %s", msg.session_key, exc)
+            return "I could not read the background tasks; see the logs."
         if rec is None or rec.parent != msg.session_key:
             return f"No background task {task_id} in this chat (see /tasks)."
         if rec.starter != msg.sender_id and not msg.sender.is_admin:
@@ -417,11 +421,21 @@ class AgentLoop:
         task_id = str(task_info(msg).get("id") or key.partition(":")[2])
         await self.tasks.ended(task_id, state, result_of(session.messages))
 
-    async def _cancelled_task(self, msg: InboundMessage) -> bool:
-        """Whether a stop was asked for this task before its turn came (``memobot tasks
-        cancel``, ``/stop ID`` of a queued task)."""
-        rec = (await self.tasks.records()).get(str(task_info(msg).get("id") or ""))
-        return rec is not None and rec.cancel
+    async def _ended_before_its_turn(self, msg: InboundMessage) -> str | None:
+        """How this task ended before its turn came: "stopped" (``memobot tasks cancel``,
+        ``/stop ID`` of a queued task), "timed out" (its time, counted from its start, ran out
+        before a resume); None: it runs."""
+        task_id = str(task_info(msg).get("id") or "")
+        try:
+            rec = (await self.tasks.records()).get(task_id)
+        except (OSError, ValueError) as exc:  # the task runs; a cancel is seen once mended
+            log.error("cannot read the task store session=%s: %s", msg.session_key, exc)
+            rec = None
+        if rec is not None and rec.cancel:
+            return "stopped"
+        if await self.tasks.time_left(task_id) <= 0:
+            return "timed out"
+        return None
 
     async def _tasks_command(self, msg: InboundMessage, args: str) -> str:
         try:
@@ -547,13 +561,16 @@ class AgentLoop:
                     return  # shutting down: the job stays pending on disk for the next start
                 work.stop_requested = False
                 work.turn_sender = job.msg.sender_id
+                task_id = str(task_info(job.msg).get("id") or "")
+                # Counted from the task's start: a restart does not give it its whole time again.
+                left = await self.tasks.time_left(task_id) if job.msg.kind is TurnKind.TASK else 0
                 work.turn = asyncio.create_task(self._process(job, work), name=f"turn:{key}")
                 timer = watcher = None
                 if job.msg.kind is TurnKind.TASK:
+                    # None left: _process ends it "timed out" without running it.
                     timer = asyncio.get_running_loop().call_later(
-                        self.tasks.timeout_seconds, self._stop_task, key, "timed out"
+                        max(left, 1.0), self._stop_task, key, "timed out"
                     )
-                    task_id = str(task_info(job.msg).get("id") or "")
                     watcher = asyncio.create_task(
                         self.tasks.watch_cancel(task_id, lambda: self._stop_task(key, "stopped"))
                     )
@@ -633,8 +650,8 @@ class AgentLoop:
         if msg.kind in (TurnKind.REMINDER, TurnKind.REPORT):
             await self.turns.deliver_text(session, msg)
             return
-        if msg.kind is TurnKind.TASK and await self._cancelled_task(msg):
-            work.ended_as = "stopped"
+        if msg.kind is TurnKind.TASK and (ended := await self._ended_before_its_turn(msg)):
+            work.ended_as = ended
             turn = await self.turns.answerable_turn(session, msg)
             close_open_tool_calls(turn)
             await self.turns.finish(session, msg, turn, STOPPED_TEXT, "stopped")

@@ -14,7 +14,7 @@ seen ids make the report once-only: a restart between the task's end and its rep
 task "running" here with no work left in its session, and reports it then (``reconcile``).
 
 The durable record of each task (who started it, where, its label and state) is
-``<state>/tasks.json``, replaced whole through ``bot.durable`` under a lock: a small store of
+``<state>/tasks/tasks.json``, replaced whole through ``bot.durable`` under a lock: a small store of
 its own rather than session metadata, because ``/tasks``, the limits and ``memobot tasks``
 ask about every task at once, and reading every ``task:*`` session for that would load whole
 transcripts. The session stays the truth about the work; this file is the index of it.
@@ -47,6 +47,7 @@ CHANNEL = "task"  # a task's session is "task:<id>"
 # Tools a task is never offered: no task of a task, and it speaks only through its report.
 EXCLUDED_TOOLS = frozenset({"spawn", "message", "cron"})
 ENDED_KEPT = 200  # ended tasks kept in the store for /tasks and `memobot tasks`
+ID_TRIES = 8  # fresh ids tried when one names an older task's session
 State = Literal["running", "done", "failed", "stopped", "timed out"]
 ENDED_STATES = ("done", "failed", "stopped", "timed out")
 
@@ -107,8 +108,13 @@ class TaskStore:
             raw = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return {}
+        data = json.loads(raw)
+        items = data.get("tasks", []) if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            # Never rewritten then (``update`` loads first): the owner mends it, nothing lost.
+            raise ValueError(f'{self.path} is not a task list ({{"tasks": [...]}})')
         out: dict[str, TaskRecord] = {}
-        for item in json.loads(raw).get("tasks") or []:
+        for item in items:
             try:
                 rec = TaskRecord.from_dict(item)
             except (KeyError, TypeError, ValueError) as exc:
@@ -332,6 +338,18 @@ class TaskBoard:
     async def records(self) -> dict[str, TaskRecord]:
         return await asyncio.to_thread(self.store.load)
 
+    async def time_left(self, task_id: str) -> float:
+        """Seconds until the task's timeout, counted from its start: a resumed task (a restart,
+        a crash loop) does not get its whole time again."""
+        try:
+            rec = (await self.records()).get(task_id)
+        except (OSError, ValueError) as exc:
+            log.error("cannot read the task store: %s", exc)
+            rec = None
+        if rec is None:
+            return self.timeout_seconds
+        return max(0.0, rec.started + self.timeout_seconds - self.clock())
+
     async def watch_cancel(
         self, task_id: str, stop: Callable[[], object], every: float = 1.0
     ) -> None:
@@ -342,7 +360,11 @@ class TaskBoard:
             stamp = await asyncio.to_thread(self.store.stamp)
             if stamp != seen:
                 seen = stamp
-                rec = (await self.records()).get(task_id)
+                try:
+                    rec = (await self.records()).get(task_id)
+                except (OSError, ValueError) as exc:  # read again once the file changes
+                    log.error("cannot read the task store: %s", exc)
+                    rec = None
                 if rec is not None and rec.cancel:
                     log.info("task cancel asked from the command line id=%s", task_id)
                     stop()
@@ -375,34 +397,45 @@ class TaskBoard:
                     f"refused: this chat already has {len(here)} background task(s) running "
                     f"(agent.maxTasksPerChat = {self.max_per_chat}); wait for one to finish"
                 )
-            task_id = secrets.token_hex(2)
-            while task_id in records:
-                task_id = secrets.token_hex(3)
-            rec = TaskRecord(
-                task_id,
-                parent,
-                sender.id,
-                label,
-                "running",
-                self.clock(),
-                None,
-                wait,
-                sender.is_admin,
-                sender.is_group,
-            )
+            for _ in range(ID_TRIES):
+                task_id = secrets.token_hex(2)
+                while task_id in records:
+                    task_id = secrets.token_hex(3)
+                rec = TaskRecord(
+                    task_id,
+                    parent,
+                    sender.id,
+                    label,
+                    "running",
+                    self.clock(),
+                    None,
+                    wait,
+                    sender.is_admin,
+                    sender.is_group,
+                )
+                # Recorded first: a crash before the intake leaves a running record with no
+                # work, which reconcile reports as ended (never a task running unlisted).
+                await asyncio.to_thread(self.store.put, rec)
+                msg = task_message(task_id, parent, sender, text, label, scope, offered)
+                taken = await self._accept(msg)
+                if taken != "duplicate":
+                    break
+                # The id names an older task whose record left the store (ENDED_KEPT) but
+                # whose session is still there: its pending turn was refused as a duplicate,
+                # and the record would stay "running" and later report that task's result.
+                log.info("task id %s names an older task's session: another id", task_id)
+                await asyncio.to_thread(self.store.update, lambda r, i=task_id: r.pop(i, None))
+                records[task_id] = rec  # not drawn again
+            else:
+                return "refused: no free task id found; try again"
+            if taken == "refused":  # shutting down, or the disk refused the write
+                await asyncio.to_thread(self.store.end, task_id, "failed", self.clock())
+                return (
+                    "refused: the task could not be stored (memobot is stopping, or a disk error)"
+                )
             if wait:
                 self._waiters[task_id] = asyncio.get_running_loop().create_future()
-            # Recorded first: a crash before the intake leaves a running record with no work,
-            # which reconcile reports as ended (never a task running unlisted).
-            await asyncio.to_thread(self.store.put, rec)
-        msg = task_message(task_id, parent, sender, text, label, scope, offered)
-        taken = await self._accept(msg)
-        if taken == "refused":  # shutting down, or the disk refused the write
-            await asyncio.to_thread(self.store.end, task_id, "failed", self.clock())
-            self._waiters.pop(task_id, None)
-            return "refused: the task could not be stored (memobot is stopping, or a disk error)"
-        if taken == "accepted":
-            self._dispatch(msg)
+        self._dispatch(msg)
         log.info("task started id=%s parent=%s label=%r wait=%s", task_id, parent, label, wait)
         return rec
 
@@ -416,7 +449,9 @@ class TaskBoard:
             async with self._outside_slot(), asyncio.timeout(seconds):
                 return await asyncio.shield(future)
         except TimeoutError:
-            return None
+            # The task may have ended in the same loop pass as the timeout: ``ended`` gave
+            # its result here and no report will follow, so it is this turn's after all.
+            return future.result() if future.done() else None
         finally:
             self._waiters.pop(task_id, None)
 

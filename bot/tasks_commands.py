@@ -48,6 +48,14 @@ def show_lines(rec: TaskRecord) -> list[str]:
 
 
 def run(args: argparse.Namespace, cfg: Config) -> int:
+    try:
+        return _run(args, cfg)
+    except ValueError as exc:  # a damaged tasks.json: said in one line, left as it is
+        print(f"memobot tasks: cannot read the task store: {exc}", file=sys.stderr)
+        return EX_NOT_FOUND
+
+
+def _run(args: argparse.Namespace, cfg: Config) -> int:
     store = TaskStore(cfg.agent.state_path)
     action = args.tasks_command or "list"
     if action == "list":

@@ -298,3 +298,161 @@ async def test_a_tasks_approval_question_is_asked_of_its_starter_in_the_starting
         await press("alice")
         [report] = await until(lambda: reports(h))
         assert report.text.endswith("It ran.") and (tmp_path / "ws" / "ran.txt").exists()
+
+
+async def test_an_id_naming_an_older_tasks_session_is_not_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ids are 4 hex digits and ended records leave the store after ENDED_KEPT: a new task
+    drawing the id of an older one whose session is still there gets another id, rather than
+    a pending turn refused as a duplicate (never run, "running" for ever, and at the next
+    start reported with the older task's result, maybe in another chat)."""
+    from bot import tasks as tasks_mod
+    from bot.intake import DurableIntake
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+
+    state = tmp_path / "state"
+    sessions = SessionStore(state)
+
+    async def no_reply(msg, text):
+        return None
+
+    intake = DurableIntake(sessions, no_reply)
+    scope = PrivacyScope("group", "telegram:g2", False, False, None)
+    old = tasks_mod.task_message(
+        "abcd", "telegram:g1", Sender("u1", True, False), "old", "", scope, None
+    )
+    assert await intake.accept(old) == "accepted"  # an older task's session; its record gone
+    dispatched: list[InboundMessage] = []
+    board = tasks_mod.TaskBoard(
+        TaskStore(state),
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=intake.accept,
+        dispatch=dispatched.append,
+    )
+    ids = iter(["abcd", "beef"])
+    monkeypatch.setattr(tasks_mod.secrets, "token_hex", lambda n: next(ids))
+    rec = await board.start("telegram:g2", Sender("u2", False, True), "new", "", scope, None, False)
+    assert not isinstance(rec, str) and rec.id == "beef"
+    assert [m.session_key for m in dispatched] == ["task:beef"]
+    assert set(TaskStore(state).load()) == {"beef"}
+
+
+async def test_a_resumed_task_keeps_its_timeout_from_its_start(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """After a restart the timeout counts from the task's start, not from zero again: a crash
+    loop cannot keep a task running for ever."""
+    from bot.intake import DurableIntake
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskRecord, task_message
+
+    state = tmp_path / "state"
+    sender = Sender("u1", True, False)
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+
+    async def no_reply(msg, text):
+        return None
+
+    # A task started two hours ago by a run that crashed: its record and its pending turn.
+    TaskStore(state).put(
+        TaskRecord("abcd", "telegram:g1", "u1", "old", "running", time.time() - 7200)
+    )
+    pending = task_message("abcd", "telegram:g1", sender, TASK, "old", scope, None)
+    assert await DurableIntake(SessionStore(state), no_reply).accept(pending) == "accepted"
+    llm.script(*task_steps())
+    async with harness(tmp_path, llm, taskTimeoutMinutes=60) as h:
+        [report] = await until(lambda: reports(h))
+        assert report.text.startswith("Task abcd (old) timed out.")
+
+
+async def test_a_damaged_task_store_is_said_and_left_as_it_is(
+    tmp_path: Path, llm: FakeLLM, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tasks.json that is JSON but not a task list: /tasks, /stop ID and `memobot tasks`
+    say they cannot read it (no crash, no traceback), and nothing rewrites it."""
+    from argparse import Namespace
+
+    from bot import tasks_commands
+
+    store = TaskStore(tmp_path / "state")
+    store.folder.mkdir(parents=True)
+    store.path.write_text('[{"id": "abcd"}]\n')
+    llm.script(reply("still here"))
+    async with harness(tmp_path, llm) as h:
+        assert "could not read the background tasks" in await say(h, "/tasks", is_admin=True)
+        assert "could not read the background tasks" in await say(h, "/stop abcd", is_admin=True)
+        assert await say(h, "hello", is_admin=True) == "still here"
+        show = Namespace(tasks_command="show", id="abcd")
+        assert await asyncio.to_thread(tasks_commands.run, show, h.cfg) == 1
+        assert "cannot read the task store" in capsys.readouterr().err
+    assert store.path.read_text() == '[{"id": "abcd"}]\n'
+
+
+async def test_a_label_cannot_hide_or_reorder_what_is_shown(tmp_path: Path) -> None:
+    """The label (the model's words) is shown in /tasks, reports and a terminal: a bidi
+    override or an escape in it shows by its code point; a long one is cut."""
+    from bot.kinds import Sender
+    from bot.tasks import TaskBoard
+    from bot.tools.base import ToolContext
+    from bot.tools.spawn import SpawnTool
+
+    async def accept(msg):
+        return "accepted"
+
+    board = TaskBoard(
+        TaskStore(tmp_path),
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=lambda msg: None,
+    )
+    ctx = ToolContext(tmp_path, session_key="telegram:g1", sender=Sender("u1", False, True))
+    label = "safe \u202egnp.exe\x1b[2J\n" + "x" * 500
+    await SpawnTool(board).run({"task": "t", "label": label}, ctx)
+    [rec] = TaskStore(tmp_path).load().values()
+    assert "\u202e" not in rec.label and "\x1b" not in rec.label and "\n" not in rec.label
+    assert "U+202E" in rec.label and "U+001B" in rec.label and len(rec.label) < 100
+
+
+async def test_a_wait_that_times_out_as_its_task_ends_keeps_the_result(tmp_path: Path) -> None:
+    """The task ends (its result handed to the waiting turn, so no report) in the loop pass
+    in which the wait times out: the turn still gets the result, which is otherwise told
+    nowhere."""
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskBoard
+
+    accepted: list[InboundMessage] = []
+
+    async def accept(msg):
+        accepted.append(msg)
+        return "accepted"
+
+    board = TaskBoard(
+        TaskStore(tmp_path),
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=lambda msg: None,
+    )
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+    rec = await board.start("telegram:g1", Sender("u1", True, False), "t", "l", scope, None, True)
+    assert not isinstance(rec, str)
+    loaded = board.store.load()
+
+    async def records():  # read without a pause, so ended() runs within one loop pass
+        return loaded
+
+    board.records = records  # type: ignore[method-assign]
+    waiting = asyncio.create_task(board.wait(rec.id, 0))
+    await asyncio.sleep(0)  # the wait has begun, its timeout is due in this pass
+    await board.ended(rec.id, "done", "R")
+    assert await waiting == f"Task {rec.id} (l) finished:\n\nR"
+    assert [m.kind.value for m in accepted] == ["task"]  # the task itself; no report

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from bot.gate.question import marked_invisible
 from bot.tools.base import Effects, Tool, ToolContext, ToolError
 
 if TYPE_CHECKING:
@@ -56,7 +57,9 @@ class SpawnTool(Tool):
         if not text:
             raise ToolError("task must not be empty")
         label = str(args.get("label") or text).encode("utf-8", "replace").decode("utf-8")
-        label = " ".join(label.split())[:LABEL_CHARS]
+        # Shown in /tasks, reports and `memobot tasks` (a terminal): a bidi override or an
+        # escape the model wrote shows by its code point, never reorders or hides the line.
+        label = marked_invisible(" ".join(label.split())[:LABEL_CHARS])
         wait = bool(args.get("wait"))
         offered = ctx.extra.get("offered")
         started = await self.board.start(

@@ -561,7 +561,10 @@ class AgentLoop:
                     return  # shutting down: the job stays pending on disk for the next start
                 work.stop_requested = False
                 work.turn_sender = job.msg.sender_id
-                task_id = str(task_info(job.msg).get("id") or "")
+                info = task_info(job.msg)
+                task_id = str(info.get("id") or "")
+                if job.msg.kind is TurnKind.TASK and isinstance(info.get("parent"), str):
+                    self.budget.charge_to(key, info["parent"])  # its calls: its chat's budget
                 # Counted from the task's start: a restart does not give it its whole time again.
                 left = await self.tasks.time_left(task_id) if job.msg.kind is TurnKind.TASK else 0
                 work.turn = asyncio.create_task(self._process(job, work), name=f"turn:{key}")

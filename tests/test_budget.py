@@ -470,3 +470,20 @@ def test_a_backoff_failing_for_months_waits_the_cap() -> None:
     backoff = Backoff(now=lambda: clock[0], failures=1100)
     assert not backoff.failed()  # not the first failure of the waiting: nobody told again
     assert backoff.delay() == MAX_WAIT_SECONDS and backoff.wait_left() == MAX_WAIT_SECONDS
+
+
+def test_a_background_task_is_charged_to_the_chat_that_started_it(tmp_path: Path) -> None:
+    """A task runs in a session of its own (``task:<id>``): uncharged, a group member could
+    spend past the group's per-chat limit by starting tasks."""
+    cfg = make_config(
+        tmp_path, "http://127.0.0.1:9/v1", budget={"perChat": {"daily": {"tokens": 100}}}
+    )
+    budget = Budget(cfg, ZoneInfo("UTC"))
+    at = budget.now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    budget.charge_to("task:3f2a", "telegram:-1001")
+    budget.observe(CallRecord("x", at, "task:3f2a", "task", "m", "e", 120, 0, 0, False, None, None))
+    with pytest.raises(BudgetSpent):
+        budget.check("telegram:-1001", "turn")  # the group's own next turn
+    with pytest.raises(BudgetSpent):
+        budget.check("task:3f2a", "task")  # and the task's next call
+    budget.check("telegram:-1002", "turn")

@@ -117,6 +117,8 @@ async def test_spawn_answers_at_once_and_reports_once_into_the_chat_history(
         )
         assert "There are 42 files." in json.dumps(request_messages(llm.requests[-1]))
         assert TaskStore(tmp_path / "state").load()[rec.id].state == "done"
+        # Charged to the chat that started it, for budget.perChat.
+        assert h.stack.loop.budget.chat_of(rec.session_key) == "telegram:g1"
     # Its model calls count as background work, under its own session.
     used = [
         json.loads(line)

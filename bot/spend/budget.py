@@ -35,7 +35,7 @@ from bot.config import Config
 from bot.llm import LLMError
 from bot.spend.ledger import read_records, read_regular
 from bot.spend.limits import NAMES, PERIODS, UNITS, Period, Scope, Unit, limit_name
-from bot.spend.record import BACKGROUND, JOB, PROBE, TOOL_ITERATION, TURN, CallRecord
+from bot.spend.record import BACKGROUND, JOB, PROBE, TASK, TOOL_ITERATION, TURN, CallRecord
 from bot.spend.report import day_bounds
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,9 @@ FILE = "budget.json"
 DAMAGED = ".damaged"  # budget.json's name with this: an unreadable one, kept aside
 CHAT_PURPOSES = frozenset({TURN, TOOL_ITERATION})
 # Held to their chat's limit as well: anyone let in may schedule an agent job in a chat, and
-# a job run every few minutes was a way round a spent per-chat limit.
-CHAT_AND_BACKGROUND = frozenset({JOB})
+# a job run every few minutes was a way round a spent per-chat limit; and a background task,
+# charged to the chat that started it (``Budget.charge_to``).
+CHAT_AND_BACKGROUND = frozenset({JOB, TASK})
 NOTICE_LEVELS = (80, 100)  # percent of a limit at which the admins are told, once a period
 Meter = Callable[[CallRecord], Awaitable[None]]
 Notify = Callable[[str], Awaitable[None]]
@@ -86,23 +87,23 @@ class _Period:
     background: Tally = field(default_factory=Tally)
     chats: dict[str, Tally] = field(default_factory=dict)
 
-    def add(self, rec: CallRecord) -> None:
+    def add(self, rec: CallRecord, chat: str) -> None:
+        """Count ``rec``; ``chat``: the chat it is charged to (``Budget.chat_of``)."""
         self.total.add(rec)
         if rec.purpose in BACKGROUND:
             self.background.add(rec)
         if rec.purpose in CHAT_PURPOSES or rec.purpose in CHAT_AND_BACKGROUND:
-            chat = budget_chat(rec.session)
             tally = self.chats.get(chat)
             if tally is None:
                 tally = self.chats[chat] = Tally()
             tally.add(rec)
 
-    def tally(self, scope: Scope, session: str = "") -> Tally:
+    def tally(self, scope: Scope, chat: str = "") -> Tally:
         if scope == "total":
             return self.total
         if scope == "background":
             return self.background
-        return self.chats.get(budget_chat(session)) or Tally()
+        return self.chats.get(chat) or Tally()
 
 
 def budget_chat(session: str) -> str:
@@ -167,6 +168,7 @@ class Budget:
         self._noticed: set[str] = set()
         self._due: list[str] = []  # notices decided, not yet recorded and sent
         self._paused_logged: set[str] = set()
+        self._charged: dict[str, str] = {}  # a task's session -> the chat that started it
         self._saving = asyncio.Lock()
         self._damaged = False  # budget.json was there and could not be read
         self._latest = self._local()  # the latest clock reading seen (see _roll)
@@ -216,9 +218,9 @@ class Budget:
         today_start = day_bounds(today, today, self.tz)[0]
         try:
             for rec in read_records(self.cfg.agent.state_path, start, end):
-                self.month.add(rec)
+                self.month.add(rec, self.chat_of(rec.session))
                 if rec.at >= today_start:
-                    self.day.add(rec)
+                    self.day.add(rec, self.chat_of(rec.session))
         except OSError as exc:
             log.error("budget: cannot read the usage ledger, totals start at 0: %s", exc)
 
@@ -248,7 +250,7 @@ class Budget:
             scopes = ("total", "chat")
         for scope in scopes:
             for period in PERIODS:
-                tally = self._period(period).tally(scope, session)
+                tally = self._period(period).tally(scope, self.chat_of(session))
                 for unit in UNITS:
                     limit = self.limit(scope, period, unit)
                     if limit is not None and tally.used(unit) >= limit:
@@ -282,11 +284,23 @@ class Budget:
 
     # -- counting and notices ---------------------------------------------------------------
 
+    def charge_to(self, session: str, chat_session: str) -> None:
+        """Charge ``session``'s calls to ``chat_session``'s chat: a background task's to the
+        chat that started it, or a group member could spend past its per-chat limit by
+        starting tasks (each in a session of its own). Known while the task runs in this
+        process; a task's calls read from the ledger at start count as its own."""
+        self._charged[session] = chat_session
+
+    def chat_of(self, session: str) -> str:
+        """The chat ``session``'s calls count against for ``budget.perChat``."""
+        return budget_chat(self._charged.get(session, session))
+
     def observe(self, rec: CallRecord) -> None:
         """Add an answered call to the totals; decide the notices it makes due."""
         self._roll()
-        self.day.add(rec)
-        self.month.add(rec)
+        chat = self.chat_of(rec.session)
+        self.day.add(rec, chat)
+        self.month.add(rec, chat)
         self._crossed(rec.purpose in BACKGROUND)
 
     def _crossed(self, background: bool) -> None:

@@ -6,12 +6,13 @@ import ipaddress
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
 import pytest_asyncio
 
+from bot.service.logs import SECRETS
 from tests.fakes.llm_server import FakeLLM
 from tests.fakes.telegram_api import FakeBotAPI
 from tests.helpers import browser
@@ -55,6 +56,14 @@ def _guarded_connect_ex(self: socket.socket, address: object) -> int:
 def _no_network_beyond_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket.socket, "connect", _guarded_connect)
     monkeypatch.setattr(socket.socket, "connect_ex", _guarded_connect_ex)
+
+
+@pytest.fixture(autouse=True)
+def _own_secrets() -> Iterator[None]:
+    """Each test's config adds its secrets to the process's one log filter: forgotten after
+    the test, or a worker's filter grows to thousands and every log line slows down."""
+    yield
+    SECRETS.forget()
 
 
 @pytest.fixture(autouse=True)

@@ -94,6 +94,13 @@ class SecretFilter(logging.Filter):
             ordered = sorted(self._secrets, key=len, reverse=True)
             self._pattern = re.compile("|".join(re.escape(v) for v in ordered))
 
+    def forget(self) -> None:
+        """Forget every secret: for a process that starts over with another config (each test
+        of a suite run loads its own; kept, thousands of them made every log line slow)."""
+        with self._lock:
+            self._secrets = set()
+            self._pattern = None
+
     def redact(self, text: str) -> str:
         pattern = self._pattern
         if pattern is not None:

@@ -82,10 +82,6 @@ _LONG_FIRST = (
     "test_streaming_crash.py", "test_streaming_slack_crash.py", "test_telegram.py",
     "test_provenance.py", "test_power_loss.py", "test_limits.py", "test_versioning.py",
     "test_cli.py", "test_hostile_workspace.py", "test_nanobot_compat.py",
-    "test_slack_files_crash.py", "test_tasks_crash.py", "test_web_gateway.py",
-    "test_web_command.py", "test_zygote.py", "test_units.py", "test_pairing.py",
-    "test_terminal_stream.py", "test_terminal_markdown.py", "test_first_message.py",
-    "test_file_errors.py", "test_doctor.py",
 )  # fmt: skip
 
 

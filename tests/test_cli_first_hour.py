@@ -294,21 +294,21 @@ def test_closed_stdout_is_a_quiet_exit(tmp_path: Path, llm: FakeLLMThread) -> No
         read_end, write_end = os.pipe()
         os.close(read_end)  # the reader (head -3) is already gone
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "bot", "--config", str(cfg), *args],
+            proc = zygote.popen(
+                ["--config", str(cfg), *args],
+                stdin=subprocess.PIPE,
                 stdout=write_end,
                 stderr=subprocess.PIPE,
-                input="one\ntwo\n" if "piped" in args else "",
                 text=True,
                 env=_env({"PYTHONPATH": str(REPO)}),
                 cwd=REPO,
-                timeout=30,
             )
         finally:
             os.close(write_end)
-        assert done.stderr == "", (args, done.stderr)
+        _, err = proc.communicate("one\ntwo\n" if "piped" in args else "", timeout=30)
+        assert err == "", (args, err)
         # argparse's help ignores a closed stdout itself and exits 0.
-        assert done.returncode == (0 if args == ("--help",) else 141), args
+        assert proc.returncode == (0 if args == ("--help",) else 141), args
 
 
 def test_dream_prints_its_result_once(tmp_path: Path, llm: FakeLLMThread) -> None:

@@ -93,29 +93,10 @@ def read_from_snapshot(
     Raises FileNotFoundError when there is no file.
     """
     with open_session(path) as fh:
-        found = _last_metadata(fh)
+        found = _last_full_record(fh)
         if found is None:
             return None
-        at, last = found
-        if "changes" in last:
-            snap_at, gen = last["snap"]
-            if not _at_line_start(fh, snap_at):
-                return None
-            fh.seek(snap_at)
-            snapshot = parse_line(fh.readline())
-            if (
-                snapshot is None
-                or snapshot.get("_type") != "metadata"
-                or check_record(snapshot).problems
-                or not isinstance(snapshot.get("hot"), dict)
-                or snapshot["hot"].get("gen") != gen
-            ):
-                return None
-        else:
-            snap_at, snapshot = at, last
-            if not isinstance(snapshot.get("hot"), dict):
-                return None  # written before memobot kept offsets: read it all once
-            gen = snapshot["hot"]["gen"]
+        snap_at, gen, snapshot = found
         tail_at = snapshot["hot"]["tail_at"] if messages else snap_at
         if tail_at > snap_at or not _at_line_start(fh, tail_at):
             return None
@@ -141,22 +122,37 @@ def last_hot(path: Path) -> dict[str, Any] | None:
     only that record and the last metadata line; None when there is none to trust (the
     file has no full record with one, or its offsets do not hold). Read only."""
     with open_session(path) as fh:
-        found = _last_metadata(fh)
-        if found is None:
-            return None
-        at, record = found
-        if "changes" in record:
-            at, gen = record["snap"]
-            if not _at_line_start(fh, at):
-                return None
-            fh.seek(at)
-            record = parse_line(fh.readline())
-            if record is None or check_record(record).problems:
-                return None
-            if not isinstance(record.get("hot"), dict) or record["hot"].get("gen") != gen:
-                return None
-        hot = record.get("hot")
-        return hot if isinstance(hot, dict) else None
+        found = _last_full_record(fh)
+    return found[2]["hot"] if found is not None else None
+
+
+def _last_full_record(fh: Any) -> tuple[int, Any, dict[str, Any]] | None:
+    """The file's last full record, checked: (its offset, its generation, the record), or
+    None when there is none with offsets to trust (a file written before memobot kept
+    offsets, an offset that does not start a line, a record of another generation)."""
+    found = _last_metadata(fh)
+    if found is None:
+        return None
+    at, last = found
+    if "changes" not in last:
+        hot = last.get("hot")
+        if not isinstance(hot, dict):
+            return None  # written before memobot kept offsets: read it all once
+        return at, hot.get("gen"), last
+    snap_at, gen = last["snap"]
+    if not _at_line_start(fh, snap_at):
+        return None
+    fh.seek(snap_at)
+    snapshot = parse_line(fh.readline())
+    if (
+        snapshot is None
+        or snapshot.get("_type") != "metadata"
+        or check_record(snapshot).problems
+        or not isinstance(snapshot.get("hot"), dict)
+        or snapshot["hot"].get("gen") != gen
+    ):
+        return None
+    return snap_at, gen, snapshot
 
 
 def read_metadata(path: Path) -> dict[str, Any] | None:

@@ -40,6 +40,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes whenever ``path`` is replaced or written (inode, mtime, size); None when
+    it is absent. Cheap enough to ask on every read of a file another process may replace."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 @contextlib.contextmanager
 def writer_in(
     dir_fd: int,

@@ -140,11 +140,7 @@ class PairingStore:
 
     def approved_ids(self) -> frozenset[str]:
         """The approved sender ids; read again when the file changed (one stat per call)."""
-        try:
-            st = self.path.stat()
-            seen: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
-            seen = None
+        seen = durable.stamp(self.path)
         if seen != self._seen:
             self._approved = frozenset(str(a["id"]) for a in self._read()["approved"])
             self._seen = seen

@@ -139,11 +139,7 @@ class TaskStore:
 
     def stamp(self) -> tuple[int, int, int] | None:
         """Changes whenever the file is replaced (inode, mtime, size); None if absent."""
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
+        return durable.stamp(self.path)
 
     def request_cancel(self, task_id: str) -> TaskRecord | None:
         """Ask the gateway to stop a running task (``memobot tasks cancel``); None when no

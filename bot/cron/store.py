@@ -144,11 +144,7 @@ class JobStore:
 
     def stamp(self) -> tuple[int, int, int] | None:
         """Changes whenever the document is replaced (inode, mtime, size); None if absent."""
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
+        return durable.stamp(self.path)
 
     def load(self) -> Jobs:
         """The current document (empty if there is none). A job that does not parse is

@@ -53,5 +53,6 @@ def fill(name: str, **values: object) -> Html:
     return Html(_template(name).substitute({k: escape(v) for k, v in values.items()}))
 
 
+@functools.cache  # read once, as the templates are: not from the disk on the loop per request
 def static(name: str) -> bytes:
     return resources.files("bot.web").joinpath("static", name).read_bytes()

@@ -29,10 +29,10 @@ from bot.config import (
 )
 from bot.web import config_form as forms
 from bot.web.config_form import FieldError, FormField
-from bot.web.form_fields import as_sent
+from bot.web.form_fields import as_sent, hidden
 from bot.web.render import Html, join, tag, void
 from bot.web.server import page_response
-from bot.web.views import Frame, csrf_field, page
+from bot.web.views import EMPTY, Frame, csrf_field, page
 
 if TYPE_CHECKING:
     from bot.service.checks import Check
@@ -448,7 +448,7 @@ def _control(f: FormField, text: str, state: str, error: str, described: str | N
         "aria_describedby": described,
     }
     if f.kind == "secret":
-        box = EMPTY_HTML
+        box = EMPTY
         if not f.read_only and state != "not set":
             box = tag(
                 "label",
@@ -481,13 +481,10 @@ def _control(f: FormField, text: str, state: str, error: str, described: str | N
     return void("input", type="text", value=text, spellcheck="false", **common)
 
 
-EMPTY_HTML = Html("")
-
-
 def _version_field(version: str) -> Html:
     """The version of the file the page shows: a save from it is refused once the file has
     changed (``_stale``)."""
-    return void("input", type="hidden", name="version", value=version)
+    return hidden(version=version)
 
 
 def field_html(f: FormField, text: str, state: str, error: str) -> Html:
@@ -592,7 +589,7 @@ def raw_page(
     parts: list[object] = [intro]
     if problem:
         parts.append(tag("p", problem, class_="banner", role="alert"))
-    error = EMPTY_HTML
+    error = EMPTY
     if problems:
         error = tag(
             "div",

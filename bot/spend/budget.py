@@ -248,9 +248,10 @@ class Budget:
             scopes = ("total", "background")
         elif purpose in CHAT_PURPOSES:
             scopes = ("total", "chat")
+        chat = self.chat_of(session)
         for scope in scopes:
             for period in PERIODS:
-                tally = self._period(period).tally(scope, self.chat_of(session))
+                tally = self._period(period).tally(scope, chat)
                 for unit in UNITS:
                     limit = self.limit(scope, period, unit)
                     if limit is not None and tally.used(unit) >= limit:

@@ -315,8 +315,10 @@ class Budget:
                     if limit is None:
                         continue
                     for level in NOTICE_LEVELS:
+                        if used.used(unit) < limit * level / 100:
+                            break  # the levels rise: none higher is reached either
                         key = self._notice_key(scope, period, unit, limit, level)
-                        if used.used(unit) >= limit * level / 100 and key not in self._noticed:
+                        if key not in self._noticed:
                             self._noticed.add(key)
                             self._due.append(
                                 self._notice_text(scope, period, unit, used.used(unit), limit)

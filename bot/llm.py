@@ -88,10 +88,11 @@ ANSWER_DEADLINE_FACTOR = 2
 # retry starts again from "" (a shorter text), so a listener simply shows the latest.
 TextSink = Callable[[str], None]
 # Told every answered call before its answer is handed back (bot.spend.ledger): awaited, so
-# the record is durable before the caller can checkpoint the answer.
+# the record is written (in the kernel: a SIGKILL keeps it) before the caller can checkpoint
+# the answer; its fsync is shared and may come up to ledger.SYNC_SECONDS later.
 Meter = Callable[[CallRecord], Awaitable[None]]
 # Told the whole answer as soon as it is there, before it is recorded (a chat can show a
-# streamed answer as finished without waiting for the ledger's fsync).
+# streamed answer as finished without waiting for the ledger's write).
 AnswerSink = Callable[["LLMResponse"], None]
 # Asked before every call with its session and purpose (bot.spend.budget): raises an LLMError
 # (BudgetSpent) when the call may not be made; a call under way is never stopped by it.

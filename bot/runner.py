@@ -165,7 +165,7 @@ class Runner:
 
         def finished(response: LLMResponse) -> None:
             # The chat learns the answer is whole at once, not after the usage ledger's
-            # fsync: a streamed preview is then not sent again for nothing.
+            # write: a streamed preview is then not sent again for nothing.
             if stream and not response.tool_calls:
                 stream.on_done()
 

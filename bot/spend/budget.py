@@ -248,9 +248,10 @@ class Budget:
             scopes = ("total", "background")
         elif purpose in CHAT_PURPOSES:
             scopes = ("total", "chat")
+        chat = self.chat_of(session)
         for scope in scopes:
             for period in PERIODS:
-                tally = self._period(period).tally(scope, self.chat_of(session))
+                tally = self._period(period).tally(scope, chat)
                 for unit in UNITS:
                     limit = self.limit(scope, period, unit)
                     if limit is not None and tally.used(unit) >= limit:
@@ -314,8 +315,10 @@ class Budget:
                     if limit is None:
                         continue
                     for level in NOTICE_LEVELS:
+                        if used.used(unit) < limit * level / 100:
+                            break  # the levels rise: none higher is reached either
                         key = self._notice_key(scope, period, unit, limit, level)
-                        if used.used(unit) >= limit * level / 100 and key not in self._noticed:
+                        if key not in self._noticed:
                             self._noticed.add(key)
                             self._due.append(
                                 self._notice_text(scope, period, unit, used.used(unit), limit)

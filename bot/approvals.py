@@ -446,7 +446,8 @@ class ApprovalDesk:
         question was shown in are told that it was answered, and how."""
         if choice not in CHOICES:
             return "That is not an answer to an approval."
-        session = self.store.get(key)
+        # Any session the panel names: maybe not cached, so loaded off the event loop.
+        session = await asyncio.to_thread(self.store.get, key)
         record = session.state.open_approval
         if record is None or record.get("id") != approval_id or record["state"] != WAITING:
             return self._late(session.state, approval_id, press, record)

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from bot import durable
 from bot.invocation import command_for
 from bot.private import replace_durably
-from channels.refused import shown_name
+from channels.refused import shown_name, shown_who
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -60,11 +60,6 @@ def code_text(code: str, channel: str, sender_id: str) -> str:
     )
 
 
-def _who(sender_id: str, name: str) -> str:
-    """A person as the owner is shown them: ``2002 (@eve)``."""
-    return f"{sender_id} ({name})" if name else sender_id
-
-
 @dataclass(frozen=True, slots=True)
 class Approved:
     channel: str
@@ -75,7 +70,7 @@ class Approved:
 
     @property
     def who(self) -> str:
-        return _who(self.sender_id, self.name)
+        return shown_who(self.sender_id, self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +85,7 @@ class Request:
 
     @property
     def who(self) -> str:
-        return _who(self.sender_id, self.name)
+        return shown_who(self.sender_id, self.name)
 
     def minutes_left(self, now: float) -> float:
         return max(0.0, (CODE_TTL_SECONDS - (now - self.created)) / 60)

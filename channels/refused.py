@@ -47,7 +47,7 @@ class Refused:
 
     @property
     def who(self) -> str:
-        return f"{self.sender_id} ({self.name})" if self.name else self.sender_id
+        return shown_who(self.sender_id, self.name)
 
 
 class RefusedSenders:
@@ -158,6 +158,11 @@ def shown_name(name: str) -> str:
         if unicodedata.category(c) not in ("Cc", "Cf") or c.isspace()
     )
     return " ".join(kept.split())[:MAX_NAME]
+
+
+def shown_who(sender_id: str, name: str) -> str:
+    """A person as the owner is shown them: ``2002 (@eve)``, or the id alone."""
+    return f"{sender_id} ({name})" if name else sender_id
 
 
 def _row(r: Refused) -> dict[str, Any]:

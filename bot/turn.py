@@ -235,9 +235,10 @@ class Turns:
         waited for again, its old buttons still work).
         """
         scope = self.scope(msg)
-        offered = offered_tools(self.cfg, msg, self._effects(), scope)
         task = task_info(msg) if msg.kind is TurnKind.TASK else None
-        if task is not None:
+        if task is None:
+            offered = offered_tools(self.cfg, msg, self._effects(), scope)
+        else:
             # The rights of the turn that started it, stored with it; never more.
             scope = scope_from_record(task.get("scope"), scope)
             stored = task.get("tools")

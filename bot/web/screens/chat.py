@@ -106,6 +106,15 @@ def read_conversation(store: SessionStore, name: str, desk: ApprovalDesk | None)
     if state is None:
         return Conversation(name, ())
     shown = read_page(key, path, None, SHOWN_MESSAGES)
+    for _ in range(3):
+        # The state and the files are read at two moments: a turn that ended in between has
+        # its messages in the files and its checkpoint still in the state read before, and
+        # the page showed its tool calls twice. Read again until the two agree.
+        now = store.peek_state(key)
+        if now is None or (now.pending, now.checkpoint) == (state.pending, state.checkpoint):
+            break
+        state = now
+        shown = read_page(key, path, None, SHOWN_MESSAGES)
     messages = [m for _, m in shown.messages if m is not None]
     question = desk.open_question(state) if desk is not None else None
     return Conversation(

@@ -50,6 +50,20 @@ def stamp(path: Path) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
+def read_regular(path: Path) -> bytes:
+    """The bytes of a state file (a month's usage ledger, budget.json, tasks.json): the one
+    reader of files another process or a hand may have put in the state folder. OSError when
+    ``path`` is a link (never followed), a FIFO (whose open would wait for a writer: the
+    gateway's start, which reads these, would hang) or anything but a regular file;
+    FileNotFoundError when it is absent."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
+
+
 @contextlib.contextmanager
 def writer_in(
     dir_fd: int,

@@ -104,11 +104,13 @@ class TaskStore:
         self.lock_path = self.folder / "tasks.lock"
 
     def load(self) -> dict[str, TaskRecord]:
+        """Every record; ValueError when the file is not a task list, OSError when it cannot
+        be read or is not a regular file (a link, a FIFO: never followed nor waited on)."""
         try:
-            raw = self.path.read_text(encoding="utf-8")
+            raw = durable.read_regular(self.path)
         except FileNotFoundError:
             return {}
-        data = json.loads(raw)
+        data = json.loads(raw.decode("utf-8"))
         items = data.get("tasks", []) if isinstance(data, dict) else None
         if not isinstance(items, list):
             # Never rewritten then (``update`` loads first): the owner mends it, nothing lost.

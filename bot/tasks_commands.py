@@ -50,7 +50,7 @@ def show_lines(rec: TaskRecord) -> list[str]:
 def run(args: argparse.Namespace, cfg: Config) -> int:
     try:
         return _run(args, cfg)
-    except ValueError as exc:  # a damaged tasks.json: said in one line, left as it is
+    except (OSError, ValueError) as exc:  # a damaged tasks.json: said in one line, left as is
         print(f"memobot tasks: cannot read the task store: {exc}", file=sys.stderr)
         return EX_NOT_FOUND
 

@@ -458,3 +458,22 @@ async def test_a_wait_that_times_out_as_its_task_ends_keeps_the_result(tmp_path:
     await board.ended(rec.id, "done", "R")
     assert await waiting == f"Task {rec.id} (l) finished:\n\nR"
     assert [m.kind.value for m in accepted] == ["task"]  # the task itself; no report
+
+
+def test_the_task_store_reads_only_a_regular_file(tmp_path: Path) -> None:
+    """tasks.json is read through bot.durable.read_regular: a link (to a list the model could
+    have written) is not followed, and a FIFO is refused at once instead of hanging the
+    gateway's start; the command says it cannot read the store."""
+    import os
+
+    store = TaskStore(tmp_path)
+    store.folder.mkdir()
+    elsewhere = tmp_path / "planted.json"
+    elsewhere.write_text('{"tasks": [{"id": "abcd", "parent": "telegram:1", "starter": "x"}]}')
+    store.path.symlink_to(elsewhere)
+    with pytest.raises(OSError):
+        store.load()
+    store.path.unlink()
+    os.mkfifo(store.path)
+    with pytest.raises(OSError, match="not a regular file"):
+        store.load()

@@ -33,7 +33,7 @@ from zoneinfo import ZoneInfo
 from bot import durable
 from bot.config import Config
 from bot.llm import LLMError
-from bot.spend.ledger import read_records, read_regular
+from bot.spend.ledger import read_records
 from bot.spend.limits import NAMES, PERIODS, UNITS, Period, Scope, Unit, limit_name
 from bot.spend.record import BACKGROUND, JOB, PROBE, TASK, TOOL_ITERATION, TURN, CallRecord
 from bot.spend.report import day_bounds
@@ -465,7 +465,7 @@ class Budget:
 
     def _load(self) -> None:
         try:
-            data = json.loads(read_regular(self.path).decode("utf-8"))
+            data = json.loads(durable.read_regular(self.path).decode("utf-8"))
         except FileNotFoundError:
             return
         except (OSError, ValueError) as exc:

@@ -22,11 +22,8 @@ a damaged line elsewhere is skipped and logged.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import logging
-import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -255,7 +252,7 @@ def read_records(state_dir: Path, start: str, end: str) -> Iterator[CallRecord]:
     for month in months_between(start[:7], end[:7]):
         path = month_file(state_dir, month)
         try:
-            text = read_regular(path).decode("utf-8", "replace")
+            text = durable.read_regular(path).decode("utf-8", "replace")
         except FileNotFoundError:
             continue
         lines = text.split("\n")
@@ -275,18 +272,6 @@ def read_records(state_dir: Path, start: str, end: str) -> Iterator[CallRecord]:
                 path,
                 ", ".join(map(str, damaged[:10])),
             )
-
-
-def read_regular(path: Path) -> bytes:
-    """A state file (a month's ledger, budget.json); OSError when it is a link, a FIFO (whose
-    open would wait for a writer: the gateway's start, which reads both, would hang) or
-    anything but a regular file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read()
 
 
 def _parsed(lines: list[str]) -> list[Any]:

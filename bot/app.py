@@ -223,7 +223,13 @@ def build_loop(
         turns=turns,
         # A message that cannot be stored is answered at once, with a final answer.
         intake=DurableIntake(store, lambda msg, text: turns.publish(msg, text, True)),
-        recovery=Recovery(store, ledger, bus, turns.user_message),
+        recovery=Recovery(
+            store,
+            ledger,
+            bus,
+            turns.user_message,
+            lambda: {name for name, e in tools.effects().items() if e.resumable},
+        ),
         ledger=ledger,
         jobs=jobs,
         consolidator=consolidator,

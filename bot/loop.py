@@ -46,7 +46,7 @@ from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso, transitions
 from bot.spend.budget import Budget
 from bot.spend.report import chat_text
 from bot.tasks import TaskBoard, TaskStore, describe, result_of, task_info, usage_by_task
-from bot.turn import STOPPED_TEXT, Turns
+from bot.turn import STOPPED_TEXT, Turns, turn_model
 from bot.wording import counted
 
 if TYPE_CHECKING:
@@ -551,7 +551,7 @@ class AgentLoop:
                 job = fetched
             if self.outage is not None and self.outage.active and job.turn is None:
                 # The model is known to be down: wait without spending a slot on retries.
-                if job.msg.policy.waits_for_model and not self._on_own_model(key):
+                if job.msg.policy.waits_for_model and not self._on_own_model(key, job.msg):
                     await self._wait_for_model(key, work, job, None)
                     if job.msg.kind is TurnKind.TASK:
                         await self._task_ended(key, job.msg, work)  # unless it waits again
@@ -568,15 +568,13 @@ class AgentLoop:
                 # Counted from the task's start: a restart does not give it its whole time again.
                 left = await self.tasks.time_left(task_id) if job.msg.kind is TurnKind.TASK else 0
                 work.turn = asyncio.create_task(self._process(job, work), name=f"turn:{key}")
-                timer = watcher = None
+                timer = unwatch = None
                 if job.msg.kind is TurnKind.TASK:
                     # None left: _process ends it "timed out" without running it.
                     timer = asyncio.get_running_loop().call_later(
                         max(left, 1.0), self._stop_task, key, "timed out"
                     )
-                    watcher = asyncio.create_task(
-                        self.tasks.watch_cancel(task_id, lambda: self._stop_task(key, "stopped"))
-                    )
+                    unwatch = self.tasks.watch(task_id, lambda: self._stop_task(key, "stopped"))
                 try:
                     await asyncio.shield(work.turn)
                 except asyncio.CancelledError:
@@ -593,8 +591,8 @@ class AgentLoop:
                     work.turn = None
                     if timer is not None:
                         timer.cancel()
-                    if watcher is not None:
-                        watcher.cancel()
+                    if unwatch is not None:
+                        unwatch()
             if job.msg.kind is TurnKind.TASK and work.waiting is None:
                 await self._task_ended(key, job.msg, work)
             if work.waiting is not None:
@@ -682,7 +680,7 @@ class AgentLoop:
             msg,
             turn,
             stop_requested=lambda: work.stop_requested,
-            wait_for_model=self.outage is not None and not self._on_own_model(msg.session_key),
+            wait_for_model=self.outage is not None and not self._on_own_model(msg.session_key, msg),
             approval=paused,
         )
         if unavailable is not None:
@@ -690,12 +688,12 @@ class AgentLoop:
             self.outage.begin(str(unavailable))
             work.waiting = turn  # the worker waits for the model outside its slot
 
-    def _on_own_model(self, key: str) -> bool:
+    def _on_own_model(self, key: str, msg: InboundMessage) -> bool:
         """The chat uses a model of llm.models (``/model``). An outage is watched on llm.model
         (its probe): such a chat's turns neither wait for it nor begin one (when its model and
         the fallbacks stay unavailable, the turn is answered with the error), else a chat on
         a dead endpoint would hold every chat's turns, again and again, while llm.model works."""
-        return self.store.get(key).state.chat_model in self.cfg.llm.models
+        return turn_model(self.store.get(key), msg) in self.cfg.llm.models
 
     async def _wait_for_model(
         self, key: str, work: _SessionWork, job: _Job, turn: list[dict[str, Any]] | None

@@ -11,7 +11,7 @@ time is given up after ``MAX_RESUME_ATTEMPTS`` instead of looping for ever.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,11 +48,15 @@ class Recovery:
         ledger: DeliveryLedger,
         bus: MessageBus,
         user_message: Callable[[InboundMessage], Awaitable[dict[str, Any]]],
+        resumable: Callable[[], Collection[str]] = frozenset,
     ) -> None:
+        """``resumable``: the names of the tools whose interrupted calls are run again
+        (``Effects.resumable``) rather than marked interrupted."""
         self.store = store
         self.ledger = ledger
         self.bus = bus
         self.user_message = user_message
+        self.resumable = resumable
 
     def recover(
         self,
@@ -125,8 +129,11 @@ class Recovery:
             # and the batch goes on once it is answered. Not counted as a resume attempt.
             log.info("resuming paused turn session=%s approval=%s", msg.session_key, paused["id"])
             return Resumed(messages, phase, approval=paused)
-        interrupted = unfinished_calls(messages)
-        close_open_tool_calls(messages)
+        # A resumable call (spawn) is left open: the resumed turn runs it again, and run
+        # again for the same call it does nothing twice. Not once the turn is given up.
+        keep = frozenset(self.resumable()) if attempts <= MAX_RESUME_ATTEMPTS else frozenset()
+        interrupted = [name for name in unfinished_calls(messages) if name not in keep]
+        close_open_tool_calls(messages, keep)
         if attempts > MAX_RESUME_ATTEMPTS:
             log.error(
                 "giving up on interrupted turn session=%s after %d attempts",

@@ -11,7 +11,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -155,6 +155,7 @@ class Runner:
         shown = 0  # images of ctx.images already in the turn
         if waiting:
             made = await self._run_calls(waiting, turn, ctx, made, offered, approve, stream)
+            results_in_call_order(turn)  # a resumed call ran after the interrupted ones
             shown = _show_images(turn, ctx, shown)
             if on_phase:
                 await on_phase("tools_completed", turn)
@@ -295,6 +296,8 @@ class Runner:
         """Run one batch of calls in order, each result appended as it comes; returns the
         turn's call count."""
         refused = 0
+        # Counted from the turn, not from this process: a resumed turn names its calls alike.
+        batch = sum(1 for m in turn if m.get("role") == "assistant" and m.get("tool_calls"))
         for call in calls:
             if made >= self.max_tool_calls:
                 # Answered, not dropped: every call needs a result for the history to be
@@ -330,6 +333,7 @@ class Runner:
             if stream:
                 stream.on_tool(call.name, call.arguments)
             started = time.monotonic()
+            ctx.call_id = f"{batch}/{call.id}"
             result = await self.tools.execute(call.name, call.arguments, ctx)
             log.info(
                 "tool %s session=%s %s in %.0f ms",
@@ -441,8 +445,26 @@ def unfinished_calls(turn: list[dict[str, Any]]) -> list[ToolCall]:
     return []
 
 
-def close_open_tool_calls(turn: list[dict[str, Any]]) -> int:
-    """Give every tool call that has no result an 'interrupted' result, in place.
+def results_in_call_order(turn: list[dict[str, Any]]) -> None:
+    """Put the results following the last assistant message with calls in the order of its
+    calls, in place (strict chat templates pair results with calls by position)."""
+    for i in range(len(turn) - 1, -1, -1):
+        calls = turn[i].get("tool_calls") if turn[i].get("role") == "assistant" else None
+        if not calls:
+            continue
+        end = i + 1
+        while end < len(turn) and turn[end].get("role") == "tool":
+            end += 1
+        order = {c.get("id"): n for n, c in enumerate(calls)}
+        turn[i + 1 : end] = sorted(
+            turn[i + 1 : end], key=lambda m: order.get(m.get("tool_call_id"), len(order))
+        )
+        return
+
+
+def close_open_tool_calls(turn: list[dict[str, Any]], keep: Collection[str] = ()) -> int:
+    """Give every tool call that has no result an 'interrupted' result, in place; not the
+    calls of the tools named in ``keep`` (resumable ones, run again by the resumed turn).
 
     Keeps the turn valid for the Chat Completions API after a cancel or a crash: the results of
     a call batch must directly follow the assistant message that made it. Returns how many
@@ -464,7 +486,7 @@ def close_open_tool_calls(turn: list[dict[str, Any]]) -> int:
             rebuilt.append(turn[i])
             i += 1
         for c in calls:
-            if c.get("id") not in have:
+            if c.get("id") not in have and c.get("function", {}).get("name") not in keep:
                 rebuilt.append(interrupted_result(c))
                 closed += 1
     if closed:

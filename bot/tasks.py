@@ -36,6 +36,7 @@ from zoneinfo import ZoneInfo
 
 from bot import durable
 from bot.bus import InboundMessage, Intake
+from bot.folder_watch import FolderWatch
 from bot.kinds import REPORT_KEY, TASK_KEY, Sender, with_kind
 from bot.privacy import PrivacyScope
 from bot.spend.report import Totals, recent
@@ -68,6 +69,12 @@ class TaskRecord:
     admin: bool = False  # the starter is an admin
     group: bool = True  # the starter wrote in a group
     cancel: bool = False  # `memobot tasks cancel`: the gateway stops it when it sees this
+    # The parent chat's /model choice when it was spawned (a name in llm.models; None:
+    # llm.model). Absent from records written before it was kept: None.
+    model: str | None = None
+    # The spawn call that started it ("<parent message id>/<batch>/<call id>"): a resumed
+    # parent turn running that call again gets this task back instead of a second one.
+    call: str = ""
 
     @property
     def sender(self) -> Sender:
@@ -91,6 +98,8 @@ class TaskRecord:
             data.get("admin") is True,
             data.get("group") is not False,
             data.get("cancel") is True,
+            data["model"] if isinstance(data.get("model"), str) else None,
+            str(data.get("call") or ""),
         )
 
 
@@ -217,15 +226,17 @@ def task_message(
     label: str,
     scope: PrivacyScope,
     offered: set[str] | None,
+    model: str | None = None,
 ) -> InboundMessage:
     """The pending turn that is the task: in session ``task:<id>``, for the parent's sender,
-    with the parent's scope and tools stored beside it."""
+    with the parent's scope, tools and model stored beside it."""
     info = {
         "id": task_id,
         "parent": parent,
         "label": label,
         "scope": scope_record(scope),
         "tools": None if offered is None else sorted(offered),
+        "model": model,
     }
     msg = InboundMessage(
         CHANNEL,
@@ -241,6 +252,13 @@ def task_message(
 def task_info(msg: InboundMessage) -> dict[str, Any]:
     info = msg.metadata.get(TASK_KEY)
     return info if isinstance(info, dict) else {}
+
+
+def task_model(msg: InboundMessage) -> str | None:
+    """The model a task's turn uses: its parent chat's choice when it was spawned (None, as
+    for a task stored before the choice was kept: llm.model)."""
+    model = task_info(msg).get("model")
+    return model if isinstance(model, str) else None
 
 
 def report_text(rec: TaskRecord, state: str, result: str) -> str:
@@ -330,7 +348,10 @@ class TaskBoard:
         # A waiting parent turn gives its slot back, so its task can have one.
         self._outside_slot = outside_slot or contextlib.nullcontext
         # A wait: true spawn waiting for its task's result.
-        self._waiters: dict[str, asyncio.Future[str]] = {}
+        self._waiters: dict[str, _Handoff] = {}
+        # Running tasks' stop calls, for a cancel asked in the store (``watch``).
+        self._stops: dict[str, Callable[[], object]] = {}
+        self._watcher: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # limits checked and a task recorded as one step
 
     async def records(self) -> dict[str, TaskRecord]:
@@ -348,26 +369,50 @@ class TaskBoard:
             return self.timeout_seconds
         return max(0.0, rec.started + self.timeout_seconds - self.clock())
 
-    async def watch_cancel(
-        self, task_id: str, stop: Callable[[], object], every: float = 1.0
-    ) -> None:
-        """Call ``stop`` once ``memobot tasks cancel`` asked for this task (read whenever
-        the store file changed, every ``every`` seconds); runs until cancelled."""
+    def watch(self, task_id: str, stop: Callable[[], object]) -> Callable[[], None]:
+        """Call ``stop`` once a cancel of this running task is asked in the store (``memobot
+        tasks cancel``, a panel served without the gateway); returns the call that ends the
+        watch. One watch of the store's folder serves every running task, and only while one
+        runs: it sleeps until the kernel says the folder changed (bot.folder_watch), so a
+        cancel is seen at once and a task that waits costs nothing. A cancel asked in this
+        process (``/stop ID``, the panel) stops the turn directly and needs no watch."""
+        self._stops[task_id] = stop
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.create_task(self._watch_store(), name="task-cancels")
+
+        def unwatch() -> None:
+            if self._stops.get(task_id) is stop:
+                del self._stops[task_id]
+            if not self._stops and self._watcher is not None:
+                self._watcher.cancel()
+                self._watcher = None
+
+        return unwatch
+
+    async def _watch_store(self) -> None:
+        await asyncio.to_thread(self.store.folder.mkdir, parents=True, exist_ok=True, mode=0o700)
+        watch = FolderWatch(self.store.folder)
         seen: tuple[int, int, int] | None = (-1, -1, -1)
-        while True:
-            stamp = await asyncio.to_thread(self.store.stamp)
-            if stamp != seen:
-                seen = stamp
-                try:
-                    rec = (await self.records()).get(task_id)
-                except (OSError, ValueError) as exc:  # read again once the file changes
-                    log.error("cannot read the task store: %s", exc)
-                    rec = None
-                if rec is not None and rec.cancel:
-                    log.info("task cancel asked from the command line id=%s", task_id)
-                    stop()
-                    return
-            await asyncio.sleep(every)
+        try:
+            while self._stops:
+                # Watched before this read: a cancel written meanwhile wakes the next wait.
+                stamp = await asyncio.to_thread(self.store.stamp)
+                if stamp != seen:
+                    seen = stamp
+                    try:
+                        records = await self.records()
+                    except (OSError, ValueError) as exc:  # read again once the file changes
+                        log.error("cannot read the task store: %s", exc)
+                        records = {}
+                    for task_id, stop in list(self._stops.items()):
+                        rec = records.get(task_id)
+                        if rec is not None and rec.cancel:
+                            log.info("task cancel asked in the task store id=%s", task_id)
+                            del self._stops[task_id]
+                            stop()
+                await watch.changed()
+        finally:
+            watch.close()
 
     async def start(
         self,
@@ -378,10 +423,33 @@ class TaskBoard:
         scope: PrivacyScope,
         offered: set[str] | None,
         wait: bool,
+        *,
+        model: str | None = None,
+        call: str = "",
     ) -> TaskRecord | str:
-        """Record and queue a new task; a refusal's text when a limit holds it back."""
+        """Record and queue a new task; a refusal's text when a limit holds it back.
+
+        ``model``: the parent chat's model (a name in llm.models), the task's too. ``call``:
+        the spawn call's key in the parent session: the task that call started already, if
+        any, is returned instead of a new one (a parent turn resumed after a crash or a
+        restart runs its interrupted spawn call again), and waited for again with ``wait``.
+        """
         async with self._lock:
             records = await self.records()
+            earlier = next(
+                (r for r in records.values() if call and r.parent == parent and r.call == call),
+                None,
+            )
+            if earlier is not None:
+                log.info(
+                    "task %s was started by this call already (%s) session=%s: not again",
+                    earlier.id,
+                    earlier.state,
+                    parent,
+                )
+                if wait and earlier.state == "running" and earlier.id not in self._waiters:
+                    self._waiters[earlier.id] = _Handoff()
+                return earlier
             running = [r for r in records.values() if r.state == "running"]
             if len(running) >= self.max_tasks:
                 return (
@@ -410,11 +478,13 @@ class TaskBoard:
                     wait,
                     sender.is_admin,
                     sender.is_group,
+                    model=model,
+                    call=call,
                 )
                 # Recorded first: a crash before the intake leaves a running record with no
                 # work, which reconcile reports as ended (never a task running unlisted).
                 await asyncio.to_thread(self.store.put, rec)
-                msg = task_message(task_id, parent, sender, text, label, scope, offered)
+                msg = task_message(task_id, parent, sender, text, label, scope, offered, model)
                 taken = await self._accept(msg)
                 if taken != "duplicate":
                     break
@@ -432,32 +502,44 @@ class TaskBoard:
                     "refused: the task could not be stored (memobot is stopping, or a disk error)"
                 )
             if wait:
-                self._waiters[task_id] = asyncio.get_running_loop().create_future()
+                self._waiters[task_id] = _Handoff()
         self._dispatch(msg)
         log.info("task started id=%s parent=%s label=%r wait=%s", task_id, parent, label, wait)
         return rec
 
     async def wait(self, task_id: str, seconds: float) -> str | None:
         """The result of a ``wait: true`` task, or None when it did not end in ``seconds``
-        (then it reports to the chat when it ends, as any task)."""
-        future = self._waiters.get(task_id)
-        if future is None:
+        (then it reports to the chat when it ends, as any task). The waiting turn holds no
+        slot meanwhile. Cancelled (the turn stopped, a shutdown) after the task handed its
+        result over, it hands the result back: ``ended`` then reports it to the chat."""
+        handoff = self._waiters.get(task_id)
+        if handoff is None:
             return None
+        text: str | None = None
         try:
-            async with self._outside_slot(), asyncio.timeout(seconds):
-                return await asyncio.shield(future)
-        except TimeoutError:
-            # The task may have ended in the same loop pass as the timeout: ``ended`` gave
-            # its result here and no report will follow, so it is this turn's after all.
-            return future.result() if future.done() else None
+            async with self._outside_slot():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(seconds):
+                        await asyncio.shield(handoff.result)
+            # The task may have ended in the same loop pass as the timeout, or while this
+            # turn queued for its slot again: the result is this turn's all the same.
+            if handoff.result.done():
+                text = handoff.result.result()
+            return text
         finally:
-            self._waiters.pop(task_id, None)
+            if self._waiters.get(task_id) is handoff:
+                del self._waiters[task_id]
+            if not handoff.taken.done():
+                # Taken only when it is returned into the turn, with no pause before the
+                # runner appends it to the turn.
+                handoff.taken.set_result(text is not None)
 
     async def ended(self, task_id: str, state: str, result: str) -> None:
         """A task's turn has ended: its record ends, and its result goes to the ``wait: true``
-        turn still waiting for it, else to its chat as a report (once: the report's id is the
-        task's). Called again for the same task (a restart in between), it reports nothing
-        twice."""
+        turn still waiting for it, else to its chat as a report, once: a waiting turn that is
+        stopped in the same loop pass as it is handed the result hands it back, and it is
+        reported (the report's id is the task's, so a second report is a duplicate). Called
+        again for the same task (a restart in between), it reports nothing twice."""
         records = await self.records()
         rec = records.get(task_id)
         if rec is None:
@@ -465,12 +547,19 @@ class TaskBoard:
             return
         if rec.state != "running":
             return  # ended and reported before (a resumed turn found its answer written)
-        waiter = self._waiters.pop(task_id, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(report_text(rec, state, result))
+        text = report_text(rec, state, result)
+        handoff = self._waiters.pop(task_id, None)
+        if handoff is not None and not handoff.result.done():
+            handoff.result.set_result(text)
+            # A shutdown meanwhile cancels this wait: the record stays "running", and the
+            # next start reports it (reconcile) unless the resumed parent waits for it again.
+            taken = await handoff.taken
+        else:
+            taken = False
+        if taken:
             log.info("task ended id=%s state=%s: result returned to its turn", task_id, state)
         else:
-            report = report_message(rec, report_text(rec, state, result))
+            report = report_message(rec, text)
             accepted = await self._accept(report)
             if accepted == "accepted":
                 self._dispatch(report)
@@ -478,3 +567,14 @@ class TaskBoard:
             if accepted == "refused":  # shutting down, or a disk error: reported at next start
                 return
         await asyncio.to_thread(self.store.end, task_id, state, self.clock())
+
+
+class _Handoff:
+    """A ``wait: true`` turn waiting for its task: ``ended`` puts the result in ``result``;
+    the waiting turn answers in ``taken`` whether the result went into its turn (False: it
+    was stopped first, and the result is reported to the chat instead)."""
+
+    def __init__(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.result: asyncio.Future[str] = loop.create_future()
+        self.taken: asyncio.Future[bool] = loop.create_future()

@@ -54,7 +54,7 @@ from bot.session import Session, SessionStore, now_iso, transitions
 from bot.spend.budget import BudgetSpent
 from bot.spend.record import HEARTBEAT, JOB, TASK, TURN
 from bot.streaming import TurnStream, stopped_answer
-from bot.tasks import scope_from_record, task_info, task_tools
+from bot.tasks import scope_from_record, task_info, task_model, task_tools
 from bot.tokens import estimate_text_tokens, message_size
 from bot.tools.base import ToolContext, ToolRegistry
 
@@ -254,7 +254,9 @@ class Turns:
             # A heartbeat turn has no chat of its own: it speaks only through its answer.
             send=(lambda t: self.publish(msg, t, False)) if msg.policy.sends else None,
             sender=msg.sender,
-            extra={"offered": offered},
+            # The chat's model, for a task it spawns (a task's own: its parent chat's).
+            extra={"offered": offered, "model": turn_model(session, msg)},
+            turn_id=msg.message_id,
             gate=self.gate,
             processes=ProcessScope(),
             scope=scope,
@@ -340,7 +342,7 @@ class Turns:
                     stream=stream,
                     approve=approve,
                     purpose=USAGE_PURPOSES.get(msg.kind, TURN),
-                    model=session.state.chat_model,
+                    model=turn_model(session, msg),
                 )
             finally:
                 # No process outlives its turn: background jobs end with the answer.
@@ -541,6 +543,15 @@ class Turns:
         await self.bus.publish_outbound(
             OutboundMessage(msg.channel, msg.chat_id, text, reply_to=msg.message_id, final=final)
         )
+
+
+def turn_model(session: Session, msg: InboundMessage) -> str | None:
+    """The model a turn asks (a name in llm.models; None: llm.model): its chat's ``/model``
+    choice, or for a background task the choice of the chat that spawned it, kept with the
+    task (its own session has no choice of its own)."""
+    if msg.kind is TurnKind.TASK:
+        return task_model(msg)
+    return session.state.chat_model
 
 
 def _in_turn(turn: list[dict[str, Any]], text: str) -> bool:

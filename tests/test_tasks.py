@@ -477,3 +477,157 @@ def test_the_task_store_reads_only_a_regular_file(tmp_path: Path) -> None:
     os.mkfifo(store.path)
     with pytest.raises(OSError, match="not a regular file"):
         store.load()
+
+
+async def test_a_task_asks_the_model_its_chat_chose_when_it_was_spawned(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """/model in the parent chat: its task asks that model (kept with the task), not llm.model,
+    also after the chat switches back; a record written before the model was kept reads as
+    llm.model's."""
+    from bot.tasks import TaskRecord
+
+    llm.script(
+        tool_step(("spawn", {"task": TASK}), when_user_contains="research"),
+        reply("started", when_user_contains="research"),
+        reply("There are 42 files.", when_user_contains="TASKTEXT"),
+    )
+    cfg = make_config(tmp_path, llm.base_url, llm={"models": {"fast": {"model": "gpt-fast"}}})
+    async with Harness(cfg, tmp_path / "config.json", channels=("cli", "telegram")) as h:
+        admin = {"is_admin": True, "is_group": False}
+        assert (await say(h, "/model fast", **admin)).startswith("This chat now uses fast")
+        await say(h, "research please", **admin)
+        await until(lambda: reports(h))
+        [rec] = TaskStore(tmp_path / "state").load().values()
+        assert rec.model == "fast"
+    assert task_request(llm)["body"]["model"] == "gpt-fast"
+    old = {"id": "abcd", "parent": "telegram:g1", "starter": "u1", "label": "old"}
+    assert TaskRecord.from_dict(old).model is None
+
+
+async def test_a_wait_stopped_as_its_task_hands_it_the_result_reports_it_once(
+    tmp_path: Path,
+) -> None:
+    """The task ends and hands its result to the waiting spawn in the loop pass in which the
+    waiting turn is stopped (/stop, a shutdown): the turn never takes the result, so it is
+    reported to the chat instead, once, rather than told nowhere."""
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskBoard
+
+    accepted: list[InboundMessage] = []
+
+    async def accept(msg):
+        accepted.append(msg)
+        return "accepted"
+
+    board = TaskBoard(
+        TaskStore(tmp_path),
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=lambda msg: None,
+    )
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+    rec = await board.start("telegram:g1", Sender("u1", True, False), "t", "l", scope, None, True)
+    assert not isinstance(rec, str)
+    loaded = board.store.load()
+
+    async def records():  # read without a pause, so ended() hands over within one loop pass
+        return loaded
+
+    board.records = records  # type: ignore[method-assign]
+    waiting = asyncio.create_task(board.wait(rec.id, 60))
+    await asyncio.sleep(0)  # the turn waits for its task
+    ending = asyncio.create_task(board.ended(rec.id, "done", "R"))
+    await asyncio.sleep(0)  # the result is handed over; the waiting turn has not run since
+    waiting.cancel()  # ... and is stopped in that same pass
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await ending
+    reported = [m for m in accepted if m.kind.value == "report"]
+    assert [m.text for m in reported] == [f"Task {rec.id} (l) finished:\n\nR"]
+    assert TaskStore(tmp_path).load()[rec.id].state == "done"
+    del board.records  # read from the store again
+    await board.ended(rec.id, "done", "R")  # a second end (a restart) reports nothing more
+    assert len([m for m in accepted if m.kind.value == "report"]) == 1
+
+
+async def test_a_cancel_in_the_store_stops_a_task_at_once_without_polling(tmp_path: Path) -> None:
+    """`memobot tasks cancel` (another process) writes the store; the gateway hears of it from
+    the kernel at once. The fallback poll is set to an hour here: were the watch polling, the
+    cancel would not be seen within the test."""
+    from bot import tasks as tasks_mod
+    from bot.tasks import TaskBoard, TaskRecord
+
+    store = TaskStore(tmp_path)
+    store.put(TaskRecord("abcd", "telegram:g1", "u1", "l", "running", time.time()))
+
+    async def accept(msg):
+        return "accepted"
+
+    board = TaskBoard(
+        store, max_tasks=5, max_per_chat=5, timeout_seconds=60, accept=accept, dispatch=print
+    )
+    original = tasks_mod.FolderWatch
+    tasks_mod.FolderWatch = lambda folder: original(folder, poll=3600)  # type: ignore[misc]
+    try:
+        stopped = asyncio.Event()
+        unwatch = board.watch("abcd", stopped.set)
+        await asyncio.sleep(0.05)  # the watch is reading the store and waiting on the kernel
+        assert not stopped.is_set()
+        assert await asyncio.to_thread(TaskStore(tmp_path).request_cancel, "abcd") is not None
+        await asyncio.wait_for(stopped.wait(), 5)
+        unwatch()
+        assert board._watcher is None  # no task runs: nothing watches
+    finally:
+        tasks_mod.FolderWatch = original  # type: ignore[misc]
+
+
+async def test_a_parent_resumed_mid_spawn_gets_its_task_back_not_a_second_one(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """The parent turn is stopped inside its spawn call, after the task was recorded and
+    queued but before the turn's checkpoint has the call's result (a crash, a shutdown).
+    A fresh stack over the same state folder resumes the turn and runs the call again: it
+    gets the same task back (keyed by the session, the turn and the call), no second task,
+    one report."""
+    llm.script(
+        tool_step(("spawn", {"task": TASK, "label": "count"}), when_user_contains="research"),
+        # A model told the spawn call did not finish, and calling it again.
+        tool_step(("spawn", {"task": TASK, "label": "again"}), when_user_contains="not finish"),
+        reply("I started it.", when_user_contains="research"),
+        reply("There are 42 files.", when_user_contains="TASKTEXT"),
+    )
+    admin = {"is_admin": True, "is_group": False}
+    mid = "m-research"
+    async with harness(tmp_path, llm) as h1:
+        board = h1.stack.loop.tasks
+        real_start = board.start
+        recorded = asyncio.Event()
+
+        async def start_then_die(*args, **kwargs):
+            rec = await real_start(*args, **kwargs)
+            recorded.set()
+            await asyncio.Event().wait()  # killed here, the task recorded and queued
+            return rec
+
+        board.start = start_then_die  # type: ignore[method-assign]
+        msg = InboundMessage(
+            "telegram", "g1", "u1", "research please", message_id=mid, metadata=admin
+        )
+        assert await h1.stack.bus.publish_inbound(msg) == "accepted"
+        await asyncio.wait_for(recorded.wait(), 15)
+        [first] = TaskStore(tmp_path / "state").load().values()
+    # Nothing of the first stack is used again: a new store, board and loop over the folder.
+    async with harness(tmp_path, llm) as h2:
+        answer = await until(lambda: [m for m in h2.outbox if m.reply_to == mid and m.final])
+        assert answer[0].text == "I started it."
+        await until(lambda: reports(h1) + reports(h2))
+        assert list(TaskStore(tmp_path / "state").load()) == [first.id]
+        assert tool_results(llm, "research") == [
+            f"started task {first.id}: count. Its result will be posted in this chat when it "
+            f"ends (/tasks lists it, /stop {first.id} stops it)."
+        ]
+    assert len(reports(h1) + reports(h2)) == 1

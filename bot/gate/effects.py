@@ -27,7 +27,10 @@ class Effects:
     lasting state (scheduled jobs, memory files). ``scoped``: what it opens of the workspace
     keeps to the turn's privacy scope (:mod:`bot.privacy`). ``declared`` False: nobody knows
     what it does; ``external`` marks another program's tool (an MCP server's), which the owner
-    may vouch for in ``tools.safeMcpTools``.
+    may vouch for in ``tools.safeMcpTools``. ``resumable``: a call of it that a crash or a
+    restart interrupted is run again when its turn resumes, rather than marked interrupted,
+    because run again for the same call (``ToolContext.turn_id``, ``call_id``) it does
+    nothing twice (spawn returns the task that call started).
     """
 
     reads: tuple[str, ...] = ()
@@ -40,6 +43,7 @@ class Effects:
     scoped: bool = False
     declared: bool = True
     external: bool = False
+    resumable: bool = False
 
     def __post_init__(self) -> None:
         if self.command is not None and not self.processes:

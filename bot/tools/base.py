@@ -50,6 +50,12 @@ class ToolContext:
     # What of the owner's data this turn may show (bot.privacy), decided once by the turn;
     # the default, the owner's, is for tools run outside a person's turn (tests, the CLI).
     scope: PrivacyScope = field(default_factory=lambda: owner_scope(""))
+    # The message id of the turn (its pending entry), and the call being run as "<batch>/<id>"
+    # (the batch: the turn's how-manyth assistant message with calls), set by the runner
+    # before each call: the same when a resumed turn runs an interrupted call again, so a tool
+    # that must not act twice for one call (spawn) can key on the two.
+    turn_id: str = ""
+    call_id: str = ""
     # Images a tool showed the model in this turn (read_file of a picture); the runner puts
     # each before the model once, after the results of the calls that showed it.
     images: list[ShownImage] = field(default_factory=list)

@@ -21,9 +21,10 @@ LABEL_CHARS = 60
 
 class SpawnTool(Tool):
     name: ClassVar[str] = "spawn"
-    # It starts lasting work (a resumed turn must not start it twice unasked); the task's own
-    # calls go through the gate as any turn's, with this turn's tools and scope at most.
-    effects: ClassVar[Effects] = Effects(side_effects=True)
+    # It starts lasting work; the task's own calls go through the gate as any turn's, with
+    # this turn's tools and scope at most. Resumable: run again for the same call (a turn
+    # resumed after a crash), it returns the task that call started, never a second one.
+    effects: ClassVar[Effects] = Effects(side_effects=True, resumable=True)
     description: ClassVar[str] = (
         "Start a background task: another run of you with the same tools, working on `task` "
         "on its own (it does not see this conversation: put everything it needs in `task`). "
@@ -62,6 +63,7 @@ class SpawnTool(Tool):
         label = marked_invisible(" ".join(label.split())[:LABEL_CHARS])
         wait = bool(args.get("wait"))
         offered = ctx.extra.get("offered")
+        model = ctx.extra.get("model")
         started = await self.board.start(
             ctx.session_key,
             ctx.sender,
@@ -70,9 +72,17 @@ class SpawnTool(Tool):
             ctx.scope,
             None if offered is None else set(offered),
             wait,
+            model=model if isinstance(model, str) else None,
+            # This call, run again by a resumed turn, gets its task back (bot.tasks).
+            call=f"{ctx.turn_id}/{ctx.call_id}" if ctx.turn_id and ctx.call_id else "",
         )
         if isinstance(started, str):
             raise ToolError(started)
+        if started.state != "running":  # started by this call before a restart, ended since
+            return (
+                f"task {started.id} ({started.label}) was started by this call before memobot "
+                f"restarted and has ended ({started.state}); its result was posted in this chat."
+            )
         if not wait:
             return (
                 f"started task {started.id}: {label}. Its result will be posted in this chat "

@@ -45,7 +45,15 @@ from bot.runner import close_open_tool_calls
 from bot.session import ANSWERED_BY_KEY, SessionStore, now_iso, transitions
 from bot.spend.budget import Budget
 from bot.spend.report import chat_text
-from bot.tasks import TaskBoard, TaskStore, describe, result_of, task_info, usage_by_task
+from bot.tasks import (
+    TaskBoard,
+    TaskRecord,
+    TaskStore,
+    describe,
+    result_of,
+    task_info,
+    usage_by_task,
+)
 from bot.turn import STOPPED_TEXT, Turns, turn_model
 from bot.wording import counted
 
@@ -396,11 +404,18 @@ class AgentLoop:
         if rec.starter != msg.sender_id and not msg.sender.is_admin:
             log.info("task stop refused id=%s by=%s session=%s", rec.id, msg.sender_id, rec.parent)
             return f"Only the person who started task {rec.id}, or an admin, may stop it."
+        return await self.cancel_task(rec, f"{msg.session_key}/{msg.sender_id}")
+
+    async def cancel_task(self, rec: TaskRecord, by: str) -> str:
+        """Stop a task, as ``/stop ID`` and the panel do (who may was checked by the caller):
+        its running turn is stopped as ``/stop`` stops any (its processes killed), and it
+        reports "stopped"; what to tell the one who asked."""
         if rec.state != "running":
             return f"Task {rec.id} has already ended ({rec.state})."
+        log.info("task stop asked id=%s session=%s by %s", rec.id, rec.parent, by)
         if self._stop_task(rec.session_key, "stopped"):
             return f"Stopping task {rec.id}."
-        # Queued behind the limits, or between a restart and its resume: asked durably, and
+        # Queued for a turn slot, or between a restart and its resume: asked durably, and
         # it ends "stopped" when its turn comes (``_process``).
         await asyncio.to_thread(self.tasks.store.request_cancel, rec.id)
         return f"Task {rec.id} is waiting to run; it stops as soon as its turn comes."

@@ -308,12 +308,20 @@ def describe(
     lines = []
     for r in sorted(records, key=lambda r: r.started):
         line = f"{r.id}  {r.state:<9}  {age((r.ended or now) - r.started):>6}  {r.label or '-'}"
-        used = (usage or {}).get(r.session_key)
-        if used is not None and used.calls:
-            cost = f", {used.cost_text()}" if used.costs else ""
-            line += f"  ({counted(used.calls, 'model call')}, {used.tokens:,} tokens{cost})"
+        used = usage_words((usage or {}).get(r.session_key))
+        if used:
+            line += f"  ({used})"
         lines.append(line)
     return lines
+
+
+def usage_words(used: Totals | None) -> str:
+    """A task's model use as /tasks, `memobot tasks` and the panel say it ("" for none):
+    "3 model calls, 1,200 tokens, $0.01" (the cost where llm.prices prices its model)."""
+    if used is None or not used.calls:
+        return ""
+    cost = f", {used.cost_text()}" if used.costs else ""
+    return f"{counted(used.calls, 'model call')}, {used.tokens:,} tokens{cost}"
 
 
 def usage_by_task(state_dir: Path, tz: ZoneInfo) -> dict[str, Totals]:

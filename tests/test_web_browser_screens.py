@@ -16,7 +16,7 @@ from bot.spend.ledger import month_file
 from bot.spend.record import CallRecord, now_utc
 from tests.helpers import config_dict
 from tests.helpers.browser import BROWSER_TEST, csp_violations
-from tests.helpers.web import browsing, panel_section
+from tests.helpers.web import browsing, panel_section, seed_task
 
 if TYPE_CHECKING:
     from playwright.async_api import Page
@@ -60,6 +60,7 @@ async def test_the_screens_fit_a_phone_and_the_log_tail_is_live(
             "USD",
         ).line()
     )
+    seed_task(cfg.agent.state_path)
     gateway = Gateway(cfg, config)
     root = logging.getLogger()
     root.addHandler(gateway.logs)  # as Gateway.run does
@@ -68,7 +69,15 @@ async def test_the_screens_fit_a_phone_and_the_log_tail_is_live(
         async with browsing(cfg, config, gateway=gateway) as panel:
             await browser_page.goto(panel.link())
             await browser_page.wait_for_url(panel.base + "/")
-            screens = ("/chats", "/chats/view?key=telegram:7", "/tools", "/logs", "/usage?by=model")
+            screens = (
+                "/chats",
+                "/chats/view?key=telegram:7",
+                "/tools",
+                "/logs",
+                "/usage?by=model",
+                "/tasks",
+                "/tasks/view?id=abcd",
+            )
             for path in screens:
                 await browser_page.goto(panel.base + path)
                 width = await browser_page.evaluate("document.documentElement.scrollWidth")

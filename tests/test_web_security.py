@@ -21,7 +21,7 @@ from bot.web.limits import AttemptLimiter
 from bot.web.passwords import hash_password
 from bot.web.server import Panel
 from tests.helpers import config_dict
-from tests.helpers.web import PAGES, PUBLIC_PAGES, browsing, panel_section
+from tests.helpers.web import PAGES, PUBLIC_PAGES, browsing, panel_section, seed_task
 
 NO_LLM = "http://127.0.0.1:9/v1"  # the panel's pages never call the model
 PASSWORD = "correct horse battery staple"
@@ -63,6 +63,7 @@ def write(tmp_path: Path, **web: Any) -> Path:
     }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))
+    seed_task(tmp_path / "state")  # for PAGES' task page
     return path
 
 

@@ -48,8 +48,17 @@ PAGES = (  # every page of a logged-in browser
     "/tools",
     "/usage",
     "/usage?since=7d&until=today&by=model",
+    "/tasks",
+    "/tasks/view?id=abcd",  # a task the crawls' state folders hold (tests.helpers.web.seed_task)
 )
 PUBLIC_PAGES = ("/login", "/logged-out", "/expired", "/static/panel.css")
+
+
+def seed_task(state_dir: Path) -> None:
+    """The background task PAGES shows (``/tasks/view?id=abcd``): its record alone."""
+    from bot.tasks import TaskRecord, TaskStore
+
+    TaskStore(state_dir).put(TaskRecord("abcd", "telegram:1001", "1001", "crawl", started=1.0))
 
 
 def panel_section(**extra: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ SCREEN_MODULES = (
     "bot.web.screens.access",
     "bot.web.screens.approvals",
     "bot.web.screens.schedule",
+    "bot.web.screens.tasks",
     "bot.web.screens.usage",
     "bot.web.screens.tools",
     "bot.web.screens.settings",

@@ -53,6 +53,7 @@ class Overview:
     unsent: str
     schedule: str  # the jobs and the next one due, as ``memobot status`` says it
     open_approvals: int
+    running_tasks: int | None  # background tasks running (None: the task store is unreadable)
 
 
 def overview(cfg: Config) -> Overview:
@@ -92,7 +93,18 @@ def overview(cfg: Config) -> Overview:
         # The count only: a waiting call's summary is the model's text, shown where it is
         # answered (its chat), not here.
         open_approvals=len(open_approvals(SessionStore(state))),
+        running_tasks=_running_tasks(cfg),
     )
+
+
+def _running_tasks(cfg: Config) -> int | None:
+    from bot.tasks import TaskStore
+
+    try:
+        records = TaskStore(cfg.agent.state_path).load()
+    except (OSError, ValueError):
+        return None
+    return sum(r.state == "running" for r in records.values())
 
 
 def recent_problems(lines: list[LogLine], most: int = WARNINGS_SHOWN) -> list[LogLine]:
@@ -131,6 +143,13 @@ def overview_page(data: Overview, frame: Frame, problems: list[LogLine] | None =
         unsent=data.unsent,
         schedule=data.schedule,
         approvals=data.open_approvals,
+        tasks=tag(
+            "a",
+            "the task store cannot be read"
+            if data.running_tasks is None
+            else f"{data.running_tasks} running",
+            href="/tasks",
+        ),
         channels=channels,
         problems=_problems(problems),
     )

@@ -41,6 +41,7 @@ def show_lines(rec: TaskRecord) -> list[str]:
         f"started by: {rec.starter}" + (" (admin)" if rec.admin else ""),
         f"started: {started}",
         f"session: {rec.session_key}",
+        f"model: {rec.model or 'llm.model (the default)'}",
     ]
     if rec.ended is not None:
         lines.append(f"ended: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(rec.ended))}")

@@ -486,6 +486,7 @@ async def test_a_task_asks_the_model_its_chat_chose_when_it_was_spawned(
     also after the chat switches back; a record written before the model was kept reads as
     llm.model's."""
     from bot.tasks import TaskRecord
+    from bot.tasks_commands import show_lines
 
     llm.script(
         tool_step(("spawn", {"task": TASK}), when_user_contains="research"),
@@ -499,7 +500,7 @@ async def test_a_task_asks_the_model_its_chat_chose_when_it_was_spawned(
         await say(h, "research please", **admin)
         await until(lambda: reports(h))
         [rec] = TaskStore(tmp_path / "state").load().values()
-        assert rec.model == "fast"
+        assert rec.model == "fast" and "model: fast" in show_lines(rec)  # memobot tasks show
     assert task_request(llm)["body"]["model"] == "gpt-fast"
     old = {"id": "abcd", "parent": "telegram:g1", "starter": "u1", "label": "old"}
     assert TaskRecord.from_dict(old).model is None

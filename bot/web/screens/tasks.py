@@ -223,7 +223,6 @@ def task_page(data: TaskView, frame: Frame, gateway: object) -> Html:
     rec = data.rec
     facts = [line.split(": ", 1) for line in show_lines(rec)]
     facts.append(["model use (this month)", data.used or "—"])
-    facts.append(["model", rec.model or "llm.model (the default)"])
     rows: list[list[object]] = [
         [name, _chat_link(value) if name == "chat" else marked_invisible(value)]
         for name, value in facts

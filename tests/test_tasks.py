@@ -571,12 +571,21 @@ async def test_a_cancel_in_the_store_stops_a_task_at_once_without_polling(tmp_pa
     board = TaskBoard(
         store, max_tasks=5, max_per_chat=5, timeout_seconds=60, accept=accept, dispatch=print
     )
+    read = asyncio.Event()
+    real_records = board.records
+
+    async def records():
+        found = await real_records()
+        read.set()
+        return found
+
+    board.records = records  # type: ignore[method-assign]
     original = tasks_mod.FolderWatch
     tasks_mod.FolderWatch = lambda folder: original(folder, poll=3600)  # type: ignore[misc]
     try:
         stopped = asyncio.Event()
         unwatch = board.watch("abcd", stopped.set)
-        await asyncio.sleep(0.05)  # the watch is reading the store and waiting on the kernel
+        await asyncio.wait_for(read.wait(), 5)  # read once; now it waits on the kernel
         assert not stopped.is_set()
         assert await asyncio.to_thread(TaskStore(tmp_path).request_cancel, "abcd") is not None
         await asyncio.wait_for(stopped.wait(), 5)

@@ -162,6 +162,7 @@ class AgentLoop:
             accept=intake.accept,
             dispatch=self.dispatch,
             outside_slot=self.approvals.outside_slot,
+            result=self._task_result,
         )
         # Every command the loop answers, by name; /allow and friends are presses (accept).
         self.commands = CommandRouter(
@@ -426,6 +427,11 @@ class AgentLoop:
             work.ended_as = reason
         log.info("task %s session=%s", reason, key)
         return self.stop(key)
+
+    async def _task_result(self, key: str) -> str:
+        """A task's result: the last answer of its session ``key``."""
+        session = await asyncio.to_thread(self.store.get, key)
+        return result_of(session.messages)
 
     async def _task_ended(self, key: str, msg: InboundMessage, work: _SessionWork) -> None:
         """A task's turn is over (its answer written, its pending entry gone): report it."""

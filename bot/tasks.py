@@ -75,6 +75,9 @@ class TaskRecord:
     # The spawn call that started it ("<parent message id>/<batch>/<call id>"): a resumed
     # parent turn running that call again gets this task back instead of a second one.
     call: str = ""
+    # Where its result went when it ended: "turn" (the wait: true turn took it), "chat" (its
+    # report); "" while it runs, and in records written before this was kept.
+    told: str = ""
 
     @property
     def sender(self) -> Sender:
@@ -100,6 +103,7 @@ class TaskRecord:
             data.get("cancel") is True,
             data["model"] if isinstance(data.get("model"), str) else None,
             str(data.get("call") or ""),
+            str(data.get("told") or ""),
         )
 
 
@@ -169,14 +173,15 @@ class TaskStore:
     def put(self, record: TaskRecord) -> None:
         self.update(lambda records: records.__setitem__(record.id, record))
 
-    def end(self, task_id: str, state: str, now: float) -> TaskRecord | None:
-        """Mark a running task ended; None when it was not running (ended before)."""
+    def end(self, task_id: str, state: str, now: float, told: str = "") -> TaskRecord | None:
+        """Mark a running task ended (its result ``told`` to the "turn" or the "chat"); None
+        when it was not running (ended before)."""
 
         def change(records: dict[str, TaskRecord]) -> TaskRecord | None:
             rec = records.get(task_id)
             if rec is None or rec.state != "running":
                 return None
-            records[task_id] = replace(rec, state=state, ended=now)
+            records[task_id] = replace(rec, state=state, ended=now, told=told)
             return records[task_id]
 
         result: TaskRecord | None = self.update(change)
@@ -345,6 +350,7 @@ class TaskBoard:
         dispatch: Callable[[InboundMessage], None],
         outside_slot: Callable[[], contextlib.AbstractAsyncContextManager[None]] | None = None,
         clock: Callable[[], float] = time.time,
+        result: Callable[[str], Awaitable[str]] | None = None,
     ) -> None:
         self.store = store
         self.max_tasks = max_tasks
@@ -353,6 +359,7 @@ class TaskBoard:
         self._accept = accept
         self._dispatch = dispatch
         self.clock = clock
+        self._result = result  # a task's result, read from its session (by its key)
         # A waiting parent turn gives its slot back, so its task can have one.
         self._outside_slot = outside_slot or contextlib.nullcontext
         # A wait: true spawn waiting for its task's result.
@@ -515,6 +522,15 @@ class TaskBoard:
         log.info("task started id=%s parent=%s label=%r wait=%s", task_id, parent, label, wait)
         return rec
 
+    async def result_again(self, rec: TaskRecord) -> str | None:
+        """The result of an ended task as its waiting turn was given it, read again from the
+        task's session: for a turn resumed after a crash that came between the handover and
+        the turn's next checkpoint (the turn lost it; nothing reported it to the chat). None
+        when it went to the chat, or cannot be read here."""
+        if rec.told != "turn" or self._result is None:
+            return None
+        return report_text(rec, rec.state, await self._result(rec.session_key))
+
     async def wait(self, task_id: str, seconds: float) -> str | None:
         """The result of a ``wait: true`` task, or None when it did not end in ``seconds``
         (then it reports to the chat when it ends, as any task). The waiting turn holds no
@@ -574,7 +590,8 @@ class TaskBoard:
             log.info("task ended id=%s state=%s report=%s", task_id, state, accepted)
             if accepted == "refused":  # shutting down, or a disk error: reported at next start
                 return
-        await asyncio.to_thread(self.store.end, task_id, state, self.clock())
+        told = "turn" if taken else "chat"
+        await asyncio.to_thread(self.store.end, task_id, state, self.clock(), told)
 
 
 class _Handoff:

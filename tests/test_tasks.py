@@ -641,3 +641,49 @@ async def test_a_parent_resumed_mid_spawn_gets_its_task_back_not_a_second_one(
             f"ends (/tasks lists it, /stop {first.id} stops it)."
         ]
     assert len(reports(h1) + reports(h2)) == 1
+
+
+async def test_a_wait_result_lost_by_a_crash_before_the_turn_kept_it_is_given_again(
+    tmp_path: Path, llm: FakeLLM
+) -> None:
+    """wait: true: the task hands its result to the waiting turn and ends (no report), and the
+    parent is stopped before its checkpoint holds the result. Resumed, the spawn call runs
+    again and gets the result again, from the task's session: it reaches the chat once, in
+    the parent's answer, and no task runs twice."""
+    from bot.tools.spawn import SpawnTool
+
+    llm.script(
+        tool_step(("spawn", {"task": TASK, "wait": True}), when_user_contains="research"),
+        reply("The task says: 42", when_user_contains="research"),
+        reply("There are 42 files.", when_user_contains="TASKTEXT"),
+    )
+    admin = {"is_admin": True, "is_group": False}
+    mid = "m-research"
+    async with harness(tmp_path, llm) as h1:
+        spawn = h1.stack.loop.turns.tools.get("spawn")
+        assert isinstance(spawn, SpawnTool)
+        real_run = spawn.run
+        handed = asyncio.Event()
+
+        async def run_then_die(args, ctx):
+            result = await real_run(args, ctx)
+            handed.set()
+            await asyncio.Event().wait()  # killed before the turn's checkpoint kept it
+            return result
+
+        spawn.run = run_then_die  # type: ignore[method-assign]
+        msg = InboundMessage(
+            "telegram", "g1", "u1", "research please", message_id=mid, metadata=admin
+        )
+        assert await h1.stack.bus.publish_inbound(msg) == "accepted"
+        await asyncio.wait_for(handed.wait(), 15)
+        [rec] = TaskStore(tmp_path / "state").load().values()
+        await until(lambda: TaskStore(tmp_path / "state").load()[rec.id].told == "turn")
+    async with harness(tmp_path, llm) as h2:
+        answer = await until(lambda: [m for m in h2.outbox if m.reply_to == mid and m.final])
+        assert answer[0].text == "The task says: 42"
+    assert tool_results(llm, "research") == [
+        f"Task {rec.id} (TASKTEXT: count the files) finished:\n\nThere are 42 files."
+    ]
+    assert reports(h1) + reports(h2) == []
+    assert list(TaskStore(tmp_path / "state").load()) == [rec.id]

@@ -79,6 +79,9 @@ class SpawnTool(Tool):
         if isinstance(started, str):
             raise ToolError(started)
         if started.state != "running":  # started by this call before a restart, ended since
+            again = await self.board.result_again(started) if wait else None
+            if again is not None:
+                return again  # handed to this turn once, lost by the crash before it was kept
             return (
                 f"task {started.id} ({started.label}) was started by this call before memobot "
                 f"restarted and has ended ({started.state}); its result was posted in this chat."

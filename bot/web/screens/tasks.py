@@ -243,12 +243,10 @@ def task_page(data: TaskView, frame: Frame, gateway: object) -> Html:
             tag("p", "Running: its result is posted in its chat when it ends.", class_="muted")
         )
     else:
-        told = (
-            "returned to the turn that waited for it (posted in its chat if that turn "
-            "stopped waiting)"
-            if rec.wait
-            else "posted in its chat"
-        )
+        told = {
+            "turn": "returned to the turn that waited for it",
+            "chat": "posted in its chat",
+        }.get(rec.told, "returned to the turn that waited for it or posted in its chat")
         parts.append(tag("p", f"Ended {rec.state}; {told}:", class_="muted"))
         parts.append(answer(report_text(rec, rec.state, result)))
     parts.append(tag("h2", "Transcript"))

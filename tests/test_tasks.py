@@ -687,3 +687,27 @@ async def test_a_wait_result_lost_by_a_crash_before_the_turn_kept_it_is_given_ag
     ]
     assert reports(h1) + reports(h2) == []
     assert list(TaskStore(tmp_path / "state").load()) == [rec.id]
+
+
+def test_a_resumed_batch_keeps_its_results_in_call_order() -> None:
+    """A batch [spawn, exec] cut by a crash: exec is marked interrupted, spawn is left open and
+    run again, and its result is put back before exec's (strict templates pair by position)."""
+    from bot.runner import INTERRUPTED_TOOL_RESULT, close_open_tool_calls, results_in_call_order
+
+    def call(cid: str, name: str) -> dict:
+        return {"id": cid, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+    turn = [
+        {"role": "user", "content": "go"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [call("a", "spawn"), call("b", "exec")],
+        },
+    ]
+    assert close_open_tool_calls(turn, {"spawn"}) == 1
+    assert [m.get("tool_call_id") for m in turn[2:]] == ["b"]
+    assert turn[2]["content"] == INTERRUPTED_TOOL_RESULT
+    turn.append({"role": "tool", "tool_call_id": "a", "name": "spawn", "content": "started"})
+    results_in_call_order(turn)
+    assert [m.get("tool_call_id") for m in turn[2:]] == ["a", "b"]

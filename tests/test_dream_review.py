@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import html
 import json
 import logging
+import re
 import signal
 import subprocess
 import time
@@ -26,6 +28,7 @@ from tests.fakes.llm_server import FakeLLM, tool_step
 from tests.fakes.telegram_api import FakeBotAPI, strip_html
 from tests.helpers import REPO, config_dict, make_config, stop_gateway, zygote
 from tests.helpers.approvals import ALICE, BOB, WAIT, Running, button_data, running, settings
+from tests.helpers.web import Browser
 
 FACT = "Lives in Lyon"
 EDIT = tool_step(
@@ -237,3 +240,60 @@ def test_sigkill_while_the_proposal_waits_keeps_its_button_working(tmp_path):
         assert proc.returncode == 0, (tmp_path / "gateway.log").read_text()
         assert f"- {FACT}" in (ws / "USER.md").read_text()
         assert len(commits(ws)) == len(history) + 1 and read_dream_cursor(ws) == 1
+
+
+# -- the panel's Approvals screen ------------------------------------------------------------
+
+
+def answer_form(page: str, choice: str) -> dict[str, str]:
+    """The fields of the ``choice`` button's form on the Approvals page."""
+    for form in re.findall(r'<form method="post" action="/approvals/answer">(.*?)</form>', page):
+        fields = dict(re.findall(r'name="([a-z]+)" value="([^"]*)"', form))
+        if fields.get("choice") == choice:
+            return {k: html.unescape(v) for k, v in fields.items()}
+    raise AssertionError(f"no {choice} button on the page")
+
+
+async def notice(browser: Browser) -> str:
+    _, page, _ = await browser.get("/approvals")
+    found = re.search(r'<p class="notice" role="status">(.*?)</p>', page)
+    return html.unescape(found.group(1)) if found else ""
+
+
+async def test_the_panel_shows_the_proposal_escaped_and_answers_it(tmp_path, llm, caplog):
+    from types import SimpleNamespace
+
+    from bot.config import load_config
+    from tests.helpers import Harness, write_config
+    from tests.helpers.web import browsing, panel_section
+
+    caplog.set_level(logging.INFO)
+    config = write_config(tmp_path, llm.base_url, memory=REVIEW, web=panel_section())
+    cfg, _ = load_config(config)
+    marked = "<b>Ada</b> lives in Lyon"
+    async with Harness(cfg, config, channels=("telegram",)) as harness:
+        dream = harness.stack.loop.dream
+        await dream.archive.append("cli:main", "Ada said she moved to Lyon")
+        llm.script(tool_step(("add_entry", {"file": "USER.md", "entry": marked})), FINISH)
+        result = await dream.run()
+        assert result.status == "proposed"
+        # No admin chat is known to this channel: the panel is where it is answered.
+        assert "no admin's private chat to ask in" in caplog.text
+        gateway = SimpleNamespace(stack=harness.stack, scheduler=None)
+        async with browsing(cfg, config, gateway=gateway) as browser:
+            await browser.login()
+            _, page, _ = await browser.get("/approvals")
+            assert "&lt;b&gt;Ada&lt;/b&gt; lives in Lyon" in page and marked not in page
+            assert "Dream wants to change the long-term memory" in page
+            assert marked not in (tmp_path / "ws" / "USER.md").read_text()
+            allow = answer_form(page, "once")
+            assert allow["key"] == "dream" and allow["id"] == result.proposal
+            status, _, _ = await browser.post("/approvals/answer", allow)
+            assert status == 303
+            assert (await notice(browser)).startswith("Allowed: Dream's changes are written")
+            assert f"- {marked}" in (tmp_path / "ws" / "USER.md").read_text()
+            assert f"{result.proposal} session=dream answered once by web" in caplog.text
+            await browser.post("/approvals/answer", {**allow, "token": "another-request"})
+            assert await notice(browser) == "This approval was already answered."
+            _, page, _ = await browser.get("/approvals")
+            assert "Dream wants to change" not in page

@@ -23,6 +23,7 @@ from bot.memory.dream import Dream, read_dream_cursor
 from bot.memory.history import HistoryArchive
 from bot.memory.review import ProposalStore
 from bot.memory.versioning import MemoryRepo, cmd_log
+from bot.status import dream_line
 from bot.workspace import init_workspace
 from tests.fakes.llm_server import FakeLLM, tool_step
 from tests.fakes.telegram_api import FakeBotAPI, strip_html
@@ -81,9 +82,12 @@ async def test_the_edit_waits_for_an_admin_and_deny_skips_it(tmp_path, llm, api,
         assert (tmp_path / "state" / "dream" / "review.json").exists()
         assert FACT not in "".join(p.read_text(errors="replace") for p in ws.rglob("*.md"))
 
+        assert f"proposal {pid} waits for an admin's answer" in dream_line(tg.stack.loop.cfg)
         # A person who is no admin cannot answer it, typed or pressed.
         api.private_text(f"/allow {pid}", user_id=BOB, username="bob")
         await tg.said("Only an admin of this bot may answer", BOB)
+        api.press(request, button_data(request, "once"), user_id=BOB, username="bob")
+        await tg.said("Only an admin of this bot may answer", ALICE)
         unchanged(ws, user_md, history)
         # While it waits, Dream does not run again (the model is not asked).
         asked = len(llm.requests)

@@ -882,4 +882,9 @@ async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
         await provider.close()
         await usage.aclose()
     print(result.describe())
-    return 0 if result.status in ("done", "nothing") else 1
+    if result.status == "proposed":  # no chat to ask in from here
+        print(
+            f"Answer it with /allow {result.proposal} or /deny {result.proposal} in a chat, or "
+            "in the panel's Approvals screen; the gateway asks the admins at its next start."
+        )
+    return 0 if result.status in ("done", "nothing", "proposed") else 1

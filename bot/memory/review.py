@@ -21,6 +21,7 @@ waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import json
 import logging
@@ -212,9 +213,21 @@ class ProposalStore:
     def _load(self) -> dict[str, Any]:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or not isinstance(data.get("closed", []), list):
+                raise ValueError("not a review record")
+            if data.get("open") is not None:
+                Proposal.from_dict(data["open"])
         except FileNotFoundError:
             return {"open": None, "closed": []}
-        return data if isinstance(data, dict) else {"open": None, "closed": []}
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            # Never skipped silently: kept aside, said, and the run that made it goes over
+            # the same entries again (its cursor never moved).
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            with contextlib.suppress(OSError):
+                durable.move(self.path, aside)
+            log.error("dream: %s cannot be read (%s); moved to %s", self.path, exc, aside.name)
+            return {"open": None, "closed": []}
+        return data
 
     def open(self) -> Proposal | None:
         """The proposal that waits for an answer, or was answered and has not landed yet."""

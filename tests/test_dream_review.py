@@ -149,6 +149,40 @@ async def test_allow_never_overwrites_a_newer_edit(tmp_path, llm, api):
         assert read_dream_cursor(ws) == 2
 
 
+async def test_an_answer_recorded_before_a_crash_is_carried_out_at_the_next_start(tmp_path, llm):
+    """The answer is durable before it is acted on: a fresh Dream and desk over the same
+    state folder (what a restart builds) land an Allow that was recorded but not carried out;
+    a proposal ``memobot dream`` made (never asked) is asked at the start."""
+    from bot.bus import MessageBus
+    from bot.memory.review import DreamReview
+
+    cfg = make_config(tmp_path, llm.base_url, memory=REVIEW)
+    ws, state = cfg.agent.workspace_path, cfg.agent.state_path
+    init_workspace(ws)
+    archive = HistoryArchive(ws)
+    await archive.append("cli:main", "Ada said she moved to Lyon")
+    llm.script(EDIT, FINISH)
+    provider = LLMProvider(cfg.llm)
+    try:
+        first = Dream(cfg.memory, ws, provider, archive, state_dir=state)
+        result = await first.run()  # as `memobot dream`: nobody to ask from here
+        store = ProposalStore(state)
+        assert result.status == "proposed" and store.open().asked_in is None
+        history = commits(ws)
+        restarted = Dream(cfg.memory, ws, provider, HistoryArchive(ws), state_dir=state)
+        await DreamReview(restarted, MessageBus()).resume()
+        assert store.open().asked_in == ()  # asked (in no chat: none is known here)
+        assert store.decide(str(result.proposal), "once", "1001", "press-1") is not None
+        # ... and the process died here. The next start carries the answer out.
+        again = Dream(cfg.memory, ws, provider, HistoryArchive(ws), state_dir=state)
+        await DreamReview(again, MessageBus()).resume()
+    finally:
+        await provider.close()
+    assert f"- {FACT}" in (ws / "USER.md").read_text()
+    assert len(commits(ws)) == len(history) + 1 and read_dream_cursor(ws) == 1
+    assert store.open() is None and store.closed(str(result.proposal))["outcome"] == "applied"
+
+
 # -- review off: every commit names its entries -------------------------------------------
 
 

@@ -37,6 +37,11 @@ EDIT = tool_step(
 )
 FINISH = tool_step(("finish", {"summary": "stored where Ada lives"}))
 REVIEW = {"dreamReview": True}
+# Several messages in Alice's chat in a row: the per-chat pacing (1 a second) is not the point.
+FAST = {
+    "group": {"messages": 20, "perSeconds": 1},
+    "chat": {"messages": 50, "perSeconds": 1, "burst": 20},
+}
 
 
 def commits(ws: Path) -> list[str]:
@@ -67,7 +72,7 @@ def unchanged(ws: Path, user_md: str, history: list[str]) -> None:
 
 async def test_the_edit_waits_for_an_admin_and_deny_skips_it(tmp_path, llm, api, caplog):
     caplog.set_level(logging.INFO)
-    async with running(tmp_path, llm, api, memory=REVIEW) as tg:
+    async with running(tmp_path, llm, api, memory=REVIEW, rateLimits=FAST) as tg:
         ws = tmp_path / "ws"
         user_md, history = (ws / "USER.md").read_text(), commits(ws)
         pid, request = await proposed(tg)
@@ -109,7 +114,7 @@ async def test_the_edit_waits_for_an_admin_and_deny_skips_it(tmp_path, llm, api,
 
 
 async def test_allow_writes_and_commits_it_naming_its_entries(tmp_path, llm, api, capsys):
-    async with running(tmp_path, llm, api, memory=REVIEW) as tg:
+    async with running(tmp_path, llm, api, memory=REVIEW, rateLimits=FAST) as tg:
         ws = tmp_path / "ws"
         history = commits(ws)
         pid, request = await proposed(tg)
@@ -132,7 +137,7 @@ async def test_allow_writes_and_commits_it_naming_its_entries(tmp_path, llm, api
 
 
 async def test_allow_never_overwrites_a_newer_edit(tmp_path, llm, api):
-    async with running(tmp_path, llm, api, memory=REVIEW) as tg:
+    async with running(tmp_path, llm, api, memory=REVIEW, rateLimits=FAST) as tg:
         ws = tmp_path / "ws"
         history = commits(ws)
         _, request = await proposed(tg)

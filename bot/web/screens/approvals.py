@@ -220,7 +220,8 @@ def _proposal(p: Proposal, csrf: str, live: bool) -> Html:
     head = tag("h3", join(["Dream · ", tag("code", ", ".join(p.files))]))
     parts = [head, tag("p", view.intro), tag("pre", visible(view.subject).shown, class_="subject")]
     if p.state != "waiting":
-        parts.append(tag("p", "Answered; it is finished at the next Dream run.", class_="muted"))
+        later = "Answered; carried out at the gateway's next start or Dream run."
+        parts.append(tag("p", later, class_="muted"))
     elif live:
         token = secrets.token_urlsafe(12)
         buttons = [

@@ -31,6 +31,7 @@ from bot.loop import AgentLoop, Background
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import Dream
 from bot.memory.history import HistoryArchive
+from bot.memory.review import DreamReview
 from bot.outage import Outage
 from bot.provenance import Provenance
 from bot.recovery import Recovery
@@ -212,6 +213,10 @@ def build_loop(
     slots = asyncio.Semaphore(cfg.agent.max_concurrent_turns)
     # The desk gives a waiting turn's slot back while a person decides.
     approvals = ApprovalDesk(cfg, store, bus, tools, slots)
+    # Dream's proposals (memory.dreamReview) are questions of the same desk.
+    review = DreamReview(dream, bus)
+    dream.on_proposal = review.ask
+    approvals.review = review
     turns = Turns(
         cfg, bus, store, provider, tools, context, consolidator, gate, background.spawn, approvals
     )

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot import failpoints
 from bot.bus import Activity, InboundMessage, MessageBus, OutboundMessage, TurnActivity
@@ -52,6 +52,9 @@ from bot.runner import Approver
 from bot.session import Session, SessionState, SessionStore, transitions
 from bot.session.state import Entry
 from bot.tools.base import ToolRegistry
+
+if TYPE_CHECKING:
+    from bot.memory.review import DreamReview
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +170,9 @@ class ApprovalDesk:
         # The loop's turn slots (agent.maxConcurrentTurns): a question may wait for half an
         # hour, and its slot is better used by other chats meanwhile.
         self.slots = slots
+        # Dream's proposals (memory.dreamReview): questions of this desk kept in the state
+        # folder, not in a turn's checkpoint; a press of one of their ids goes there.
+        self.review: DreamReview | None = None
 
     def approver(
         self,
@@ -412,6 +418,9 @@ class ApprovalDesk:
         approval_id, choice = (press.id, press.choice) if press else ("", "")
         if choice not in CHOICES and choice != SHOW:
             return "That is not an answer to an approval."
+        if await self._dreams(approval_id):
+            assert self.review is not None
+            return await self.review.press(msg)
         session = await self._locate(approval_id, msg)
         record = session.state.open_approval
         if record is not None and session.key != msg.session_key and not elsewhere(record, msg):
@@ -446,6 +455,12 @@ class ApprovalDesk:
         question was shown in are told that it was answered, and how."""
         if choice not in CHOICES:
             return "That is not an answer to an approval."
+        if await self._dreams(approval_id):
+            assert self.review is not None
+            asked_in = await asyncio.to_thread(self.review.asked_in, approval_id)
+            reply = await self.review.answer(approval_id, choice, by, True, press)
+            await self._tell_answered(approval_id, reply, asked_in)
+            return reply
         # Any session the panel names: maybe not cached, so loaded off the event loop.
         session = await asyncio.to_thread(self.store.get, key)
         record = session.state.open_approval
@@ -455,11 +470,24 @@ class ApprovalDesk:
         if not record.get("asked_in"):
             shown_in = [(key.partition(":")[0], key.partition(":")[2])]
         reply = await self._decide(session, record, choice, by, press, f"{key}'s turns")
-        if reply not in (None, EXPIRED, ANSWERED, STOPPED):
-            for channel, chat_id in shown_in:
-                note = f"Approval {approval_id} was answered in the control panel: {reply}"
-                await self.bus.publish_outbound(OutboundMessage(channel, chat_id, note))
+        await self._tell_answered(approval_id, reply, shown_in)
         return reply
+
+    async def _tell_answered(
+        self, approval_id: str, reply: str | None, shown_in: list[tuple[str, str]]
+    ) -> None:
+        """Tell the chats a question was shown in that the panel answered it, and how."""
+        if reply in (None, EXPIRED, ANSWERED, STOPPED):
+            return
+        for channel, chat_id in shown_in:
+            note = f"Approval {approval_id} was answered in the control panel: {reply}"
+            await self.bus.publish_outbound(OutboundMessage(channel, chat_id, note))
+
+    async def _dreams(self, approval_id: str) -> bool:
+        """Whether ``approval_id`` is one of Dream's proposals (open or answered)."""
+        if self.review is None:
+            return False
+        return await asyncio.to_thread(self.review.owns, approval_id)
 
     async def _decide(
         self,

@@ -511,6 +511,9 @@ class MemoryConfig(_Model):
     # Non-admins' private chats (allowFrom or pairing) see USER.md, MEMORY.md and all history.
     share_with_non_admins: StrictBool = False
     dream: DreamConfig = DreamConfig()
+    # Dream's edits wait for an admin's Allow (a question with buttons, the panel) before
+    # anything is written (bot.memory.review).
+    dream_review: StrictBool = False
     # A name in llm.models for consolidation and Dream (a cheaper model); "": llm's own.
     model: str = ""
 

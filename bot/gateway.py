@@ -211,6 +211,7 @@ class Gateway:
         loop_task = asyncio.create_task(self.stack.loop.run(schedule_dream=True), name="agent")
         self.stack.mcp.start()  # in the background: a slow server never delays the start
         await self.manager.start()
+        self.stack.loop.resume_review()  # the channels are up: a question can be asked
         await self._start_panel()
         startup.started()
         # After recovery (a recorded occurrence is found as a duplicate) and the channels.

@@ -200,6 +200,12 @@ class AgentLoop:
             await self._publish(msg, reply, final=False)
         return "duplicate"  # handled: confirm it to the platform, queue nothing
 
+    def resume_review(self) -> None:
+        """At the gateway's start: finish or ask about a proposal of Dream's left from before
+        (``DreamReview.resume``), in the background."""
+        if self.approvals.review is not None:
+            self._spawn(self.approvals.review.resume())
+
     async def announce_once(self, channel: str, chat_id: str, text: str, marker: str) -> bool:
         """A permanent message outside any turn, sent exactly once (``Turns.announce_once``)."""
         return await self.turns.announce_once(channel, chat_id, text, marker)

@@ -102,7 +102,7 @@ def status_rows(cfg: Config, config_path: Path) -> list[tuple[str, str]]:
     """``memobot status``'s rows, (name, text) in order."""
     from bot.cron.commands import status_line as cron_status_line
     from bot.gateway import read_status
-    from bot.memory.dream import budget_lines, read_dream_cursor
+    from bot.memory.dream import budget_lines
 
     state = cfg.agent.state_path
     live = read_status(state)
@@ -119,7 +119,7 @@ def status_rows(cfg: Config, config_path: Path) -> list[tuple[str, str]]:
         ("model", model_line(cfg)),
         ("sessions", str(sessions_count(cfg))),
         ("memory", ", ".join(budget_lines(cfg.agent.workspace_path, cfg.memory.max_chars))),
-        ("dream", f"digested up to history cursor {read_dream_cursor(cfg.agent.workspace_path)}"),
+        ("dream", dream_line(cfg)),
         ("channels", "; ".join(channels) if channels else "none enabled"),
         ("exec", exec_line(cfg)),
         ("limits", limits_line(cfg, live)),
@@ -133,6 +133,16 @@ def status_rows(cfg: Config, config_path: Path) -> list[tuple[str, str]]:
         ("budget", budget_status_line(cfg)),
         ("panel", panel_line(cfg, live)),
     ]
+
+
+def dream_line(cfg: Config) -> str:
+    """How far Dream digested, and the proposal that waits for an admin (dreamReview)."""
+    from bot.memory.dream import read_dream_cursor
+    from bot.memory.review import waiting_line
+
+    line = f"digested up to history cursor {read_dream_cursor(cfg.agent.workspace_path)}"
+    waiting = waiting_line(cfg.agent.state_path)
+    return f"{line}; {waiting}" if waiting else line
 
 
 def usage_line(cfg: Config) -> str:

@@ -20,7 +20,7 @@ import contextlib
 import functools
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -28,11 +28,20 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from bot import workspace_files
 from bot.config import Config, MemoryConfig
 from bot.cron.heartbeat import owner_chat, private_chat
+from bot.gate.approval import WAITING
 from bot.gate.effects import Effects
 from bot.llm import LLMError, LLMProvider
 from bot.memory.entries import EntryError, add_entry, count_entries, remove_entry, replace_entry
 from bot.memory.files import MEMORY_FILES
 from bot.memory.history import HistoryArchive, HistoryEntry
+from bot.memory.review import (
+    ALLOW,
+    Change,
+    Proposal,
+    ProposalStore,
+    as_proposed,
+    new_proposal,
+)
 from bot.privacy import owner_scope
 from bot.provenance import Provenance, Writer, watched_stamps
 from bot.session import SUFFIX, key_to_filename
@@ -52,7 +61,17 @@ BUDGETED = ("USER.md", "memory/MEMORY.md")
 MAX_REMOVED_SHARE = 1 / 3
 _SKILL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
 # "paused": a budget is spent (bot.spend.budget); not a failure, nothing was asked.
-Status = Literal["done", "nothing", "refused", "incomplete", "failed", "paused"]
+# "proposed": the edit waits for an admin's answer (memory.dreamReview; bot.memory.review);
+# "waiting": a proposal waits still, so this run did nothing.
+Status = Literal[
+    "done", "nothing", "refused", "incomplete", "failed", "paused", "proposed", "waiting"
+]
+# Each edit names the history entries it comes from: they go into the commit message.
+SOURCES: dict[str, Any] = {
+    "type": "array",
+    "items": {"type": "integer"},
+    "description": "the #numbers of the history entries this change comes from",
+}
 
 DREAM_INSTRUCTIONS = """You maintain the long-term memory of a personal assistant. New entries \
 from the conversation archive follow, together with the current memory files. Keep what will \
@@ -111,6 +130,7 @@ class _EntryTool(_DreamTool):
         super().__init__(edits)
         properties: dict[str, Any] = {"file": {"type": "string", "enum": list(edits.files)}}
         properties.update({name: {"type": "string"} for name in self.fields})
+        properties["sources"] = SOURCES
         self.parameters = {  # type: ignore[misc]  # per pass: its own files
             "type": "object",
             "properties": properties,
@@ -128,7 +148,7 @@ class AddEntryTool(_EntryTool):
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         self.allow(args["file"], ctx)
-        return self.edits.add(args["file"], args["entry"], args.get("section"))
+        return self.edits.add(args["file"], args["entry"], args.get("section"), args.get("sources"))
 
 
 class ReplaceEntryTool(_EntryTool):
@@ -139,7 +159,9 @@ class ReplaceEntryTool(_EntryTool):
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         self.allow(args["file"], ctx)
-        return self.edits.replace(args["file"], args["old"], args["new"], args["reason"])
+        return self.edits.replace(
+            args["file"], args["old"], args["new"], args["reason"], args.get("sources")
+        )
 
 
 class RemoveEntryTool(_EntryTool):
@@ -150,7 +172,7 @@ class RemoveEntryTool(_EntryTool):
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         self.allow(args["file"], ctx)
-        return self.edits.remove(args["file"], args["entry"], args["reason"])
+        return self.edits.remove(args["file"], args["entry"], args["reason"], args.get("sources"))
 
 
 class WriteSkillTool(_DreamTool):
@@ -162,6 +184,7 @@ class WriteSkillTool(_DreamTool):
             "name": {"type": "string", "description": "lowercase-with-dashes"},
             "description": {"type": "string", "description": "one line: when to use it"},
             "instructions": {"type": "string", "description": "Markdown steps"},
+            "sources": SOURCES,
         },
         "required": ["name", "description", "instructions"],
     }
@@ -175,7 +198,9 @@ class WriteSkillTool(_DreamTool):
                 "a skill name is lowercase letters, digits and dashes, e.g. 'weekly-report'"
             )
         self.allow(skill_file(name), ctx)
-        return self.edits.skill(name, str(args["description"]), str(args["instructions"]))
+        return self.edits.skill(
+            name, str(args["description"]), str(args["instructions"]), args.get("sources")
+        )
 
 
 class FinishTool(_DreamTool):
@@ -220,10 +245,31 @@ class DreamResult:
     removed: list[str] = field(default_factory=list)
     skills: list[str] = field(default_factory=list)
     detail: str = ""
+    proposal: str | None = None  # the id of the proposal it made, or waits on
+    cited: dict[str, str] = field(default_factory=dict)  # skill -> its history entries
+
+    def summary(self) -> dict[str, list[str]]:
+        """The changes, one line each with the history entries it comes from."""
+        skills = [f"{rel}{self.cited.get(rel, '')}" for rel in dict.fromkeys(self.skills)]
+        return {
+            "added": list(self.added),
+            "replaced": list(self.replaced),
+            "removed": list(self.removed),
+            "skills": skills,
+        }
 
     def describe(self) -> str:
         if self.status == "nothing":
             return "Dream: no new history to digest."
+        if self.status == "proposed":
+            changes = len(self.added) + len(self.replaced) + len(self.removed) + len(self.skills)
+            return (
+                f"Dream proposes {counted(changes, 'change')} from "
+                f"{counted(self.entries, 'history entry', 'history entries')} "
+                f"(approval {self.proposal}): nothing is written until an admin allows it."
+            )
+        if self.status == "waiting":
+            return f"Dream waits: {self.detail}"
         if self.status != "done":
             return f"Dream {self.status}: {self.detail}"
         changes = len(self.added) + len(self.replaced) + len(self.removed) + len(self.skills)
@@ -262,29 +308,56 @@ class _Edits:
         self.result = DreamResult("done")
         self.removed_per_file: dict[str, int] = {}
         self.finished = False  # the model called finish
+        self.cursors: tuple[int, ...] = ()  # the history entries this pass considers
 
-    def add(self, file: str, entry: str, section: str | None) -> str:
+    def cite(self, sources: Any) -> str:
+        """`` (history #5, #7)``: the entries a change comes from, as the model named them
+        (each one of this pass's entries, else a ToolError for the model to correct); when
+        it named none, the pass's whole range, said to be unnamed."""
+        named: list[int] = []
+        for item in sources if isinstance(sources, list) else []:
+            text = str(item).strip().lstrip("#")
+            if not text.isdigit() or (self.cursors and int(text) not in self.cursors):
+                raise ToolError(
+                    f"sources: {item!r} is not one of the new history entries "
+                    f"(#{self.cursors[0]}..#{self.cursors[-1]})"
+                    if self.cursors
+                    else f"sources: {item!r} is not a history entry's number"
+                )
+            if int(text) not in named:
+                named.append(int(text))
+        if named:
+            return " (history " + ", ".join(f"#{c}" for c in sorted(named)) + ")"
+        if not self.cursors:
+            return ""
+        return f" (history #{self.cursors[0]}..#{self.cursors[-1]}, not named)"
+
+    def add(self, file: str, entry: str, section: str | None, sources: Any = None) -> str:
+        cited = self.cite(sources)
         with _entry_errors():
             self.files[file], changed = add_entry(self.files[file], entry, section)
         if not changed:
             return "Already there; nothing changed."
-        self.result.added.append(f"{file}: {entry}")
+        self.result.added.append(f"{file}: {entry}{cited}")
         return "Added."
 
-    def replace(self, file: str, old: str, new: str, reason: str) -> str:
+    def replace(self, file: str, old: str, new: str, reason: str, sources: Any = None) -> str:
+        cited = self.cite(sources)
         with _entry_errors():
             self.files[file], found = replace_entry(self.files[file], old, new)
-        self.result.replaced.append(f'{file}: "{found}" -> "{new}" ({reason})')
+        self.result.replaced.append(f'{file}: "{found}" -> "{new}" ({reason}){cited}')
         return "Replaced."
 
-    def remove(self, file: str, entry: str, reason: str) -> str:
+    def remove(self, file: str, entry: str, reason: str, sources: Any = None) -> str:
+        cited = self.cite(sources)
         with _entry_errors():
             self.files[file], old = remove_entry(self.files[file], entry)
         self.removed_per_file[file] = self.removed_per_file.get(file, 0) + 1
-        self.result.removed.append(f'{file}: "{old}" (reason: {reason})')
+        self.result.removed.append(f'{file}: "{old}" (reason: {reason}){cited}')
         return "Removed."
 
-    def skill(self, name: str, description: str, instructions: str) -> str:
+    def skill(self, name: str, description: str, instructions: str, sources: Any = None) -> str:
+        cited = self.cite(sources)
         description = " ".join(description.split()).replace('"', "'")
         body = instructions.strip()
         rel = skill_file(name)
@@ -296,6 +369,7 @@ class _Edits:
                 self.existed.add(rel)
         self.original.setdefault(rel, _read(self.workspace, rel))
         self.result.skills.append(rel)
+        self.result.cited[rel] = cited
         return f"Wrote {rel}."
 
     def refusal(self) -> str | None:
@@ -311,14 +385,6 @@ class _Edits:
 
     def changed(self) -> dict[str, str]:
         return {k: v for k, v in self.files.items() if v != self.original.get(k)}
-
-    def restore(self, names: list[str]) -> None:
-        """Put the named files back as they were before the run (absent ones removed)."""
-        for rel in names:
-            if rel in self.existed:
-                _write(self.workspace, rel, self.original[rel])
-            else:
-                workspace_files.unlink(self.workspace, rel)
 
 
 @contextlib.contextmanager
@@ -342,6 +408,14 @@ def _write(workspace: Path, rel: str, text: str) -> None:
     workspace_files.write_atomic(workspace, rel, text, make_parents=True)
 
 
+def _restore(workspace: Path, change: Change) -> None:
+    """Put a changed file back as it was read (absent: removed)."""
+    if change.existed:
+        _write(workspace, change.rel, change.before)
+    else:
+        workspace_files.unlink(workspace, change.rel)
+
+
 def read_dream_cursor(workspace: Path) -> int:
     try:
         return int(workspace_files.read_text(workspace, "memory/.dream_cursor").strip() or 0)
@@ -363,21 +437,45 @@ def budget_lines(workspace: Path, max_chars: int) -> list[str]:
     return out
 
 
-def commit_message(result: DreamResult, first: int, last: int) -> str:
-    lines = [
-        f"dream: digest history {first}..{last} ({counted(result.entries, 'entry', 'entries')})",
-        "",
-    ]
-    for title, items in (
-        ("Added", result.added),
-        ("Replaced", result.replaced),
-        ("Removed", result.removed),
-        ("Skills written", result.skills),
+def commit_message(
+    summary: dict[str, list[str]], entries: int, first: int, last: int, reviewed: str = ""
+) -> str:
+    """Dream's commit message: the range digested, then every change with the history
+    entries it comes from (``memobot memory log`` shows them); ``reviewed``: who allowed it."""
+    lines = [f"dream: digest history {first}..{last} ({counted(entries, 'entry', 'entries')})", ""]
+    for key, title in (
+        ("added", "Added"),
+        ("replaced", "Replaced"),
+        ("removed", "Removed"),
+        ("skills", "Skills written"),
     ):
+        items = summary.get(key) or []
         if items:
             lines.append(f"{title}:")
             lines += [f"- {i}" for i in items]
+    if reviewed:
+        lines += ["", f"Reviewed: {reviewed}"]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def result_of(proposal: Proposal) -> DreamResult:
+    """The result a proposal lands as (its changes, as the run that made it found them)."""
+    summary = proposal.summary
+    skills, cited = [], {}
+    for item in summary.get("skills") or []:
+        rel, sep, rest = item.partition(" (history")
+        skills.append(rel)
+        cited[rel] = f"{sep}{rest}" if sep else ""
+    return DreamResult(
+        "done",
+        proposal.entries,
+        proposal.last,
+        added=list(summary.get("added") or []),
+        replaced=list(summary.get("replaced") or []),
+        removed=list(summary.get("removed") or []),
+        skills=skills,
+        cited=cited,
+    )
 
 
 class Dream:
@@ -405,6 +503,10 @@ class Dream:
         self.owner_chat = owner_chat
         self.gate = gate
         self.provenance = Provenance(state_dir, workspace)
+        # memory.dreamReview: edits wait in the state folder for an admin's answer; the
+        # approval desk asks (``on_proposal``, set where the desk is built).
+        self.proposals = ProposalStore(state_dir)
+        self.on_proposal: Callable[[Proposal], Awaitable[None]] | None = None
         self._lock = asyncio.Lock()
 
     @property
@@ -417,8 +519,9 @@ class Dream:
             return await self._run()
 
     async def _run(self) -> DreamResult:
-        from bot.memory.versioning import MemoryRepoError
-
+        waiting = await self._open_proposal()
+        if waiting is not None:
+            return waiting
         cursor = read_dream_cursor(self.workspace)
         entries = await asyncio.to_thread(self.archive.entries, cursor, self.cfg.dream.max_entries)
         if not entries:
@@ -429,9 +532,10 @@ class Dream:
         if problem:
             return DreamResult("failed", len(entries), detail=problem)
         passes = self._passes(entries)
-        changed: dict[str, str] = {}
+        changes: list[Change] = []
         result = DreamResult("done")
         for edits, subset, instructions in passes:
+            edits.cursors = tuple(e.cursor for e in subset)
             try:
                 complete = await self._converse(edits, subset, instructions)
             except BudgetSpent as exc:
@@ -447,18 +551,38 @@ class Dream:
                 removed = "; ".join(edits.result.removed)
                 log.error("dream refused: %s; removals: %s", refusal, removed)
                 return DreamResult("refused", len(entries), detail=refusal)
-            changed.update(edits.changed())
+            # Who shaped each file Dream read, for a run taken back: a guest's skill put back
+            # stays the guest's, not a file of no record (which reads as the owner's own
+            # edit), also when the owner changed it meanwhile.
+            for rel, text in edits.changed().items():
+                existed = rel in edits.existed
+                before = edits.original.get(rel, "")
+                changes.append(Change(rel, before, existed, text, edits.prior.get(rel)))
             for name in ("added", "replaced", "removed", "skills"):
                 getattr(result, name).extend(getattr(edits.result, name))
+            result.cited.update(edits.result.cited)
         result.entries = len(entries)
         result.cursor = entries[-1].cursor
+        first, last = entries[0].cursor, entries[-1].cursor
+        if changes and self.cfg.dream_review:
+            return await self._propose(changes, result, first, last)
+        return await self._land(changes, result, first, last)
+
+    async def _land(
+        self,
+        changes: list[Change],
+        result: DreamResult,
+        first: int,
+        last: int,
+        reviewed: str = "",
+    ) -> DreamResult:
+        """Write ``changes``, record the skills written as the owner's, commit, then move the
+        cursor to ``last``. A commit that fails takes the writes back (cursor unmoved)."""
+        from bot.memory.versioning import MemoryRepoError
+
         before = await asyncio.to_thread(watched_stamps, self.workspace)
-        # Who shaped each file Dream read, for a run taken back: a guest's skill put back stays
-        # the guest's, not a file of no record (which reads as the owner's own edit), also
-        # when the owner changed it meanwhile.
-        prior = {rel: w for edits, _, _ in passes for rel, w in edits.prior.items()}
-        for rel, text in changed.items():
-            await asyncio.to_thread(_write, self.workspace, rel, text)
+        for change in changes:
+            await asyncio.to_thread(_write, self.workspace, change.rel, change.after)
         if result.skills:
             # Written from the owner's own chats (other chats' passes write no skill): the
             # owner's, as an admin's private turn's would be.
@@ -469,31 +593,157 @@ class Dream:
             mine_before = {rel: st for rel, st in before.items() if rel in ours}
             mine_after = {rel: st for rel, st in after.items() if rel in ours}
             await asyncio.to_thread(self.provenance.record, mine_before, mine_after, SESSION, True)
-        if changed:
+        if changes:
             try:
-                message = commit_message(result, entries[0].cursor, entries[-1].cursor)
+                message = commit_message(result.summary(), result.entries, first, last, reviewed)
                 result.commit = await _commit(self.workspace, self.state_dir, message)
             except MemoryRepoError as exc:
                 # The repository changed under us since the check: take the edits back, so
                 # the next run does them once, not on top of themselves.
-                for edits, _, _ in passes:
-                    restored = [r for r in changed if r in edits.files]
-                    await asyncio.to_thread(edits.restore, restored)
-                    for rel in restored:
-                        await asyncio.to_thread(self.provenance.carry, rel, prior.get(rel))
+                for change in changes:
+                    await asyncio.to_thread(_restore, self.workspace, change)
+                    await asyncio.to_thread(self.provenance.carry, change.rel, change.prior)
                 log.error("dream: commit failed, edits taken back: %s", exc)
-                return DreamResult("failed", len(entries), detail=str(exc))
+                return DreamResult("failed", result.entries, detail=str(exc))
         # Last: the cursor. A crash before this line re-digests the same entries next time,
         # and adding an entry that is already there changes nothing.
-        await asyncio.to_thread(write_dream_cursor, self.workspace, entries[-1].cursor)
+        await self._advance(last)
         log.info("dream: %s", result.describe())
+        await self._compact(last)
+        return result
+
+    async def _advance(self, last: int) -> None:
+        """Move the cursor to ``last`` (never back)."""
+        if read_dream_cursor(self.workspace) < last:
+            await asyncio.to_thread(write_dream_cursor, self.workspace, last)
+
+    async def _compact(self, last: int) -> None:
         try:
-            moved = await self.archive.compact(entries[-1].cursor, self.cfg.history_keep_days)
+            moved = await self.archive.compact(last, self.cfg.history_keep_days)
             if moved:
                 log.info("history: moved %d digested entries to monthly archive files", moved)
         except OSError as exc:
             log.warning("history compaction skipped: %s", exc)
+
+    # -- review (memory.dreamReview; bot.memory.review) ------------------------------------
+
+    async def _propose(
+        self, changes: list[Change], result: DreamResult, first: int, last: int
+    ) -> DreamResult:
+        """Store the edit as a proposal for an admin (nothing written, the cursor unmoved)
+        and ask about it."""
+        proposal = new_proposal(first, last, result.entries, changes, result.summary())
+        stored = await asyncio.to_thread(self.proposals.propose, proposal)
+        if stored is None:  # a `memobot dream` beside the gateway proposed first
+            return await self._open_proposal() or DreamResult("nothing")
+        log.info(
+            "dream: proposal %s: %s in %s from history %d..%d, waiting for an admin's answer",
+            proposal.id,
+            counted(sum(map(len, result.summary().values())), "change"),
+            ", ".join(proposal.files),
+            first,
+            last,
+        )
+        if self.on_proposal is not None:
+            try:
+                await self.on_proposal(proposal)
+            except Exception:  # stored: the panel and /allow still answer it
+                log.exception("dream: asking about proposal %s failed", proposal.id)
+        result.status = "proposed"
+        result.proposal = proposal.id
+        result.cursor = None
         return result
+
+    async def _open_proposal(self) -> DreamResult | None:
+        """A "waiting" result while a proposal waits for its answer; one answered but not yet
+        landed (a crash between) is finished first. None: no proposal is open."""
+        proposal = await asyncio.to_thread(self.proposals.open)
+        if proposal is None:
+            return None
+        if proposal.state != WAITING:
+            await self._settle(proposal)
+            return None
+        return DreamResult(
+            "waiting",
+            proposal=proposal.id,
+            detail=(
+                f"its proposal {proposal.id} (history #{proposal.first}..#{proposal.last}) "
+                f"waits for an admin's answer (/allow {proposal.id} or /deny {proposal.id}); "
+                "no new history is digested until then"
+            ),
+        )
+
+    async def settle(self, proposal: Proposal) -> str:
+        """Act on the answer recorded in ``proposal`` (allow: land it; deny: skip its entries);
+        the reply for whoever answered."""
+        async with self._lock:
+            return await self._settle(proposal)
+
+    async def _settle(self, proposal: Proposal) -> str:
+        pid, first, last = proposal.id, proposal.first, proposal.last
+        if proposal.state != ALLOW:
+            await self._advance(last)
+            await asyncio.to_thread(self.proposals.close, proposal, "denied")
+            log.info(
+                "dream: proposal %s denied by %s: nothing written, history %d..%d skipped "
+                "(cursor moved to %d)",
+                pid,
+                proposal.by,
+                first,
+                last,
+                last,
+            )
+            await self._compact(last)
+            return (
+                f"Denied: nothing was written. Dream moves on past history entries "
+                f"#{first}..#{last}."
+            )
+        moved = await asyncio.to_thread(self._changed_since, proposal)
+        if moved:
+            await asyncio.to_thread(self.proposals.close, proposal, "stale", ", ".join(moved))
+            log.warning(
+                "dream: proposal %s allowed by %s, but %s changed since it was made: nothing "
+                "written; the next run goes over history %d..%d again",
+                pid,
+                proposal.by,
+                ", ".join(moved),
+                first,
+                last,
+            )
+            return (
+                f"Not written: {', '.join(moved)} changed since Dream proposed this, and a "
+                "newer edit is never overwritten. The next Dream run goes over the same "
+                f"history entries (#{first}..#{last}) again."
+            )
+        reviewed = f"allowed by {proposal.by} ({pid})"
+        landed = await self._land(
+            list(proposal.changes), result_of(proposal), first, last, reviewed
+        )
+        if landed.status != "done":
+            await asyncio.to_thread(self.proposals.close, proposal, "failed", landed.detail)
+            return (
+                f"Allowed, but it could not be written ({landed.detail}); nothing was "
+                "changed. The next Dream run tries these entries again."
+            )
+        await asyncio.to_thread(self.proposals.close, proposal, "applied", landed.commit or "")
+        log.info(
+            "dream: proposal %s allowed by %s: written (commit %s)",
+            pid,
+            proposal.by,
+            (landed.commit or "-")[:8],
+        )
+        commit = f" (commit {landed.commit[:8]})" if landed.commit else ""
+        return f"Allowed: Dream's changes are written{commit}."
+
+    def _changed_since(self, proposal: Proposal) -> list[str]:
+        """The files of ``proposal`` that are no longer as it found them (blocking reads)."""
+        return [
+            c.rel
+            for c in proposal.changes
+            if not as_proposed(
+                _read(self.workspace, c.rel), workspace_files.is_file(self.workspace, c.rel), c
+            )
+        ]
 
     def _passes(self, entries: list[HistoryEntry]) -> list[tuple[_Edits, list[HistoryEntry], str]]:
         """One pass over the owner's own chats (USER.md, SOUL.md, MEMORY.md, skills), then one
@@ -632,4 +882,9 @@ async def run_dream_command(cfg: Config, args: argparse.Namespace) -> int:
         await provider.close()
         await usage.aclose()
     print(result.describe())
-    return 0 if result.status in ("done", "nothing") else 1
+    if result.status == "proposed":  # no chat to ask in from here
+        print(
+            f"Answer it with /allow {result.proposal} or /deny {result.proposal} in a chat, or "
+            "in the panel's Approvals screen; the gateway asks the admins at its next start."
+        )
+    return 0 if result.status in ("done", "nothing", "proposed") else 1

@@ -977,7 +977,19 @@ def cmd_log(cfg: Config, args: argparse.Namespace) -> int:
         return 0
     for c in commits:
         print(f"{c.short_id}  {_local_time(c):%Y-%m-%d %H:%M}  {_shown(c.subject)}")
+        for line in sourced_changes(c):
+            print(f"    {_shown(line)}")
     return 0
+
+
+def sourced_changes(info: CommitInfo) -> list[str]:
+    """A Dream commit's changes, one line each with the history entries it comes from
+    (``- USER.md: Lives in Lyon (history #5, #7)``, as ``bot.memory.dream.commit_message``
+    writes them) and who allowed it under ``memory.dreamReview``; [] for any other commit."""
+    if not info.subject.startswith("dream: "):
+        return []
+    lines = info.message.split("\n")[1:]
+    return [line for line in lines if line.startswith(("- ", "Reviewed: "))]
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

@@ -78,6 +78,7 @@ async def running(
     api: FakeBotAPI,
     tools: dict[str, Any] | None = None,
     agent: dict[str, Any] | None = None,
+    memory: dict[str, Any] | None = None,
     **tg: Any,
 ) -> AsyncIterator[Running]:
     cfg = make_config(
@@ -86,6 +87,7 @@ async def running(
         channels={"telegram": settings(api, **tg)},
         tools={"exec": {"timeoutSeconds": 20}, "approval": "risky", **(tools or {})},
         agent=agent or {},
+        memory=memory or {},
     )
     async with telegram_in_process(cfg, tmp_path / "config.json") as (stack, _channel, _manager):
         yield Running(api, llm, stack, tmp_path)

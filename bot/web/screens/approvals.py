@@ -8,6 +8,10 @@ it was answered already, and the other way round. The question's text is the mod
 escaped, every invisible character by its code point, as in the chats
 (``bot.gate.question.visible``). A rule removed here is gone from the session state the gate
 reads, for the next call.
+
+Dream's proposal (``memory.dreamReview``, :mod:`bot.memory.review`) waits here too: the diff,
+each change with the history entries it comes from, Allow and Deny; answered through the same
+desk, as a press of its buttons in the admins' chats.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from bot.approvals import open_approvals
 from bot.gate.approval import CHOICES, answer_hint, asked_call, describe_call
 from bot.gate.effects import Effects
 from bot.gate.question import visible
+from bot.memory.review import CHOICES as DREAM_CHOICES
+from bot.memory.review import DREAM_KEY, Proposal, ProposalStore
 from bot.session import SessionStore, transitions
 from bot.web.render import Html, join, tag
 from bot.web.server import page_response
@@ -114,8 +120,10 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         if gateway is not None:
             effects = dict(gateway.stack.loop.approvals.tools.effects())
         waiting, rules = await asyncio.to_thread(approvals_data, panel.state_dir, effects)
+        proposal = await asyncio.to_thread(ProposalStore(panel.state_dir).open)
         frame = panel.frame(request, await panel.gateway_running())
-        return page_response(approvals_page(waiting, rules, frame, gateway is not None))
+        live = gateway is not None
+        return page_response(approvals_page(waiting, rules, frame, live, proposal))
 
     async def answer(request: web.Request) -> web.Response:
         data = await request.post()
@@ -126,7 +134,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
             return panel.back("/approvals", NEEDS_GATEWAY)
         if choice not in CHOICES or not TOKEN.match(token):
             return panel.back("/approvals", "That is not an answer to an approval.")
-        if key not in await asyncio.to_thread(gateway.stack.store.keys):
+        # Dream's proposal belongs to no chat: the desk knows it by its id.
+        if key != DREAM_KEY and key not in await asyncio.to_thread(gateway.stack.store.keys):
             return panel.back("/approvals", f"There is no chat {key}.")
         desk = gateway.stack.loop.approvals
         reply = await desk.answer_as_owner(key, approval_id, choice, "web", f"web-{token}")
@@ -204,14 +213,51 @@ def _rules(r: Rules, csrf: str) -> Html:
     return tag("section", join([tag("h3", r.key), tag("ul", join(items), class_="rules")]))
 
 
-def approvals_page(waiting: list[Waiting], rules: list[Rules], frame: Frame, live: bool) -> Html:
+def _proposal(p: Proposal, csrf: str, live: bool) -> Html:
+    """Dream's proposal: memobot's words, then the changes and the diff (the model's words:
+    escaped, every invisible character shown) and, in a gateway, Allow and Deny."""
+    view = p.view()
+    head = tag("h3", join(["Dream · ", tag("code", ", ".join(p.files))]))
+    parts = [head, tag("p", view.intro), tag("pre", visible(view.subject).shown, class_="subject")]
+    if p.state != "waiting":
+        later = "Answered; carried out at the gateway's next start or Dream run."
+        parts.append(tag("p", later, class_="muted"))
+    elif live:
+        token = secrets.token_urlsafe(12)
+        buttons = [
+            post_button(
+                "/approvals/answer",
+                label,
+                csrf,
+                choice == "once",
+                key=DREAM_KEY,
+                id=p.id,
+                choice=choice,
+                token=token,
+            )
+            for choice, label in DREAM_CHOICES.items()
+        ]
+        parts.append(tag("div", join(buttons, " "), class_="actions"))
+        parts.append(tag("p", view.outro.splitlines()[-1], class_="muted"))
+    return tag("section", join(parts), class_="question", aria_label=f"approval {p.id}")
+
+
+def approvals_page(
+    waiting: list[Waiting],
+    rules: list[Rules],
+    frame: Frame,
+    live: bool,
+    proposal: Proposal | None = None,
+) -> Html:
     now = time.time()
     parts: list[object] = [tag("h2", "Waiting for an answer")]
-    if waiting and not live:
+    if (waiting or proposal) and not live:
         parts.append(tag("p", NEEDS_GATEWAY, class_="muted"))
+    if proposal is not None:
+        parts.append(_proposal(proposal, frame.csrf, live))
     if waiting:
         parts.extend(_question(w, frame.csrf, live, now) for w in waiting)
-    else:
+    elif proposal is None:
         parts.append(tag("p", "No tool call waits for an answer.", class_="muted"))
     parts.append(tag("h2", "Remembered rules (“always allow”)"))
     parts.append(

@@ -225,6 +225,8 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         said = result.describe()
         if result.commit:
             return panel.back("/memory/commit?" + urlencode({"rev": result.commit}), said)
+        if result.proposal:  # memory.dreamReview: the edit waits there for an answer
+            return panel.back("/approvals", said)
         return panel.back("/memory", said)
 
     return [

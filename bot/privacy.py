@@ -27,6 +27,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
 from bot.kinds import NARROWED_KEY as NARROWED_KEY  # its home before bot.kinds
+from bot.memory.people import person_file
 from bot.session import SUFFIX, key_to_filename
 from bot.workspace import MEDIA_DIR, chat_media_dir
 
@@ -53,7 +54,9 @@ class PrivacyScope:
     ``owner_memory``: USER.md and memory/MEMORY.md in the prompt, ``memory_search`` over every
     chat's history and the memory files, the file tools on ``memory/`` and the memory
     repository. ``media``: this chat's download folder (relative to the workspace); None: every
-    chat's (the owner).
+    chat's (the owner). ``person``: the speaker's own memory file (bot.memory.people), in the
+    prompt and open to the file tools, read and write; None: no person's file (the owner's
+    scope has USER.md; a group with ``memory.peopleInGroups`` off; an unattended turn).
     """
 
     audience: Audience
@@ -61,6 +64,7 @@ class PrivacyScope:
     admin: bool  # the sender is an admin (in a group: an admin's own turn)
     owner_memory: bool
     media: PurePosixPath | None
+    person: str | None = None
 
     @property
     def is_owner(self) -> bool:
@@ -97,6 +101,11 @@ class PrivacyScope:
         )
         # Shared memory is shown, never rewritten: what a guest or a group says about itself
         # does not belong in the owner's USER.md.
+        # A person's file is theirs alone: open to their own turns, read and write, whatever
+        # else is shared; the folder is not listed (its names are who else talks to memobot).
+        if parts[:2] == ["memory", "people"]:
+            own = self.person is not None and parts == self.person.casefold().split("/")
+            return None if own else "another person's memory"
         if memory and (write or not self.owner_memory):
             return "the owner's private memory"
         # Shared or not, what Dream keeps about another chat is that chat's (bot.memory.dream).
@@ -126,25 +135,32 @@ def owner_scope(session_key: str) -> PrivacyScope:
     return PrivacyScope("owner", session_key, True, True, None)
 
 
-def guest_scope(msg: InboundMessage, share: bool) -> PrivacyScope:
+def guest_scope(msg: InboundMessage, share: bool, person: str | None = None) -> PrivacyScope:
     return PrivacyScope(
-        "guest", msg.session_key, False, share, chat_media_dir(msg.channel, msg.chat_id)
+        "guest", msg.session_key, False, share, chat_media_dir(msg.channel, msg.chat_id), person
     )
 
 
-def group_scope(msg: InboundMessage, admin: bool, share: bool) -> PrivacyScope:
+def group_scope(
+    msg: InboundMessage, admin: bool, share: bool, person: str | None = None
+) -> PrivacyScope:
     return PrivacyScope(
-        "group", msg.session_key, admin, share, chat_media_dir(msg.channel, msg.chat_id)
+        "group", msg.session_key, admin, share, chat_media_dir(msg.channel, msg.chat_id), person
     )
 
 
 def scope_for_person(msg: InboundMessage, memory: MemoryConfig) -> PrivacyScope:
-    """The scope of a turn answering a person: decided by the chat and the sender alone."""
+    """The scope of a turn answering a person: decided by the chat and the sender alone. A
+    person who is not the owner has their own memory file in it (in a group only with
+    ``memory.peopleInGroups``: it holds what they said in private too, and the group reads
+    the answer)."""
+    own = person_file(msg.channel, msg.sender.id)
     if msg.sender.is_group:
-        return group_scope(msg, msg.sender.is_admin, memory.share_in_groups)
+        person = own if memory.people_in_groups else None
+        return group_scope(msg, msg.sender.is_admin, memory.share_in_groups, person)
     if msg.sender.is_admin:
         return owner_scope(msg.session_key)
-    return guest_scope(msg, memory.share_with_non_admins)
+    return guest_scope(msg, memory.share_with_non_admins, own)
 
 
 def scope_for_unattended(msg: InboundMessage, memory: MemoryConfig) -> PrivacyScope:

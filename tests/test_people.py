@@ -241,7 +241,7 @@ async def test_dream_routes_each_speakers_facts_to_their_file(tmp_path, llm, api
             llm.script(reply(f"ok {fact}"))
             api.group_text(f"remember that I like {fact}", user_id=who)
             await tg.said(f"ok {fact}", GROUP)
-            assert "memory/people" not in tg.system_prompt(start)
+            assert "The person writing now" not in tg.system_prompt(start)
         summary = {
             "summary": "User3003 (telegram 3003) and User4004 (telegram 4004) said what they like.",
             "facts": ["User3003 (telegram 3003) likes jasmine tea", "User4004 likes espresso"],

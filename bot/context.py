@@ -156,9 +156,10 @@ class ContextBuilder:
                 f"\n\n---\n\n## The person writing now: {person.shown}\n\n"
                 f"What you remember about them is their own memory file, {rel}; it is theirs "
                 "alone. When they ask you to remember something about themselves, add it "
-                "there, one short line per fact (never in USER.md, which is your owner's, and "
-                "never in another person's file); what others say about them does not go "
-                f"there.\n\n{text}"
+                "there with your file tools, one short line per fact (never in USER.md, which "
+                "is your owner's, and never in another person's file; without file tools here, "
+                "it is remembered from the conversation later); what others say about them "
+                f"does not go there.\n\n{text}"
             )
         return entry.text
 

@@ -24,6 +24,7 @@ from bot.config import MemoryConfig, load_config
 from bot.context import runtime_block, speaker_of
 from bot.kinds import with_kind
 from bot.memory.consolidate import chunk_speakers
+from bot.memory.files import memory_stamp
 from bot.memory.history import HistoryArchive, entry_line, parse_entry
 from bot.memory.people import Speaker, listing, person_file, read_header
 from bot.memory.people_commands import cmd_people
@@ -304,8 +305,17 @@ def _with_people(tmp_path: Path) -> tuple[Any, Path, Path]:
 def test_memory_people_lists_shows_and_edits(tmp_path, capsys, monkeypatch) -> None:
     cfg, _, ws = _with_people(tmp_path)
     assert [f.rel for f in listing(ws)] == [BOB_FILE]
+    # A person writes their own file: a header naming someone else is not believed.
+    (ws / "memory/people/slack-U0%2D1.md").write_text("# Carol (telegram 4004)\n")
+    [slack, _] = listing(ws)
+    assert slack.speaker == Speaker("slack", "U0-1", "")
+    stamp = memory_stamp(ws)
+    (ws / CAROL_FILE).write_text("- Likes coffee\n")  # a person's file written
+    assert memory_stamp(ws) != stamp  # so the turn's edit is committed
     assert cmd_people(cfg, argparse.Namespace(people_command=None)) == 0
-    assert "telegram-3003.md  Bob <b>B</b> (telegram 3003)" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert "telegram-3003.md  Bob <b>B</b> (telegram 3003)" in listed
+    assert "slack-U0%2D1.md  (no name) (slack U0-1)" in listed
     assert cmd_people(cfg, argparse.Namespace(people_command="show", who="telegram:3003")) == 0
     assert "- Likes tea" in capsys.readouterr().out
     script = "import sys; open(sys.argv[1], 'a').write('- Likes jazz\\n')"

@@ -92,6 +92,35 @@ def read_header(text: str) -> Speaker | None:
     return Speaker(m["channel"], m["id"], "" if name == "(no name)" else name)
 
 
+def _unescape(text: str) -> str:
+    raw = bytearray()
+    i = 0
+    while i < len(text):
+        if text[i] == "%" and i + 3 <= len(text):
+            raw.append(int(text[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            raw.extend(text[i].encode("utf-8"))
+            i += 1
+    return raw.decode("utf-8", errors="replace")
+
+
+def person_of(rel: str, text: str) -> Speaker | None:
+    """Whose file ``rel`` is: the channel and id its name gives, with the name its header
+    gives when that header names the same channel and id (the person writes their own file:
+    a header claiming someone else is not believed). None: not a person's file name."""
+    m = PERSON_PATH.match(rel)
+    if m is None:
+        return None
+    try:
+        channel, ident = _unescape(m[1]), _unescape(m[2])
+    except ValueError:
+        return None
+    said = read_header(text)
+    name = said.name if said and (said.channel, said.id) == (channel, ident) else ""
+    return Speaker(channel, ident, name)
+
+
 def with_header(text: str, speaker: Speaker) -> str:
     """``text`` with the header naming ``speaker`` first (added when it has none)."""
     if read_header(text) is not None:
@@ -119,7 +148,7 @@ def speaker_in_block(block: str) -> Speaker | None:
 @dataclass(frozen=True, slots=True)
 class PersonFile:
     rel: str
-    speaker: Speaker | None  # from its header; None: it has none (written by hand)
+    speaker: Speaker  # from its name; the name from its header (bot.memory.people.person_of)
     size: int
 
 
@@ -130,8 +159,9 @@ def listing(workspace: Path) -> list[PersonFile]:
         rel = f"{PEOPLE_DIR}/{name}"
         if not stat.S_ISREG(st.st_mode) or not PERSON_PATH.match(rel):
             continue
-        text = workspace_files.read_text_or_empty(workspace, rel)
-        out.append(PersonFile(rel, read_header(text), st.st_size))
+        who = person_of(rel, workspace_files.read_text_or_empty(workspace, rel))
+        if who is not None:
+            out.append(PersonFile(rel, who, st.st_size))
     return out
 
 
@@ -148,7 +178,7 @@ def find(workspace: Path, who: str) -> str | None:
     for f in files:
         if f.rel == f"{PEOPLE_DIR}/{who}.md" or f.rel == f"{PEOPLE_DIR}/{who}":
             return f.rel
-    named = [f.rel for f in files if f.speaker and f.speaker.name.casefold() == who.casefold()]
+    named = [f.rel for f in files if f.speaker.name and f.speaker.name.casefold() == who.casefold()]
     return named[0] if len(named) == 1 else None
 
 

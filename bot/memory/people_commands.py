@@ -48,7 +48,7 @@ def cmd_people(cfg: Config, args: argparse.Namespace) -> int:
         if not files:
             print("No person's memory file yet (memory/people/ is empty).")
         for f in files:
-            who = _shown(f.speaker.shown) if f.speaker else "(no header)"
+            who = _shown(f.speaker.shown)
             print(f"{f.rel}  {who}  {f.size:,} bytes")
         return 0
     rel = find(workspace, args.who)

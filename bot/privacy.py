@@ -11,7 +11,9 @@ that can show the owner's data: the prompt builder (which prompt files), ``memor
 A guest or a group sees the owner's memory (USER.md, memory/MEMORY.md, all of history, the
 memory repository) only where ``memory.shareWithNonAdmins`` / ``memory.shareInGroups`` say so,
 and never writes it; it never sees the owner's heartbeat list, other chats' downloaded files or
-the shared temporary folder, and never rewrites the prompt files every chat reads. Pure: no I/O
+the shared temporary folder, and never rewrites the prompt files every chat reads. Of the
+people's memory files (bot.memory.people) it sees and writes the speaker's own at most (a
+group's turns only with ``memory.peopleInGroups``), never another's. Pure: no I/O
 here; :func:`bot.tools.paths.resolve_tool_path` applies :meth:`PrivacyScope.hidden` to real
 (symlink-free) paths.
 
@@ -99,13 +101,13 @@ class PrivacyScope:
         memory = top in _MEMORY_FOLDERS or (
             len(parts) == 1 and _names_file(top, _MEMORY_ROOT_FILES)
         )
-        # Shared memory is shown, never rewritten: what a guest or a group says about itself
-        # does not belong in the owner's USER.md.
         # A person's file is theirs alone: open to their own turns, read and write, whatever
         # else is shared; the folder is not listed (its names are who else talks to memobot).
         if parts[:2] == ["memory", "people"]:
             own = self.person is not None and parts == self.person.casefold().split("/")
             return None if own else "another person's memory"
+        # Shared memory is shown, never rewritten: what a guest or a group says about itself
+        # does not belong in the owner's USER.md.
         if memory and (write or not self.owner_memory):
             return "the owner's private memory"
         # Shared or not, what Dream keeps about another chat is that chat's (bot.memory.dream).

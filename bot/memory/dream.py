@@ -511,7 +511,9 @@ class Dream:
     def _passes(self, entries: list[HistoryEntry]) -> list[tuple[_Edits, list[HistoryEntry], str]]:
         """One pass over the owner's own chats (USER.md, SOUL.md, MEMORY.md, skills), then one
         per other chat (a group, a person who is not the owner) that may edit only that chat's
-        memory file: what a group said never reaches the files every private prompt carries."""
+        memory file and the files of the people its entries name as writers (bot.memory.people):
+        what a group said never reaches the files every private prompt carries, and what one
+        person said about themselves goes to their own file."""
         own = [e for e in entries if self._owners(e)]
         others: dict[str, list[HistoryEntry]] = {}
         for e in entries:

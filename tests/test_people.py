@@ -329,7 +329,7 @@ def test_memory_people_lists_shows_and_edits(tmp_path, capsys, monkeypatch) -> N
 
 
 async def test_the_panel_lists_and_opens_each_persons_file(tmp_path) -> None:
-    cfg, config, _ = _with_people(tmp_path)
+    cfg, config, ws = _with_people(tmp_path)
     async with browsing(cfg, config) as b:
         await b.login()
         status, page, _ = await b.get("/memory")
@@ -337,3 +337,11 @@ async def test_the_panel_lists_and_opens_each_persons_file(tmp_path) -> None:
         assert "what memobot keeps about Bob &lt;b&gt;B&lt;/b&gt; (telegram 3003)" in page
         status, page, _ = await b.get(f"/memory/file?path={BOB_FILE}")
         assert status == 200 and "Likes tea" in page
+        # A name with an escaped character opens by the link the list gives.
+        (ws / "memory/people/slack-U0%2D1.md").write_text("# Dee (slack U0-1)\n\n- Likes jazz\n")
+        _, page, _ = await b.get("/memory")
+        assert "what memobot keeps about Dee (slack U0-1)" in page
+        link = "/memory/file?path=memory%2Fpeople%2Fslack-U0%252D1.md"
+        assert f'href="{link}"' in page
+        status, page, _ = await b.get(link)
+        assert status == 200 and "Likes jazz" in page

@@ -36,6 +36,7 @@ _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 PERSON_PATH = re.compile(r"^memory/people/([A-Za-z0-9_%]{1,64})-([A-Za-z0-9_%]{1,200})\.md$")
 _HEADER = re.compile(r"^# (?P<name>.*) \((?P<channel>\S+) (?P<id>\S+)\)\s*$")
 MAX_NAME_CHARS = 100
+NO_NAME = "(no name)"  # shown for a person whose platform gave no name
 # The runtime block's line naming who wrote a message (bot.context.runtime_block).
 FROM_PREFIX = "from: "
 _FROM = re.compile(r"^from: (?P<name>.*) \((?P<channel>\S+) (?P<id>\S+)\)$")
@@ -57,7 +58,7 @@ class Speaker:
     @property
     def shown(self) -> str:
         """``Ada Lovelace (telegram 1001)``: how the prompt, the header and Dream name them."""
-        return f"{self.name or '(no name)'} ({self.channel} {self.id})"
+        return f"{self.name or NO_NAME} ({self.channel} {self.id})"
 
 
 def _escape(text: str) -> str:
@@ -88,8 +89,11 @@ def read_header(text: str) -> Speaker | None:
     m = _HEADER.match(first)
     if m is None:
         return None
-    name = m["name"]
-    return Speaker(m["channel"], m["id"], "" if name == "(no name)" else name)
+    return Speaker(m["channel"], m["id"], _name(m["name"]))
+
+
+def _name(shown: str) -> str:
+    return "" if shown == NO_NAME else shown
 
 
 def _unescape(text: str) -> str:
@@ -141,7 +145,7 @@ def speaker_in_block(block: str) -> Speaker | None:
             return None
         m = _FROM.match(line)
         if m is not None:
-            return Speaker(m["channel"], m["id"], m["name"])
+            return Speaker(m["channel"], m["id"], _name(m["name"]))
     return None
 
 

@@ -510,6 +510,9 @@ class MemoryConfig(_Model):
     share_in_groups: StrictBool = False
     # Non-admins' private chats (allowFrom or pairing) see USER.md, MEMORY.md and all history.
     share_with_non_admins: StrictBool = False
+    # Group members' own memory files (memory/people/) in their group turns: off, because a
+    # file holds what its person said in private too, and the whole group reads the answer.
+    people_in_groups: StrictBool = False
     dream: DreamConfig = DreamConfig()
     # Dream's edits wait for an admin's Allow (a question with buttons, the panel) before
     # anything is written (bot.memory.review).

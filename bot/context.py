@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot import workspace_files
 from bot.images import MAX_INLINE_IMAGE_BYTES, image_label, shown_name
+from bot.memory.people import Speaker, from_line, read_header, speaker_in_block
 from bot.privacy import PrivacyScope, owner_scope
 from bot.runner import NO_ANSWER_NOTE, interrupted_result
 from bot.skills import SkillsIndex, UntrustedFiles
@@ -93,6 +94,7 @@ class ContextBuilder:
         self._prompt_key: str | None = None
         self._repaired: set[str] = set()  # sessions whose history was already reported
         self._chat_files: dict[str, _CachedFile] = {}  # memory/chats/<chat>.md, by path
+        self._people: dict[str, _CachedFile] = {}  # memory/people/<person>.md, by path
 
     def _read(self, name: str) -> bool:
         """Refresh one prompt file from disk if it changed; True if it did. A link, a folder
@@ -130,6 +132,34 @@ class ContextBuilder:
             text = workspace_files.read_text_or_empty(self.workspace, rel).strip() if key else ""
             entry.text = (
                 f"\n\n---\n\n## What you remember about this chat\n\n{text}" if text else ""
+            )
+        return entry.text
+
+    def _person_memory(self, person: Speaker) -> str:
+        """The section telling the model whose turn it is and what their own file holds,
+        re-read only when the file changed (bot.memory.people)."""
+        rel = person.file
+        entry = self._people.get(rel)
+        if entry is None:
+            entry = self._people[rel] = _CachedFile()
+            if len(self._people) > _CHAT_FILES_KEPT:
+                self._people.pop(next(iter(self._people)))
+        st = workspace_files.file_stat(self.workspace, rel)
+        key = None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
+        if key != entry.key or person.shown not in entry.text:
+            entry.key = key
+            text = workspace_files.read_text_or_empty(self.workspace, rel) if key else ""
+            if read_header(text) is not None:
+                text = text.split("\n", 1)[1] if "\n" in text else ""
+            text = text.strip() or "(nothing yet)"
+            entry.text = (
+                f"\n\n---\n\n## The person writing now: {person.shown}\n\n"
+                f"What you remember about them is their own memory file, {rel}; it is theirs "
+                "alone. When they ask you to remember something about themselves, add it "
+                "there with your file tools, one short line per fact (never in USER.md, which "
+                "is your owner's, and never in another person's file; without file tools here, "
+                "it is remembered from the conversation later); what others say about them "
+                f"does not go there.\n\n{text}"
             )
         return entry.text
 
@@ -172,12 +202,15 @@ class ContextBuilder:
         chat_id: str,
         media: Sequence[str] = (),
         now: datetime | None = None,
+        speaker: Speaker | None = None,
     ) -> dict[str, Any]:
         """The person's message as sent in this turn: its images inlined after a text that
-        names each one, which is all the stored form (``bot.images.stored_form``) keeps."""
+        names each one, which is all the stored form (``bot.images.stored_form``) keeps.
+        ``speaker``: who wrote it, named in the runtime block (a chat that is not the
+        owner's: the model and, from the history, Dream tell people apart by it)."""
         if now is None and self.timezone is not None:
             now = datetime.now(self.timezone)
-        content = text + "\n\n" + runtime_block(channel, chat_id, now)
+        content = text + "\n\n" + runtime_block(channel, chat_id, now, speaker)
         images = [p for p in media if Path(p).suffix.lower() in IMAGE_SUFFIXES]
         others = [p for p in media if p not in images]
         if others:
@@ -217,12 +250,17 @@ class ContextBuilder:
         tools_tokens: int = 0,
         scope: PrivacyScope | None = None,
         chat_memory: str | None = None,
+        person: Speaker | None = None,
     ) -> list[dict[str, Any]]:
         """``chat_memory``: the workspace path of this chat's own memory file (a chat that is
-        not the owner's: Dream keeps its facts there, bot.memory.dream), added to the prompt."""
+        not the owner's: Dream keeps its facts there, bot.memory.dream), added to the prompt.
+        ``person``: the speaker whose own memory file (bot.memory.people) this turn shows,
+        last, after the chat's (in a group, the part that changes with the speaker)."""
         system = self.system_prompt(scope)
         if chat_memory:
             system += self._chat_memory(chat_memory)
+        if person is not None:
+            system += self._person_memory(person)
         fixed = estimate_text_tokens(system) + tools_tokens + max_tokens
         fixed += sum(estimate_message_tokens(m) for m in turn)
         budget = max(0, context_window - fixed)
@@ -456,13 +494,26 @@ def content_as_text(content: Any) -> str:
 RUNTIME_HEAD = "[runtime context: metadata, not an instruction]"
 
 
-def runtime_block(channel: str, chat_id: str, now: datetime | None = None) -> str:
+def runtime_block(
+    channel: str, chat_id: str, now: datetime | None = None, speaker: Speaker | None = None
+) -> str:
     now = (now or datetime.now().astimezone()).replace(microsecond=0)
-    return (
+    block = (
         f"{RUNTIME_HEAD}\n"
         f"time: {now.strftime('%Y-%m-%d %H:%M %Z (%A)')}\n"
         f"channel: {channel}\nchat: {chat_id}"
     )
+    return block + ("\n" + from_line(speaker) if speaker is not None else "")
+
+
+def speaker_of(message: dict[str, Any]) -> Speaker | None:
+    """Who wrote a stored user message, as its runtime block names them (None: the owner, a
+    message from before speakers were named, or not a user message)."""
+    if message.get("role") != "user":
+        return None
+    text = content_as_text(message.get("content"))
+    cut = text.rfind("\n\n" + RUNTIME_HEAD)
+    return None if cut == -1 else speaker_in_block(text[cut + 2 :])
 
 
 def said_by_person(text: str) -> str:

@@ -229,6 +229,13 @@ def sender_of(msg: InboundMessage) -> Sender:
     )
 
 
+def sender_name(msg: InboundMessage) -> str:
+    """The name the platform gave the sender (``sender_name``, as the channels write it;
+    "" when it gave none). Display text, never a right: who someone is, is their id."""
+    name = msg.metadata.get("sender_name")
+    return name if isinstance(name, str) else ""
+
+
 def press_from_command(command: Command) -> Press | None:
     """``/allow ap-…`` and friends as a press; None when it is not one."""
     choice = ANSWER_COMMANDS.get(command.name)

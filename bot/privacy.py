@@ -11,7 +11,9 @@ that can show the owner's data: the prompt builder (which prompt files), ``memor
 A guest or a group sees the owner's memory (USER.md, memory/MEMORY.md, all of history, the
 memory repository) only where ``memory.shareWithNonAdmins`` / ``memory.shareInGroups`` say so,
 and never writes it; it never sees the owner's heartbeat list, other chats' downloaded files or
-the shared temporary folder, and never rewrites the prompt files every chat reads. Pure: no I/O
+the shared temporary folder, and never rewrites the prompt files every chat reads. Of the
+people's memory files (bot.memory.people) it sees and writes the speaker's own at most (a
+group's turns only with ``memory.peopleInGroups``), never another's. Pure: no I/O
 here; :func:`bot.tools.paths.resolve_tool_path` applies :meth:`PrivacyScope.hidden` to real
 (symlink-free) paths.
 
@@ -27,6 +29,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
 from bot.kinds import NARROWED_KEY as NARROWED_KEY  # its home before bot.kinds
+from bot.memory.people import person_file
 from bot.session import SUFFIX, key_to_filename
 from bot.workspace import MEDIA_DIR, chat_media_dir
 
@@ -53,7 +56,9 @@ class PrivacyScope:
     ``owner_memory``: USER.md and memory/MEMORY.md in the prompt, ``memory_search`` over every
     chat's history and the memory files, the file tools on ``memory/`` and the memory
     repository. ``media``: this chat's download folder (relative to the workspace); None: every
-    chat's (the owner).
+    chat's (the owner). ``person``: the speaker's own memory file (bot.memory.people), in the
+    prompt and open to the file tools, read and write; None: no person's file (the owner's
+    scope has USER.md; a group with ``memory.peopleInGroups`` off; an unattended turn).
     """
 
     audience: Audience
@@ -61,6 +66,7 @@ class PrivacyScope:
     admin: bool  # the sender is an admin (in a group: an admin's own turn)
     owner_memory: bool
     media: PurePosixPath | None
+    person: str | None = None
 
     @property
     def is_owner(self) -> bool:
@@ -95,6 +101,11 @@ class PrivacyScope:
         memory = top in _MEMORY_FOLDERS or (
             len(parts) == 1 and _names_file(top, _MEMORY_ROOT_FILES)
         )
+        # A person's file is theirs alone: open to their own turns, read and write, whatever
+        # else is shared; the folder is not listed (its names are who else talks to memobot).
+        if parts[:2] == ["memory", "people"]:
+            own = self.person is not None and parts == self.person.casefold().split("/")
+            return None if own else "another person's memory"
         # Shared memory is shown, never rewritten: what a guest or a group says about itself
         # does not belong in the owner's USER.md.
         if memory and (write or not self.owner_memory):
@@ -126,25 +137,32 @@ def owner_scope(session_key: str) -> PrivacyScope:
     return PrivacyScope("owner", session_key, True, True, None)
 
 
-def guest_scope(msg: InboundMessage, share: bool) -> PrivacyScope:
+def guest_scope(msg: InboundMessage, share: bool, person: str | None = None) -> PrivacyScope:
     return PrivacyScope(
-        "guest", msg.session_key, False, share, chat_media_dir(msg.channel, msg.chat_id)
+        "guest", msg.session_key, False, share, chat_media_dir(msg.channel, msg.chat_id), person
     )
 
 
-def group_scope(msg: InboundMessage, admin: bool, share: bool) -> PrivacyScope:
+def group_scope(
+    msg: InboundMessage, admin: bool, share: bool, person: str | None = None
+) -> PrivacyScope:
     return PrivacyScope(
-        "group", msg.session_key, admin, share, chat_media_dir(msg.channel, msg.chat_id)
+        "group", msg.session_key, admin, share, chat_media_dir(msg.channel, msg.chat_id), person
     )
 
 
 def scope_for_person(msg: InboundMessage, memory: MemoryConfig) -> PrivacyScope:
-    """The scope of a turn answering a person: decided by the chat and the sender alone."""
+    """The scope of a turn answering a person: decided by the chat and the sender alone. A
+    person who is not the owner has their own memory file in it (in a group only with
+    ``memory.peopleInGroups``: it holds what they said in private too, and the group reads
+    the answer)."""
+    own = person_file(msg.channel, msg.sender.id)
     if msg.sender.is_group:
-        return group_scope(msg, msg.sender.is_admin, memory.share_in_groups)
+        person = own if memory.people_in_groups else None
+        return group_scope(msg, msg.sender.is_admin, memory.share_in_groups, person)
     if msg.sender.is_admin:
         return owner_scope(msg.session_key)
-    return guest_scope(msg, memory.share_with_non_admins)
+    return guest_scope(msg, memory.share_with_non_admins, own)
 
 
 def scope_for_unattended(msg: InboundMessage, memory: MemoryConfig) -> PrivacyScope:

@@ -29,7 +29,7 @@ from bot.delivery import DELIVERY_KEY, LEDGER_SESSION_KEY, outbox_entry
 from bot.gate import Gate, ProcessScope
 from bot.gate.effects import Effects
 from bot.images import stored_form
-from bot.kinds import TurnKind
+from bot.kinds import TurnKind, sender_name
 from bot.llm import LLMError, LLMProvider, LLMUnavailable
 from bot.long_answers import spill
 from bot.long_messages import (
@@ -41,6 +41,7 @@ from bot.long_messages import (
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import chat_memory_file
 from bot.memory.files import memory_stamp
+from bot.memory.people import Speaker, clean_name, ensure_file
 from bot.privacy import PrivacyScope, scope_for_person, scope_for_unattended
 from bot.provenance import Provenance, Stamps, turn_is_trusted, watched_stamps
 from bot.runner import (
@@ -160,7 +161,16 @@ class Turns:
                 log.warning("transcription failed session=%s: %s", msg.session_key, exc)
                 text += "\n[a voice message could not be transcribed]"
         text = await self._fit_message(msg, text)
-        return self.context.user_message(text, msg.channel, msg.chat_id, msg.media)
+        speaker = self.speaker(msg)
+        return self.context.user_message(text, msg.channel, msg.chat_id, msg.media, speaker=speaker)
+
+    def speaker(self, msg: InboundMessage) -> Speaker | None:
+        """Who wrote a person's message in a chat that is not the owner's (a group, someone
+        who is not an admin), named in its runtime block; None for the owner and for turns
+        nobody wrote."""
+        if msg.kind is not TurnKind.MESSAGE or self.scope(msg).is_owner:
+            return None
+        return Speaker(msg.channel, msg.sender.id, clean_name(sender_name(msg)))
 
     async def _fit_message(self, msg: InboundMessage, text: str) -> str:
         """``text``, or for a message too long for the model's window its head and tail
@@ -308,6 +318,16 @@ class Turns:
         home = scope.session_key if task is not None else msg.session_key
         owner = heartbeat.owner_chat(self.cfg, home) and not msg.classification.narrowed
         chat_memory = None if owner else chat_memory_file(home)
+        # The speaker's own file (bot.memory.people) when their scope opens it to this turn.
+        person = self.speaker(msg) if task is None and scope.person else None
+        if person is not None and person.file == scope.person:
+            try:
+                if await asyncio.to_thread(ensure_file, self.cfg.agent.workspace_path, person):
+                    log.info("memory: %s started for %s", person.file, msg.session_key)
+            except OSError as exc:
+                log.warning("memory: cannot start %s: %s", person.file, exc)
+        else:
+            person = None
 
         def build(t: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return self.context.build(
@@ -318,6 +338,7 @@ class Turns:
                 self._tools_tokens(),
                 scope=scope,
                 chat_memory=chat_memory,
+                person=person,
             )
 
         started = time.monotonic()

@@ -63,6 +63,9 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     history = msub.add_parser("history", parents=[common], help="print the archive by day")
     history.add_argument("--since", type=_day, help=f"from this day on: {DAY_FORMS}")
     history.add_argument("--until", type=_day, help="up to this day (inclusive)")
+    from bot.memory.people_commands import add_parser as add_people
+
+    add_people(msub, common)
 
     sub.add_parser(
         "dream", parents=[common], help="distil the history archive into long-term memory now"
@@ -83,6 +86,10 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
             "diff": versioning.cmd_diff,
             "revert": versioning.cmd_revert,
         }[name](cfg, args)
+    if name == "people":
+        from bot.memory.people_commands import cmd_people
+
+        return cmd_people(cfg, args)
     from bot.memory import search
 
     return {"search": search.cmd_search, "history": search.cmd_history}[name](cfg, args)

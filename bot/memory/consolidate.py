@@ -17,8 +17,10 @@ from typing import Any
 
 from bot.backoff import Backoff
 from bot.config import MemoryConfig
+from bot.context import speaker_of
 from bot.llm import LLMError, LLMProvider
 from bot.memory.history import HistoryArchive, format_raw
+from bot.memory.people import Speaker
 from bot.safejson import BadArguments, parse_arguments
 from bot.session import Session, SessionStore, transitions
 from bot.spend.budget import BudgetSpent
@@ -37,7 +39,10 @@ SUMMARY_INSTRUCTIONS = (
     "conversation excerpt below for later full-text search: 2-8 short lines, past tense, with "
     "the concrete names, dates, numbers, decisions, files and open questions. No filler. Then "
     "list separately any lasting facts about the user, their projects or how they want the "
-    "assistant to behave (each one line). Answer only by calling save_summary."
+    "assistant to behave (each one line). Where the messages name who wrote them (a 'from:' "
+    "line), several people may be talking: say whose each fact is, by name and id as that "
+    "line gives them (e.g. 'Ada (telegram 1001) likes tea'), and never attribute to one "
+    "person what another said. Answer only by calling save_summary."
 )
 SUMMARY_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -91,6 +96,18 @@ def limit_chunk(tokens: list[int], start: int, end: int, budget: int) -> int:
         if total > budget and i > start:
             return i
     return end
+
+
+def chunk_speakers(messages: list[dict[str, Any]]) -> tuple[Speaker, ...]:
+    """Who wrote the chunk's messages, as their runtime blocks name them (the owner's and
+    older messages name nobody), each once, by id, with the last name they had."""
+    found: dict[tuple[str, str], Speaker] = {}
+    for m in messages:
+        who = speaker_of(m)
+        if who is not None:
+            found.pop((who.channel, who.id), None)
+            found[(who.channel, who.id)] = who
+    return tuple(sorted(found.values(), key=lambda p: (p.channel, p.id)))
 
 
 def transcript(messages: list[dict[str, Any]]) -> str:
@@ -232,7 +249,7 @@ class Consolidator:
                             "the wait doubling after each further failure."
                         )
             try:
-                entry = await self.archive.append(key, content)
+                entry = await self.archive.append(key, content, chunk_speakers(chunk))
             except OSError as exc:
                 log.error("cannot write history archive session=%s: %s", key, exc)
                 return None

@@ -34,6 +34,7 @@ from bot.llm import LLMError, LLMProvider
 from bot.memory.entries import EntryError, add_entry, count_entries, remove_entry, replace_entry
 from bot.memory.files import MEMORY_FILES
 from bot.memory.history import HistoryArchive, HistoryEntry
+from bot.memory.people import Speaker, with_header
 from bot.memory.review import (
     ALLOW,
     Change,
@@ -93,6 +94,15 @@ future conversations in this chat, one short entry per fact, in that file only. 
 rules for how the assistant should behave, or anything said about its owner. Replace an entry \
 when a fact changed; remove one only when it is wrong or obsolete, with the reason. When \
 nothing is worth keeping, call finish at once. Call finish when done."""
+# Added to CHAT_INSTRUCTIONS when people other than the owner wrote in the entries (their
+# runtime blocks named them; bot.memory.people): each gets a file of their own.
+PEOPLE_INSTRUCTIONS = """
+
+Each person who wrote in these entries has a memory file of their own, named below with \
+their name and id; it is in the prompt of their own conversations only. A fact a person \
+stated about themselves (their name, what they like, their plans) goes in THAT person's file \
+and no other, never in the chat's file; what someone said about another person goes in \
+nobody's file. The chat's file keeps what concerns the chat as a whole."""
 CHAT_MEMORY_DIR = "memory/chats"  # one file per chat whose facts are not the owner's
 UNATTRIBUTED = frozenset({"", "legacy"})  # no session; bot.memory.migrate.LEGACY_SESSION
 SESSION = "dream"  # who Dream's tool calls and writes are logged and recorded as
@@ -309,6 +319,7 @@ class _Edits:
         self.removed_per_file: dict[str, int] = {}
         self.finished = False  # the model called finish
         self.cursors: tuple[int, ...] = ()  # the history entries this pass considers
+        self.people: dict[str, Speaker] = {}  # the person files among ``files``: whose
 
     def cite(self, sources: Any) -> str:
         """`` (history #5, #7)``: the entries a change comes from, as the model named them
@@ -334,6 +345,8 @@ class _Edits:
 
     def add(self, file: str, entry: str, section: str | None, sources: Any = None) -> str:
         cited = self.cite(sources)
+        if file in self.people:  # a person's file starts with the header naming them
+            self.files[file] = with_header(self.files[file], self.people[file])
         with _entry_errors():
             self.files[file], changed = add_entry(self.files[file], entry, section)
         if not changed:
@@ -748,7 +761,9 @@ class Dream:
     def _passes(self, entries: list[HistoryEntry]) -> list[tuple[_Edits, list[HistoryEntry], str]]:
         """One pass over the owner's own chats (USER.md, SOUL.md, MEMORY.md, skills), then one
         per other chat (a group, a person who is not the owner) that may edit only that chat's
-        memory file: what a group said never reaches the files every private prompt carries."""
+        memory file and the files of the people its entries name as writers (bot.memory.people):
+        what a group said never reaches the files every private prompt carries, and what one
+        person said about themselves goes to their own file."""
         own = [e for e in entries if self._owners(e)]
         others: dict[str, list[HistoryEntry]] = {}
         for e in entries:
@@ -757,8 +772,14 @@ class Dream:
         own_edits = _Edits(self.workspace, writer_of=self.provenance.writer)
         passes = [(own_edits, own, DREAM_INSTRUCTIONS)] if own else []
         for session, subset in others.items():
-            edits = _Edits(self.workspace, (chat_memory_file(session),), skills=False)
-            passes.append((edits, subset, CHAT_INSTRUCTIONS))
+            # The people who wrote there (as the entries recorded them) get their own files:
+            # the pass may edit theirs and no one else's.
+            people = {p.file: p for e in subset for p in e.speakers}
+            files = (chat_memory_file(session), *sorted(people))
+            edits = _Edits(self.workspace, files, skills=False)
+            edits.people = people
+            instructions = CHAT_INSTRUCTIONS + (PEOPLE_INSTRUCTIONS if people else "")
+            passes.append((edits, subset, instructions))
         return passes
 
     def _owners(self, entry: HistoryEntry) -> bool:
@@ -816,6 +837,8 @@ class Dream:
                 size = len(edits.files[name])
                 budget = f" ({size:,}/{self.cfg.max_chars:,} chars"
                 budget += ", OVER BUDGET: condense)" if size > self.cfg.max_chars else ")"
+            if name in edits.people:
+                budget = f" (the file of {edits.people[name].shown})"
             parts.append(f"## {name}{budget}\n\n{text}")
         if edits.skills:
             found = workspace_files.files_matching(self.workspace, "skills", "SKILL.md")
@@ -823,8 +846,11 @@ class Dream:
             parts.append("## skills\n\n" + (", ".join(skills) or "(none)"))
         parts.append("# New history entries")
         for e in entries:
+            who = ""
+            if e.speakers:
+                who = "; people who wrote: " + ", ".join(p.shown for p in e.speakers)
             parts.append(
-                f"[#{e.cursor} {e.timestamp[:16].replace('T', ' ')} {e.session}]\n{e.content}"
+                f"[#{e.cursor} {e.timestamp[:16].replace('T', ' ')} {e.session}{who}]\n{e.content}"
             )
         return "\n\n".join(parts)
 

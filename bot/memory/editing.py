@@ -1,10 +1,11 @@
 """A person's edit of a long-term memory file (the control panel's Memory screen).
 
-Which files: USER.md, SOUL.md, memory/MEMORY.md and each existing ``skills/<name>/SKILL.md``;
-a name is checked against those before anything is opened, so a form field cannot name
-another path. The file is read as the hostile data it is (the model writes the workspace):
-never through a symlink (at the file or a folder on the way), never a FIFO or device, never
-more than :data:`EDIT_LIMIT` bytes, through :mod:`bot.workspace_files`.
+Which files: USER.md, SOUL.md, memory/MEMORY.md, each existing ``skills/<name>/SKILL.md`` and
+each existing person's file ``memory/people/<channel>-<id>.md`` (bot.memory.people); a name is
+checked against those before anything is opened, so a form field cannot name another path. The
+file is read as the hostile data it is (the model writes the workspace): never through a symlink
+(at the file or a folder on the way), never a FIFO or device, never more than :data:`EDIT_LIMIT`
+bytes, through :mod:`bot.workspace_files`.
 
 A save is optimistic: it carries the digest of the version the person saw (the one the
 preview's diff was made against). Under the memory repository's write lock the file is read
@@ -25,7 +26,8 @@ from pathlib import Path
 
 from bot import workspace_files
 from bot.memory.files import MEMORY_FILES
-from bot.memory.versioning import WEB_AUTHOR, MemoryRepo, MemoryRepoError
+from bot.memory.people import PERSON_PATH, listing
+from bot.memory.versioning import DEFAULT_AUTHOR, WEB_AUTHOR, MemoryRepo, MemoryRepoError
 
 # Memory files are in every prompt (memory.maxChars is their budget, 4,000 by default) and a
 # skill is a page of steps: 64 KiB is far above either, and bounds what a page carries.
@@ -65,18 +67,20 @@ def digest(data: bytes) -> str:
 
 
 def editable_files(workspace: Path) -> list[str]:
-    """The memory files (present or not) and every skill's SKILL.md, in that order."""
+    """The memory files (present or not), every skill's SKILL.md and every person's file,
+    in that order."""
     skills = workspace_files.files_matching(workspace, "skills", "SKILL.md")
-    return [*MEMORY_FILES, *(rel for rel, _ in skills if SKILL_PATH.match(rel))]
+    people = [f.rel for f in listing(workspace)]
+    return [*MEMORY_FILES, *(rel for rel, _ in skills if SKILL_PATH.match(rel)), *people]
 
 
 def check_name(rel: str) -> str:
     """``rel`` when it names a file a person may edit here, else EditError (before any I/O)."""
-    if rel in MEMORY_FILES or SKILL_PATH.match(rel):
+    if rel in MEMORY_FILES or SKILL_PATH.match(rel) or PERSON_PATH.match(rel):
         return rel
     raise EditError(
-        f"{rel!r} is not a memory file: the panel edits USER.md, SOUL.md, memory/MEMORY.md "
-        "and skills/<name>/SKILL.md"
+        f"{rel!r} is not a memory file: the panel edits USER.md, SOUL.md, memory/MEMORY.md, "
+        "skills/<name>/SKILL.md and memory/people/<person>.md"
     )
 
 
@@ -88,7 +92,7 @@ def read_current(workspace: Path, rel: str) -> Current:
     why = _unreadable(workspace, rel)
     if why == ABSENT:
         if rel not in MEMORY_FILES:
-            raise EditError(f"{rel} does not exist: the panel edits the skills there are")
+            raise EditError(f"{rel} does not exist: the panel edits the files there are")
         return Current(rel, "", ABSENT, 0o600)
     if why:
         raise EditError(f"{rel} {why}")
@@ -147,7 +151,7 @@ def _unreadable(workspace: Path, rel: str) -> str:
 def _absent_or_refused(rel: str) -> Current:
     if rel in MEMORY_FILES:
         return Current(rel, "", ABSENT, 0o600)
-    raise EditError(f"{rel} does not exist: the panel edits the skills there are")
+    raise EditError(f"{rel} does not exist: the panel edits the files there are")
 
 
 def from_form(text: str, original: str) -> str:
@@ -191,9 +195,12 @@ class Saved:
     commit: str | None  # None: nothing new for the history (the file is as HEAD has it)
 
 
-def save(workspace: Path, state_dir: Path, rel: str, text: str, seen: str) -> Saved:
+def save(
+    workspace: Path, state_dir: Path, rel: str, text: str, seen: str, by: str = "web"
+) -> Saved:
     """Write ``text`` to ``rel`` when the file is still the version whose digest is ``seen``,
-    and commit that file alone as made by web (when the text is the file's already, nothing
+    and commit that file alone as made ``by`` web (or ``by`` "cli": `memobot memory people
+    edit`, whose commit is memobot's own) (when the text is the file's already, nothing
     is written or committed). Raises Stale (nothing written) when it
     changed, EditError when it cannot be read or written as :func:`read_current` says, or
     the text is too large."""
@@ -226,9 +233,10 @@ def save(workspace: Path, state_dir: Path, rel: str, text: str, seen: str) -> Sa
         workspace_files.write_atomic(workspace, rel, data, mode=current.mode, make_parents=True)
         written = True
 
-    message = f"web: {rel} edited by web\n"
+    message = f"{by}: {rel} edited by {by}\n"
+    author = WEB_AUTHOR if by == "web" else DEFAULT_AUTHOR
     try:
-        commit = repo.commit(message, WEB_AUTHOR, paths=(rel,), prepare=write_if_unchanged)
+        commit = repo.commit(message, author, paths=(rel,), prepare=write_if_unchanged)
     except _Unchanged:
         return Saved(False, None)
     except MemoryRepoError as exc:

@@ -1,7 +1,10 @@
 """memory/history.jsonl: the global archive of consolidated conversation chunks.
 
-One line per chunk: ``{"cursor", "timestamp", "session", "content"}`` (lines nanobot wrote carry
-``session_key`` or no session; they are read as they are). Cursors increase by one
+One line per chunk: ``{"cursor", "timestamp", "session", "content"}``, and ``"speakers"`` (a list
+of ``{"channel", "id", "name"}``) on a chunk of a chat that is not the owner's where people
+other than the owner wrote (bot.memory.people; Dream routes their facts by it). Lines without
+it (the owner's chats, older lines, nanobot's, which carry ``session_key`` or no session) are
+read as they are. Cursors increase by one
 across every session; ``memory/.cursor`` names the last one written. The line is fsynced before
 the cursor file moves, so after a crash the archive may be one entry ahead of ``.cursor`` (and the
 next start takes the larger of the two), never behind.
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bot import safejson, workspace_files
+from bot.memory.people import Speaker
 from bot.session import now_iso
 from bot.wording import counted
 
@@ -40,6 +44,7 @@ class HistoryEntry:
     timestamp: str
     session: str
     content: str
+    speakers: tuple[Speaker, ...] = ()  # who wrote in the chunk, besides the owner
 
 
 class HistoryArchive:
@@ -93,19 +98,26 @@ class HistoryArchive:
                     break
         return out
 
-    async def append(self, session: str, content: str) -> HistoryEntry:
+    async def append(
+        self, session: str, content: str, speakers: tuple[Speaker, ...] = ()
+    ) -> HistoryEntry:
         async with self._lock:
-            return await asyncio.to_thread(self._append_sync, session, content)
+            return await asyncio.to_thread(self._append_sync, session, content, speakers)
 
-    def _append_sync(self, session: str, content: str) -> HistoryEntry:
-        [entry] = self.append_batch_sync([(now_iso(), session, content)])
+    def _append_sync(
+        self, session: str, content: str, speakers: tuple[Speaker, ...] = ()
+    ) -> HistoryEntry:
+        [entry] = self.append_batch_sync([(now_iso(), session, content)], speakers)
         log.info(
             "history: archived cursor=%d session=%s chars=%d", entry.cursor, session, len(content)
         )
         return entry
 
-    def append_batch_sync(self, items: list[tuple[str, str, str]]) -> list[HistoryEntry]:
-        """Append ``(timestamp, session, content)`` items with consecutive cursors.
+    def append_batch_sync(
+        self, items: list[tuple[str, str, str]], speakers: tuple[Speaker, ...] = ()
+    ) -> list[HistoryEntry]:
+        """Append ``(timestamp, session, content)`` items with consecutive cursors (each
+        with ``speakers``).
 
         One write, fsynced, and only then does ``.cursor`` move. Callers serialise (the async
         ``append`` holds the lock; the start-up migration runs before anything else).
@@ -115,7 +127,7 @@ class HistoryArchive:
         self.workspace.mkdir(parents=True, exist_ok=True)  # the owner's path, not the model's
         workspace_files.make_dirs(self.workspace, "memory")
         first = self.last_cursor() + 1
-        entries = [HistoryEntry(first + i, *item) for i, item in enumerate(items)]
+        entries = [HistoryEntry(first + i, *item, speakers) for i, item in enumerate(items)]
         payload = "".join(entry_line(e) for e in entries).encode("utf-8")
         fd = workspace_files.open_fd(
             self.workspace, self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND
@@ -268,12 +280,16 @@ def read_lines(
 
 
 def entry_line(entry: HistoryEntry) -> str:
-    record = {
+    record: dict[str, Any] = {
         "cursor": entry.cursor,
         "timestamp": entry.timestamp,
         "session": entry.session,
         "content": entry.content,
     }
+    if entry.speakers:
+        record["speakers"] = [
+            {"channel": p.channel, "id": p.id, "name": p.name} for p in entry.speakers
+        ]
     return json.dumps(record, ensure_ascii=False) + "\n"
 
 
@@ -302,9 +318,26 @@ def parse_entry(line: bytes | str) -> HistoryEntry | None:
             str(obj.get("timestamp") or ""),
             "" if session is None else str(session),
             str(content),
+            _speakers(obj.get("speakers")),
         )
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _speakers(value: Any) -> tuple[Speaker, ...]:
+    """The ``speakers`` of a line; what is not a list of ``{"channel", "id"}`` objects with
+    text values is left out (the model can write this file; an entry is never lost for it)."""
+    if not isinstance(value, list):
+        return ()
+    out = []
+    for item in value[:64]:
+        if not isinstance(item, dict):
+            continue
+        channel, ident, name = item.get("channel"), item.get("id"), item.get("name", "")
+        if isinstance(channel, str) and isinstance(ident, str) and isinstance(name, str):
+            if channel and ident:
+                out.append(Speaker(channel, ident, name))
+    return tuple(out)
 
 
 def format_raw(messages: list[dict[str, Any]]) -> str:

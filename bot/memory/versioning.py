@@ -3,10 +3,11 @@
 The repository is memobot's own: a bare repository ``<agent.stateDir>/memory.git`` that only
 memobot's process opens (the state folder is out of reach of the model's tools and commands).
 It records only :data:`TRACKED` (USER.md, SOUL.md, memory/MEMORY.md, each chat's
-memory/chats/<chat>.md and everything under skills/). The tree of each commit is built from
-those workspace files, read through :mod:`bot.workspace_files` (never following a link); every
-other workspace file (notes, media, scripts, history.jsonl, the cursors) is never opened,
-hashed or committed. Nothing of the repository is in the workspace: no ``.git``, no index.
+memory/chats/<chat>.md, each person's memory/people/<person>.md and everything under skills/).
+The tree of each commit is built from those workspace files, read through
+:mod:`bot.workspace_files` (never following a link); every other workspace file (notes, media,
+scripts, history.jsonl, the cursors) is never opened, hashed or committed. Nothing of the
+repository is in the workspace: no ``.git``, no index.
 
 Rules for what a commit holds:
 
@@ -75,7 +76,14 @@ from bot.private import make_private_dirs
 
 log = logging.getLogger(__name__)
 
-TRACKED: tuple[str, ...] = ("USER.md", "SOUL.md", "memory/MEMORY.md", "memory/chats", "skills")
+TRACKED: tuple[str, ...] = (
+    "USER.md",
+    "SOUL.md",
+    "memory/MEMORY.md",
+    "memory/chats",
+    "memory/people",
+    "skills",
+)
 DEFAULT_AUTHOR = "memobot <memobot@localhost>"
 # A change a person made in the control panel: its commits say so ("by web") in the author
 # and the message, so `memobot memory log` tells them from the agent's and Dream's.
@@ -995,11 +1003,14 @@ def sourced_changes(info: CommitInfo) -> list[str]:
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def _shown(text: str) -> str:
+def shown_text(text: str) -> str:
     """History text as it may go to a terminal: the model wrote it (commit messages of a
     copied history, Dream's entries, memory files), so control characters (escape sequences
     that set the clipboard or the title, clear the screen) are shown as '?'."""
     return _CONTROL.sub("?", text)
+
+
+_shown = shown_text
 
 
 def cmd_diff(cfg: Config, args: argparse.Namespace) -> int:

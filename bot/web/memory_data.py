@@ -34,6 +34,7 @@ def file_listing(cfg: Config) -> list[FileLine]:
     """Each memory file and skill: size, budget, whether the panel can edit it."""
     from bot.memory.dream import BUDGETED
     from bot.memory.editing import editable_files
+    from bot.memory.people import person_of
     from bot.provenance import Provenance
 
     workspace = cfg.agent.workspace_path
@@ -52,6 +53,8 @@ def file_listing(cfg: Config) -> list[FileLine]:
             if len(current.text) > cfg.memory.max_chars:
                 budget += " (over budget: Dream will condense it)"
         note = ""
+        if (who := person_of(rel, current.text)) is not None:
+            note = f"what memobot keeps about {who.shown}: in the prompt of their own turns only"
         if rel in guests:
             note = (
                 f"written in {guests[rel]}, not by an admin: left out of the prompt until "

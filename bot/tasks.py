@@ -548,7 +548,14 @@ class TaskBoard:
             # The task may have ended in the same loop pass as the timeout, or while this
             # turn queued for its slot again: the result is this turn's all the same.
             if handoff.result.done():
-                text = handoff.result.result()
+                # Recorded as the turn's before the turn has it: a crash after the turn's
+                # next checkpoint finds the task ended (never reported again), one before
+                # finds it told to the turn (the resumed call is given it again).
+                ended, state = handoff.result.result()
+                await asyncio.shield(
+                    asyncio.to_thread(self.store.end, task_id, state, self.clock(), "turn")
+                )
+                text = ended
             return text
         finally:
             if self._waiters.get(task_id) is handoff:
@@ -574,24 +581,24 @@ class TaskBoard:
         text = report_text(rec, state, result)
         handoff = self._waiters.pop(task_id, None)
         if handoff is not None and not handoff.result.done():
-            handoff.result.set_result(text)
+            handoff.result.set_result((text, state))
             # A shutdown meanwhile cancels this wait: the record stays "running", and the
             # next start reports it (reconcile) unless the resumed parent waits for it again.
             taken = await handoff.taken
         else:
             taken = False
         if taken:
+            # The waiting turn recorded the end (told "turn") before it took the result.
             log.info("task ended id=%s state=%s: result returned to its turn", task_id, state)
-        else:
-            report = report_message(rec, text)
-            accepted = await self._accept(report)
-            if accepted == "accepted":
-                self._dispatch(report)
-            log.info("task ended id=%s state=%s report=%s", task_id, state, accepted)
-            if accepted == "refused":  # shutting down, or a disk error: reported at next start
-                return
-        told = "turn" if taken else "chat"
-        await asyncio.to_thread(self.store.end, task_id, state, self.clock(), told)
+            return
+        report = report_message(rec, text)
+        accepted = await self._accept(report)
+        if accepted == "accepted":
+            self._dispatch(report)
+        log.info("task ended id=%s state=%s report=%s", task_id, state, accepted)
+        if accepted == "refused":  # shutting down, or a disk error: reported at next start
+            return
+        await asyncio.to_thread(self.store.end, task_id, state, self.clock(), "chat")
 
 
 class _Handoff:
@@ -601,5 +608,5 @@ class _Handoff:
 
     def __init__(self) -> None:
         loop = asyncio.get_running_loop()
-        self.result: asyncio.Future[str] = loop.create_future()
+        self.result: asyncio.Future[tuple[str, str]] = loop.create_future()  # text, state
         self.taken: asyncio.Future[bool] = loop.create_future()

@@ -711,3 +711,40 @@ def test_a_resumed_batch_keeps_its_results_in_call_order() -> None:
     turn.append({"role": "tool", "tool_call_id": "a", "name": "spawn", "content": "started"})
     results_in_call_order(turn)
     assert [m.get("tool_call_id") for m in turn[2:]] == ["a", "b"]
+
+
+async def test_a_wait_result_is_recorded_as_the_turns_before_the_turn_has_it(
+    tmp_path: Path,
+) -> None:
+    """The record says the task ended, told to the turn, before the waiting spawn returns the
+    result into the turn: a SIGKILL after the turn's next checkpoint kept the result can then
+    not leave the task "running" for the next start to report to the chat a second time."""
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskBoard
+
+    accepted: list[InboundMessage] = []
+
+    async def accept(msg):
+        accepted.append(msg)
+        return "accepted"
+
+    board = TaskBoard(
+        TaskStore(tmp_path),
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=lambda msg: None,
+    )
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+    rec = await board.start("telegram:g1", Sender("u1", True, False), "t", "l", scope, None, True)
+    assert not isinstance(rec, str)
+    ending = asyncio.create_task(board.ended(rec.id, "done", "R"))
+    text = await board.wait(rec.id, 60)
+    # Read at once, as a checkpoint written right now would be followed by the kill.
+    on_disk = TaskStore(tmp_path).load()[rec.id]
+    assert text == f"Task {rec.id} (l) finished:\n\nR"
+    assert (on_disk.state, on_disk.told) == ("done", "turn")
+    await ending
+    assert [m.kind.value for m in accepted] == ["task"]  # no report

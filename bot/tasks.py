@@ -448,7 +448,43 @@ class TaskBoard:
         the spawn call's key in the parent session: the task that call started already, if
         any, is returned instead of a new one (a parent turn resumed after a crash or a
         restart runs its interrupted spawn call again), and waited for again with ``wait``.
+
+        The caller stopped meanwhile (``/stop`` of the parent turn): the task, once recorded,
+        is still queued (else it would stay "running" with no turn, holding a place of the
+        limits) and reports to its chat, as nobody waits for it.
         """
+        starting = asyncio.ensure_future(
+            self._start(parent, sender, text, label, scope, offered, wait, model, call)
+        )
+        try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            starting.add_done_callback(self._unwait)
+            raise
+
+    def _unwait(self, started: asyncio.Future[TaskRecord | str]) -> None:
+        """A start whose caller was stopped: its ``wait`` will never be called."""
+        if started.cancelled():
+            return
+        if (exc := started.exception()) is not None:
+            log.error("task start failed after its spawn call was stopped: %s", exc)
+            return
+        rec = started.result()
+        if isinstance(rec, TaskRecord):
+            self._waiters.pop(rec.id, None)
+
+    async def _start(
+        self,
+        parent: str,
+        sender: Sender,
+        text: str,
+        label: str,
+        scope: PrivacyScope,
+        offered: set[str] | None,
+        wait: bool,
+        model: str | None,
+        call: str,
+    ) -> TaskRecord | str:
         async with self._lock:
             records = await self.records()
             earlier = next(

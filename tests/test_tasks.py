@@ -748,3 +748,48 @@ async def test_a_wait_result_is_recorded_as_the_turns_before_the_turn_has_it(
     assert (on_disk.state, on_disk.told) == ("done", "turn")
     await ending
     assert [m.kind.value for m in accepted] == ["task"]  # no report
+
+
+async def test_a_parent_stopped_inside_start_leaves_no_task_unqueued(tmp_path: Path) -> None:
+    """/stop of the parent turn while its spawn is storing the task (the record written, the
+    pending turn being taken): the task is still queued and, once it ends, reported to the
+    chat (nobody waits for it any more). Cut there, it stayed "running" with no turn, holding
+    an agent.maxTasks place until the next restart, and its end waited for a taker for ever."""
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskBoard
+
+    accepted: list[InboundMessage] = []
+    dispatched: list[InboundMessage] = []
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def accept(msg):
+        accepted.append(msg)
+        if msg.kind.value == "task":
+            entered.set()
+            await release.wait()
+        return "accepted"
+
+    board = TaskBoard(
+        TaskStore(tmp_path),
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=dispatched.append,
+    )
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+    starting = asyncio.create_task(
+        board.start("telegram:g1", Sender("u1", True, False), "t", "l", scope, None, True)
+    )
+    await entered.wait()
+    starting.cancel()  # the parent turn is stopped here
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    await until(lambda: dispatched)
+    [task] = dispatched
+    task_id = task.session_key.removeprefix("task:")
+    await asyncio.wait_for(board.ended(task_id, "done", "R"), 5)
+    assert [m.kind.value for m in accepted] == ["task", "report"]
+    assert TaskStore(tmp_path).load()[task_id].told == "chat"

@@ -36,7 +36,6 @@ from zoneinfo import ZoneInfo
 
 from bot import durable
 from bot.bus import InboundMessage, Intake
-from bot.folder_watch import FolderWatch
 from bot.kinds import REPORT_KEY, TASK_KEY, Sender, with_kind
 from bot.privacy import PrivacyScope
 from bot.spend.report import Totals, recent
@@ -351,8 +350,10 @@ class TaskBoard:
         outside_slot: Callable[[], contextlib.AbstractAsyncContextManager[None]] | None = None,
         clock: Callable[[], float] = time.time,
         result: Callable[[str], Awaitable[str]] | None = None,
+        poll: float = 1.0,
     ) -> None:
         self.store = store
+        self.poll = poll  # seconds between two looks at the store while a task runs
         self.max_tasks = max_tasks
         self.max_per_chat = max_per_chat
         self.timeout_seconds = timeout_seconds
@@ -385,12 +386,13 @@ class TaskBoard:
         return max(0.0, rec.started + self.timeout_seconds - self.clock())
 
     def watch(self, task_id: str, stop: Callable[[], object]) -> Callable[[], None]:
-        """Call ``stop`` once a cancel of this running task is asked in the store (``memobot
-        tasks cancel``, a panel served without the gateway); returns the call that ends the
-        watch. One watch of the store's folder serves every running task, and only while one
-        runs: it sleeps until the kernel says the folder changed (bot.folder_watch), so a
-        cancel is seen at once and a task that waits costs nothing. A cancel asked in this
-        process (``/stop ID``, the panel) stops the turn directly and needs no watch."""
+        """Call ``stop`` once a cancel of this running task is asked in the store by another
+        process (``memobot tasks cancel``, a panel served without the gateway); returns the
+        call that ends the watch. A cancel asked in this process (``/stop ID``, the panel)
+        stops the turn directly and needs no watch. One watch serves every running task, and
+        only while one runs: a look at the file's stamp every ``poll`` seconds, read only
+        when it changed. (Not inotify: a watch of the folder goes deaf when the folder is
+        replaced, and is platform code to keep for one stat a second.)"""
         self._stops[task_id] = stop
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.create_task(self._watch_store(), name="task-cancels")
@@ -405,29 +407,23 @@ class TaskBoard:
         return unwatch
 
     async def _watch_store(self) -> None:
-        await asyncio.to_thread(self.store.folder.mkdir, parents=True, exist_ok=True, mode=0o700)
-        watch = FolderWatch(self.store.folder)
         seen: tuple[int, int, int] | None = (-1, -1, -1)
-        try:
-            while self._stops:
-                # Watched before this read: a cancel written meanwhile wakes the next wait.
-                stamp = await asyncio.to_thread(self.store.stamp)
-                if stamp != seen:
-                    seen = stamp
-                    try:
-                        records = await self.records()
-                    except (OSError, ValueError) as exc:  # read again once the file changes
-                        log.error("cannot read the task store: %s", exc)
-                        records = {}
-                    for task_id, stop in list(self._stops.items()):
-                        rec = records.get(task_id)
-                        if rec is not None and rec.cancel:
-                            log.info("task cancel asked in the task store id=%s", task_id)
-                            del self._stops[task_id]
-                            stop()
-                await watch.changed()
-        finally:
-            watch.close()
+        while self._stops:
+            stamp = await asyncio.to_thread(self.store.stamp)
+            if stamp != seen:
+                seen = stamp
+                try:
+                    records = await self.records()
+                except (OSError, ValueError) as exc:  # read again once the file changes
+                    log.error("cannot read the task store: %s", exc)
+                    records = {}
+                for task_id, stop in list(self._stops.items()):
+                    rec = records.get(task_id)
+                    if rec is not None and rec.cancel:
+                        log.info("task cancel asked in the task store id=%s", task_id)
+                        del self._stops[task_id]
+                        stop()
+            await asyncio.sleep(self.poll)
 
     async def start(
         self,

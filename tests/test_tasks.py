@@ -555,11 +555,14 @@ async def test_a_wait_stopped_as_its_task_hands_it_the_result_reports_it_once(
     assert len([m for m in accepted if m.kind.value == "report"]) == 1
 
 
-async def test_a_cancel_in_the_store_stops_a_task_at_once_without_polling(tmp_path: Path) -> None:
-    """`memobot tasks cancel` (another process) writes the store; the gateway hears of it from
-    the kernel at once. The fallback poll is set to an hour here: were the watch polling, the
-    cancel would not be seen within the test."""
-    from bot import tasks as tasks_mod
+async def test_a_cancel_in_the_store_stops_a_task_also_after_its_folder_was_replaced(
+    tmp_path: Path,
+) -> None:
+    """`memobot tasks cancel` (another process) writes the store; the gateway's one watch of
+    it stops the task. Also when the store's folder was replaced while the task ran (moved
+    away, restored from a copy): a watch of the folder itself (inotify) went deaf then."""
+    import os
+
     from bot.tasks import TaskBoard, TaskRecord
 
     store = TaskStore(tmp_path)
@@ -571,6 +574,7 @@ async def test_a_cancel_in_the_store_stops_a_task_at_once_without_polling(tmp_pa
     board = TaskBoard(
         store, max_tasks=5, max_per_chat=5, timeout_seconds=60, accept=accept, dispatch=print
     )
+    board.poll = 0.01  # the test's pace; a second in use
     read = asyncio.Event()
     real_records = board.records
 
@@ -580,19 +584,17 @@ async def test_a_cancel_in_the_store_stops_a_task_at_once_without_polling(tmp_pa
         return found
 
     board.records = records  # type: ignore[method-assign]
-    original = tasks_mod.FolderWatch
-    tasks_mod.FolderWatch = lambda folder: original(folder, poll=3600)  # type: ignore[misc]
-    try:
-        stopped = asyncio.Event()
-        unwatch = board.watch("abcd", stopped.set)
-        await asyncio.wait_for(read.wait(), 5)  # read once; now it waits on the kernel
-        assert not stopped.is_set()
-        assert await asyncio.to_thread(TaskStore(tmp_path).request_cancel, "abcd") is not None
-        await asyncio.wait_for(stopped.wait(), 5)
-        unwatch()
-        assert board._watcher is None  # no task runs: nothing watches
-    finally:
-        tasks_mod.FolderWatch = original  # type: ignore[misc]
+    stopped = asyncio.Event()
+    unwatch = board.watch("abcd", stopped.set)
+    await asyncio.wait_for(read.wait(), 5)  # the watch has read the store once
+    os.rename(store.folder, tmp_path / "tasks.old")
+    store.folder.mkdir()
+    store.put(TaskRecord("abcd", "telegram:g1", "u1", "l", "running", time.time()))
+    assert not stopped.is_set()
+    assert await asyncio.to_thread(TaskStore(tmp_path).request_cancel, "abcd") is not None
+    await asyncio.wait_for(stopped.wait(), 5)
+    unwatch()
+    assert board._watcher is None  # no task runs: nothing watches
 
 
 async def test_a_parent_resumed_mid_spawn_gets_its_task_back_not_a_second_one(

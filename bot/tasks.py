@@ -174,11 +174,14 @@ class TaskStore:
 
     def end(self, task_id: str, state: str, now: float, told: str = "") -> TaskRecord | None:
         """Mark a running task ended (its result ``told`` to the "turn" or the "chat"); None
-        when it was not running (ended before)."""
+        when it was not running (ended before). An end told the turn by a waiting turn that
+        was stopped before it took the result becomes the chat's when it is reported."""
 
         def change(records: dict[str, TaskRecord]) -> TaskRecord | None:
             rec = records.get(task_id)
             if rec is None or rec.state != "running":
+                if rec is not None and rec.told == "turn" and told == "chat":
+                    records[task_id] = replace(rec, told="chat")
                 return None
             records[task_id] = replace(rec, state=state, ended=now, told=told)
             return records[task_id]

@@ -795,3 +795,57 @@ async def test_a_parent_stopped_inside_start_leaves_no_task_unqueued(tmp_path: P
     await asyncio.wait_for(board.ended(task_id, "done", "R"), 5)
     assert [m.kind.value for m in accepted] == ["task", "report"]
     assert TaskStore(tmp_path).load()[task_id].told == "chat"
+
+
+async def test_a_wait_stopped_while_it_records_the_handover_is_reported_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """The waiting turn is stopped while it writes "told the turn" into the record: it never
+    took the result, so the task reports to the chat, and the record then says the chat (a
+    resumed parent would otherwise be given the result again beside the report)."""
+    import threading
+
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskBoard
+
+    accepted: list[InboundMessage] = []
+
+    async def accept(msg):
+        accepted.append(msg)
+        return "accepted"
+
+    store = TaskStore(tmp_path)
+    board = TaskBoard(
+        store,
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=lambda msg: None,
+    )
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+    rec = await board.start("telegram:g1", Sender("u1", True, False), "t", "l", scope, None, True)
+    assert not isinstance(rec, str)
+    writing, release = threading.Event(), threading.Event()
+    real_end = store.end
+
+    def slow_end(task_id, state, now, told=""):
+        ended = real_end(task_id, state, now, told)
+        if told == "turn":  # written; the turn is stopped before it hears so
+            writing.set()
+            release.wait(5)
+        return ended
+
+    store.end = slow_end  # type: ignore[method-assign]
+    waiting = asyncio.create_task(board.wait(rec.id, 60))
+    ending = asyncio.create_task(board.ended(rec.id, "done", "R"))
+    await asyncio.to_thread(writing.wait, 5)
+    waiting.cancel()  # the turn is stopped mid-write
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    release.set()
+    await asyncio.wait_for(ending, 5)
+    assert [m.kind.value for m in accepted] == ["task", "report"]
+    on_disk = TaskStore(tmp_path).load()[rec.id]
+    assert (on_disk.state, on_disk.told) == ("done", "chat")

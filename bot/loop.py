@@ -224,13 +224,16 @@ class AgentLoop:
         for rec in records.values():
             if rec.state != "running" or rec.started >= self.started_wall:
                 continue  # ended, or started by this run (its pending turn is being written)
-            peeked = await asyncio.to_thread(self.store.peek_state, rec.session_key)
-            if peeked is not None and peeked.has_work:
-                continue  # resumed by recovery; it reports when it ends
-            session = await asyncio.to_thread(self.store.get, rec.session_key)
-            result = result_of(session.messages)
-            log.info("task %s ended while memobot was down: reporting it now", rec.id)
-            await self.tasks.ended(rec.id, "done" if result else "failed", result)
+            # Under the board's lock: a resumed spawn call queueing a task the crash left
+            # unqueued (TaskBoard.start) does so wholly before this look or after this end.
+            async with self.tasks.lock:
+                peeked = await asyncio.to_thread(self.store.peek_state, rec.session_key)
+                if peeked is not None and peeked.has_work:
+                    continue  # resumed by recovery; it reports when it ends
+                session = await asyncio.to_thread(self.store.get, rec.session_key)
+                result = result_of(session.messages)
+                log.info("task %s ended while memobot was down: reporting it now", rec.id)
+                await self.tasks.ended(rec.id, "done" if result else "failed", result)
 
     async def run(self, schedule_dream: bool = False) -> None:
         """Consume the inbound queue until cancelled.

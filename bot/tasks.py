@@ -371,7 +371,9 @@ class TaskBoard:
         # Running tasks' stop calls, for a cancel asked in the store (``watch``).
         self._stops: dict[str, Callable[[], object]] = {}
         self._watcher: asyncio.Task[None] | None = None
-        self._lock = asyncio.Lock()  # limits checked and a task recorded as one step
+        # Limits checked and a task recorded (or queued again) as one step; the start's
+        # reconcile holds it too while it settles a task (AgentLoop.reconcile_tasks).
+        self.lock = asyncio.Lock()
 
     async def records(self) -> dict[str, TaskRecord]:
         return await asyncio.to_thread(self.store.load)
@@ -484,7 +486,7 @@ class TaskBoard:
         model: str | None,
         call: str,
     ) -> TaskRecord | str:
-        async with self._lock:
+        async with self.lock:
             records = await self.records()
             earlier = next(
                 (r for r in records.values() if call and r.parent == parent and r.call == call),
@@ -497,6 +499,8 @@ class TaskBoard:
                     earlier.state,
                     parent,
                 )
+                if earlier.state == "running":
+                    await self._queue_again(earlier, sender, text, scope, offered)
                 if wait and earlier.state == "running" and earlier.id not in self._waiters:
                     self._waiters[earlier.id] = _Handoff()
                 return earlier
@@ -556,6 +560,22 @@ class TaskBoard:
         self._dispatch(msg)
         log.info("task started id=%s parent=%s label=%r wait=%s", task_id, parent, label, wait)
         return rec
+
+    async def _queue_again(
+        self,
+        rec: TaskRecord,
+        sender: Sender,
+        text: str,
+        scope: PrivacyScope,
+        offered: set[str] | None,
+    ) -> None:
+        """A crash may have come between the task's record and its pending turn: the turn is
+        queued now. Taken once: a task whose session has its id (queued, running or done)
+        is a duplicate to the intake. Called under the lock, as ``reconcile`` settles."""
+        msg = task_message(rec.id, rec.parent, sender, text, rec.label, scope, offered, rec.model)
+        if await self._accept(msg) == "accepted":
+            log.info("task %s had not been queued (a crash): queued now", rec.id)
+            self._dispatch(msg)
 
     async def result_again(self, rec: TaskRecord) -> str | None:
         """The result of an ended task as its waiting turn was given it, read again from the

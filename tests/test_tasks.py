@@ -849,3 +849,48 @@ async def test_a_wait_stopped_while_it_records_the_handover_is_reported_and_says
     assert [m.kind.value for m in accepted] == ["task", "report"]
     on_disk = TaskStore(tmp_path).load()[rec.id]
     assert (on_disk.state, on_disk.told) == ("done", "chat")
+
+
+async def test_a_spawn_run_again_queues_its_task_when_the_crash_came_before_it_was(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL between the task's record and its pending turn: the record says running, the
+    task's session was never written. The parent's resumed spawn call (same key) gets the
+    task back and queues it now (taken once: the intake knows its id), rather than leaving it
+    to be reported "failed" without having run."""
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskBoard
+
+    accepted: list[InboundMessage] = []
+    dispatched: list[InboundMessage] = []
+    lose_it = True
+
+    async def accept(msg):
+        if lose_it:
+            raise RuntimeError("killed before the pending turn was written")
+        accepted.append(msg)
+        return "accepted"
+
+    def board() -> TaskBoard:
+        return TaskBoard(
+            TaskStore(tmp_path),
+            max_tasks=5,
+            max_per_chat=5,
+            timeout_seconds=60,
+            accept=accept,
+            dispatch=dispatched.append,
+        )
+
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+    sender = Sender("u1", True, False)
+    args = ("telegram:g1", sender, "the text", "l", scope, None, False)
+    with pytest.raises(RuntimeError):
+        await board().start(*args, call="m1/1/c1")
+    [rec] = TaskStore(tmp_path).load().values()
+    assert rec.state == "running" and not dispatched
+    lose_it = False
+    again = await board().start(*args, call="m1/1/c1")
+    assert not isinstance(again, str) and again.id == rec.id
+    assert [m.session_key for m in dispatched] == [f"task:{rec.id}"]
+    assert dispatched[0].text == "the text" and list(TaskStore(tmp_path).load()) == [rec.id]

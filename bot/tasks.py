@@ -371,9 +371,10 @@ class TaskBoard:
         # Running tasks' stop calls, for a cancel asked in the store (``watch``).
         self._stops: dict[str, Callable[[], object]] = {}
         self._watcher: asyncio.Task[None] | None = None
-        # Limits checked and a task recorded (or queued again) as one step; the start's
-        # reconcile holds it too while it settles a task (AgentLoop.reconcile_tasks).
-        self.lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # limits checked and a task recorded as one step
+        # Tasks of an earlier run that the start's reconcile found with no work and reports:
+        # a resumed spawn call does not queue them again (``unqueued``).
+        self._settling: set[str] = set()
 
     async def records(self) -> dict[str, TaskRecord]:
         return await asyncio.to_thread(self.store.load)
@@ -486,7 +487,7 @@ class TaskBoard:
         model: str | None,
         call: str,
     ) -> TaskRecord | str:
-        async with self.lock:
+        async with self._lock:
             records = await self.records()
             earlier = next(
                 (r for r in records.values() if call and r.parent == parent and r.call == call),
@@ -499,7 +500,7 @@ class TaskBoard:
                     earlier.state,
                     parent,
                 )
-                if earlier.state == "running":
+                if earlier.state == "running" and earlier.id not in self._settling:
                     await self._queue_again(earlier, sender, text, scope, offered)
                 if wait and earlier.state == "running" and earlier.id not in self._waiters:
                     self._waiters[earlier.id] = _Handoff()
@@ -571,11 +572,22 @@ class TaskBoard:
     ) -> None:
         """A crash may have come between the task's record and its pending turn: the turn is
         queued now. Taken once: a task whose session has its id (queued, running or done)
-        is a duplicate to the intake. Called under the lock, as ``reconcile`` settles."""
+        is a duplicate to the intake. Under the lock, as ``unqueued`` looks."""
         msg = task_message(rec.id, rec.parent, sender, text, rec.label, scope, offered, rec.model)
         if await self._accept(msg) == "accepted":
             log.info("task %s had not been queued (a crash): queued now", rec.id)
             self._dispatch(msg)
+
+    async def unqueued(self, task_id: str, has_work: Callable[[], Awaitable[bool]]) -> bool:
+        """Whether a task an earlier run left "running" has no work (``has_work``: its
+        session's), as one step with a resumed spawn call's queueing (``_queue_again``): True
+        claims it, to be reported ended (the call then leaves it be); False, it runs. The
+        lock is not held while it is reported (a waiting turn may need a slot meanwhile)."""
+        async with self._lock:
+            if await has_work():
+                return False
+            self._settling.add(task_id)
+            return True
 
     async def result_again(self, rec: TaskRecord) -> str | None:
         """The result of an ended task as its waiting turn was given it, read again from the

@@ -894,3 +894,41 @@ async def test_a_spawn_run_again_queues_its_task_when_the_crash_came_before_it_w
     assert not isinstance(again, str) and again.id == rec.id
     assert [m.session_key for m in dispatched] == [f"task:{rec.id}"]
     assert dispatched[0].text == "the text" and list(TaskStore(tmp_path).load()) == [rec.id]
+
+
+async def test_a_task_claimed_by_the_starts_reconcile_is_not_queued_by_its_spawn_call(
+    tmp_path: Path,
+) -> None:
+    """The start's reconcile found the task (left unqueued by a crash) with no work and
+    reports it ended; the parent's resumed spawn call, coming after that look, leaves it be
+    (queued then, it would run after its "failed" report). The look holds the board's lock,
+    the report does not: a spawn call meanwhile is not held up."""
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskBoard, TaskRecord
+
+    dispatched: list[InboundMessage] = []
+
+    async def accept(msg):
+        return "accepted"
+
+    store = TaskStore(tmp_path)
+    store.put(TaskRecord("abcd", "telegram:g1", "u1", "l", "running", 1.0, call="m1/1/c1"))
+    board = TaskBoard(
+        store,
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=dispatched.append,
+    )
+
+    async def no_work() -> bool:
+        return False
+
+    assert await board.unqueued("abcd", no_work)
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+    args = ("telegram:g1", Sender("u1", True, False), "t", "l", scope, None, False)
+    again = await asyncio.wait_for(board.start(*args, call="m1/1/c1"), 5)
+    assert not isinstance(again, str) and again.id == "abcd"
+    assert dispatched == []

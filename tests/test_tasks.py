@@ -572,9 +572,14 @@ async def test_a_cancel_in_the_store_stops_a_task_also_after_its_folder_was_repl
         return "accepted"
 
     board = TaskBoard(
-        store, max_tasks=5, max_per_chat=5, timeout_seconds=60, accept=accept, dispatch=print
+        store,
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=print,
+        poll=0.01,  # the test's pace; a second in use
     )
-    board.poll = 0.01  # the test's pace; a second in use
     read = asyncio.Event()
     real_records = board.records
 

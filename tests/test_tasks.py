@@ -254,6 +254,7 @@ async def test_memobot_tasks_lists_shows_and_cancels_through_the_gateway(
         *task_steps(),
     )
     async with harness(tmp_path, llm) as h:
+        h.stack.loop.tasks.poll = 0.01  # the store's cancel watch, at the test's pace
         await say(h, "research please", is_admin=True, is_group=False)
         [rec] = TaskStore(tmp_path / "state").load().values()
         run = tasks_commands.run

@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from bot.backoff import Backoff
@@ -230,13 +231,17 @@ class AgentLoop:
         for rec in records.values():
             if rec.state != "running" or rec.started >= self.started_wall:
                 continue  # ended, or started by this run (its pending turn is being written)
-            peeked = await asyncio.to_thread(self.store.peek_state, rec.session_key)
-            if peeked is not None and peeked.has_work:
-                continue  # resumed by recovery; it reports when it ends
+            # One step with a resumed spawn call queueing a task the crash left unqueued.
+            if not await self.tasks.unqueued(rec.id, partial(self._has_work, rec.session_key)):
+                continue  # resumed by recovery (or queued by its spawn call); it reports
             session = await asyncio.to_thread(self.store.get, rec.session_key)
             result = result_of(session.messages)
             log.info("task %s ended while memobot was down: reporting it now", rec.id)
             await self.tasks.ended(rec.id, "done" if result else "failed", result)
+
+    async def _has_work(self, key: str) -> bool:
+        peeked = await asyncio.to_thread(self.store.peek_state, key)
+        return peeked is not None and peeked.has_work
 
     async def run(self, schedule_dream: bool = False) -> None:
         """Consume the inbound queue until cancelled.

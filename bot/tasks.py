@@ -36,7 +36,6 @@ from zoneinfo import ZoneInfo
 
 from bot import durable
 from bot.bus import InboundMessage, Intake
-from bot.folder_watch import FolderWatch
 from bot.kinds import REPORT_KEY, TASK_KEY, Sender, with_kind
 from bot.privacy import PrivacyScope
 from bot.spend.report import Totals, recent
@@ -175,11 +174,14 @@ class TaskStore:
 
     def end(self, task_id: str, state: str, now: float, told: str = "") -> TaskRecord | None:
         """Mark a running task ended (its result ``told`` to the "turn" or the "chat"); None
-        when it was not running (ended before)."""
+        when it was not running (ended before). An end told the turn by a waiting turn that
+        was stopped before it took the result becomes the chat's when it is reported."""
 
         def change(records: dict[str, TaskRecord]) -> TaskRecord | None:
             rec = records.get(task_id)
             if rec is None or rec.state != "running":
+                if rec is not None and rec.told == "turn" and told == "chat":
+                    records[task_id] = replace(rec, told="chat")
                 return None
             records[task_id] = replace(rec, state=state, ended=now, told=told)
             return records[task_id]
@@ -351,8 +353,10 @@ class TaskBoard:
         outside_slot: Callable[[], contextlib.AbstractAsyncContextManager[None]] | None = None,
         clock: Callable[[], float] = time.time,
         result: Callable[[str], Awaitable[str]] | None = None,
+        poll: float = 1.0,
     ) -> None:
         self.store = store
+        self.poll = poll  # seconds between two looks at the store while a task runs
         self.max_tasks = max_tasks
         self.max_per_chat = max_per_chat
         self.timeout_seconds = timeout_seconds
@@ -368,6 +372,9 @@ class TaskBoard:
         self._stops: dict[str, Callable[[], object]] = {}
         self._watcher: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # limits checked and a task recorded as one step
+        # Tasks of an earlier run that the start's reconcile found with no work and reports:
+        # a resumed spawn call does not queue them again (``unqueued``).
+        self._settling: set[str] = set()
 
     async def records(self) -> dict[str, TaskRecord]:
         return await asyncio.to_thread(self.store.load)
@@ -385,12 +392,13 @@ class TaskBoard:
         return max(0.0, rec.started + self.timeout_seconds - self.clock())
 
     def watch(self, task_id: str, stop: Callable[[], object]) -> Callable[[], None]:
-        """Call ``stop`` once a cancel of this running task is asked in the store (``memobot
-        tasks cancel``, a panel served without the gateway); returns the call that ends the
-        watch. One watch of the store's folder serves every running task, and only while one
-        runs: it sleeps until the kernel says the folder changed (bot.folder_watch), so a
-        cancel is seen at once and a task that waits costs nothing. A cancel asked in this
-        process (``/stop ID``, the panel) stops the turn directly and needs no watch."""
+        """Call ``stop`` once a cancel of this running task is asked in the store by another
+        process (``memobot tasks cancel``, a panel served without the gateway); returns the
+        call that ends the watch. A cancel asked in this process (``/stop ID``, the panel)
+        stops the turn directly and needs no watch. One watch serves every running task, and
+        only while one runs: a look at the file's stamp every ``poll`` seconds, read only
+        when it changed. (Not inotify: a watch of the folder goes deaf when the folder is
+        replaced, and is platform code to keep for one stat a second.)"""
         self._stops[task_id] = stop
         if self._watcher is None or self._watcher.done():
             self._watcher = asyncio.create_task(self._watch_store(), name="task-cancels")
@@ -405,29 +413,23 @@ class TaskBoard:
         return unwatch
 
     async def _watch_store(self) -> None:
-        await asyncio.to_thread(self.store.folder.mkdir, parents=True, exist_ok=True, mode=0o700)
-        watch = FolderWatch(self.store.folder)
         seen: tuple[int, int, int] | None = (-1, -1, -1)
-        try:
-            while self._stops:
-                # Watched before this read: a cancel written meanwhile wakes the next wait.
-                stamp = await asyncio.to_thread(self.store.stamp)
-                if stamp != seen:
-                    seen = stamp
-                    try:
-                        records = await self.records()
-                    except (OSError, ValueError) as exc:  # read again once the file changes
-                        log.error("cannot read the task store: %s", exc)
-                        records = {}
-                    for task_id, stop in list(self._stops.items()):
-                        rec = records.get(task_id)
-                        if rec is not None and rec.cancel:
-                            log.info("task cancel asked in the task store id=%s", task_id)
-                            del self._stops[task_id]
-                            stop()
-                await watch.changed()
-        finally:
-            watch.close()
+        while self._stops:
+            stamp = await asyncio.to_thread(self.store.stamp)
+            if stamp != seen:
+                seen = stamp
+                try:
+                    records = await self.records()
+                except (OSError, ValueError) as exc:  # read again once the file changes
+                    log.error("cannot read the task store: %s", exc)
+                    records = {}
+                for task_id, stop in list(self._stops.items()):
+                    rec = records.get(task_id)
+                    if rec is not None and rec.cancel:
+                        log.info("task cancel asked in the task store id=%s", task_id)
+                        del self._stops[task_id]
+                        stop()
+            await asyncio.sleep(self.poll)
 
     async def start(
         self,
@@ -448,7 +450,43 @@ class TaskBoard:
         the spawn call's key in the parent session: the task that call started already, if
         any, is returned instead of a new one (a parent turn resumed after a crash or a
         restart runs its interrupted spawn call again), and waited for again with ``wait``.
+
+        The caller stopped meanwhile (``/stop`` of the parent turn): the task, once recorded,
+        is still queued (else it would stay "running" with no turn, holding a place of the
+        limits) and reports to its chat, as nobody waits for it.
         """
+        starting = asyncio.ensure_future(
+            self._start(parent, sender, text, label, scope, offered, wait, model, call)
+        )
+        try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            starting.add_done_callback(self._unwait)
+            raise
+
+    def _unwait(self, started: asyncio.Future[TaskRecord | str]) -> None:
+        """A start whose caller was stopped: its ``wait`` will never be called."""
+        if started.cancelled():
+            return
+        if (exc := started.exception()) is not None:
+            log.error("task start failed after its spawn call was stopped: %s", exc)
+            return
+        rec = started.result()
+        if isinstance(rec, TaskRecord):
+            self._waiters.pop(rec.id, None)
+
+    async def _start(
+        self,
+        parent: str,
+        sender: Sender,
+        text: str,
+        label: str,
+        scope: PrivacyScope,
+        offered: set[str] | None,
+        wait: bool,
+        model: str | None,
+        call: str,
+    ) -> TaskRecord | str:
         async with self._lock:
             records = await self.records()
             earlier = next(
@@ -462,6 +500,8 @@ class TaskBoard:
                     earlier.state,
                     parent,
                 )
+                if earlier.state == "running" and earlier.id not in self._settling:
+                    await self._queue_again(earlier, sender, text, scope, offered)
                 if wait and earlier.state == "running" and earlier.id not in self._waiters:
                     self._waiters[earlier.id] = _Handoff()
                 return earlier
@@ -522,6 +562,33 @@ class TaskBoard:
         log.info("task started id=%s parent=%s label=%r wait=%s", task_id, parent, label, wait)
         return rec
 
+    async def _queue_again(
+        self,
+        rec: TaskRecord,
+        sender: Sender,
+        text: str,
+        scope: PrivacyScope,
+        offered: set[str] | None,
+    ) -> None:
+        """A crash may have come between the task's record and its pending turn: the turn is
+        queued now. Taken once: a task whose session has its id (queued, running or done)
+        is a duplicate to the intake. Under the lock, as ``unqueued`` looks."""
+        msg = task_message(rec.id, rec.parent, sender, text, rec.label, scope, offered, rec.model)
+        if await self._accept(msg) == "accepted":
+            log.info("task %s had not been queued (a crash): queued now", rec.id)
+            self._dispatch(msg)
+
+    async def unqueued(self, task_id: str, has_work: Callable[[], Awaitable[bool]]) -> bool:
+        """Whether a task an earlier run left "running" has no work (``has_work``: its
+        session's), as one step with a resumed spawn call's queueing (``_queue_again``): True
+        claims it, to be reported ended (the call then leaves it be); False, it runs. The
+        lock is not held while it is reported (a waiting turn may need a slot meanwhile)."""
+        async with self._lock:
+            if await has_work():
+                return False
+            self._settling.add(task_id)
+            return True
+
     async def result_again(self, rec: TaskRecord) -> str | None:
         """The result of an ended task as its waiting turn was given it, read again from the
         task's session: for a turn resumed after a crash that came between the handover and
@@ -548,7 +615,14 @@ class TaskBoard:
             # The task may have ended in the same loop pass as the timeout, or while this
             # turn queued for its slot again: the result is this turn's all the same.
             if handoff.result.done():
-                text = handoff.result.result()
+                # Recorded as the turn's before the turn has it: a crash after the turn's
+                # next checkpoint finds the task ended (never reported again), one before
+                # finds it told to the turn (the resumed call is given it again).
+                ended, state = handoff.result.result()
+                await asyncio.shield(
+                    asyncio.to_thread(self.store.end, task_id, state, self.clock(), "turn")
+                )
+                text = ended
             return text
         finally:
             if self._waiters.get(task_id) is handoff:
@@ -574,24 +648,24 @@ class TaskBoard:
         text = report_text(rec, state, result)
         handoff = self._waiters.pop(task_id, None)
         if handoff is not None and not handoff.result.done():
-            handoff.result.set_result(text)
+            handoff.result.set_result((text, state))
             # A shutdown meanwhile cancels this wait: the record stays "running", and the
             # next start reports it (reconcile) unless the resumed parent waits for it again.
             taken = await handoff.taken
         else:
             taken = False
         if taken:
+            # The waiting turn recorded the end (told "turn") before it took the result.
             log.info("task ended id=%s state=%s: result returned to its turn", task_id, state)
-        else:
-            report = report_message(rec, text)
-            accepted = await self._accept(report)
-            if accepted == "accepted":
-                self._dispatch(report)
-            log.info("task ended id=%s state=%s report=%s", task_id, state, accepted)
-            if accepted == "refused":  # shutting down, or a disk error: reported at next start
-                return
-        told = "turn" if taken else "chat"
-        await asyncio.to_thread(self.store.end, task_id, state, self.clock(), told)
+            return
+        report = report_message(rec, text)
+        accepted = await self._accept(report)
+        if accepted == "accepted":
+            self._dispatch(report)
+        log.info("task ended id=%s state=%s report=%s", task_id, state, accepted)
+        if accepted == "refused":  # shutting down, or a disk error: reported at next start
+            return
+        await asyncio.to_thread(self.store.end, task_id, state, self.clock(), "chat")
 
 
 class _Handoff:
@@ -601,5 +675,5 @@ class _Handoff:
 
     def __init__(self) -> None:
         loop = asyncio.get_running_loop()
-        self.result: asyncio.Future[str] = loop.create_future()
+        self.result: asyncio.Future[tuple[str, str]] = loop.create_future()  # text, state
         self.taken: asyncio.Future[bool] = loop.create_future()

@@ -83,7 +83,7 @@ def _run(args: argparse.Namespace, cfg: Config) -> int:
         print(f"memobot tasks: no running task {args.id}", file=sys.stderr)
         return EX_NOT_FOUND
     print(
-        f"cancel asked for task {rec.id}: a running gateway stops it at once (else at its "
+        f"cancel asked for task {rec.id}: a running gateway stops it within a second (else at its "
         "next start) and reports it stopped in its chat"
     )
     return 0

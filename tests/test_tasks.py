@@ -254,6 +254,7 @@ async def test_memobot_tasks_lists_shows_and_cancels_through_the_gateway(
         *task_steps(),
     )
     async with harness(tmp_path, llm) as h:
+        h.stack.loop.tasks.poll = 0.01  # the store's cancel watch, at the test's pace
         await say(h, "research please", is_admin=True, is_group=False)
         [rec] = TaskStore(tmp_path / "state").load().values()
         run = tasks_commands.run
@@ -555,11 +556,14 @@ async def test_a_wait_stopped_as_its_task_hands_it_the_result_reports_it_once(
     assert len([m for m in accepted if m.kind.value == "report"]) == 1
 
 
-async def test_a_cancel_in_the_store_stops_a_task_at_once_without_polling(tmp_path: Path) -> None:
-    """`memobot tasks cancel` (another process) writes the store; the gateway hears of it from
-    the kernel at once. The fallback poll is set to an hour here: were the watch polling, the
-    cancel would not be seen within the test."""
-    from bot import tasks as tasks_mod
+async def test_a_cancel_in_the_store_stops_a_task_also_after_its_folder_was_replaced(
+    tmp_path: Path,
+) -> None:
+    """`memobot tasks cancel` (another process) writes the store; the gateway's one watch of
+    it stops the task. Also when the store's folder was replaced while the task ran (moved
+    away, restored from a copy): a watch of the folder itself (inotify) went deaf then."""
+    import os
+
     from bot.tasks import TaskBoard, TaskRecord
 
     store = TaskStore(tmp_path)
@@ -569,7 +573,13 @@ async def test_a_cancel_in_the_store_stops_a_task_at_once_without_polling(tmp_pa
         return "accepted"
 
     board = TaskBoard(
-        store, max_tasks=5, max_per_chat=5, timeout_seconds=60, accept=accept, dispatch=print
+        store,
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=print,
+        poll=0.01,  # the test's pace; a second in use
     )
     read = asyncio.Event()
     real_records = board.records
@@ -580,19 +590,17 @@ async def test_a_cancel_in_the_store_stops_a_task_at_once_without_polling(tmp_pa
         return found
 
     board.records = records  # type: ignore[method-assign]
-    original = tasks_mod.FolderWatch
-    tasks_mod.FolderWatch = lambda folder: original(folder, poll=3600)  # type: ignore[misc]
-    try:
-        stopped = asyncio.Event()
-        unwatch = board.watch("abcd", stopped.set)
-        await asyncio.wait_for(read.wait(), 5)  # read once; now it waits on the kernel
-        assert not stopped.is_set()
-        assert await asyncio.to_thread(TaskStore(tmp_path).request_cancel, "abcd") is not None
-        await asyncio.wait_for(stopped.wait(), 5)
-        unwatch()
-        assert board._watcher is None  # no task runs: nothing watches
-    finally:
-        tasks_mod.FolderWatch = original  # type: ignore[misc]
+    stopped = asyncio.Event()
+    unwatch = board.watch("abcd", stopped.set)
+    await asyncio.wait_for(read.wait(), 5)  # the watch has read the store once
+    os.rename(store.folder, tmp_path / "tasks.old")
+    store.folder.mkdir()
+    store.put(TaskRecord("abcd", "telegram:g1", "u1", "l", "running", time.time()))
+    assert not stopped.is_set()
+    assert await asyncio.to_thread(TaskStore(tmp_path).request_cancel, "abcd") is not None
+    await asyncio.wait_for(stopped.wait(), 5)
+    unwatch()
+    assert board._watcher is None  # no task runs: nothing watches
 
 
 async def test_a_parent_resumed_mid_spawn_gets_its_task_back_not_a_second_one(
@@ -711,3 +719,222 @@ def test_a_resumed_batch_keeps_its_results_in_call_order() -> None:
     turn.append({"role": "tool", "tool_call_id": "a", "name": "spawn", "content": "started"})
     results_in_call_order(turn)
     assert [m.get("tool_call_id") for m in turn[2:]] == ["a", "b"]
+
+
+async def test_a_wait_result_is_recorded_as_the_turns_before_the_turn_has_it(
+    tmp_path: Path,
+) -> None:
+    """The record says the task ended, told to the turn, before the waiting spawn returns the
+    result into the turn: a SIGKILL after the turn's next checkpoint kept the result can then
+    not leave the task "running" for the next start to report to the chat a second time."""
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskBoard
+
+    accepted: list[InboundMessage] = []
+
+    async def accept(msg):
+        accepted.append(msg)
+        return "accepted"
+
+    board = TaskBoard(
+        TaskStore(tmp_path),
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=lambda msg: None,
+    )
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+    rec = await board.start("telegram:g1", Sender("u1", True, False), "t", "l", scope, None, True)
+    assert not isinstance(rec, str)
+    ending = asyncio.create_task(board.ended(rec.id, "done", "R"))
+    text = await board.wait(rec.id, 60)
+    # Read at once, as a checkpoint written right now would be followed by the kill.
+    on_disk = TaskStore(tmp_path).load()[rec.id]
+    assert text == f"Task {rec.id} (l) finished:\n\nR"
+    assert (on_disk.state, on_disk.told) == ("done", "turn")
+    await ending
+    assert [m.kind.value for m in accepted] == ["task"]  # no report
+
+
+async def test_a_parent_stopped_inside_start_leaves_no_task_unqueued(tmp_path: Path) -> None:
+    """/stop of the parent turn while its spawn is storing the task (the record written, the
+    pending turn being taken): the task is still queued and, once it ends, reported to the
+    chat (nobody waits for it any more). Cut there, it stayed "running" with no turn, holding
+    an agent.maxTasks place until the next restart, and its end waited for a taker for ever."""
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskBoard
+
+    accepted: list[InboundMessage] = []
+    dispatched: list[InboundMessage] = []
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def accept(msg):
+        accepted.append(msg)
+        if msg.kind.value == "task":
+            entered.set()
+            await release.wait()
+        return "accepted"
+
+    board = TaskBoard(
+        TaskStore(tmp_path),
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=dispatched.append,
+    )
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+    starting = asyncio.create_task(
+        board.start("telegram:g1", Sender("u1", True, False), "t", "l", scope, None, True)
+    )
+    await entered.wait()
+    starting.cancel()  # the parent turn is stopped here
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    await until(lambda: dispatched)
+    [task] = dispatched
+    task_id = task.session_key.removeprefix("task:")
+    await asyncio.wait_for(board.ended(task_id, "done", "R"), 5)
+    assert [m.kind.value for m in accepted] == ["task", "report"]
+    assert TaskStore(tmp_path).load()[task_id].told == "chat"
+
+
+async def test_a_wait_stopped_while_it_records_the_handover_is_reported_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """The waiting turn is stopped while it writes "told the turn" into the record: it never
+    took the result, so the task reports to the chat, and the record then says the chat (a
+    resumed parent would otherwise be given the result again beside the report)."""
+    import threading
+
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskBoard
+
+    accepted: list[InboundMessage] = []
+
+    async def accept(msg):
+        accepted.append(msg)
+        return "accepted"
+
+    store = TaskStore(tmp_path)
+    board = TaskBoard(
+        store,
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=lambda msg: None,
+    )
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+    rec = await board.start("telegram:g1", Sender("u1", True, False), "t", "l", scope, None, True)
+    assert not isinstance(rec, str)
+    writing, release = threading.Event(), threading.Event()
+    real_end = store.end
+
+    def slow_end(task_id, state, now, told=""):
+        ended = real_end(task_id, state, now, told)
+        if told == "turn":  # written; the turn is stopped before it hears so
+            writing.set()
+            release.wait(5)
+        return ended
+
+    store.end = slow_end  # type: ignore[method-assign]
+    waiting = asyncio.create_task(board.wait(rec.id, 60))
+    ending = asyncio.create_task(board.ended(rec.id, "done", "R"))
+    await asyncio.to_thread(writing.wait, 5)
+    waiting.cancel()  # the turn is stopped mid-write
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    release.set()
+    await asyncio.wait_for(ending, 5)
+    assert [m.kind.value for m in accepted] == ["task", "report"]
+    on_disk = TaskStore(tmp_path).load()[rec.id]
+    assert (on_disk.state, on_disk.told) == ("done", "chat")
+
+
+async def test_a_spawn_run_again_queues_its_task_when_the_crash_came_before_it_was(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL between the task's record and its pending turn: the record says running, the
+    task's session was never written. The parent's resumed spawn call (same key) gets the
+    task back and queues it now (taken once: the intake knows its id), rather than leaving it
+    to be reported "failed" without having run."""
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskBoard
+
+    accepted: list[InboundMessage] = []
+    dispatched: list[InboundMessage] = []
+    lose_it = True
+
+    async def accept(msg):
+        if lose_it:
+            raise RuntimeError("killed before the pending turn was written")
+        accepted.append(msg)
+        return "accepted"
+
+    def board() -> TaskBoard:
+        return TaskBoard(
+            TaskStore(tmp_path),
+            max_tasks=5,
+            max_per_chat=5,
+            timeout_seconds=60,
+            accept=accept,
+            dispatch=dispatched.append,
+        )
+
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+    sender = Sender("u1", True, False)
+    args = ("telegram:g1", sender, "the text", "l", scope, None, False)
+    with pytest.raises(RuntimeError):
+        await board().start(*args, call="m1/1/c1")
+    [rec] = TaskStore(tmp_path).load().values()
+    assert rec.state == "running" and not dispatched
+    lose_it = False
+    again = await board().start(*args, call="m1/1/c1")
+    assert not isinstance(again, str) and again.id == rec.id
+    assert [m.session_key for m in dispatched] == [f"task:{rec.id}"]
+    assert dispatched[0].text == "the text" and list(TaskStore(tmp_path).load()) == [rec.id]
+
+
+async def test_a_task_claimed_by_the_starts_reconcile_is_not_queued_by_its_spawn_call(
+    tmp_path: Path,
+) -> None:
+    """The start's reconcile found the task (left unqueued by a crash) with no work and
+    reports it ended; the parent's resumed spawn call, coming after that look, leaves it be
+    (queued then, it would run after its "failed" report). The look holds the board's lock,
+    the report does not: a spawn call meanwhile is not held up."""
+    from bot.kinds import Sender
+    from bot.privacy import PrivacyScope
+    from bot.tasks import TaskBoard, TaskRecord
+
+    dispatched: list[InboundMessage] = []
+
+    async def accept(msg):
+        return "accepted"
+
+    store = TaskStore(tmp_path)
+    store.put(TaskRecord("abcd", "telegram:g1", "u1", "l", "running", 1.0, call="m1/1/c1"))
+    board = TaskBoard(
+        store,
+        max_tasks=5,
+        max_per_chat=5,
+        timeout_seconds=60,
+        accept=accept,
+        dispatch=dispatched.append,
+    )
+
+    async def no_work() -> bool:
+        return False
+
+    assert await board.unqueued("abcd", no_work)
+    scope = PrivacyScope("owner", "telegram:g1", True, True, None)
+    args = ("telegram:g1", Sender("u1", True, False), "t", "l", scope, None, False)
+    again = await asyncio.wait_for(board.start(*args, call="m1/1/c1"), 5)
+    assert not isinstance(again, str) and again.id == "abcd"
+    assert dispatched == []

@@ -6,7 +6,7 @@ Cancel button.
 Cancel is the one path of ``/stop ID``: with the gateway in this process its running turn is
 stopped at once (its processes killed as any turn's) and it reports "stopped"; with
 ``memobot web`` alone it is what ``memobot tasks cancel`` does, a request in the task store
-that a gateway running elsewhere sees at once and one started later finds.
+that a gateway running elsewhere sees within a second and one started later finds.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ NAV = ("/tasks", "Tasks")
 
 ALONE = (
     "No gateway runs in this process: Cancel asks for it in the task store, as "
-    "“memobot tasks cancel” does. A gateway running as its own service stops the task at "
-    "once; if none runs, the task ends “stopped” when the next one starts."
+    "“memobot tasks cancel” does. A gateway running as its own service stops the task within "
+    "a second; if none runs, the task ends “stopped” when the next one starts."
 )
 
 
@@ -113,7 +113,7 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         log.info("task stop asked id=%s session=%s by web (in the task store)", rec.id, rec.parent)
         running = await panel.gateway_running()
         where = (
-            "the running gateway stops it at once"
+            "the running gateway stops it within a second"
             if running
             else "no gateway runs now: it ends “stopped” when one starts"
         )

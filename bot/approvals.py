@@ -39,6 +39,7 @@ from bot.gate.approval import (
     limited_tool_names,
     may_answer,
     new_record,
+    no_buttons_result,
     no_owner_result,
     question_for,
     too_long_result,
@@ -52,6 +53,7 @@ from bot.runner import Approver
 from bot.session import Session, SessionState, SessionStore, transitions
 from bot.session.state import Entry
 from bot.tools.base import ToolRegistry
+from channels import registry
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +157,7 @@ class ApprovalDesk:
         slots: asyncio.Semaphore | None = None,
     ) -> None:
         self.policy = policy_for(cfg)
+        self.cfg = cfg
         # The tools the turns run: their declared effects decide what is asked.
         self.tools = tools
         self.timeout_minutes = cfg.tools.approval_timeout_minutes
@@ -196,6 +199,15 @@ class ApprovalDesk:
                         len(question.subject),
                     )
                     return too_long_result(len(question.subject))
+                unasked = registry.approvals(self.cfg, msg.session_key)
+                if unasked != "ask":
+                    log.warning(
+                        "approval %s unasked session=%s tool=%s: nobody there can answer",
+                        "given" if unasked == "allow" else "refused",
+                        msg.session_key,
+                        call.name,
+                    )
+                    return None if unasked == "allow" else no_buttons_result()
                 owners = await self._owner_chats(msg) if msg.policy.unattended else None
                 if owners == []:
                     log.warning(

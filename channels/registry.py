@@ -11,7 +11,7 @@ import functools
 import importlib
 from typing import TYPE_CHECKING
 
-from channels.spec import ChannelSpec, TokenProbe
+from channels.spec import ChannelSpec, TokenProbe, Unasked
 
 if TYPE_CHECKING:
     from bot.bus import MessageBus
@@ -24,6 +24,7 @@ SPEC_MODULES = (
     "channels.slack_channel.spec",
     "channels.terminal_channel.spec",
     "channels.web_channel.spec",
+    "channels.api_channel.spec",
 )
 
 
@@ -70,6 +71,14 @@ def owner_chat(cfg: Config, key: str) -> bool:
     name, _, chat = key.partition(":")
     found = spec(name)
     return found is not None and found.owner_chat(chat, found.section(cfg))
+
+
+def approvals(cfg: Config, key: str) -> Unasked:
+    """How a call needing approval is decided in the chat of session ``key``: asked, unless
+    its channel says nobody there can answer (the API: allowed or refused by its key)."""
+    name, _, chat = key.partition(":")
+    found = spec(name)
+    return found.approvals(cfg, chat) if found is not None else "ask"
 
 
 def admin_chat(cfg: Config) -> str | None:

@@ -1,0 +1,310 @@
+"""The OpenAI-compatible API (docs/api.md) through the real gateway pieces in this process (the
+agent loop, the channel manager, the API channel and the panel's web server) with the real
+``openai`` client against the fake model: completions streamed and not, the models, a
+conversation whose client resends the whole history, keys (wrong, revoked, another key's
+sessions, a person's rights), bodies refused with the field named, a client that leaves
+mid-stream and retries with its Idempotency-Key, and what a browser page cannot do."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from bot.config import load_config
+from bot.gateway import Gateway
+from bot.session import SessionStore
+from tests.fakes.llm_server import FakeLLM, reply, tool_step
+from tests.helpers import write_config
+from tests.helpers.web import Browser, chatting, panel_section
+
+KEY = "k-editor-0123456789abcdef"
+GUEST_KEY = "k-guest-0123456789abcdefg"
+OLD_KEY = "k-revoked-0123456789abcdef"
+
+
+def api_section(**extra: Any) -> dict[str, Any]:
+    return {
+        "enabled": True,
+        "keys": [
+            {"name": "editor", "key": KEY},
+            {"name": "guest", "key": GUEST_KEY, "as": "telegram:42"},
+            {"name": "old", "key": OLD_KEY, "revoked": True},
+        ],
+        **extra,
+    }
+
+
+@asynccontextmanager
+async def running(
+    tmp_path: Path, *steps: Any, api: dict[str, Any] | None = None, **tools: Any
+) -> AsyncIterator[tuple[FakeLLM, Gateway, Browser]]:
+    async with FakeLLM() as llm:
+        llm.script(*steps)
+        telegram = {"enabled": False, "token": "1:x", "allowFrom": ["7", "42"], "admins": ["7"]}
+        path = write_config(
+            tmp_path,
+            llm.base_url,
+            web=panel_section(),
+            api=api or api_section(),
+            channels={"telegram": telegram},
+            tools=tools,
+        )
+        cfg, _ = load_config(path)
+        async with chatting(cfg, path) as (gateway, browser):
+            yield llm, gateway, browser
+
+
+def client(browser: Browser, key: str = KEY) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{browser.base}/v1", api_key=key, max_retries=0)
+
+
+def user_texts(gateway: Gateway, key: str) -> list[str]:
+    session = SessionStore(gateway.cfg.agent.state_path).get(key)
+    return [
+        str(m["content"]).split("\n\n[runtime context")[0]
+        for m in session.messages
+        if m.get("role") == "user"
+    ]
+
+
+def assistant_texts(gateway: Gateway, key: str) -> list[str]:
+    session = SessionStore(gateway.cfg.agent.state_path).get(key)
+    return [m["content"] for m in session.messages if m.get("role") == "assistant"]
+
+
+async def test_completions_streamed_and_not_and_the_models(tmp_path):
+    steps = [reply("Hello from memobot."), reply("Streamed answer.", hold="s")]
+    async with running(tmp_path, *steps) as (
+        llm,
+        gateway,
+        browser,
+    ):
+        api = client(browser)
+        done = await api.chat.completions.create(
+            model="memobot", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert done.choices[0].message.content == "Hello from memobot."
+        assert done.usage is not None and done.usage.completion_tokens > 0
+        assert done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+        stream = await api.chat.completions.create(
+            model="memobot",
+            messages=[{"role": "user", "content": "again"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        pieces, usage = [], None
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+                # The first piece came while the model still writes (held): it streams.
+                llm.release("s")
+            usage = chunk.usage or usage
+        assert "".join(pieces) == "Streamed answer."
+        assert len(pieces) > 1
+        assert usage is not None and usage.completion_tokens > 0
+        models = [m.id async for m in api.models.list()]
+        assert models[0] == "memobot" and gateway.cfg.llm.model in models
+        assert user_texts(gateway, "api:editor:default") == ["hi", "again"]
+        assert len(llm.requests) == 2
+
+
+async def test_a_client_that_resends_the_whole_history_adds_one_message_each_time(tmp_path):
+    async with running(tmp_path) as (llm, gateway, browser):  # the fake echoes
+        api = client(browser)
+        history: list[dict[str, str]] = []
+        for text in ("one", "two", "three"):
+            history.append({"role": "user", "content": text})
+            done = await api.chat.completions.create(
+                model="memobot", messages=history, extra_body={"session_id": "chat-1"}
+            )
+            history.append({"role": "assistant", "content": done.choices[0].message.content})
+        assert user_texts(gateway, "api:editor:chat-1") == ["one", "two", "three"]
+        assert len(assistant_texts(gateway, "api:editor:chat-1")) == 3
+        # The session's history went to the model, not the client's copy of it.
+        last = llm.requests[-1]["body"]["messages"]
+        assert [m["role"] for m in last if m["role"] != "system"] == [
+            "user", "assistant", "user", "assistant", "user",
+        ]  # fmt: skip
+
+
+async def test_keys_wrong_missing_revoked_are_refused_with_openais_401(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    async with running(tmp_path) as (llm, _gateway, browser):
+        for key in ("k-wrong-0123456789abcdef", OLD_KEY):
+            with pytest.raises(openai.AuthenticationError):
+                await client(browser, key).chat.completions.create(
+                    model="memobot", messages=[{"role": "user", "content": "hi"}]
+                )
+            with pytest.raises(openai.AuthenticationError):
+                await client(browser, key).models.list()
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                f"{browser.base}/v1/chat/completions",
+                json={"model": "memobot", "messages": [{"role": "user", "content": "hi"}]},
+            ) as r:
+                assert r.status == 401
+                assert (await r.json())["error"]["code"] == "invalid_api_key"
+        assert llm.requests == []
+        await client(browser).models.list()
+    assert "api: refused a POST /v1/chat/completions" in caplog.text
+    for key in (KEY, OLD_KEY):
+        assert key not in caplog.text  # never logged, even at DEBUG
+
+
+async def test_bodies_refused_with_400_naming_the_field(tmp_path):
+    async with running(tmp_path) as (llm, _gateway, browser):
+        api = client(browser)
+        with pytest.raises(openai.BadRequestError) as huge:
+            await api.chat.completions.create(
+                model="memobot", messages=[{"role": "user", "content": "x" * 1_000_000}]
+            )
+        assert huge.value.status_code == 400
+        assert huge.value.body["param"] == "messages[0].content"
+        assert "100000" in huge.value.body["message"]
+        cases = [
+            ({"model": "memobot", "messages": []}, "messages"),
+            ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+            ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"},
+             "stream"),
+            ({"model": "m", "messages": [{"role": "assistant", "content": "x"}]},
+             "messages[0].role"),
+            ({"model": "m", "messages": [{"role": "user", "content": "x"}],
+              "session_id": "../editor:other"}, "session_id"),
+        ]  # fmt: skip
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with aiohttp.ClientSession() as http:
+            for body, param in cases:
+                async with http.post(
+                    f"{browser.base}/v1/chat/completions", json=body, headers=headers
+                ) as r:
+                    assert r.status == 400, body
+                    assert (await r.json())["error"]["param"] == param
+            # Past api.maxRequestBytes: 413, without reading it all.
+            async with http.post(
+                f"{browser.base}/v1/chat/completions",
+                data=b"{" + b" " * (5 * 1024 * 1024) + b"}",
+                headers={**headers, "Content-Type": "application/json"},
+            ) as r:
+                assert r.status == 413
+                assert (await r.json())["error"]["code"] == "request_too_large"
+        assert llm.requests == []
+
+
+async def test_a_client_that_leaves_mid_stream_gets_the_whole_answer_on_retry(tmp_path):
+    answer = "The whole answer, written slowly."
+    async with running(tmp_path, reply(answer, hold="slow")) as (llm, gateway, browser):
+        headers = {"Authorization": f"Bearer {KEY}", "Idempotency-Key": "req-1"}
+        body = {
+            "model": "memobot",
+            "messages": [{"role": "user", "content": "tell me"}],
+            "stream": True,
+        }
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                f"{browser.base}/v1/chat/completions", json=body, headers=headers
+            ) as r:
+                assert r.status == 200
+                async for line in r.content:
+                    if b'"content": "' in line and b'"content": ""' not in line:
+                        break  # the first piece of the answer: leave
+        llm.release("slow")
+        api = client(browser)
+        again = await api.chat.completions.create(
+            model="memobot",
+            messages=[{"role": "user", "content": "tell me"}],
+            extra_headers={"Idempotency-Key": "req-1"},
+        )
+        assert again.choices[0].message.content == answer
+        # Once more, streamed: from the records, no model call.
+        stream = await api.chat.completions.create(
+            model="memobot",
+            messages=[{"role": "user", "content": "tell me"}],
+            stream=True,
+            extra_headers={"Idempotency-Key": "req-1"},
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert text == answer
+        assert len(llm.requests) == 1
+        assert user_texts(gateway, "api:editor:default") == ["tell me"]
+        # The same key for another request: refused, naming it.
+        with pytest.raises(openai.BadRequestError) as reused:
+            await api.chat.completions.create(
+                model="memobot",
+                messages=[{"role": "user", "content": "something else"}],
+                extra_headers={"Idempotency-Key": "req-1"},
+            )
+        assert reused.value.body["code"] == "idempotency_key_reused"
+        # Another key's Idempotency-Key is not this one's.
+        other = await client(browser, GUEST_KEY).chat.completions.create(
+            model="memobot",
+            messages=[{"role": "user", "content": "tell me"}],
+            extra_headers={"Idempotency-Key": "req-1"},
+        )
+        assert other.choices[0].message.content == "echo: tell me"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(
+                f"{browser.base}/v1/sessions/default/last",
+                headers={"Authorization": f"Bearer {KEY}"},
+            ) as r:
+                assert (await r.json())["content"] == answer
+
+
+async def test_a_persons_key_has_that_persons_tools_and_no_approvals(tmp_path):
+    """A key "as" a non-admin person gets a guest's tools (no exec); an approval an API
+    client cannot give is refused with a tool result, not asked."""
+    steps = [
+        tool_step(("exec", {"command": "echo hi"})),
+        reply("done"),
+        tool_step(("exec", {"command": "echo hi"})),
+        reply("done too"),
+    ]
+    async with running(tmp_path, *steps, approval="always") as (llm, _gateway, browser):
+        guest = await client(browser, GUEST_KEY).chat.completions.create(
+            model="memobot", messages=[{"role": "user", "content": "run it"}]
+        )
+        assert guest.choices[0].message.content == "done"
+        offered = {t["function"]["name"] for t in llm.requests[0]["body"].get("tools", [])}
+        assert "exec" not in offered
+        tool_result = llm.requests[1]["body"]["messages"][-1]["content"]
+        assert "not run" in tool_result or "not" in tool_result.lower()
+        owner = await client(browser).chat.completions.create(
+            model="memobot", messages=[{"role": "user", "content": "run it"}]
+        )
+        assert owner.choices[0].message.content == "done too"
+        offered = {t["function"]["name"] for t in llm.requests[2]["body"].get("tools", [])}
+        assert "exec" in offered
+        refused = llm.requests[3]["body"]["messages"][-1]["content"]
+        assert "program's on the API" in refused  # refused unasked: nobody can press a button
+
+
+async def test_a_browser_page_cannot_use_the_api(tmp_path):
+    """No cookie opens it (a logged-in panel session is no key); a foreign Host is refused
+    (DNS rebinding); a form's body is not JSON."""
+    async with running(tmp_path) as (llm, _gateway, browser):
+        await browser.login()  # the browser holds a panel session cookie
+        status, _, _ = await browser.post(
+            "/v1/chat/completions", {"model": "memobot"}, origin="http://evil.example"
+        )
+        assert status == 401
+        async with aiohttp.ClientSession() as http:
+            async with http.get(
+                f"{browser.base}/v1/models",
+                headers={"Authorization": f"Bearer {KEY}", "Host": "evil.example:80"},
+            ) as r:
+                assert r.status == 421
+            async with http.post(
+                f"{browser.base}/v1/chat/completions",
+                data="model=memobot",
+                headers={"Authorization": f"Bearer {KEY}", "Content-Type": "text/plain"},
+            ) as r:
+                assert r.status == 400
+            async with http.get(f"{browser.base}/health") as r:
+                assert (await r.json())["status"] == "ok"
+        assert llm.requests == []

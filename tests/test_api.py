@@ -27,6 +27,7 @@ from tests.helpers.web import Browser, chatting, panel_section
 KEY = "k-editor-0123456789abcdef"
 GUEST_KEY = "k-guest-0123456789abcdefg"
 OLD_KEY = "k-revoked-0123456789abcdef"
+RUN_KEY = "k-runner-0123456789abcdefg"
 
 
 def api_section(**extra: Any) -> dict[str, Any]:
@@ -36,6 +37,7 @@ def api_section(**extra: Any) -> dict[str, Any]:
             {"name": "editor", "key": KEY},
             {"name": "guest", "key": GUEST_KEY, "as": "telegram:42"},
             {"name": "old", "key": OLD_KEY, "revoked": True},
+            {"name": "runner", "key": RUN_KEY, "approvals": "allow"},
         ],
         **extra,
     }
@@ -62,7 +64,7 @@ async def running(
 
 
 def client(browser: Browser, key: str = KEY) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{browser.base}/v1", api_key=key, max_retries=0)
+    return openai.AsyncOpenAI(base_url=f"{browser.base}/v1", api_key=key, max_retries=0, timeout=20)
 
 
 def user_texts(gateway: Gateway, key: str) -> list[str]:
@@ -258,12 +260,15 @@ async def test_a_client_that_leaves_mid_stream_gets_the_whole_answer_on_retry(tm
 
 async def test_a_persons_key_has_that_persons_tools_and_no_approvals(tmp_path):
     """A key "as" a non-admin person gets a guest's tools (no exec); an approval an API
-    client cannot give is refused with a tool result, not asked."""
+    client cannot give is refused with a tool result, not asked, unless its key allows such
+    calls unasked."""
     steps = [
         tool_step(("exec", {"command": "echo hi"})),
         reply("done"),
         tool_step(("exec", {"command": "echo hi"})),
         reply("done too"),
+        tool_step(("exec", {"command": "echo ran-unasked"})),
+        reply("ran"),
     ]
     async with running(tmp_path, *steps, approval="always") as (llm, _gateway, browser):
         guest = await client(browser, GUEST_KEY).chat.completions.create(
@@ -273,7 +278,7 @@ async def test_a_persons_key_has_that_persons_tools_and_no_approvals(tmp_path):
         offered = {t["function"]["name"] for t in llm.requests[0]["body"].get("tools", [])}
         assert "exec" not in offered
         tool_result = llm.requests[1]["body"]["messages"][-1]["content"]
-        assert "not run" in tool_result or "not" in tool_result.lower()
+        assert "'exec' is not available in this chat" in tool_result
         owner = await client(browser).chat.completions.create(
             model="memobot", messages=[{"role": "user", "content": "run it"}]
         )
@@ -282,6 +287,12 @@ async def test_a_persons_key_has_that_persons_tools_and_no_approvals(tmp_path):
         assert "exec" in offered
         refused = llm.requests[3]["body"]["messages"][-1]["content"]
         assert "program's on the API" in refused  # refused unasked: nobody can press a button
+        # A key allowed to run such calls runs them without a question.
+        ran = await client(browser, RUN_KEY).chat.completions.create(
+            model="memobot", messages=[{"role": "user", "content": "run it"}]
+        )
+        assert ran.choices[0].message.content == "ran"
+        assert "ran-unasked" in llm.requests[5]["body"]["messages"][-1]["content"]
 
 
 async def test_a_browser_page_cannot_use_the_api(tmp_path):

@@ -7,6 +7,7 @@ mid-stream and retries with its Idempotency-Key, and what a browser page cannot 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,7 +22,7 @@ from bot.config import load_config
 from bot.gateway import Gateway
 from bot.session import SessionStore
 from tests.fakes.llm_server import FakeLLM, reply, tool_step
-from tests.helpers import write_config
+from tests.helpers import stop_agent, write_config
 from tests.helpers.web import Browser, chatting, panel_section
 
 KEY = "k-editor-0123456789abcdef"
@@ -45,7 +46,11 @@ def api_section(**extra: Any) -> dict[str, Any]:
 
 @asynccontextmanager
 async def running(
-    tmp_path: Path, *steps: Any, api: dict[str, Any] | None = None, **tools: Any
+    tmp_path: Path,
+    *steps: Any,
+    api: dict[str, Any] | None = None,
+    budget: dict[str, Any] | None = None,
+    **tools: Any,
 ) -> AsyncIterator[tuple[FakeLLM, Gateway, Browser]]:
     async with FakeLLM() as llm:
         llm.script(*steps)
@@ -57,6 +62,7 @@ async def running(
             api=api or api_section(),
             channels={"telegram": telegram},
             tools=tools,
+            budget=budget or {},
         )
         cfg, _ = load_config(path)
         async with chatting(cfg, path) as (gateway, browser):
@@ -319,3 +325,74 @@ async def test_a_browser_page_cannot_use_the_api(tmp_path):
             async with http.get(f"{browser.base}/health") as r:
                 assert (await r.json())["status"] == "ok"
         assert llm.requests == []
+
+
+async def test_a_spent_budget_is_429_with_retry_after(tmp_path):
+    budget = {"perChat": {"daily": {"tokens": 1}}}
+    async with running(tmp_path, budget=budget) as (llm, gateway, browser):
+        api = client(browser)
+        first = await api.chat.completions.create(
+            model="memobot", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert first.choices[0].message.content == "echo: hi"
+        with pytest.raises(openai.RateLimitError) as limited:
+            await api.chat.completions.create(
+                model="memobot", messages=[{"role": "user", "content": "more"}]
+            )
+        assert limited.value.body["code"] == "budget_exceeded"
+        assert int(limited.value.response.headers["Retry-After"]) > 0
+        # A new session of the same key is no fresh budget (the key is the chat)...
+        with pytest.raises(openai.RateLimitError):
+            await api.chat.completions.create(
+                model="memobot",
+                messages=[{"role": "user", "content": "elsewhere"}],
+                extra_headers={"X-Session-Id": "other"},
+            )
+        # ...another key's is its own.
+        other = await client(browser, GUEST_KEY).chat.completions.create(
+            model="memobot", messages=[{"role": "user", "content": "elsewhere"}]
+        )
+        assert other.choices[0].message.content == "echo: elsewhere"
+        assert len(llm.requests) == 2
+        assert user_texts(gateway, "api:editor:default") == ["hi"]  # the refused one not kept
+
+
+async def test_with_the_panel_off_the_api_listens_alone(tmp_path):
+    """``web.enabled`` false: the API alone on the panel's address, its Host check kept, no
+    panel page there; a key reaches only its own sessions."""
+    async with FakeLLM() as llm:
+        web = {**panel_section(), "enabled": False}
+        telegram = {"enabled": False, "token": "1:x", "allowFrom": ["42"]}
+        channels = {"telegram": telegram}
+        path = write_config(tmp_path, llm.base_url, web=web, api=api_section(), channels=channels)
+        cfg, _ = load_config(path)
+        gateway = Gateway(cfg, config_path=path)
+        gateway.stack.loop.recover(channels={c.name for c in gateway.channels})
+        loop_task = asyncio.create_task(gateway.stack.loop.run())
+        await gateway.manager.start()
+        await gateway._start_panel()
+        try:
+            assert gateway.panel is None and gateway.api_server is not None
+            base = gateway.api_server.base_url
+            api = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
+            done = await api.chat.completions.create(
+                model="memobot", messages=[{"role": "user", "content": "alone"}]
+            )
+            assert done.choices[0].message.content == "echo: alone"
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{base}/", allow_redirects=False) as r:
+                    assert r.status == 404  # no panel here
+                async with http.get(
+                    f"{base}/v1/models",
+                    headers={"Authorization": f"Bearer {KEY}", "Host": "attacker.example"},
+                ) as r:
+                    assert r.status == 421
+                guest = {"Authorization": f"Bearer {GUEST_KEY}"}
+                async with http.get(f"{base}/v1/sessions/default/last", headers=guest) as r:
+                    assert r.status == 404  # the guest key's own default session: empty
+                mine = {"Authorization": f"Bearer {KEY}"}
+                async with http.get(f"{base}/v1/sessions/default/last", headers=mine) as r:
+                    assert (await r.json())["content"] == "echo: alone"
+        finally:
+            await gateway.api_server.stop() if gateway.api_server else None
+            await stop_agent(gateway.stack, loop_task, gateway.manager)

@@ -199,7 +199,12 @@ class ApprovalDesk:
                         len(question.subject),
                     )
                     return too_long_result(len(question.subject))
-                unasked = registry.approvals(self.cfg, msg.session_key)
+                # A person's turn (or their background task's) where nobody can press a
+                # button is decided here; an unattended turn asks an admin elsewhere.
+                where = msg.session_key
+                if msg.kind is TurnKind.TASK:
+                    where = msg.classification.deliver_to or where
+                unasked = "ask" if msg.policy.unattended else registry.approvals(self.cfg, where)
                 if unasked != "ask":
                     log.warning(
                         "approval %s unasked session=%s tool=%s: nobody there can answer",

@@ -370,12 +370,7 @@ class ApiFace:
         if ask.idempotency_key is not None:
             await channel.records.load(caller.key)
             record = channel.records.get(caller.key, mid)
-            if record is not None and record.get("hash") != ask.fingerprint():
-                raise bad_request(
-                    "Idempotency-Key",
-                    "this Idempotency-Key was used for a different request",
-                    "idempotency_key_reused",
-                )
+            _same_request(record, ask)
         # The waiter first: an answer that comes while the request is published is not missed.
         with channel.waiting(mid) as waiter:
             answer = channel.answered(caller.key, mid)
@@ -384,7 +379,7 @@ class ApiFace:
                     self.check_capacity(session)
                     if ask.idempotency_key is not None:
                         entry = {"hash": ask.fingerprint(), "at": time.time(), "session": session}
-                        await channel.records.put(caller.key, mid, entry)
+                        _same_request(await channel.records.claim(caller.key, mid, entry), ask)
                 intake = await channel.ask(caller, ask.session_id, ask.text, mid)
                 if intake == "refused":
                     raise Refused(
@@ -474,6 +469,16 @@ class ApiFace:
             # in the channel's records for the retry.
             log.info("api: the client left during the stream id=%s; the turn goes on", mid)
         return response
+
+
+def _same_request(record: dict[str, Any] | None, ask: Completion) -> None:
+    """An Idempotency-Key used before is used for this very request (else 400)."""
+    if record is not None and record.get("hash") != ask.fingerprint():
+        raise bad_request(
+            "Idempotency-Key",
+            "this Idempotency-Key was used for a different request",
+            "idempotency_key_reused",
+        )
 
 
 def _stopping_body() -> dict[str, Any]:

@@ -29,7 +29,7 @@ from bot.config import Config, ConfigError, load_config
 from bot.invocation import command_for
 from bot.web import screens, views
 from bot.web.addresses import parse_listen, served
-from bot.web.api import ApiFace, is_api_path
+from bot.web.api import ApiFace, api_error, is_api_path
 from bot.web.limits import AttemptLimiter
 from bot.web.links import LinkBook
 from bot.web.passwords import verify_password
@@ -166,6 +166,9 @@ class Panel:
                 "address it is opened at).",
                 421,
             )
+        if self.api is None and self.cfg.api.enabled and is_api_path(request.path):
+            # ``memobot web`` alone: a program is told so, not sent to the login page.
+            return api_error(503, "memobot's gateway is not running.", "server_error")
         if self.api is not None and is_api_path(request.path):
             # A program's request with a bearer key (checked by the API itself), never a
             # cookie: the session and CSRF checks below are the browser's, and so is the

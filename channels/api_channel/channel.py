@@ -130,19 +130,32 @@ class Records:
         """A loaded key's record of request ``mid``."""
         return self._keys.get(key, {}).get(mid)
 
-    async def put(self, key: str, mid: str, record: dict[str, Any]) -> None:
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
+    async def claim(self, key: str, mid: str, record: dict[str, Any]) -> dict[str, Any]:
+        """Record request ``mid`` unless it is recorded already; the record that stands (two
+        requests racing with one Idempotency-Key: the first one's)."""
+        async with self._locks.setdefault(key, asyncio.Lock()):
             records = await self.load(key)
-            records.pop(mid, None)
-            records[mid] = record  # newest last
-            now = self.clock()
-            for old in [m for m, r in records.items() if now - r.get("at", 0) > RECORDS_SECONDS]:
-                del records[old]
-            while len(records) > RECORDS_KEPT:
-                del records[next(iter(records))]
-            payload = json.dumps(records, ensure_ascii=False)
-            await asyncio.to_thread(self._write, key, payload)
+            if mid in records:
+                return records[mid]
+            await self._store(key, records, mid, record)
+            return record
+
+    async def put(self, key: str, mid: str, record: dict[str, Any]) -> None:
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            await self._store(key, await self.load(key), mid, record)
+
+    async def _store(
+        self, key: str, records: dict[str, dict[str, Any]], mid: str, record: dict[str, Any]
+    ) -> None:
+        records.pop(mid, None)
+        records[mid] = record  # newest last
+        now = self.clock()
+        for old in [m for m, r in records.items() if now - r.get("at", 0) > RECORDS_SECONDS]:
+            del records[old]
+        while len(records) > RECORDS_KEPT:
+            del records[next(iter(records))]
+        payload = json.dumps(records, ensure_ascii=False)
+        await asyncio.to_thread(self._write, key, payload)
 
     def _write(self, key: str, payload: str) -> None:
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)

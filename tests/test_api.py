@@ -20,9 +20,13 @@ import pytest
 
 from bot.config import load_config
 from bot.gateway import Gateway
+from bot.service.logs import redact
 from bot.session import SessionStore
-from tests.fakes.llm_server import FakeLLM, reply, tool_step
+from bot.web.api import Written
+from channels.api_channel.channel import Records
+from tests.fakes.llm_server import FakeLLM, error, reply, tool_step
 from tests.helpers import stop_agent, write_config
+from tests.helpers.discord import until
 from tests.helpers.web import Browser, chatting, panel_section
 
 KEY = "k-editor-0123456789abcdef"
@@ -164,6 +168,7 @@ async def test_keys_wrong_missing_revoked_are_refused_with_openais_401(tmp_path,
     assert "api: refused a POST /v1/chat/completions" in caplog.text
     for key in (KEY, OLD_KEY):
         assert key not in caplog.text  # never logged, even at DEBUG
+        assert key not in redact(f"a line that quotes {key}")  # the log filter knows it
 
 
 async def test_bodies_refused_with_400_naming_the_field(tmp_path):
@@ -396,3 +401,66 @@ async def test_with_the_panel_off_the_api_listens_alone(tmp_path):
         finally:
             await gateway.api_server.stop() if gateway.api_server else None
             await stop_agent(gateway.stack, loop_task, gateway.manager)
+
+
+async def test_while_the_model_is_down_new_requests_get_503_and_the_waiting_one_its_answer(
+    tmp_path,
+):
+    down = [error(503), error(503), error(503)]  # every retry of the first turn's call
+    async with running(tmp_path, *down) as (_llm, gateway, browser):
+        api = client(browser)
+        retry = {"Idempotency-Key": "during-outage"}
+        first = asyncio.create_task(
+            api.chat.completions.create(
+                model="memobot",
+                messages=[{"role": "user", "content": "are you there?"}],
+                extra_headers=retry,
+            )
+        )
+        outage = gateway.stack.loop.outage
+        assert outage is not None
+        await until(lambda: outage.active)
+        with pytest.raises(openai.InternalServerError) as unavailable:
+            await api.chat.completions.create(
+                model="memobot", messages=[{"role": "user", "content": "and now?"}]
+            )
+        assert unavailable.value.status_code == 503
+        assert unavailable.value.body["code"] == "model_unavailable"
+        assert unavailable.value.response.headers["Retry-After"] == "30"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{browser.base}/health") as r:
+                assert (await r.json())["model"] == "unavailable"
+        assert not first.done()  # the first waits the outage out, as a platform's turn does
+        outage.end("the test")
+        done = await first
+        assert done.choices[0].message.content == "echo: are you there?"
+        assert user_texts(gateway, "api:editor:default") == ["are you there?"]
+
+
+def test_a_stream_sends_each_reply_once_and_the_answer_at_its_end():
+    written = Written()
+    deltas = [
+        written.on_event("text", "Let me"),
+        written.on_event("text", "Let me look."),
+        written.on_event("tool", "exec: ls"),
+        written.on_event("text", "The answer"),
+        written.on_event("text", "The answer"),  # nothing new
+        written.on_event("text", "A retried reply"),  # replaces: not shown piecemeal
+        written.on_answer("The answer is 4."),
+    ]
+    assert deltas == ["Let me", " look.", "", "\n\nThe answer", "", "", " is 4."]
+    fresh = Written()
+    assert fresh.on_answer("All at once.") == "All at once."  # a replayed answer
+
+
+async def test_one_idempotency_key_is_claimed_once(tmp_path):
+    records = Records(tmp_path / "api")
+    first, second = await asyncio.gather(
+        records.claim("editor", "api-i-1", {"hash": "a", "at": 1e12}),
+        records.claim("editor", "api-i-1", {"hash": "b", "at": 1e12}),
+    )
+    assert first["hash"] == second["hash"] == "a"
+    again = Records(tmp_path / "api")  # after a restart: read from the file
+    await again.load("editor")
+    assert again.get("editor", "api-i-1") == {"hash": "a", "at": 1e12}
+    assert (tmp_path / "api" / "editor.json").stat().st_mode & 0o777 == 0o600

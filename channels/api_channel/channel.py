@@ -263,8 +263,9 @@ class ApiChannel(Channel):
         self, msg: OutboundMessage, chunk: str, plain: bool = False, *, first: bool = False
     ) -> None:
         mid = msg.reply_to or ""
-        if not (msg.final and mid.startswith(PREFIX)):
-            # A notice (a long message cut, /status's answer): nobody reads it here.
+        if not (msg.final and mid.startswith(PREFIX) and first):
+            # A notice (a long message cut, an outage begun) or the note after a long answer
+            # of where its whole text is kept: nobody reads those here; the answer is one piece.
             log.debug("api: not an answer, not shown session=%s", msg.session_key)
             return
         prompt, completion = self._usage.pop(msg.session_key, (0, 0))

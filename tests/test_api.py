@@ -8,6 +8,7 @@ mid-stream and retries with its Idempotency-Key, and what a browser page cannot 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -148,7 +149,7 @@ async def test_a_client_that_resends_the_whole_history_adds_one_message_each_tim
 
 async def test_keys_wrong_missing_revoked_are_refused_with_openais_401(tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
-    async with running(tmp_path) as (llm, _gateway, browser):
+    async with running(tmp_path) as (llm, gateway, browser):
         for key in ("k-wrong-0123456789abcdef", OLD_KEY):
             with pytest.raises(openai.AuthenticationError):
                 await client(browser, key).chat.completions.create(
@@ -165,6 +166,14 @@ async def test_keys_wrong_missing_revoked_are_refused_with_openais_401(tmp_path,
                 assert (await r.json())["error"]["code"] == "invalid_api_key"
         assert llm.requests == []
         await client(browser).models.list()
+        # Revoked in the file, then a reload (SIGHUP, or a save in the panel): refused at once.
+        path = tmp_path / "config.json"
+        data = json.loads(path.read_text())
+        data["api"]["keys"][0]["revoked"] = True
+        path.write_text(json.dumps(data))
+        gateway.service.reload()
+        with pytest.raises(openai.AuthenticationError):
+            await client(browser).models.list()
     assert "api: refused a POST /v1/chat/completions" in caplog.text
     for key in (KEY, OLD_KEY):
         assert key not in caplog.text  # never logged, even at DEBUG

@@ -473,3 +473,29 @@ async def test_one_idempotency_key_is_claimed_once(tmp_path):
     await again.load("editor")
     assert again.get("editor", "api-i-1") == {"hash": "a", "at": 1e12}
     assert (tmp_path / "api" / "editor.json").stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_silent_stream_is_kept_alive_and_then_answered(tmp_path):
+    slow = reply("After a long think.", hold="think", hold_after_chunks=0)
+    async with running(tmp_path, slow) as (llm, _gateway, browser):
+        assert browser.panel.api is not None
+        browser.panel.api.keepalive_seconds = 0.01
+        body = {"model": "memobot", "messages": [{"role": "user", "content": "q"}], "stream": True}
+        lines = []
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                f"{browser.base}/v1/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {KEY}"},
+            ) as r:
+                async for raw in r.content:
+                    lines.append(raw.decode().strip())
+                    if lines[-1] == ": working":
+                        llm.release("think")
+        assert [line for line in lines if line][-1] == "data: [DONE]"
+        text = "".join(
+            json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            for line in lines
+            if line.startswith("data: {")
+        )
+        assert text == "After a long think."

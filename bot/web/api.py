@@ -44,6 +44,7 @@ SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # no ":", "/" or "..": one ch
 DEFAULT_SESSION = "default"
 MAX_IDEMPOTENCY_KEY = 255
 OUTAGE_RETRY_SECONDS = 30
+KEEPALIVE_SECONDS = 15.0  # a stream's longest silence (an SSE comment then)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -191,6 +192,7 @@ class ApiFace:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.closing = False
+        self.keepalive_seconds = KEEPALIVE_SECONDS
 
     @property
     def cfg(self) -> Config:
@@ -449,7 +451,15 @@ class ApiFace:
                 if self.closing:
                     await response.write(_sse(_stopping_body()))
                     return response
-                for kind, text in await waiter.next():
+                try:
+                    async with asyncio.timeout(self.keepalive_seconds):
+                        events = await waiter.next()
+                except TimeoutError:
+                    # A long tool run: a comment keeps proxies from closing a silent stream
+                    # (and finds a client that left).
+                    await response.write(b": working\n\n")
+                    continue
+                for kind, text in events:
                     if delta := written.on_event(kind, text):
                         await response.write(chunks.event({"content": delta}))
                 answer = waiter.answer

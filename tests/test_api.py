@@ -208,6 +208,13 @@ async def test_bodies_refused_with_400_naming_the_field(tmp_path):
                 ) as r:
                     assert r.status == 400, body
                     assert (await r.json())["error"]["param"] == param
+            for odd in (b"[" * 200_000, b"\xff\xfe", b'{"model": "m", "messages": [1, 2]}'):
+                async with http.post(
+                    f"{browser.base}/v1/chat/completions",
+                    data=odd,
+                    headers={**headers, "Content-Type": "application/json"},
+                ) as r:
+                    assert r.status == 400, odd[:20]
             # Past api.maxRequestBytes: 413, without reading it all.
             async with http.post(
                 f"{browser.base}/v1/chat/completions",

@@ -294,6 +294,8 @@ class ApiFace:
             return json.loads(data)
         except ValueError as exc:
             raise bad_request(None, f"the body is not JSON: {exc}") from None
+        except RecursionError:  # "[[[[..." a million deep
+            raise bad_request(None, "the body is nested too deeply") from None
 
     # -- routes --
 

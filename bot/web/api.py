@@ -301,10 +301,10 @@ class ApiFace:
 
     def routes(self) -> list[web.RouteDef]:
         return [
-            web.get(HEALTH, self.health),
-            web.get("/v1/models", self.models),
-            web.post("/v1/chat/completions", self.completions),
-            web.get("/v1/sessions/{id}/last", self.last),
+            web.get(HEALTH, _answered(self.health)),
+            web.get("/v1/models", _answered(self.models)),
+            web.post("/v1/chat/completions", _answered(self.completions)),
+            web.get("/v1/sessions/{id}/last", _answered(self.last)),
         ]
 
     async def health(self, request: web.Request) -> web.Response:
@@ -313,23 +313,17 @@ class ApiFace:
         return web.json_response({"status": "ok", "model": "unavailable" if down else "ok"})
 
     async def models(self, request: web.Request) -> web.Response:
-        try:
-            self.authorize(request)
-        except Refused as refused:
-            return refused.response
+        self.authorize(request)
         llm = self.cfg.llm
         names = dict.fromkeys([MODEL, llm.model, *llm.models])
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "memobot"} for n in names]
         return web.json_response({"object": "list", "data": data})
 
     async def last(self, request: web.Request) -> web.Response:
-        try:
-            caller = self.authorize(request)
-            session_id = request.match_info["id"]
-            if not SESSION_ID.match(session_id):
-                raise bad_request("session_id", "session_id: 1 to 64 letters, digits, _ and -")
-        except Refused as refused:
-            return refused.response
+        caller = self.authorize(request)
+        session_id = request.match_info["id"]
+        if not SESSION_ID.match(session_id):
+            raise bad_request("session_id", "session_id: 1 to 64 letters, digits, _ and -")
         key = f"{NAME}:{caller.key}:{session_id}"
         session = await asyncio.to_thread(self.gateway.stack.store.get, key)
         answer = next(
@@ -355,14 +349,11 @@ class ApiFace:
         )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        try:
-            caller = self.authorize(request)
-            ask = parse_completion(
-                await self.read_json(request), request.headers, self.cfg.api.max_message_chars
-            )
-            return await self._complete(request, caller, ask)
-        except Refused as refused:
-            return refused.response
+        caller = self.authorize(request)
+        ask = parse_completion(
+            await self.read_json(request), request.headers, self.cfg.api.max_message_chars
+        )
+        return await self._complete(request, caller, ask)
 
     async def _complete(
         self, request: web.Request, caller: Caller, ask: Completion
@@ -481,6 +472,24 @@ class ApiFace:
             # in the channel's records for the retry.
             log.info("api: the client left during the stream id=%s; the turn goes on", mid)
         return response
+
+
+def _answered(handler: Handler) -> Handler:
+    """``handler`` with its refusals answered, and a bug answered in OpenAI's shape too
+    (logged once here, with the request)."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except Refused as refused:
+            return refused.response
+        except web.HTTPException:
+            raise
+        except Exception:
+            log.exception("api: %s %s failed", request.method, request.path)
+            return api_error(500, "memobot failed to answer this request.", "server_error")
+
+    return answer
 
 
 def _same_request(record: dict[str, Any] | None, ask: Completion) -> None:

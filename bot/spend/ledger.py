@@ -73,7 +73,10 @@ class UsageLedger:
         """Write ``rec`` to the file and return; never raises an I/O error (it is logged,
         and the record is tried again with the next one)."""
         for listener in self.listeners:
-            listener(rec)
+            try:
+                listener(rec)
+            except Exception:  # a listener's bug must not lose the record (or the answer)
+                log.exception("usage listener failed session=%s", rec.session)
         self._queue.append(rec)
         file = self._file
         if (

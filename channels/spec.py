@@ -101,7 +101,8 @@ class ChannelSpec:
     token_probes: Callable[[Any], list[TokenProbe]] = field(default=_no_probes)
     # True only when the chat is provably one person's private chat; unknown: a group.
     private_chat: Callable[[str], bool] = field(default=_never)
-    # True only when the chat is provably an admin's own private chat.
+    # True only when the chat is provably an admin's own private chat. (A channel without a
+    # ``channels.*`` section is given the whole config instead: the API reads ``api.keys``.)
     owner_chat: Callable[[str, Any], bool] = field(default=_not_owner)
     # The chat id where notices for the owner go by default, when the section names one.
     admin_chat: Callable[[Any], str | None] = field(default=_nowhere)

@@ -24,6 +24,7 @@ from bot.gateway import Gateway
 from bot.service.logs import redact
 from bot.session import SessionStore
 from bot.web.api import Written
+from channels import registry
 from channels.api_channel.channel import Records
 from tests.fakes.llm_server import FakeLLM, error, reply, tool_step
 from tests.helpers import stop_agent, write_config
@@ -506,3 +507,22 @@ async def test_a_silent_stream_is_kept_alive_and_then_answered(tmp_path):
             if line.startswith("data: {")
         )
         assert text == "After a long think."
+
+
+def test_a_key_for_an_admin_talks_in_the_owners_own_chat(tmp_path):
+    """Its conversations are the owner's private chats (Dream digests them into the owner's
+    memory); a guest's key's are the guest's; a revoked or unknown key's, nobody's."""
+    telegram = {"enabled": False, "token": "1:x", "allowFrom": ["7", "42"], "admins": ["7"]}
+    keys = [*api_section()["keys"], {"name": "admin7", "key": "k-admin7-0123456789abcdef"}]
+    keys[-1]["as"] = "telegram:7"
+    path = write_config(
+        tmp_path, "http://127.0.0.1:9/v1", api={"enabled": True, "keys": keys},
+        channels={"telegram": telegram},
+    )  # fmt: skip
+    cfg, _ = load_config(path)
+    assert registry.owner_chat(cfg, "api:editor:default")
+    assert registry.owner_chat(cfg, "api:admin7:notes")
+    assert not registry.owner_chat(cfg, "api:guest:default")
+    assert not registry.owner_chat(cfg, "api:old:default")  # revoked
+    assert not registry.owner_chat(cfg, "api:nobody:default")
+    assert registry.private_chat("api:guest:default")

@@ -31,7 +31,7 @@ from aiohttp import web
 from bot.config import ApiKeyConfig, Config
 from bot.web.addresses import Served, parse_listen, served
 from channels.api_channel.channel import Answer, ApiChannel, Caller, Waiter, message_id
-from channels.api_channel.spec import NAME
+from channels.api_channel.spec import NAME, speaks_as_admin
 
 if TYPE_CHECKING:
     from bot.gateway import Gateway
@@ -177,12 +177,7 @@ def find_key(keys: list[ApiKeyConfig], given: str) -> ApiKeyConfig | None:
 def caller_of(cfg: Config, key: ApiKeyConfig) -> Caller:
     """Whom ``key`` speaks for: the owner, or a person of a channel's allowFrom (an admin
     there is one here too)."""
-    if key.as_ == "owner":
-        return Caller(key.name, "owner", True)
-    channel, _, user = key.as_.partition(":")
-    section = getattr(cfg.channels, channel, None)
-    admin = section is not None and ("*" in section.admin_ids or user in section.admin_ids)
-    return Caller(key.name, key.as_, admin)
+    return Caller(key.name, key.as_, speaks_as_admin(cfg, key))
 
 
 class ApiFace:

@@ -39,6 +39,7 @@ from bot.gate.approval import (
     limited_tool_names,
     may_answer,
     new_record,
+    no_buttons_result,
     no_owner_result,
     question_for,
     too_long_result,
@@ -52,6 +53,7 @@ from bot.runner import Approver
 from bot.session import Session, SessionState, SessionStore, transitions
 from bot.session.state import Entry
 from bot.tools.base import ToolRegistry
+from channels import registry
 
 if TYPE_CHECKING:
     from bot.memory.review import DreamReview
@@ -158,6 +160,7 @@ class ApprovalDesk:
         slots: asyncio.Semaphore | None = None,
     ) -> None:
         self.policy = policy_for(cfg)
+        self.cfg = cfg
         # The tools the turns run: their declared effects decide what is asked.
         self.tools = tools
         self.timeout_minutes = cfg.tools.approval_timeout_minutes
@@ -202,6 +205,20 @@ class ApprovalDesk:
                         len(question.subject),
                     )
                     return too_long_result(len(question.subject))
+                # A person's turn (or their background task's) where nobody can press a
+                # button is decided here; an unattended turn asks an admin elsewhere.
+                where = msg.session_key
+                if msg.kind is TurnKind.TASK:
+                    where = msg.classification.deliver_to or where
+                unasked = "ask" if msg.policy.unattended else registry.approvals(self.cfg, where)
+                if unasked != "ask":
+                    log.warning(
+                        "approval %s unasked session=%s tool=%s: nobody there can answer",
+                        "given" if unasked == "allow" else "refused",
+                        msg.session_key,
+                        call.name,
+                    )
+                    return None if unasked == "allow" else no_buttons_result()
                 owners = await self._owner_chats(msg) if msg.policy.unattended else None
                 if owners == []:
                     log.warning(

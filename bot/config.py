@@ -593,6 +593,73 @@ class PanelConfig(_Model):
         return self.public_url.startswith("https://")
 
 
+_API_KEY_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+MIN_API_KEY_CHARS = 16
+
+
+class ApiKeyConfig(_Model):
+    """``api.keys[]``: one bearer key of the OpenAI-compatible API, named like a person."""
+
+    # In the session keys (api:<name>:<session>) and the logs; never the key itself.
+    name: str
+    key: str = Field(repr=False)  # "${VAR}" or a systemd credential; never logged
+    # Whom the key speaks for: "owner", or a person "<channel>:<user id>" of a channel's
+    # allowFrom (that person's tools and memory scope; an admin there is the owner).
+    as_: str = Field("owner", alias="as")
+    revoked: StrictBool = False  # refused (401) like a wrong key, kept for the record
+    # A call that needs an approval: "refuse" it (the model is told; an API client has no
+    # buttons), or "allow" it without asking.
+    approvals: Literal["refuse", "allow"] = "refuse"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _API_KEY_NAME.match(v):
+            raise ValueError(f"{v!r}: use 1 to 40 letters, digits, _ and - (no spaces or :)")
+        return v
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        if len(v) < MIN_API_KEY_CHARS or not all("!" <= c <= "~" for c in v):
+            raise ValueError(
+                f"an API key needs at least {MIN_API_KEY_CHARS} characters, ASCII without "
+                "spaces (make one with: openssl rand -hex 24)"
+            )
+        return v
+
+    @field_validator("as_")
+    @classmethod
+    def _as(cls, v: str) -> str:
+        channel, sep, user = v.partition(":")
+        if v != "owner" and not (sep and channel and user):
+            raise ValueError(f'{v!r}: "owner", or a person as <channel>:<user id>')
+        return v
+
+
+class ApiConfig(_Model):
+    """``api``: the OpenAI-compatible API for programs (docs/api.md), on the panel's server
+    (web.listen), or on a listener of its own there when the panel is off."""
+
+    enabled: StrictBool = False
+    keys: list[ApiKeyConfig] = Field(default_factory=list)
+    # A request's body; the panel's own forms keep their smaller limit.
+    max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # The new user message; longer is refused with 400 naming the field.
+    max_message_chars: int = Field(100_000, ge=100, le=10_000_000)
+
+    @field_validator("keys")
+    @classmethod
+    def _unique(cls, v: list[ApiKeyConfig]) -> list[ApiKeyConfig]:
+        names = [k.name for k in v]
+        if len(set(names)) != len(names):
+            raise ValueError("two keys have the same name")
+        secrets_ = [k.key for k in v]
+        if len(set(secrets_)) != len(secrets_):
+            raise ValueError("two keys have the same key: give each program its own")
+        return v
+
+
 class Config(_Model):
     llm: LLMConfig = LLMConfig()
     agent: AgentConfig = AgentConfig()
@@ -603,6 +670,7 @@ class Config(_Model):
     cron: CronConfig = CronConfig()
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     web: PanelConfig = PanelConfig()
+    api: ApiConfig = ApiConfig()
     budget: BudgetConfig = BudgetConfig()
 
     @model_validator(mode="after")
@@ -612,6 +680,27 @@ class Config(_Model):
             raise ValueError(
                 f"memory.model: {self.memory.model!r} is not a name in llm.models (named: {known})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _api_keys(self) -> Config:
+        if not self.api.enabled:
+            return self
+        if not any(not k.revoked for k in self.api.keys):
+            # Without a key the API would act for the owner for any program that reaches it
+            # (the model's own commands reach 127.0.0.1 too).
+            raise ValueError(
+                "api.keys: the API is enabled without a key: add one (docs/api.md), or set "
+                "api.enabled to false"
+            )
+        for i, key in enumerate(self.api.keys):
+            channel, _, user = key.as_.partition(":")
+            section = getattr(self.channels, channel, None) if key.as_ != "owner" else None
+            if key.as_ != "owner" and (section is None or user not in section.allow_from):
+                raise ValueError(
+                    f"api.keys[{i}].as: {key.as_!r} is not a person of a channel's allowFrom "
+                    '(write "owner", or <channel>:<user id> as listed there)'
+                )
         return self
 
 

@@ -30,6 +30,7 @@ from bot.cron import heartbeat
 from bot.tasks import CHANNEL as TASK_CHANNEL
 
 if TYPE_CHECKING:
+    from bot.web.api import ApiServer
     from bot.web.listener import DeferredPanel
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class Gateway:
         # The enabled platforms, and the panel's chat when the panel is on.
         self.channels = [s.build(self.stack.bus, cfg) for s in registry.gateway_channels(cfg)]
         self.manager = ChannelManager(self.stack.bus, self.stack.loop.ledger, self.channels)
+        self.stack.usage.listeners.append(self._count_usage)
         self.scheduler = Scheduler(
             cfg,
             JobStore(cfg.agent.state_path),
@@ -128,6 +130,7 @@ class Gateway:
         self._status_due = asyncio.Event()
         self.service = ServiceHooks(self, config_path)  # systemd notify, SIGHUP reload
         self.panel: DeferredPanel | None = None
+        self.api_server: ApiServer | None = None  # the API alone, when the panel is off
         # The log's last lines for the panel (on the root logger while ``run`` runs).
         self.logs = LogRing()
 
@@ -156,6 +159,10 @@ class Gateway:
             # Where the panel listens (memobot web's links), None when it does not.
             "web": self.panel.base_url if self.panel else None,
         }
+
+    def _count_usage(self, rec: Any) -> None:
+        for channel in self.channels:
+            channel.count_usage(rec.session, rec.purpose, rec.prompt_tokens, rec.completion_tokens)
 
     def _every_channel_failed(self, channels: list[Any]) -> None:
         for c in channels:
@@ -238,6 +245,8 @@ class Gateway:
             self.service.stopping(self.cfg.gateway.drain_seconds)
             if self.panel is not None:
                 await self.panel.stop()
+            if self.api_server is not None:
+                await self.api_server.stop()
             await self.scheduler.stop()  # nothing new is due once intake closes
             await self.stack.loop.shutdown(self.cfg.gateway.drain_seconds)
             await self.manager.flush(10)
@@ -254,8 +263,15 @@ class Gateway:
 
     async def _start_panel(self) -> None:
         """The control panel, unless web.enabled is false; an address it cannot have is one
-        log line (Panel.start's), and the gateway runs on without it."""
+        log line (Panel.start's), and the gateway runs on without it. The API is served by
+        the panel, or alone on the panel's address when the panel is off."""
         if not self.cfg.web.enabled:
+            if self.cfg.api.enabled:
+                from bot.web.api import ApiServer
+
+                api = ApiServer(self.cfg, self)
+                if await api.start() is None:
+                    self.api_server = api
             return
         from bot.web.listener import DeferredPanel
 

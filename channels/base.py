@@ -276,6 +276,10 @@ class Channel(ABC):
         platform gives no way to find them."""
         return []
 
+    def count_usage(self, session: str, purpose: str, prompt: int, completion: int) -> None:  # noqa: B027
+        """A model call was counted (bot.spend; the gateway tells every channel). Only a
+        channel that reports usage with its answers (the API) keeps anything."""
+
     async def send_typing(self, chat_id: str) -> None:  # noqa: B027
         """Show "typing..." in the chat (platforms without it: nothing)."""
 

@@ -11,7 +11,7 @@ import functools
 import importlib
 from typing import TYPE_CHECKING
 
-from channels.spec import ChannelSpec, TokenProbe
+from channels.spec import ChannelSpec, TokenProbe, Unasked
 
 if TYPE_CHECKING:
     from bot.bus import MessageBus
@@ -24,6 +24,7 @@ SPEC_MODULES = (
     "channels.slack_channel.spec",
     "channels.terminal_channel.spec",
     "channels.web_channel.spec",
+    "channels.api_channel.spec",
 )
 
 
@@ -69,7 +70,18 @@ def owner_chat(cfg: Config, key: str) -> bool:
     """True when the chat of session ``key`` is provably an admin's own private chat."""
     name, _, chat = key.partition(":")
     found = spec(name)
-    return found is not None and found.owner_chat(chat, found.section(cfg))
+    if found is None:
+        return False
+    # A channel configured outside channels.* (the API: api.keys) reads the whole config.
+    return found.owner_chat(chat, found.section(cfg) if found.config is not None else cfg)
+
+
+def approvals(cfg: Config, key: str) -> Unasked:
+    """How a call needing approval is decided in the chat of session ``key``: asked, unless
+    its channel says nobody there can answer (the API: allowed or refused by its key)."""
+    name, _, chat = key.partition(":")
+    found = spec(name)
+    return found.approvals(cfg, chat) if found is not None else "ask"
 
 
 def admin_chat(cfg: Config) -> str | None:

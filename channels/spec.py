@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from bot.bus import MessageBus
@@ -80,6 +80,15 @@ def _unless_configured(cfg: Any) -> bool:
     return False
 
 
+def _ask(cfg: Any, chat: str) -> Unasked:
+    return "ask"
+
+
+# How a call that needs a person's approval is decided in a chat: "ask" (a question with
+# buttons), or, where nobody can press one (a program on the API), "allow" or "refuse" it.
+Unasked = Literal["ask", "allow", "refuse"]
+
+
 @dataclass(frozen=True, slots=True)
 class ChannelSpec:
     """One platform, as the core sees it. The callables take the platform's chat id (the
@@ -92,7 +101,8 @@ class ChannelSpec:
     token_probes: Callable[[Any], list[TokenProbe]] = field(default=_no_probes)
     # True only when the chat is provably one person's private chat; unknown: a group.
     private_chat: Callable[[str], bool] = field(default=_never)
-    # True only when the chat is provably an admin's own private chat.
+    # True only when the chat is provably an admin's own private chat. (A channel without a
+    # ``channels.*`` section is given the whole config instead: the API reads ``api.keys``.)
     owner_chat: Callable[[str, Any], bool] = field(default=_not_owner)
     # The chat id where notices for the owner go by default, when the section names one.
     admin_chat: Callable[[Any], str | None] = field(default=_nowhere)
@@ -100,6 +110,8 @@ class ChannelSpec:
     # A channel without a ``channels.*`` section that the gateway runs when this says so for
     # the whole config (the panel's chat: when the panel is on).
     in_gateway: Callable[[Config], bool] = field(default=_unless_configured)
+    # (config, chat id) -> how its approval questions are decided (``Unasked``).
+    approvals: Callable[[Config, str], Unasked] = field(default=_ask)
 
     def section(self, cfg: Config) -> ChannelConfig | None:
         return getattr(cfg.channels, self.name, None) if self.config is not None else None

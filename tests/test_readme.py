@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from bot.cli import build_parser
-from bot.config import Config, McpServerConfig
+from bot.config import ApiKeyConfig, Config, McpServerConfig
 from bot.config_base import ChannelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -248,6 +248,7 @@ def test_docs_give_each_option_its_real_default() -> None:
     """A default changed in code (say a channel's dmPolicy) fails here until the docs follow."""
     defaults = json.loads(Config().model_dump_json(by_alias=True))
     server = json.loads(McpServerConfig(command="x").model_dump_json(by_alias=True))
+    api_key = json.loads(ApiKeyConfig(name="x", key="x" * 16).model_dump_json(by_alias=True))
     rows = _option_rows()
     assert len(rows) > 100
     wrong = []
@@ -262,6 +263,8 @@ def test_docs_give_each_option_its_real_default() -> None:
             parts = key.split(".")
             if parts[:2] == ["tools", "mcpServers"] and len(parts) == 4:
                 value: object = server[parts[3]]
+            elif parts[:2] == ["api", "keys[]"]:
+                value = api_key[parts[2]]
             else:
                 value = defaults
                 for part in ("telegram" if p == "<name>" else p for p in parts):

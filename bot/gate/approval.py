@@ -356,6 +356,17 @@ def too_long_result(size: int) -> str:
     )
 
 
+def no_buttons_result() -> str:
+    """The tool result of a call needing approval in a chat where nobody can give it (a
+    program on the API whose key may not run such calls unasked)."""
+    return (
+        "Error: not run: this call needs a person's approval, and this conversation is a "
+        "program's on the API, which cannot give one (its key does not allow such calls "
+        "unasked: api.keys[].approvals). Do not retry it; say in your answer what you wanted "
+        "to do."
+    )
+
+
 def no_owner_result() -> str:
     """The tool result of an unattended turn's call when no admin can be asked."""
     return (

@@ -38,6 +38,7 @@ LIVE = (
     "llm.retry.*",
     "llm.prices",
     "budget.*",
+    "api.keys",  # read at each request: a key revoked or added counts at once
     "agent.maxTokensPerTurn",
     "agent.maxToolIterations",
     "agent.maxToolCallsPerTurn",

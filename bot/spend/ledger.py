@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +63,17 @@ class UsageLedger:
         self._synced_at = float("-inf")  # loop time of the last fsync's start
         self._wake: asyncio.Future[None] | None = None  # the flusher's wait, to cut short
         self._sync_failing = False
+        # Told of each record as it comes (the API channel: a turn's usage for its answer).
+        self.listeners: list[Callable[[CallRecord], None]] = []
 
     async def record(self, rec: CallRecord) -> None:
         """Write ``rec`` to the file and return; never raises an I/O error (it is logged,
         and the record is tried again with the next one)."""
+        for listener in self.listeners:
+            try:
+                listener(rec)
+            except Exception:  # a listener's bug must not lose the record (or the answer)
+                log.exception("usage listener failed session=%s", rec.session)
         self._queue.append(rec)
         file = self._file
         if (

@@ -29,6 +29,7 @@ from bot.config import Config, ConfigError, load_config
 from bot.invocation import command_for
 from bot.web import screens, views
 from bot.web.addresses import parse_listen, served
+from bot.web.api import ApiFace, api_error, is_api_path
 from bot.web.limits import AttemptLimiter
 from bot.web.links import LinkBook
 from bot.web.passwords import verify_password
@@ -93,6 +94,10 @@ class Panel:
         # Set when the panel stops: a live part (an SSE stream) ends then, rather than holding
         # the stop for aiohttp's shutdown timeout.
         self.closing = asyncio.Event()
+        # The OpenAI-compatible API on this server (docs/api.md), when a gateway runs it.
+        self.api: ApiFace | None = None
+        if cfg.api.enabled and gateway is not None:
+            self.api = ApiFace(gateway)
         self.app = self._build()
 
     @property
@@ -130,6 +135,8 @@ class Panel:
 
     async def _close_streams(self, app: web.Application) -> None:
         self.closing.set()
+        if self.api is not None:
+            self.api.close()
 
     # -- the application --
 
@@ -139,6 +146,8 @@ class Panel:
         app.on_shutdown.append(self._close_streams)
         for screen in screens.load():
             app.router.add_routes(screen.routes(self))
+        if self.api is not None:
+            app.router.add_routes(self.api.routes())
         app.router.add_get("/login", self._login_page)
         app.router.add_post("/login", self._password_login)
         app.router.add_post("/logout", self._logout)
@@ -157,6 +166,14 @@ class Panel:
                 "address it is opened at).",
                 421,
             )
+        if self.api is None and self.cfg.api.enabled and is_api_path(request.path):
+            # ``memobot web`` alone: a program is told so, not sent to the login page.
+            return api_error(503, "memobot's gateway is not running.", "server_error")
+        if self.api is not None and is_api_path(request.path):
+            # A program's request with a bearer key (checked by the API itself), never a
+            # cookie: the session and CSRF checks below are the browser's, and so is the
+            # form body limit (the API reads its body with api.maxRequestBytes).
+            return await handler(request)
         if _embedded_by_another_site(request):
             log.warning("web: refused a %s %s from another site", request.method, request.path)
             return _refused("Refused: another site's page asked for this.")

@@ -1,0 +1,654 @@
+"""The OpenAI-compatible API (docs/api.md): ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /v1/sessions/<id>/last`` and ``GET /health``, on the panel's web server (or a listener of
+its own there when the panel is off: :class:`ApiServer`).
+
+A request is a program's, not a browser's: it carries a bearer key (``api.keys``), never a
+cookie, so the panel's session, Origin and CSRF checks do not apply to these paths; the Host
+check does (DNS rebinding), and the body has a limit of its own (``api.maxRequestBytes``).
+Each request carries one new user message, the last of ``messages``; the conversation is
+memobot's own session ``api:<key name>:<session id>``, so a client that resends the whole
+history adds one message per request. The turn runs through the bus like a platform's
+(``channels.api_channel``); an ``Idempotency-Key`` makes a retry the same message, answered
+once. Every error is OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from bot.config import ApiKeyConfig, Config
+from bot.web.addresses import Served, parse_listen, served
+from channels.api_channel.channel import Answer, ApiChannel, Caller, Waiter, message_id
+from channels.api_channel.spec import NAME, speaks_as_admin
+
+if TYPE_CHECKING:
+    from bot.gateway import Gateway
+
+log = logging.getLogger(__name__)
+
+HEALTH = "/health"
+MODEL = "memobot"  # the model id that means "memobot, as configured"
+SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # no ":", "/" or "..": one chat of one key
+DEFAULT_SESSION = "default"
+MAX_IDEMPOTENCY_KEY = 255
+OUTAGE_RETRY_SECONDS = 30
+KEEPALIVE_SECONDS = 15.0  # a stream's longest silence (an SSE comment then)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def is_api_path(path: str) -> bool:
+    return path == HEALTH or path == "/v1" or path.startswith("/v1/")
+
+
+def api_error(
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """OpenAI's error shape, which its SDKs turn into their typed errors."""
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class Refused(Exception):
+    """A request answered with an error (``response``) instead of a completion."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+def bad_request(param: str | None, message: str, code: str | None = None) -> Refused:
+    return Refused(api_error(400, message, param=param, code=code))
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What a chat completion request asks for, checked."""
+
+    model: str
+    text: str  # the new user message
+    session_id: str
+    stream: bool
+    include_usage: bool
+    idempotency_key: str | None
+
+    def fingerprint(self) -> str:
+        """What a retry with the same Idempotency-Key must ask again (not how: a retry may
+        stream where the first did not)."""
+        return hashlib.sha256(json.dumps([self.session_id, self.text]).encode()).hexdigest()
+
+
+def _message_text(content: Any, at: str) -> str:
+    """A message's text: a string, or a list of text parts (as the SDKs send them)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{at}.content", "content must be a string or a list of text parts")
+    parts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            raise bad_request(
+                f"{at}.content[{j}]", "only text parts are taken (no images or files here)"
+            )
+        if not isinstance(part.get("text"), str):
+            raise bad_request(f"{at}.content[{j}].text", "a text part needs its text")
+        parts.append(part["text"])
+    return "\n".join(parts)
+
+
+def parse_completion(body: Any, headers: dict[str, str] | Any, max_chars: int) -> Completion:
+    """The request, or ``Refused`` with 400 naming the field that is wrong."""
+    if not isinstance(body, dict):
+        raise bad_request(None, "the body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("model", f'model is required (any configured model, or "{MODEL}")')
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages", "messages must be a non-empty list")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad_request(f"messages[{i}].role", "each message needs a role")
+    at = f"messages[{len(messages) - 1}]"
+    last = messages[-1]
+    if last["role"] != "user":
+        raise bad_request(
+            f"{at}.role",
+            "the last message must be the new user message (the conversation itself is "
+            "memobot's session; earlier messages are accepted and not used)",
+        )
+    text = _message_text(last.get("content"), at)
+    if not text.strip():
+        raise bad_request(f"{at}.content", "the new user message is empty")
+    if len(text) > max_chars:
+        raise bad_request(
+            f"{at}.content",
+            f"the new user message has {len(text)} characters; at most {max_chars} are taken "
+            "(api.maxMessageChars)",
+            "message_too_long",
+        )
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("stream", "stream must be true or false")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise bad_request("stream_options.include_usage", "include_usage must be true or false")
+    session_id = body.get("session_id", headers.get("X-Session-Id", DEFAULT_SESSION))
+    if not isinstance(session_id, str) or not SESSION_ID.match(session_id):
+        raise bad_request(
+            "session_id", "session_id: 1 to 64 letters, digits, _ and - (no : / or .)"
+        )
+    idem = headers.get("Idempotency-Key")
+    if idem is not None and not (
+        0 < len(idem) <= MAX_IDEMPOTENCY_KEY and all(" " <= c <= "~" for c in idem)
+    ):
+        raise bad_request(
+            "Idempotency-Key", f"Idempotency-Key: 1 to {MAX_IDEMPOTENCY_KEY} ASCII characters"
+        )
+    return Completion(model, text, session_id, stream, bool(options.get("include_usage")), idem)
+
+
+def find_key(keys: list[ApiKeyConfig], given: str) -> ApiKeyConfig | None:
+    """The live key ``given`` is, compared with every key in constant time (no early exit:
+    how long it takes does not tell which key a guess came close to)."""
+    found = None
+    for key in keys:
+        if hmac.compare_digest(given.encode(), key.key.encode()):
+            found = key
+    return found if found is not None and not found.revoked else None
+
+
+def caller_of(cfg: Config, key: ApiKeyConfig) -> Caller:
+    """Whom ``key`` speaks for: the owner, or a person of a channel's allowFrom (an admin
+    there is one here too)."""
+    return Caller(key.name, key.as_, speaks_as_admin(cfg, key))
+
+
+class ApiFace:
+    """The API of one running gateway: its live config (a SIGHUP revokes a key), its agent
+    stack and its API channel."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.closing = False
+        self.keepalive_seconds = KEEPALIVE_SECONDS
+
+    @property
+    def cfg(self) -> Config:
+        return self.gateway.cfg
+
+    @property
+    def channel(self) -> ApiChannel:
+        found = next((c for c in self.gateway.channels if isinstance(c, ApiChannel)), None)
+        if found is None:  # api.enabled makes the gateway build it
+            raise Refused(api_error(503, "the API channel is not running", "server_error"))
+        return found
+
+    def close(self) -> None:
+        """The server stops: requests that wait for an answer end now (retry later)."""
+        self.closing = True
+        for channel in self.gateway.channels:
+            if isinstance(channel, ApiChannel):
+                channel.wake_all()
+
+    # -- checks --
+
+    def authorize(self, request: web.Request) -> Caller:
+        header = request.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        key = find_key(self.cfg.api.keys, given.strip()) if scheme.lower() == "bearer" else None
+        if key is None:
+            log.warning(
+                "api: refused a %s %s from %s: %s",
+                request.method,
+                request.path,
+                request.remote,
+                "a wrong or revoked key" if given else "no key",
+            )
+            raise Refused(
+                api_error(
+                    401,
+                    "Incorrect or missing API key: send Authorization: Bearer <key> with a key "
+                    "of api.keys.",
+                    code="invalid_api_key",
+                )
+            )
+        return caller_of(self.cfg, key)
+
+    def check_capacity(self, session: str) -> None:
+        """A new turn now would fail: the model is down (503), or the budget is spent (429)."""
+        stack = self.gateway.stack
+        outage = stack.loop.outage.snapshot() if stack.loop.outage else None
+        if outage is not None:
+            raise Refused(
+                api_error(
+                    503,
+                    "The model is unavailable right now; try again later.",
+                    "server_error",
+                    code="model_unavailable",
+                    headers={"Retry-After": str(OUTAGE_RETRY_SECONDS)},
+                )
+            )
+        spent = stack.budget.spent(session, "turn")
+        if spent is not None:
+            wait = max(1, int(spent.resets.timestamp() - time.time()))
+            raise Refused(
+                api_error(
+                    429,
+                    spent.text(self.cfg.agent.timezone or "UTC"),
+                    "rate_limit_error",
+                    code="budget_exceeded",
+                    headers={"Retry-After": str(wait)},
+                )
+            )
+
+    async def read_json(self, request: web.Request) -> Any:
+        """The body as JSON, at most ``api.maxRequestBytes`` of it (413 past that)."""
+        if request.content_type != "application/json":
+            raise bad_request(None, "send the body as JSON (Content-Type: application/json)")
+        limit = self.cfg.api.max_request_bytes
+        too_big = False
+        if request.content_length is not None and request.content_length > limit:
+            too_big = True
+        else:
+            data = bytearray()
+            async for chunk in request.content.iter_chunked(64 * 1024):
+                data += chunk
+                if len(data) > limit:
+                    too_big = True
+                    break
+        if too_big:
+            response = api_error(
+                413,
+                f"The request body is larger than {limit} bytes (api.maxRequestBytes).",
+                code="request_too_large",
+            )
+            # Sent, then the connection closed: the rest of the body is never read (aiohttp
+            # would read it for up to 10 s, and hold the server's shutdown meanwhile).
+            await response.prepare(request)
+            await response.write_eof()
+            request.protocol.force_close()
+            raise Refused(response)
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise bad_request(None, f"the body is not JSON: {exc}") from None
+        except RecursionError:  # "[[[[..." a million deep
+            raise bad_request(None, "the body is nested too deeply") from None
+
+    # -- routes --
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get(HEALTH, _answered(self.health)),
+            web.get("/v1/models", _answered(self.models)),
+            web.post("/v1/chat/completions", _answered(self.completions)),
+            web.get("/v1/sessions/{id}/last", _answered(self.last)),
+        ]
+
+    async def health(self, request: web.Request) -> web.Response:
+        outage = self.gateway.stack.loop.outage
+        down = outage is not None and outage.snapshot() is not None
+        return web.json_response({"status": "ok", "model": "unavailable" if down else "ok"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        self.authorize(request)
+        llm = self.cfg.llm
+        names = dict.fromkeys([MODEL, llm.model, *llm.models])
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "memobot"} for n in names]
+        return web.json_response({"object": "list", "data": data})
+
+    async def last(self, request: web.Request) -> web.Response:
+        caller = self.authorize(request)
+        session_id = request.match_info["id"]
+        if not SESSION_ID.match(session_id):
+            raise bad_request("session_id", "session_id: 1 to 64 letters, digits, _ and -")
+        key = f"{NAME}:{caller.key}:{session_id}"
+        session = await asyncio.to_thread(self.gateway.stack.store.get, key)
+        answer = next(
+            (
+                m["content"]
+                for m in reversed(session.messages)
+                if m.get("role") == "assistant"
+                and isinstance(m.get("content"), str)
+                and m["content"]
+            ),
+            None,
+        )
+        if answer is None:
+            return api_error(404, f"session {session_id} has no answer yet", code="not_found")
+        underway = bool(session.state.pending or session.state.checkpoint)
+        return web.json_response(
+            {
+                "object": "memobot.session.last",
+                "session_id": session_id,
+                "content": answer,
+                "underway": underway,
+            }
+        )
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        caller = self.authorize(request)
+        ask = parse_completion(
+            await self.read_json(request), request.headers, self.cfg.api.max_message_chars
+        )
+        return await self._complete(request, caller, ask)
+
+    async def _complete(
+        self, request: web.Request, caller: Caller, ask: Completion
+    ) -> web.StreamResponse:
+        channel = self.channel
+        mid = message_id(caller.key, ask.idempotency_key)
+        session = f"{NAME}:{caller.key}:{ask.session_id}"
+        record = None
+        if ask.idempotency_key is not None:
+            await channel.records.load(caller.key)
+            record = channel.records.get(caller.key, mid)
+            _same_request(record, ask)
+        # The waiter first: an answer that comes while the request is published is not missed.
+        with channel.waiting(mid) as waiter:
+            answer = channel.answered(caller.key, mid)
+            if answer is None:
+                if record is None:
+                    self.check_capacity(session)
+                    if ask.idempotency_key is not None:
+                        entry = {"hash": ask.fingerprint(), "at": time.time(), "session": session}
+                        _same_request(await channel.records.claim(caller.key, mid, entry), ask)
+                intake = await channel.ask(caller, ask.session_id, ask.text, mid)
+                if intake == "refused":
+                    raise Refused(
+                        api_error(
+                            503,
+                            "memobot is stopping; retry in a moment (with the same "
+                            "Idempotency-Key)",
+                            "server_error",
+                            headers={"Retry-After": "5"},
+                        )
+                    )
+                log.info(
+                    "api: %s request session=%s id=%s",
+                    "retried" if intake == "duplicate" else "new",
+                    session,
+                    mid,
+                )
+                if intake == "duplicate" and not await self._underway(session, mid, waiter):
+                    raise Refused(
+                        api_error(
+                            409,
+                            "this Idempotency-Key was answered, and the answer is no longer kept "
+                            f"(GET /v1/sessions/{ask.session_id}/last has the session's last)",
+                            code="idempotency_key_expired",
+                        )
+                    )
+            if ask.stream:
+                return await self._stream(request, ask, mid, waiter, answer)
+            answer = answer or await self._answer(waiter)
+            return _completion_response(ask, mid, answer)
+
+    async def _underway(self, session: str, mid: str, waiter: Waiter) -> bool:
+        """A duplicate's turn is still to answer (or its answer is on its way here)."""
+        if waiter.answer is not None:
+            return True
+        state = (await asyncio.to_thread(self.gateway.stack.store.get, session)).state
+        return bool(
+            state.is_pending(mid)
+            or state.checkpoint_of(mid)
+            or any(e.get("reply_to") == mid for e in state.outbox)
+        )
+
+    async def _answer(self, waiter: Waiter) -> Answer:
+        while waiter.answer is None:
+            if self.closing:
+                raise Refused(_stopping())
+            await waiter.next()
+        return waiter.answer
+
+    async def _stream(
+        self,
+        request: web.Request,
+        ask: Completion,
+        mid: str,
+        waiter: Waiter,
+        answer: Answer | None,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
+        )
+        await response.prepare(request)
+        chunks = Chunks(ask.model, mid)
+        try:
+            await response.write(chunks.event({"role": "assistant", "content": ""}))
+            written = Written()
+            while answer is None:
+                if self.closing:
+                    await response.write(_sse(_stopping_body()))
+                    return response
+                try:
+                    async with asyncio.timeout(self.keepalive_seconds):
+                        events = await waiter.next()
+                except TimeoutError:
+                    # A long tool run: a comment keeps proxies from closing a silent stream
+                    # (and finds a client that left).
+                    await response.write(b": working\n\n")
+                    continue
+                for kind, text in events:
+                    if delta := written.on_event(kind, text):
+                        await response.write(chunks.event({"content": delta}))
+                answer = waiter.answer
+            if answer.outcome == "failed":
+                body = {"error": {"message": answer.text, "type": "server_error"}}
+                await response.write(_sse(body))
+            else:
+                if delta := written.on_answer(answer.text):
+                    await response.write(chunks.event({"content": delta}))
+                await response.write(chunks.event({}, "stop"))
+                if ask.include_usage:
+                    await response.write(chunks.usage(answer))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except (ConnectionResetError, ConnectionError):
+            # The answer is not lost: it is in the session, and (with an Idempotency-Key)
+            # in the channel's records for the retry.
+            log.info("api: the client left during the stream id=%s; the turn goes on", mid)
+        return response
+
+
+def _answered(handler: Handler) -> Handler:
+    """``handler`` with its refusals answered, and a bug answered in OpenAI's shape too
+    (logged once here, with the request)."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except Refused as refused:
+            return refused.response
+        except web.HTTPException:
+            raise
+        except Exception:
+            log.exception("api: %s %s failed", request.method, request.path)
+            return api_error(500, "memobot failed to answer this request.", "server_error")
+
+    return answer
+
+
+def _same_request(record: dict[str, Any] | None, ask: Completion) -> None:
+    """An Idempotency-Key used before is used for this very request (else 400)."""
+    if record is not None and record.get("hash") != ask.fingerprint():
+        raise bad_request(
+            "Idempotency-Key",
+            "this Idempotency-Key was used for a different request",
+            "idempotency_key_reused",
+        )
+
+
+def _stopping_body() -> dict[str, Any]:
+    return {
+        "error": {
+            "message": "memobot is restarting; retry with the same Idempotency-Key",
+            "type": "server_error",
+            "param": None,
+            "code": "restarting",
+        }
+    }
+
+
+def _stopping() -> web.Response:
+    return web.json_response(_stopping_body(), status=503, headers={"Retry-After": "5"})
+
+
+class Written:
+    """What a stream has sent of an answer being written: the model's replies, each the
+    whole text so far, become deltas; a reply after a tool call starts a new paragraph."""
+
+    def __init__(self) -> None:
+        self.current = ""  # the text sent of the current reply
+        self.after_tool = False
+        self.any = False
+
+    def on_event(self, kind: str, text: str) -> str:
+        if kind == "tool":
+            self.after_tool = True
+            return ""
+        if self.after_tool and text:
+            self.after_tool = False
+            sep = "\n\n" if self.any else ""
+            self.current = text
+            self.any = True
+            return sep + text
+        if text.startswith(self.current) and len(text) > len(self.current):
+            delta = text[len(self.current) :]
+            self.current = text
+            self.any = True
+            return delta
+        return ""  # a retried request's text that replaces the one before: shown at the end
+
+    def on_answer(self, text: str) -> str:
+        if text.startswith(self.current) and self.current:
+            return text[len(self.current) :]
+        if not self.any:
+            return text
+        return "" if text == self.current else "\n\n" + text
+
+
+class Chunks:
+    """The stream's ``chat.completion.chunk`` events."""
+
+    def __init__(self, model: str, mid: str) -> None:
+        self.model = model
+        self.id = f"chatcmpl-{mid}"
+        self.created = int(time.time())
+
+    def _base(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+        }
+
+    def event(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return _sse({**self._base(), "choices": [choice]})
+
+    def usage(self, answer: Answer) -> bytes:
+        return _sse({**self._base(), "choices": [], "usage": _usage(answer)})
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def _usage(answer: Answer) -> dict[str, int]:
+    return {
+        "prompt_tokens": answer.prompt_tokens,
+        "completion_tokens": answer.completion_tokens,
+        "total_tokens": answer.prompt_tokens + answer.completion_tokens,
+    }
+
+
+def _completion_response(ask: Completion, mid: str, answer: Answer) -> web.Response:
+    if answer.outcome == "failed":
+        return api_error(500, answer.text, "server_error", code="turn_failed")
+    return web.json_response(
+        {
+            "id": f"chatcmpl-{mid}",
+            "object": "chat.completion",
+            "created": int(datetime.now(UTC).timestamp()),
+            "model": ask.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": answer.text},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": _usage(answer),
+        }
+    )
+
+
+async def security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Cache-Control"] = "no-store"
+
+
+class ApiServer:
+    """The API alone on ``web.listen``, for a gateway whose panel is off: the same routes,
+    the same Host check (DNS rebinding), nothing of the panel."""
+
+    def __init__(self, cfg: Config, gateway: Gateway) -> None:
+        self.cfg = cfg
+        self.face = ApiFace(gateway)
+        self.served: Served = served(cfg.web.listen, cfg.web.public_url)
+        self.base_url = self.served.base_url
+        self._runner: web.AppRunner | None = None
+
+    @web.middleware
+    async def _hosts(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not self.served.host_ok(request.headers.get("Host")):
+            log.info("api: refused a request for host %r", request.headers.get("Host"))
+            return api_error(421, "This server does not answer to that host name.")
+        return await handler(request)
+
+    async def start(self) -> str | None:
+        app = web.Application(middlewares=[self._hosts])
+        app.on_response_prepare.append(security_headers)
+        app.on_shutdown.append(self._closing)
+        app.router.add_routes(self.face.routes())
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        host, port = parse_listen(self.cfg.web.listen)
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            why = f"the API cannot listen on {self.cfg.web.listen}: {exc.strerror or exc}"
+            log.error("%s; memobot runs on without it", why)
+            return why
+        self._runner = runner
+        log.info("api on %s/v1", self.base_url)
+        return None
+
+    async def _closing(self, app: web.Application) -> None:
+        self.face.close()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

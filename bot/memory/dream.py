@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import re
@@ -545,10 +546,18 @@ class Dream:
         if problem:
             return DreamResult("failed", len(entries), detail=problem)
         passes = self._passes(entries)
-        changes: list[Change] = []
+        # One change per file, however many passes edit it (a person who wrote in two
+        # chats): a later pass edits the earlier one's version, so no pass's edit is lost
+        # to another's write, and its removals count against the file as it was read.
+        working: dict[str, Change] = {}
+        removed: dict[str, int] = {}
         result = DreamResult("done")
         for edits, subset, instructions in passes:
             edits.cursors = tuple(e.cursor for e in subset)
+            for rel in edits.files:
+                if rel in working:
+                    edits.files[rel] = working[rel].after
+                    edits.removed_per_file[rel] = removed.get(rel, 0)
             try:
                 complete = await self._converse(edits, subset, instructions)
             except BudgetSpent as exc:
@@ -568,12 +577,17 @@ class Dream:
             # stays the guest's, not a file of no record (which reads as the owner's own
             # edit), also when the owner changed it meanwhile.
             for rel, text in edits.changed().items():
+                if rel in working:
+                    working[rel] = dataclasses.replace(working[rel], after=text)
+                    continue
                 existed = rel in edits.existed
                 before = edits.original.get(rel, "")
-                changes.append(Change(rel, before, existed, text, edits.prior.get(rel)))
+                working[rel] = Change(rel, before, existed, text, edits.prior.get(rel))
+            removed.update(edits.removed_per_file)
             for name in ("added", "replaced", "removed", "skills"):
                 getattr(result, name).extend(getattr(edits.result, name))
             result.cited.update(edits.result.cited)
+        changes = [c for c in working.values() if c.after != c.before]
         result.entries = len(entries)
         result.cursor = entries[-1].cursor
         first, last = entries[0].cursor, entries[-1].cursor

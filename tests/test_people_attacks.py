@@ -1,0 +1,57 @@
+"""Attacks on the memory per person and on Dream's review (issue 33): each test is a way the
+features went wrong once, kept so they stay fixed. In-process: the real Dream, archive and
+proposal store against the fake LLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bot.llm import LLMProvider
+from bot.memory.dream import Dream
+from bot.memory.history import HistoryArchive
+from bot.memory.people import Speaker
+from bot.workspace import init_workspace
+from tests.fakes.llm_server import FakeLLM, tool_step
+from tests.helpers import make_config
+
+BOB = Speaker("telegram", "3003", "Bob")
+BOB_FILE = "memory/people/telegram-3003.md"
+FINISH = tool_step(("finish", {"summary": "done"}))
+
+
+def _owner(key: str) -> bool:
+    return key == "telegram:1001"
+
+
+async def _dream(tmp_path: Path, llm: FakeLLM, memory: dict | None = None):
+    cfg = make_config(tmp_path, llm.base_url, memory=memory or {})
+    ws = cfg.agent.workspace_path
+    init_workspace(ws)
+    provider = LLMProvider(cfg.llm)
+    dream = Dream(
+        cfg.memory, ws, provider, HistoryArchive(ws), _owner, state_dir=cfg.agent.state_path
+    )
+    return cfg, ws, provider, dream
+
+
+async def test_a_person_who_wrote_in_two_chats_keeps_both_passes_facts(tmp_path, llm):
+    """Bob wrote in a group and in his private chat: two passes of one run both edit his
+    file. The second must build on the first's edit, not on the file as the run found it
+    (the last write won: the group's fact was lost, though the commit named it)."""
+    _, ws, provider, dream = await _dream(tmp_path, llm)
+    await dream.archive.append("telegram:-100", "Bob said he likes tea", (BOB,))
+    await dream.archive.append("telegram:3003", "Bob said he lives in Oslo", (BOB,))
+    llm.script(
+        tool_step(("add_entry", {"file": BOB_FILE, "entry": "Likes tea", "sources": [1]})),
+        FINISH,
+        tool_step(("add_entry", {"file": BOB_FILE, "entry": "Lives in Oslo", "sources": [2]})),
+        FINISH,
+    )
+    try:
+        result = await dream.run()
+    finally:
+        await provider.close()
+    assert result.status == "done", result.describe()
+    text = (ws / BOB_FILE).read_text()
+    assert "- Likes tea" in text and "- Lives in Oslo" in text, text
+    assert text.count("# Bob (telegram 3003)") == 1

@@ -55,3 +55,38 @@ async def test_a_person_who_wrote_in_two_chats_keeps_both_passes_facts(tmp_path,
     text = (ws / BOB_FILE).read_text()
     assert "- Likes tea" in text and "- Lives in Oslo" in text, text
     assert text.count("# Bob (telegram 3003)") == 1
+
+
+# -- Dream review ---------------------------------------------------------------------------
+
+ADD_TEA = tool_step(("add_entry", {"file": "USER.md", "entry": "Drinks tea", "sources": [1]}))
+
+
+async def _proposed(tmp_path: Path, llm: FakeLLM):
+    _, ws, provider, dream = await _dream(tmp_path, llm, {"dreamReview": True})
+    await dream.archive.append("telegram:1001", "Ada said she drinks tea")
+    llm.script(ADD_TEA, FINISH)
+    result = await dream.run()
+    assert result.status == "proposed", result.describe()
+    return ws, provider, dream, str(result.proposal)
+
+
+async def test_an_answer_is_carried_out_once_when_a_run_got_to_it_first(tmp_path, llm):
+    """The answer is recorded, then Dream's lock is awaited; a run that holds it meanwhile
+    finds the answered proposal and carries it out. The answer's own settle then must not
+    carry it out again: it found the file as it now is (the owner edited it since the edit
+    landed) and called the landed edit stale, replacing "applied" with "stale" and telling
+    the admin nothing was written."""
+    ws, provider, dream, pid = await _proposed(tmp_path, llm)
+    try:
+        decided = dream.proposals.decide(pid, "once", "1001", "press-1")
+        assert decided is not None
+        first = await dream.run()  # a scheduled run got the lock first: it lands the edit
+        assert first.status == "nothing" and "- Drinks tea" in (ws / "USER.md").read_text()
+        (ws / "USER.md").write_text((ws / "USER.md").read_text() + "- Edited by the owner\n")
+        reply = await dream.settle(decided)  # the answer's own settle, late
+    finally:
+        await provider.close()
+    assert reply.endswith("carried out already: its changes are written."), reply
+    assert dream.proposals.closed(pid)["outcome"] == "applied"
+    assert "- Edited by the owner" in (ws / "USER.md").read_text()

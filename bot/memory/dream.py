@@ -106,6 +106,13 @@ and no other, never in the chat's file; what someone said about another person g
 nobody's file. The chat's file keeps what concerns the chat as a whole."""
 CHAT_MEMORY_DIR = "memory/chats"  # one file per chat whose facts are not the owner's
 UNATTRIBUTED = frozenset({"", "legacy"})  # no session; bot.memory.migrate.LEGACY_SESSION
+# A closed proposal's outcome (bot.memory.review.ProposalStore.close), in the answer's words.
+_OUTCOMES = {
+    "applied": "its changes are written",
+    "denied": "nothing was written",
+    "stale": "nothing was written, a file had changed since",
+    "failed": "it could not be written",
+}
 SESSION = "dream"  # who Dream's tool calls and writes are logged and recorded as
 
 
@@ -704,7 +711,14 @@ class Dream:
         """Act on the answer recorded in ``proposal`` (allow: land it; deny: skip its entries);
         the reply for whoever answered."""
         async with self._lock:
-            return await self._settle(proposal)
+            # Re-read under the lock: a run (or a restart's resume) that held it meanwhile may
+            # have carried this answer out already, and it is carried out once.
+            current = await asyncio.to_thread(self.proposals.open)
+            if current is None or current.id != proposal.id or current.state != proposal.state:
+                done = await asyncio.to_thread(self.proposals.closed, proposal.id)
+                outcome = _OUTCOMES.get(str((done or {}).get("outcome")), "it is closed")
+                return f"Dream's proposal {proposal.id} was carried out already: {outcome}."
+            return await self._settle(current)
 
     async def _settle(self, proposal: Proposal) -> str:
         pid, first, last = proposal.id, proposal.first, proposal.last

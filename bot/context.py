@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot import workspace_files
 from bot.images import MAX_INLINE_IMAGE_BYTES, image_label, shown_name
-from bot.memory.people import Speaker, from_line, read_header, speaker_in_block
+from bot.memory.people import Speaker, from_line, read_header, read_shown, speaker_in_block
 from bot.privacy import PrivacyScope, owner_scope
 from bot.runner import NO_ANSWER_NOTE, interrupted_result
 from bot.skills import SkillsIndex, UntrustedFiles
@@ -148,7 +148,7 @@ class ContextBuilder:
         key = None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
         if key != entry.key or person.shown not in entry.text:
             entry.key = key
-            text = workspace_files.read_text_or_empty(self.workspace, rel) if key else ""
+            text = read_shown(self.workspace, rel) if key else ""
             if read_header(text) is not None:
                 text = text.split("\n", 1)[1] if "\n" in text else ""
             text = text.strip() or "(nothing yet)"

@@ -57,6 +57,38 @@ async def test_a_person_who_wrote_in_two_chats_keeps_both_passes_facts(tmp_path,
     assert text.count("# Bob (telegram 3003)") == 1
 
 
+async def test_a_person_who_fills_their_own_file_does_not_stall_dream(tmp_path, llm):
+    """A guest may write their own file with the file tools (dmTools offers them by
+    default): megabytes of it went whole into Dream's request for their chat, which the
+    provider refuses; the run failed and Dream never got past those entries, for everyone.
+    What a prompt or Dream's brief shows of a person's file is capped (Dream is told the
+    file is over its budget), and Dream's edit still lands on the whole file."""
+    cfg, ws, provider, dream = await _dream(tmp_path, llm)
+    (ws / "memory/people").mkdir(parents=True)
+    filler = "".join(f"- filler line {i} " + "x" * 80 + "\n" for i in range(20_000))
+    (ws / BOB_FILE).write_text(f"# Bob (telegram 3003)\n\n{filler}")
+    await dream.archive.append("telegram:3003", "Bob said he lives in Oslo", (BOB,))
+    llm.script(
+        tool_step(("add_entry", {"file": BOB_FILE, "entry": "Lives in Oslo", "sources": [1]})),
+        FINISH,
+    )
+    try:
+        result = await dream.run()
+    finally:
+        await provider.close()
+    assert result.status == "done", result.describe()
+    brief = llm.requests[0]["body"]["messages"][1]["content"]
+    assert len(brief) < 4 * cfg.memory.max_chars + 2_000, len(brief)
+    assert "OVER BUDGET" in brief and "not shown" in brief
+    text = (ws / BOB_FILE).read_text()
+    assert text.endswith("- Lives in Oslo\n") and filler in text
+    # ... and the person's own prompt shows no more of it than Dream's brief does.
+    from bot.context import ContextBuilder
+
+    section = ContextBuilder(ws)._person_memory(BOB)
+    assert len(section) < 4 * cfg.memory.max_chars + 2_000 and "not shown" in section
+
+
 # -- Dream review ---------------------------------------------------------------------------
 
 ADD_TEA = tool_step(("add_entry", {"file": "USER.md", "entry": "Drinks tea", "sources": [1]}))

@@ -35,7 +35,7 @@ from bot.llm import LLMError, LLMProvider
 from bot.memory.entries import EntryError, add_entry, count_entries, remove_entry, replace_entry
 from bot.memory.files import MEMORY_FILES
 from bot.memory.history import HistoryArchive, HistoryEntry
-from bot.memory.people import Speaker, with_header
+from bot.memory.people import Speaker, shown_part, with_header
 from bot.memory.review import (
     ALLOW,
     Change,
@@ -866,7 +866,12 @@ class Dream:
                 budget = f" ({size:,}/{self.cfg.max_chars:,} chars"
                 budget += ", OVER BUDGET: condense)" if size > self.cfg.max_chars else ")"
             if name in edits.people:
-                budget = f" (the file of {edits.people[name].shown})"
+                # The person writes it: budgeted as USER.md is, and shown capped.
+                size = len(edits.files[name])
+                budget = f" (the file of {edits.people[name].shown}; {size:,}/"
+                budget += f"{self.cfg.max_chars:,} chars"
+                budget += ", OVER BUDGET: condense)" if size > self.cfg.max_chars else ")"
+                text = shown_part(text)
             parts.append(f"## {name}{budget}\n\n{text}")
         if edits.skills:
             found = workspace_files.files_matching(self.workspace, "skills", "SKILL.md")

@@ -36,6 +36,10 @@ _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 PERSON_PATH = re.compile(r"^memory/people/([A-Za-z0-9_%]{1,64})-([A-Za-z0-9_%]{1,200})\.md$")
 _HEADER = re.compile(r"^# (?P<name>.*) \((?P<channel>\S+) (?P<id>\S+)\)\s*$")
 MAX_NAME_CHARS = 100
+# What a prompt or Dream's brief shows of a person's file, at most: the person may write their
+# file with the file tools (megabytes of it made every Dream request too large, and Dream
+# never got past their chat's entries); what is past it is said to be left out.
+SHOWN_CHARS = 16_000
 NO_NAME = "(no name)"  # shown for a person whose platform gave no name
 # The runtime block's line naming who wrote a message (bot.context.runtime_block).
 FROM_PREFIX = "from: "
@@ -130,6 +134,29 @@ def with_header(text: str, speaker: Speaker) -> str:
     if read_header(text) is not None:
         return text
     return header(speaker) + text.lstrip("\n")
+
+
+def shown_part(text: str, size: int | None = None) -> str:
+    """``text`` cut at :data:`SHOWN_CHARS`, with a note saying how much is not shown
+    (``size``: the file's whole size in bytes, when ``text`` is only its start)."""
+    if len(text) <= SHOWN_CHARS and (size is None or size <= len(text.encode("utf-8"))):
+        return text
+    rest = len(text) - SHOWN_CHARS if size is None else size - len(text[:SHOWN_CHARS].encode())
+    return (
+        text[:SHOWN_CHARS].rstrip()
+        + f"\n[... {rest:,} more characters of this file not shown: it is too long]"
+    )
+
+
+def read_shown(workspace: Path, rel: str) -> str:
+    """The start of a person's file as :func:`shown_part` shows it ("" when absent, a link,
+    not a file); never more of it read than that."""
+    try:
+        data = workspace_files.read_bytes(workspace, rel, limit=SHOWN_CHARS * 4 + 4)
+        st = workspace_files.file_stat(workspace, rel)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return ""
+    return shown_part(data.decode("utf-8", errors="replace"), None if st is None else st.st_size)
 
 
 def from_line(speaker: Speaker) -> str:

@@ -36,6 +36,7 @@ _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 PERSON_PATH = re.compile(r"^memory/people/([A-Za-z0-9_%]{1,64})-([A-Za-z0-9_%]{1,200})\.md$")
 _HEADER = re.compile(r"^# (?P<name>.*) \((?P<channel>\S+) (?P<id>\S+)\)\s*$")
 MAX_NAME_CHARS = 100
+_BRACKETS = str.maketrans("()", "[]")
 # What a prompt or Dream's brief shows of a person's file, at most: the person may write their
 # file with the file tools (megabytes of it made every Dream request too large, and Dream
 # never got past their chat's entries); what is past it is said to be left out.
@@ -78,9 +79,11 @@ def person_file(channel: str, sender_id: str) -> str:
 
 def clean_name(name: object) -> str:
     """A platform's display name as one line of plain text (it is the person's own text and
-    goes into a prompt and a header): control characters and line breaks become spaces."""
+    goes into a prompt and a header): control characters and line breaks become spaces, and
+    round brackets square ones (a name "Carol (telegram 4004)" would read as her id where
+    memobot names the writer: ``Carol [telegram 4004] (telegram 3003)``)."""
     text = "".join(" " if not ch.isprintable() else ch for ch in str(name or ""))
-    return " ".join(text.split())[:MAX_NAME_CHARS]
+    return " ".join(text.translate(_BRACKETS).split())[:MAX_NAME_CHARS]
 
 
 def header(speaker: Speaker) -> str:

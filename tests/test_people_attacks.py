@@ -154,3 +154,58 @@ def test_a_display_name_cannot_name_another_persons_id():
     assert bob.name == "Carol [telegram 4004]"
     assert speaker_in_block(f"from: {bob.shown}") == bob
     assert read_header(f"# {bob.shown}\n") == bob
+
+
+async def test_shared_memory_search_finds_no_other_persons_chat(tmp_path):
+    """With memory.shareWithNonAdmins (or shareInGroups) a chat searches the owner's memory:
+    the memory files and the owner's own chats, and its own history. Another person's
+    private chat, or another group, is theirs: its summaries hold what that person said
+    about themselves, the very facts their own file keeps from everyone else."""
+    import json
+
+    from bot.bus import InboundMessage
+    from bot.config import ToolsConfig
+    from bot.kinds import with_kind
+    from bot.privacy import guest_scope
+    from bot.tools import build_default_tools
+    from bot.tools.base import ToolContext
+
+    ws = tmp_path / "ws"
+    init_workspace(ws)
+    archive = HistoryArchive(ws)
+    await archive.append("telegram:1001", "Ada planned the tea party")  # the owner's chat
+    await archive.append("telegram:3003", "Bob said his tea allergy is severe", (BOB,))
+    await archive.append("telegram:-100", "The group talked about tea", (BOB,))
+    await archive.append("telegram:4004", "Carol asked about tea")
+    owner = _owner
+    registry = build_default_tools(ToolsConfig(), ws, tmp_path / "state", owner_chat=owner)
+    carol = with_kind(
+        InboundMessage(
+            "telegram", "4004", "4004", "hi", metadata={"is_group": False, "is_admin": False}
+        )
+    )
+    ctx = ToolContext(workspace=ws, scope=guest_scope(carol, share=True))
+    out = await registry.execute("memory_search", json.dumps({"query": "tea"}), ctx)
+    assert "Ada planned" in out and "Carol asked" in out, out
+    assert "allergy" not in out and "group talked" not in out, out
+
+
+def test_shared_memory_opens_no_history_file_to_the_file_tools():
+    """... and the archive files hold every chat's history, so with the owner's memory
+    shared, read_file of memory/history.jsonl gave what memory_search keeps back."""
+    from pathlib import PurePosixPath
+
+    from bot.bus import InboundMessage
+    from bot.kinds import with_kind
+    from bot.privacy import group_scope, guest_scope
+
+    carol = with_kind(
+        InboundMessage(
+            "telegram", "4004", "4004", "hi", metadata={"is_group": False, "is_admin": False}
+        )
+    )
+    for scope in (guest_scope(carol, share=True), group_scope(carol, False, share=True)):
+        for rel in ("memory/history.jsonl", "memory/history-2026-11.jsonl", "Memory/HISTORY.md"):
+            assert scope.hidden(PurePosixPath(rel)) is not None, rel
+        assert scope.hidden(PurePosixPath("memory/MEMORY.md")) is None  # shared, as before
+        assert scope.hidden(PurePosixPath("USER.md")) is None

@@ -209,3 +209,23 @@ def test_shared_memory_opens_no_history_file_to_the_file_tools():
             assert scope.hidden(PurePosixPath(rel)) is not None, rel
         assert scope.hidden(PurePosixPath("memory/MEMORY.md")) is None  # shared, as before
         assert scope.hidden(PurePosixPath("USER.md")) is None
+
+
+async def test_a_proposal_waiting_when_review_is_turned_off_is_dropped_not_waited_on(tmp_path, llm):
+    """memory.dreamReview turned off (a restart) while a proposal waits: Dream no longer
+    waits for an answer nobody is asked for any more. The proposal is dropped (nothing of it
+    written, the cursor unmoved), and the run goes over its entries again, landing at once."""
+    ws, provider, _, pid = await _proposed(tmp_path, llm)
+    cfg = make_config(tmp_path, llm.base_url, memory={"dreamReview": False})
+    off = Dream(
+        cfg.memory, ws, provider, HistoryArchive(ws), _owner, state_dir=cfg.agent.state_path
+    )
+    llm.script(ADD_TEA, FINISH)
+    try:
+        result = await off.run()
+    finally:
+        await provider.close()
+    assert result.status == "done", result.describe()
+    assert "- Drinks tea" in (ws / "USER.md").read_text()
+    assert off.proposals.open() is None
+    assert off.proposals.closed(pid)["outcome"] == "dropped"

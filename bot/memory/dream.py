@@ -112,6 +112,7 @@ _OUTCOMES = {
     "denied": "nothing was written",
     "stale": "nothing was written, a file had changed since",
     "failed": "it could not be written",
+    "dropped": "it was dropped unanswered, memory.dreamReview being off",
 }
 SESSION = "dream"  # who Dream's tool calls and writes are logged and recorded as
 
@@ -696,6 +697,20 @@ class Dream:
             return None
         if proposal.state != WAITING:
             await self._settle(proposal)
+            return None
+        if not self.cfg.dream_review:
+            # Review was turned off while it waited: nobody is to be asked any more, so it is
+            # not waited on; nothing of it is written and this run redoes its entries.
+            await asyncio.to_thread(
+                self.proposals.close, proposal, "dropped", "memory.dreamReview is off"
+            )
+            log.warning(
+                "dream: proposal %s dropped unanswered (memory.dreamReview is off): nothing "
+                "of it written; history %d..%d is gone over again",
+                proposal.id,
+                proposal.first,
+                proposal.last,
+            )
             return None
         return DreamResult(
             "waiting",

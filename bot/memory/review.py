@@ -283,7 +283,8 @@ class ProposalStore:
             return Proposal.from_dict(current)
 
     def close(self, proposal: Proposal, outcome: str, detail: str = "") -> None:
-        """The decided ``proposal`` done with (``outcome``: applied, denied, stale, failed):
+        """The ``proposal`` done with (``outcome``: applied, denied, stale, failed; dropped:
+        unanswered, memory.dreamReview turned off):
         no longer open; its id, answer and press kept among the last answered."""
         with self._changing() as data:
             current = data.get("open")
@@ -435,6 +436,9 @@ class DreamReview:
         if current.state != WAITING:
             log.info("dream: proposal %s was answered before a restart: finishing it", current.id)
             await self.dream.settle(current)
+        elif not self.dream.cfg.dream_review:
+            # Turned off while it waited: Dream's next run drops it (nothing written).
+            log.info("dream: proposal %s waits, but memory.dreamReview is off", current.id)
         elif current.asked_in is None:
             await self.ask(current)
         else:

@@ -229,3 +229,10 @@ async def test_a_proposal_waiting_when_review_is_turned_off_is_dropped_not_waite
     assert "- Drinks tea" in (ws / "USER.md").read_text()
     assert off.proposals.open() is None
     assert off.proposals.closed(pid)["outcome"] == "dropped"
+    # Its old button: expired, not "answered already" (nobody answered it).
+    from bot.approvals import EXPIRED
+    from bot.bus import MessageBus
+    from bot.memory.review import DreamReview
+
+    late = await DreamReview(off, MessageBus()).answer(pid, "once", "1001", True, "press-9")
+    assert late == EXPIRED

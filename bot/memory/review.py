@@ -417,8 +417,8 @@ class DreamReview:
             earlier: dict[str, Any] | None = {"press": current.press}
         else:
             earlier = await asyncio.to_thread(self.store.closed, approval_id)
-        if earlier is None:
-            return EXPIRED
+        if earlier is None or earlier.get("outcome") == "dropped":
+            return EXPIRED  # dropped: nobody answered it (memory.dreamReview turned off)
         if press and earlier.get("press") == press:
             return None  # the same press delivered again after a restart
         return ANSWERED

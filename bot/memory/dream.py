@@ -354,6 +354,7 @@ class _Edits:
 
     def add(self, file: str, entry: str, section: str | None, sources: Any = None) -> str:
         cited = self.cite(sources)
+        section = _one_line(section) if section else None  # a heading is one line
         if file in self.people:  # a person's file starts with the header naming them
             self.files[file] = with_header(self.files[file], self.people[file])
         with _entry_errors():
@@ -365,6 +366,7 @@ class _Edits:
 
     def replace(self, file: str, old: str, new: str, reason: str, sources: Any = None) -> str:
         cited = self.cite(sources)
+        reason = _one_line(reason)
         with _entry_errors():
             self.files[file], found = replace_entry(self.files[file], old, new)
         self.result.replaced.append(f'{file}: "{found}" -> "{new}" ({reason}){cited}')
@@ -372,6 +374,7 @@ class _Edits:
 
     def remove(self, file: str, entry: str, reason: str, sources: Any = None) -> str:
         cited = self.cite(sources)
+        reason = _one_line(reason)
         with _entry_errors():
             self.files[file], old = remove_entry(self.files[file], entry)
         self.removed_per_file[file] = self.removed_per_file.get(file, 0) + 1
@@ -459,6 +462,11 @@ def budget_lines(workspace: Path, max_chars: int) -> list[str]:
     return out
 
 
+def _one_line(text: str) -> str:
+    """``text`` with every run of white space, line breaks included, as one space."""
+    return " ".join(str(text).split())
+
+
 def commit_message(
     summary: dict[str, list[str]], entries: int, first: int, last: int, reviewed: str = ""
 ) -> str:
@@ -474,7 +482,9 @@ def commit_message(
         items = summary.get(key) or []
         if items:
             lines.append(f"{title}:")
-            lines += [f"- {i}" for i in items]
+            # One line each: the model's words (a reason with a line break made a line of
+            # its own, "Reviewed: ..." among them, which `memobot memory log` believes).
+            lines += [f"- {_one_line(i)}" for i in items]
     if reviewed:
         lines += ["", f"Reviewed: {reviewed}"]
     return "\n".join(lines).rstrip() + "\n"

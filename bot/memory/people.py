@@ -193,10 +193,18 @@ def listing(workspace: Path) -> list[PersonFile]:
         rel = f"{PEOPLE_DIR}/{name}"
         if not stat.S_ISREG(st.st_mode) or not PERSON_PATH.match(rel):
             continue
-        who = person_of(rel, workspace_files.read_text_or_empty(workspace, rel))
+        who = person_of(rel, _head(workspace, rel))
         if who is not None:
             out.append(PersonFile(rel, who, st.st_size))
     return out
+
+
+def _head(workspace: Path, rel: str) -> str:
+    """The start of a file, enough for its header (the person may have made it large)."""
+    try:
+        return workspace_files.read_bytes(workspace, rel, limit=2048).decode("utf-8", "replace")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return ""
 
 
 def find(workspace: Path, who: str) -> str | None:

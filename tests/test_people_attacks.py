@@ -266,3 +266,27 @@ async def test_a_reason_cannot_forge_a_reviewed_line_in_the_memory_log(tmp_path,
     lines = sourced_changes(info)
     assert not any(line.startswith("Reviewed: ") for line in lines), lines
     assert len(lines) == 1 and "Drinks tea" in lines[0]
+
+
+async def test_the_second_of_two_answers_at_once_is_told_it_was_answered(tmp_path, llm):
+    """Two admins answer at once (a button and the panel): the first recorded wins; the
+    other, recorded while the first is carried out, was told the approval had expired and
+    nothing was run, though the first answer was being carried out."""
+    from bot.approvals import ANSWERED
+    from bot.bus import MessageBus
+    from bot.memory.review import DreamReview
+
+    _, provider, dream, pid = await _proposed(tmp_path, llm)
+    review = DreamReview(dream, MessageBus())
+    decide = review.store.decide
+
+    def beaten(*args):  # the other admin's answer is recorded just before this one
+        decide(pid, "once", "2002", "press-other")
+        return decide(*args)
+
+    review.store.decide = beaten  # type: ignore[method-assign]
+    try:
+        reply = await review.answer(pid, "deny", "1001", True, "press-1")
+    finally:
+        await provider.close()
+    assert reply == ANSWERED, reply

@@ -405,8 +405,9 @@ class DreamReview:
                 f"/allow {approval_id} or /deny {approval_id}."
             )
         decided = await asyncio.to_thread(self.store.decide, approval_id, choice, by, press)
-        if decided is None:
-            return await self._late(approval_id, press, None) or ANSWERED
+        if decided is None:  # another answer was recorded first: maybe still being carried out
+            latest = await asyncio.to_thread(self.store.open)
+            return await self._late(approval_id, press, latest) or ANSWERED
         log.info("dream: proposal %s answered %s by %s", approval_id, choice, by)
         return await self.dream.settle(decided)
 

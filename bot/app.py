@@ -161,7 +161,9 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
     store = SessionStore(cfg.agent.state_path)
     gate = build_gate(cfg, config_path)
     jobs = JobStore(cfg.agent.state_path)
-    tools = build_default_tools(cfg.tools, workspace, cfg.agent.state_path)
+    tools = build_default_tools(
+        cfg.tools, workspace, cfg.agent.state_path, functools.partial(heartbeat.owner_chat, cfg)
+    )
     tools.register(CronTool(jobs, cfg.cron, cfg.agent.timezone))
     # Not started here: the caller starts it once its event loop runs (mcp.start()).
     mcp = McpManager(cfg.tools, tools, gate=gate, workspace=workspace, log_dir=mcp_log_dir(cfg))

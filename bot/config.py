@@ -508,7 +508,8 @@ class MemoryConfig(_Model):
     max_chars: int = Field(4000, ge=200, description="budget for MEMORY.md and USER.md each")
     history_keep_days: int = Field(90, ge=1)
     share_in_groups: StrictBool = False
-    # Non-admins' private chats (allowFrom or pairing) see USER.md, MEMORY.md and all history.
+    # Non-admins' private chats (allowFrom or pairing) see USER.md, MEMORY.md and the owner's
+    # chats' history (memory_search; never another person's or group's).
     share_with_non_admins: StrictBool = False
     # Group members' own memory files (memory/people/) in their group turns: off, because a
     # file holds what its person said in private too, and the whole group reads the answer.

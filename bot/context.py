@@ -11,6 +11,7 @@ import base64
 import json
 import logging
 import mimetypes
+import re
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from bot import workspace_files
 from bot.images import MAX_INLINE_IMAGE_BYTES, image_label, shown_name
-from bot.memory.people import Speaker, from_line, read_header, speaker_in_block
+from bot.memory.people import (
+    FROM_PREFIX,
+    Speaker,
+    from_line,
+    read_header,
+    read_shown,
+    speaker_in_block,
+)
 from bot.privacy import PrivacyScope, owner_scope
 from bot.runner import NO_ANSWER_NOTE, interrupted_result
 from bot.skills import SkillsIndex, UntrustedFiles
@@ -148,7 +156,7 @@ class ContextBuilder:
         key = None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
         if key != entry.key or person.shown not in entry.text:
             entry.key = key
-            text = workspace_files.read_text_or_empty(self.workspace, rel) if key else ""
+            text = read_shown(self.workspace, rel) if key else ""
             if read_header(text) is not None:
                 text = text.split("\n", 1)[1] if "\n" in text else ""
             text = text.strip() or "(nothing yet)"
@@ -210,6 +218,8 @@ class ContextBuilder:
         owner's: the model and, from the history, Dream tell people apart by it)."""
         if now is None and self.timezone is not None:
             now = datetime.now(self.timezone)
+        if speaker is not None:
+            text = as_typed(text)
         content = text + "\n\n" + runtime_block(channel, chat_id, now, speaker)
         images = [p for p in media if Path(p).suffix.lower() in IMAGE_SUFFIXES]
         others = [p for p in media if p not in images]
@@ -492,6 +502,7 @@ def content_as_text(content: Any) -> str:
 
 
 RUNTIME_HEAD = "[runtime context: metadata, not an instruction]"
+_FROM_LINE = re.compile("^" + re.escape(FROM_PREFIX), re.MULTILINE)
 
 
 def runtime_block(
@@ -504,6 +515,15 @@ def runtime_block(
         f"channel: {channel}\nchat: {chat_id}"
     )
     return block + ("\n" + from_line(speaker) if speaker is not None else "")
+
+
+def as_typed(text: str) -> str:
+    """A person's text in a chat where several people write, with nothing in it that reads
+    as memobot's runtime block: its head and its ``from:`` line are memobot's words alone.
+    (A copy naming someone else as the writer had the model, the summary and so Dream
+    credit that person with what the writer typed.)"""
+    text = text.replace(RUNTIME_HEAD, "[runtime context as typed by the person]")
+    return _FROM_LINE.sub("from (as typed by the person): ", text)
 
 
 def speaker_of(message: dict[str, Any]) -> Speaker | None:

@@ -8,10 +8,11 @@ that can show the owner's data: the prompt builder (which prompt files), ``memor
 * ``guest``: someone let in by ``allowFrom`` or pairing who is not an admin, in a private chat.
 * ``group``: anyone in a group chat, admins included (the others there read the answer).
 
-A guest or a group sees the owner's memory (USER.md, memory/MEMORY.md, all of history, the
-memory repository) only where ``memory.shareWithNonAdmins`` / ``memory.shareInGroups`` say so,
-and never writes it; it never sees the owner's heartbeat list, other chats' downloaded files or
-the shared temporary folder, and never rewrites the prompt files every chat reads. Of the
+A guest or a group sees the owner's memory (USER.md, memory/MEMORY.md, the history of the
+owner's own chats through ``memory_search``, never the archive files, which hold every chat's)
+only where ``memory.shareWithNonAdmins`` / ``memory.shareInGroups`` say so, and never writes
+it; it never sees the owner's heartbeat list, other chats' downloaded files or the shared
+temporary folder, and never rewrites the prompt files every chat reads. Of the
 people's memory files (bot.memory.people) it sees and writes the speaker's own at most (a
 group's turns only with ``memory.peopleInGroups``), never another's. Pure: no I/O
 here; :func:`bot.tools.paths.resolve_tool_path` applies :meth:`PrivacyScope.hidden` to real
@@ -106,6 +107,11 @@ class PrivacyScope:
         if parts[:2] == ["memory", "people"]:
             own = self.person is not None and parts == self.person.casefold().split("/")
             return None if own else "another person's memory"
+        # The archive holds every chat's history, other people's private chats too: shared
+        # memory shares it through memory_search, which shows the owner's chats and this
+        # one only (bot.tools.memory_search), never as the files.
+        if parts[:1] == ["memory"] and len(parts) == 2 and parts[1].startswith("history"):
+            return "every chat's history (memory_search finds what this chat may see)"
         # Shared memory is shown, never rewritten: what a guest or a group says about itself
         # does not belong in the owner's USER.md.
         if memory and (write or not self.owner_memory):

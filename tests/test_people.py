@@ -271,7 +271,7 @@ async def test_dream_routes_each_speakers_facts_to_their_file(tmp_path, llm, api
         files = tool["function"]["parameters"]["properties"]["file"]["enum"]
         assert files[1:] == [BOB_FILE, CAROL_FILE]  # the chat's, then the speakers' only
         brief = asked["messages"][1]["content"]
-        assert f"## {BOB_FILE} (the file of User3003 (telegram 3003))" in brief
+        assert f"## {BOB_FILE} (the file of User3003 (telegram 3003); " in brief
         refused = tg.tool_results(start)[-2:]
         assert all(r.startswith("Error") for r in refused), refused
         for path, who, fact in ((BOB_FILE, BOB, "jasmine tea"), (CAROL_FILE, CAROL, "espresso")):

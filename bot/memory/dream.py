@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import re
@@ -34,7 +35,7 @@ from bot.llm import LLMError, LLMProvider
 from bot.memory.entries import EntryError, add_entry, count_entries, remove_entry, replace_entry
 from bot.memory.files import MEMORY_FILES
 from bot.memory.history import HistoryArchive, HistoryEntry
-from bot.memory.people import Speaker, with_header
+from bot.memory.people import Speaker, shown_part, with_header
 from bot.memory.review import (
     ALLOW,
     Change,
@@ -105,6 +106,14 @@ and no other, never in the chat's file; what someone said about another person g
 nobody's file. The chat's file keeps what concerns the chat as a whole."""
 CHAT_MEMORY_DIR = "memory/chats"  # one file per chat whose facts are not the owner's
 UNATTRIBUTED = frozenset({"", "legacy"})  # no session; bot.memory.migrate.LEGACY_SESSION
+# A closed proposal's outcome (bot.memory.review.ProposalStore.close), in the answer's words.
+_OUTCOMES = {
+    "applied": "its changes are written",
+    "denied": "nothing was written",
+    "stale": "nothing was written, a file had changed since",
+    "failed": "it could not be written",
+    "dropped": "it was dropped unanswered, memory.dreamReview being off",
+}
 SESSION = "dream"  # who Dream's tool calls and writes are logged and recorded as
 
 
@@ -345,6 +354,7 @@ class _Edits:
 
     def add(self, file: str, entry: str, section: str | None, sources: Any = None) -> str:
         cited = self.cite(sources)
+        section = _one_line(section) if section else None  # a heading is one line
         if file in self.people:  # a person's file starts with the header naming them
             self.files[file] = with_header(self.files[file], self.people[file])
         with _entry_errors():
@@ -356,6 +366,7 @@ class _Edits:
 
     def replace(self, file: str, old: str, new: str, reason: str, sources: Any = None) -> str:
         cited = self.cite(sources)
+        reason = _one_line(reason)
         with _entry_errors():
             self.files[file], found = replace_entry(self.files[file], old, new)
         self.result.replaced.append(f'{file}: "{found}" -> "{new}" ({reason}){cited}')
@@ -363,6 +374,7 @@ class _Edits:
 
     def remove(self, file: str, entry: str, reason: str, sources: Any = None) -> str:
         cited = self.cite(sources)
+        reason = _one_line(reason)
         with _entry_errors():
             self.files[file], old = remove_entry(self.files[file], entry)
         self.removed_per_file[file] = self.removed_per_file.get(file, 0) + 1
@@ -450,6 +462,11 @@ def budget_lines(workspace: Path, max_chars: int) -> list[str]:
     return out
 
 
+def _one_line(text: str) -> str:
+    """``text`` with every run of white space, line breaks included, as one space."""
+    return " ".join(str(text).split())
+
+
 def commit_message(
     summary: dict[str, list[str]], entries: int, first: int, last: int, reviewed: str = ""
 ) -> str:
@@ -465,7 +482,9 @@ def commit_message(
         items = summary.get(key) or []
         if items:
             lines.append(f"{title}:")
-            lines += [f"- {i}" for i in items]
+            # One line each: the model's words (a reason with a line break made a line of
+            # its own, "Reviewed: ..." among them, which `memobot memory log` believes).
+            lines += [f"- {_one_line(i)}" for i in items]
     if reviewed:
         lines += ["", f"Reviewed: {reviewed}"]
     return "\n".join(lines).rstrip() + "\n"
@@ -545,10 +564,18 @@ class Dream:
         if problem:
             return DreamResult("failed", len(entries), detail=problem)
         passes = self._passes(entries)
-        changes: list[Change] = []
+        # One change per file, however many passes edit it (a person who wrote in two
+        # chats): a later pass edits the earlier one's version, so no pass's edit is lost
+        # to another's write, and its removals count against the file as it was read.
+        working: dict[str, Change] = {}
+        removed: dict[str, int] = {}
         result = DreamResult("done")
         for edits, subset, instructions in passes:
             edits.cursors = tuple(e.cursor for e in subset)
+            for rel in edits.files:
+                if rel in working:
+                    edits.files[rel] = working[rel].after
+                    edits.removed_per_file[rel] = removed.get(rel, 0)
             try:
                 complete = await self._converse(edits, subset, instructions)
             except BudgetSpent as exc:
@@ -568,12 +595,17 @@ class Dream:
             # stays the guest's, not a file of no record (which reads as the owner's own
             # edit), also when the owner changed it meanwhile.
             for rel, text in edits.changed().items():
+                if rel in working:
+                    working[rel] = dataclasses.replace(working[rel], after=text)
+                    continue
                 existed = rel in edits.existed
                 before = edits.original.get(rel, "")
-                changes.append(Change(rel, before, existed, text, edits.prior.get(rel)))
+                working[rel] = Change(rel, before, existed, text, edits.prior.get(rel))
+            removed.update(edits.removed_per_file)
             for name in ("added", "replaced", "removed", "skills"):
                 getattr(result, name).extend(getattr(edits.result, name))
             result.cited.update(edits.result.cited)
+        changes = [c for c in working.values() if c.after != c.before]
         result.entries = len(entries)
         result.cursor = entries[-1].cursor
         first, last = entries[0].cursor, entries[-1].cursor
@@ -676,6 +708,20 @@ class Dream:
         if proposal.state != WAITING:
             await self._settle(proposal)
             return None
+        if not self.cfg.dream_review:
+            # Review was turned off while it waited: nobody is to be asked any more, so it is
+            # not waited on; nothing of it is written and this run redoes its entries.
+            await asyncio.to_thread(
+                self.proposals.close, proposal, "dropped", "memory.dreamReview is off"
+            )
+            log.warning(
+                "dream: proposal %s dropped unanswered (memory.dreamReview is off): nothing "
+                "of it written; history %d..%d is gone over again",
+                proposal.id,
+                proposal.first,
+                proposal.last,
+            )
+            return None
         return DreamResult(
             "waiting",
             proposal=proposal.id,
@@ -690,7 +736,14 @@ class Dream:
         """Act on the answer recorded in ``proposal`` (allow: land it; deny: skip its entries);
         the reply for whoever answered."""
         async with self._lock:
-            return await self._settle(proposal)
+            # Re-read under the lock: a run (or a restart's resume) that held it meanwhile may
+            # have carried this answer out already, and it is carried out once.
+            current = await asyncio.to_thread(self.proposals.open)
+            if current is None or current.id != proposal.id or current.state != proposal.state:
+                done = await asyncio.to_thread(self.proposals.closed, proposal.id)
+                outcome = _OUTCOMES.get(str((done or {}).get("outcome")), "it is closed")
+                return f"Dream's proposal {proposal.id} was carried out already: {outcome}."
+            return await self._settle(current)
 
     async def _settle(self, proposal: Proposal) -> str:
         pid, first, last = proposal.id, proposal.first, proposal.last
@@ -838,7 +891,12 @@ class Dream:
                 budget = f" ({size:,}/{self.cfg.max_chars:,} chars"
                 budget += ", OVER BUDGET: condense)" if size > self.cfg.max_chars else ")"
             if name in edits.people:
-                budget = f" (the file of {edits.people[name].shown})"
+                # The person writes it: budgeted as USER.md is, and shown capped.
+                size = len(edits.files[name])
+                budget = f" (the file of {edits.people[name].shown}; {size:,}/"
+                budget += f"{self.cfg.max_chars:,} chars"
+                budget += ", OVER BUDGET: condense)" if size > self.cfg.max_chars else ")"
+                text = shown_part(text)
             parts.append(f"## {name}{budget}\n\n{text}")
         if edits.skills:
             found = workspace_files.files_matching(self.workspace, "skills", "SKILL.md")

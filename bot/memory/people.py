@@ -36,6 +36,11 @@ _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 PERSON_PATH = re.compile(r"^memory/people/([A-Za-z0-9_%]{1,64})-([A-Za-z0-9_%]{1,200})\.md$")
 _HEADER = re.compile(r"^# (?P<name>.*) \((?P<channel>\S+) (?P<id>\S+)\)\s*$")
 MAX_NAME_CHARS = 100
+_BRACKETS = str.maketrans("()", "[]")
+# What a prompt or Dream's brief shows of a person's file, at most: the person may write their
+# file with the file tools (megabytes of it made every Dream request too large, and Dream
+# never got past their chat's entries); what is past it is said to be left out.
+SHOWN_CHARS = 16_000
 NO_NAME = "(no name)"  # shown for a person whose platform gave no name
 # The runtime block's line naming who wrote a message (bot.context.runtime_block).
 FROM_PREFIX = "from: "
@@ -74,9 +79,11 @@ def person_file(channel: str, sender_id: str) -> str:
 
 def clean_name(name: object) -> str:
     """A platform's display name as one line of plain text (it is the person's own text and
-    goes into a prompt and a header): control characters and line breaks become spaces."""
+    goes into a prompt and a header): control characters and line breaks become spaces, and
+    round brackets square ones (a name "Carol (telegram 4004)" would read as her id where
+    memobot names the writer: ``Carol [telegram 4004] (telegram 3003)``)."""
     text = "".join(" " if not ch.isprintable() else ch for ch in str(name or ""))
-    return " ".join(text.split())[:MAX_NAME_CHARS]
+    return " ".join(text.translate(_BRACKETS).split())[:MAX_NAME_CHARS]
 
 
 def header(speaker: Speaker) -> str:
@@ -132,6 +139,29 @@ def with_header(text: str, speaker: Speaker) -> str:
     return header(speaker) + text.lstrip("\n")
 
 
+def shown_part(text: str, size: int | None = None) -> str:
+    """``text`` cut at :data:`SHOWN_CHARS`, with a note saying how much is not shown
+    (``size``: the file's whole size in bytes, when ``text`` is only its start)."""
+    if len(text) <= SHOWN_CHARS and (size is None or size <= len(text.encode("utf-8"))):
+        return text
+    rest = len(text) - SHOWN_CHARS if size is None else size - len(text[:SHOWN_CHARS].encode())
+    return (
+        text[:SHOWN_CHARS].rstrip()
+        + f"\n[... {rest:,} more characters of this file not shown: it is too long]"
+    )
+
+
+def read_shown(workspace: Path, rel: str) -> str:
+    """The start of a person's file as :func:`shown_part` shows it ("" when absent, a link,
+    not a file); never more of it read than that."""
+    try:
+        data = workspace_files.read_bytes(workspace, rel, limit=SHOWN_CHARS * 4 + 4)
+        st = workspace_files.file_stat(workspace, rel)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return ""
+    return shown_part(data.decode("utf-8", errors="replace"), None if st is None else st.st_size)
+
+
 def from_line(speaker: Speaker) -> str:
     """The runtime block's line naming who wrote the message (bot.context)."""
     return FROM_PREFIX + speaker.shown
@@ -163,10 +193,18 @@ def listing(workspace: Path) -> list[PersonFile]:
         rel = f"{PEOPLE_DIR}/{name}"
         if not stat.S_ISREG(st.st_mode) or not PERSON_PATH.match(rel):
             continue
-        who = person_of(rel, workspace_files.read_text_or_empty(workspace, rel))
+        who = person_of(rel, _head(workspace, rel))
         if who is not None:
             out.append(PersonFile(rel, who, st.st_size))
     return out
+
+
+def _head(workspace: Path, rel: str) -> str:
+    """The start of a file, enough for its header (the person may have made it large)."""
+    try:
+        return workspace_files.read_bytes(workspace, rel, limit=2048).decode("utf-8", "replace")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return ""
 
 
 def find(workspace: Path, who: str) -> str | None:

@@ -283,7 +283,8 @@ class ProposalStore:
             return Proposal.from_dict(current)
 
     def close(self, proposal: Proposal, outcome: str, detail: str = "") -> None:
-        """The decided ``proposal`` done with (``outcome``: applied, denied, stale, failed):
+        """The ``proposal`` done with (``outcome``: applied, denied, stale, failed; dropped:
+        unanswered, memory.dreamReview turned off):
         no longer open; its id, answer and press kept among the last answered."""
         with self._changing() as data:
             current = data.get("open")
@@ -404,8 +405,9 @@ class DreamReview:
                 f"/allow {approval_id} or /deny {approval_id}."
             )
         decided = await asyncio.to_thread(self.store.decide, approval_id, choice, by, press)
-        if decided is None:
-            return await self._late(approval_id, press, None) or ANSWERED
+        if decided is None:  # another answer was recorded first: maybe still being carried out
+            latest = await asyncio.to_thread(self.store.open)
+            return await self._late(approval_id, press, latest) or ANSWERED
         log.info("dream: proposal %s answered %s by %s", approval_id, choice, by)
         return await self.dream.settle(decided)
 
@@ -416,8 +418,8 @@ class DreamReview:
             earlier: dict[str, Any] | None = {"press": current.press}
         else:
             earlier = await asyncio.to_thread(self.store.closed, approval_id)
-        if earlier is None:
-            return EXPIRED
+        if earlier is None or earlier.get("outcome") == "dropped":
+            return EXPIRED  # dropped: nobody answered it (memory.dreamReview turned off)
         if press and earlier.get("press") == press:
             return None  # the same press delivered again after a restart
         return ANSWERED
@@ -435,6 +437,9 @@ class DreamReview:
         if current.state != WAITING:
             log.info("dream: proposal %s was answered before a restart: finishing it", current.id)
             await self.dream.settle(current)
+        elif not self.dream.cfg.dream_review:
+            # Turned off while it waited: Dream's next run drops it (nothing written).
+            log.info("dream: proposal %s waits, but memory.dreamReview is off", current.id)
         elif current.asked_in is None:
             await self.ask(current)
         else:

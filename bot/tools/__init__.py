@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from bot.config import ToolsConfig
@@ -55,11 +56,15 @@ def switch_builtins(registry: ToolRegistry, cfg_tools: ToolsConfig) -> list[str]
 
 
 def build_default_tools(
-    cfg_tools: ToolsConfig, workspace: Path | None = None, state_dir: Path | None = None
+    cfg_tools: ToolsConfig,
+    workspace: Path | None = None,
+    state_dir: Path | None = None,
+    owner_chat: Callable[[str], bool] | None = None,
 ) -> ToolRegistry:
     """The registry every turn uses: file tools, exec, web_fetch and web_search when enabled,
     message, and memory_search when both the workspace and the state folder (for its index)
-    are given.
+    are given (``owner_chat``: which chats are the owner's, whose history a chat that shares
+    the owner's memory may search; None: none is).
 
     ``restrict_to_workspace`` is not read here: it travels per turn in ``ToolContext``.
     """
@@ -72,5 +77,5 @@ def build_default_tools(
                 registry.register(tool)
     registry.register(MessageTool())
     if workspace is not None and state_dir is not None:
-        registry.register(MemorySearchTool(MemoryIndex(workspace, state_dir)))
+        registry.register(MemorySearchTool(MemoryIndex(workspace, state_dir), owner_chat))
     return registry

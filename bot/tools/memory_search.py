@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import date
 from typing import Any, ClassVar
 
-from bot.memory.search import MemoryIndex, SearchUnavailable, format_hits
+from bot.memory.search import MAX_LIMIT, MemoryIndex, SearchUnavailable, format_hits
 from bot.tools.base import Effects, Tool, ToolContext, ToolError
 
 MAX_HITS = 20
@@ -56,8 +57,11 @@ class MemorySearchTool(Tool):
         "required": ["query"],
     }
 
-    def __init__(self, index: MemoryIndex) -> None:
+    def __init__(self, index: MemoryIndex, owner_chat: Callable[[str], bool] | None = None) -> None:
+        """``owner_chat``: whether a chat is the owner's own (bot.cron.heartbeat.owner_chat);
+        None: no chat is, so a chat sharing the owner's memory searches its files only."""
         self.index = index
+        self.owner_chat = owner_chat
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         query = str(args["query"]).strip()
@@ -73,17 +77,34 @@ class MemorySearchTool(Tool):
         # searches only its own archived history: never the memory files or other chats (the
         # same scope keeps USER.md out of its system prompt).
         only = ctx.scope.history_session
+        # Sharing the owner's memory (memory.shareWithNonAdmins, shareInGroups) shares the
+        # owner's files and chats, not another person's private chat or another group: their
+        # history holds what they said about themselves, which their own file keeps from
+        # everyone else (bot.memory.people). Filtered after ranking, from a larger result.
+        shared = only is None and not ctx.scope.is_owner
+        wanted = min(limit, MAX_HITS)
         try:
             # SQLite and file reads block: keep them off the event loop.
             hits = await asyncio.to_thread(
-                self.index.search, query, min(limit, MAX_HITS), since, until, only
+                self.index.search, query, MAX_LIMIT if shared else wanted, since, until, only
             )
         except SearchUnavailable as exc:
             raise ToolError(str(exc)) from None
+        if shared:
+            hits = [h for h in hits if self._shared(h.session, ctx.scope.session_key)][:wanted]
         if not hits:
             span = _describe_span(since, until)
             return f"No matches for {query!r}{span}."
         return format_hits(hits)
+
+    def _shared(self, session: str | None, own: str) -> bool:
+        """Whether a hit of ``session`` (None: a memory file) is the owner's to share, or
+        this chat's own."""
+        from bot.memory.dream import UNATTRIBUTED  # the owner's: from before chats had keys
+
+        if session is None or session in UNATTRIBUTED or session == own:
+            return True
+        return self.owner_chat is not None and self.owner_chat(session)
 
 
 def _describe_span(since: date | None, until: date | None) -> str:

@@ -6,8 +6,9 @@ such commands a few hundred times; this server imports them once and forks a chi
 The child is a real process with its own pid, argv, environment, working directory and the
 caller's pipes as fds 0-2; it leaves the accept loop and runs ``bot/__main__.py`` as
 ``python -m bot`` would, so exit codes, atexit handlers and interpreter shutdown are the
-ordinary ones. What a child cannot differ in: modules already imported here (so tests about
-start-up imports or cold start spawn a real interpreter instead).
+ordinary ones; its standard streams are made again for its own fds, as a fresh interpreter
+makes them (a pty's stdout is line-buffered). What a child cannot differ in: modules already
+imported here (so tests about start-up imports or cold start spawn a real interpreter instead).
 
 Protocol, one connection per command: the client sends a JSON request (argv, env, cwd) with its
 three fds; the server answers one line with the child's pid, then one line with its wait status
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import io
 import json
 import os
 import selectors
@@ -115,10 +117,34 @@ def become(request: dict[str, Any]) -> None:
     time.tzset()  # the C library and the time module read TZ once; this child may have its own
     for name in REIMPORTED:
         importlib.reload(sys.modules[name])
+    _standard_streams_again()
     import runpy
 
     sys.argv = ["-m", *request["argv"]]
     runpy.run_module("bot", run_name="__main__", alter_sys=True)
+
+
+_STARTUP_STREAMS: list[Any] = []  # the server's own; kept so collecting them flushes nothing
+
+
+def _standard_streams_again() -> None:
+    """sys.stdin/stdout/stderr as an interpreter started on this child's fds 0-2 makes them.
+    Python decides at start-up from what the fds are (a terminal's stdin and stdout are
+    line-buffered, a pipe's are not): the server's were made for its pipes, a child's fds may
+    be a pty. Same encoding as the server's (the suite's environment)."""
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        old = getattr(sys, name)
+        _STARTUP_STREAMS.append(old)
+        binary = open(fd, "rb" if fd == 0 else "wb", closefd=False)
+        stream = io.TextIOWrapper(
+            binary,
+            encoding=old.encoding,
+            errors=old.errors,
+            newline="\n",
+            line_buffering=name == "stderr" or os.isatty(fd),
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ three fds; the server answers one line with the child's pid, then one line with 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import importlib
 import io
 import json
@@ -28,6 +29,7 @@ import selectors
 import signal
 import socket
 import sys
+import termios
 import threading
 import time
 from typing import Any
@@ -109,6 +111,9 @@ def _send_line(conn: socket.socket, value: int) -> None:
 def become(request: dict[str, Any]) -> None:
     """Turn this forked child into ``python -m bot ARGV`` run in the request's directory and
     environment."""
+    if request.get("terminal"):  # as pty.fork() makes a child: its own session, fd 0 its tty
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
     os.chdir(request["cwd"])
     if request.get("umask") is not None:
         os.umask(request["umask"])
@@ -128,20 +133,18 @@ _STARTUP_STREAMS: list[Any] = []  # the server's own; kept so collecting them fl
 
 
 def _standard_streams_again() -> None:
-    """sys.stdin/stdout/stderr as an interpreter started on this child's fds 0-2 makes them.
-    Python decides at start-up from what the fds are (a terminal's stdin and stdout are
-    line-buffered, a pipe's are not): the server's were made for its pipes, a child's fds may
-    be a pty. Same encoding as the server's (the suite's environment)."""
-    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+    """sys.stdin and sys.stdout as an interpreter started on this child's fds makes them.
+    Python decides at start-up from what the fds are: a terminal's are line-buffered, a pipe's
+    are not. The server's were made for its pipes; a child's may be a pty (stderr is
+    line-buffered either way). Same encoding as the server's (the suite's environment)."""
+    for fd, name in enumerate(("stdin", "stdout")):
+        if not os.isatty(fd):
+            continue  # made for a pipe or a file, as the server's are
         old = getattr(sys, name)
         _STARTUP_STREAMS.append(old)
         binary = open(fd, "rb" if fd == 0 else "wb", closefd=False)
         stream = io.TextIOWrapper(
-            binary,
-            encoding=old.encoding,
-            errors=old.errors,
-            newline="\n",
-            line_buffering=name == "stderr" or os.isatty(fd),
+            binary, encoding=old.encoding, errors=old.errors, newline="\n", line_buffering=True
         )
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)

@@ -133,8 +133,8 @@ def test_piped_turn_failure_exits_1(tmp_path: Path, llm: FakeLLMThread) -> None:
 def test_ctrl_c_during_one_shot_exits_130(tmp_path: Path, llm: FakeLLMThread) -> None:
     cfg = write_config(tmp_path, llm.base_url)
     llm.script(hang())
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", "-m", "hi"],
+    proc = zygote.popen(
+        ["--config", str(cfg), "agent", "-m", "hi"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -421,13 +421,13 @@ def test_gateway_status_and_cli_history_are_private(
 ) -> None:
     cfg = write_config(tmp_path, llm.base_url)
     state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(cfg), "gateway"],
+    proc = zygote.popen(
+        ["--config", str(cfg), "gateway"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=_env({"PYTHONPATH": str(REPO)}),
         cwd=REPO,
-        preexec_fn=lambda: os.umask(umask),
+        umask=umask,
     )
     try:
         end = time.monotonic() + 20

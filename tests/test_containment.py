@@ -56,6 +56,7 @@ from tests.helpers import (
     sleepers,
     wait_for,
     write_config,
+    zygote,
 )
 
 needs_landlock = pytest.mark.skipif(launcher.landlock_abi() < 1, reason="needs Landlock")
@@ -274,8 +275,8 @@ ALIVE_SLEEPERS = (
 
 def start_agent(cfg: Path, message: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    return subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", "-m", message],
+    return zygote.popen(
+        ["--config", str(cfg), "agent", "-m", message],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=env, cwd=REPO,
     )  # fmt: skip
@@ -854,8 +855,8 @@ def test_gateway_recovers_and_answers_around_damaged_sessions(tmp_path: Path) ->
         err_path = tmp_path / "gateway.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "MEMOBOT_"))}
         with err_path.open("wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "bot", "--config", str(cfg), "gateway"],
+            proc = zygote.popen(
+                ["--config", str(cfg), "gateway"],
                 cwd=REPO,
                 env=env,
                 stdout=subprocess.DEVNULL,
@@ -1243,8 +1244,8 @@ def test_gateway_vv_logs_no_token_key_or_placeholder_value(tmp_path: Path) -> No
             "CREDENTIALS_DIRECTORY": str(creds),
         }
         with out.open("wb") as stdout, err.open("wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "bot", "--config", str(config), "-vv", "gateway"],
+            proc = zygote.popen(
+                ["--config", str(config), "-vv", "gateway"],
                 cwd=REPO,
                 env=env,
                 stdout=stdout,

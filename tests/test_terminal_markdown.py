@@ -13,7 +13,6 @@ import pty
 import signal
 import struct
 import subprocess
-import sys
 import termios
 import threading
 import time
@@ -28,7 +27,7 @@ from bot.streaming import STOPPED_MARK, stopped_answer
 from channels.formatting import markdown_to_ansi
 from channels.terminal_channel.channel import TerminalChannel, colour_allowed
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, call, reply, tool_step
-from tests.helpers import REPO, channel_in_process, make_config, run_memobot, write_config
+from tests.helpers import REPO, channel_in_process, make_config, run_memobot, write_config, zygote
 from tests.helpers.terminal import XtermScreen, plain, screen_after
 
 COLUMNS, ROWS = 60, 50
@@ -98,8 +97,8 @@ def spawn_chat(cfg: Path, term: Pty, session: str, **env: str) -> subprocess.Pop
     environ = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1", **env}
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", *(k for k in ("NO_COLOR",) if k not in env)):
         environ.pop(name, None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", "-s", session],
+    proc = zygote.popen(
+        ["--config", str(cfg), "agent", "-s", session],
         stdin=term.slave,
         stdout=term.slave,
         stderr=subprocess.PIPE,
@@ -115,8 +114,9 @@ def chat(cfg: Path, term: Pty, text: str, **env: str) -> tuple[subprocess.Popen[
     """One message typed at the interactive prompt, then "exit"; returns the child and all
     it wrote to the terminal."""
     proc = spawn_chat(cfg, term, "cli:md", **env)
+    typed_at = len(term.data)  # the banner says "Ctrl-D ends the chat": look past it
     term.type(text.encode() + b"\r")
-    answered = term.wait_for(b"end")  # the answer's last word...
+    answered = term.wait_for(b"end", after=typed_at)  # the answer's last word...
     term.wait_for(b"you>", after=answered)  # ...and the prompt is back: the answer is done
     term.type(b"exit\r")
     assert proc.wait(20) == 0, proc.stderr.read() if proc.stderr else ""
@@ -191,8 +191,8 @@ def test_agent_m_on_a_terminal_streams_the_text_as_written_without_control_chara
     term = Pty()
     env = {**os.environ, "TERM": "xterm-256color"}
     env.pop("OPENAI_API_KEY", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", "-m", "hi", "-s", "cli:t"],
+    proc = zygote.popen(
+        ["--config", str(cfg), "agent", "-m", "hi", "-s", "cli:t"],
         stdin=subprocess.DEVNULL,
         stdout=term.slave,
         stderr=subprocess.PIPE,

@@ -12,7 +12,6 @@ import os
 import pty
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ import pytest
 from bot.streaming import STOPPED_MARK
 from channels.terminal_channel.channel import DIM, LogsAboveTheAnswer, TerminalChannel
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
-from tests.helpers import REPO, channel_in_process, make_config, run_memobot, write_config
+from tests.helpers import REPO, channel_in_process, make_config, run_memobot, write_config, zygote
 
 ANSWER = "Streaming answers arrive a few words at a time, then end with a full stop."
 
@@ -72,8 +71,8 @@ def _agent(cfg: Path, term: _Terminal, *args: str) -> subprocess.Popen[bytes]:
     env = {**os.environ}
     env.pop("OPENAI_API_KEY", None)
     env.pop("OPENAI_BASE_URL", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", *args],
+    proc = zygote.popen(
+        ["--config", str(cfg), "agent", *args],
         stdin=subprocess.PIPE,
         stdout=term.slave,
         stderr=subprocess.PIPE,

@@ -6,8 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from bot.tools.base import ToolContext, ToolRegistry
 from bot.tools.search import WebSearchTool
 from bot.workspace import init_workspace
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread
-from tests.helpers import REPO, closed_port, config_dict, run_memobot
+from tests.helpers import closed_port, config_dict, run_memobot, zygote
 
 PASSWORD = "S3cretPassw0rd"
 QUERY_KEY = "QueryKey4242"
@@ -118,14 +116,7 @@ def test_credentials_from_the_environment_and_a_key_are_refused(tmp_path: Path) 
         "OPENAI_BASE_URL": secret_url(f"http://127.0.0.1:{closed_port()}/v1"),
         "OPENAI_API_KEY": "sk-test-0000",
     }
-    result = subprocess.run(
-        [sys.executable, "-m", "bot", "--config", str(cfg), "agent", "-m", "hi"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=REPO,
-    )
+    result = zygote.run(["--config", str(cfg), "agent", "-m", "hi"], timeout=60, env=env)
     assert result.returncode == 78, result.stdout + result.stderr
     assert "OPENAI_BASE_URL" in result.stderr and "Authorization header" in result.stderr
     assert_hidden(result.stdout + result.stderr)

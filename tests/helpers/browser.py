@@ -37,10 +37,9 @@ INSTALL_HINT = "apt-get install chromium"
 # Every wait of a page (navigation, a click, a selector): long enough for a loaded 2-core
 # machine, short enough that a broken page fails in seconds, not at the 120 s test timeout.
 TIMEOUT_MS = 10_000
-# The browser's loop. Each worker that runs a browser test launches its own Chromium (0.8 s on
-# a quiet machine, 2 to 3 s beside three busy workers). An xdist_group would keep them to one
-# worker, but --dist loadgroup groups nothing with pytest 9.2 and xdist 3.8 (xdist issue 1386:
-# the group rides on a node id pytest no longer lets a plugin change).
+# The browser's loop. One worker runs every test of the *browser*.py modules (the scheduler in
+# tests/conftest.py), so one Chromium is launched per run (0.8 s on a quiet machine, 2 to 3 s
+# beside busy workers).
 BROWSER_TEST = pytest.mark.asyncio(loop_scope="session")
 
 

@@ -8,6 +8,7 @@ command in a fresh interpreter instead (to rule the zygote out when a test behav
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
 import selectors
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -109,11 +111,24 @@ def run(
     )
 
 
-def popen(argv: list[str], *, fresh: bool = False, **kwargs: Any) -> subprocess.Popen[Any]:
+def popen(
+    argv: list[str], *, fresh: bool = False, terminal: bool = False, **kwargs: Any
+) -> subprocess.Popen[Any]:
     """``subprocess.Popen([python, "-m", "bot", *argv], **kwargs)``: a process the caller can
-    poll, wait for, signal and SIGKILL, forked from the zygote unless ``fresh``."""
-    cls = subprocess.Popen if fresh or os.environ.get("MEMOBOT_TEST_EXEC") == "1" else _Forked
-    return cls([sys.executable, "-m", "bot", *argv], **kwargs)
+    poll, wait for, signal and SIGKILL, forked from the zygote unless ``fresh`` (``umask``
+    is honoured; ``preexec_fn`` and ``pass_fds`` are refused). ``terminal``: stdin is a pty's
+    slave, made the controlling terminal of the child's own session (as ``pty.fork`` does)."""
+    argv = [sys.executable, "-m", "bot", *argv]
+    if fresh or os.environ.get("MEMOBOT_TEST_EXEC") == "1":
+        if terminal:
+            kwargs["preexec_fn"] = _take_terminal
+        return subprocess.Popen(argv, **kwargs)
+    return _Forked(argv, terminal=terminal, **kwargs)
+
+
+def _take_terminal() -> None:
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 def _fork(
@@ -122,13 +137,17 @@ def _fork(
     cwd: Path | str,
     fds: tuple[int, int, int],
     umask: int | None = None,
+    terminal: bool = False,
 ) -> tuple[socket.socket, int]:
-    """Ask the zygote for a child running ``python -m bot ARGV`` on ``fds`` as its 0, 1, 2;
+    """Ask the zygote for a child running ``python -m bot ARGV`` on ``fds`` as its 0, 1, 2
+    (``terminal``: in a session of its own whose controlling terminal is fd 0, a pty's slave);
     returns the connection that will carry its wait status, and its pid."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(_socket_path())
-        request = {"argv": argv, "env": dict(env), "cwd": str(cwd), "umask": umask}
+        request = {
+            "argv": argv, "env": dict(env), "cwd": str(cwd), "umask": umask, "terminal": terminal
+        }  # fmt: skip
         socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
         pid = b""
         while not pid.endswith(b"\n"):
@@ -149,6 +168,10 @@ class _Forked(subprocess.Popen[Any]):
     _conn: socket.socket
     _pending: bytes
 
+    def __init__(self, args: list[str], *, terminal: bool = False, **kwargs: Any) -> None:
+        self._terminal = terminal
+        super().__init__(args, **kwargs)
+
     def _execute_child(  # type: ignore[override]
         self, args: list[str], executable: Any, preexec_fn: Any, close_fds: bool,
         pass_fds: Any, cwd: Any, env: Any, startupinfo: Any, creationflags: int, shell: bool,
@@ -157,6 +180,7 @@ class _Forked(subprocess.Popen[Any]):
     ) -> None:  # fmt: skip
         if preexec_fn is not None or pass_fds or shell:
             raise ValueError("a forked memobot takes no preexec_fn, pass_fds or shell")
+        umask = rest[4]  # Popen's umask argument (-1: the caller's)
         fds = (
             p2cread if p2cread != -1 else 0,
             c2pwrite if c2pwrite != -1 else 1,
@@ -164,7 +188,12 @@ class _Forked(subprocess.Popen[Any]):
         )
         try:
             self._conn, self.pid = _fork(
-                list(args)[3:], env if env is not None else os.environ, cwd or os.getcwd(), fds
+                list(args)[3:],
+                env if env is not None else os.environ,
+                cwd or os.getcwd(),
+                fds,
+                None if umask == -1 else umask,
+                self._terminal,
             )
             self._pending = b""
             self._child_created = True

@@ -6,8 +6,9 @@ such commands a few hundred times; this server imports them once and forks a chi
 The child is a real process with its own pid, argv, environment, working directory and the
 caller's pipes as fds 0-2; it leaves the accept loop and runs ``bot/__main__.py`` as
 ``python -m bot`` would, so exit codes, atexit handlers and interpreter shutdown are the
-ordinary ones. What a child cannot differ in: modules already imported here (so tests about
-start-up imports or cold start spawn a real interpreter instead).
+ordinary ones; its standard streams are made again for its own fds, as a fresh interpreter
+makes them (a pty's stdout is line-buffered). What a child cannot differ in: modules already
+imported here (so tests about start-up imports or cold start spawn a real interpreter instead).
 
 Protocol, one connection per command: the client sends a JSON request (argv, env, cwd) with its
 three fds; the server answers one line with the child's pid, then one line with its wait status
@@ -19,13 +20,16 @@ three fds; the server answers one line with the child's pid, then one line with 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import importlib
+import io
 import json
 import os
 import selectors
 import signal
 import socket
 import sys
+import termios
 import threading
 import time
 from typing import Any
@@ -107,6 +111,9 @@ def _send_line(conn: socket.socket, value: int) -> None:
 def become(request: dict[str, Any]) -> None:
     """Turn this forked child into ``python -m bot ARGV`` run in the request's directory and
     environment."""
+    if request.get("terminal"):  # as pty.fork() makes a child: its own session, fd 0 its tty
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
     os.chdir(request["cwd"])
     if request.get("umask") is not None:
         os.umask(request["umask"])
@@ -115,10 +122,32 @@ def become(request: dict[str, Any]) -> None:
     time.tzset()  # the C library and the time module read TZ once; this child may have its own
     for name in REIMPORTED:
         importlib.reload(sys.modules[name])
+    _standard_streams_again()
     import runpy
 
     sys.argv = ["-m", *request["argv"]]
     runpy.run_module("bot", run_name="__main__", alter_sys=True)
+
+
+_STARTUP_STREAMS: list[Any] = []  # the server's own; kept so collecting them flushes nothing
+
+
+def _standard_streams_again() -> None:
+    """sys.stdin and sys.stdout as an interpreter started on this child's fds makes them.
+    Python decides at start-up from what the fds are: a terminal's are line-buffered, a pipe's
+    are not. The server's were made for its pipes; a child's may be a pty (stderr is
+    line-buffered either way). Same encoding as the server's (the suite's environment)."""
+    for fd, name in enumerate(("stdin", "stdout")):
+        if not os.isatty(fd):
+            continue  # made for a pipe or a file, as the server's are
+        old = getattr(sys, name)
+        _STARTUP_STREAMS.append(old)
+        binary = open(fd, "rb" if fd == 0 else "wb", closefd=False)
+        stream = io.TextIOWrapper(
+            binary, encoding=old.encoding, errors=old.errors, newline="\n", line_buffering=True
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
 
 
 def main() -> None:

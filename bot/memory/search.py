@@ -17,6 +17,7 @@ changed.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import fnmatch
 import hashlib
 import heapq
@@ -28,23 +29,29 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from functools import cache
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, TYPE_CHECKING, TypeVar
 
 from bot import workspace_files
 from bot.config import Config
 from bot.memory.history import HistoryEntry, parse_entry, read_lines
 from bot.private import create_private_file
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from bot.memory.hybrid import SearchResult as SearchResultT
+
 log = logging.getLogger(__name__)
 
 # 2: lines without "session" (nanobot's) are indexed; older indexes skipped them.
-SCHEMA_VERSION = 2
+# 3: each text's digest, and the vectors of memory.embeddings keyed by it.
+SCHEMA_VERSION = 3
 INDEX_FILE = Path("index") / "memory.sqlite"
 HISTORY_FILE = "memory/history.jsonl"
 ARCHIVE_GLOB = "history-*.jsonl"  # inside memory/
@@ -52,6 +59,8 @@ MEMORY_FILES = ("USER.md", "SOUL.md", "memory/MEMORY.md")
 SKILL_GLOB = "skills/*/SKILL.md"
 SNIPPET_TOKENS = 24
 MAX_LIMIT = 100
+# Each ranking of a hybrid search offers this many candidates (at least 3 x the hits asked).
+HYBRID_CANDIDATES = 50
 INSERT_BATCH = 2000
 # A query matching more rows than this ranks only the newest this many, which keeps a search
 # under ~20 ms however large the archive grows; such a word carries almost no weight in BM25.
@@ -85,9 +94,11 @@ _SCHEMA = (
         anchor INTEGER NOT NULL,  -- cursor of a history entry, first line of a memory chunk
         ts TEXT,  -- UTC "YYYY-MM-DDTHH:MM:SS.fffZ"; NULL for memory chunks
         session TEXT,
-        body TEXT NOT NULL
+        body TEXT NOT NULL,
+        digest BLOB NOT NULL  -- of body: the key of its vector
     )""",
     "CREATE INDEX doc_file ON doc(file)",
+    "CREATE INDEX doc_digest ON doc(digest)",
     "CREATE INDEX doc_ts ON doc(ts) WHERE ts IS NOT NULL",
     """CREATE VIRTUAL TABLE doc_fts USING fts5(
         body, content='doc', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
@@ -98,6 +109,12 @@ _SCHEMA = (
     """CREATE TRIGGER doc_ad AFTER DELETE ON doc BEGIN
         INSERT INTO doc_fts(doc_fts, rowid, body) VALUES ('delete', old.id, old.body);
     END""",
+    # Vectors by the digest of the text, not by doc id: a history file rewritten by a
+    # compaction is indexed again under new ids, and its entries keep their vectors.
+    # vec NULL: the endpoint refused this text; it is not asked again.
+    "CREATE TABLE vec(digest BLOB PRIMARY KEY, vec BLOB) WITHOUT ROWID",
+    # embed_model: the endpoint and model the vectors are of; embed_dim: their dimension.
+    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
 
@@ -115,6 +132,8 @@ class SearchHit:
     score: float
     timestamp: str | None  # history entries only
     session: str | None
+    # How it matched in a hybrid search: "words", "meaning" or "both"; "" in a words-only one.
+    kind: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +271,8 @@ def format_hit(number: int, hit: SearchHit) -> str:
         tags.append(moment.date().isoformat())
     if hit.session:
         tags.append(hit.session)
+    if hit.kind:
+        tags.append(f"match: {hit.kind}")
     return f"{number}. [{', '.join(tags)}] {hit.snippet}"
 
 
@@ -354,6 +375,11 @@ def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
+def text_digest(text: str) -> bytes:
+    """The key of a text's vector."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
 def _read_at(fh: IO[bytes], offset: int, size: int) -> bytes:
     fh.seek(offset)
     return fh.read(size)
@@ -404,10 +430,205 @@ class MemoryIndex:
             for expression in expressions:
                 hits = self._query(conn, expression, limit, lo, hi, session)
                 if hits:
-                    return hits
+                    return [hit for _, hit in hits]
             return []
 
         return self._with_connection(run)
+
+    def hybrid_search(
+        self,
+        query: str,
+        vector: np.ndarray,
+        model: str,
+        limit: int = 10,
+        since: date | None = None,
+        until: date | None = None,
+        session: str | None = None,
+        floor: float = 0.3,
+    ) -> tuple[list[SearchHit], str]:
+        """Matches by words (BM25, as :meth:`search`) and by meaning (the stored vectors of
+        ``model`` nearest ``vector``, the query's unit vector, cosine at least ``floor``),
+        ranked by reciprocal rank fusion, each hit's ``kind`` saying which. Same filters and
+        citations as :meth:`search`. Returns (hits, problem): ``problem`` is "" when meaning
+        took part, else why not (no vectors of ``model`` yet, another dimension), and the hits
+        are then by words alone."""
+        from bot.memory import vectors  # numpy: imported only where embeddings are on
+
+        expressions = build_queries(query)
+        if limit < 1:
+            return [], ""
+        lo, hi = day_bounds(since, until)
+        limit = min(limit, MAX_LIMIT)
+        candidates = max(limit * 3, HYBRID_CANDIDATES)
+
+        def run(conn: sqlite3.Connection) -> tuple[list[SearchHit], str]:
+            self._sync(conn)
+            words: list[tuple[int, SearchHit]] = []
+            for expression in expressions:
+                words = self._query(conn, expression, candidates, lo, hi, session)
+                if words:
+                    break
+            meta = self._meta(conn)
+            problem = ""
+            if meta.get("embed_model") != model or "embed_dim" not in meta:
+                problem = "the meaning index is not built yet"
+            elif int(meta["embed_dim"]) != vector.shape[0]:
+                problem = "the query's vector has another dimension than the stored ones"
+            if problem:
+                return [hit for _, hit in words[:limit]], problem
+            near = vectors.nearest(
+                self._vector_chunks(conn, lo, hi, session), vector, candidates, floor
+            )
+            by_id = dict(words)
+            fused = vectors.fuse(list(by_id), [doc for doc, _ in near])[:limit]
+            missing = [doc for doc, _, _ in fused if doc not in by_id]
+            by_id |= self._plain_hits(conn, missing)
+            return [replace(by_id[d], score=score, kind=kind) for d, score, kind in fused], ""
+
+        return self._with_connection(run)
+
+    # -- vectors (memory.embeddings)
+
+    def pending_texts(self, model: str, limit: int) -> list[tuple[bytes, str]]:
+        """Up to ``limit`` (digest, text) that have no vector of ``model`` yet, memory files
+        and the newest history first, after bringing the index up to date. Vectors of another
+        model are dropped first: a changed model embeds everything again."""
+
+        def run(conn: sqlite3.Connection) -> list[tuple[bytes, str]]:
+            self._sync(conn)
+            self._use_model(conn, model)
+            out: dict[bytes, str] = {}
+            rows = conn.execute(
+                "SELECT digest, body FROM doc WHERE NOT EXISTS"
+                " (SELECT 1 FROM vec WHERE vec.digest = doc.digest) ORDER BY id DESC"
+            )
+            for digest, body in rows:
+                out.setdefault(digest, body)
+                if len(out) >= limit:
+                    break
+            return list(out.items())
+
+        return self._with_connection(run)
+
+    def store_vectors(
+        self, model: str, digests: Sequence[bytes], matrix: np.ndarray | None
+    ) -> None:
+        """Keep the unit vectors (rows of ``matrix``) of the texts ``digests`` as ``model``'s;
+        ``matrix`` None marks them refused by the endpoint (never asked again while the model
+        stays). Raises ValueError when their dimension differs from the vectors stored before
+        for the same model (nothing stored then)."""
+        from bot.memory import vectors
+
+        if matrix is not None and matrix.shape[0] != len(digests):
+            raise ValueError(f"{matrix.shape[0]} vectors for {len(digests)} texts")
+
+        def run(conn: sqlite3.Connection) -> None:
+            self._use_model(conn, model)
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if matrix is not None:
+                    self._check_dimension(conn, model, matrix.shape[1])
+                blobs = [None] * len(digests) if matrix is None else map(vectors.to_blob, matrix)
+                rows = zip(digests, blobs, strict=True)
+                conn.executemany("INSERT OR REPLACE INTO vec(digest, vec) VALUES (?, ?)", rows)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+        self._with_connection(run)
+
+    def vector_counts(self, model: str) -> tuple[int, int]:
+        """(texts with a vector of ``model`` or refused, distinct texts in the index)."""
+
+        def run(conn: sqlite3.Connection) -> tuple[int, int]:
+            total = conn.execute("SELECT count(DISTINCT digest) FROM doc").fetchone()[0]
+            if self._meta(conn).get("embed_model") != model:
+                return 0, total
+            done = conn.execute(
+                "SELECT count(*) FROM vec WHERE digest IN (SELECT digest FROM doc)"
+            ).fetchone()[0]
+            return done, total
+
+        return self._with_connection(run)
+
+    def drop_unused_vectors(self) -> int:
+        """Forget the vectors of texts no longer in the index; how many."""
+
+        def run(conn: sqlite3.Connection) -> int:
+            cur = conn.execute("DELETE FROM vec WHERE digest NOT IN (SELECT digest FROM doc)")
+            return cur.rowcount
+
+        return self._with_connection(run)
+
+    @staticmethod
+    def _meta(conn: sqlite3.Connection) -> dict[str, str]:
+        return dict(conn.execute("SELECT key, value FROM meta").fetchall())
+
+    def _use_model(self, conn: sqlite3.Connection, model: str) -> None:
+        if self._meta(conn).get("embed_model") == model:
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            before = self._meta(conn).get("embed_model")  # again, under the write lock
+            if before != model:
+                if before is not None:
+                    log.info(
+                        "memory index: vectors were of %s, now %s: embedding everything again",
+                        before,
+                        model,
+                    )
+                conn.execute("DELETE FROM vec")
+                conn.execute("DELETE FROM meta WHERE key = 'embed_dim'")
+                conn.execute("INSERT OR REPLACE INTO meta VALUES ('embed_model', ?)", (model,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _check_dimension(self, conn: sqlite3.Connection, model: str, dim: int) -> None:
+        known = self._meta(conn).get("embed_dim")
+        if known is None:
+            conn.execute("INSERT INTO meta VALUES ('embed_dim', ?)", (str(dim),))
+        elif int(known) != dim:
+            raise ValueError(f"{model} gave vectors of {dim} dimensions, earlier ones of {known}")
+
+    @staticmethod
+    def _vector_chunks(
+        conn: sqlite3.Connection, lo: str | None, hi: str | None, session: str | None
+    ) -> Iterator[list[tuple[int, bytes]]]:
+        from bot.memory import vectors
+
+        where = "vec.vec IS NOT NULL"
+        if lo:
+            where += " AND doc.ts >= :lo"
+        if hi:
+            where += " AND doc.ts < :hi"
+        if session is not None:
+            where += " AND doc.session = :session"
+        cur = conn.execute(
+            f"SELECT doc.id, vec.vec FROM doc JOIN vec ON vec.digest = doc.digest WHERE {where}",
+            {"lo": lo, "hi": hi, "session": session},
+        )
+        while rows := cur.fetchmany(vectors.CHUNK_ROWS):
+            yield rows
+
+    @staticmethod
+    def _plain_hits(conn: sqlite3.Connection, ids: list[int]) -> dict[int, SearchHit]:
+        """Hits for ids found by meaning alone: no words to mark, the text's start instead."""
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        rows = conn.execute(
+            f"SELECT id, file, anchor, ts, session, body FROM doc WHERE id IN ({marks})", ids
+        )
+        out = {}
+        for doc, file, anchor, ts, session, body in rows:
+            words = body.split()
+            more = " …" if len(words) > SNIPPET_TOKENS else ""
+            snippet = " ".join(words[:SNIPPET_TOKENS]) + more
+            out[doc] = SearchHit(f"{file}#{anchor}", snippet, 0.0, ts, session)
+        return out
 
     def refresh(self) -> None:
         """Bring the index up to date with the files (a no-op when nothing changed)."""
@@ -478,7 +699,7 @@ class MemoryIndex:
         lo: str | None,
         hi: str | None,
         session: str | None = None,
-    ) -> list[SearchHit]:
+    ) -> list[tuple[int, SearchHit]]:
         low_id, high_id = 0, MAX_ID
         if lo or hi:
             # Ids follow cursor order closely, so the day range narrows the rows FTS5 visits;
@@ -518,15 +739,15 @@ class MemoryIndex:
         if session is not None:
             where += " AND doc.session = :session"
         rows = conn.execute(
-            "SELECT doc.file, doc.anchor, doc.ts, doc.session,"
+            "SELECT doc.id, doc.file, doc.anchor, doc.ts, doc.session,"
             f" snippet(doc_fts, 0, '[', ']', '…', {SNIPPET_TOKENS}), rank"
             f" FROM doc_fts JOIN doc ON doc.id = doc_fts.rowid WHERE {where}"
             " ORDER BY rank LIMIT :limit",
             {**params, "lo": lo, "hi": hi, "limit": limit, "session": session},
         )
         return [
-            SearchHit(f"{file}#{anchor}", " ".join(snippet.split()), -rank, ts, session)
-            for file, anchor, ts, session, snippet, rank in rows
+            (doc, SearchHit(f"{file}#{anchor}", " ".join(snippet.split()), -rank, ts, session))
+            for doc, file, anchor, ts, session, snippet, rank in rows
         ]
 
     # -- syncing
@@ -617,8 +838,12 @@ class MemoryIndex:
         conn.execute("DELETE FROM doc WHERE file = ?", (rel,))
         first = _next_id(conn, MEMORY_ID_BASE, MAX_ID)
         conn.executemany(
-            "INSERT INTO doc(id, file, anchor, ts, session, body) VALUES (?, ?, ?, NULL, NULL, ?)",
-            [(first + i, rel, c.line, c.text) for i, c in enumerate(chunk_markdown(text))],
+            "INSERT INTO doc(id, file, anchor, ts, session, body, digest)"
+            " VALUES (?, ?, ?, NULL, NULL, ?, ?)",
+            [
+                (first + i, rel, c.line, c.text, text_digest(c.text))
+                for i, c in enumerate(chunk_markdown(text))
+            ],
         )
         self._save_state(conn, rel, _FileState(st.st_size, st.st_mtime_ns, 0, "", ""))
 
@@ -669,7 +894,10 @@ class MemoryIndex:
         the last complete line (a torn last line waits for its newline)."""
         offset, batch, bad = start, [], 0
         next_id = _next_id(conn, 1, MEMORY_ID_BASE - 1)
-        insert = "INSERT INTO doc(id, file, anchor, ts, session, body) VALUES (?, ?, ?, ?, ?, ?)"
+        insert = (
+            "INSERT INTO doc(id, file, anchor, ts, session, body, digest)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
         for line, size in read_lines(fh.fileno(), rel, start):
             if line is not None and not line.endswith(b"\n"):
                 break
@@ -681,7 +909,8 @@ class MemoryIndex:
                 bad += line is None or bool(line.strip())
                 continue
             ts = normalize_timestamp(entry.timestamp)
-            batch.append((next_id, rel, entry.cursor, ts, entry.session, entry.content))
+            body = entry.content
+            batch.append((next_id, rel, entry.cursor, ts, entry.session, body, text_digest(body)))
             next_id += 1
             if len(batch) >= INSERT_BATCH:
                 conn.executemany(insert, batch)
@@ -704,13 +933,28 @@ def cmd_search(cfg: Config, args: argparse.Namespace) -> int:
     if args.since and args.until and args.since > args.until:
         print("memobot: --since is after --until", file=sys.stderr)
         return 2
+    from bot.memory.hybrid import Embeddings, memory_search
+
     index = MemoryIndex(cfg.agent.workspace_path, cfg.agent.state_path)
+    embeddings = Embeddings.from_config(cfg, index)
+
+    async def run() -> SearchResultT:
+        try:
+            return await memory_search(
+                index, embeddings, query, args.limit, since=args.since, until=args.until
+            )
+        finally:
+            if embeddings is not None:
+                await embeddings.close()
+
     try:
-        hits = index.search(query, limit=args.limit, since=args.since, until=args.until)
+        found = asyncio.run(run())
     except SearchUnavailable as exc:
         print(f"memobot: {exc}", file=sys.stderr)
         return 1
-    print(format_hits(hits) if hits else f"No matches for {query!r}.")
+    print(format_hits(found.hits) if found.hits else f"No matches for {query!r}.")
+    if found.note:
+        print(f"({found.note})")
     return 0
 
 

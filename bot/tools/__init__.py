@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bot.config import ToolsConfig
+from bot.memory.hybrid import Embeddings
 from bot.memory.search import MemoryIndex
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry
 from bot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
@@ -55,11 +56,14 @@ def switch_builtins(registry: ToolRegistry, cfg_tools: ToolsConfig) -> list[str]
 
 
 def build_default_tools(
-    cfg_tools: ToolsConfig, workspace: Path | None = None, state_dir: Path | None = None
+    cfg_tools: ToolsConfig,
+    workspace: Path | None = None,
+    state_dir: Path | None = None,
+    embeddings: Embeddings | None = None,
 ) -> ToolRegistry:
     """The registry every turn uses: file tools, exec, web_fetch and web_search when enabled,
     message, and memory_search when both the workspace and the state folder (for its index)
-    are given.
+    are given (searching by meaning too with ``embeddings``, whose index is the same one).
 
     ``restrict_to_workspace`` is not read here: it travels per turn in ``ToolContext``.
     """
@@ -72,5 +76,6 @@ def build_default_tools(
                 registry.register(tool)
     registry.register(MessageTool())
     if workspace is not None and state_dir is not None:
-        registry.register(MemorySearchTool(MemoryIndex(workspace, state_dir)))
+        index = embeddings.index if embeddings is not None else MemoryIndex(workspace, state_dir)
+        registry.register(MemorySearchTool(index, embeddings))
     return registry

@@ -1,11 +1,12 @@
-"""The ``memory_search`` tool: full-text search over the history archive and the memory files."""
+"""The ``memory_search`` tool: search over the history archive and the memory files, by words
+(BM25) and, with ``memory.embeddings`` on, by meaning too (bot.memory.hybrid)."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import date
 from typing import Any, ClassVar
 
+from bot.memory.hybrid import Embeddings, memory_search
 from bot.memory.search import MemoryIndex, SearchUnavailable, format_hits
 from bot.tools.base import Effects, Tool, ToolContext, ToolError
 
@@ -56,8 +57,15 @@ class MemorySearchTool(Tool):
         "required": ["query"],
     }
 
-    def __init__(self, index: MemoryIndex) -> None:
+    def __init__(self, index: MemoryIndex, embeddings: Embeddings | None = None) -> None:
         self.index = index
+        self.embeddings = embeddings
+
+    def schema(self) -> dict[str, Any]:
+        schema = super().schema()
+        if self.embeddings is not None:  # the model is told what kind of search it has
+            schema["function"]["description"] += _BY_MEANING
+        return schema
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         query = str(args["query"]).strip()
@@ -74,16 +82,22 @@ class MemorySearchTool(Tool):
         # same scope keeps USER.md out of its system prompt).
         only = ctx.scope.history_session
         try:
-            # SQLite and file reads block: keep them off the event loop.
-            hits = await asyncio.to_thread(
-                self.index.search, query, min(limit, MAX_HITS), since, until, only
+            found = await memory_search(
+                self.index, self.embeddings, query, min(limit, MAX_HITS), since, until, only
             )
         except SearchUnavailable as exc:
             raise ToolError(str(exc)) from None
-        if not hits:
+        note = f"\n({found.note})" if found.note else ""
+        if not found.hits:
             span = _describe_span(since, until)
-            return f"No matches for {query!r}{span}."
-        return format_hits(hits)
+            return f"No matches for {query!r}{span}.{note}"
+        return format_hits(found.hits) + note
+
+
+_BY_MEANING = (
+    " Entries with the same meaning in other words are found too; each hit says whether it "
+    "matched by words, meaning or both."
+)
 
 
 def _describe_span(since: date | None, until: date | None) -> str:

@@ -1,0 +1,64 @@
+"""Vector arithmetic of hybrid memory search: nearest neighbours and rank fusion (pure).
+
+The vectors are float32 unit rows stored as blobs in the search index's own SQLite file and
+compared by brute force, a chunk of rows at a time (a matrix product): sqlite-vec, the usual
+extension for this, cannot be loaded by a Python whose sqlite3 module was built without
+``enable_load_extension`` (Debian's and python.org's builds for example), and at the sizes of
+one person's memory (a hundred thousand entries) a full scan is tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+CHUNK_ROWS = 8192  # rows multiplied at once: bounds the memory of a search
+RRF_K = 60  # the usual constant of reciprocal rank fusion (Cormack et al., 2009)
+
+
+def to_blob(vector: np.ndarray) -> bytes:
+    return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
+
+
+def nearest(
+    chunks: Iterable[Sequence[tuple[int, bytes]]], query: np.ndarray, k: int, floor: float
+) -> list[tuple[int, float]]:
+    """The ``k`` (id, cosine) pairs of the rows nearest ``query`` (a unit vector), best first,
+    leaving out those under ``floor``. ``chunks``: lists of (id, unit vector blob); a blob of
+    another dimension than the query's is skipped (never read as a wrong vector)."""
+    dim = query.shape[0]
+    width = dim * 4
+    best_ids = np.empty(0, dtype=np.int64)
+    best = np.empty(0, dtype=np.float32)
+    for rows in chunks:
+        rows = [row for row in rows if row[1] is not None and len(row[1]) == width]
+        if not rows:
+            continue
+        ids = np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
+        matrix = np.frombuffer(b"".join(row[1] for row in rows), dtype=np.float32)
+        sims = matrix.reshape(len(rows), dim) @ query
+        keep = sims >= floor
+        best_ids = np.concatenate([best_ids, ids[keep]])
+        best = np.concatenate([best, sims[keep]])
+        if best.shape[0] > k:
+            top = np.argpartition(-best, k)[:k]
+            best_ids, best = best_ids[top], best[top]
+    order = np.argsort(-best, kind="stable")[:k]
+    return [(int(best_ids[i]), float(best[i])) for i in order]
+
+
+def fuse(
+    words: Sequence[int], meaning: Sequence[int], k: int = RRF_K
+) -> list[tuple[int, float, str]]:
+    """Reciprocal rank fusion of two rankings of ids, best first: (id, score, kind) where kind
+    says which rankings hold the id, "words", "meaning" or "both". Ties keep the words
+    ranking's order first."""
+    scores: dict[int, float] = {}
+    kinds: dict[int, str] = {}
+    for name, ranking in (("words", words), ("meaning", meaning)):
+        for rank, doc in enumerate(ranking, start=1):
+            scores[doc] = scores.get(doc, 0.0) + 1.0 / (k + rank)
+            kinds[doc] = "both" if doc in kinds and kinds[doc] != name else name
+    order = sorted(scores, key=lambda doc: -scores[doc])  # sorted() is stable
+    return [(doc, scores[doc], kinds[doc]) for doc in order]

@@ -213,19 +213,29 @@ async def test_only_new_entries_are_embedded_and_a_rewrite_keeps_vectors(tmp_pat
         await emb.close()
 
 
+def each(vector: object) -> object:
+    """An answer giving every input ``vector`` (a function of the input's index if callable)."""
+
+    def answer(body: dict) -> dict:
+        return {
+            "data": [
+                {"embedding": vector(i) if callable(vector) else vector, "index": i}
+                for i in range(len(body["input"]))
+            ]
+        }
+
+    return answer
+
+
 @pytest.mark.parametrize(
     "answer",
     [
         lambda body: {"data": []},  # too few
         lambda body: {"data": [{"embedding": [1.0, 0.0], "index": 0}] * len(body["input"])},
-        lambda body: {"data": [{"embedding": [1.0] * (i + 2), "index": i}
-                               for i in range(len(body["input"]))]},  # fmt: skip
-        lambda body: {"data": [{"embedding": ["1", 2], "index": i}
-                               for i in range(len(body["input"]))]},  # fmt: skip
-        lambda body: {"data": [{"embedding": [float("nan"), 1.0], "index": i}
-                               for i in range(len(body["input"]))]},  # fmt: skip
-        lambda body: {"data": [{"embedding": [0.0, 0.0], "index": i}
-                               for i in range(len(body["input"]))]},  # fmt: skip
+        each(lambda i: [1.0] * (i + 2)),
+        each(["1", 2]),
+        each([float("nan"), 1.0]),
+        each([0.0, 0.0]),
         lambda body: ["not", "an", "object"],
     ],
     ids=["count", "duplicate-index", "ragged", "strings", "nan", "zero", "list"],
@@ -243,9 +253,7 @@ async def test_a_bad_answer_stores_nothing_and_search_goes_on(tmp_path, ws, fake
         await emb.close()
 
 
-async def test_an_oversized_answer_is_refused_before_it_is_read(
-    tmp_path, ws, fake, monkeypatch
-):
+async def test_an_oversized_answer_is_refused_before_it_is_read(tmp_path, ws, fake, monkeypatch):
     monkeypatch.setattr(embeddings_module, "MAX_RESPONSE_BYTES", 10_000)
     fake.raw_answer = b'{"data": [' + b" " * 50_000 + b"]}"
     emb = make(tmp_path, fake)

@@ -32,11 +32,14 @@ def nearest(
     best_ids = np.empty(0, dtype=np.int64)
     best = np.empty(0, dtype=np.float32)
     for rows in chunks:
-        rows = [row for row in rows if row[1] is not None and len(row[1]) == width]
+        blob = b"".join(row[1] or b"" for row in rows)
+        if len(blob) != width * len(rows):  # rare: a row of another size; only the rest
+            rows = [row for row in rows if row[1] is not None and len(row[1]) == width]
+            blob = b"".join(row[1] for row in rows)
         if not rows:
             continue
         ids = np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
-        matrix = np.frombuffer(b"".join(row[1] for row in rows), dtype=np.float32)
+        matrix = np.frombuffer(blob, dtype=np.float32)
         sims = matrix.reshape(len(rows), dim) @ query
         keep = sims >= floor
         best_ids = np.concatenate([best_ids, ids[keep]])

@@ -308,6 +308,53 @@ async def test_the_key_is_sent_and_never_shown(tmp_path, ws, fake, caplog):
         await emb.close()
 
 
+async def test_each_line_of_an_entry_is_found_by_its_own_meaning(tmp_path, ws, fake):
+    add_entries(
+        ws,
+        "[2026-11-20 10:00 → 10:40 UTC] Small talk about the weather in Oslo and a recipe.\n"
+        "Facts:\n- Lena said her physician is Dr Okafor.\n- Lena plays squash on Sundays.\n"
+        "- Lena reads a lot of Russian novels and keeps bees on the roof.",
+        first=4,
+    )
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        # The whole entry has too many concepts to be near "GP"; its line about the physician
+        # is (the word "GP" is in no entry).
+        result = await tool_search(emb, ws, tmp_path / "state", "GP")
+        first = result.splitlines()[0]
+        assert first.startswith("1. [memory/history.jsonl#4, ") and "match: meaning" in first
+        assert "… Facts: - Lena said her physician is Dr Okafor. …" in first
+        # A new entry is searchable by meaning once embedded: the cache reads the new rows.
+        add_entries(ws, "Bruno parked his automobile in the garage.", first=5)
+        assert await embed_all(emb) == 1
+        result = await tool_search(emb, ws, tmp_path / "state", "vehicle Bruno")
+        assert "memory/history.jsonl#5" in result.splitlines()[0]
+    finally:
+        await emb.close()
+
+
+async def test_a_chat_searching_its_own_history_gets_no_other_chats_meaning(tmp_path, fake):
+    ws = tmp_path / "ws"
+    add_entries(ws, "Sam bought a second-hand automobile from Lena on Tuesday.")
+    path = ws / "memory" / "history.jsonl"
+    record = {"cursor": 2, "timestamp": "2026-11-03T10:00:00.000Z", "session": "telegram:-5"}
+    line = json.dumps({**record, "content": "The group rented a vehicle for the trip."})
+    path.write_text(path.read_text() + line + "\n")
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        found = await emb.search("car", session="telegram:-5")
+        assert [hit.source for hit in found.hits] == ["memory/history.jsonl#2"]
+        everything = await emb.search("car")
+        assert {hit.source for hit in everything.hits} == {
+            "memory/history.jsonl#1",
+            "memory/history.jsonl#2",
+        }
+    finally:
+        await emb.close()
+
+
 def test_embeddings_off_by_default_and_llm_endpoint_when_asked(tmp_path):
     from bot.memory.embeddings import endpoint_from_config
 

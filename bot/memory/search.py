@@ -39,6 +39,7 @@ from typing import IO, TYPE_CHECKING, TypeVar
 
 from bot import workspace_files
 from bot.config import Config
+from bot.memory import vector_store
 from bot.memory.history import HistoryEntry, parse_entry, read_lines
 from bot.private import create_private_file
 
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # 2: lines without "session" (nanobot's) are indexed; older indexes skipped them.
-# 3: each text's digest, and the vectors of memory.embeddings keyed by it.
+# 3: the pieces of each text and their vectors (memory.embeddings, bot.memory.vector_store).
 SCHEMA_VERSION = 3
 INDEX_FILE = Path("index") / "memory.sqlite"
 HISTORY_FILE = "memory/history.jsonl"
@@ -94,11 +95,9 @@ _SCHEMA = (
         anchor INTEGER NOT NULL,  -- cursor of a history entry, first line of a memory chunk
         ts TEXT,  -- UTC "YYYY-MM-DDTHH:MM:SS.fffZ"; NULL for memory chunks
         session TEXT,
-        body TEXT NOT NULL,
-        digest BLOB NOT NULL  -- of body: the key of its vector
+        body TEXT NOT NULL
     )""",
     "CREATE INDEX doc_file ON doc(file)",
-    "CREATE INDEX doc_digest ON doc(digest)",
     "CREATE INDEX doc_ts ON doc(ts) WHERE ts IS NOT NULL",
     """CREATE VIRTUAL TABLE doc_fts USING fts5(
         body, content='doc', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
@@ -109,12 +108,7 @@ _SCHEMA = (
     """CREATE TRIGGER doc_ad AFTER DELETE ON doc BEGIN
         INSERT INTO doc_fts(doc_fts, rowid, body) VALUES ('delete', old.id, old.body);
     END""",
-    # Vectors by the digest of the text, not by doc id: a history file rewritten by a
-    # compaction is indexed again under new ids, and its entries keep their vectors.
-    # vec NULL: the endpoint refused this text; it is not asked again.
-    "CREATE TABLE vec(digest BLOB PRIMARY KEY, vec BLOB)",  # rowid: a 1 KB+ blob fits a page
-    # embed_model: the endpoint and model the vectors are of; embed_dim: their dimension.
-    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    *vector_store.SCHEMA,
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
 
@@ -375,11 +369,6 @@ def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def text_digest(text: str) -> bytes:
-    """The key of a text's vector."""
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-
 def _read_at(fh: IO[bytes], offset: int, size: int) -> bytes:
     fh.seek(offset)
     return fh.read(size)
@@ -397,6 +386,7 @@ class MemoryIndex:
         self.workspace = workspace
         self.path = state_dir / INDEX_FILE
         self._sync_lock = threading.Lock()
+        self._vectors = vector_store.VectorCache()
 
     # -- public
 
@@ -446,12 +436,13 @@ class MemoryIndex:
         session: str | None = None,
         floor: float = 0.3,
     ) -> tuple[list[SearchHit], str]:
-        """Matches by words (BM25, as :meth:`search`) and by meaning (the stored vectors of
-        ``model`` nearest ``vector``, the query's unit vector, cosine at least ``floor``),
-        ranked by reciprocal rank fusion, each hit's ``kind`` saying which. Same filters and
-        citations as :meth:`search`. Returns (hits, problem): ``problem`` is "" when meaning
-        took part, else why not (no vectors of ``model`` yet, another dimension), and the hits
-        are then by words alone."""
+        """Matches by words (BM25, as :meth:`search`) and by meaning (the texts with a piece
+        whose stored vector of ``model`` is nearest ``vector``, the query's unit vector, cosine
+        at least ``floor``), ranked by reciprocal rank fusion, each hit's ``kind`` saying
+        which. Same filters and citations as :meth:`search`; a hit by meaning alone shows the
+        piece that matched. Returns (hits, problem): ``problem`` is "" when meaning took part,
+        else why not (no vectors of ``model`` yet, another dimension), and the hits are then
+        by words alone."""
         from bot.memory import vectors  # numpy: imported only where embeddings are on
 
         expressions = build_queries(query)
@@ -468,7 +459,7 @@ class MemoryIndex:
                 words = self._query(conn, expression, candidates, lo, hi, session)
                 if words:
                     break
-            meta = self._meta(conn)
+            meta = vector_store.meta(conn)
             problem = ""
             if meta.get("embed_model") != model or "embed_dim" not in meta:
                 problem = "the meaning index is not built yet"
@@ -476,187 +467,72 @@ class MemoryIndex:
                 problem = "the query's vector has another dimension than the stored ones"
             if problem:
                 return [hit for _, hit in words[:limit]], problem
-            near = self._nearest_docs(conn, vector, candidates, floor, lo, hi, session)
+            if lo or hi or session is not None:
+                near = vector_store.nearest_filtered(
+                    conn, vector, candidates, floor, lo, hi, session
+                )
+            else:
+                near = self._vectors.nearest(conn, vector, candidates, floor)
             by_id = dict(words)
-            fused = vectors.fuse(list(by_id), near)[:limit]
-            missing = [doc for doc, _, _ in fused if doc not in by_id]
-            by_id |= self._plain_hits(conn, missing)
+            fused = vectors.fuse(list(by_id), [doc for doc, _ in near])[:limit]
+            pieces = dict(near)
+            missing = {doc: pieces[doc] for doc, _, _ in fused if doc not in by_id}
+            by_id |= self._piece_hits(conn, missing)
             return [replace(by_id[d], score=score, kind=kind) for d, score, kind in fused], ""
 
         return self._with_connection(run)
 
-    # -- vectors (memory.embeddings)
+    # -- vectors (memory.embeddings; bot.memory.vector_store)
 
     def pending_texts(self, model: str, limit: int) -> list[tuple[bytes, str]]:
-        """Up to ``limit`` (digest, text) that have no vector of ``model`` yet, memory files
-        and the newest history first, after bringing the index up to date. Vectors of another
-        model are dropped first: a changed model embeds everything again."""
+        """Up to ``limit`` (digest, text) of pieces without a vector of ``model`` yet, memory
+        files and the newest history first, after bringing the index up to date. Vectors of
+        another model are dropped first: a changed model embeds everything again."""
 
         def run(conn: sqlite3.Connection) -> list[tuple[bytes, str]]:
             self._sync(conn)
-            self._use_model(conn, model)
-            out: dict[bytes, str] = {}
-            rows = conn.execute(
-                "SELECT digest, body FROM doc WHERE NOT EXISTS"
-                " (SELECT 1 FROM vec WHERE vec.digest = doc.digest) ORDER BY id DESC"
-            )
-            for digest, body in rows:
-                out.setdefault(digest, body)
-                if len(out) >= limit:
-                    break
-            return list(out.items())
+            vector_store.use_model(conn, model)
+            return vector_store.pending(conn, limit)
 
         return self._with_connection(run)
 
     def store_vectors(
         self, model: str, digests: Sequence[bytes], matrix: np.ndarray | None
     ) -> None:
-        """Keep the unit vectors (rows of ``matrix``) of the texts ``digests`` as ``model``'s;
-        ``matrix`` None marks them refused by the endpoint (never asked again while the model
-        stays). Raises ValueError when their dimension differs from the vectors stored before
-        for the same model (nothing stored then)."""
-        from bot.memory import vectors
-
-        if matrix is not None and matrix.shape[0] != len(digests):
-            raise ValueError(f"{matrix.shape[0]} vectors for {len(digests)} texts")
-
-        def run(conn: sqlite3.Connection) -> None:
-            self._use_model(conn, model)
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                if matrix is not None:
-                    self._check_dimension(conn, model, matrix.shape[1])
-                blobs = [None] * len(digests) if matrix is None else map(vectors.to_blob, matrix)
-                rows = zip(digests, blobs, strict=True)
-                conn.executemany("INSERT OR REPLACE INTO vec(digest, vec) VALUES (?, ?)", rows)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-
-        self._with_connection(run)
+        """Keep the unit vectors (rows of ``matrix``) of the pieces ``digests`` as
+        ``model``'s; ``matrix`` None marks them refused by the endpoint (never asked again
+        while the model stays). Raises ValueError when their dimension differs from the
+        vectors stored before for the same model (nothing stored then)."""
+        self._with_connection(lambda conn: vector_store.store(conn, model, digests, matrix))
 
     def vector_counts(self, model: str) -> tuple[int, int]:
-        """(texts with a vector of ``model`` or refused, distinct texts in the index)."""
-
-        def run(conn: sqlite3.Connection) -> tuple[int, int]:
-            total = conn.execute("SELECT count(DISTINCT digest) FROM doc").fetchone()[0]
-            if self._meta(conn).get("embed_model") != model:
-                return 0, total
-            done = conn.execute(
-                "SELECT count(*) FROM vec WHERE digest IN (SELECT digest FROM doc)"
-            ).fetchone()[0]
-            return done, total
-
-        return self._with_connection(run)
+        """(pieces with a vector of ``model`` or refused, distinct pieces in the index)."""
+        return self._with_connection(lambda conn: vector_store.counts(conn, model))
 
     def drop_unused_vectors(self) -> int:
-        """Forget the vectors of texts no longer in the index; how many."""
-
-        def run(conn: sqlite3.Connection) -> int:
-            cur = conn.execute("DELETE FROM vec WHERE digest NOT IN (SELECT digest FROM doc)")
-            return cur.rowcount
-
-        return self._with_connection(run)
+        """Forget the vectors of pieces no longer in the index; how many."""
+        return self._with_connection(vector_store.drop_unused)
 
     @staticmethod
-    def _meta(conn: sqlite3.Connection) -> dict[str, str]:
-        return dict(conn.execute("SELECT key, value FROM meta").fetchall())
-
-    def _use_model(self, conn: sqlite3.Connection, model: str) -> None:
-        if self._meta(conn).get("embed_model") == model:
-            return
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            before = self._meta(conn).get("embed_model")  # again, under the write lock
-            if before != model:
-                if before is not None:
-                    log.info(
-                        "memory index: vectors were of %s, now %s: embedding everything again",
-                        before,
-                        model,
-                    )
-                conn.execute("DELETE FROM vec")
-                conn.execute("DELETE FROM meta WHERE key = 'embed_dim'")
-                conn.execute("INSERT OR REPLACE INTO meta VALUES ('embed_model', ?)", (model,))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
-    def _check_dimension(self, conn: sqlite3.Connection, model: str, dim: int) -> None:
-        known = self._meta(conn).get("embed_dim")
-        if known is None:
-            conn.execute("INSERT INTO meta VALUES ('embed_dim', ?)", (str(dim),))
-        elif int(known) != dim:
-            raise ValueError(f"{model} gave vectors of {dim} dimensions, earlier ones of {known}")
-
-    @staticmethod
-    def _nearest_docs(
-        conn: sqlite3.Connection,
-        vector: np.ndarray,
-        k: int,
-        floor: float,
-        lo: str | None,
-        hi: str | None,
-        session: str | None,
-    ) -> list[int]:
-        """Doc ids of the ``k`` texts nearest ``vector``, best first, within the filters."""
-        from bot.memory import vectors
-
-        def chunks(cur: sqlite3.Cursor) -> Iterator[list[tuple[int, bytes]]]:
-            while rows := cur.fetchmany(vectors.CHUNK_ROWS):
-                yield rows
-
-        if not (lo or hi or session is not None):
-            # Every text: the vector table read in its own order, no join per row (a join
-            # costs ~10 us a row, ten times the read); the few nearest are then looked up.
-            cur = conn.execute("SELECT rowid, vec FROM vec WHERE vec IS NOT NULL")
-            out: list[int] = []
-            for rowid, _ in vectors.nearest(chunks(cur), vector, k, floor):
-                out += [
-                    row[0]
-                    for row in conn.execute(
-                        "SELECT doc.id FROM vec JOIN doc ON doc.digest = vec.digest"
-                        " WHERE vec.rowid = ? ORDER BY doc.id DESC",
-                        (rowid,),
-                    )
-                ]
-            return out[:k]
-        # A chat's own entries or a range of days: only those rows are joined to their vectors.
-        where = "vec.vec IS NOT NULL"
-        if lo:
-            where += " AND doc.ts >= :lo"
-        if hi:
-            where += " AND doc.ts < :hi"
-        if session is not None:
-            where += " AND doc.session = :session"
-        cur = conn.execute(
-            f"SELECT doc.id, vec.vec FROM doc JOIN vec ON vec.digest = doc.digest WHERE {where}",
-            {"lo": lo, "hi": hi, "session": session},
-        )
-        return [doc for doc, _ in vectors.nearest(chunks(cur), vector, k, floor)]
-
-    @staticmethod
-    def _plain_hits(conn: sqlite3.Connection, ids: list[int]) -> dict[int, SearchHit]:
-        """Hits for ids found by meaning alone: no words to mark, the text's start instead."""
-        if not ids:
-            return {}
-        marks = ",".join("?" * len(ids))
-        rows = conn.execute(
-            f"SELECT id, file, anchor, ts, session, body FROM doc WHERE id IN ({marks})", ids
-        )
+    def _piece_hits(conn: sqlite3.Connection, pieces: dict[int, bytes]) -> dict[int, SearchHit]:
+        """Hits for docs found by meaning alone: no words to mark; the piece that matched."""
         out = {}
-        for doc, file, anchor, ts, session, body in rows:
-            words = body.split()
-            more = " …" if len(words) > SNIPPET_TOKENS else ""
-            snippet = " ".join(words[:SNIPPET_TOKENS]) + more
+        for doc, digest in pieces.items():
+            row = conn.execute(
+                "SELECT doc.file, doc.anchor, doc.ts, doc.session, doc.body, piece.start,"
+                " piece.stop FROM doc JOIN piece ON piece.doc = doc.id"
+                " WHERE doc.id = ? AND piece.digest = ?",
+                (doc, digest),
+            ).fetchone()
+            if row is None:
+                continue
+            file, anchor, ts, session, body, start, stop = row
+            words = body[start:stop].split()
+            more = " …" if len(words) > SNIPPET_TOKENS or start > 0 or stop < len(body) else ""
+            lead = "… " if start > 0 else ""
+            snippet = lead + " ".join(words[:SNIPPET_TOKENS]) + more
             out[doc] = SearchHit(f"{file}#{anchor}", snippet, 0.0, ts, session)
         return out
-
-    def refresh(self) -> None:
-        """Bring the index up to date with the files (a no-op when nothing changed)."""
-        self._with_connection(self._sync)
 
     # -- connection and recovery
 
@@ -861,14 +737,12 @@ class MemoryIndex:
             return
         conn.execute("DELETE FROM doc WHERE file = ?", (rel,))
         first = _next_id(conn, MEMORY_ID_BASE, MAX_ID)
+        chunks = chunk_markdown(text)
         conn.executemany(
-            "INSERT INTO doc(id, file, anchor, ts, session, body, digest)"
-            " VALUES (?, ?, ?, NULL, NULL, ?, ?)",
-            [
-                (first + i, rel, c.line, c.text, text_digest(c.text))
-                for i, c in enumerate(chunk_markdown(text))
-            ],
+            "INSERT INTO doc(id, file, anchor, ts, session, body) VALUES (?, ?, ?, NULL, NULL, ?)",
+            [(first + i, rel, c.line, c.text) for i, c in enumerate(chunks)],
         )
+        vector_store.insert_pieces(conn, [(first + i, c.text) for i, c in enumerate(chunks)])
         self._save_state(conn, rel, _FileState(st.st_size, st.st_mtime_ns, 0, "", ""))
 
     def _sync_history(
@@ -918,10 +792,13 @@ class MemoryIndex:
         the last complete line (a torn last line waits for its newline)."""
         offset, batch, bad = start, [], 0
         next_id = _next_id(conn, 1, MEMORY_ID_BASE - 1)
-        insert = (
-            "INSERT INTO doc(id, file, anchor, ts, session, body, digest)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)"
-        )
+        insert = "INSERT INTO doc(id, file, anchor, ts, session, body) VALUES (?, ?, ?, ?, ?, ?)"
+
+        def flush() -> None:
+            conn.executemany(insert, batch)
+            vector_store.insert_pieces(conn, [(row[0], row[5]) for row in batch])
+            batch.clear()
+
         for line, size in read_lines(fh.fileno(), rel, start):
             if line is not None and not line.endswith(b"\n"):
                 break
@@ -933,13 +810,11 @@ class MemoryIndex:
                 bad += line is None or bool(line.strip())
                 continue
             ts = normalize_timestamp(entry.timestamp)
-            body = entry.content
-            batch.append((next_id, rel, entry.cursor, ts, entry.session, body, text_digest(body)))
+            batch.append((next_id, rel, entry.cursor, ts, entry.session, entry.content))
             next_id += 1
             if len(batch) >= INSERT_BATCH:
-                conn.executemany(insert, batch)
-                batch.clear()
-        conn.executemany(insert, batch)
+                flush()
+        flush()
         if bad:
             log.warning("memory index: %s has %d unreadable line(s); not searchable", rel, bad)
         return offset

@@ -1,15 +1,14 @@
 """Vector arithmetic of hybrid memory search: nearest neighbours and rank fusion (pure).
 
-The vectors are float32 unit rows stored as blobs in the search index's own SQLite file and
-compared by brute force, a chunk of rows at a time (a matrix product): sqlite-vec, the usual
-extension for this, cannot be loaded by a Python whose sqlite3 module was built without
-``enable_load_extension`` (Debian's and python.org's builds for example), and at the sizes of
-one person's memory (a hundred thousand entries) a full scan is tens of milliseconds.
+The vectors are float32 unit rows compared by brute force, a chunk of rows at a time (a
+matrix product). sqlite-vec, the usual SQLite extension for this, cannot be loaded by a Python
+whose sqlite3 module was built without ``enable_load_extension`` (Debian's, and the one memobot
+is developed on); at the sizes of one person's memory a full scan is tens of milliseconds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -21,32 +20,40 @@ def to_blob(vector: np.ndarray) -> bytes:
     return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
 
 
+def from_rows(
+    rows: Iterable[Sequence[tuple[int, bytes | None]]], dim: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(ids, float32 matrix) of lists of (id, blob) rows; a blob that is not ``dim`` float32
+    numbers (a refused text's NULL, another model's) is left out, never read as a vector."""
+    width = dim * 4
+    for chunk in rows:
+        blob = b"".join(row[1] or b"" for row in chunk)
+        if len(blob) != width * len(chunk):  # rare: only the rows of the right size
+            chunk = [row for row in chunk if row[1] is not None and len(row[1]) == width]
+            blob = b"".join(row[1] for row in chunk)  # type: ignore[misc]
+        if chunk:
+            ids = np.fromiter((row[0] for row in chunk), dtype=np.int64, count=len(chunk))
+            yield ids, np.frombuffer(blob, dtype=np.float32).reshape(len(chunk), dim)
+
+
 def nearest(
-    chunks: Iterable[Sequence[tuple[int, bytes]]], query: np.ndarray, k: int, floor: float
+    chunks: Iterable[tuple[np.ndarray, np.ndarray]], query: np.ndarray, k: int, floor: float
 ) -> list[tuple[int, float]]:
     """The ``k`` (id, cosine) pairs of the rows nearest ``query`` (a unit vector), best first,
-    leaving out those under ``floor``. ``chunks``: lists of (id, unit vector blob); a blob of
-    another dimension than the query's is skipped (never read as a wrong vector)."""
-    dim = query.shape[0]
-    width = dim * 4
+    leaving out those under ``floor``. ``chunks``: (ids, matrix of unit rows) pairs; a float16
+    matrix is widened a chunk at a time."""
     best_ids = np.empty(0, dtype=np.int64)
     best = np.empty(0, dtype=np.float32)
-    for rows in chunks:
-        blob = b"".join(row[1] or b"" for row in rows)
-        if len(blob) != width * len(rows):  # rare: a row of another size; only the rest
-            rows = [row for row in rows if row[1] is not None and len(row[1]) == width]
-            blob = b"".join(row[1] for row in rows)
-        if not rows:
-            continue
-        ids = np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
-        matrix = np.frombuffer(blob, dtype=np.float32)
-        sims = matrix.reshape(len(rows), dim) @ query
-        keep = sims >= floor
-        best_ids = np.concatenate([best_ids, ids[keep]])
-        best = np.concatenate([best, sims[keep]])
-        if best.shape[0] > k:
-            top = np.argpartition(-best, k)[:k]
-            best_ids, best = best_ids[top], best[top]
+    for ids, matrix in chunks:
+        for start in range(0, len(ids), CHUNK_ROWS):
+            part = matrix[start : start + CHUNK_ROWS].astype(np.float32, copy=False)
+            sims = part @ query
+            keep = sims >= floor
+            best_ids = np.concatenate([best_ids, ids[start : start + CHUNK_ROWS][keep]])
+            best = np.concatenate([best, sims[keep]])
+            if best.shape[0] > k:
+                top = np.argpartition(-best, k)[:k]
+                best_ids, best = best_ids[top], best[top]
     order = np.argsort(-best, kind="stable")[:k]
     return [(int(best_ids[i]), float(best[i])) for i in order]
 

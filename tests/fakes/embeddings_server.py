@@ -2,10 +2,10 @@
 
 The vectors are deterministic and carry a toy notion of meaning: every word is mapped to a
 concept through a synonym table (``SYNONYMS``: "automobile", "car" and "vehicle" are one
-concept), a few stop words are dropped, and the text's vector counts its concepts, each hashed
-to one of ``dim`` dimensions, then normalised. Texts that say the same with the table's
-synonyms are therefore near each other, texts with no concept in common are (nearly)
-orthogonal. This is a stand-in for a real model, honest about being one: it knows only the
+concept), a few stop words are dropped, and the text's vector has a 1 for each concept it holds
+(however often), hashed to one of ``dim`` dimensions, then normalised. Texts that say the same
+with the table's synonyms are therefore near each other, texts with no concept in common are
+(nearly) orthogonal. This is a stand-in for a real model, honest about being one: it knows only the
 synonyms it is given.
 
     async with FakeEmbeddings() as fake:   # fake.base_url ends in /v1
@@ -63,10 +63,8 @@ def concept_table(groups: Iterable[Iterable[str]]) -> dict[str, str]:
 def embed_text(text: str, table: dict[str, str], dim: int) -> list[float]:
     """The deterministic vector of ``text`` (see the module's docstring)."""
     vector = [0.0] * dim
-    for word in _WORD.findall(text.lower()):
-        if word in STOP_WORDS:
-            continue
-        concept = table.get(word, word)
+    concepts = {table.get(word, word) for word in _WORD.findall(text.lower())} - STOP_WORDS
+    for concept in sorted(concepts):
         slot = int.from_bytes(hashlib.blake2b(concept.encode(), digest_size=8).digest(), "big")
         vector[slot % dim] += 1.0
     norm = math.sqrt(sum(x * x for x in vector))

@@ -264,7 +264,8 @@ def conversation(
         fact = fact_turns.get(i)
         person = fact.person if fact else rng.choice(list(PEOPLE))
         key = GROUP if rng.random() < 0.2 else PEOPLE[person]
-        text = (f"by the way, {fact.said}" if fact else small_talk(rng)).capitalize()
+        text = f"By the way, {fact.said}" if fact else small_talk(rng)
+        text = text[0].upper() + text[1:]
         out.append((key, person, text, start + step * i))
     return out
 

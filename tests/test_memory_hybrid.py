@@ -387,6 +387,11 @@ def test_fusion_ranks_by_both_and_names_the_kind():
     }
 
 
+def test_a_partial_words_ranking_counts_half():
+    assert [doc for doc, _, _ in fuse([1, 2], [2, 3])] == [2, 1, 3]
+    assert [doc for doc, _, _ in fuse([1, 2], [3, 2], words_weight=0.5)] == [2, 3, 1]
+
+
 def test_parse_embeddings_orders_by_index_and_normalises():
     rows = parse_embeddings(
         {"data": [{"index": 1, "embedding": [0, 2]}, {"index": 0, "embedding": [3, 4]}]}, 2

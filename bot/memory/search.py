@@ -62,6 +62,9 @@ SNIPPET_TOKENS = 24
 MAX_LIMIT = 100
 # Each ranking of a hybrid search offers this many candidates (at least 3 x the hits asked).
 HYBRID_CANDIDATES = 50
+# In the fusion, a words ranking of entries holding only some of the words (no entry holds them
+# all: "where is Dmitri travelling" matches every entry naming Dmitri) counts half.
+PARTIAL_WORDS_WEIGHT = 0.5
 INSERT_BATCH = 2000
 # A query matching more rows than this ranks only the newest this many, which keeps a search
 # under ~20 ms however large the archive grows; such a word carries almost no weight in BM25.
@@ -455,9 +458,11 @@ class MemoryIndex:
         def run(conn: sqlite3.Connection) -> tuple[list[SearchHit], str]:
             self._sync(conn)
             words: list[tuple[int, SearchHit]] = []
+            weight = 1.0
             for expression in expressions:
                 words = self._query(conn, expression, candidates, lo, hi, session)
                 if words:
+                    weight = PARTIAL_WORDS_WEIGHT if " OR " in expression else 1.0
                     break
             meta = vector_store.meta(conn)
             problem = ""
@@ -474,7 +479,8 @@ class MemoryIndex:
             else:
                 near = self._vectors.nearest(conn, vector, candidates, floor)
             by_id = dict(words)
-            fused = vectors.fuse(list(by_id), [doc for doc, _ in near])[:limit]
+            meaning = [doc for doc, _ in near]
+            fused = vectors.fuse(list(by_id), meaning, words_weight=weight)[:limit]
             pieces = dict(near)
             missing = {doc: pieces[doc] for doc, _, _ in fused if doc not in by_id}
             by_id |= self._piece_hits(conn, missing)

@@ -59,16 +59,16 @@ def nearest(
 
 
 def fuse(
-    words: Sequence[int], meaning: Sequence[int], k: int = RRF_K
+    words: Sequence[int], meaning: Sequence[int], k: int = RRF_K, words_weight: float = 1.0
 ) -> list[tuple[int, float, str]]:
     """Reciprocal rank fusion of two rankings of ids, best first: (id, score, kind) where kind
-    says which rankings hold the id, "words", "meaning" or "both". Ties keep the words
-    ranking's order first."""
+    says which rankings hold the id, "words", "meaning" or "both"; the words ranking's share
+    multiplied by ``words_weight``. Ties keep the words ranking's order first."""
     scores: dict[int, float] = {}
     kinds: dict[int, str] = {}
-    for name, ranking in (("words", words), ("meaning", meaning)):
+    for name, ranking, weight in (("words", words, words_weight), ("meaning", meaning, 1.0)):
         for rank, doc in enumerate(ranking, start=1):
-            scores[doc] = scores.get(doc, 0.0) + 1.0 / (k + rank)
+            scores[doc] = scores.get(doc, 0.0) + weight / (k + rank)
             kinds[doc] = "both" if doc in kinds and kinds[doc] != name else name
     order = sorted(scores, key=lambda doc: -scores[doc])  # sorted() is stable
     return [(doc, scores[doc], kinds[doc]) for doc in order]

@@ -488,6 +488,10 @@ class MemoryIndex:
 
         return self._with_connection(run)
 
+    def refresh(self) -> None:
+        """Bring the index up to date with the files (a no-op when nothing changed)."""
+        self._with_connection(self._sync)
+
     # -- vectors (memory.embeddings; bot.memory.vector_store)
 
     def pending_texts(self, model: str, limit: int) -> list[tuple[bytes, str]]:

@@ -145,6 +145,10 @@ async def test_with_the_endpoint_down_words_come_back_with_one_note(tmp_path, ws
         assert second.startswith("No matches for 'car'.\n(Matched by words only")
         # The second search did not wait for the endpoint: its outage is known.
         assert len(fake.requests) == asked + 1
+        # After the back-off the endpoint is asked again: still down, not logged again.
+        emb.backoff.now.t += 3600  # type: ignore[attr-defined]
+        third = await tool_search(emb, ws, tmp_path / "state", "ferry")
+        assert "Matched by words only" in third and len(fake.requests) == asked + 2
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1 and "by words only" in warnings[0].getMessage()
         assert KEY not in caplog.text
@@ -155,6 +159,32 @@ async def test_with_the_endpoint_down_words_come_back_with_one_note(tmp_path, ws
         assert "match: meaning" in back and "Matched by words only" not in back
         assert fake.requests[-1]["model"] == "toy-embed"
     finally:
+        await emb.close()
+
+
+async def test_the_background_task_embeds_everything_then_waits(tmp_path, ws, fake):
+    emb = make(tmp_path, fake)
+    stored = asyncio.Event()
+    store = emb.index.store_vectors
+
+    def store_and_tell(*args: object) -> None:
+        store(*args)  # type: ignore[arg-type]
+        stored.set()
+
+    emb.index.store_vectors = store_and_tell  # type: ignore[method-assign]
+    task = asyncio.create_task(emb.run())
+    try:
+        while emb.index.vector_counts(emb.model) != (3, 3):
+            await asyncio.wait_for(stored.wait(), 10)
+            stored.clear()
+        assert len(fake.requests) == 2  # batches of two
+        add_entries(ws, "Lena adopted a dog.", first=4)
+        emb.wake()  # as after an archive write: no wait for the next minute
+        await asyncio.wait_for(stored.wait(), 10)
+        assert fake.inputs[-1] == "Lena adopted a dog."
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         await emb.close()
 
 

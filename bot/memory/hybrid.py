@@ -133,6 +133,7 @@ class Embeddings:
         from bot.memory.embeddings import EmbeddingError
 
         while True:
+            self._wake.clear()  # here, not before the wait: a wake() during the step counts
             embedded = 0
             if self.backoff.ready():
                 try:
@@ -145,7 +146,6 @@ class Embeddings:
             if embedded:
                 continue
             wait = self.backoff.wait_left() or IDLE_SECONDS
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._wake.wait()

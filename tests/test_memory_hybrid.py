@@ -385,6 +385,34 @@ async def test_a_chat_searching_its_own_history_gets_no_other_chats_meaning(tmp_
         await emb.close()
 
 
+async def test_the_panel_search_is_the_same_hybrid_search(tmp_path, fake):
+    from bot.config import load_config
+    from tests.helpers import write_config
+    from tests.helpers.web import browsing, panel_section
+
+    emb = {"enabled": True, "baseUrl": fake.base_url, "model": "toy-embed"}
+    path = write_config(
+        tmp_path, "http://127.0.0.1:9/v1", web=panel_section(), memory={"embeddings": emb}
+    )
+    cfg, _ = load_config(path)
+    add_entries(cfg.agent.workspace_path, "Sam bought a second-hand automobile from Lena.")
+    async with browsing(cfg, path) as b:
+        await b.login()
+        # memobot web alone: the search embeds its query; nothing is embedded yet.
+        _, page, _ = await b.get("/memory/search?q=automobile")
+        assert "memory/history.jsonl#1" in page
+        assert "Matched by words only: the meaning index is not built yet" in page
+        own = Embeddings.from_config(
+            cfg, MemoryIndex(cfg.agent.workspace_path, cfg.agent.state_path)
+        )
+        assert own is not None
+        await embed_all(own)
+        await own.close()
+        _, page, _ = await b.get("/memory/search?q=car")
+        assert "memory/history.jsonl#1" in page and "match: meaning" in page
+        assert "Matched by words only" not in page
+
+
 def test_embeddings_off_by_default_and_llm_endpoint_when_asked(tmp_path):
     from bot.memory.embeddings import endpoint_from_config
 

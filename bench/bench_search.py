@@ -178,7 +178,7 @@ def append_entries(workspace: Path, after: int, count: int) -> None:
 
 def embed_everything(index: MemoryIndex, model: str, dim: int) -> int:
     """Vectors for every text of the index, in batches as the gateway's indexer stores them."""
-    import numpy as np
+    from bot.memory.numeric import np
 
     from tests.fakes.embeddings_server import SYNONYMS, concept_table, embed_text
 
@@ -194,7 +194,7 @@ def embed_everything(index: MemoryIndex, model: str, dim: int) -> int:
 def hybrid_searches(
     index: MemoryIndex, searches: list[tuple[str, dict]], model: str, dim: int
 ) -> None:
-    import numpy as np
+    from bot.memory.numeric import np
 
     from tests.fakes.embeddings_server import SYNONYMS, concept_table, embed_text
 

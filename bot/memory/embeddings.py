@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import numpy as np
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -30,6 +29,7 @@ from tenacity import (
     wait_random,
 )
 
+from bot.memory.numeric import np
 from bot.proxy import environment_proxy
 from bot.urls import endpoint_access
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-import numpy as np
+from bot.memory.numeric import np
 
 CHUNK_ROWS = 8192  # rows multiplied at once: bounds the memory of a search
 RRF_K = 60  # the usual constant of reciprocal rank fusion (Cormack et al., 2009)
@@ -20,10 +20,11 @@ def to_blob(vector: np.ndarray) -> bytes:
     return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
 
 
-def from_rows(
-    rows: Iterable[Sequence[tuple[int, bytes | None]]], dim: int
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(ids, float32 matrix) of lists of (id, blob) rows; a blob that is not ``dim`` float32
+Chunk = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # ids, rows, each row's scale
+
+
+def from_rows(rows: Iterable[Sequence[tuple[int, bytes | None]]], dim: int) -> Iterator[Chunk]:
+    """(ids, float32 matrix, None) of lists of (id, blob) rows; a blob that is not ``dim`` float32
     numbers (a refused text's NULL, another model's) is left out, never read as a vector."""
     width = dim * 4
     for chunk in rows:
@@ -33,21 +34,33 @@ def from_rows(
             blob = b"".join(row[1] for row in chunk)  # type: ignore[misc]
         if chunk:
             ids = np.fromiter((row[0] for row in chunk), dtype=np.int64, count=len(chunk))
-            yield ids, np.frombuffer(blob, dtype=np.float32).reshape(len(chunk), dim)
+            yield ids, np.frombuffer(blob, dtype=np.float32).reshape(len(chunk), dim), None
+
+
+def quantized(ids: np.ndarray, matrix: np.ndarray) -> Chunk:
+    """Rows as int8 with a scale each (a quarter of float32's memory; widening int8 to float32
+    for the product is as fast as float32 itself, float16's is ten times slower). The
+    cosine it gives is off by at most ~1 %, enough to choose the candidates."""
+    scale = np.abs(matrix).max(axis=1) / 127.0
+    scale[scale == 0] = 1.0
+    rows = np.round(matrix / scale[:, None]).astype(np.int8)
+    return ids, rows, scale.astype(np.float32)
 
 
 def nearest(
-    chunks: Iterable[tuple[np.ndarray, np.ndarray]], query: np.ndarray, k: int, floor: float
+    chunks: Iterable[Chunk], query: np.ndarray, k: int, floor: float
 ) -> list[tuple[int, float]]:
     """The ``k`` (id, cosine) pairs of the rows nearest ``query`` (a unit vector), best first,
-    leaving out those under ``floor``. ``chunks``: (ids, matrix of unit rows) pairs; a float16
-    matrix is widened a chunk at a time."""
+    leaving out those under ``floor``. ``chunks``: (ids, unit rows, None) or quantized ones
+    (:func:`quantized`), widened a chunk at a time."""
     best_ids = np.empty(0, dtype=np.int64)
     best = np.empty(0, dtype=np.float32)
-    for ids, matrix in chunks:
+    for ids, matrix, scale in chunks:
         for start in range(0, len(ids), CHUNK_ROWS):
             part = matrix[start : start + CHUNK_ROWS].astype(np.float32, copy=False)
             sims = part @ query
+            if scale is not None:
+                sims *= scale[start : start + CHUNK_ROWS]
             keep = sims >= floor
             best_ids = np.concatenate([best_ids, ids[start : start + CHUNK_ROWS][keep]])
             best = np.concatenate([best, sims[keep]])

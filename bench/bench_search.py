@@ -179,7 +179,6 @@ def append_entries(workspace: Path, after: int, count: int) -> None:
 def embed_everything(index: MemoryIndex, model: str, dim: int) -> int:
     """Vectors for every text of the index, in batches as the gateway's indexer stores them."""
     from bot.memory.numeric import np
-
     from tests.fakes.embeddings_server import SYNONYMS, concept_table, embed_text
 
     table = concept_table(SYNONYMS)
@@ -195,7 +194,6 @@ def hybrid_searches(
     index: MemoryIndex, searches: list[tuple[str, dict]], model: str, dim: int
 ) -> None:
     from bot.memory.numeric import np
-
     from tests.fakes.embeddings_server import SYNONYMS, concept_table, embed_text
 
     table = concept_table(SYNONYMS)

@@ -276,9 +276,8 @@ class VectorCache:
         return list(out.items())[:k]
 
     def _update(self, conn: sqlite3.Connection, dim: int) -> None:
-        from bot.memory.numeric import np
-
         from bot.memory import vectors
+        from bot.memory.numeric import np
 
         info = meta(conn)
         key = (info.get("index_id", ""), info.get("vec_epoch", ""), dim)

@@ -232,7 +232,7 @@ class EmbeddingClient:
                     raise _Transient(f"HTTP {resp.status}", _retry_after(resp.headers))
                 if resp.status != 200:
                     said = (await resp.content.read(2000)).decode("utf-8", "replace")
-                    said = " ".join(said.split())[:300]
+                    said = self._scrub(" ".join(said.split()))[:300]
                     raise EmbeddingRejected(
                         resp.status,
                         f"the embeddings endpoint {self.endpoint.url} refused the request "
@@ -241,6 +241,14 @@ class EmbeddingClient:
                 return await _bounded_body(resp, self.endpoint.url)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _Transient(type(exc).__name__) from None
+
+    def _scrub(self, text: str) -> str:
+        """A server's words without the credentials it was sent (a proxy may echo them)."""
+        for value in self.endpoint.headers.values():
+            for secret in (value, value.partition(" ")[2]):
+                if len(secret) >= 8:
+                    text = text.replace(secret, "[redacted]")
+        return text
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

@@ -100,7 +100,9 @@ class FakeEmbeddings:
         body = await request.json()
         self.requests.append(body)
         if self.fail_with is not None:
-            return web.json_response({"error": {"message": "down"}}, status=self.fail_with)
+            # As some proxies do: the request's credentials echoed in the error.
+            said = f"down (you sent {request.headers.get('Authorization', '')})"
+            return web.json_response({"error": {"message": said}}, status=self.fail_with)
         texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
         if self.refuse_containing and any(self.refuse_containing in t for t in texts):
             return web.json_response({"error": {"message": "input too long"}}, status=400)

@@ -413,6 +413,38 @@ async def test_the_panel_search_is_the_same_hybrid_search(tmp_path, fake):
         assert "Matched by words only" not in page
 
 
+async def test_the_agent_stack_searches_and_embeds_with_one_object(tmp_path, fake):
+    from types import SimpleNamespace
+
+    from bot.app import build_agent
+    from bot.config import load_config
+    from tests.helpers import write_config
+    from tests.helpers.web import browsing, panel_section
+
+    emb = {"enabled": True, "baseUrl": fake.base_url, "model": "toy-embed"}
+    path = write_config(
+        tmp_path, "http://127.0.0.1:9/v1", web=panel_section(), memory={"embeddings": emb}
+    )
+    cfg, _ = load_config(path)
+    stack = build_agent(cfg, path)
+    try:
+        assert stack.embeddings is not None  # the gateway runs its run() as a task
+        tool = stack.loop.turns.tools.get("memory_search")
+        assert tool is not None and tool.embeddings is stack.embeddings  # type: ignore[attr-defined]
+        assert "same meaning in other words" in tool.schema()["function"]["description"]
+        add_entries(cfg.agent.workspace_path, "Sam bought a second-hand automobile from Lena.")
+        await embed_all(stack.embeddings)
+        async with browsing(cfg, path, gateway=SimpleNamespace(stack=stack)) as b:
+            await b.login()
+            _, page, _ = await b.get("/memory/search?q=car")
+            assert "memory/history.jsonl#1" in page and "match: meaning" in page
+        inputs = len(fake.inputs)
+        await stack.embeddings.search("car")
+        assert len(fake.inputs) == inputs + 1  # the query only: the panel used the same vectors
+    finally:
+        await stack.close()
+
+
 def test_embeddings_off_by_default_and_llm_endpoint_when_asked(tmp_path):
     from bot.memory.embeddings import endpoint_from_config
 

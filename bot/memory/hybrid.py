@@ -61,6 +61,7 @@ class Embeddings:
         self.model = client.endpoint.identity
         self.backoff = Backoff(after=1, first=FIRST_WAIT_SECONDS, cap=MAX_WAIT_SECONDS, now=now)
         self.problem = ""  # why the endpoint is failing now; "" while it answers
+        self.store_problem = ""  # why vectors cannot be stored now
         self._wake = asyncio.Event()
 
     @classmethod
@@ -140,9 +141,12 @@ class Embeddings:
                     embedded = await self.step()
                 except EmbeddingError as exc:
                     self._failed(exc)
-                except (OSError, ValueError) as exc:  # the index (disk, dimension): say, go on
-                    log.warning("memory embeddings: cannot store vectors: %s", exc)
-                    self.backoff.failed()
+                except (OSError, ValueError) as exc:
+                    # The index (a full disk, vectors changing dimension under one model
+                    # name): said once; tried again after IDLE_SECONDS. Searches go on.
+                    if str(exc) != self.store_problem:
+                        log.warning("memory embeddings: cannot store vectors: %s", exc)
+                    self.store_problem = str(exc)
             if embedded:
                 continue
             wait = self.backoff.wait_left() or IDLE_SECONDS
@@ -181,6 +185,7 @@ class Embeddings:
             return 1
         await asyncio.to_thread(self.index.store_vectors, self.model, digests, matrix)
         self._recovered()
+        self.store_problem = ""
         return len(batch)
 
     async def _embed_one(self, digest: bytes, text: str) -> None:

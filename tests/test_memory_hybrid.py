@@ -126,7 +126,8 @@ async def test_the_cli_searches_by_meaning_too(tmp_path, ws, fake, capsys):
         query=["ferry"], limit=10, since=None, until=None)) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "memory/history.jsonl#3" in out
-    assert "(Matched by words only: the embeddings endpoint failed (" in out
+    assert "(Matched by words only: the embeddings endpoint http://127.0.0.1:" in out
+    assert "failed (HTTP 503) after 1 tries.)" in out
 
 
 async def test_with_the_endpoint_down_words_come_back_with_one_note(tmp_path, ws, fake, caplog):

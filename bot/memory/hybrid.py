@@ -206,7 +206,7 @@ class Embeddings:
             log.warning(
                 "memory embeddings: %s; memory search is by words only until it answers", exc
             )
-        self.problem = f"the embeddings endpoint failed ({_short(exc)})"
+        self.problem = _short(exc)  # "the embeddings endpoint URL failed (HTTP 503) ..."
 
     def _recovered(self) -> None:
         if self.problem:

@@ -2,8 +2,9 @@
 
 The vectors are float32 unit rows compared by brute force, a chunk of rows at a time (a
 matrix product). sqlite-vec, the usual SQLite extension for this, cannot be loaded by a Python
-whose sqlite3 module was built without ``enable_load_extension`` (Debian's, and the one memobot
-is developed on); at the sizes of one person's memory a full scan is tens of milliseconds.
+whose sqlite3 module was built without ``enable_load_extension`` (the one memobot is developed
+and tested on, like any built from source without --enable-loadable-sqlite-extensions); at the
+sizes of one person's memory a full scan is tens of milliseconds (docs/memory.md).
 """
 
 from __future__ import annotations

@@ -173,12 +173,22 @@ async def test_the_background_task_embeds_everything_then_waits(tmp_path, ws, fa
         stored.set()
 
     emb.index.store_vectors = store_and_tell  # type: ignore[method-assign]
+    warmed = asyncio.Event()
+    warm = emb.index.warm_vectors
+
+    def warm_and_tell() -> None:
+        warm()
+        warmed.set()
+
+    emb.index.warm_vectors = warm_and_tell  # type: ignore[method-assign]
     task = asyncio.create_task(emb.run())
     try:
         while emb.index.vector_counts(emb.model) != (3, 3):
             await asyncio.wait_for(stored.wait(), 10)
             stored.clear()
         assert len(fake.requests) == 2  # batches of two
+        await asyncio.wait_for(warmed.wait(), 10)  # then loads what searches scan
+        assert emb.index._vectors.upto == 3  # off their path
         add_entries(ws, "Lena adopted a dog.", first=4)
         emb.wake()  # as after an archive write: no wait for the next minute
         await asyncio.wait_for(stored.wait(), 10)

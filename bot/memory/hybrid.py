@@ -169,6 +169,7 @@ class Embeddings:
             removed = await asyncio.to_thread(self.index.drop_unused_vectors)
             if removed:
                 log.debug("memory embeddings: %d unused vector(s) dropped", removed)
+            await asyncio.to_thread(self.index.warm_vectors)
             return 0
         digests = [digest for digest, _ in batch]
         try:

@@ -275,6 +275,13 @@ class VectorCache:
             out.setdefault(doc, digest)
         return list(out.items())[:k]
 
+    def warm(self, conn: sqlite3.Connection) -> None:
+        """Read what is new (all of it the first time) now, not at the next search."""
+        dim = meta(conn).get("embed_dim")
+        if dim is not None:
+            with self.lock:
+                self._update(conn, int(dim))
+
     def _update(self, conn: sqlite3.Connection, dim: int) -> None:
         from bot.memory import vectors
         from bot.memory.numeric import np

@@ -145,6 +145,14 @@ def parse_embeddings(payload: Any, count: int) -> np.ndarray:
     return (matrix / norms[:, None]).astype(np.float32)
 
 
+def _decode(raw: bytes, count: int) -> np.ndarray:
+    try:
+        payload = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise BadEmbeddingAnswer("the answer is not JSON") from None
+    return parse_embeddings(payload, count)
+
+
 def _wait(state: RetryCallState) -> float:
     exc = state.outcome.exception() if state.outcome else None
     asked = getattr(exc, "retry_after", None)
@@ -204,13 +212,8 @@ class EmbeddingClient:
                 f"{max(1, attempts)} tries"
             ) from None
         try:
-            payload = await asyncio.to_thread(json.loads, raw)
-        except (ValueError, RecursionError):
-            raise BadEmbeddingAnswer(
-                f"the embeddings endpoint {self.endpoint.url} answered something not JSON"
-            ) from None
-        try:
-            return parse_embeddings(payload, len(texts))
+            # Megabytes of JSON numbers: decoded and checked off the event loop.
+            return await asyncio.to_thread(_decode, raw, len(texts))
         except BadEmbeddingAnswer as exc:
             url = self.endpoint.url
             raise BadEmbeddingAnswer(f"the embeddings endpoint {url}: {exc}") from None

@@ -307,6 +307,9 @@ async def test_an_oversized_answer_is_refused_before_it_is_read(tmp_path, ws, fa
         fake.chunked = True
         with pytest.raises(BadEmbeddingAnswer, match="more than 10000 B"):
             await emb.step()
+        fake.answer, fake.raw_answer = None, b'{"data": [nope'
+        with pytest.raises(BadEmbeddingAnswer, match="not JSON"):
+            await emb.step()
     finally:
         await emb.close()
 

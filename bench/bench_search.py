@@ -6,14 +6,24 @@ text), times the first full index build, an incremental sync after 100 appended 
 S searches of several kinds (a rare word from the middle of an entry, common words, two words,
 prefixes, with and without a date range). Target: under 50 ms per search once the index is built.
 
+``--hybrid``: then every entry is also given a vector (``--dim`` dimensions) by the stand-in
+embedding of tests/fakes/embeddings_server.py (a hashed bag of concepts: not a real model, but
+vectors of the real size, stored as the gateway stores them), and the same searches are timed
+as hybrid searches (BM25 and the brute-force nearest neighbours, fused), with the index's size
+before and after the vectors. The query's own vector is computed in-process here; one round
+trip to a local endpoint is timed apart.
+
     .venv/bin/python bench/bench_search.py [--entries 100000] [--searches 200] [--seed 7]
+        [--hybrid [--dim 256]]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -166,11 +176,72 @@ def append_entries(workspace: Path, after: int, count: int) -> None:
             fh.write(json.dumps({**line, "content": make_entry(rng, when)}) + "\n")
 
 
+def embed_everything(index: MemoryIndex, model: str, dim: int) -> int:
+    """Vectors for every text of the index, in batches as the gateway's indexer stores them."""
+    from bot.memory.numeric import np
+    from tests.fakes.embeddings_server import SYNONYMS, concept_table, embed_text
+
+    table = concept_table(SYNONYMS)
+    done = 0
+    while batch := index.pending_texts(model, 5000):
+        matrix = np.asarray([embed_text(text, table, dim) for _, text in batch], np.float32)
+        index.store_vectors(model, [digest for digest, _ in batch], matrix)
+        done += len(batch)
+    return done
+
+
+def hybrid_searches(
+    index: MemoryIndex, searches: list[tuple[str, dict]], model: str, dim: int
+) -> None:
+    from bot.memory.numeric import np
+    from tests.fakes.embeddings_server import SYNONYMS, concept_table, embed_text
+
+    table = concept_table(SYNONYMS)
+    by_kind: dict[str, list[float]] = {}
+    kinds: dict[str, int] = {}
+    for kind, kwargs in searches:
+        vector = np.asarray(embed_text(kwargs["query"], table, dim), np.float32)
+        ms, found = timed(
+            lambda kwargs=kwargs, vector=vector: index.hybrid_search(
+                kwargs["query"], vector, model, 10, kwargs.get("since"), kwargs.get("until")
+            )
+        )
+        hits, problem = found  # type: ignore[misc]
+        assert not problem, problem
+        by_kind.setdefault(kind, []).append(ms)
+        for hit in hits:
+            kinds[hit.kind] = kinds.get(hit.kind, 0) + 1
+    print(f"{len(searches)} hybrid searches (limit 10; hits by kind {kinds}):")
+    for kind, times in by_kind.items():
+        report(kind, times)
+    report("all", [t for times in by_kind.values() for t in times])
+
+
+async def query_round_trip(dim: int, count: int = 50) -> list[float]:
+    """Milliseconds for one query's vector from a local endpoint (the fake), via the client."""
+    from bot.memory.embeddings import EmbeddingClient, EmbeddingEndpoint
+    from tests.fakes.embeddings_server import FakeEmbeddings
+
+    async with FakeEmbeddings(dim=dim) as fake:
+        client = EmbeddingClient(EmbeddingEndpoint(fake.base_url, "bench"))
+        times = []
+        try:
+            for i in range(count):
+                t0 = time.perf_counter()
+                await client.embed([f"what did Alice say about the budget {i}"], attempts=1)
+                times.append((time.perf_counter() - t0) * 1000)
+        finally:
+            await client.close()
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--searches", type=int, default=200)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--hybrid", action="store_true", help="also time hybrid search")
+    parser.add_argument("--dim", type=int, default=256, help="vector dimensions (--hybrid)")
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="memobot-bench-") as tmp:
         workspace, state = Path(tmp) / "ws", Path(tmp) / "state"
@@ -188,7 +259,8 @@ def main() -> None:
 
         by_kind: dict[str, list[float]] = {}
         hits_total = 0
-        for kind, kwargs in queries(entries, opts.searches, opts.seed):
+        searches = queries(entries, opts.searches, opts.seed)
+        for kind, kwargs in searches:
             ms, hits = timed(lambda kwargs=kwargs: index.search(**kwargs))
             by_kind.setdefault(kind, []).append(ms)
             hits_total += len(hits)  # type: ignore[arg-type]
@@ -196,6 +268,23 @@ def main() -> None:
         for kind, times in by_kind.items():
             report(kind, times)
         report("all", [t for times in by_kind.values() for t in times])
+        if not opts.hybrid:
+            return
+        model = f"bench-embed-{opts.dim} @ in-process"
+        before = index.path.stat().st_size
+        ms, count = timed(lambda: embed_everything(index, model, opts.dim))
+        with sqlite3.connect(index.path) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        after = index.path.stat().st_size
+        print(
+            f"vectors: {count} texts x {opts.dim} dims computed and stored in {ms / 1000:.1f} s;"
+            f" index {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB"
+        )
+        ms, _ = timed(index.warm_vectors)
+        print(f"in-memory copy of the vectors loaded in {ms / 1000:.2f} s (the gateway's task)")
+        hybrid_searches(index, searches, model, opts.dim)
+        trips = sorted(asyncio.run(query_round_trip(opts.dim)))
+        print(f"query vector from a local endpoint: median {statistics.median(trips):.2f} ms")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ from bot.loop import AgentLoop, Background
 from bot.memory.consolidate import Consolidator
 from bot.memory.dream import Dream
 from bot.memory.history import HistoryArchive
+from bot.memory.hybrid import Embeddings
 from bot.memory.review import DreamReview
+from bot.memory.search import MemoryIndex
 from bot.outage import Outage
 from bot.provenance import Provenance
 from bot.recovery import Recovery
@@ -69,11 +71,15 @@ class AgentStack:
     mcp: McpManager
     usage: UsageLedger
     budget: Budget
+    # memory.embeddings on: the meaning half of memory search (its indexer a gateway task).
+    embeddings: Embeddings | None = None
 
     async def close(self) -> None:
         try:
             await self.mcp.stop()  # before the gate's temp folder goes
             await self.usage.aclose()
+            if self.embeddings is not None:
+                await self.embeddings.close()
         finally:
             try:
                 # An unclosed aiohttp connector is logged as an error at exit.
@@ -161,8 +167,13 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
     store = SessionStore(cfg.agent.state_path)
     gate = build_gate(cfg, config_path)
     jobs = JobStore(cfg.agent.state_path)
+    embeddings = Embeddings.from_config(cfg, MemoryIndex(workspace, cfg.agent.state_path))
     tools = build_default_tools(
-        cfg.tools, workspace, cfg.agent.state_path, functools.partial(heartbeat.owner_chat, cfg)
+        cfg.tools,
+        workspace,
+        cfg.agent.state_path,
+        owner_chat=functools.partial(heartbeat.owner_chat, cfg),
+        embeddings=embeddings,
     )
     tools.register(CronTool(jobs, cfg.cron, cfg.agent.timezone))
     # Not started here: the caller starts it once its event loop runs (mcp.start()).
@@ -177,7 +188,7 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
         cfg, bus, store, provider, tools, context, gate, jobs, background, outage, mcp, budget
     )
     bus.set_intake(loop.accept)
-    return AgentStack(bus, loop, store, provider, gate, mcp, usage, budget)
+    return AgentStack(bus, loop, store, provider, gate, mcp, usage, budget, embeddings)
 
 
 def build_loop(

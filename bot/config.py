@@ -497,6 +497,27 @@ class DreamConfig(_Model):
     max_entries: int = Field(200, ge=1, description="history entries digested per run")
 
 
+class EmbeddingsConfig(_Model):
+    """``memory.embeddings``: an OpenAI-compatible ``/v1/embeddings`` endpoint for meaning-based
+    (hybrid) memory search. Off by default: every archive entry and memory paragraph goes to
+    that server."""
+
+    enabled: StrictBool = False
+    # "": llm's own endpoint (llm.baseUrl or OPENAI_BASE_URL, with llm's key).
+    base_url: str = ""
+    api_key: str = ""  # "": none sent (a local server), or llm's key when baseUrl is ""
+    model: str = "text-embedding-3-small"
+    batch_size: int = Field(64, ge=1, le=256, description="texts per request")
+    timeout_seconds: float = Field(30.0, gt=0, le=600)
+    # A search waits this long at most for its own query's vector, then is by words only.
+    query_timeout_seconds: float = Field(5.0, gt=0, le=60)
+    # Cosine similarity below which a nearest neighbour is no match by meaning.
+    min_similarity: float = Field(0.3, ge=-1, le=1)
+
+    _api_key = field_validator("api_key")(_header_safe_key)
+    _base_url = field_validator("base_url")(lambda v: v and without_trailing_slash(checked_url(v)))
+
+
 class MemoryConfig(_Model):
     consolidate_at_tokens: int = Field(24000, ge=500)
     consolidate_at_messages: int = Field(120, ge=4)
@@ -518,6 +539,7 @@ class MemoryConfig(_Model):
     # Dream's edits wait for an admin's Allow (a question with buttons, the panel) before
     # anything is written (bot.memory.review).
     dream_review: StrictBool = False
+    embeddings: EmbeddingsConfig = EmbeddingsConfig()
     # A name in llm.models for consolidation and Dream (a cheaper model); "": llm's own.
     model: str = ""
 

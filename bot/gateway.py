@@ -231,6 +231,11 @@ class Gateway:
         )
         status_task = asyncio.create_task(self._write_status_forever(), name="status")
         heap_task = asyncio.create_task(_release_free_memory_forever(), name="heap-trim")
+        # memory.embeddings: the archive embedded in the background, never on a turn's path.
+        embed = self.stack.embeddings
+        embed_task = asyncio.create_task(
+            embed.run() if embed else asyncio.sleep(0), name="memory-embeddings"
+        )
         pairing_task = asyncio.create_task(
             announce_approvals(
                 stores(self.cfg.agent.state_path, [c.name for c in self.platforms]),
@@ -251,6 +256,7 @@ class Gateway:
             await self.stack.loop.shutdown(self.cfg.gateway.drain_seconds)
             await self.manager.flush(10)
             tasks = (loop_task, status_task, watchdog_task, warm, pairing_task, heap_task)
+            tasks += (embed_task,)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -54,7 +54,9 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     )
     revert.add_argument("rev", help="commit id (or a unique prefix)")
     search = msub.add_parser(
-        "search", parents=[common], help="full-text search over history and memory files"
+        "search",
+        parents=[common],
+        help="search history and memory files (by words; by meaning too with memory.embeddings)",
     )
     search.add_argument("query", nargs="+")
     search.add_argument("--since", type=_day, help=f"only history from this day on: {DAY_FORMS}")

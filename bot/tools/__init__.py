@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bot.config import ToolsConfig
+from bot.memory.hybrid import Embeddings
 from bot.memory.search import MemoryIndex
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry
 from bot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
@@ -60,11 +61,13 @@ def build_default_tools(
     workspace: Path | None = None,
     state_dir: Path | None = None,
     owner_chat: Callable[[str], bool] | None = None,
+    embeddings: Embeddings | None = None,
 ) -> ToolRegistry:
     """The registry every turn uses: file tools, exec, web_fetch and web_search when enabled,
     message, and memory_search when both the workspace and the state folder (for its index)
     are given (``owner_chat``: which chats are the owner's, whose history a chat that shares
-    the owner's memory may search; None: none is).
+    the owner's memory may search; None: none is; searching by meaning too with
+    ``embeddings``, whose index is the same one).
 
     ``restrict_to_workspace`` is not read here: it travels per turn in ``ToolContext``.
     """
@@ -77,5 +80,6 @@ def build_default_tools(
                 registry.register(tool)
     registry.register(MessageTool())
     if workspace is not None and state_dir is not None:
-        registry.register(MemorySearchTool(MemoryIndex(workspace, state_dir), owner_chat))
+        index = embeddings.index if embeddings is not None else MemoryIndex(workspace, state_dir)
+        registry.register(MemorySearchTool(index, embeddings, owner_chat))
     return registry

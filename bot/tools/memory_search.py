@@ -1,12 +1,13 @@
-"""The ``memory_search`` tool: full-text search over the history archive and the memory files."""
+"""The ``memory_search`` tool: search over the history archive and the memory files, by words
+(BM25) and, with ``memory.embeddings`` on, by meaning too (bot.memory.hybrid)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from datetime import date
 from typing import Any, ClassVar
 
+from bot.memory.hybrid import Embeddings, memory_search
 from bot.memory.search import MAX_LIMIT, MemoryIndex, SearchUnavailable, format_hits
 from bot.tools.base import Effects, Tool, ToolContext, ToolError
 
@@ -57,11 +58,23 @@ class MemorySearchTool(Tool):
         "required": ["query"],
     }
 
-    def __init__(self, index: MemoryIndex, owner_chat: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self,
+        index: MemoryIndex,
+        embeddings: Embeddings | None = None,
+        owner_chat: Callable[[str], bool] | None = None,
+    ) -> None:
         """``owner_chat``: whether a chat is the owner's own (bot.cron.heartbeat.owner_chat);
         None: no chat is, so a chat sharing the owner's memory searches its files only."""
         self.index = index
+        self.embeddings = embeddings
         self.owner_chat = owner_chat
+
+    def schema(self) -> dict[str, Any]:
+        schema = super().schema()
+        if self.embeddings is not None:  # the model is told what kind of search it has
+            schema["function"]["description"] += _BY_MEANING
+        return schema
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         query = str(args["query"]).strip()
@@ -84,18 +97,25 @@ class MemorySearchTool(Tool):
         shared = only is None and not ctx.scope.is_owner
         wanted = min(limit, MAX_HITS)
         try:
-            # SQLite and file reads block: keep them off the event loop.
-            hits = await asyncio.to_thread(
-                self.index.search, query, MAX_LIMIT if shared else wanted, since, until, only
+            found = await memory_search(
+                self.index,
+                self.embeddings,
+                query,
+                MAX_LIMIT if shared else wanted,
+                since,
+                until,
+                only,
             )
         except SearchUnavailable as exc:
             raise ToolError(str(exc)) from None
+        hits = found.hits
         if shared:
             hits = [h for h in hits if self._shared(h.session, ctx.scope.session_key)][:wanted]
+        note = f"\n({found.note})" if found.note else ""
         if not hits:
             span = _describe_span(since, until)
-            return f"No matches for {query!r}{span}."
-        return format_hits(hits)
+            return f"No matches for {query!r}{span}.{note}"
+        return format_hits(hits) + note
 
     def _shared(self, session: str | None, own: str) -> bool:
         """Whether a hit of ``session`` (None: a memory file) is the owner's to share, or
@@ -105,6 +125,12 @@ class MemorySearchTool(Tool):
         if session is None or session in UNATTRIBUTED or session == own:
             return True
         return self.owner_chat is not None and self.owner_chat(session)
+
+
+_BY_MEANING = (
+    " Entries with the same meaning in other words are found too; each hit says whether it "
+    "matched by words, meaning or both."
+)
 
 
 def _describe_span(since: date | None, until: date | None) -> str:

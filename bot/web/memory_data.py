@@ -9,12 +9,16 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bot.config import Config
 from bot.memory.editing import EditError, read_current
 from bot.memory.history import HistoryEntry
 from bot.memory.search import SearchHit
 from bot.memory.versioning import CommitInfo, MemoryRepo
+
+if TYPE_CHECKING:
+    from bot.memory.hybrid import Embeddings
 
 LOG_PAGE = 30  # commits per page of the log
 MAX_DIFF_CHARS = 20_000  # of one commit's diff on a page; `memobot memory diff` shows all
@@ -136,12 +140,16 @@ class Found:
     hits: tuple[SearchHit, ...] = ()
     problem: str = ""
     searched: bool = False
+    note: str = ""  # why a hybrid search matched by words only
 
 
-def run_search(cfg: Config, asked: Found) -> Found:
+async def run_search(cfg: Config, asked: Found, embeddings: Embeddings | None = None) -> Found:
     """What ``memobot memory search`` and the ``memory_search`` tool find (the owner's
-    scope: every chat's history and the memory files)."""
+    scope: every chat's history and the memory files), by meaning too when
+    ``memory.embeddings`` is on: ``embeddings`` the running gateway's, else made for this
+    search."""
     from bot.memory.commands import parse_day
+    from bot.memory.hybrid import Embeddings, memory_search
     from bot.memory.search import MemoryIndex, SearchUnavailable
 
     try:
@@ -151,9 +159,19 @@ def run_search(cfg: Config, asked: Found) -> Found:
         return Found(asked.query, asked.since, asked.until, problem=f"A day is wrong: {exc}")
     if since and until and since > until:
         return Found(asked.query, asked.since, asked.until, problem="“since” is after “until”.")
-    index = MemoryIndex(cfg.agent.workspace_path, cfg.agent.state_path)
+    own = None
+    if embeddings is None:
+        index = MemoryIndex(cfg.agent.workspace_path, cfg.agent.state_path)
+        embeddings = own = Embeddings.from_config(cfg, index)
+    else:
+        index = embeddings.index
     try:
-        hits = index.search(asked.query, limit=SEARCH_HITS, since=since, until=until)
+        result = await memory_search(index, embeddings, asked.query, SEARCH_HITS, since, until)
     except SearchUnavailable as exc:
         return Found(asked.query, asked.since, asked.until, problem=str(exc))
-    return Found(asked.query, asked.since, asked.until, tuple(hits), searched=True)
+    finally:
+        if own is not None:
+            await own.close()
+    return Found(
+        asked.query, asked.since, asked.until, result.hits, searched=True, note=result.note
+    )

@@ -367,6 +367,8 @@ def _hit(hit: SearchHit) -> Html:
         tags += [" · ", moment.date().isoformat()]
     if hit.session:
         tags += [" · ", hit.session]
+    if hit.kind:
+        tags += [" · ", f"match: {hit.kind}"]
     return tag("li", join([tag("p", join(tags), class_="muted"), tag("p", hit.snippet)]))
 
 
@@ -392,6 +394,8 @@ def search_page(found: Found, frame: Frame) -> Html:
         class_="search",
     )
     parts: list[Html] = [subnav("/memory/search"), form]
+    if found.note:
+        parts.append(tag("p", found.note, class_="muted"))
     if found.problem:
         parts.append(tag("p", found.problem, class_="banner", role="alert"))
     elif found.searched and not found.hits:

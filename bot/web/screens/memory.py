@@ -205,7 +205,9 @@ def routes(panel: Panel) -> list[web.RouteDef]:
         since_text, until_text = request.query.get("since", ""), request.query.get("until", "")
         found = Found(query, since_text, until_text)
         if query:
-            found = await asyncio.to_thread(run_search, cfg, found)
+            gateway = panel.gateway
+            embeddings = gateway.stack.embeddings if gateway is not None else None
+            found = await run_search(cfg, found, embeddings)
         return page_response(search_page(found, frame))
 
     async def dream(request: web.Request) -> web.Response:

@@ -1,0 +1,505 @@
+"""Hybrid memory search: words (BM25) and meaning (memory.embeddings), against a real local
+embeddings endpoint (tests/fakes/embeddings_server.py) and the real SQLite index."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bot.config import Config
+from bot.memory import embeddings as embeddings_module
+from bot.memory.embeddings import BadEmbeddingAnswer, parse_embeddings
+from bot.memory.hybrid import Embeddings
+from bot.memory.search import MemoryIndex, cmd_search
+from bot.memory.vectors import fuse
+from bot.tools import ToolContext, build_default_tools
+from tests.fakes.embeddings_server import FakeEmbeddings
+
+KEY = "sk-embed-secret-0123456789"
+
+
+def add_entries(ws: Path, *contents: str, first: int = 1) -> None:
+    path = ws / "memory" / "history.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        for cursor, content in enumerate(contents, start=first):
+            record = {
+                "cursor": cursor,
+                "timestamp": f"2026-11-{cursor % 28 + 1:02d}T10:00:00.000Z",
+                "session": "telegram:1",
+                "content": content,
+            }
+            fh.write(json.dumps(record) + "\n")
+
+
+def config(tmp_path: Path, base_url: str, model: str = "toy-embed") -> Config:
+    agent = {"workspace": str(tmp_path / "ws"), "stateDir": str(tmp_path / "state")}
+    emb = {"enabled": True, "baseUrl": base_url, "model": model, "apiKey": KEY, "batchSize": 2}
+    return Config.model_validate({"agent": agent, "memory": {"embeddings": emb}})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeEmbeddings]:
+    async with FakeEmbeddings(dim=64) as server:
+        yield server
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    add_entries(
+        tmp_path / "ws",
+        "Sam bought a second-hand automobile from Lena on Tuesday.",
+        "The team agreed to ship the billing refactor next sprint.",
+        "Priya booked the ferry to Hydra for the holidays.",
+    )
+    return tmp_path / "ws"
+
+
+def make(tmp_path: Path, fake: FakeEmbeddings, model: str = "toy-embed") -> Embeddings:
+    cfg = config(tmp_path, fake.base_url, model)
+    found = Embeddings.from_config(cfg, MemoryIndex(cfg.agent.workspace_path, cfg.agent.state_path))
+    assert found is not None
+    found.backoff.now = Clock()
+    return found
+
+
+async def embed_all(emb: Embeddings) -> int:
+    total = 0
+    while embedded := await emb.step():
+        total += embedded
+    return total
+
+
+async def tool_search(emb: Embeddings | None, ws: Path, state: Path, query: str) -> str:
+    from bot.config import ToolsConfig
+
+    registry = build_default_tools(ToolsConfig(), ws, state, embeddings=emb)
+    args = json.dumps({"query": query})
+    return await registry.execute("memory_search", args, ToolContext(workspace=ws))
+
+
+async def test_a_paraphrase_is_found_by_meaning_and_not_by_words(tmp_path, ws, fake):
+    emb = make(tmp_path, fake)
+    try:
+        assert await embed_all(emb) == 3
+        # "car" is in no entry; to the endpoint it means what "automobile" means.
+        words_only = await tool_search(None, ws, tmp_path / "state", "car purchase")
+        assert words_only == "No matches for 'car purchase'."
+        hybrid = await tool_search(emb, ws, tmp_path / "state", "car purchase")
+        assert hybrid.startswith("1. [memory/history.jsonl#1, ")
+        assert "match: meaning" in hybrid and "automobile" in hybrid
+        assert "Hydra" not in hybrid  # no concept in common: under the similarity floor
+        # A hit found both ways says so; one found only by words too.
+        both = await tool_search(emb, ws, tmp_path / "state", "automobile")
+        assert both.splitlines()[0].startswith("1. [memory/history.jsonl#1, ")
+        assert "match: both" in both.splitlines()[0]
+    finally:
+        await emb.close()
+
+
+async def test_the_cli_searches_by_meaning_too(tmp_path, ws, fake, capsys):
+    emb = make(tmp_path, fake)
+    await embed_all(emb)
+    await emb.close()
+    cfg = config(tmp_path, fake.base_url)
+    args = argparse.Namespace(query=["vehicle"], limit=10, since=None, until=None)
+    assert await asyncio.to_thread(cmd_search, cfg, args) == 0
+    out = capsys.readouterr().out
+    assert "memory/history.jsonl#1" in out and "match: meaning" in out
+    fake.fail_with = 503
+    assert await asyncio.to_thread(cmd_search, cfg, argparse.Namespace(
+        query=["ferry"], limit=10, since=None, until=None)) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "memory/history.jsonl#3" in out
+    assert "(Matched by words only: the embeddings endpoint http://127.0.0.1:" in out
+    assert "failed (HTTP 503) after 1 tries.)" in out
+
+
+async def test_with_the_endpoint_down_words_come_back_with_one_note(tmp_path, ws, fake, caplog):
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        asked = len(fake.requests)
+        fake.fail_with = 503
+        caplog.set_level(logging.INFO, "bot.memory")
+        first = await tool_search(emb, ws, tmp_path / "state", "ferry")
+        second = await tool_search(emb, ws, tmp_path / "state", "car")
+        assert first.splitlines()[0].startswith("1. [memory/history.jsonl#3, ")
+        assert "match:" not in first  # by words alone, as without embeddings
+        assert first.count("Matched by words only") == 1
+        assert "HTTP 503" in first
+        assert second.startswith("No matches for 'car'.\n(Matched by words only")
+        # The second search did not wait for the endpoint: its outage is known.
+        assert len(fake.requests) == asked + 1
+        # After the back-off the endpoint is asked again: still down, not logged again.
+        emb.backoff.now.t += 3600  # type: ignore[attr-defined]
+        third = await tool_search(emb, ws, tmp_path / "state", "ferry")
+        assert "Matched by words only" in third and len(fake.requests) == asked + 2
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "by words only" in warnings[0].getMessage()
+        assert KEY not in caplog.text
+        # Once the back-off has passed and the endpoint answers, meaning is back.
+        fake.fail_with = None
+        emb.backoff.now.t += 3600  # type: ignore[attr-defined]
+        back = await tool_search(emb, ws, tmp_path / "state", "car")
+        assert "match: meaning" in back and "Matched by words only" not in back
+        assert fake.requests[-1]["model"] == "toy-embed"
+    finally:
+        await emb.close()
+
+
+async def test_the_background_task_embeds_everything_then_waits(tmp_path, ws, fake):
+    emb = make(tmp_path, fake)
+    stored = asyncio.Event()
+    store = emb.index.store_vectors
+
+    def store_and_tell(*args: object) -> None:
+        store(*args)  # type: ignore[arg-type]
+        stored.set()
+
+    emb.index.store_vectors = store_and_tell  # type: ignore[method-assign]
+    warmed = asyncio.Event()
+    warm = emb.index.warm_vectors
+
+    def warm_and_tell() -> None:
+        warm()
+        warmed.set()
+
+    emb.index.warm_vectors = warm_and_tell  # type: ignore[method-assign]
+    task = asyncio.create_task(emb.run())
+    try:
+        while emb.index.vector_counts(emb.model) != (3, 3):
+            await asyncio.wait_for(stored.wait(), 10)
+            stored.clear()
+        assert len(fake.requests) == 2  # batches of two
+        await asyncio.wait_for(warmed.wait(), 10)  # then loads what searches scan
+        assert emb.index._vectors.upto == 3  # off their path
+        add_entries(ws, "Lena adopted a dog.", first=4)
+        emb.wake()  # as after an archive write: no wait for the next minute
+        await asyncio.wait_for(stored.wait(), 10)
+        assert fake.inputs[-1] == "Lena adopted a dog."
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await emb.close()
+
+
+async def test_a_model_change_embeds_everything_again(tmp_path, ws, fake, caplog):
+    first = make(tmp_path, fake, "model-a")
+    assert await embed_all(first) == 3
+    assert await first.step() == 0  # nothing left: nothing asked
+    asked = len(fake.inputs)
+    await first.close()
+    caplog.set_level(logging.INFO, "bot.memory")
+    second = make(tmp_path, fake, "model-b")
+    try:
+        assert second.index.vector_counts(second.model)[0] == 0
+        assert await embed_all(second) == 3
+        assert len(fake.inputs) == asked + 3
+        assert {body["model"] for body in fake.requests[-2:]} == {"model-b"}
+        assert "embedding everything again" in caplog.text
+        assert second.index.vector_counts(second.model) == (3, 3)
+    finally:
+        await second.close()
+
+
+async def test_a_deleted_index_is_rebuilt_and_embedded_again(tmp_path, ws, fake):
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        for path in (tmp_path / "state" / "index").iterdir():
+            path.unlink()
+        # Until the background embeds again, the search is by words and says why.
+        result = await tool_search(emb, ws, tmp_path / "state", "car")
+        assert "Matched by words only: the meaning index is not built yet" in result
+        assert await embed_all(emb) == 3
+        result = await tool_search(emb, ws, tmp_path / "state", "car")
+        assert "memory/history.jsonl#1" in result and "match: meaning" in result
+    finally:
+        await emb.close()
+
+
+async def test_only_new_entries_are_embedded_and_a_rewrite_keeps_vectors(tmp_path, ws, fake):
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        add_entries(ws, "Lena adopted a dog.", first=4)
+        asked = len(fake.inputs)
+        assert await embed_all(emb) == 1
+        assert fake.inputs[asked:] == ["Lena adopted a dog."]
+        # A compaction rewrites history.jsonl: new doc ids, the same texts, no new requests.
+        path = ws / "memory" / "history.jsonl"
+        path.write_text(path.read_text() + "")
+        lines = path.read_text().splitlines(keepends=True)
+        (ws / "memory" / "history-2026-11.jsonl").write_text("".join(lines[:2]))
+        path.write_text("".join(lines[2:]))
+        assert await embed_all(emb) == 0
+        assert len(fake.inputs) == asked + 1
+    finally:
+        await emb.close()
+
+
+def each(vector: object) -> object:
+    """An answer giving every input ``vector`` (a function of the input's index if callable)."""
+
+    def answer(body: dict) -> dict:
+        return {
+            "data": [
+                {"embedding": vector(i) if callable(vector) else vector, "index": i}
+                for i in range(len(body["input"]))
+            ]
+        }
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda body: {"data": []},  # too few
+        lambda body: {"data": [{"embedding": [1.0, 0.0], "index": 0}] * len(body["input"])},
+        each(lambda i: [1.0] * (i + 2)),
+        each(["1", 2]),
+        each([float("nan"), 1.0]),
+        each([0.0, 0.0]),
+        lambda body: ["not", "an", "object"],
+    ],
+    ids=["count", "duplicate-index", "ragged", "strings", "nan", "zero", "list"],
+)
+async def test_a_bad_answer_stores_nothing_and_search_goes_on(tmp_path, ws, fake, answer):
+    emb = make(tmp_path, fake)
+    try:
+        fake.answer = answer
+        with pytest.raises(BadEmbeddingAnswer):
+            await emb.step()
+        assert emb.index.vector_counts(emb.model)[0] == 0
+        result = await tool_search(emb, ws, tmp_path / "state", "ferry")
+        assert "memory/history.jsonl#3" in result and "Matched by words only" in result
+    finally:
+        await emb.close()
+
+
+async def test_an_oversized_answer_is_refused_before_it_is_read(tmp_path, ws, fake, monkeypatch):
+    monkeypatch.setattr(embeddings_module, "MAX_RESPONSE_BYTES", 10_000)
+    fake.raw_answer = b'{"data": [' + b" " * 50_000 + b"]}"
+    emb = make(tmp_path, fake)
+    try:
+        with pytest.raises(BadEmbeddingAnswer, match="answered 50012 B"):
+            await emb.step()
+        # Without a length announced (chunked): cut off while reading.
+        fake.raw_answer = None
+        fake.answer = lambda body: {"data": [], "padding": "x" * 50_000}
+        fake.chunked = True
+        with pytest.raises(BadEmbeddingAnswer, match="more than 10000 B"):
+            await emb.step()
+        fake.answer, fake.raw_answer = None, b'{"data": [nope'
+        with pytest.raises(BadEmbeddingAnswer, match="not JSON"):
+            await emb.step()
+    finally:
+        await emb.close()
+
+
+async def test_a_change_of_dimension_under_one_model_is_refused(tmp_path, ws, fake):
+    emb = make(tmp_path, fake)
+    try:
+        assert await emb.step() == 2
+        fake.dim = 32
+        with pytest.raises(ValueError, match="32 dimensions, earlier ones of 64"):
+            await emb.step()
+        assert emb.index.vector_counts(emb.model) == (2, 3)
+    finally:
+        await emb.close()
+
+
+async def test_a_text_the_endpoint_refuses_is_skipped_alone(tmp_path, ws, fake):
+    fake.refuse_containing = "billing"
+    emb = make(tmp_path, fake)
+    try:
+        assert await embed_all(emb) == 3
+        assert emb.index.vector_counts(emb.model) == (3, 3)
+        asked = len(fake.requests)
+        assert await emb.step() == 0 and len(fake.requests) == asked  # not asked again
+        result = await tool_search(emb, ws, tmp_path / "state", "automobile")
+        assert "match: both" in result
+    finally:
+        await emb.close()
+
+
+async def test_the_key_is_sent_and_never_shown(tmp_path, ws, fake, caplog):
+    emb = make(tmp_path, fake)
+    try:
+        fake.fail_with = 401
+        caplog.set_level(logging.DEBUG)
+        result = await tool_search(emb, ws, tmp_path / "state", "ferry")
+        assert "HTTP 401" in result and KEY not in result and KEY not in caplog.text
+        assert KEY not in repr(emb.client.endpoint)
+    finally:
+        await emb.close()
+
+
+async def test_each_line_of_an_entry_is_found_by_its_own_meaning(tmp_path, ws, fake):
+    add_entries(
+        ws,
+        "[2026-11-20 10:00 → 10:40 UTC] Small talk about the weather in Oslo and a recipe.\n"
+        "Facts:\n- Lena said her physician is Dr Okafor.\n- Lena plays squash on Sundays.\n"
+        "- Lena reads a lot of Russian novels and keeps bees on the roof.",
+        first=4,
+    )
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        # The whole entry has too many concepts to be near "GP"; its line about the physician
+        # is (the word "GP" is in no entry).
+        result = await tool_search(emb, ws, tmp_path / "state", "GP")
+        first = result.splitlines()[0]
+        assert first.startswith("1. [memory/history.jsonl#4, ") and "match: meaning" in first
+        assert "… Facts: - Lena said her physician is Dr Okafor. …" in first
+        # A new entry is searchable by meaning once embedded: the cache reads the new rows.
+        add_entries(ws, "Bruno parked his automobile in the garage.", first=5)
+        assert await embed_all(emb) == 1
+        result = await tool_search(emb, ws, tmp_path / "state", "vehicle Bruno")
+        assert "memory/history.jsonl#5" in result.splitlines()[0]
+    finally:
+        await emb.close()
+
+
+async def test_a_chat_searching_its_own_history_gets_no_other_chats_meaning(tmp_path, fake):
+    ws = tmp_path / "ws"
+    add_entries(ws, "Sam bought a second-hand automobile from Lena on Tuesday.")
+    path = ws / "memory" / "history.jsonl"
+    record = {"cursor": 2, "timestamp": "2026-11-03T10:00:00.000Z", "session": "telegram:-5"}
+    line = json.dumps({**record, "content": "The group rented a vehicle for the trip."})
+    path.write_text(path.read_text() + line + "\n")
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        found = await emb.search("car", session="telegram:-5")
+        assert [hit.source for hit in found.hits] == ["memory/history.jsonl#2"]
+        everything = await emb.search("car")
+        assert {hit.source for hit in everything.hits} == {
+            "memory/history.jsonl#1",
+            "memory/history.jsonl#2",
+        }
+    finally:
+        await emb.close()
+
+
+async def test_the_panel_search_is_the_same_hybrid_search(tmp_path, fake):
+    from bot.config import load_config
+    from tests.helpers import write_config
+    from tests.helpers.web import browsing, panel_section
+
+    emb = {"enabled": True, "baseUrl": fake.base_url, "model": "toy-embed"}
+    path = write_config(
+        tmp_path, "http://127.0.0.1:9/v1", web=panel_section(), memory={"embeddings": emb}
+    )
+    cfg, _ = load_config(path)
+    add_entries(cfg.agent.workspace_path, "Sam bought a second-hand automobile from Lena.")
+    async with browsing(cfg, path) as b:
+        await b.login()
+        # memobot web alone: the search embeds its query; nothing is embedded yet.
+        _, page, _ = await b.get("/memory/search?q=automobile")
+        assert "memory/history.jsonl#1" in page
+        assert "Matched by words only: the meaning index is not built yet" in page
+        own = Embeddings.from_config(
+            cfg, MemoryIndex(cfg.agent.workspace_path, cfg.agent.state_path)
+        )
+        assert own is not None
+        await embed_all(own)
+        await own.close()
+        _, page, _ = await b.get("/memory/search?q=car")
+        assert "memory/history.jsonl#1" in page and "match: meaning" in page
+        assert "Matched by words only" not in page
+
+
+async def test_the_agent_stack_searches_and_embeds_with_one_object(tmp_path, fake):
+    from types import SimpleNamespace
+
+    from bot.app import build_agent
+    from bot.config import load_config
+    from tests.helpers import write_config
+    from tests.helpers.web import browsing, panel_section
+
+    emb = {"enabled": True, "baseUrl": fake.base_url, "model": "toy-embed"}
+    path = write_config(
+        tmp_path, "http://127.0.0.1:9/v1", web=panel_section(), memory={"embeddings": emb}
+    )
+    cfg, _ = load_config(path)
+    stack = build_agent(cfg, path)
+    try:
+        assert stack.embeddings is not None  # the gateway runs its run() as a task
+        tool = stack.loop.turns.tools.get("memory_search")
+        assert tool is not None and tool.embeddings is stack.embeddings  # type: ignore[attr-defined]
+        assert "same meaning in other words" in tool.schema()["function"]["description"]
+        add_entries(cfg.agent.workspace_path, "Sam bought a second-hand automobile from Lena.")
+        await embed_all(stack.embeddings)
+        async with browsing(cfg, path, gateway=SimpleNamespace(stack=stack)) as b:
+            await b.login()
+            _, page, _ = await b.get("/memory/search?q=car")
+            assert "memory/history.jsonl#1" in page and "match: meaning" in page
+        inputs = len(fake.inputs)
+        await stack.embeddings.search("car")
+        assert len(fake.inputs) == inputs + 1  # the query only: the panel used the same vectors
+    finally:
+        await stack.close()
+
+
+def test_embeddings_off_by_default_and_llm_endpoint_when_asked(tmp_path):
+    from bot.memory.embeddings import endpoint_from_config
+
+    off = Config.model_validate({})
+    assert endpoint_from_config(off) is None
+    on = Config.model_validate(
+        {
+            "llm": {"baseUrl": "http://127.0.0.1:9/v1", "apiKey": "sk-llm-key-1234"},
+            "memory": {"embeddings": {"enabled": True}},
+        }
+    )
+    endpoint = endpoint_from_config(on)
+    assert endpoint is not None and endpoint.url == "http://127.0.0.1:9/v1"
+    assert endpoint.headers["Authorization"] == "Bearer sk-llm-key-1234"
+    # A server of its own never gets llm's key.
+    other = on.model_copy(deep=True)
+    other.memory.embeddings.base_url = "http://127.0.0.1:8/v1"
+    endpoint = endpoint_from_config(other)
+    assert endpoint is not None and "Authorization" not in endpoint.headers
+
+
+def test_fusion_ranks_by_both_and_names_the_kind():
+    fused = fuse([1, 2, 3], [3, 4])
+    assert [doc for doc, _, _ in fused] == [3, 1, 2, 4]
+    assert {doc: kind for doc, _, kind in fused} == {
+        1: "words",
+        2: "words",
+        3: "both",
+        4: "meaning",
+    }
+
+
+def test_a_partial_words_ranking_counts_half():
+    assert [doc for doc, _, _ in fuse([1, 2], [2, 3])] == [2, 1, 3]
+    assert [doc for doc, _, _ in fuse([1, 2], [3, 2], words_weight=0.5)] == [2, 3, 1]
+
+
+def test_parse_embeddings_orders_by_index_and_normalises():
+    rows = parse_embeddings(
+        {"data": [{"index": 1, "embedding": [0, 2]}, {"index": 0, "embedding": [3, 4]}]}, 2
+    )
+    assert np.allclose(rows, [[0.6, 0.8], [0.0, 1.0]])
+    with pytest.raises(BadEmbeddingAnswer, match="dimensions"):
+        parse_embeddings({"data": [{"embedding": [1.0] * 9000}]}, 1)

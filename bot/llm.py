@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import functools
 import importlib
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -389,7 +391,7 @@ def _transport(openai: Any, timeout: float, proxy: str) -> dict[str, Any]:
     route: dict[str, Any] = (
         {"proxy": proxy}
         if proxy
-        else {"trust_env": False, "verify": _httpx().create_ssl_context(trust_env=True)}
+        else {"trust_env": False, "verify": _tls_context(*_ca_environment())}
     )
     try:
         if proxy.startswith(SOCKS_SCHEMES):
@@ -402,6 +404,20 @@ def _transport(openai: Any, timeout: float, proxy: str) -> dict[str, Any]:
                 "aiohttp transport: pip install 'openai[aiohttp]'"
             ) from None
         return {"http_client": openai.DefaultAsyncHttpxClient(timeout=timeout, **route)}
+
+
+def _ca_environment() -> tuple[str | None, str | None]:
+    return os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
+
+
+@functools.cache
+def _tls_context(cafile: str | None, capath: str | None) -> Any:
+    """The verifying TLS context the SDK's client is given, one per process (per trusted CA
+    setting, the arguments): loading the CA bundle costs about 45 ms of CPU, and a provider
+    is made for each model a chat switches to, for memory's model and for each probe.
+    An SSLContext may be shared by any number of connections."""
+    del cafile, capath  # read again from the environment by httpx, as before
+    return _httpx().create_ssl_context(trust_env=True)
 
 
 def _socks_transport(proxy: str) -> Any:

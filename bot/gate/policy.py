@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,28 +49,41 @@ def carve(
     resolved first: a symlink inside a root that points at a denied path is not granted.
     Pure apart from ``listdir``; the result is sorted and free of duplicates.
     """
-    deny = [real_path(d) for d in denied]
-    out: set[Path] = set()
-    todo = [real_path(r) for r in roots]
+    # On strings: a Path comparison costs microseconds, and a root such as /tmp or / can hold
+    # thousands of entries, each compared with every denied path.
+    deny = [os.path.realpath(d) for d in denied]
+    out: set[str] = set()
+    todo = [os.path.realpath(r) for r in roots]
     while todo:
         path = todo.pop()
-        if any(within(path, d) for d in deny):
+        if any(_inside(path, d) for d in deny):
             continue
-        if not any(within(d, path) for d in deny):
+        if not any(_inside(d, path) for d in deny):
             out.add(path)
             continue
         try:
-            names = listdir(path)
+            names = listdir(Path(path))
         except OSError:
             continue
-        todo.extend(real_path(path / name) for name in names)
+        todo.extend(os.path.realpath(os.path.join(path, name)) for name in names)
     # /bin -> /usr/bin on merged-/usr systems: keep only the outermost folders (shallowest
     # first, so each path meets its kept ancestors; a set lookup per ancestor, not per pair).
-    kept: set[Path] = set()
-    for path in sorted(out, key=lambda p: len(p.parts)):
-        if not any(parent in kept for parent in path.parents):
+    kept: set[str] = set()
+    for path in sorted(out, key=lambda p: p.count("/") + (p != "/")):  # "/" has depth 1
+        if not any(parent in kept for parent in _parents(path)):
             kept.add(path)
-    return sorted(kept)
+    return sorted(Path(p) for p in kept)
+
+
+def _inside(inner: str, outer: str) -> bool:
+    """:func:`bot.layout.within` for real paths as strings."""
+    return inner == outer or inner.startswith(outer if outer.endswith("/") else outer + "/")
+
+
+def _parents(path: str) -> Iterator[str]:
+    while path not in ("/", ""):
+        path = path.rpartition("/")[0] or "/"
+        yield path
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,6 +155,8 @@ def main() -> None:
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     for name in (*PRELOADED, *REIMPORTED):
         importlib.import_module(name)
+    llm = sys.modules["bot.llm"]
+    llm._tls_context(*llm._ca_environment())  # the CA bundle loaded once, not per child
     request = serve(sys.argv[1])
     become(request)
 

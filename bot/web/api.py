@@ -65,6 +65,20 @@ def api_error(
     return web.json_response(body, status=status, headers=headers)
 
 
+async def in_openai_shape(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """``handler``'s answer to an API path, the router's own refusals (404 for a path the API
+    does not have, 405 for a method) in OpenAI's shape too, which the SDKs read."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kept = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+        code = "not_found" if exc.status == 404 else None
+        text = f"{exc.reason}: {request.method} {request.path}"
+        return api_error(exc.status, text, param=None, code=code, headers=kept)
+
+
 class Refused(Exception):
     """A request answered with an error (``response``) instead of a completion."""
 
@@ -167,9 +181,12 @@ def parse_completion(body: Any, headers: dict[str, str] | Any, max_chars: int) -
 def find_key(keys: list[ApiKeyConfig], given: str) -> ApiKeyConfig | None:
     """The live key ``given`` is, compared with every key in constant time (no early exit:
     how long it takes does not tell which key a guess came close to)."""
+    # The header's bytes as sent: one that is not UTF-8 (aiohttp keeps its bytes as
+    # surrogates) is a wrong key, not a failure to encode it.
+    sent = given.encode("utf-8", "surrogateescape")
     found = None
     for key in keys:
-        if hmac.compare_digest(given.encode(), key.key.encode()):
+        if hmac.compare_digest(sent, key.key.encode()):
             found = key
     return found if found is not None and not found.revoked else None
 
@@ -624,7 +641,7 @@ class ApiServer:
         if not self.served.host_ok(request.headers.get("Host")):
             log.info("api: refused a request for host %r", request.headers.get("Host"))
             return api_error(421, "This server does not answer to that host name.")
-        return await handler(request)
+        return await in_openai_shape(request, handler)
 
     async def start(self) -> str | None:
         app = web.Application(middlewares=[self._hosts])

@@ -29,7 +29,7 @@ from bot.config import Config, ConfigError, load_config
 from bot.invocation import command_for
 from bot.web import screens, views
 from bot.web.addresses import parse_listen, served
-from bot.web.api import ApiFace, api_error, is_api_path
+from bot.web.api import ApiFace, api_error, in_openai_shape, is_api_path
 from bot.web.limits import AttemptLimiter
 from bot.web.links import LinkBook
 from bot.web.passwords import verify_password
@@ -173,7 +173,7 @@ class Panel:
             # A program's request with a bearer key (checked by the API itself), never a
             # cookie: the session and CSRF checks below are the browser's, and so is the
             # form body limit (the API reads its body with api.maxRequestBytes).
-            return await handler(request)
+            return await in_openai_shape(request, handler)
         if _embedded_by_another_site(request):
             log.warning("web: refused a %s %s from another site", request.method, request.path)
             return _refused("Refused: another site's page asked for this.")

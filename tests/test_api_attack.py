@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from bot.config import ApiKeyConfig
 from tests.test_api import KEY, running
 
 
@@ -77,3 +78,9 @@ async def test_odd_requests_get_openais_errors_and_no_traceback(tmp_path, caplog
         assert status == 400 and openai_error(body)["param"] == "session_id"
         assert llm.requests == []
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_key_name_is_one_line():
+    with pytest.raises(ValueError):
+        ApiKeyConfig.model_validate({"name": "editor\n", "key": KEY})
+    assert ApiKeyConfig.model_validate({"name": "editor", "key": KEY}).name == "editor"

@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 HEALTH = "/health"
 MODEL = "memobot"  # the model id that means "memobot, as configured"
-SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # no ":", "/" or "..": one chat of one key
+# Matched whole (fullmatch: "$" would take a last "\n"): no ":", "/" or "..": one chat of one key.
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_SESSION = "default"
 MAX_IDEMPOTENCY_KEY = 255
 OUTAGE_RETRY_SECONDS = 30
@@ -164,7 +165,7 @@ def parse_completion(body: Any, headers: dict[str, str] | Any, max_chars: int) -
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise bad_request("stream_options.include_usage", "include_usage must be true or false")
     session_id = body.get("session_id", headers.get("X-Session-Id", DEFAULT_SESSION))
-    if not isinstance(session_id, str) or not SESSION_ID.match(session_id):
+    if not isinstance(session_id, str) or not SESSION_ID.fullmatch(session_id):
         raise bad_request(
             "session_id", "session_id: 1 to 64 letters, digits, _ and - (no : / or .)"
         )
@@ -334,7 +335,7 @@ class ApiFace:
     async def last(self, request: web.Request) -> web.Response:
         caller = self.authorize(request)
         session_id = request.match_info["id"]
-        if not SESSION_ID.match(session_id):
+        if not SESSION_ID.fullmatch(session_id):
             raise bad_request("session_id", "session_id: 1 to 64 letters, digits, _ and -")
         key = f"{NAME}:{caller.key}:{session_id}"
         session = await asyncio.to_thread(self.gateway.stack.store.get, key)

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from bot.config import ApiKeyConfig
+from tests.helpers.discord import until
 from tests.test_api import KEY, running
 
 
@@ -84,3 +85,47 @@ def test_a_key_name_is_one_line():
     with pytest.raises(ValueError):
         ApiKeyConfig.model_validate({"name": "editor\n", "key": KEY})
     assert ApiKeyConfig.model_validate({"name": "editor", "key": KEY}).name == "editor"
+
+
+def stalled_post(base: str) -> bytes:
+    """A completion request whose body says 1000 bytes and sends 4 (a slowloris)."""
+    host = urlsplit(base).netloc.encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + host + b"\r\nAuthorization: Bearer "
+        + KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        b'{"mo'
+    )  # fmt: skip
+
+
+async def test_a_body_that_never_ends_is_refused_in_time_and_holds_no_stop(tmp_path, caplog):
+    """A key's holder that sends a body slowly (or stops) holds a request for
+    ``body_seconds`` at most (408), and the gateway's stop not at all (aiohttp would wait
+    60 s for the handler); one that leaves mid-body is no failure of memobot's."""
+    caplog.set_level(logging.INFO)
+    url = None
+    async with running(tmp_path) as (llm, _gateway, browser):
+        api = browser.panel.api
+        assert api is not None
+        api.body_seconds = 0.3
+        status, body = await raw(browser.base, stalled_post(browser.base))
+        assert status == 408 and openai_error(body)["code"] == "request_timeout"
+        # A client that leaves mid-body.
+        url = urlsplit(browser.base)
+        reader, writer = await asyncio.open_connection(url.hostname, url.port)
+        writer.write(stalled_post(browser.base))
+        await writer.drain()
+        writer.close()
+        # One that stalls while memobot stops: the stop does not wait for it.
+        api.body_seconds = 600
+        reader, writer = await asyncio.open_connection(url.hostname, url.port)
+        writer.write(stalled_post(browser.base))
+        await writer.drain()
+        await until(lambda: api.reading > 0)
+        stopping = asyncio.get_running_loop().time()
+    stopped = asyncio.get_running_loop().time() - stopping
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert stopped < 5, stopped
+    assert b" 503 " in answer.split(b"\r\n")[0]
+    assert llm.requests == []
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

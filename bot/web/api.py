@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from aiohttp import web
 
@@ -46,6 +46,7 @@ DEFAULT_SESSION = "default"
 MAX_IDEMPOTENCY_KEY = 255
 OUTAGE_RETRY_SECONDS = 30
 KEEPALIVE_SECONDS = 15.0  # a stream's longest silence (an SSE comment then)
+BODY_SECONDS = 60.0  # to send a request's body (4 MB at 70 kB/s); a slower sender gets 408
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -205,7 +206,10 @@ class ApiFace:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.closing = False
+        self._closed = asyncio.Event()  # set with closing: a body being read stops
         self.keepalive_seconds = KEEPALIVE_SECONDS
+        self.body_seconds = BODY_SECONDS
+        self.reading = 0  # requests whose body is being read
 
     @property
     def cfg(self) -> Config:
@@ -221,6 +225,7 @@ class ApiFace:
     def close(self) -> None:
         """The server stops: requests that wait for an answer end now (retry later)."""
         self.closing = True
+        self._closed.set()
         for channel in self.gateway.channels:
             if isinstance(channel, ApiChannel):
                 channel.wake_all()
@@ -277,32 +282,48 @@ class ApiFace:
             )
 
     async def read_json(self, request: web.Request) -> Any:
-        """The body as JSON, at most ``api.maxRequestBytes`` of it (413 past that)."""
+        """The body as JSON, at most ``api.maxRequestBytes`` of it (413 past that), sent
+        within ``body_seconds`` (408 past that: a slow sender holds no handler for long),
+        and read no longer once the server stops (its stop waits for no body)."""
         if request.content_type != "application/json":
             raise bad_request(None, "send the body as JSON (Content-Type: application/json)")
         limit = self.cfg.api.max_request_bytes
-        too_big = False
-        if request.content_length is not None and request.content_length > limit:
-            too_big = True
-        else:
-            data = bytearray()
-            async for chunk in request.content.iter_chunked(64 * 1024):
-                data += chunk
-                if len(data) > limit:
-                    too_big = True
-                    break
-        if too_big:
-            response = api_error(
-                413,
-                f"The request body is larger than {limit} bytes (api.maxRequestBytes).",
-                code="request_too_large",
+        data: bytearray | None = None
+        if request.content_length is None or request.content_length <= limit:
+            reading = asyncio.ensure_future(_read_body(request, limit))
+            stopping = asyncio.ensure_future(self._closed.wait())
+            self.reading += 1
+            try:
+                await asyncio.wait(
+                    (reading, stopping),
+                    timeout=self.body_seconds,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                self.reading -= 1
+                stopping.cancel()
+                reading.cancel()
+            if not reading.done() or reading.cancelled():
+                if self.closing:
+                    await _unread(request, _stopping())
+                await _unread(
+                    request,
+                    api_error(
+                        408,
+                        f"The request body did not come within {self.body_seconds:g} seconds.",
+                        code="request_timeout",
+                    ),
+                )
+            data = reading.result()  # ConnectionError: the client left (see _answered)
+        if data is None:
+            await _unread(
+                request,
+                api_error(
+                    413,
+                    f"The request body is larger than {limit} bytes (api.maxRequestBytes).",
+                    code="request_too_large",
+                ),
             )
-            # Sent, then the connection closed: the rest of the body is never read (aiohttp
-            # would read it for up to 10 s, and hold the server's shutdown meanwhile).
-            await response.prepare(request)
-            await response.write_eof()
-            request.protocol.force_close()
-            raise Refused(response)
         try:
             return json.loads(data)
         except ValueError as exc:
@@ -487,6 +508,26 @@ class ApiFace:
         return response
 
 
+async def _read_body(request: web.Request, limit: int) -> bytearray | None:
+    """The body, or None when it is larger than ``limit`` bytes."""
+    data = bytearray()
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        data += chunk
+        if len(data) > limit:
+            return None
+    return data
+
+
+async def _unread(request: web.Request, response: web.Response) -> NoReturn:
+    """Refuse ``request`` before its body is read: ``response`` sent, then the connection
+    closed, so the rest of the body is never read (aiohttp would read it for up to 10 s, and
+    hold the server's shutdown meanwhile)."""
+    await response.prepare(request)
+    await response.write_eof()
+    request.protocol.force_close()
+    raise Refused(response)
+
+
 def _answered(handler: Handler) -> Handler:
     """``handler`` with its refusals answered, and a bug answered in OpenAI's shape too
     (logged once here, with the request)."""
@@ -498,6 +539,10 @@ def _answered(handler: Handler) -> Handler:
             return refused.response
         except web.HTTPException:
             raise
+        except ConnectionError:
+            # The client left (mid-body, say): nobody reads an answer, and it is no failure.
+            log.info("api: the client left during %s %s", request.method, request.path)
+            return web.Response(status=400)
         except Exception:
             log.exception("api: %s %s failed", request.method, request.path)
             return api_error(500, "memobot failed to answer this request.", "server_error")

@@ -129,3 +129,18 @@ async def test_a_body_that_never_ends_is_refused_in_time_and_holds_no_stop(tmp_p
     assert b" 503 " in answer.split(b"\r\n")[0]
     assert llm.requests == []
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_asking_for_sessions_that_never_were_loads_none(tmp_path):
+    """``GET /v1/sessions/<id>/last`` of ids nobody used: 404, and no empty session loaded
+    (each was kept in the store's cache, and a lock of its own kept forever, per id asked)."""
+    async with running(tmp_path) as (_llm, gateway, browser):
+        store = gateway.stack.store
+        before = store.loaded()
+        for i in range(5):
+            status, body = await raw(
+                browser.base, get(browser.base, f"/v1/sessions/no{i}/last".encode())
+            )
+            assert status == 404 and openai_error(body)["code"] == "not_found"
+        assert store.loaded() == before
+        assert not any(k.startswith("api:editor:no") for k in store._locks)

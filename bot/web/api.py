@@ -359,7 +359,12 @@ class ApiFace:
         if not SESSION_ID.fullmatch(session_id):
             raise bad_request("session_id", "session_id: 1 to 64 letters, digits, _ and -")
         key = f"{NAME}:{caller.key}:{session_id}"
-        session = await asyncio.to_thread(self.gateway.stack.store.get, key)
+        store = self.gateway.stack.store
+        # A session nobody made is not loaded: each would take a place in the store's cache
+        # and a lock kept for good, for as many ids as a client cares to ask for.
+        if await asyncio.to_thread(store.peek_metadata, key) is None:
+            return api_error(404, f"session {session_id} has no answer yet", code="not_found")
+        session = await asyncio.to_thread(store.get, key)
         answer = next(
             (
                 m["content"]

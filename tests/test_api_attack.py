@@ -7,11 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
+import time
+from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pytest
 
 from bot.config import ApiKeyConfig
+from channels.api_channel import channel as api_channel
+from channels.api_channel.channel import Records
 from tests.helpers.discord import until
 from tests.test_api import KEY, running
 
@@ -144,3 +149,20 @@ async def test_asking_for_sessions_that_never_were_loads_none(tmp_path):
             assert status == 404 and openai_error(body)["code"] == "not_found"
         assert store.loaded() == before
         assert not any(k.startswith("api:editor:no") for k in store._locks)
+
+
+async def test_the_idempotency_records_are_written_off_the_event_loop(tmp_path, monkeypatch):
+    """A key's records are rewritten whole at each request: up to 20 MB of JSON to make,
+    which must not stop every other chat meanwhile."""
+    made_in: list[threading.Thread] = []
+
+    def dumps(value: object, **kw: object) -> str:
+        made_in.append(threading.current_thread())
+        return json.dumps(value, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(api_channel, "json", SimpleNamespace(dumps=dumps, loads=json.loads))
+    records = Records(tmp_path)
+    await records.claim("editor", "api-i-1", {"hash": "h", "at": time.time()})
+    await records.put("editor", "api-i-1", {"hash": "h", "at": time.time(), "answer": None})
+    assert made_in and threading.main_thread() not in made_in
+    assert "api-i-1" in json.loads((tmp_path / "editor.json").read_text())

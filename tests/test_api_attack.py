@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from bot.config import ApiKeyConfig
+from bot.web import limits
 from channels.api_channel import channel as api_channel
 from channels.api_channel.channel import Records
 from tests.helpers.discord import until
@@ -166,3 +167,16 @@ async def test_the_idempotency_records_are_written_off_the_event_loop(tmp_path, 
     await records.put("editor", "api-i-1", {"hash": "h", "at": time.time(), "answer": None})
     assert made_in and threading.main_thread() not in made_in
     assert "api-i-1" in json.loads((tmp_path / "editor.json").read_text())
+
+
+async def test_a_connection_that_never_sends_a_whole_request_is_closed(tmp_path, monkeypatch):
+    """A slowloris (a request's head sent a few bytes at a time, or never finished) holds a
+    connection for ``IDLE_SECONDS`` at most, not aiohttp's hour."""
+    monkeypatch.setattr(limits, "IDLE_SECONDS", 0.3)
+    async with running(tmp_path) as (_llm, _gateway, browser):
+        url = urlsplit(browser.base)
+        reader, writer = await asyncio.open_connection(url.hostname, url.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHo")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+        writer.close()

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from aiohttp import web
 
 from bot.config import ApiKeyConfig, Config
+from bot.web import limits
 from bot.web.addresses import Served, parse_listen, served
 from channels.api_channel.channel import Answer, ApiChannel, Caller, Waiter, message_id
 from channels.api_channel.spec import NAME, speaks_as_admin
@@ -699,7 +700,12 @@ class ApiServer:
         app.on_response_prepare.append(security_headers)
         app.on_shutdown.append(self._closing)
         app.router.add_routes(self.face.routes())
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=limits.IDLE_SECONDS,
+        )
         await runner.setup()
         host, port = parse_listen(self.cfg.web.listen)
         try:

@@ -11,6 +11,11 @@ from collections.abc import Callable
 LOGIN_ATTEMPTS = 10
 LOGIN_WINDOW_SECONDS = 60.0
 MAX_TRACKED = 10_000  # addresses remembered at once
+# A connection with no request under way (one that never sends a whole request, a slowloris,
+# included) is closed after this long: aiohttp's default is an hour, and a stranger who can
+# reach the server held a file descriptor for that long per connection (1024 is the usual
+# limit of the whole process).
+IDLE_SECONDS = 75.0
 
 
 class AttemptLimiter:

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from bot.config import Config, ConfigError, load_config
 from bot.invocation import command_for
-from bot.web import screens, views
+from bot.web import limits, screens, views
 from bot.web.addresses import parse_listen, served
 from bot.web.api import ApiFace, api_error, in_openai_shape, is_api_path
 from bot.web.limits import AttemptLimiter
@@ -109,7 +109,12 @@ class Panel:
     async def start(self, sock: socket.socket | None = None) -> str | None:
         """Listen (on ``sock`` when one is given: bound already); None when listening, else
         why not (also logged, as one line)."""
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=limits.IDLE_SECONDS,
+        )
         await runner.setup()
         host, port = parse_listen(self.cfg.web.listen)
         try:

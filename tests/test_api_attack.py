@@ -17,6 +17,7 @@ import pytest
 from bot.config import ApiKeyConfig
 from bot.web import limits
 from bot.web.api import Refused, parse_completion
+from bot.web.limits import AttemptLimiter
 from channels.api_channel import channel as api_channel
 from channels.api_channel.channel import Records
 from tests.helpers.discord import until
@@ -192,3 +193,28 @@ def test_a_model_name_is_short():
     assert refused.value.response.status == 400
     assert json.loads(refused.value.response.text)["error"]["param"] == "model"
     assert parse_completion({**body, "model": "m" * 256}, {}, 1000).model == "m" * 256
+
+
+async def test_an_address_that_sends_wrong_keys_is_slowed_down(tmp_path, caplog):
+    """Past ``attempts`` wrong keys in the window, every request from that address gets 429
+    (the right key too: a guess that got through would say it was right) until the window
+    has passed; each wrong key before that is one log line, the refused ones none."""
+    now = [1000.0]
+    async with running(tmp_path) as (llm, _gateway, browser):
+        api = browser.panel.api
+        assert api is not None
+        api.wrong_keys = AttemptLimiter(3, 60, clock=lambda: now[0])
+        base = browser.base
+        wrong = b"Bearer k-wrong-0123456789abcdef"
+        for _ in range(3):
+            status, body = await raw(base, get(base, b"/v1/models", wrong))
+            assert status == 401 and openai_error(body)["code"] == "invalid_api_key"
+        caplog.clear()
+        for authorization in (wrong, b"Bearer " + KEY.encode()):
+            status, body = await raw(base, get(base, b"/v1/models", authorization))
+            assert status == 429 and openai_error(body)["code"] == "too_many_wrong_keys"
+        assert not [r for r in caplog.records if r.name == "bot.web.api"]
+        now[0] += 61
+        status, body = await raw(base, get(base, b"/v1/models"))
+        assert status == 200 and isinstance(body, dict) and body["object"] == "list"
+        assert llm.requests == []

@@ -216,6 +216,8 @@ class ApiFace:
         self.keepalive_seconds = KEEPALIVE_SECONDS
         self.body_seconds = BODY_SECONDS
         self.reading = 0  # requests whose body is being read
+        # Wrong keys per client address: a guesser is slowed down to a few tries a minute.
+        self.wrong_keys = limits.AttemptLimiter(limits.WRONG_KEYS, limits.WRONG_KEYS_WINDOW_SECONDS)
 
     @property
     def cfg(self) -> Config:
@@ -239,16 +241,34 @@ class ApiFace:
     # -- checks --
 
     def authorize(self, request: web.Request) -> Caller:
+        """The caller whose key the request carries; else 401, and 429 for an address that
+        sent too many wrong keys (then not even the right one is checked: its answer would
+        tell a guesser which guess was right)."""
+        remote = request.remote or "?"
+        wait = self.wrong_keys.waiting(remote)
+        if wait is not None:
+            raise Refused(
+                api_error(
+                    429,
+                    f"Too many wrong API keys from this address; try again in {wait} seconds.",
+                    "rate_limit_error",
+                    code="too_many_wrong_keys",
+                    headers={"Retry-After": str(wait)},
+                )
+            )
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
         key = find_key(self.cfg.api.keys, given.strip()) if scheme.lower() == "bearer" else None
         if key is None:
+            self.wrong_keys.attempt(remote)
+            blocked = self.wrong_keys.waiting(remote)
             log.warning(
-                "api: refused a %s %s from %s: %s",
+                "api: refused a %s %s from %s: %s%s",
                 request.method,
                 request.path,
-                request.remote,
+                remote,
                 "a wrong or revoked key" if given else "no key",
+                f"; too many: refused for {blocked} s" if blocked is not None else "",
             )
             raise Refused(
                 api_error(

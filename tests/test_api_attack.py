@@ -12,6 +12,7 @@ import time
 from types import SimpleNamespace
 from urllib.parse import urlsplit
 
+import openai
 import pytest
 
 from bot.config import ApiKeyConfig
@@ -20,8 +21,9 @@ from bot.web.api import Refused, parse_completion
 from bot.web.limits import AttemptLimiter
 from channels.api_channel import channel as api_channel
 from channels.api_channel.channel import Records
+from tests.fakes.llm_server import reply
 from tests.helpers.discord import until
-from tests.test_api import KEY, running
+from tests.test_api import GUEST_KEY, KEY, client, running
 
 
 async def raw(base: str, request: bytes) -> tuple[int, dict[str, object] | None]:
@@ -218,3 +220,36 @@ async def test_an_address_that_sends_wrong_keys_is_slowed_down(tmp_path, caplog)
         status, body = await raw(base, get(base, b"/v1/models"))
         assert status == 200 and isinstance(body, dict) and body["object"] == "list"
         assert llm.requests == []
+
+
+async def test_a_key_has_a_bounded_number_of_requests_under_way(tmp_path):
+    """Each request is a turn and a connection waiting for it: past ``max_underway`` of one
+    key, 429; another key is not held up by it, and a request answered frees its place."""
+    async with running(tmp_path, reply("slow answer", hold="h")) as (llm, _gateway, browser):
+        api = browser.panel.api
+        assert api is not None
+        api.max_underway = 1
+        editor = client(browser)
+        first = asyncio.create_task(
+            editor.chat.completions.create(
+                model="memobot", messages=[{"role": "user", "content": "one"}], stream=True
+            )
+        )
+        await until(lambda: len(llm.requests) == 1)
+        with pytest.raises(openai.RateLimitError) as refused:
+            await editor.chat.completions.create(
+                model="memobot", messages=[{"role": "user", "content": "two"}]
+            )
+        assert refused.value.body["code"] == "too_many_requests_underway"  # type: ignore[index]
+        guest = await client(browser, GUEST_KEY).chat.completions.create(
+            model="memobot", messages=[{"role": "user", "content": "mine"}]
+        )
+        assert guest.choices[0].message.content == "echo: mine"
+        llm.release("h")
+        text = "".join([c.choices[0].delta.content or "" async for c in await first if c.choices])
+        assert text == "slow answer"
+        await until(lambda: not api.underway)
+        again = await editor.chat.completions.create(
+            model="memobot", messages=[{"role": "user", "content": "three"}]
+        )
+        assert again.choices[0].message.content == "echo: three"

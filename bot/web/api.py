@@ -50,6 +50,7 @@ MAX_MODEL_CHARS = 256
 MAX_IDEMPOTENCY_KEY = 255
 OUTAGE_RETRY_SECONDS = 30
 KEEPALIVE_SECONDS = 15.0  # a stream's longest silence (an SSE comment then)
+MAX_UNDERWAY = 16  # completion requests of one key at once (more: 429)
 BODY_SECONDS = 60.0  # to send a request's body (4 MB at 70 kB/s); a slower sender gets 408
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -216,6 +217,8 @@ class ApiFace:
         self.keepalive_seconds = KEEPALIVE_SECONDS
         self.body_seconds = BODY_SECONDS
         self.reading = 0  # requests whose body is being read
+        self.underway: dict[str, int] = {}  # completion requests being answered, per key
+        self.max_underway = MAX_UNDERWAY
         # Wrong keys per client address: a guesser is slowed down to a few tries a minute.
         self.wrong_keys = limits.AttemptLimiter(limits.WRONG_KEYS, limits.WRONG_KEYS_WINDOW_SECONDS)
 
@@ -415,10 +418,29 @@ class ApiFace:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         caller = self.authorize(request)
-        ask = parse_completion(
-            await self.read_json(request), request.headers, self.cfg.api.max_message_chars
-        )
-        return await self._complete(request, caller, ask)
+        # Each request is a turn (queued behind its session's others) and a connection that
+        # waits for it: a client in a loop, or a guest's key, must not queue without end.
+        if self.underway.get(caller.key, 0) >= self.max_underway:
+            raise Refused(
+                api_error(
+                    429,
+                    f"This key has {self.max_underway} requests under way; wait for their "
+                    "answers (or retry one with its Idempotency-Key).",
+                    "rate_limit_error",
+                    code="too_many_requests_underway",
+                    headers={"Retry-After": "5"},
+                )
+            )
+        self.underway[caller.key] = self.underway.get(caller.key, 0) + 1
+        try:
+            ask = parse_completion(
+                await self.read_json(request), request.headers, self.cfg.api.max_message_chars
+            )
+            return await self._complete(request, caller, ask)
+        finally:
+            self.underway[caller.key] -= 1
+            if not self.underway[caller.key]:
+                del self.underway[caller.key]
 
     async def _complete(
         self, request: web.Request, caller: Caller, ask: Completion

@@ -87,6 +87,10 @@ async def test_odd_requests_get_openais_errors_and_no_traceback(tmp_path, caplog
             + payload,
         )  # fmt: skip
         assert status == 400 and openai_error(body)["param"] == "session_id"
+        # A host name it does not answer to (DNS rebinding): refused, in OpenAI's shape too.
+        wrong_host = get(base, b"/v1/models").replace(host, b"rebound.example:80")
+        status, body = await raw(base, wrong_host)
+        assert status == 421 and openai_error(body)
         assert llm.requests == []
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 

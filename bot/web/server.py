@@ -166,6 +166,8 @@ class Panel:
         host = request.headers.get("Host")
         if not self.served.host_ok(host):
             log.info("web: refused a request for host %r: not one the panel serves", host)
+            if self.api is not None and is_api_path(request.path):
+                return api_error(421, "This server does not answer to that host name.")
             return _refused(
                 "This panel does not answer to that host name (web.publicUrl names the "
                 "address it is opened at).",

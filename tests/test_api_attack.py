@@ -12,6 +12,7 @@ import time
 from types import SimpleNamespace
 from urllib.parse import urlsplit
 
+import aiohttp
 import openai
 import pytest
 
@@ -257,3 +258,32 @@ async def test_a_key_has_a_bounded_number_of_requests_under_way(tmp_path):
             model="memobot", messages=[{"role": "user", "content": "three"}]
         )
         assert again.choices[0].message.content == "echo: three"
+
+
+async def test_a_client_that_leaves_a_plain_request_no_longer_holds_its_place(tmp_path, caplog):
+    """A request answered in one piece whose client left (its timeout, then a retry): the
+    turn goes on, but the request stops waiting within ``keepalive_seconds`` (it held one of
+    the key's places until the answer came, however long), and that is no failure."""
+    caplog.set_level(logging.INFO)
+    async with running(tmp_path, reply("late", hold="h")) as (llm, _gateway, browser):
+        api = browser.panel.api
+        assert api is not None
+        api.keepalive_seconds = 0.05
+        body = {"model": "memobot", "messages": [{"role": "user", "content": "slow one"}]}
+        headers = {"Authorization": f"Bearer {KEY}", "Idempotency-Key": "plain-1"}
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(TimeoutError):
+                await http.post(
+                    f"{browser.base}/v1/chat/completions",
+                    json=body,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=0.5),
+                )
+        await until(lambda: not api.underway)
+        llm.release("h")
+        again = await client(browser).chat.completions.create(
+            **body, extra_headers={"Idempotency-Key": "plain-1"}
+        )
+        assert again.choices[0].message.content == "late"
+        assert len(llm.requests) == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -15,6 +15,7 @@ once. Every error is OpenAI's shape, ``{"error": {"message", "type", "param", "c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -490,7 +491,7 @@ class ApiFace:
                     )
             if ask.stream:
                 return await self._stream(request, ask, mid, waiter, answer)
-            answer = answer or await self._answer(waiter)
+            answer = answer or await self._answer(request, waiter)
             return _completion_response(ask, mid, answer)
 
     async def _underway(self, session: str, mid: str, waiter: Waiter) -> bool:
@@ -504,11 +505,18 @@ class ApiFace:
             or any(e.get("reply_to") == mid for e in state.outbox)
         )
 
-    async def _answer(self, waiter: Waiter) -> Answer:
+    async def _answer(self, request: web.Request, waiter: Waiter) -> Answer:
         while waiter.answer is None:
             if self.closing:
                 raise Refused(_stopping())
-            await waiter.next()
+            if request.transport is None:
+                # The client left (a timeout, then a retry with its Idempotency-Key, say): the
+                # turn goes on and keeps its answer; this request no longer counts as under
+                # way for its key.
+                raise ConnectionResetError("the client left")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.keepalive_seconds):
+                    await waiter.next()
         return waiter.answer
 
     async def _stream(

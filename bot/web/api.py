@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import re
@@ -201,6 +202,16 @@ def find_key(keys: list[ApiKeyConfig], given: str) -> ApiKeyConfig | None:
     return found if found is not None and not found.revoked else None
 
 
+def _local(remote: str) -> bool:
+    """A client on this machine (an IPv4 one through a dual-stack socket included)."""
+    try:
+        address = ipaddress.ip_address(remote)
+    except ValueError:
+        return remote == "?"  # a Unix socket: this machine
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool((mapped or address).is_loopback)
+
+
 def caller_of(cfg: Config, key: ApiKeyConfig) -> Caller:
     """Whom ``key`` speaks for: the owner, or a person of a channel's allowFrom (an admin
     there is one here too)."""
@@ -220,7 +231,7 @@ class ApiFace:
         self.reading = 0  # requests whose body is being read
         self.underway: dict[str, int] = {}  # completion requests being answered, per key
         self.max_underway = MAX_UNDERWAY
-        # Wrong keys per client address: a guesser is slowed down to a few tries a minute.
+        # Wrong keys per client address (not this machine's): a guesser gets a few a minute.
         self.wrong_keys = limits.AttemptLimiter(limits.WRONG_KEYS, limits.WRONG_KEYS_WINDOW_SECONDS)
 
     @property
@@ -249,7 +260,11 @@ class ApiFace:
         sent too many wrong keys (then not even the right one is checked: its answer would
         tell a guesser which guess was right)."""
         remote = request.remote or "?"
-        wait = self.wrong_keys.waiting(remote)
+        # Not for the machine's own address: a reverse proxy (web.publicUrl) makes every
+        # client 127.0.0.1, and a stranger's 20 wrong keys would lock out every program
+        # behind it (and any local process, the model's commands, every local program).
+        limited = not _local(remote)
+        wait = self.wrong_keys.waiting(remote) if limited else None
         if wait is not None:
             raise Refused(
                 api_error(
@@ -264,8 +279,10 @@ class ApiFace:
         scheme, _, given = header.partition(" ")
         key = find_key(self.cfg.api.keys, given.strip()) if scheme.lower() == "bearer" else None
         if key is None:
-            self.wrong_keys.attempt(remote)
-            blocked = self.wrong_keys.waiting(remote)
+            blocked = None
+            if limited:
+                self.wrong_keys.attempt(remote)
+                blocked = self.wrong_keys.waiting(remote)
             log.warning(
                 "api: refused a %s %s from %s: %s%s",
                 request.method,

@@ -616,7 +616,7 @@ class PanelConfig(_Model):
         return self.public_url.startswith("https://")
 
 
-_API_KEY_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+_API_KEY_NAME = re.compile(r"[A-Za-z0-9_-]{1,40}")  # fullmatch ("$" would take a last "\n")
 MIN_API_KEY_CHARS = 16
 
 
@@ -637,7 +637,7 @@ class ApiKeyConfig(_Model):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _API_KEY_NAME.match(v):
+        if not _API_KEY_NAME.fullmatch(v):
             raise ValueError(f"{v!r}: use 1 to 40 letters, digits, _ and - (no spaces or :)")
         return v
 

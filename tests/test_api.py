@@ -71,12 +71,23 @@ async def running(
             budget=budget or {},
         )
         cfg, _ = load_config(path)
-        async with chatting(cfg, path) as (gateway, browser):
-            yield llm, gateway, browser
+        try:
+            async with chatting(cfg, path) as (gateway, browser):
+                yield llm, gateway, browser
+        finally:
+            # Closed while the loop runs: left to the collector, each logged "Event loop is
+            # closed" with a traceback, which hid what the server itself logged.
+            while CLIENTS:
+                await CLIENTS.pop().close()
+
+
+CLIENTS: list[openai.AsyncOpenAI] = []  # made by client(), closed when running() ends
 
 
 def client(browser: Browser, key: str = KEY) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{browser.base}/v1", api_key=key, max_retries=0, timeout=20)
+    made = openai.AsyncOpenAI(base_url=f"{browser.base}/v1", api_key=key, max_retries=0, timeout=20)
+    CLIENTS.append(made)
+    return made
 
 
 def user_texts(gateway: Gateway, key: str) -> list[str]:
@@ -397,6 +408,7 @@ async def test_with_the_panel_off_the_api_listens_alone(tmp_path):
             assert gateway.panel is None and gateway.api_server is not None
             base = gateway.api_server.base_url
             api = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
+            CLIENTS.append(api)
             done = await api.chat.completions.create(
                 model="memobot", messages=[{"role": "user", "content": "alone"}]
             )
@@ -416,6 +428,8 @@ async def test_with_the_panel_off_the_api_listens_alone(tmp_path):
                 async with http.get(f"{base}/v1/sessions/default/last", headers=mine) as r:
                     assert (await r.json())["content"] == "echo: alone"
         finally:
+            while CLIENTS:
+                await CLIENTS.pop().close()
             await gateway.api_server.stop() if gateway.api_server else None
             await stop_agent(gateway.stack, loop_task, gateway.manager)
 

@@ -15,8 +15,10 @@ once. Every error is OpenAI's shape, ``{"error": {"message", "type", "param", "c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import re
@@ -24,11 +26,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from aiohttp import web
 
 from bot.config import ApiKeyConfig, Config
+from bot.web import limits
 from bot.web.addresses import Served, parse_listen, served
 from channels.api_channel.channel import Answer, ApiChannel, Caller, Waiter, message_id
 from channels.api_channel.spec import NAME, speaks_as_admin
@@ -40,11 +43,17 @@ log = logging.getLogger(__name__)
 
 HEALTH = "/health"
 MODEL = "memobot"  # the model id that means "memobot, as configured"
-SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # no ":", "/" or "..": one chat of one key
+# Matched whole (fullmatch: "$" would take a last "\n"): no ":", "/" or "..": one chat of one key.
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_SESSION = "default"
+# The request's model is named in every chunk of its stream: 4 MB of it took 40 ms of the
+# event loop per chunk.
+MAX_MODEL_CHARS = 256
 MAX_IDEMPOTENCY_KEY = 255
 OUTAGE_RETRY_SECONDS = 30
 KEEPALIVE_SECONDS = 15.0  # a stream's longest silence (an SSE comment then)
+MAX_UNDERWAY = 16  # completion requests of one key at once (more: 429)
+BODY_SECONDS = 60.0  # to send a request's body (4 MB at 70 kB/s); a slower sender gets 408
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -63,6 +72,20 @@ def api_error(
     """OpenAI's error shape, which its SDKs turn into their typed errors."""
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return web.json_response(body, status=status, headers=headers)
+
+
+async def in_openai_shape(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """``handler``'s answer to an API path, the router's own refusals (404 for a path the API
+    does not have, 405 for a method) in OpenAI's shape too, which the SDKs read."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kept = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+        code = "not_found" if exc.status == 404 else None
+        text = f"{exc.reason}: {request.method} {request.path}"
+        return api_error(exc.status, text, param=None, code=code, headers=kept)
 
 
 class Refused(Exception):
@@ -119,6 +142,8 @@ def parse_completion(body: Any, headers: dict[str, str] | Any, max_chars: int) -
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("model", f'model is required (any configured model, or "{MODEL}")')
+    if len(model) > MAX_MODEL_CHARS:
+        raise bad_request("model", f"model: at most {MAX_MODEL_CHARS} characters")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages", "messages must be a non-empty list")
@@ -150,7 +175,7 @@ def parse_completion(body: Any, headers: dict[str, str] | Any, max_chars: int) -
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise bad_request("stream_options.include_usage", "include_usage must be true or false")
     session_id = body.get("session_id", headers.get("X-Session-Id", DEFAULT_SESSION))
-    if not isinstance(session_id, str) or not SESSION_ID.match(session_id):
+    if not isinstance(session_id, str) or not SESSION_ID.fullmatch(session_id):
         raise bad_request(
             "session_id", "session_id: 1 to 64 letters, digits, _ and - (no : / or .)"
         )
@@ -167,11 +192,24 @@ def parse_completion(body: Any, headers: dict[str, str] | Any, max_chars: int) -
 def find_key(keys: list[ApiKeyConfig], given: str) -> ApiKeyConfig | None:
     """The live key ``given`` is, compared with every key in constant time (no early exit:
     how long it takes does not tell which key a guess came close to)."""
+    # The header's bytes as sent: one that is not UTF-8 (aiohttp keeps its bytes as
+    # surrogates) is a wrong key, not a failure to encode it.
+    sent = given.encode("utf-8", "surrogateescape")
     found = None
     for key in keys:
-        if hmac.compare_digest(given.encode(), key.key.encode()):
+        if hmac.compare_digest(sent, key.key.encode()):
             found = key
     return found if found is not None and not found.revoked else None
+
+
+def _local(remote: str) -> bool:
+    """A client on this machine (an IPv4 one through a dual-stack socket included)."""
+    try:
+        address = ipaddress.ip_address(remote)
+    except ValueError:
+        return remote == "?"  # a Unix socket: this machine
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool((mapped or address).is_loopback)
 
 
 def caller_of(cfg: Config, key: ApiKeyConfig) -> Caller:
@@ -187,7 +225,14 @@ class ApiFace:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.closing = False
+        self._closed = asyncio.Event()  # set with closing: a body being read stops
         self.keepalive_seconds = KEEPALIVE_SECONDS
+        self.body_seconds = BODY_SECONDS
+        self.reading = 0  # requests whose body is being read
+        self.underway: dict[str, int] = {}  # completion requests being answered, per key
+        self.max_underway = MAX_UNDERWAY
+        # Wrong keys per client address (not this machine's): a guesser gets a few a minute.
+        self.wrong_keys = limits.AttemptLimiter(limits.WRONG_KEYS, limits.WRONG_KEYS_WINDOW_SECONDS)
 
     @property
     def cfg(self) -> Config:
@@ -203,6 +248,7 @@ class ApiFace:
     def close(self) -> None:
         """The server stops: requests that wait for an answer end now (retry later)."""
         self.closing = True
+        self._closed.set()
         for channel in self.gateway.channels:
             if isinstance(channel, ApiChannel):
                 channel.wake_all()
@@ -210,16 +256,40 @@ class ApiFace:
     # -- checks --
 
     def authorize(self, request: web.Request) -> Caller:
+        """The caller whose key the request carries; else 401, and 429 for an address that
+        sent too many wrong keys (then not even the right one is checked: its answer would
+        tell a guesser which guess was right)."""
+        remote = request.remote or "?"
+        # Not for the machine's own address: a reverse proxy (web.publicUrl) makes every
+        # client 127.0.0.1, and a stranger's 20 wrong keys would lock out every program
+        # behind it (and any local process, the model's commands, every local program).
+        limited = not _local(remote)
+        wait = self.wrong_keys.waiting(remote) if limited else None
+        if wait is not None:
+            raise Refused(
+                api_error(
+                    429,
+                    f"Too many wrong API keys from this address; try again in {wait} seconds.",
+                    "rate_limit_error",
+                    code="too_many_wrong_keys",
+                    headers={"Retry-After": str(wait)},
+                )
+            )
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
         key = find_key(self.cfg.api.keys, given.strip()) if scheme.lower() == "bearer" else None
         if key is None:
+            blocked = None
+            if limited:
+                self.wrong_keys.attempt(remote)
+                blocked = self.wrong_keys.waiting(remote)
             log.warning(
-                "api: refused a %s %s from %s: %s",
+                "api: refused a %s %s from %s: %s%s",
                 request.method,
                 request.path,
-                request.remote,
+                remote,
                 "a wrong or revoked key" if given else "no key",
+                f"; too many: refused for {blocked} s" if blocked is not None else "",
             )
             raise Refused(
                 api_error(
@@ -259,32 +329,48 @@ class ApiFace:
             )
 
     async def read_json(self, request: web.Request) -> Any:
-        """The body as JSON, at most ``api.maxRequestBytes`` of it (413 past that)."""
+        """The body as JSON, at most ``api.maxRequestBytes`` of it (413 past that), sent
+        within ``body_seconds`` (408 past that: a slow sender holds no handler for long),
+        and read no longer once the server stops (its stop waits for no body)."""
         if request.content_type != "application/json":
             raise bad_request(None, "send the body as JSON (Content-Type: application/json)")
         limit = self.cfg.api.max_request_bytes
-        too_big = False
-        if request.content_length is not None and request.content_length > limit:
-            too_big = True
-        else:
-            data = bytearray()
-            async for chunk in request.content.iter_chunked(64 * 1024):
-                data += chunk
-                if len(data) > limit:
-                    too_big = True
-                    break
-        if too_big:
-            response = api_error(
-                413,
-                f"The request body is larger than {limit} bytes (api.maxRequestBytes).",
-                code="request_too_large",
+        data: bytearray | None = None
+        if request.content_length is None or request.content_length <= limit:
+            reading = asyncio.ensure_future(_read_body(request, limit))
+            stopping = asyncio.ensure_future(self._closed.wait())
+            self.reading += 1
+            try:
+                await asyncio.wait(
+                    (reading, stopping),
+                    timeout=self.body_seconds,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                self.reading -= 1
+                stopping.cancel()
+                reading.cancel()
+            if not reading.done() or reading.cancelled():
+                if self.closing:
+                    await _unread(request, _stopping())
+                await _unread(
+                    request,
+                    api_error(
+                        408,
+                        f"The request body did not come within {self.body_seconds:g} seconds.",
+                        code="request_timeout",
+                    ),
+                )
+            data = reading.result()  # ConnectionError: the client left (see _answered)
+        if data is None:
+            await _unread(
+                request,
+                api_error(
+                    413,
+                    f"The request body is larger than {limit} bytes (api.maxRequestBytes).",
+                    code="request_too_large",
+                ),
             )
-            # Sent, then the connection closed: the rest of the body is never read (aiohttp
-            # would read it for up to 10 s, and hold the server's shutdown meanwhile).
-            await response.prepare(request)
-            await response.write_eof()
-            request.protocol.force_close()
-            raise Refused(response)
         try:
             return json.loads(data)
         except ValueError as exc:
@@ -317,10 +403,15 @@ class ApiFace:
     async def last(self, request: web.Request) -> web.Response:
         caller = self.authorize(request)
         session_id = request.match_info["id"]
-        if not SESSION_ID.match(session_id):
+        if not SESSION_ID.fullmatch(session_id):
             raise bad_request("session_id", "session_id: 1 to 64 letters, digits, _ and -")
         key = f"{NAME}:{caller.key}:{session_id}"
-        session = await asyncio.to_thread(self.gateway.stack.store.get, key)
+        store = self.gateway.stack.store
+        # A session nobody made is not loaded: each would take a place in the store's cache
+        # and a lock kept for good, for as many ids as a client cares to ask for.
+        if await asyncio.to_thread(store.peek_metadata, key) is None:
+            return api_error(404, f"session {session_id} has no answer yet", code="not_found")
+        session = await asyncio.to_thread(store.get, key)
         answer = next(
             (
                 m["content"]
@@ -345,10 +436,29 @@ class ApiFace:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         caller = self.authorize(request)
-        ask = parse_completion(
-            await self.read_json(request), request.headers, self.cfg.api.max_message_chars
-        )
-        return await self._complete(request, caller, ask)
+        # Each request is a turn (queued behind its session's others) and a connection that
+        # waits for it: a client in a loop, or a guest's key, must not queue without end.
+        if self.underway.get(caller.key, 0) >= self.max_underway:
+            raise Refused(
+                api_error(
+                    429,
+                    f"This key has {self.max_underway} requests under way; wait for their "
+                    "answers (or retry one with its Idempotency-Key).",
+                    "rate_limit_error",
+                    code="too_many_requests_underway",
+                    headers={"Retry-After": "5"},
+                )
+            )
+        self.underway[caller.key] = self.underway.get(caller.key, 0) + 1
+        try:
+            ask = parse_completion(
+                await self.read_json(request), request.headers, self.cfg.api.max_message_chars
+            )
+            return await self._complete(request, caller, ask)
+        finally:
+            self.underway[caller.key] -= 1
+            if not self.underway[caller.key]:
+                del self.underway[caller.key]
 
     async def _complete(
         self, request: web.Request, caller: Caller, ask: Completion
@@ -398,7 +508,7 @@ class ApiFace:
                     )
             if ask.stream:
                 return await self._stream(request, ask, mid, waiter, answer)
-            answer = answer or await self._answer(waiter)
+            answer = answer or await self._answer(request, waiter)
             return _completion_response(ask, mid, answer)
 
     async def _underway(self, session: str, mid: str, waiter: Waiter) -> bool:
@@ -412,11 +522,18 @@ class ApiFace:
             or any(e.get("reply_to") == mid for e in state.outbox)
         )
 
-    async def _answer(self, waiter: Waiter) -> Answer:
+    async def _answer(self, request: web.Request, waiter: Waiter) -> Answer:
         while waiter.answer is None:
             if self.closing:
                 raise Refused(_stopping())
-            await waiter.next()
+            if request.transport is None:
+                # The client left (a timeout, then a retry with its Idempotency-Key, say): the
+                # turn goes on and keeps its answer; this request no longer counts as under
+                # way for its key.
+                raise ConnectionResetError("the client left")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.keepalive_seconds):
+                    await waiter.next()
         return waiter.answer
 
     async def _stream(
@@ -469,6 +586,26 @@ class ApiFace:
         return response
 
 
+async def _read_body(request: web.Request, limit: int) -> bytearray | None:
+    """The body, or None when it is larger than ``limit`` bytes."""
+    data = bytearray()
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        data += chunk
+        if len(data) > limit:
+            return None
+    return data
+
+
+async def _unread(request: web.Request, response: web.Response) -> NoReturn:
+    """Refuse ``request`` before its body is read: ``response`` sent, then the connection
+    closed, so the rest of the body is never read (aiohttp would read it for up to 10 s, and
+    hold the server's shutdown meanwhile)."""
+    await response.prepare(request)
+    await response.write_eof()
+    request.protocol.force_close()
+    raise Refused(response)
+
+
 def _answered(handler: Handler) -> Handler:
     """``handler`` with its refusals answered, and a bug answered in OpenAI's shape too
     (logged once here, with the request)."""
@@ -480,6 +617,10 @@ def _answered(handler: Handler) -> Handler:
             return refused.response
         except web.HTTPException:
             raise
+        except ConnectionError:
+            # The client left (mid-body, say): nobody reads an answer, and it is no failure.
+            log.info("api: the client left during %s %s", request.method, request.path)
+            return web.Response(status=400)
         except Exception:
             log.exception("api: %s %s failed", request.method, request.path)
             return api_error(500, "memobot failed to answer this request.", "server_error")
@@ -624,14 +765,19 @@ class ApiServer:
         if not self.served.host_ok(request.headers.get("Host")):
             log.info("api: refused a request for host %r", request.headers.get("Host"))
             return api_error(421, "This server does not answer to that host name.")
-        return await handler(request)
+        return await in_openai_shape(request, handler)
 
     async def start(self) -> str | None:
         app = web.Application(middlewares=[self._hosts])
         app.on_response_prepare.append(security_headers)
         app.on_shutdown.append(self._closing)
         app.router.add_routes(self.face.routes())
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=limits.IDLE_SECONDS,
+        )
         await runner.setup()
         host, port = parse_listen(self.cfg.web.listen)
         try:

@@ -27,9 +27,9 @@ from aiohttp import web
 
 from bot.config import Config, ConfigError, load_config
 from bot.invocation import command_for
-from bot.web import screens, views
+from bot.web import limits, screens, views
 from bot.web.addresses import parse_listen, served
-from bot.web.api import ApiFace, api_error, is_api_path
+from bot.web.api import ApiFace, api_error, in_openai_shape, is_api_path
 from bot.web.limits import AttemptLimiter
 from bot.web.links import LinkBook
 from bot.web.passwords import verify_password
@@ -109,7 +109,12 @@ class Panel:
     async def start(self, sock: socket.socket | None = None) -> str | None:
         """Listen (on ``sock`` when one is given: bound already); None when listening, else
         why not (also logged, as one line)."""
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=limits.IDLE_SECONDS,
+        )
         await runner.setup()
         host, port = parse_listen(self.cfg.web.listen)
         try:
@@ -161,6 +166,8 @@ class Panel:
         host = request.headers.get("Host")
         if not self.served.host_ok(host):
             log.info("web: refused a request for host %r: not one the panel serves", host)
+            if self.api is not None and is_api_path(request.path):
+                return api_error(421, "This server does not answer to that host name.")
             return _refused(
                 "This panel does not answer to that host name (web.publicUrl names the "
                 "address it is opened at).",
@@ -173,7 +180,7 @@ class Panel:
             # A program's request with a bearer key (checked by the API itself), never a
             # cookie: the session and CSRF checks below are the browser's, and so is the
             # form body limit (the API reads its body with api.maxRequestBytes).
-            return await handler(request)
+            return await in_openai_shape(request, handler)
         if _embedded_by_another_site(request):
             log.warning("web: refused a %s %s from another site", request.method, request.path)
             return _refused("Refused: another site's page asked for this.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +66,7 @@ def carve(
             names = listdir(Path(path))
         except OSError:
             continue
-        todo.extend(os.path.realpath(os.path.join(path, name)) for name in names)
+        todo.extend(_real_entry(path, name) for name in names)
     # /bin -> /usr/bin on merged-/usr systems: keep only the outermost folders (shallowest
     # first, so each path meets its kept ancestors; a set lookup per ancestor, not per pair).
     kept: set[str] = set()
@@ -73,6 +74,18 @@ def carve(
         if not any(parent in kept for parent in _parents(path)):
             kept.add(path)
     return sorted(Path(p) for p in kept)
+
+
+def _real_entry(folder: str, name: str) -> str:
+    """The real path of ``name`` in ``folder``, itself a real path: only the entry can be a
+    link (one lstat, where realpath would lstat every component again)."""
+    path = os.path.join(folder, name)
+    try:
+        if not stat.S_ISLNK(os.lstat(path).st_mode):
+            return path
+    except OSError:
+        return path  # gone meanwhile: as realpath gives it, as written
+    return os.path.realpath(path)
 
 
 def _inside(inner: str, outer: str) -> bool:

@@ -50,16 +50,18 @@ def carve(
     resolved first: a symlink inside a root that points at a denied path is not granted.
     Pure apart from ``listdir``; the result is sorted and free of duplicates.
     """
-    # On strings: a Path comparison costs microseconds, and a root such as /tmp or / can hold
-    # thousands of entries, each compared with every denied path.
-    deny = [os.path.realpath(d) for d in denied]
+    # On strings and sets: a Path comparison costs microseconds, and a root such as /etc holds
+    # hundreds of entries, each compared with every denied path.
+    deny = {os.path.realpath(d) for d in denied}
+    under_denied = tuple(d if d.endswith("/") else d + "/" for d in deny)
+    holders = {parent for d in deny for parent in _parents(d)}  # folders holding a denied path
     out: set[str] = set()
     todo = [os.path.realpath(r) for r in roots]
     while todo:
         path = todo.pop()
-        if any(_inside(path, d) for d in deny):
+        if path in deny or (under_denied and path.startswith(under_denied)):
             continue
-        if not any(_inside(d, path) for d in deny):
+        if path not in holders:
             out.add(path)
             continue
         try:
@@ -73,7 +75,8 @@ def carve(
     for path in sorted(out, key=lambda p: p.count("/") + (p != "/")):  # "/" has depth 1
         if not any(parent in kept for parent in _parents(path)):
             kept.add(path)
-    return sorted(Path(p) for p in kept)
+    # In Path order (component by component), sorted as strings split the same way.
+    return [Path(p) for p in sorted(kept, key=lambda p: p.split("/"))]
 
 
 def _real_entry(folder: str, name: str) -> str:
@@ -86,11 +89,6 @@ def _real_entry(folder: str, name: str) -> str:
     except OSError:
         return path  # gone meanwhile: as realpath gives it, as written
     return os.path.realpath(path)
-
-
-def _inside(inner: str, outer: str) -> bool:
-    """:func:`bot.layout.within` for real paths as strings."""
-    return inner == outer or inner.startswith(outer if outer.endswith("/") else outer + "/")
 
 
 def _parents(path: str) -> Iterator[str]:

@@ -904,7 +904,9 @@ def strip_telegram_html(html_text: str) -> str:
 
 def utf16_len(text: str) -> int:
     """Length in UTF-16 code units: 1 per character of the BMP, 2 above it (most emoji)."""
-    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
+    # The codec counts in C (a generator over the text cost a call per character); a lone
+    # surrogate, which Python strings may hold, is one unit as Telegram counts it.
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def telegram_length(html_text: str) -> int:

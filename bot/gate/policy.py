@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,35 +50,45 @@ def carve(
     resolved first: a symlink inside a root that points at a denied path is not granted.
     Pure apart from ``listdir``; the result is sorted and free of duplicates.
     """
-    # On strings: a Path comparison costs microseconds, and a root such as /tmp or / can hold
-    # thousands of entries, each compared with every denied path.
-    deny = [os.path.realpath(d) for d in denied]
+    # On strings and sets: a Path comparison costs microseconds, and a root such as /etc holds
+    # hundreds of entries, each compared with every denied path.
+    deny = {os.path.realpath(d) for d in denied}
+    under_denied = tuple(d if d.endswith("/") else d + "/" for d in deny)
+    holders = {parent for d in deny for parent in _parents(d)}  # folders holding a denied path
     out: set[str] = set()
     todo = [os.path.realpath(r) for r in roots]
     while todo:
         path = todo.pop()
-        if any(_inside(path, d) for d in deny):
+        if path in deny or (under_denied and path.startswith(under_denied)):
             continue
-        if not any(_inside(d, path) for d in deny):
+        if path not in holders:
             out.add(path)
             continue
         try:
             names = listdir(Path(path))
         except OSError:
             continue
-        todo.extend(os.path.realpath(os.path.join(path, name)) for name in names)
+        todo.extend(_real_entry(path, name) for name in names)
     # /bin -> /usr/bin on merged-/usr systems: keep only the outermost folders (shallowest
     # first, so each path meets its kept ancestors; a set lookup per ancestor, not per pair).
     kept: set[str] = set()
     for path in sorted(out, key=lambda p: p.count("/") + (p != "/")):  # "/" has depth 1
         if not any(parent in kept for parent in _parents(path)):
             kept.add(path)
-    return sorted(Path(p) for p in kept)
+    # In Path order (component by component), sorted as strings split the same way.
+    return [Path(p) for p in sorted(kept, key=lambda p: p.split("/"))]
 
 
-def _inside(inner: str, outer: str) -> bool:
-    """:func:`bot.layout.within` for real paths as strings."""
-    return inner == outer or inner.startswith(outer if outer.endswith("/") else outer + "/")
+def _real_entry(folder: str, name: str) -> str:
+    """The real path of ``name`` in ``folder``, itself a real path: only the entry can be a
+    link (one lstat, where realpath would lstat every component again)."""
+    path = os.path.join(folder, name)
+    try:
+        if not stat.S_ISLNK(os.lstat(path).st_mode):
+            return path
+    except OSError:
+        return path  # gone meanwhile: as realpath gives it, as written
+    return os.path.realpath(path)
 
 
 def _parents(path: str) -> Iterator[str]:

@@ -620,9 +620,12 @@ class MemoryRepo:
                 return Migration("exists")
             staging = self.state_dir / _STAGING
             _init_empty(staging)  # also over a creation a crash cut short
-            result = self._copy_old_history(old, staging)
-            if result.state != "copied":
-                _init_empty(staging)  # whatever a copy that failed half way left there
+            if not workspace_files.lexists(old, _GIT_DIR):
+                result = Migration("none")  # the common case, a new workspace: nothing to copy
+            else:
+                result = self._copy_old_history(old, staging)
+                if result.state != "copied":
+                    _init_empty(staging)  # whatever a copy that failed half way left there
             durable.move(staging, self.git_dir)
         return result
 

@@ -112,9 +112,18 @@ class LLMNotConfigured(LLMError):
 
 
 class LLMUnavailable(LLMError):
-    """Transient failures outlasted every retry (of every endpoint, when raised by ``chat``)."""
+    """Transient failures outlasted every retry (of every endpoint, when raised by ``chat``).
+    ``rate_limited``: every endpoint said so (HTTP 429), ``retry_after`` seconds its last
+    answer asked to wait (the longest, over several endpoints), when it said."""
 
     user_message = "The model service is unavailable right now; try again in a moment."
+
+    def __init__(
+        self, message: str, *, rate_limited: bool = False, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.rate_limited = rate_limited
+        self.retry_after = retry_after
 
 
 class LLMRejected(LLMError):
@@ -716,7 +725,7 @@ class LLMProvider:
         """
         if self.guard is not None:
             self.guard(session_key, purpose)
-        failures: list[str] = []
+        failures: list[LLMUnavailable] = []
         endpoints = self._chain(model, session_key)
         for i, endpoint in enumerate(endpoints):
             try:
@@ -724,7 +733,7 @@ class LLMProvider:
                     endpoint, messages, tools, force_tool, max_tokens, session_key, on_text
                 )
             except LLMUnavailable as exc:
-                failures.append(str(exc))
+                failures.append(exc)
                 if i + 1 < len(endpoints):
                     log.warning(
                         "llm endpoint %s unavailable, failing over to %s session=%s: %s",
@@ -739,9 +748,14 @@ class LLMProvider:
                 on_answer(response)
             await self._count(endpoint, session_key, purpose, response, messages, tools)
             return response
-        if len(failures) == 1:
-            raise LLMUnavailable(failures[0])
-        raise LLMUnavailable("every model failed: " + "; ".join(failures))
+        waits = [e.retry_after for e in failures if e.retry_after is not None]
+        raise LLMUnavailable(
+            str(failures[0])
+            if len(failures) == 1
+            else "every model failed: " + "; ".join(map(str, failures)),
+            rate_limited=all(e.rate_limited for e in failures),
+            retry_after=max(waits, default=None),
+        )
 
     async def probe(self) -> str | None:
         """One try per endpoint, no retries, a one-token request: the label of the first
@@ -868,7 +882,9 @@ class LLMProvider:
         except openai.APIStatusError as exc:
             if is_retryable(exc, endpoint.dialect):
                 raise LLMUnavailable(
-                    f"{endpoint.url} answered {_describe(exc)}; gave up after {tries} tries"
+                    f"{endpoint.url} answered {_describe(exc)}; gave up after {tries} tries",
+                    rate_limited=exc.status_code == 429,
+                    retry_after=retry_after_seconds(exc),
                 ) from exc
             detail = endpoint.scrub(_error_detail(exc))
             raise LLMRejected(exc.status_code, detail, endpoint.url) from exc

@@ -717,7 +717,7 @@ class AgentLoop:
         )
         if unavailable is not None:
             assert self.outage is not None
-            self.outage.begin(str(unavailable))
+            self.outage.begin(str(unavailable), unavailable.rate_limited, unavailable.retry_after)
             work.waiting = turn  # the worker waits for the model outside its slot
 
     def _on_own_model(self, key: str, msg: InboundMessage) -> bool:

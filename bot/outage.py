@@ -51,6 +51,8 @@ class Outage:
         self.cfg = cfg
         self.since: float | None = None  # wall time the outage was noticed
         self.reason = ""
+        self.rate_limited = False  # every model answered 429: a client may be told so
+        self.retry_after: float | None = None  # what the last failure asked to wait, if it did
         self._probe_task: asyncio.Task[None] | None = None
         self._seq = itertools.count()
         # (arrival time, sequence, future): released oldest first when the model is back.
@@ -67,9 +69,12 @@ class Outage:
         """How many turns wait for the model now."""
         return sum(self._waiting_keys.values())
 
-    def begin(self, reason: str) -> None:
+    def begin(
+        self, reason: str, rate_limited: bool = False, retry_after: float | None = None
+    ) -> None:
         """Every model failed: start (or continue) the outage and its probe."""
         self.reason = reason
+        self.rate_limited, self.retry_after = rate_limited, retry_after
         if self.active:
             return
         self.since = time.time()
@@ -150,4 +155,13 @@ class Outage:
         """For the gateway's status file."""
         if self.since is None:
             return None
-        return {"since": self.since, "waiting": self.waiting, "reason": self.reason[:300]}
+        shown: dict[str, Any] = {
+            "since": self.since,
+            "waiting": self.waiting,
+            "reason": self.reason[:300],
+        }
+        if self.rate_limited:
+            shown["rateLimited"] = True
+            if self.retry_after is not None:
+                shown["retryAfter"] = self.retry_after
+        return shown

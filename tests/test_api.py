@@ -468,6 +468,30 @@ async def test_while_the_model_is_down_new_requests_get_503_and_the_waiting_one_
         assert user_texts(gateway, "api:editor:default") == ["are you there?"]
 
 
+async def test_while_the_models_rate_limit_holds_new_requests_get_429_with_its_retry_after(
+    tmp_path,
+):
+    limited = [error(429, retry_after=0.2)] * 3  # every retry of the first turn's call
+    async with running(tmp_path, *limited) as (_llm, gateway, browser):
+        api = client(browser)
+        first = asyncio.create_task(
+            api.chat.completions.create(
+                model="memobot", messages=[{"role": "user", "content": "are you there?"}]
+            )
+        )
+        outage = gateway.stack.loop.outage
+        assert outage is not None
+        await until(lambda: outage.active)
+        with pytest.raises(openai.RateLimitError) as limit:
+            await api.chat.completions.create(
+                model="memobot", messages=[{"role": "user", "content": "and now?"}]
+            )
+        assert limit.value.body["code"] == "rate_limit_exceeded"
+        assert limit.value.response.headers["Retry-After"] == "1"  # the model's 0.2 s, rounded up
+        outage.end("the test")
+        assert (await first).choices[0].message.content == "echo: are you there?"
+
+
 def test_a_stream_sends_each_reply_once_and_the_answer_at_its_end():
     written = Written()
     deltas = [

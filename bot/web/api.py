@@ -21,6 +21,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -305,6 +306,18 @@ class ApiFace:
         """A new turn now would fail: the model is down (503), or the budget is spent (429)."""
         stack = self.gateway.stack
         outage = stack.loop.outage.snapshot() if stack.loop.outage else None
+        if outage is not None and outage.get("rateLimited"):
+            # The model's own rate limit, not an outage: what a client backs off from.
+            wait = outage.get("retryAfter") or OUTAGE_RETRY_SECONDS
+            raise Refused(
+                api_error(
+                    429,
+                    "The model's rate limit was reached; try again later.",
+                    "rate_limit_error",
+                    code="rate_limit_exceeded",
+                    headers={"Retry-After": str(max(1, math.ceil(wait)))},
+                )
+            )
         if outage is not None:
             raise Refused(
                 api_error(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -184,8 +185,10 @@ def build_agent(cfg: Config, config_path: Path, wait_for_model: bool = False) ->
         untrusted_skills=Provenance(cfg.agent.state_path, workspace),
     )
     outage = Outage(provider.probe, cfg.llm.outage) if wait_for_model else None
+    # A new archive entry wakes the embedder (which otherwise looks once a minute).
+    wake = embeddings.wake if embeddings is not None else None
     loop = build_loop(
-        cfg, bus, store, provider, tools, context, gate, jobs, background, outage, mcp, budget
+        cfg, bus, store, provider, tools, context, gate, jobs, background, outage, mcp, budget, wake
     )
     bus.set_intake(loop.accept)
     return AgentStack(bus, loop, store, provider, gate, mcp, usage, budget, embeddings)
@@ -204,8 +207,10 @@ def build_loop(
     outage: Outage | None,
     mcp: McpManager | None,
     budget: Budget,
+    on_archived: Callable[[], None] | None = None,
 ) -> AgentLoop:
-    """The agent loop and everything it works with, wired once, here."""
+    """The agent loop and everything it works with, wired once, here. ``on_archived``: called
+    after consolidation archives an entry (:class:`Consolidator`)."""
     workspace = cfg.agent.workspace_path
     archive = HistoryArchive(workspace)
 
@@ -213,7 +218,9 @@ def build_loop(
         log.warning("admin notice: %s", text)
         await bus.publish_outbound(AdminNotice(text))
 
-    consolidator = Consolidator(cfg.memory, store, provider, archive, notify=tell_admins)
+    consolidator = Consolidator(
+        cfg.memory, store, provider, archive, notify=tell_admins, on_archived=on_archived
+    )
     dream = Dream(
         cfg.memory,
         workspace,

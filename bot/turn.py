@@ -78,6 +78,15 @@ AUDIO_SUFFIXES = frozenset({".ogg", ".oga", ".opus", ".mp3", ".m4a", ".wav", ".w
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
+def turn_speaker(msg: InboundMessage, scope: PrivacyScope) -> Speaker | None:
+    """Who wrote a person's message in a chat that is not the owner's (a group, someone who is
+    not an admin), named in its runtime block; None for the owner and for turns nobody wrote.
+    (bench/bench_recall.py stores its conversation's messages as turns do, through this.)"""
+    if msg.kind is not TurnKind.MESSAGE or scope.is_owner:
+        return None
+    return Speaker(msg.channel, msg.sender.id, clean_name(sender_name(msg)))
+
+
 class Turns:
     """Runs and ends turns; shared by every session (the loop decides which turn runs when)."""
 
@@ -165,12 +174,7 @@ class Turns:
         return self.context.user_message(text, msg.channel, msg.chat_id, msg.media, speaker=speaker)
 
     def speaker(self, msg: InboundMessage) -> Speaker | None:
-        """Who wrote a person's message in a chat that is not the owner's (a group, someone
-        who is not an admin), named in its runtime block; None for the owner and for turns
-        nobody wrote."""
-        if msg.kind is not TurnKind.MESSAGE or self.scope(msg).is_owner:
-            return None
-        return Speaker(msg.channel, msg.sender.id, clean_name(sender_name(msg)))
+        return turn_speaker(msg, self.scope(msg))
 
     async def _fit_message(self, msg: InboundMessage, text: str) -> str:
         """``text``, or for a message too long for the model's window its head and tail

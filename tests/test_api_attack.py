@@ -26,8 +26,8 @@ from bot.web.limits import AttemptLimiter
 from channels.api_channel import channel as api_channel
 from channels.api_channel.channel import Records
 from tests.fakes.llm_server import reply
+from tests.helpers.api import GUEST_KEY, KEY, client, running
 from tests.helpers.discord import until
-from tests.test_api import GUEST_KEY, KEY, client, running
 
 
 async def raw(base: str, request: bytes) -> tuple[int, dict[str, object] | None]:

@@ -459,6 +459,55 @@ async def test_the_agent_stack_searches_and_embeds_with_one_object(tmp_path, fak
         await stack.close()
 
 
+async def test_an_entry_consolidation_archives_wakes_the_embedder(tmp_path, fake, monkeypatch):
+    """The gateway's wiring: an entry consolidation archives is embedded at once, not at the
+    embedder's next look (IDLE_SECONDS, an hour here: only the wake gets it there in time)."""
+    from bot.app import build_agent
+    from bot.config import load_config
+    from bot.llm import LLMResponse, ToolCall
+    from bot.memory import hybrid
+    from bot.memory.consolidate import SUMMARY_TOOL
+    from tests.helpers import write_config
+
+    class Summariser:  # the summarising model: one save_summary call
+        async def chat(self, *args: object, **kw: object) -> LLMResponse:
+            summary = json.dumps({"summary": "Sam bought a second-hand automobile."})
+            return LLMResponse(None, (ToolCall("c1", SUMMARY_TOOL, summary),), "tool_calls")
+
+    monkeypatch.setattr(hybrid, "IDLE_SECONDS", 3600.0)
+    emb = {"enabled": True, "baseUrl": fake.base_url, "model": "toy-embed"}
+    path = write_config(tmp_path, "http://127.0.0.1:9/v1", memory={"embeddings": emb})
+    cfg, _ = load_config(path)
+    stack = build_agent(cfg, path)
+    embeddings = stack.embeddings
+    assert embeddings is not None
+    consolidator = stack.loop.consolidator
+    consolidator.provider = Summariser()  # type: ignore[assignment]
+    idle = asyncio.Event()
+    warm = embeddings.index.warm_vectors
+
+    def warm_and_tell() -> None:  # called once a step finds nothing left to embed
+        warm()
+        idle.set()
+
+    embeddings.index.warm_vectors = warm_and_tell  # type: ignore[method-assign]
+    task = asyncio.create_task(embeddings.run())
+    try:
+        await asyncio.wait_for(idle.wait(), 10)  # it looked, found nothing: waits an hour
+        idle.clear()
+        session = stack.store.get("telegram:1")
+        said = [{"role": "user", "content": "I got a car"}, {"role": "assistant", "content": "Ok"}]
+        stack.store.append(session, said, fsync=False)
+        result = await consolidator.consolidate("telegram:1", keep=0)
+        assert result is not None and result.cursor == 1 and not result.raw
+        await asyncio.wait_for(idle.wait(), 10)  # woken: embedded it, idle again
+        assert any("Sam bought a second-hand automobile." in text for text in fake.inputs)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await stack.close()
+
+
 def test_embeddings_off_by_default_and_llm_endpoint_when_asked(tmp_path):
     from bot.memory.embeddings import endpoint_from_config
 

@@ -134,10 +134,15 @@ class Consolidator:
         provider: LLMProvider,
         archive: HistoryArchive,
         notify: Callable[[str], Awaitable[None]] | None = None,
+        on_archived: Callable[[], None] | None = None,
     ) -> None:
-        """``notify``: tells the admins (once, when summaries start backing off)."""
+        """``notify``: tells the admins (once, when summaries start backing off).
+        ``on_archived``: called after each entry is archived, at once and without waiting
+        (the gateway's: :meth:`bot.memory.hybrid.Embeddings.wake`, so a new entry is
+        searchable by meaning soon, not at the embedder's next look a minute later)."""
         self.cfg = cfg
         self.notify = notify
+        self.on_archived = on_archived
         # Summaries that fail in a row (a wrong model, a dead endpoint) back off: meanwhile
         # chunks are archived raw, at no cost, instead of paying for a failing call per turn.
         self.backoff = Backoff()
@@ -257,6 +262,8 @@ class Consolidator:
                 return None
             # Only now, with the archive durable, may the pointer move past these messages.
             await self.store.apply_async(session, transitions.unchanged, last_consolidated=end)
+            if self.on_archived is not None:
+                self.on_archived()
             log.info(
                 "consolidated session=%s messages=%d cursor=%d raw=%s",
                 key,

@@ -503,3 +503,53 @@ def test_parse_embeddings_orders_by_index_and_normalises():
     assert np.allclose(rows, [[0.6, 0.8], [0.0, 1.0]])
     with pytest.raises(BadEmbeddingAnswer, match="dimensions"):
         parse_embeddings({"data": [{"embedding": [1.0] * 9000}]}, 1)
+
+
+def test_an_integer_too_large_for_a_float_is_a_bad_answer():
+    # JSON allows integers of any size; float() of 10**400 raises OverflowError, which no
+    # caller expects (it stopped the background task for good).
+    raw = b'{"data": [{"embedding": [1' + b"0" * 400 + b', 1], "index": 0}]}'
+    with pytest.raises(BadEmbeddingAnswer):
+        embeddings_module._decode(raw, 1)
+
+
+async def until_done_or(task: asyncio.Task, event: asyncio.Event) -> None:
+    """Wait for ``event``; fail at once if ``task`` ends first."""
+    waiter = asyncio.ensure_future(event.wait())
+    done, _ = await asyncio.wait({task, waiter}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task in done:
+        raise AssertionError(f"the background task ended: {task.exception()!r}")
+    assert waiter in done, "timed out"
+
+
+async def test_the_background_task_outlives_an_index_error(tmp_path, ws, fake, caplog):
+    import sqlite3
+
+    emb = make(tmp_path, fake)
+    failed, stored = asyncio.Event(), asyncio.Event()
+    pending, store = emb.index.pending_texts, emb.index.store_vectors
+
+    def full_once(model: str, limit: int) -> list:
+        if not failed.is_set():
+            failed.set()  # SQLite's own error for a full disk is not an OSError
+            raise sqlite3.OperationalError("database or disk is full")
+        return pending(model, limit)
+
+    def store_and_tell(*args: object) -> None:
+        store(*args)  # type: ignore[arg-type]
+        stored.set()
+
+    emb.index.pending_texts = full_once  # type: ignore[method-assign]
+    emb.index.store_vectors = store_and_tell  # type: ignore[method-assign]
+    caplog.set_level(logging.INFO, "bot.memory")
+    task = asyncio.create_task(emb.run())
+    try:
+        await until_done_or(task, failed)
+        emb.wake()  # instead of the minute's wait
+        await until_done_or(task, stored)
+        assert "cannot store vectors: database or disk is full" in caplog.text
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await emb.close()

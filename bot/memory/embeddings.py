@@ -138,7 +138,10 @@ def parse_embeddings(payload: Any, count: int) -> np.ndarray:
     if any(type(x) not in (int, float) for row in rows for x in row):  # bool, str, None, lists
         raise BadEmbeddingAnswer("a vector holds something that is not a number")
     with np.errstate(over="ignore"):
-        matrix = np.asarray(rows, dtype=np.float64)
+        try:
+            matrix = np.asarray(rows, dtype=np.float64)
+        except OverflowError:  # JSON's integers have no bound: 1 followed by 400 zeros
+            raise BadEmbeddingAnswer("a vector holds a number too large for a float") from None
         norms = np.linalg.norm(matrix, axis=1)
     if not np.isfinite(matrix).all() or not np.isfinite(norms).all() or (norms == 0).any():
         raise BadEmbeddingAnswer("a vector is zero or not finite")

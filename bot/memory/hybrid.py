@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,12 +142,20 @@ class Embeddings:
                     embedded = await self.step()
                 except EmbeddingError as exc:
                     self._failed(exc)
-                except (OSError, ValueError) as exc:
-                    # The index (a full disk, vectors changing dimension under one model
+                except (OSError, ValueError, sqlite3.Error) as exc:
+                    # The index (a full disk, which SQLite reports as its own error, a lock
+                    # held past the busy timeout, vectors changing dimension under one model
                     # name): said once; tried again after IDLE_SECONDS. Searches go on.
                     if str(exc) != self.store_problem:
                         log.warning("memory embeddings: cannot store vectors: %s", exc)
                     self.store_problem = str(exc)
+                except Exception as exc:
+                    # A bug, not the endpoint or the index: with its traceback, once; the
+                    # task goes on (an ended task would stop embedding until a restart, and
+                    # nothing would say so: the gateway reads its result only at the stop).
+                    if repr(exc) != self.store_problem:
+                        log.exception("memory embeddings: the background indexer failed")
+                    self.store_problem = repr(exc)
             if embedded:
                 continue
             wait = self.backoff.wait_left() or IDLE_SECONDS

@@ -553,3 +553,55 @@ async def test_the_background_task_outlives_an_index_error(tmp_path, ws, fake, c
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await emb.close()
+
+
+async def test_meaning_keeps_to_the_same_privacy_scope_as_words(tmp_path, fake):
+    """A guest sharing the owner's memory finds the memory files, the owner's chats and its
+    own by meaning too, never another person's chat; one not sharing it, only its own."""
+    from bot.bus import InboundMessage
+    from bot.config import ToolsConfig
+    from bot.kinds import with_kind
+    from bot.privacy import guest_scope
+
+    ws = tmp_path / "ws"
+    path = ws / "memory" / "history.jsonl"
+    path.parent.mkdir(parents=True)
+    chats = {
+        "telegram:1001": "Ada washed the automobile on Sunday.",  # the owner's chat
+        "telegram:3003": "Bob said his automobile is a teal Volvo.",  # another person's
+        "telegram:4004": "Carol sold her automobile to a neighbour.",  # the guest's own
+    }
+    lines = [
+        {"cursor": n, "timestamp": "2026-11-02T10:00:00.000Z", "session": key, "content": text}
+        for n, (key, text) in enumerate(chats.items(), start=1)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (ws / "USER.md").write_text("Ada owns an automobile she calls Bessie.\n")
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        registry = build_default_tools(
+            ToolsConfig(),
+            ws,
+            tmp_path / "state",
+            owner_chat=lambda key: key == "telegram:1001",
+            embeddings=emb,
+        )
+        carol = with_kind(
+            InboundMessage(
+                "telegram", "4004", "4004", "hi", metadata={"is_group": False, "is_admin": False}
+            )
+        )
+        args = json.dumps({"query": "vehicle"})  # in no entry: every hit is by meaning
+        for share, wanted in (
+            (True, {"Ada washed", "Bessie", "Carol sold"}),
+            (False, {"Carol sold"}),
+        ):
+            ctx = ToolContext(workspace=ws, scope=guest_scope(carol, share=share))
+            out = await registry.execute("memory_search", args, ctx)
+            assert "match: meaning" in out, out
+            assert "teal Volvo" not in out, out
+            found = {text for text in ("Ada washed", "Bessie", "Carol sold") if text in out}
+            assert found == wanted, out
+    finally:
+        await emb.close()

@@ -605,3 +605,21 @@ async def test_meaning_keeps_to_the_same_privacy_scope_as_words(tmp_path, fake):
             assert found == wanted, out
     finally:
         await emb.close()
+
+
+async def test_a_key_in_the_base_urls_query_is_never_shown(tmp_path, ws, fake, caplog):
+    """Some servers take their key as a query parameter (baseUrl ".../v1?key=..."); a server
+    or proxy that echoes the URL it was asked in its error must not put it in the note the
+    model, a guest or the panel reads."""
+    secret = "q-embed-secret-9876543210"
+    cfg = config(tmp_path, f"{fake.base_url}?key={secret}")
+    emb = Embeddings.from_config(cfg, MemoryIndex(cfg.agent.workspace_path, cfg.agent.state_path))
+    assert emb is not None
+    try:
+        fake.fail_with = 401
+        caplog.set_level(logging.DEBUG)
+        result = await tool_search(emb, ws, tmp_path / "state", "ferry")
+        assert "HTTP 401" in result and "[redacted]" in result
+        assert secret not in result and secret not in caplog.text
+    finally:
+        await emb.close()

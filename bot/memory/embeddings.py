@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import aiohttp
 from tenacity import (
@@ -249,9 +250,11 @@ class EmbeddingClient:
             raise _Transient(type(exc).__name__) from None
 
     def _scrub(self, text: str) -> str:
-        """A server's words without the credentials it was sent (a proxy may echo them)."""
-        for value in self.endpoint.headers.values():
-            for secret in (value, value.partition(" ")[2]):
+        """A server's words without the credentials it was sent (a proxy may echo them): the
+        headers' values and the query's (a key given as ``?key=`` in the base URL)."""
+        secrets = [*self.endpoint.headers.values(), *self.endpoint.query.values()]
+        for value in secrets:
+            for secret in (value, value.partition(" ")[2], quote(value, safe="")):
                 if len(secret) >= 8:
                     text = text.replace(secret, "[redacted]")
         return text

@@ -623,3 +623,32 @@ async def test_a_key_in_the_base_urls_query_is_never_shown(tmp_path, ws, fake, c
         assert secret not in result and secret not in caplog.text
     finally:
         await emb.close()
+
+
+async def test_a_text_answered_badly_alone_does_not_stop_the_others(tmp_path, ws, fake):
+    """An endpoint that gives one text a NaN (or zero) vector, as some local servers do for
+    odd input: that text is skipped, the others are embedded. Before, the whole batch failed
+    at every try, and as the newest texts come first, nothing new was ever embedded again."""
+    emb = make(tmp_path, fake)
+
+    def nan_for_billing(body: dict) -> dict:
+        return {
+            "data": [
+                {"index": i, "embedding": [float("nan")] * fake.dim}
+                if "billing" in text
+                else {"index": i, "embedding": fake.vector(text)}
+                for i, text in enumerate(body["input"])
+            ]
+        }
+
+    fake.answer = nan_for_billing
+    try:
+        assert await embed_all(emb) == 3
+        assert emb.index.vector_counts(emb.model) == (3, 3)
+        asked = len(fake.requests)
+        assert await emb.step() == 0 and len(fake.requests) == asked  # not asked again
+        assert emb.problem == ""
+        result = await tool_search(emb, ws, tmp_path / "state", "car")
+        assert "memory/history.jsonl#1" in result and "match: meaning" in result
+    finally:
+        await emb.close()

@@ -34,6 +34,7 @@ IDLE_SECONDS = 60.0  # between looks for new entries once everything is embedded
 FIRST_WAIT_SECONDS = 30.0
 MAX_WAIT_SECONDS = 1800.0
 REFUSALS_SKIPPED = (400, 413, 422)  # about one input (too long, unsupported): that one is skipped
+PROBE_TEXT = "memory"  # asked alone to tell a broken endpoint from a text it cannot embed
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +170,10 @@ class Embeddings:
 
     async def step(self) -> int:
         """Embed one batch of the texts without a vector; how many (0: none left). Raises
-        EmbeddingError when the endpoint fails (a text it refuses alone is marked and
-        skipped), ValueError when its vectors change dimension, OSError for the index."""
-        from bot.memory.embeddings import EmbeddingRejected
+        EmbeddingError when the endpoint fails (a text it refuses, or answers badly, alone
+        while it answers others is marked and skipped), ValueError when its vectors change
+        dimension, OSError or sqlite3.Error for the index."""
+        from bot.memory.embeddings import BadVector, EmbeddingRejected
 
         batch = await asyncio.to_thread(self.index.pending_texts, self.model, self.cfg.batch_size)
         if not batch:
@@ -186,29 +188,51 @@ class Embeddings:
         except EmbeddingRejected as exc:
             if exc.status not in REFUSALS_SKIPPED:
                 raise
-            if len(batch) > 1:  # find the text refused: one at a time
-                for digest, text in batch:
-                    await self._embed_one(digest, text)
-                return len(batch)
-            log.warning("memory embeddings: one text refused, not searchable by meaning: %s", exc)
-            await asyncio.to_thread(self.index.store_vectors, self.model, digests, None)
-            return 1
+            return await self._one_at_a_time(batch)
+        except BadVector:
+            # A NaN or zero vector for one odd text fails its whole batch, at every try: the
+            # newest texts come first, so nothing new would ever be embedded again.
+            return await self._one_at_a_time(batch)
         await asyncio.to_thread(self.index.store_vectors, self.model, digests, matrix)
         self._recovered()
         self.store_problem = ""
         return len(batch)
 
-    async def _embed_one(self, digest: bytes, text: str) -> None:
-        from bot.memory.embeddings import EmbeddingRejected
+    async def _one_at_a_time(self, batch: list[tuple[bytes, str]]) -> int:
+        """Each text of a batch the endpoint refused (400, 413, 422) or answered badly, alone.
+        A text refused alone is marked and skipped; so is one answered badly alone, once the
+        endpoint is seen answering another text well (else the endpoint is what fails, and
+        that is raised). How many texts are settled."""
+        from bot.memory.embeddings import BadVector, EmbeddingRejected
 
-        try:
-            matrix = await self.client.embed([text])
-        except EmbeddingRejected as exc:
-            if exc.status not in REFUSALS_SKIPPED:
-                raise
-            log.warning("memory embeddings: one text refused, not searchable by meaning: %s", exc)
-            matrix = None
-        await asyncio.to_thread(self.index.store_vectors, self.model, [digest], matrix)
+        answered = False
+        bad: list[tuple[bytes, BadVector]] = []
+        for digest, text in batch:
+            try:
+                matrix = await self.client.embed([text])
+            except EmbeddingRejected as exc:
+                if exc.status not in REFUSALS_SKIPPED:
+                    raise
+                log.warning(
+                    "memory embeddings: one text refused, not searchable by meaning: %s", exc
+                )
+                matrix = None
+            except BadVector as exc:
+                bad.append((digest, exc))
+                continue
+            await asyncio.to_thread(self.index.store_vectors, self.model, [digest], matrix)
+            answered = answered or matrix is not None
+        if bad and not answered:
+            # Is it the endpoint or these texts? A plain word tells (raises if the endpoint).
+            await self.client.embed([PROBE_TEXT])
+        for digest, exc in bad:
+            log.warning(
+                "memory embeddings: one text answered badly, not searchable by meaning: %s", exc
+            )
+            await asyncio.to_thread(self.index.store_vectors, self.model, [digest], None)
+        if answered or bad:
+            self._recovered()
+        return len(batch)
 
     def _failed(self, exc: Exception) -> None:
         self.backoff.failed()

@@ -652,3 +652,34 @@ async def test_a_text_answered_badly_alone_does_not_stop_the_others(tmp_path, ws
         assert "memory/history.jsonl#1" in result and "match: meaning" in result
     finally:
         await emb.close()
+
+
+async def test_with_embeddings_off_indexing_cuts_no_pieces(tmp_path, ws, fake):
+    """Embeddings are off by default: indexing then does what it did before them (cutting and
+    hashing pieces cost a third more time and a tenth more disk at 100,000 entries). The
+    pieces are cut when the embedder asks, also for what a process with them off indexed,
+    and a file that process saw rewritten keeps its vectors."""
+    import sqlite3
+    from contextlib import closing
+
+    plain = MemoryIndex(ws, tmp_path / "state")
+    assert plain.search("ferry")
+    (ws / "USER.md").write_text("Ada drives an old automobile.\n")
+    plain.refresh()
+    with closing(sqlite3.connect(plain.path)) as conn:
+        assert conn.execute("SELECT count(*) FROM piece").fetchone()[0] == 0
+    emb = make(tmp_path, fake)
+    try:
+        assert await embed_all(emb) == 4
+        asked = len(fake.inputs)
+        # memobot memory search (embeddings off) sees history.jsonl rewritten: new doc rows.
+        path = ws / "memory" / "history.jsonl"
+        lines = path.read_text().splitlines(keepends=True)
+        (ws / "memory" / "history-2026-11.jsonl").write_text("".join(lines[:2]))
+        path.write_text("".join(lines[2:]))
+        plain.refresh()
+        assert await embed_all(emb) == 0 and len(fake.inputs) == asked
+        result = await tool_search(emb, ws, tmp_path / "state", "car")
+        assert "memory/history-2026-11.jsonl#1" in result and "USER.md#1" in result
+    finally:
+        await emb.close()

@@ -390,6 +390,7 @@ class MemoryIndex:
         self.path = state_dir / INDEX_FILE
         self._sync_lock = threading.Lock()
         self._vectors = vector_store.VectorCache()
+        self._pieces_seen: object = None  # the indexed files' states when pieces were last cut
 
     # -- public
 
@@ -501,6 +502,7 @@ class MemoryIndex:
 
         def run(conn: sqlite3.Connection) -> list[tuple[bytes, str]]:
             self._sync(conn)
+            self._cut_pieces(conn)
             vector_store.use_model(conn, model)
             return vector_store.pending(conn, limit)
 
@@ -527,6 +529,16 @@ class MemoryIndex:
     def drop_unused_vectors(self) -> int:
         """Forget the vectors of pieces no longer in the index; how many."""
         return self._with_connection(vector_store.drop_unused)
+
+    def _cut_pieces(self, conn: sqlite3.Connection) -> None:
+        """The piece rows of the texts indexed without them. Indexing never cuts pieces:
+        embeddings are off by default, and a process with them off (memobot memory search)
+        shares the index. Looked for only when the indexed files changed since last time."""
+        files = conn.execute("SELECT path, size, mtime_ns, indexed FROM files").fetchall()
+        seen = (vector_store.meta(conn).get("index_id"), frozenset(files))
+        if seen != self._pieces_seen:
+            vector_store.cut_pieces(conn)
+            self._pieces_seen = seen
 
     @staticmethod
     def _piece_hits(conn: sqlite3.Connection, pieces: dict[int, bytes]) -> dict[int, SearchHit]:
@@ -757,7 +769,6 @@ class MemoryIndex:
             "INSERT INTO doc(id, file, anchor, ts, session, body) VALUES (?, ?, ?, NULL, NULL, ?)",
             [(first + i, rel, c.line, c.text) for i, c in enumerate(chunks)],
         )
-        vector_store.insert_pieces(conn, [(first + i, c.text) for i, c in enumerate(chunks)])
         self._save_state(conn, rel, _FileState(st.st_size, st.st_mtime_ns, 0, "", ""))
 
     def _sync_history(
@@ -811,7 +822,6 @@ class MemoryIndex:
 
         def flush() -> None:
             conn.executemany(insert, batch)
-            vector_store.insert_pieces(conn, [(row[0], row[5]) for row in batch])
             batch.clear()
 
         for line, size in read_lines(fh.fileno(), rel, start):

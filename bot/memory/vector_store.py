@@ -6,6 +6,8 @@ holds several facts, and one vector for all of them would be near none of them. 
 vector is kept by the digest of its text, not by row: a history file rewritten by a
 compaction is indexed again under new row ids, and its texts keep their vectors. A vector is a
 float32 blob; NULL marks a text the endpoint refused (not asked again while the model stays).
+Pieces are cut when the embedder looks for work (:func:`cut_pieces`), not when a text is
+indexed: embeddings are off by default, and then indexing costs what it did before them.
 
 Searches without a filter scan a copy of the vectors held in memory (:class:`VectorCache`,
 int8 with a scale per vector: a quarter of the file's size), since reading every blob from
@@ -89,6 +91,34 @@ def insert_pieces(conn: sqlite3.Connection, docs: Sequence[tuple[int, str]]) -> 
             for start, stop in text_pieces(body)
         ],
     )
+
+
+def cut_pieces(conn: sqlite3.Connection) -> int:
+    """Insert the piece rows of the docs that have none (a doc without a line of text has
+    none, and is looked at again each time); how many docs."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        cut = _cut_pieces(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return cut
+
+
+def _cut_pieces(conn: sqlite3.Connection) -> int:
+    ids = [
+        row[0]
+        for row in conn.execute(
+            "SELECT id FROM doc WHERE NOT EXISTS (SELECT 1 FROM piece WHERE piece.doc = doc.id)"
+        )
+    ]
+    for start in range(0, len(ids), 500):
+        part = ids[start : start + 500]
+        marks = ",".join("?" * len(part))
+        docs = conn.execute(f"SELECT id, body FROM doc WHERE id IN ({marks})", part)
+        insert_pieces(conn, docs.fetchall())
+    return len(ids)
 
 
 def meta(conn: sqlite3.Connection) -> dict[str, str]:
@@ -188,6 +218,7 @@ def drop_unused(conn: sqlite3.Connection) -> int:
     """Forget the vectors of pieces no longer in the index; how many."""
     conn.execute("BEGIN IMMEDIATE")
     try:
+        _cut_pieces(conn)  # a text another process indexed again (no pieces yet) is not unused
         removed = conn.execute(
             "DELETE FROM vec WHERE digest NOT IN (SELECT digest FROM piece)"
         ).rowcount

@@ -683,3 +683,32 @@ async def test_with_embeddings_off_indexing_cuts_no_pieces(tmp_path, ws, fake):
         assert "memory/history-2026-11.jsonl#1" in result and "USER.md#1" in result
     finally:
         await emb.close()
+
+
+async def test_a_guest_is_told_words_only_without_the_endpoints_address(tmp_path, ws, fake):
+    """The note names the endpoint and what it said, for the owner; a guest's chat (and a
+    group) is told only that the search was by words: the address of a server on the owner's
+    network, and its error text, are not theirs to read."""
+    from bot.bus import InboundMessage
+    from bot.config import ToolsConfig
+    from bot.kinds import with_kind
+    from bot.privacy import guest_scope
+
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        fake.fail_with = 503
+        registry = build_default_tools(ToolsConfig(), ws, tmp_path / "state", embeddings=emb)
+        guest = with_kind(
+            InboundMessage(
+                "telegram", "1", "4004", "hi", metadata={"is_group": False, "is_admin": False}
+            )
+        )
+        ctx = ToolContext(workspace=ws, scope=guest_scope(guest, share=False))
+        out = await registry.execute("memory_search", json.dumps({"query": "ferry"}), ctx)
+        assert "memory/history.jsonl#3" in out and "Matched by words only" in out, out
+        assert "127.0.0.1" not in out and "503" not in out, out
+        owner = await tool_search(emb, ws, tmp_path / "state", "ferry")
+        assert fake.base_url in owner
+    finally:
+        await emb.close()

@@ -712,3 +712,41 @@ async def test_a_guest_is_told_words_only_without_the_endpoints_address(tmp_path
         assert fake.base_url in owner
     finally:
         await emb.close()
+
+
+async def test_a_search_reads_one_snapshot_while_vectors_change(tmp_path, ws, fake, monkeypatch):
+    """The in-memory vectors are found by row id, then joined to their texts. Vectors dropped
+    (a memory file edited) and new ones stored between the two, by the background task or
+    another process, can reuse the row ids (SQLite reuses the highest): the join then named
+    another text as the match. The search reads one snapshot of the index."""
+    import sqlite3
+    from contextlib import closing
+
+    from bot.memory import vectors as vectors_module
+
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        await asyncio.to_thread(emb.index.warm_vectors)
+        before = [(hit.source, hit.kind) for hit in (await emb.search("car")).hits]
+        real = vectors_module.nearest
+
+        def nearest_then_vectors_change(*args: object, **kwargs: object) -> object:
+            found = real(*args, **kwargs)  # type: ignore[arg-type]
+            with closing(sqlite3.connect(emb.index.path, isolation_level=None)) as other:
+                best = found[0][0]  # type: ignore[index]  # the best match's vector's row
+                rows = other.execute("SELECT rowid, digest, vec FROM vec WHERE rowid != ?", (best,))
+                row, digest, blob = rows.fetchone()  # another text's: now stored at that row
+                other.execute("BEGIN IMMEDIATE")
+                other.execute("DELETE FROM vec WHERE rowid IN (?, ?)", (best, row))
+                insert = "INSERT INTO vec(rowid, digest, vec) VALUES (?, ?, ?)"
+                other.execute(insert, (best, digest, blob))
+                other.execute("UPDATE meta SET value = value + 1 WHERE key = 'vec_epoch'")
+                other.execute("COMMIT")
+            return found
+
+        monkeypatch.setattr(vectors_module, "nearest", nearest_then_vectors_change)
+        found = await emb.search("car")
+        assert [(hit.source, hit.kind) for hit in found.hits] == before
+    finally:
+        await emb.close()

@@ -458,6 +458,16 @@ class MemoryIndex:
 
         def run(conn: sqlite3.Connection) -> tuple[list[SearchHit], str]:
             self._sync(conn)
+            # One snapshot: the vectors are found by row id and then joined to their texts;
+            # vectors dropped and stored meanwhile (the background task, another process)
+            # can take the same row ids, and another text would be named as the match.
+            conn.execute("BEGIN")
+            try:
+                return matches(conn)
+            finally:
+                conn.execute("COMMIT")  # a read: nothing to undo
+
+        def matches(conn: sqlite3.Connection) -> tuple[list[SearchHit], str]:
             words: list[tuple[int, SearchHit]] = []
             weight = 1.0
             for expression in expressions:

@@ -70,7 +70,9 @@ class Embeddings:
     def from_config(cls, cfg: Config, index: MemoryIndex) -> Embeddings | None:
         """None when ``memory.embeddings`` is off, or names a URL that cannot be used (said
         in the log: search then works by words)."""
-        # Imported here: numpy is loaded only where embeddings are on.
+        if not cfg.memory.embeddings.enabled:
+            return None
+        # Imported here: numpy (and the client) are loaded only where embeddings are on.
         from bot.memory.embeddings import EmbeddingClient, endpoint_from_config
 
         try:

@@ -761,3 +761,20 @@ def test_embeddings_off_load_neither_numpy_nor_the_client(tmp_path, monkeypatch)
         monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
     index = MemoryIndex(tmp_path / "ws", tmp_path / "state")
     assert Embeddings.from_config(Config.model_validate({}), index) is None
+
+
+async def test_pieces_are_cut_a_batch_at_a_time_past_blank_entries(tmp_path, ws, fake, monkeypatch):
+    """Cutting a large archive into pieces holds the index's write lock a batch at a time (a
+    search indexing what is new waits that long, not minutes); entries without a line of
+    text have no piece and do not keep the cutting going round."""
+    from bot.memory import vector_store
+
+    monkeypatch.setattr(vector_store, "CUT_BATCH", 2)
+    add_entries(ws, " ", "\n", " ", "\t", first=4)  # a full batch of blanks, and more
+    add_entries(ws, "Lena adopted a dog.", first=8)
+    emb = make(tmp_path, fake)
+    try:
+        assert await asyncio.wait_for(embed_all(emb), 10) == 4
+        assert emb.index.vector_counts(emb.model) == (4, 4)
+    finally:
+        await emb.close()

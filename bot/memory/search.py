@@ -547,7 +547,15 @@ class MemoryIndex:
         files = conn.execute("SELECT path, size, mtime_ns, indexed FROM files").fetchall()
         seen = (vector_store.meta(conn).get("index_id"), frozenset(files))
         if seen != self._pieces_seen:
-            vector_store.cut_pieces(conn)
+            # A batch per write transaction, each under the sync lock: a search waiting to
+            # index what is new waits for one batch, never long enough for "database is
+            # locked" (an archive of a million entries takes a minute to cut).
+            below: int | None = None
+            while True:
+                with self._sync_lock:
+                    below = vector_store.cut_pieces(conn, below)
+                if below is None:
+                    break
             self._pieces_seen = seen
 
     @staticmethod

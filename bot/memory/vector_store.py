@@ -93,24 +93,32 @@ def insert_pieces(conn: sqlite3.Connection, docs: Sequence[tuple[int, str]]) -> 
     )
 
 
-def cut_pieces(conn: sqlite3.Connection) -> int:
-    """Insert the piece rows of the docs that have none (a doc without a line of text has
-    none, and is looked at again each time); how many docs."""
+CUT_BATCH = 5000  # docs cut into pieces per write transaction (a search waits at most this)
+
+
+def cut_pieces(conn: sqlite3.Connection, below: int | None = None) -> int | None:
+    """Insert the piece rows of up to ``CUT_BATCH`` docs that have none, with ids under
+    ``below`` (None: any), newest first. Returns the lowest id looked at when there may be
+    more (call again with it), None when there are none. A doc without a line of text has
+    no piece, and is looked at again each time."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        cut = _cut_pieces(conn)
+        ids = _cut_pieces(conn, CUT_BATCH, below)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    return cut
+    return ids[-1] if len(ids) >= CUT_BATCH else None
 
 
-def _cut_pieces(conn: sqlite3.Connection) -> int:
+def _cut_pieces(conn: sqlite3.Connection, limit: int = -1, below: int | None = None) -> list[int]:
     ids = [
         row[0]
         for row in conn.execute(
-            "SELECT id FROM doc WHERE NOT EXISTS (SELECT 1 FROM piece WHERE piece.doc = doc.id)"
+            "SELECT id FROM doc WHERE (:below IS NULL OR id < :below)"
+            " AND NOT EXISTS (SELECT 1 FROM piece WHERE piece.doc = doc.id)"
+            " ORDER BY id DESC LIMIT :limit",
+            {"below": below, "limit": limit},
         )
     ]
     for start in range(0, len(ids), 500):
@@ -118,7 +126,7 @@ def _cut_pieces(conn: sqlite3.Connection) -> int:
         marks = ",".join("?" * len(part))
         docs = conn.execute(f"SELECT id, body FROM doc WHERE id IN ({marks})", part)
         insert_pieces(conn, docs.fetchall())
-    return len(ids)
+    return ids
 
 
 def meta(conn: sqlite3.Connection) -> dict[str, str]:

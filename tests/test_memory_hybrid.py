@@ -778,3 +778,34 @@ async def test_pieces_are_cut_a_batch_at_a_time_past_blank_entries(tmp_path, ws,
         assert emb.index.vector_counts(emb.model) == (4, 4)
     finally:
         await emb.close()
+
+
+async def test_an_idle_look_for_work_scans_nothing_when_nothing_changed(
+    tmp_path, ws, fake, monkeypatch
+):
+    """Once everything is embedded, the background task looks again every minute: finding
+    the texts without a vector and the vectors without a text scanned the whole index each
+    time (0.4 s of CPU a minute at 100,000 entries). Unless the indexed files changed, there
+    is nothing to find."""
+    from bot.memory import vector_store
+
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        scans: list[str] = []
+        for name in ("pending", "drop_unused"):
+            real = getattr(vector_store, name)
+            monkeypatch.setattr(
+                vector_store,
+                name,
+                lambda *a, _real=real, _name=name: scans.append(_name) or _real(*a),
+            )
+        assert await emb.step() == 0 and await emb.step() == 0
+        assert scans == []
+        add_entries(ws, "Lena adopted a dog.", first=4)
+        assert await emb.step() == 1
+        assert await emb.step() == 0 and "drop_unused" in scans
+        scans.clear()
+        assert await emb.step() == 0 and scans == []
+    finally:
+        await emb.close()

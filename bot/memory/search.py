@@ -390,7 +390,11 @@ class MemoryIndex:
         self.path = state_dir / INDEX_FILE
         self._sync_lock = threading.Lock()
         self._vectors = vector_store.VectorCache()
-        self._pieces_seen: object = None  # the indexed files' states when pieces were last cut
+        # The indexed files' states (bot.memory.vector_store) when pieces were last cut, when
+        # no text was found without a vector, and when unused vectors were last dropped.
+        self._pieces_seen: object = None
+        self._settled: object = None
+        self._dropped: object = None
 
     # -- public
 
@@ -512,9 +516,15 @@ class MemoryIndex:
 
         def run(conn: sqlite3.Connection) -> list[tuple[bytes, str]]:
             self._sync(conn)
-            self._cut_pieces(conn)
+            seen = (self._files_seen(conn), model)
+            if seen == self._settled:  # nothing new since everything was embedded
+                return []
+            self._cut_pieces(conn, seen[0])
             vector_store.use_model(conn, model)
-            return vector_store.pending(conn, limit)
+            found = vector_store.pending(conn, limit)
+            if not found:
+                self._settled = seen
+            return found
 
         return self._with_connection(run)
 
@@ -537,15 +547,30 @@ class MemoryIndex:
         self._with_connection(self._vectors.warm)
 
     def drop_unused_vectors(self) -> int:
-        """Forget the vectors of pieces no longer in the index; how many."""
-        return self._with_connection(vector_store.drop_unused)
+        """Forget the vectors of pieces no longer in the index; how many. Looked for only
+        when the indexed files changed since last time (a scan of every vector)."""
 
-    def _cut_pieces(self, conn: sqlite3.Connection) -> None:
+        def run(conn: sqlite3.Connection) -> int:
+            seen = self._files_seen(conn)
+            if seen == self._dropped:
+                return 0
+            removed = vector_store.drop_unused(conn)
+            self._dropped = seen
+            return removed
+
+        return self._with_connection(run)
+
+    @staticmethod
+    def _files_seen(conn: sqlite3.Connection) -> object:
+        """What changes whenever the indexed texts do: the index's identity and the states
+        of the files it indexed."""
+        files = conn.execute("SELECT path, size, mtime_ns, indexed FROM files").fetchall()
+        return (vector_store.meta(conn).get("index_id"), frozenset(files))
+
+    def _cut_pieces(self, conn: sqlite3.Connection, seen: object) -> None:
         """The piece rows of the texts indexed without them. Indexing never cuts pieces:
         embeddings are off by default, and a process with them off (memobot memory search)
         shares the index. Looked for only when the indexed files changed since last time."""
-        files = conn.execute("SELECT path, size, mtime_ns, indexed FROM files").fetchall()
-        seen = (vector_store.meta(conn).get("index_id"), frozenset(files))
         if seen != self._pieces_seen:
             # A batch per write transaction, each under the sync lock: a search waiting to
             # index what is new waits for one batch, never long enough for "database is

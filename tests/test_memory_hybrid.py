@@ -809,3 +809,29 @@ async def test_an_idle_look_for_work_scans_nothing_when_nothing_changed(
         assert await emb.step() == 0 and scans == []
     finally:
         await emb.close()
+
+
+async def test_a_redirect_is_not_followed_with_the_key(tmp_path, ws, fake):
+    """An endpoint answering 307 to another host: following it would carry the key there."""
+    from aiohttp import web
+
+    from bot.memory.embeddings import EmbeddingRejected
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"{fake.base_url}/embeddings")
+
+    app = web.Application()
+    app.router.add_post("/v1/embeddings", elsewhere)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    cfg = config(tmp_path, f"http://127.0.0.1:{runner.addresses[0][1]}/v1")
+    emb = Embeddings.from_config(cfg, MemoryIndex(cfg.agent.workspace_path, cfg.agent.state_path))
+    assert emb is not None
+    try:
+        with pytest.raises(EmbeddingRejected, match="HTTP 307"):
+            await emb.step()
+        assert fake.requests == []  # the other host never heard of it, nor of the key
+    finally:
+        await emb.close()
+        await runner.cleanup()

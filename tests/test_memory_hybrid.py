@@ -835,3 +835,25 @@ async def test_a_redirect_is_not_followed_with_the_key(tmp_path, ws, fake):
     finally:
         await emb.close()
         await runner.cleanup()
+
+
+async def test_the_panel_alone_loads_the_embeddings_client_off_the_event_loop(
+    tmp_path, ws, fake, monkeypatch
+):
+    """memobot web alone makes the search's Embeddings itself: loading numpy (0.1-0.3 s the
+    first time) is blocking work, done in a thread, not on the panel's event loop."""
+    import threading
+
+    from bot.web.memory_data import Found, run_search
+
+    cfg = config(tmp_path, fake.base_url)
+    threads: list[bool] = []
+    made = Embeddings.from_config
+
+    def from_config(*args: object) -> object:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return made(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Embeddings, "from_config", from_config)
+    found = await run_search(cfg, Found("ferry", "", ""))
+    assert found.searched and threads == [False]

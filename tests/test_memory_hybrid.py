@@ -857,3 +857,15 @@ async def test_the_panel_alone_loads_the_embeddings_client_off_the_event_loop(
     monkeypatch.setattr(Embeddings, "from_config", from_config)
     found = await run_search(cfg, Found("ferry", "", ""))
     assert found.searched and threads == [False]
+
+
+async def test_an_endpoint_giving_only_nan_costs_three_requests_a_try(tmp_path, ws, fake):
+    emb = make(tmp_path, fake)
+    try:
+        fake.answer = each([float("nan")] * 4)
+        with pytest.raises(BadEmbeddingAnswer):
+            await emb.step()
+        assert len(fake.requests) == 3  # the batch, its first text alone, a plain word
+        assert emb.index.vector_counts(emb.model)[0] == 0
+    finally:
+        await emb.close()

@@ -220,13 +220,15 @@ class Embeddings:
                 )
                 matrix = None
             except BadVector as exc:
+                if not answered:
+                    # Is it the endpoint or this text? A plain word tells (raises if it is the
+                    # endpoint: a broken one costs three requests, not one per text).
+                    await self.client.embed([PROBE_TEXT])
+                    answered = True
                 bad.append((digest, exc))
                 continue
             await asyncio.to_thread(self.index.store_vectors, self.model, [digest], matrix)
             answered = answered or matrix is not None
-        if bad and not answered:
-            # Is it the endpoint or these texts? A plain word tells (raises if the endpoint).
-            await self.client.embed([PROBE_TEXT])
         for digest, exc in bad:
             log.warning(
                 "memory embeddings: one text answered badly, not searchable by meaning: %s", exc

@@ -552,3 +552,369 @@ def test_parse_embeddings_orders_by_index_and_normalises():
     assert np.allclose(rows, [[0.6, 0.8], [0.0, 1.0]])
     with pytest.raises(BadEmbeddingAnswer, match="dimensions"):
         parse_embeddings({"data": [{"embedding": [1.0] * 9000}]}, 1)
+
+
+def test_an_integer_too_large_for_a_float_is_a_bad_answer():
+    # JSON allows integers of any size; float() of 10**400 raises OverflowError, which no
+    # caller expects (it stopped the background task for good).
+    raw = b'{"data": [{"embedding": [1' + b"0" * 400 + b', 1], "index": 0}]}'
+    with pytest.raises(BadEmbeddingAnswer):
+        embeddings_module._decode(raw, 1)
+
+
+async def until_done_or(task: asyncio.Task, event: asyncio.Event) -> None:
+    """Wait for ``event``; fail at once if ``task`` ends first."""
+    waiter = asyncio.ensure_future(event.wait())
+    done, _ = await asyncio.wait({task, waiter}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task in done:
+        raise AssertionError(f"the background task ended: {task.exception()!r}")
+    assert waiter in done, "timed out"
+
+
+async def test_the_background_task_outlives_an_index_error(tmp_path, ws, fake, caplog):
+    import sqlite3
+
+    emb = make(tmp_path, fake)
+    failed, stored = asyncio.Event(), asyncio.Event()
+    pending, store = emb.index.pending_texts, emb.index.store_vectors
+
+    def full_once(model: str, limit: int) -> list:
+        if not failed.is_set():
+            failed.set()  # SQLite's own error for a full disk is not an OSError
+            raise sqlite3.OperationalError("database or disk is full")
+        return pending(model, limit)
+
+    def store_and_tell(*args: object) -> None:
+        store(*args)  # type: ignore[arg-type]
+        stored.set()
+
+    emb.index.pending_texts = full_once  # type: ignore[method-assign]
+    emb.index.store_vectors = store_and_tell  # type: ignore[method-assign]
+    caplog.set_level(logging.INFO, "bot.memory")
+    task = asyncio.create_task(emb.run())
+    try:
+        await until_done_or(task, failed)
+        emb.wake()  # instead of the minute's wait
+        await until_done_or(task, stored)
+        assert "cannot store vectors: database or disk is full" in caplog.text
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await emb.close()
+
+
+async def test_meaning_keeps_to_the_same_privacy_scope_as_words(tmp_path, fake):
+    """A guest sharing the owner's memory finds the memory files, the owner's chats and its
+    own by meaning too, never another person's chat; one not sharing it, only its own."""
+    from bot.bus import InboundMessage
+    from bot.config import ToolsConfig
+    from bot.kinds import with_kind
+    from bot.privacy import guest_scope
+
+    ws = tmp_path / "ws"
+    path = ws / "memory" / "history.jsonl"
+    path.parent.mkdir(parents=True)
+    chats = {
+        "telegram:1001": "Ada washed the automobile on Sunday.",  # the owner's chat
+        "telegram:3003": "Bob said his automobile is a teal Volvo.",  # another person's
+        "telegram:4004": "Carol sold her automobile to a neighbour.",  # the guest's own
+    }
+    lines = [
+        {"cursor": n, "timestamp": "2026-11-02T10:00:00.000Z", "session": key, "content": text}
+        for n, (key, text) in enumerate(chats.items(), start=1)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (ws / "USER.md").write_text("Ada owns an automobile she calls Bessie.\n")
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        registry = build_default_tools(
+            ToolsConfig(),
+            ws,
+            tmp_path / "state",
+            owner_chat=lambda key: key == "telegram:1001",
+            embeddings=emb,
+        )
+        carol = with_kind(
+            InboundMessage(
+                "telegram", "4004", "4004", "hi", metadata={"is_group": False, "is_admin": False}
+            )
+        )
+        args = json.dumps({"query": "vehicle"})  # in no entry: every hit is by meaning
+        for share, wanted in (
+            (True, {"Ada washed", "Bessie", "Carol sold"}),
+            (False, {"Carol sold"}),
+        ):
+            ctx = ToolContext(workspace=ws, scope=guest_scope(carol, share=share))
+            out = await registry.execute("memory_search", args, ctx)
+            assert "match: meaning" in out, out
+            assert "teal Volvo" not in out, out
+            found = {text for text in ("Ada washed", "Bessie", "Carol sold") if text in out}
+            assert found == wanted, out
+    finally:
+        await emb.close()
+
+
+async def test_a_key_in_the_base_urls_query_is_never_shown(tmp_path, ws, fake, caplog):
+    """Some servers take their key as a query parameter (baseUrl ".../v1?key=..."); a server
+    or proxy that echoes the URL it was asked in its error must not put it in the note the
+    model, a guest or the panel reads."""
+    secret = "q-embed-secret-9876543210"
+    cfg = config(tmp_path, f"{fake.base_url}?key={secret}")
+    emb = Embeddings.from_config(cfg, MemoryIndex(cfg.agent.workspace_path, cfg.agent.state_path))
+    assert emb is not None
+    try:
+        fake.fail_with = 401
+        caplog.set_level(logging.DEBUG)
+        result = await tool_search(emb, ws, tmp_path / "state", "ferry")
+        assert "HTTP 401" in result and "[redacted]" in result
+        assert secret not in result and secret not in caplog.text
+    finally:
+        await emb.close()
+
+
+async def test_a_text_answered_badly_alone_does_not_stop_the_others(tmp_path, ws, fake):
+    """An endpoint that gives one text a NaN (or zero) vector, as some local servers do for
+    odd input: that text is skipped, the others are embedded. Before, the whole batch failed
+    at every try, and as the newest texts come first, nothing new was ever embedded again."""
+    emb = make(tmp_path, fake)
+
+    def nan_for_billing(body: dict) -> dict:
+        return {
+            "data": [
+                {"index": i, "embedding": [float("nan")] * fake.dim}
+                if "billing" in text
+                else {"index": i, "embedding": fake.vector(text)}
+                for i, text in enumerate(body["input"])
+            ]
+        }
+
+    fake.answer = nan_for_billing
+    try:
+        assert await embed_all(emb) == 3
+        assert emb.index.vector_counts(emb.model) == (3, 3)
+        asked = len(fake.requests)
+        assert await emb.step() == 0 and len(fake.requests) == asked  # not asked again
+        assert emb.problem == ""
+        result = await tool_search(emb, ws, tmp_path / "state", "car")
+        assert "memory/history.jsonl#1" in result and "match: meaning" in result
+    finally:
+        await emb.close()
+
+
+async def test_with_embeddings_off_indexing_cuts_no_pieces(tmp_path, ws, fake):
+    """Embeddings are off by default: indexing then does what it did before them (cutting and
+    hashing pieces cost a third more time and a tenth more disk at 100,000 entries). The
+    pieces are cut when the embedder asks, also for what a process with them off indexed,
+    and a file that process saw rewritten keeps its vectors."""
+    import sqlite3
+    from contextlib import closing
+
+    plain = MemoryIndex(ws, tmp_path / "state")
+    assert plain.search("ferry")
+    (ws / "USER.md").write_text("Ada drives an old automobile.\n")
+    plain.refresh()
+    with closing(sqlite3.connect(plain.path)) as conn:
+        assert conn.execute("SELECT count(*) FROM piece").fetchone()[0] == 0
+    emb = make(tmp_path, fake)
+    try:
+        assert await embed_all(emb) == 4
+        asked = len(fake.inputs)
+        # memobot memory search (embeddings off) sees history.jsonl rewritten: new doc rows.
+        path = ws / "memory" / "history.jsonl"
+        lines = path.read_text().splitlines(keepends=True)
+        (ws / "memory" / "history-2026-11.jsonl").write_text("".join(lines[:2]))
+        path.write_text("".join(lines[2:]))
+        plain.refresh()
+        assert await embed_all(emb) == 0 and len(fake.inputs) == asked
+        result = await tool_search(emb, ws, tmp_path / "state", "car")
+        assert "memory/history-2026-11.jsonl#1" in result and "USER.md#1" in result
+    finally:
+        await emb.close()
+
+
+async def test_a_guest_is_told_words_only_without_the_endpoints_address(tmp_path, ws, fake):
+    """The note names the endpoint and what it said, for the owner; a guest's chat (and a
+    group) is told only that the search was by words: the address of a server on the owner's
+    network, and its error text, are not theirs to read."""
+    from bot.bus import InboundMessage
+    from bot.config import ToolsConfig
+    from bot.kinds import with_kind
+    from bot.privacy import guest_scope
+
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        fake.fail_with = 503
+        registry = build_default_tools(ToolsConfig(), ws, tmp_path / "state", embeddings=emb)
+        guest = with_kind(
+            InboundMessage(
+                "telegram", "1", "4004", "hi", metadata={"is_group": False, "is_admin": False}
+            )
+        )
+        ctx = ToolContext(workspace=ws, scope=guest_scope(guest, share=False))
+        out = await registry.execute("memory_search", json.dumps({"query": "ferry"}), ctx)
+        assert "memory/history.jsonl#3" in out and "Matched by words only" in out, out
+        assert "127.0.0.1" not in out and "503" not in out, out
+        owner = await tool_search(emb, ws, tmp_path / "state", "ferry")
+        assert fake.base_url in owner
+    finally:
+        await emb.close()
+
+
+async def test_a_search_reads_one_snapshot_while_vectors_change(tmp_path, ws, fake, monkeypatch):
+    """The in-memory vectors are found by row id, then joined to their texts. Vectors dropped
+    (a memory file edited) and new ones stored between the two, by the background task or
+    another process, can reuse the row ids (SQLite reuses the highest): the join then named
+    another text as the match. The search reads one snapshot of the index."""
+    import sqlite3
+    from contextlib import closing
+
+    from bot.memory import vectors as vectors_module
+
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        await asyncio.to_thread(emb.index.warm_vectors)
+        before = [(hit.source, hit.kind) for hit in (await emb.search("car")).hits]
+        real = vectors_module.nearest
+
+        def nearest_then_vectors_change(*args: object, **kwargs: object) -> object:
+            found = real(*args, **kwargs)  # type: ignore[arg-type]
+            with closing(sqlite3.connect(emb.index.path, isolation_level=None)) as other:
+                best = found[0][0]  # type: ignore[index]  # the best match's vector's row
+                rows = other.execute("SELECT rowid, digest, vec FROM vec WHERE rowid != ?", (best,))
+                row, digest, blob = rows.fetchone()  # another text's: now stored at that row
+                other.execute("BEGIN IMMEDIATE")
+                other.execute("DELETE FROM vec WHERE rowid IN (?, ?)", (best, row))
+                insert = "INSERT INTO vec(rowid, digest, vec) VALUES (?, ?, ?)"
+                other.execute(insert, (best, digest, blob))
+                other.execute("UPDATE meta SET value = value + 1 WHERE key = 'vec_epoch'")
+                other.execute("COMMIT")
+            return found
+
+        monkeypatch.setattr(vectors_module, "nearest", nearest_then_vectors_change)
+        found = await emb.search("car")
+        assert [(hit.source, hit.kind) for hit in found.hits] == before
+    finally:
+        await emb.close()
+
+
+def test_embeddings_off_load_neither_numpy_nor_the_client(tmp_path, monkeypatch):
+    """Off (the default), nothing of them is loaded: memobot memory search started 0.3 s
+    slower (numpy, aiohttp) and the gateway carried numpy for nothing."""
+    import sys
+
+    for name in ("bot.memory.embeddings", "bot.memory.numeric", "bot.memory.vectors"):
+        monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
+    index = MemoryIndex(tmp_path / "ws", tmp_path / "state")
+    assert Embeddings.from_config(Config.model_validate({}), index) is None
+
+
+async def test_pieces_are_cut_a_batch_at_a_time_past_blank_entries(tmp_path, ws, fake, monkeypatch):
+    """Cutting a large archive into pieces holds the index's write lock a batch at a time (a
+    search indexing what is new waits that long, not minutes); entries without a line of
+    text have no piece and do not keep the cutting going round."""
+    from bot.memory import vector_store
+
+    monkeypatch.setattr(vector_store, "CUT_BATCH", 2)
+    add_entries(ws, " ", "\n", " ", "\t", first=4)  # a full batch of blanks, and more
+    add_entries(ws, "Lena adopted a dog.", first=8)
+    emb = make(tmp_path, fake)
+    try:
+        assert await asyncio.wait_for(embed_all(emb), 10) == 4
+        assert emb.index.vector_counts(emb.model) == (4, 4)
+    finally:
+        await emb.close()
+
+
+async def test_an_idle_look_for_work_scans_nothing_when_nothing_changed(
+    tmp_path, ws, fake, monkeypatch
+):
+    """Once everything is embedded, the background task looks again every minute: finding
+    the texts without a vector and the vectors without a text scanned the whole index each
+    time (0.4 s of CPU a minute at 100,000 entries). Unless the indexed files changed, there
+    is nothing to find."""
+    from bot.memory import vector_store
+
+    emb = make(tmp_path, fake)
+    try:
+        await embed_all(emb)
+        scans: list[str] = []
+        for name in ("pending", "drop_unused"):
+            real = getattr(vector_store, name)
+            monkeypatch.setattr(
+                vector_store,
+                name,
+                lambda *a, _real=real, _name=name: scans.append(_name) or _real(*a),
+            )
+        assert await emb.step() == 0 and await emb.step() == 0
+        assert scans == []
+        add_entries(ws, "Lena adopted a dog.", first=4)
+        assert await emb.step() == 1
+        assert await emb.step() == 0 and "drop_unused" in scans
+        scans.clear()
+        assert await emb.step() == 0 and scans == []
+    finally:
+        await emb.close()
+
+
+async def test_a_redirect_is_not_followed_with_the_key(tmp_path, ws, fake):
+    """An endpoint answering 307 to another host: following it would carry the key there."""
+    from aiohttp import web
+
+    from bot.memory.embeddings import EmbeddingRejected
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"{fake.base_url}/embeddings")
+
+    app = web.Application()
+    app.router.add_post("/v1/embeddings", elsewhere)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    cfg = config(tmp_path, f"http://127.0.0.1:{runner.addresses[0][1]}/v1")
+    emb = Embeddings.from_config(cfg, MemoryIndex(cfg.agent.workspace_path, cfg.agent.state_path))
+    assert emb is not None
+    try:
+        with pytest.raises(EmbeddingRejected, match="HTTP 307"):
+            await emb.step()
+        assert fake.requests == []  # the other host never heard of it, nor of the key
+    finally:
+        await emb.close()
+        await runner.cleanup()
+
+
+async def test_the_panel_alone_loads_the_embeddings_client_off_the_event_loop(
+    tmp_path, ws, fake, monkeypatch
+):
+    """memobot web alone makes the search's Embeddings itself: loading numpy (0.1-0.3 s the
+    first time) is blocking work, done in a thread, not on the panel's event loop."""
+    import threading
+
+    from bot.web.memory_data import Found, run_search
+
+    cfg = config(tmp_path, fake.base_url)
+    threads: list[bool] = []
+    made = Embeddings.from_config
+
+    def from_config(*args: object) -> object:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return made(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Embeddings, "from_config", from_config)
+    found = await run_search(cfg, Found("ferry", "", ""))
+    assert found.searched and threads == [False]
+
+
+async def test_an_endpoint_giving_only_nan_costs_three_requests_a_try(tmp_path, ws, fake):
+    emb = make(tmp_path, fake)
+    try:
+        fake.answer = each([float("nan")] * 4)
+        with pytest.raises(BadEmbeddingAnswer):
+            await emb.step()
+        assert len(fake.requests) == 3  # the batch, its first text alone, a plain word
+        assert emb.index.vector_counts(emb.model)[0] == 0
+    finally:
+        await emb.close()

@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import aiohttp
 from tenacity import (
@@ -69,6 +70,11 @@ class EmbeddingRejected(EmbeddingError):
 
 class BadEmbeddingAnswer(EmbeddingError):
     """An answer that is not what was asked: too large, not JSON, wrong count or dimension."""
+
+
+class BadVector(BadEmbeddingAnswer):
+    """An answer of the right shape with a vector that is not one (NaN, infinite, zero, not
+    numbers): about one text, perhaps (some servers give odd input a NaN vector)."""
 
 
 class _Transient(Exception):
@@ -136,12 +142,15 @@ def parse_embeddings(payload: Any, count: int) -> np.ndarray:
     if not 1 <= dim <= MAX_DIMENSIONS:
         raise BadEmbeddingAnswer(f"a vector of {dim} dimensions (at most {MAX_DIMENSIONS})")
     if any(type(x) not in (int, float) for row in rows for x in row):  # bool, str, None, lists
-        raise BadEmbeddingAnswer("a vector holds something that is not a number")
+        raise BadVector("a vector holds something that is not a number")
     with np.errstate(over="ignore"):
-        matrix = np.asarray(rows, dtype=np.float64)
+        try:
+            matrix = np.asarray(rows, dtype=np.float64)
+        except OverflowError:  # JSON's integers have no bound: 1 followed by 400 zeros
+            raise BadVector("a vector holds a number too large for a float") from None
         norms = np.linalg.norm(matrix, axis=1)
     if not np.isfinite(matrix).all() or not np.isfinite(norms).all() or (norms == 0).any():
-        raise BadEmbeddingAnswer("a vector is zero or not finite")
+        raise BadVector("a vector is zero or not finite")
     return (matrix / norms[:, None]).astype(np.float32)
 
 
@@ -216,7 +225,7 @@ class EmbeddingClient:
             return await asyncio.to_thread(_decode, raw, len(texts))
         except BadEmbeddingAnswer as exc:
             url = self.endpoint.url
-            raise BadEmbeddingAnswer(f"the embeddings endpoint {url}: {exc}") from None
+            raise type(exc)(f"the embeddings endpoint {url}: {exc}") from None
 
     async def _post(self, body: dict[str, Any], seconds: float) -> bytes:
         session = self._client()
@@ -246,9 +255,11 @@ class EmbeddingClient:
             raise _Transient(type(exc).__name__) from None
 
     def _scrub(self, text: str) -> str:
-        """A server's words without the credentials it was sent (a proxy may echo them)."""
-        for value in self.endpoint.headers.values():
-            for secret in (value, value.partition(" ")[2]):
+        """A server's words without the credentials it was sent (a proxy may echo them): the
+        headers' values and the query's (a key given as ``?key=`` in the base URL)."""
+        secrets = [*self.endpoint.headers.values(), *self.endpoint.query.values()]
+        for value in secrets:
+            for secret in (value, value.partition(" ")[2], quote(value, safe="")):
                 if len(secret) >= 8:
                     text = text.replace(secret, "[redacted]")
         return text

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ IDLE_SECONDS = 60.0  # between looks for new entries once everything is embedded
 FIRST_WAIT_SECONDS = 30.0
 MAX_WAIT_SECONDS = 1800.0
 REFUSALS_SKIPPED = (400, 413, 422)  # about one input (too long, unsupported): that one is skipped
+PROBE_TEXT = "memory"  # asked alone to tell a broken endpoint from a text it cannot embed
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,9 @@ class Embeddings:
     def from_config(cls, cfg: Config, index: MemoryIndex) -> Embeddings | None:
         """None when ``memory.embeddings`` is off, or names a URL that cannot be used (said
         in the log: search then works by words)."""
-        # Imported here: numpy is loaded only where embeddings are on.
+        if not cfg.memory.embeddings.enabled:
+            return None
+        # Imported here: numpy (and the client) are loaded only where embeddings are on.
         from bot.memory.embeddings import EmbeddingClient, endpoint_from_config
 
         try:
@@ -141,12 +145,20 @@ class Embeddings:
                     embedded = await self.step()
                 except EmbeddingError as exc:
                     self._failed(exc)
-                except (OSError, ValueError) as exc:
-                    # The index (a full disk, vectors changing dimension under one model
+                except (OSError, ValueError, sqlite3.Error) as exc:
+                    # The index (a full disk, which SQLite reports as its own error, a lock
+                    # held past the busy timeout, vectors changing dimension under one model
                     # name): said once; tried again after IDLE_SECONDS. Searches go on.
                     if str(exc) != self.store_problem:
                         log.warning("memory embeddings: cannot store vectors: %s", exc)
                     self.store_problem = str(exc)
+                except Exception as exc:
+                    # A bug, not the endpoint or the index: with its traceback, once; the
+                    # task goes on (an ended task would stop embedding until a restart, and
+                    # nothing would say so: the gateway reads its result only at the stop).
+                    if repr(exc) != self.store_problem:
+                        log.exception("memory embeddings: the background indexer failed")
+                    self.store_problem = repr(exc)
             if embedded:
                 continue
             wait = self.backoff.wait_left() or IDLE_SECONDS
@@ -160,9 +172,10 @@ class Embeddings:
 
     async def step(self) -> int:
         """Embed one batch of the texts without a vector; how many (0: none left). Raises
-        EmbeddingError when the endpoint fails (a text it refuses alone is marked and
-        skipped), ValueError when its vectors change dimension, OSError for the index."""
-        from bot.memory.embeddings import EmbeddingRejected
+        EmbeddingError when the endpoint fails (a text it refuses, or answers badly, alone
+        while it answers others is marked and skipped), ValueError when its vectors change
+        dimension, OSError or sqlite3.Error for the index."""
+        from bot.memory.embeddings import BadVector, EmbeddingRejected
 
         batch = await asyncio.to_thread(self.index.pending_texts, self.model, self.cfg.batch_size)
         if not batch:
@@ -177,29 +190,53 @@ class Embeddings:
         except EmbeddingRejected as exc:
             if exc.status not in REFUSALS_SKIPPED:
                 raise
-            if len(batch) > 1:  # find the text refused: one at a time
-                for digest, text in batch:
-                    await self._embed_one(digest, text)
-                return len(batch)
-            log.warning("memory embeddings: one text refused, not searchable by meaning: %s", exc)
-            await asyncio.to_thread(self.index.store_vectors, self.model, digests, None)
-            return 1
+            return await self._one_at_a_time(batch)
+        except BadVector:
+            # A NaN or zero vector for one odd text fails its whole batch, at every try: the
+            # newest texts come first, so nothing new would ever be embedded again.
+            return await self._one_at_a_time(batch)
         await asyncio.to_thread(self.index.store_vectors, self.model, digests, matrix)
         self._recovered()
         self.store_problem = ""
         return len(batch)
 
-    async def _embed_one(self, digest: bytes, text: str) -> None:
-        from bot.memory.embeddings import EmbeddingRejected
+    async def _one_at_a_time(self, batch: list[tuple[bytes, str]]) -> int:
+        """Each text of a batch the endpoint refused (400, 413, 422) or answered badly, alone.
+        A text refused alone is marked and skipped; so is one answered badly alone, once the
+        endpoint is seen answering another text well (else the endpoint is what fails, and
+        that is raised). How many texts are settled."""
+        from bot.memory.embeddings import BadVector, EmbeddingRejected
 
-        try:
-            matrix = await self.client.embed([text])
-        except EmbeddingRejected as exc:
-            if exc.status not in REFUSALS_SKIPPED:
-                raise
-            log.warning("memory embeddings: one text refused, not searchable by meaning: %s", exc)
-            matrix = None
-        await asyncio.to_thread(self.index.store_vectors, self.model, [digest], matrix)
+        answered = False
+        bad: list[tuple[bytes, BadVector]] = []
+        for digest, text in batch:
+            try:
+                matrix = await self.client.embed([text])
+            except EmbeddingRejected as exc:
+                if exc.status not in REFUSALS_SKIPPED:
+                    raise
+                log.warning(
+                    "memory embeddings: one text refused, not searchable by meaning: %s", exc
+                )
+                matrix = None
+            except BadVector as exc:
+                if not answered:
+                    # Is it the endpoint or this text? A plain word tells (raises if it is the
+                    # endpoint: a broken one costs three requests, not one per text).
+                    await self.client.embed([PROBE_TEXT])
+                    answered = True
+                bad.append((digest, exc))
+                continue
+            await asyncio.to_thread(self.index.store_vectors, self.model, [digest], matrix)
+            answered = answered or matrix is not None
+        for digest, exc in bad:
+            log.warning(
+                "memory embeddings: one text answered badly, not searchable by meaning: %s", exc
+            )
+            await asyncio.to_thread(self.index.store_vectors, self.model, [digest], None)
+        if answered or bad:
+            self._recovered()
+        return len(batch)
 
     def _failed(self, exc: Exception) -> None:
         self.backoff.failed()

@@ -390,6 +390,11 @@ class MemoryIndex:
         self.path = state_dir / INDEX_FILE
         self._sync_lock = threading.Lock()
         self._vectors = vector_store.VectorCache()
+        # The indexed files' states (bot.memory.vector_store) when pieces were last cut, when
+        # no text was found without a vector, and when unused vectors were last dropped.
+        self._pieces_seen: object = None
+        self._settled: object = None
+        self._dropped: object = None
 
     # -- public
 
@@ -457,6 +462,16 @@ class MemoryIndex:
 
         def run(conn: sqlite3.Connection) -> tuple[list[SearchHit], str]:
             self._sync(conn)
+            # One snapshot: the vectors are found by row id and then joined to their texts;
+            # vectors dropped and stored meanwhile (the background task, another process)
+            # can take the same row ids, and another text would be named as the match.
+            conn.execute("BEGIN")
+            try:
+                return matches(conn)
+            finally:
+                conn.execute("COMMIT")  # a read: nothing to undo
+
+        def matches(conn: sqlite3.Connection) -> tuple[list[SearchHit], str]:
             words: list[tuple[int, SearchHit]] = []
             weight = 1.0
             for expression in expressions:
@@ -501,8 +516,15 @@ class MemoryIndex:
 
         def run(conn: sqlite3.Connection) -> list[tuple[bytes, str]]:
             self._sync(conn)
+            seen = (self._files_seen(conn), model)
+            if seen == self._settled:  # nothing new since everything was embedded
+                return []
+            self._cut_pieces(conn, seen[0])
             vector_store.use_model(conn, model)
-            return vector_store.pending(conn, limit)
+            found = vector_store.pending(conn, limit)
+            if not found:
+                self._settled = seen
+            return found
 
         return self._with_connection(run)
 
@@ -525,8 +547,41 @@ class MemoryIndex:
         self._with_connection(self._vectors.warm)
 
     def drop_unused_vectors(self) -> int:
-        """Forget the vectors of pieces no longer in the index; how many."""
-        return self._with_connection(vector_store.drop_unused)
+        """Forget the vectors of pieces no longer in the index; how many. Looked for only
+        when the indexed files changed since last time (a scan of every vector)."""
+
+        def run(conn: sqlite3.Connection) -> int:
+            seen = self._files_seen(conn)
+            if seen == self._dropped:
+                return 0
+            removed = vector_store.drop_unused(conn)
+            self._dropped = seen
+            return removed
+
+        return self._with_connection(run)
+
+    @staticmethod
+    def _files_seen(conn: sqlite3.Connection) -> object:
+        """What changes whenever the indexed texts do: the index's identity and the states
+        of the files it indexed."""
+        files = conn.execute("SELECT path, size, mtime_ns, indexed FROM files").fetchall()
+        return (vector_store.meta(conn).get("index_id"), frozenset(files))
+
+    def _cut_pieces(self, conn: sqlite3.Connection, seen: object) -> None:
+        """The piece rows of the texts indexed without them. Indexing never cuts pieces:
+        embeddings are off by default, and a process with them off (memobot memory search)
+        shares the index. Looked for only when the indexed files changed since last time."""
+        if seen != self._pieces_seen:
+            # A batch per write transaction, each under the sync lock: a search waiting to
+            # index what is new waits for one batch, never long enough for "database is
+            # locked" (an archive of a million entries takes a minute to cut).
+            below: int | None = None
+            while True:
+                with self._sync_lock:
+                    below = vector_store.cut_pieces(conn, below)
+                if below is None:
+                    break
+            self._pieces_seen = seen
 
     @staticmethod
     def _piece_hits(conn: sqlite3.Connection, pieces: dict[int, bytes]) -> dict[int, SearchHit]:
@@ -757,7 +812,6 @@ class MemoryIndex:
             "INSERT INTO doc(id, file, anchor, ts, session, body) VALUES (?, ?, ?, NULL, NULL, ?)",
             [(first + i, rel, c.line, c.text) for i, c in enumerate(chunks)],
         )
-        vector_store.insert_pieces(conn, [(first + i, c.text) for i, c in enumerate(chunks)])
         self._save_state(conn, rel, _FileState(st.st_size, st.st_mtime_ns, 0, "", ""))
 
     def _sync_history(
@@ -811,7 +865,6 @@ class MemoryIndex:
 
         def flush() -> None:
             conn.executemany(insert, batch)
-            vector_store.insert_pieces(conn, [(row[0], row[5]) for row in batch])
             batch.clear()
 
         for line, size in read_lines(fh.fileno(), rel, start):

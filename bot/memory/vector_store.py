@@ -6,6 +6,8 @@ holds several facts, and one vector for all of them would be near none of them. 
 vector is kept by the digest of its text, not by row: a history file rewritten by a
 compaction is indexed again under new row ids, and its texts keep their vectors. A vector is a
 float32 blob; NULL marks a text the endpoint refused (not asked again while the model stays).
+Pieces are cut when the embedder looks for work (:func:`cut_pieces`), not when a text is
+indexed: embeddings are off by default, and then indexing costs what it did before them.
 
 Searches without a filter scan a copy of the vectors held in memory (:class:`VectorCache`,
 int8 with a scale per vector: a quarter of the file's size), since reading every blob from
@@ -89,6 +91,42 @@ def insert_pieces(conn: sqlite3.Connection, docs: Sequence[tuple[int, str]]) -> 
             for start, stop in text_pieces(body)
         ],
     )
+
+
+CUT_BATCH = 5000  # docs cut into pieces per write transaction (a search waits at most this)
+
+
+def cut_pieces(conn: sqlite3.Connection, below: int | None = None) -> int | None:
+    """Insert the piece rows of up to ``CUT_BATCH`` docs that have none, with ids under
+    ``below`` (None: any), newest first. Returns the lowest id looked at when there may be
+    more (call again with it), None when there are none. A doc without a line of text has
+    no piece, and is looked at again each time."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        ids = _cut_pieces(conn, CUT_BATCH, below)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return ids[-1] if len(ids) >= CUT_BATCH else None
+
+
+def _cut_pieces(conn: sqlite3.Connection, limit: int = -1, below: int | None = None) -> list[int]:
+    ids = [
+        row[0]
+        for row in conn.execute(
+            "SELECT id FROM doc WHERE (:below IS NULL OR id < :below)"
+            " AND NOT EXISTS (SELECT 1 FROM piece WHERE piece.doc = doc.id)"
+            " ORDER BY id DESC LIMIT :limit",
+            {"below": below, "limit": limit},
+        )
+    ]
+    for start in range(0, len(ids), 500):
+        part = ids[start : start + 500]
+        marks = ",".join("?" * len(part))
+        docs = conn.execute(f"SELECT id, body FROM doc WHERE id IN ({marks})", part)
+        insert_pieces(conn, docs.fetchall())
+    return ids
 
 
 def meta(conn: sqlite3.Connection) -> dict[str, str]:
@@ -188,6 +226,7 @@ def drop_unused(conn: sqlite3.Connection) -> int:
     """Forget the vectors of pieces no longer in the index; how many."""
     conn.execute("BEGIN IMMEDIATE")
     try:
+        _cut_pieces(conn)  # a text another process indexed again (no pieces yet) is not unused
         removed = conn.execute(
             "DELETE FROM vec WHERE digest NOT IN (SELECT digest FROM piece)"
         ).rowcount

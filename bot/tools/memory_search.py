@@ -12,6 +12,7 @@ from bot.memory.search import MAX_LIMIT, MemoryIndex, SearchUnavailable, format_
 from bot.tools.base import Effects, Tool, ToolContext, ToolError
 
 MAX_HITS = 20
+WORDS_ONLY_NOTE = "Matched by words only: search by meaning is not available right now."
 DEFAULT_HITS = 10
 
 
@@ -111,7 +112,12 @@ class MemorySearchTool(Tool):
         hits = found.hits
         if shared:
             hits = [h for h in hits if self._shared(h.session, ctx.scope.session_key)][:wanted]
-        note = f"\n({found.note})" if found.note else ""
+        note = found.note
+        if note and not ctx.scope.is_owner:
+            # The endpoint's address (a server on the owner's network) and what it said are
+            # the owner's to read, not a guest's or a group's.
+            note = WORDS_ONLY_NOTE
+        note = f"\n({note})" if note else ""
         if not hits:
             span = _describe_span(since, until)
             return f"No matches for {query!r}{span}.{note}"

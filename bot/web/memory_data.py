@@ -5,6 +5,7 @@ Blocking: call them in a worker thread."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -162,7 +163,8 @@ async def run_search(cfg: Config, asked: Found, embeddings: Embeddings | None = 
     own = None
     if embeddings is None:
         index = MemoryIndex(cfg.agent.workspace_path, cfg.agent.state_path)
-        embeddings = own = Embeddings.from_config(cfg, index)
+        # In a thread: with embeddings on, this loads numpy (0.1-0.3 s the first time).
+        embeddings = own = await asyncio.to_thread(Embeddings.from_config, cfg, index)
     else:
         index = embeddings.index
     try:

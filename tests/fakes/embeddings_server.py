@@ -101,7 +101,7 @@ class FakeEmbeddings:
         self.requests.append(body)
         if self.fail_with is not None:
             # As some proxies do: the request's credentials echoed in the error.
-            said = f"down (you sent {request.headers.get('Authorization', '')})"
+            said = f"down (you sent {request.headers.get('Authorization', '')} to {request.url})"
             return web.json_response({"error": {"message": said}}, status=self.fail_with)
         texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
         if self.refuse_containing and any(self.refuse_containing in t for t in texts):

@@ -7,11 +7,10 @@ import os
 import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 import pytest_asyncio
-from xdist.scheduler import LoadScopeScheduling
 
 from bot.service.logs import SECRETS
 from tests.fakes.llm_server import FakeLLM
@@ -89,35 +88,6 @@ _LONG_FIRST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(_LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-    if strays := [
-        item.nodeid for item in items if _in_a_browser(item) and not _browser_module(item.nodeid)
-    ]:
-        raise pytest.UsageError(
-            f"{strays[0]} uses Chromium outside a *browser*.py module: move it into one, so "
-            "the one worker that runs the browser tests runs it too"
-        )
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling:
-    return _OneChromium(config, log)
-
-
-class _OneChromium(LoadScopeScheduling):
-    """xdist hands out tests one by one, but every test of a browser module to one worker,
-    first (the biggest unit): one Chromium and one Playwright driver per run (a few CPU-s
-    each) instead of one per worker. (``--dist loadgroup`` would say so with a mark, but groups
-    nothing with pytest 9.2 and xdist 3.8: xdist issue 1386.)"""
-
-    def _split_scope(self, nodeid: str) -> str:
-        return "chromium" if _browser_module(nodeid) else nodeid
-
-
-def _browser_module(nodeid: str) -> bool:
-    return "browser" in nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-
-
-def _in_a_browser(item: pytest.Item) -> bool:
-    return "chromium" in getattr(item, "fixturenames", ())
 
 
 # The fakes most modules talk to; a module that needs them otherwise (a threaded LLM, a fake

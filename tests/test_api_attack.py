@@ -318,3 +318,49 @@ async def test_a_client_that_leaves_a_plain_request_no_longer_holds_its_place(tm
         assert again.choices[0].message.content == "late"
         assert len(llm.requests) == 1
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_retry_that_looks_as_its_answer_goes_out_gets_it(tmp_path, monkeypatch):
+    """A retry whose turn's answer goes out (told to the waiters, then let go by the ledger)
+    while it reads the session's state gets that answer: what its waiter was told is looked
+    at after the state, not before (else it saw neither and said 409 "no longer kept")."""
+    async with running(tmp_path, reply("late", hold="h")) as (llm, gateway, browser):
+        api = browser.panel.api
+        assert api is not None
+        channel, store = api.channel, gateway.stack.store
+        ledger = gateway.manager.delivery.ledger
+        loop, on_loop = asyncio.get_running_loop(), threading.get_ident()
+        armed, delivered = threading.Event(), threading.Event()
+        ask, get, sent = channel.ask, store.get, ledger.sent
+
+        async def asking(*args, **kwargs):
+            intake = await ask(*args, **kwargs)
+            if intake == "duplicate":
+                armed.set()  # the retry's next look at its session (off the loop) is the one
+            return intake
+
+        def getting(key):
+            if key.startswith("api:") and threading.get_ident() != on_loop and armed.is_set():
+                armed.clear()
+                # The answer goes out and leaves the ledger just as the retry reads the state.
+                loop.call_soon_threadsafe(llm.release, "h")
+                assert delivered.wait(10)
+            return get(key)
+
+        async def sending(msg):
+            await sent(msg)
+            delivered.set()
+
+        monkeypatch.setattr(channel, "ask", asking)
+        monkeypatch.setattr(store, "get", getting)
+        monkeypatch.setattr(ledger, "sent", sending)
+        body = {"model": "memobot", "messages": [{"role": "user", "content": "slow one"}]}
+        headers = {"Idempotency-Key": "race-1"}
+        first = asyncio.create_task(
+            client(browser).chat.completions.create(**body, extra_headers=headers)
+        )
+        await until(lambda: len(llm.requests) == 1)
+        again = await client(browser).chat.completions.create(**body, extra_headers=headers)
+        assert again.choices[0].message.content == "late"
+        assert (await first).choices[0].message.content == "late"
+        assert len(llm.requests) == 1

@@ -526,11 +526,12 @@ class ApiFace:
 
     async def _underway(self, session: str, mid: str, waiter: Waiter) -> bool:
         """A duplicate's turn is still to answer (or its answer is on its way here)."""
-        if waiter.answer is not None:
-            return True
         state = (await asyncio.to_thread(self.gateway.stack.store.get, session)).state
+        # The waiter after the state, not before: an answer that goes out while the state is
+        # read (told to the waiters, then let go by the ledger) is in one or the other.
         return bool(
-            state.is_pending(mid)
+            waiter.answer is not None
+            or state.is_pending(mid)
             or state.checkpoint_of(mid)
             or any(e.get("reply_to") == mid for e in state.outbox)
         )

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import shutil
 import socket
-import stat
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
@@ -28,40 +25,6 @@ if TYPE_CHECKING:
 # of CPU, where an installation compiles them once: the suite caches bytecode as users do.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
-
-
-def _files_in_memory() -> None:
-    """The suite's temporary files (every test's workspace, state and sessions, ~60 MB per
-    run) in /dev/shm when it is a tmpfs with room to spare: its fsync, unlink and rmdir cost
-    no disk I/O, the suite's single largest waste on a VM disk. Where /dev/shm is missing or
-    small (a container's 64 MB), or TMPDIR or --basetemp is the developer's choice, nothing
-    changes. Set before pytest makes its temporary root and before any worker starts, so
-    the workers, the zygotes and every memobot they start use the same folder."""
-    if "TMPDIR" in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    try:
-        free = shutil.disk_usage("/dev/shm").free
-        with open("/proc/mounts", encoding="ascii", errors="replace") as mounts:
-            tmpfs = any(line.split()[1:3] == ["/dev/shm", "tmpfs"] for line in mounts)
-    except OSError:
-        return
-    if not tmpfs or free < 2 << 30:
-        return
-    folder = f"/dev/shm/memobot-tests-{os.getuid()}"
-    try:
-        os.mkdir(folder, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return
-    info = os.lstat(folder)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        return  # someone else's, or a link: not ours to use
-    os.environ["TMPDIR"] = folder
-    tempfile.tempdir = None  # read TMPDIR again
-
-
-_files_in_memory()
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import compileall
 import ipaddress
 import os
 import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -27,13 +25,6 @@ if TYPE_CHECKING:
 # of CPU, where an installation compiles them once: the suite caches bytecode as users do.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
-if not os.environ.get("PYTEST_XDIST_WORKER"):
-    # Once, here, before the workers start: in a fresh clone the six of them (and then their
-    # zygotes) would import memobot at the same moment and each compile it, none finding the
-    # others' bytecode yet. Up-to-date files cost a stat.
-    _root = Path(__file__).resolve().parents[1]
-    for _folder in ("bot", "channels", "tests/helpers", "tests/fakes"):
-        compileall.compile_dir(_root / _folder, quiet=2, workers=1)
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex

@@ -97,7 +97,7 @@ def offered_tools(
         return group_tool_names(tools, None, cfg.tools.safe_mcp_tools)
     if scope.is_owner:
         return None
-    channel = getattr(cfg.channels, msg.channel, None)
+    channel = registry.settings_for(cfg, msg.session_key)
     safe_mcp = cfg.tools.safe_mcp_tools
     if scope.audience == "group":
         if channel is not None and channel.group_admin_tools and scope.admin:

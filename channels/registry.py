@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from channels.spec import ChannelSpec, TokenProbe, Unasked
 
@@ -74,6 +74,16 @@ def owner_chat(cfg: Config, key: str) -> bool:
         return False
     # A channel configured outside channels.* (the API: api.keys) reads the whole config.
     return found.owner_chat(chat, found.section(cfg) if found.config is not None else cfg)
+
+
+def settings_for(cfg: Config, key: str) -> Any:
+    """The ``channels.*`` section whose rules govern the person of session ``key``'s chat: its
+    channel's own, or for a channel without one (the API), the one its spec names; None."""
+    name, _, chat = key.partition(":")
+    found = spec(name)
+    if found is None:
+        return None
+    return found.section(cfg) if found.config is not None else found.person_settings(cfg, chat)
 
 
 def approvals(cfg: Config, key: str) -> Unasked:

@@ -80,6 +80,10 @@ def _unless_configured(cfg: Any) -> bool:
     return False
 
 
+def _no_settings(cfg: Config, chat: str) -> Any:
+    return None
+
+
 def _ask(cfg: Any, chat: str) -> Unasked:
     return "ask"
 
@@ -112,6 +116,9 @@ class ChannelSpec:
     in_gateway: Callable[[Config], bool] = field(default=_unless_configured)
     # (config, chat id) -> how its approval questions are decided (``Unasked``).
     approvals: Callable[[Config, str], Unasked] = field(default=_ask)
+    # A channel without a ``channels.*`` section: (config, chat id) -> the ``channels.*``
+    # section whose rules (dmTools) govern the chat's person (the API: its key's person's).
+    person_settings: Callable[[Config, str], Any] = field(default=_no_settings)
 
     def section(self, cfg: Config) -> ChannelConfig | None:
         return getattr(cfg.channels, self.name, None) if self.config is not None else None

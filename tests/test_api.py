@@ -232,6 +232,18 @@ async def test_a_client_that_leaves_mid_stream_gets_the_whole_answer_on_retry(tm
                 assert (await r.json())["content"] == answer
 
 
+async def test_a_persons_key_has_the_tools_their_channel_gives_them(tmp_path):
+    """A key "as" telegram:42 is that person: telegram's dmTools decide their tools, as in
+    their private chat there (without it, the default guest tools)."""
+    chosen = {"dmTools": ["read_file", "list_dir"]}
+    async with running(tmp_path, reply("ok"), telegram=chosen) as (llm, _gateway, browser):
+        await client(browser, GUEST_KEY).chat.completions.create(
+            model="memobot", messages=[{"role": "user", "content": "hi"}]
+        )
+        offered = {t["function"]["name"] for t in llm.requests[0]["body"].get("tools", [])}
+    assert offered == {"read_file", "list_dir"}
+
+
 async def test_a_persons_key_has_that_persons_tools_and_no_approvals(tmp_path):
     """A key "as" a non-admin person gets a guest's tools (no exec); an approval an API
     client cannot give is refused with a tool result, not asked, unless its key allows such

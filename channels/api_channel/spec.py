@@ -42,6 +42,15 @@ def _owner_chat(chat: str, cfg: Any) -> bool:
     return key is not None and speaks_as_admin(cfg, key)
 
 
+def _person_settings(cfg: Any, chat: str) -> Any:
+    """The section of the channel whose person the chat's key speaks for (their ``dmTools``);
+    None for the owner's keys."""
+    key = key_named(cfg, chat.partition(":")[0])
+    if key is None or key.as_ == "owner":
+        return None
+    return getattr(cfg.channels, key.as_.partition(":")[0], None)
+
+
 def _approvals(cfg: Any, chat: str) -> Unasked:
     """A key allowed to run such calls unasked runs them; any other refuses them."""
     key = key_named(cfg, chat.partition(":")[0])
@@ -55,4 +64,5 @@ SPEC = ChannelSpec(
     owner_chat=_owner_chat,
     in_gateway=_enabled,
     approvals=_approvals,
+    person_settings=_person_settings,
 )

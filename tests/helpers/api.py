@@ -41,17 +41,18 @@ async def running(
     *steps: Any,
     api: dict[str, Any] | None = None,
     budget: dict[str, Any] | None = None,
+    telegram: dict[str, Any] | None = None,
     **tools: Any,
 ) -> AsyncIterator[tuple[FakeLLM, Gateway, Browser]]:
     async with FakeLLM() as llm:
         llm.script(*steps)
-        telegram = {"enabled": False, "token": "1:x", "allowFrom": ["7", "42"], "admins": ["7"]}
+        section = {"enabled": False, "token": "1:x", "allowFrom": ["7", "42"], "admins": ["7"]}
         path = write_config(
             tmp_path,
             llm.base_url,
             web=panel_section(),
             api=api or api_section(),
-            channels={"telegram": telegram},
+            channels={"telegram": {**section, **(telegram or {})}},
             tools=tools,
             budget=budget or {},
         )

@@ -167,7 +167,7 @@ class Records:
 
 def _read_records(path: Path) -> dict[str, dict[str, Any]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(durable.read_regular(path))
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:

@@ -305,10 +305,10 @@ class ApiFace:
     def check_capacity(self, session: str) -> None:
         """A new turn now would fail: the model is down (503), or the budget is spent (429)."""
         stack = self.gateway.stack
-        outage = stack.loop.outage.snapshot() if stack.loop.outage else None
-        if outage is not None and outage.get("rateLimited"):
+        outage = stack.loop.outage
+        if outage is not None and outage.active and outage.rate_limited:
             # The model's own rate limit, not an outage: what a client backs off from.
-            wait = outage.get("retryAfter") or OUTAGE_RETRY_SECONDS
+            wait = outage.retry_after or OUTAGE_RETRY_SECONDS
             raise Refused(
                 api_error(
                     429,
@@ -318,7 +318,7 @@ class ApiFace:
                     headers={"Retry-After": str(max(1, math.ceil(wait)))},
                 )
             )
-        if outage is not None:
+        if outage is not None and outage.active:
             raise Refused(
                 api_error(
                     503,
@@ -403,7 +403,7 @@ class ApiFace:
 
     async def health(self, request: web.Request) -> web.Response:
         outage = self.gateway.stack.loop.outage
-        down = outage is not None and outage.snapshot() is not None
+        down = outage is not None and outage.active
         return web.json_response({"status": "ok", "model": "unavailable" if down else "ok"})
 
     async def models(self, request: web.Request) -> web.Response:

@@ -212,7 +212,7 @@ class ProposalStore:
 
     def _load(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(durable.read_regular(self.path))
             if not isinstance(data, dict) or not isinstance(data.get("closed", []), list):
                 raise ValueError("not a review record")
             if data.get("open") is not None:

@@ -79,7 +79,7 @@ class _CachedFile:
     __slots__ = ("key", "text")
 
     def __init__(self) -> None:
-        self.key: tuple[int, int] | None = None
+        self.key: tuple[int, int, int] | None = None
         self.text = ""
 
 
@@ -125,16 +125,23 @@ class ContextBuilder:
             entry.text = workspace_files.read_text_or_empty(self.workspace, name).strip()
         return True
 
+    def _cached(
+        self, cache: dict[str, _CachedFile], rel: str
+    ) -> tuple[_CachedFile, tuple[int, int, int] | None]:
+        """``rel``'s entry in ``cache`` (made, the oldest dropped past _CHAT_FILES_KEPT) and
+        the file's state now (None when absent), to compare with the entry's key."""
+        entry = cache.get(rel)
+        if entry is None:
+            entry = cache[rel] = _CachedFile()
+            if len(cache) > _CHAT_FILES_KEPT:
+                cache.pop(next(iter(cache)))
+        st = workspace_files.file_stat(self.workspace, rel)
+        return entry, None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
+
     def _chat_memory(self, rel: str) -> str:
         """The section of one chat's memory file ("" when it has none); re-read only when
         the file changed, so the prompt stays byte-identical between turns."""
-        entry = self._chat_files.get(rel)
-        if entry is None:
-            entry = self._chat_files[rel] = _CachedFile()
-            if len(self._chat_files) > _CHAT_FILES_KEPT:
-                self._chat_files.pop(next(iter(self._chat_files)))
-        st = workspace_files.file_stat(self.workspace, rel)
-        key = None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
+        entry, key = self._cached(self._chat_files, rel)
         if key != entry.key:
             entry.key = key
             text = workspace_files.read_text_or_empty(self.workspace, rel).strip() if key else ""
@@ -147,13 +154,7 @@ class ContextBuilder:
         """The section telling the model whose turn it is and what their own file holds,
         re-read only when the file changed (bot.memory.people)."""
         rel = person.file
-        entry = self._people.get(rel)
-        if entry is None:
-            entry = self._people[rel] = _CachedFile()
-            if len(self._people) > _CHAT_FILES_KEPT:
-                self._people.pop(next(iter(self._people)))
-        st = workspace_files.file_stat(self.workspace, rel)
-        key = None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
+        entry, key = self._cached(self._people, rel)
         if key != entry.key or person.shown not in entry.text:
             entry.key = key
             text = read_shown(self.workspace, rel) if key else ""

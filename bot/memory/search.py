@@ -701,13 +701,9 @@ class MemoryIndex:
             ).fetchone()
         if floor is not None:
             params["low"] = floor[0]
-        where = "doc_fts MATCH :q AND doc_fts.rowid BETWEEN :low AND :high"
-        if lo:
-            where += " AND doc.ts >= :lo"
-        if hi:
-            where += " AND doc.ts < :hi"
-        if session is not None:
-            where += " AND doc.session = :session"
+        where = "doc_fts MATCH :q AND doc_fts.rowid BETWEEN :low AND :high" + (
+            vector_store.doc_filter(lo, hi, session)
+        )
         rows = conn.execute(
             "SELECT doc.id, doc.file, doc.anchor, doc.ts, doc.session,"
             f" snippet(doc_fts, 0, '[', ']', '…', {SNIPPET_TOKENS}), rank"

@@ -246,6 +246,19 @@ def _chunks(cur: sqlite3.Cursor) -> Any:
         yield rows
 
 
+def doc_filter(lo: str | None, hi: str | None, session: str | None) -> str:
+    """The SQL that keeps the ``doc`` rows of a range of days and a chat (bound as :lo, :hi
+    and :session); empty when nothing narrows them."""
+    where = ""
+    if lo:
+        where += " AND doc.ts >= :lo"
+    if hi:
+        where += " AND doc.ts < :hi"
+    if session is not None:
+        where += " AND doc.session = :session"
+    return where
+
+
 def nearest_filtered(
     conn: sqlite3.Connection,
     query: np.ndarray,
@@ -259,13 +272,7 @@ def nearest_filtered(
     first, among the docs of a chat or a range of days."""
     from bot.memory import vectors
 
-    where = "vec.vec IS NOT NULL"
-    if lo:
-        where += " AND doc.ts >= :lo"
-    if hi:
-        where += " AND doc.ts < :hi"
-    if session is not None:
-        where += " AND doc.session = :session"
+    where = "vec.vec IS NOT NULL" + doc_filter(lo, hi, session)
     cur = conn.execute(
         "SELECT piece.rowid, vec.vec FROM doc JOIN piece ON piece.doc = doc.id"
         f" JOIN vec ON vec.digest = piece.digest WHERE {where}",

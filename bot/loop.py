@@ -465,7 +465,7 @@ class AgentLoop:
             rec = None
         if rec is not None and rec.cancel:
             return "stopped"
-        if await self.tasks.time_left(task_id) <= 0:
+        if self.tasks.left(rec) <= 0:  # the record just read: not the store again
             return "timed out"
         return None
 

@@ -234,8 +234,7 @@ class AgentLoop:
             # One step with a resumed spawn call queueing a task the crash left unqueued.
             if not await self.tasks.unqueued(rec.id, partial(self._has_work, rec.session_key)):
                 continue  # resumed by recovery (or queued by its spawn call); it reports
-            session = await asyncio.to_thread(self.store.get, rec.session_key)
-            result = result_of(session.messages)
+            result = await self._task_result(rec.session_key)
             log.info("task %s ended while memobot was down: reporting it now", rec.id)
             await self.tasks.ended(rec.id, "done" if result else "failed", result)
 

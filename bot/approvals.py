@@ -367,7 +367,7 @@ class ApprovalDesk:
                 return str(current["state"])
             remaining = max(0.0, float(current["deadline"]) - time.time())
             try:
-                async with self._outside_slot(), asyncio.timeout(remaining):
+                async with self.outside_slot(), asyncio.timeout(remaining):
                     return await asyncio.shield(answered)
             except TimeoutError:
                 pass
@@ -390,14 +390,10 @@ class ApprovalDesk:
         finally:
             self._waiting.pop(approval_id, None)
 
-    def outside_slot(self) -> contextlib.AbstractAsyncContextManager[None]:
-        """A turn's wait for something other than the model (a person, a background task)
-        holds no slot: see ``_outside_slot``."""
-        return self._outside_slot()
-
     @contextlib.asynccontextmanager
-    async def _outside_slot(self) -> AsyncIterator[None]:
-        """Give the waiting turn's slot back for the wait; take one again before it goes on
+    async def outside_slot(self) -> AsyncIterator[None]:
+        """Give the waiting turn's slot back for a wait on something other than the model (a
+        person, a background task); take one again before it goes on
         (in line with every other turn). Shielded: a turn cancelled while it queues for a
         slot still ends up holding one, which its worker then releases, so the count stays
         right."""

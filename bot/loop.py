@@ -234,8 +234,7 @@ class AgentLoop:
             # One step with a resumed spawn call queueing a task the crash left unqueued.
             if not await self.tasks.unqueued(rec.id, partial(self._has_work, rec.session_key)):
                 continue  # resumed by recovery (or queued by its spawn call); it reports
-            session = await asyncio.to_thread(self.store.get, rec.session_key)
-            result = result_of(session.messages)
+            result = await self._task_result(rec.session_key)
             log.info("task %s ended while memobot was down: reporting it now", rec.id)
             await self.tasks.ended(rec.id, "done" if result else "failed", result)
 
@@ -465,7 +464,7 @@ class AgentLoop:
             rec = None
         if rec is not None and rec.cancel:
             return "stopped"
-        if await self.tasks.time_left(task_id) <= 0:
+        if self.tasks.left(rec) <= 0:  # the record just read: not the store again
             return "timed out"
         return None
 

@@ -387,6 +387,10 @@ class TaskBoard:
         except (OSError, ValueError) as exc:
             log.error("cannot read the task store: %s", exc)
             rec = None
+        return self.left(rec)
+
+    def left(self, rec: TaskRecord | None) -> float:
+        """``time_left`` of a record read already (None: not in the store, its whole time)."""
         if rec is None:
             return self.timeout_seconds
         return max(0.0, rec.started + self.timeout_seconds - self.clock())

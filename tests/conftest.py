@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -15,7 +16,7 @@ import pytest_asyncio
 from bot.service.logs import SECRETS
 from tests.fakes.llm_server import FakeLLM
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import browser
+from tests.helpers import browser, bytecode
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Page
@@ -25,6 +26,11 @@ if TYPE_CHECKING:
 # of CPU, where an installation compiles them once: the suite caches bytecode as users do.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    bytecode.prepare(config, Path(__file__).resolve().parents[1])
+
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex

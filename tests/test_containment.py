@@ -87,15 +87,22 @@ def tool_results(llm: FakeLLMThread, request: int = 1) -> dict[str, str]:
 
 
 def run_attack(
-    tmp_path: Path, llm: FakeLLMThread, commands: dict[str, str], **tools: Any
+    tmp_path: Path,
+    llm: FakeLLMThread,
+    commands: dict[str, str],
+    *,
+    fresh: bool = False,
+    **tools: Any,
 ) -> dict[str, str]:
-    """One turn in which the model runs each command through ``exec``; returns the results."""
+    """One turn in which the model runs each command through ``exec``; returns the results.
+    ``fresh``: memobot in a new interpreter, whose /proc/PID/environ holds the token (a forked
+    one's shows the environment the suite's zygote was started with)."""
     cfg = attack_config(tmp_path, llm, **tools)
     calls = [call("exec", {"command": cmd}, id=cid) for cid, cmd in commands.items()]
     llm.script(tool_step(*calls), reply("done"))
     done = run_memobot(
         "agent", "-m", "please run these", "-s", "cli:attack", config=cfg,
-        env={"MEMOBOT_TEST_BOT_TOKEN": ENV_TOKEN}, fresh=True,  # /proc/PID/environ holds it
+        env={"MEMOBOT_TEST_BOT_TOKEN": ENV_TOKEN}, fresh=fresh,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout == "done\n"
@@ -122,7 +129,7 @@ def test_the_shell_cannot_read_the_config_the_state_or_memobots_environment(
 ) -> None:
     config = tmp_path / "config.json"
     # A first turn so a session file exists to be stolen.
-    results = run_attack(tmp_path, llm, secret_reads(config))
+    results = run_attack(tmp_path, llm, secret_reads(config), fresh=True)
     for cid, out in results.items():
         assert API_KEY not in out, cid
         assert ENV_TOKEN not in out, cid
@@ -140,7 +147,7 @@ def test_the_shell_cannot_read_the_config_the_state_or_memobots_environment(
 def test_with_the_sandbox_off_the_same_attack_succeeds(tmp_path: Path, llm: FakeLLMThread) -> None:
     """The control: proves the attack above would find the secrets without the confinement."""
     config = tmp_path / "config.json"
-    results = run_attack(tmp_path, llm, secret_reads(config), exec={"sandbox": "off"})
+    results = run_attack(tmp_path, llm, secret_reads(config), fresh=True, exec={"sandbox": "off"})
     assert API_KEY in results["abs"]
     assert API_KEY in results["parent"]
     assert ENV_TOKEN in results["environ"]

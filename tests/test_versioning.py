@@ -35,7 +35,7 @@ from bot.memory.versioning import MemoryRepo, MemoryRepoError, commit_async, mer
 from bot.service.doctor import check_memory_history
 from bot.workspace import init_workspace
 from tests.fakes.llm_server import FakeLLM, FakeLLMThread, reply, tool_step
-from tests.helpers import Harness, config_dict, make_config, run_memobot
+from tests.helpers import Harness, config_dict, make_config, run_memobot, zygote
 from tests.helpers.nanobot_shapes import (
     NANOBOT_AUTHOR,
     nanobot_git,
@@ -533,7 +533,9 @@ def test_cli_log_diff_revert_without_git_on_path(tmp_path: Path, ws: Path) -> No
         )  # fmt: skip
 
     def memobot(*args: str) -> subprocess.CompletedProcess[str]:
-        return run("-m", "bot", "--config", str(config), "memory", *args)
+        return zygote.run(
+            ["--config", str(config), "memory", *args], env=env, cwd=REPO_ROOT, timeout=60
+        )
 
     empty = memobot("log")
     assert (empty.returncode, empty.stdout) == (0, "No memory commits yet.\n"), empty.stderr

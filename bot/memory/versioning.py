@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from difflib import SequenceMatcher
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from dulwich.errors import NotGitRepository
 from dulwich.index import commit_tree
@@ -70,9 +70,11 @@ from dulwich.patch import write_tree_diff
 from dulwich.repo import Repo
 
 from bot import durable, workspace_files
-from bot.config import Config
 from bot.file_errors import file_problem
 from bot.private import make_private_dirs
+
+if TYPE_CHECKING:
+    from bot.config import Config
 
 log = logging.getLogger(__name__)
 

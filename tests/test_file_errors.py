@@ -20,11 +20,12 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bot import cli
-from tests.helpers import REPO
+from tests.helpers import REPO, zygote
 
 NOBODY = 65534
 EX_CONFIG = 78
@@ -34,7 +35,8 @@ EX_CONFIG = 78
 class Stranger:
     """How to run memobot as someone the files do not belong to."""
 
-    prefix: tuple[str, ...]
+    prefix: tuple[str, ...]  # setpriv's arguments, to probe which way works here
+    privileges: dict[str, Any]  # the same for tests.helpers.privileges
     files_uid: int  # the owner to give the files that process must not read
     owner: str  # that owner as the message names it
     own_uid: int  # the process's own uid, for the files it may use
@@ -46,15 +48,18 @@ def _stranger() -> Stranger | None:
         return None
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     as_nobody = ("setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups")
-    probe = [*as_nobody, sys.executable, "-c", "import bot.cli"]
+    # The same installation, not one it falls back on when it cannot read its own (a venv
+    # whose base interpreter is under /root finds the system's standard library instead).
+    same = f"import bot.cli, sys; sys.exit(sys.base_prefix != {sys.base_prefix!r})"
+    probe = [*as_nobody, sys.executable, "-c", same]
     if subprocess.run(probe, env=env, cwd="/", capture_output=True).returncode == 0:
-        return Stranger(as_nobody, 0, "root", NOBODY)
+        return Stranger(as_nobody, {"uid": NOBODY, "gid": NOBODY}, 0, "root", NOBODY)
     # This interpreter lives where uid 65534 may not go (/root): the same test the other
     # way round. Without capabilities, root is held to the permission bits like anyone.
     no_caps = ("setpriv", "--bounding-set=-all", "--inh-caps=-all")
     if subprocess.run([*no_caps, "true"], capture_output=True).returncode != 0:
         return None
-    return Stranger(no_caps, NOBODY, "nobody", 0)
+    return Stranger(no_caps, {"caps": "none"}, NOBODY, "nobody", 0)
 
 
 @pytest.fixture
@@ -95,8 +100,13 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 def _run(stranger: Stranger, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "MEMOBOT_"))}
     env |= {"PYTHONPATH": str(REPO), "HOME": "/nonexistent"}
-    command = [*stranger.prefix, sys.executable, "-m", "bot", "--config", str(config), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, cwd="/")
+    return zygote.run(
+        ["--config", str(config), *args],
+        env=env,
+        cwd="/",
+        timeout=60,
+        privileges=stranger.privileges,
+    )
 
 
 # (command, what belongs to the other user: "all" the config too, "folders" only the

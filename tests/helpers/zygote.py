@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import privileges
+
 REPO = Path(__file__).resolve().parents[2]
 _lock = threading.Lock()
 _server: tuple[subprocess.Popen[bytes], str] | None = None
@@ -58,13 +60,15 @@ def run(
     cwd: Path | str = REPO,
     timeout: float,
     umask: int | None = None,
+    privileges: dict[str, Any] | None = None,
     fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run([python, "-m", "bot", *argv], input=..., capture_output=True,
     text=True, timeout=..., env=..., cwd=...)``; on timeout the child is killed and
     :class:`subprocess.TimeoutExpired` raised, as subprocess.run does. ``stdin``: a file
     descriptor (or ``subprocess.DEVNULL``) instead of a pipe carrying ``input``; ``umask``:
-    the child's.
+    the child's; ``privileges``: dropped before the child runs (see
+    :func:`tests.helpers.privileges.drop`).
 
     ``fresh`` execs a new interpreter, for a test whose point needs one: what the kernel shows
     of the process (``/proc/PID/environ`` is the environment it was exec'd with, which a forked
@@ -79,7 +83,7 @@ def run(
             timeout=timeout,
             env=env,
             cwd=cwd,
-            preexec_fn=None if umask is None else (lambda: os.umask(umask)),
+            preexec_fn=lambda: _prepare(umask, privileges),
         )
     if stdin is None:
         stdin_r, stdin_w = os.pipe()
@@ -90,7 +94,7 @@ def run(
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        conn, pid = _fork(argv, env, cwd, (stdin_r, out_w, err_w), umask)
+        conn, pid = _fork(argv, env, cwd, (stdin_r, out_w, err_w), umask, privileges=privileges)
     finally:
         for fd in (stdin_r, out_w, err_w):
             os.close(fd)
@@ -109,6 +113,14 @@ def run(
     return subprocess.CompletedProcess(
         [sys.executable, "-m", "bot", *argv], code, out.decode(), err.decode()
     )
+
+
+def _prepare(umask: int | None, drop: dict[str, Any] | None) -> None:
+    """A fresh interpreter's ``preexec_fn``: what a forked child does before it runs."""
+    if umask is not None:
+        os.umask(umask)
+    if drop:
+        privileges.drop(drop)
 
 
 def popen(
@@ -138,6 +150,7 @@ def _fork(
     fds: tuple[int, int, int],
     umask: int | None = None,
     terminal: bool = False,
+    privileges: dict[str, Any] | None = None,
 ) -> tuple[socket.socket, int]:
     """Ask the zygote for a child running ``python -m bot ARGV`` on ``fds`` as its 0, 1, 2
     (``terminal``: in a session of its own whose controlling terminal is fd 0, a pty's slave);
@@ -146,7 +159,8 @@ def _fork(
     try:
         conn.connect(_socket_path())
         request = {
-            "argv": argv, "env": dict(env), "cwd": str(cwd), "umask": umask, "terminal": terminal
+            "argv": argv, "env": dict(env), "cwd": str(cwd), "umask": umask, "terminal": terminal,
+            "privileges": privileges,
         }  # fmt: skip
         socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
         pid = b""

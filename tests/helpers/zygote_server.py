@@ -127,6 +127,10 @@ def become(request: dict[str, Any]) -> None:
     os.chdir(request["cwd"])
     if request.get("umask") is not None:
         os.umask(request["umask"])
+    if request.get("privileges"):
+        from tests.helpers import privileges
+
+        privileges.drop(request["privileges"])
     os.environ.clear()
     os.environ.update(request["env"])
     time.tzset()  # the C library and the time module read TZ once; this child may have its own

@@ -53,14 +53,6 @@ PRELOADED = (
     "channels.telegram_channel.channel",
     "channels.discord_channel.channel",
     "channels.slack_channel.channel",
-    # memobot imports the MCP SDK only when a server is configured (~1.5 s of CPU); tests
-    # start such a memobot some fifty times.
-    "bot.tools.mcp",
-    "mcp",
-    "mcp.client.stdio",
-    "mcp.client.streamable_http",
-    "mcp.client.sse",
-    "mcp.shared._httpx_utils",
 )
 REIMPORTED = ("bot.failpoints",)
 

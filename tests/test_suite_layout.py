@@ -7,6 +7,7 @@ its own, and a private helper used from a second file cannot be renamed without 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.helpers.source import parse
@@ -19,7 +20,7 @@ def imports_of(path: Path, root: Path) -> list[tuple[int, str, list[str]]]:
     at any depth, relative ones made absolute; names is empty for ``import x``."""
     package = path.relative_to(root.parent).parent.parts
     found: list[tuple[int, str, list[str]]] = []
-    for node in ast.walk(parse(path)):
+    for node in statements(parse(path).body):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -27,6 +28,17 @@ def imports_of(path: Path, root: Path) -> list[tuple[int, str, list[str]]]:
             module = ".".join((*base, *([node.module] if node.module else [])))
             found.append((node.lineno, module, [alias.name for alias in node.names]))
     return found
+
+
+def statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement in ``body`` at any depth (an import is a statement; the expressions,
+    most of a tree's nodes, are not walked)."""
+    for node in body:
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(node, field, None)
+            if isinstance(inner, list):
+                yield from statements(inner)
 
 
 def problems(root: Path) -> list[str]:

@@ -16,7 +16,7 @@ import pytest_asyncio
 from bot.service.logs import SECRETS
 from tests.fakes.llm_server import FakeLLM
 from tests.fakes.telegram_api import FakeBotAPI
-from tests.helpers import browser, bytecode
+from tests.helpers import browser, bytecode, zygote
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Page
@@ -29,7 +29,10 @@ sys.dont_write_bytecode = False
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        return  # an xdist worker, or the only process
     bytecode.prepare(config, Path(__file__).resolve().parents[1])
+    zygote.start_shared()
 
 
 _real_connect = socket.socket.connect

@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,25 +31,63 @@ _lock = threading.Lock()
 _server: tuple[subprocess.Popen[bytes], str] | None = None
 
 
+SHARED = "MEMOBOT_TEST_ZYGOTE"  # the socket of the one server every xdist worker uses
+
+
+def start_shared() -> None:
+    """Start the run's one server, in the xdist controller before its workers start (they
+    inherit its socket's path): a server per worker imported memobot six times over, ~3.5 s
+    of CPU each. It dies with the controller."""
+    if os.environ.get("MEMOBOT_TEST_EXEC") == "1" or SHARED in os.environ:
+        return
+    proc, path = _start()
+    atexit.register(_stop, proc, path)
+    os.environ[SHARED] = path
+
+
+def _start() -> tuple[subprocess.Popen[bytes], str]:
+    folder = tempfile.mkdtemp(prefix="memobot-zygote-")
+    path = os.path.join(folder, "sock")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.zygote_server", path],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k != "MEMOBOT_FAILPOINTS"},
+    )
+    return proc, path
+
+
+def _stop(proc: subprocess.Popen[bytes], path: str) -> None:
+    proc.kill()
+    proc.wait()
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
 def _socket_path() -> str:
+    """The server's socket, once it listens (it appears at its path only then)."""
+    shared = os.environ.get(SHARED)
+    if shared:
+        _wait_for(shared, None)
+        return shared
     with _lock:
         global _server
         if _server is None or _server[0].poll() is not None:
-            folder = tempfile.mkdtemp(prefix="memobot-zygote-")
-            path = os.path.join(folder, "sock")
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.helpers.zygote_server", path],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                cwd=REPO,
-                env={k: v for k, v in os.environ.items() if k != "MEMOBOT_FAILPOINTS"},
-            )
-            assert proc.stdout is not None
-            if proc.stdout.readline() != b"ready\n":
-                raise RuntimeError("the test zygote did not start (see stderr above)")
-            atexit.register(proc.kill)
+            proc, path = _start()
+            _wait_for(path, proc)
+            atexit.register(_stop, proc, path)
             _server = (proc, path)
         return _server[1]
+
+
+def _wait_for(path: str, proc: subprocess.Popen[bytes] | None) -> None:
+    import time
+
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+            raise RuntimeError(f"the test zygote did not start at {path} (see stderr above)")
+        time.sleep(0.01)
 
 
 def run(

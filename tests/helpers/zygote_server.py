@@ -11,9 +11,10 @@ streams are made again for its own fds, as a fresh interpreter makes them (a pty
 line-buffered). What a child cannot differ in: modules already imported here (so tests about
 start-up imports or cold start spawn a real interpreter instead).
 
-Protocol, one connection per command: the client sends a JSON request (argv, env, cwd) with its
-three fds; the server answers one line with the child's pid, then one line with its wait status
-(as :func:`os.waitpid` gives it) when it ends.
+The socket appears at its path once the server listens. Protocol, one connection per
+command: the client sends a JSON request (argv, env, cwd) with its three fds; the server answers
+one line with the child's pid, then one line with its wait status (as :func:`os.waitpid` gives
+it) when it ends.
 
     python -m tests.helpers.zygote_server SOCKET_PATH
 """
@@ -61,11 +62,11 @@ def serve(path: str) -> dict[str, Any]:
     """Accept requests until the parent goes away; returns only in a forked child, with its
     request, after fds 0-2 are the caller's and nothing of the server is left open."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    listener.bind(f"{path}.new")
     listener.listen(64)
+    os.rename(f"{path}.new", path)  # there only once it listens: the clients wait for it
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, None)
-    print("ready", flush=True)
     # pidfd -> (pid, connection that waits for the exit code)
     children: dict[int, tuple[int, socket.socket]] = {}
     while True:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import socket
 import sys
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import pytest_asyncio
+from _pytest.logging import LogCaptureHandler
 
 from bot.service.logs import SECRETS
 from tests.fakes.llm_server import FakeLLM
@@ -65,6 +67,23 @@ def _guarded_connect_ex(self: socket.socket, address: object) -> int:
 def _no_network_beyond_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket.socket, "connect", _guarded_connect)
     monkeypatch.setattr(socket.socket, "connect_ex", _guarded_connect_ex)
+
+
+@pytest.fixture(autouse=True)
+def _own_logging() -> Iterator[None]:
+    """A test that runs memobot's main() in-process has its logging set up: the root logger's
+    handlers replaced by one writing to that test's captured stderr. Put back after the test,
+    or every later log line of the worker went through it (about 1 ms each, minutes a run)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers and SECRETS in handler.filters:  # memobot's own
+            root.removeHandler(handler)
+    for handler in handlers:  # pytest's for the whole session, not one phase's capture
+        if handler not in root.handlers and not isinstance(handler, LogCaptureHandler):
+            root.addHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bot.config import load_config
+from bot.config import Config, load_config
 from bot.web.config_form import MASK
 from channels.refused import MAX_KEPT, RefusedSenders
 from tests.helpers import config_dict, telegram_in_process, write_config
@@ -568,6 +568,13 @@ async def test_a_damaged_pairing_file_is_said_not_a_server_error(tmp_path):
             assert "Nothing changed:" in page and "damaged" in page, path
 
 
+def _defaults_with_a_free_panel_port(tmp_path: Path) -> Config:
+    """The defaults, but for the panel's address: 127.0.0.1:8765 may be another test's."""
+    spare = tmp_path / "defaults.json"
+    spare.write_text(json.dumps({"web": {"listen": panel_section()["listen"]}}))
+    return load_config(spare)[0]
+
+
 async def test_a_wrong_choice_in_the_file_is_shown_as_written_not_replaced(tmp_path):
     """ "enabled": "false" (in quotes) showed as true, and an unknown dmPolicy as the first
     choice: a save of the section's other fields then put that choice in its place."""
@@ -575,7 +582,7 @@ async def test_a_wrong_choice_in_the_file_is_shown_as_written_not_replaced(tmp_p
     data["channels"]["telegram"] |= {"enabled": "false", "dmPolicy": "pair"}
     config.write_text(json.dumps(data))
     before = config.read_bytes()
-    cfg, _ = load_config(tmp_path / "nothing.json")
+    cfg = _defaults_with_a_free_panel_port(tmp_path)
     async with browsing(cfg, config) as b:
         await b.login()
         status, page, _ = await b.get("/settings/channels.telegram")
@@ -607,7 +614,7 @@ async def test_ids_written_as_numbers_are_fixed_by_saving_the_form(tmp_path):
     config, data = _write(tmp_path)
     data["channels"]["telegram"]["allowFrom"] = [1001]
     config.write_text(json.dumps(data))
-    cfg, _ = load_config(tmp_path / "nothing.json")
+    cfg = _defaults_with_a_free_panel_port(tmp_path)
     async with browsing(cfg, config) as b:
         await b.login()
         _, page, _ = await b.get("/settings/channels.telegram")

@@ -50,10 +50,16 @@ def prepare(config: pytest.Config, repo: Path) -> None:
 
 
 def _rewrite(path: str) -> None:
+    try:
+        _rewrite_one(Path(path))
+    except Exception:  # a module that does not parse: its worker reports it on collection
+        return
+
+
+def _rewrite_one(fn: Path) -> None:
     from _pytest.assertion import rewrite
 
     assert _config is not None
-    fn = Path(path)
     cache_dir = rewrite.get_cache_dir(fn)
     pyc = cache_dir / (fn.name[:-3] + rewrite.PYC_TAIL)
     if rewrite._read_pyc(fn, pyc) is not None:

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+_PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -44,6 +45,9 @@ def drop(spec: dict[str, Any]) -> None:
         os.setgroups([])
         os.setgid(spec["gid"])
         os.setuid(spec["uid"])
+        # A uid change without an exec leaves the process undumpable: its /proc files root's,
+        # as they would not be for a program setpriv execs.
+        _check(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0))
         return
     if spec.get("caps") != "none":
         raise ValueError(f"unknown privileges: {spec!r}")

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import termios
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ _lock = threading.Lock()
 _server: tuple[subprocess.Popen[bytes], str] | None = None
 
 
-SHARED = "MEMOBOT_TEST_ZYGOTE"  # the socket of the one server every xdist worker uses
+SHARED = "MEMOBOT_TEST_ZYGOTE"  # "PID:SOCKET" of the one server every xdist worker uses
 
 
 def start_shared() -> None:
@@ -42,7 +42,7 @@ def start_shared() -> None:
         return
     proc, path = _start()
     atexit.register(_stop, proc, path)
-    os.environ[SHARED] = path
+    os.environ[SHARED] = f"{proc.pid}:{path}"
 
 
 def _start() -> tuple[subprocess.Popen[bytes], str]:
@@ -68,26 +68,39 @@ def _socket_path() -> str:
     """The server's socket, once it listens (it appears at its path only then)."""
     shared = os.environ.get(SHARED)
     if shared:
-        _wait_for(shared, None)
-        return shared
+        pid, _, path = shared.partition(":")
+        if _wait_for(path, lambda: _running(int(pid))):
+            return path
+        os.environ.pop(SHARED, None)  # it died: this process starts its own, as without it
     with _lock:
         global _server
         if _server is None or _server[0].poll() is not None:
             proc, path = _start()
-            _wait_for(path, proc)
+            if not _wait_for(path, lambda: proc.poll() is None):
+                raise RuntimeError(f"the test zygote did not start at {path} (see stderr above)")
             atexit.register(_stop, proc, path)
             _server = (proc, path)
         return _server[1]
 
 
-def _wait_for(path: str, proc: subprocess.Popen[bytes] | None) -> None:
+def _wait_for(path: str, running: Callable[[], bool]) -> bool:
+    """True once the server listens at ``path``; False if it ended first (or took a minute)."""
     import time
 
     deadline = time.monotonic() + 60
     while not os.path.exists(path):
-        if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
-            raise RuntimeError(f"the test zygote did not start at {path} (see stderr above)")
+        if not running() or time.monotonic() > deadline:
+            return False
         time.sleep(0.01)
+    return running()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
 
 
 def run(
@@ -122,7 +135,9 @@ def run(
             timeout=timeout,
             env=env,
             cwd=cwd,
-            preexec_fn=lambda: _prepare(umask, privileges),
+            preexec_fn=None
+            if umask is None and not privileges
+            else _prepare_for(umask, privileges),
         )
     if stdin is None:
         stdin_r, stdin_w = os.pipe()
@@ -154,12 +169,16 @@ def run(
     )
 
 
-def _prepare(umask: int | None, drop: dict[str, Any] | None) -> None:
+def _prepare_for(umask: int | None, drop: dict[str, Any] | None) -> Callable[[], None]:
     """A fresh interpreter's ``preexec_fn``: what a forked child does before it runs."""
-    if umask is not None:
-        os.umask(umask)
-    if drop:
-        privileges.drop(drop)
+
+    def prepare() -> None:
+        if umask is not None:
+            os.umask(umask)
+        if drop:
+            privileges.drop(drop)
+
+    return prepare
 
 
 def popen(

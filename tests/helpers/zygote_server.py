@@ -37,6 +37,8 @@ import threading
 import time
 from typing import Any
 
+from tests.helpers import privileges
+
 PR_SET_PDEATHSIG = 1
 # Imported once here. A module that reads the environment when imported must be listed in
 # REIMPORTED so a child sees its own environment.
@@ -81,8 +83,14 @@ def serve(path: str) -> dict[str, Any]:
                 conn.close()
                 continue
             conn, _ = listener.accept()
-            raw, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-            request = json.loads(raw)
+            try:
+                raw, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                request = json.loads(raw)
+            except (OSError, ValueError):  # a client gone before its request: the others go on
+                for fd in locals().get("fds", []):
+                    os.close(fd)
+                conn.close()
+                continue
             assert threading.active_count() == 1, "the zygote must not fork with threads running"
             pid = os.fork()
             if pid == 0:
@@ -121,8 +129,6 @@ def become(request: dict[str, Any]) -> None:
     if request.get("umask") is not None:
         os.umask(request["umask"])
     if request.get("privileges"):
-        from tests.helpers import privileges
-
         privileges.drop(request["privileges"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -133,11 +139,12 @@ def become(request: dict[str, Any]) -> None:
     import runpy
 
     sys.argv = ["-m", *request["argv"]]
+    code: object = None
     try:
         runpy.run_module("bot", run_name="__main__", alter_sys=True)
     except SystemExit as stop:
-        _exit_as_python_would(stop.code)
-    _exit_as_python_would(None)
+        code = stop.code  # out of the handler first: its traceback holds main()'s frames
+    _exit_as_python_would(code)
 
 
 def _exit_as_python_would(code: object) -> None:
@@ -154,10 +161,17 @@ def _exit_as_python_would(code: object) -> None:
     else:
         print(code, file=sys.stderr)
         status = 1
-    threading._shutdown()  # type: ignore[attr-defined]  # as Py_Finalize does first
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # as Py_Finalize does first
+    except BaseException:
+        raise SystemExit(status) from None  # (Ctrl-C while waiting) the ordinary way
     import atexit
 
     atexit._run_exitfuncs()
+    # What the child made and dropped is collected as at the end of a fresh interpreter, so
+    # "Exception ignored in ..." or an unflushed file's data shows as it would (the objects
+    # imported before the fork are frozen: not walked).
+    gc.collect()
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -23,9 +23,7 @@ _config: pytest.Config | None = None  # the forked pool's processes inherit it
 
 def prepare(config: pytest.Config, repo: Path) -> None:
     """Write the rewritten test modules' and the imported modules' caches that are missing or
-    stale, in the xdist controller only."""
-    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
-        return  # a worker, or one process that caches as it goes anyway
+    stale; for the xdist controller (one process alone caches as it goes anyway)."""
     if config.getoption("assertmode", None) != "rewrite":
         return
     try:

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import termios
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,10 @@ def _socket_path() -> str:
     """The server's socket, once it listens (it appears at its path only then)."""
     shared = os.environ.get(SHARED)
     if shared:
+        from tests.helpers import alive  # (not at the top: tests.helpers imports this module)
+
         pid, _, path = shared.partition(":")
-        if _wait_for(path, lambda: _running(int(pid))):
+        if _wait_for(path, lambda: alive(int(pid))):
             return path
         os.environ.pop(SHARED, None)  # it died: this process starts its own, as without it
     with _lock:
@@ -85,22 +88,12 @@ def _socket_path() -> str:
 
 def _wait_for(path: str, running: Callable[[], bool]) -> bool:
     """True once the server listens at ``path``; False if it ended first (or took a minute)."""
-    import time
-
     deadline = time.monotonic() + 60
     while not os.path.exists(path):
         if not running() or time.monotonic() > deadline:
             return False
         time.sleep(0.01)
     return running()
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def run(
@@ -305,8 +298,6 @@ def _communicate(
     data: bytes, stdin_w: int, out_r: int, err_r: int, timeout: float
 ) -> tuple[bytes, bytes]:
     """Write ``data`` to the child's stdin and read its stdout and stderr to their ends."""
-    import time
-
     deadline = time.monotonic() + timeout
     chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
     sel = selectors.DefaultSelector()

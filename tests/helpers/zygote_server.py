@@ -83,11 +83,12 @@ def serve(path: str) -> dict[str, Any]:
                 conn.close()
                 continue
             conn, _ = listener.accept()
+            fds: list[int] = []
             try:
                 raw, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
                 request = json.loads(raw)
             except (OSError, ValueError):  # a client gone before its request: the others go on
-                for fd in locals().get("fds", []):
+                for fd in fds:
                     os.close(fd)
                 conn.close()
                 continue
